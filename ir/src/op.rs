@@ -1,0 +1,632 @@
+//! The op set: what each op computes, its attributes, and its result types.
+//!
+//! Semantics (all shapes row-major, broadcasting is numpy's, trailing-aligned):
+//! - Sources: `Input` (data fed per step), `Param` (trainable weight), `Buffer` (constant tensor
+//!   such as a mask or rotary table), `State` (optimizer state), `Scalar` (a literal), `Iota`
+//!   (the positions `0..len` as i64).
+//! - `Embedding(table[V,H], ids[..])` → `[.., H]`: row lookup.
+//! - `MatMul(a[.., M, K], b[.., K, N])` → `[.., M, N]`, batch dims broadcast.
+//! - `Linear(x[.., K], w[K, N], bias[N]?)` → `[.., N]` (weights stored input-major).
+//! - Elementwise: `Add`, `Sub`, `Mul`, `Div` (broadcasting); `Neg`, `Exp`, `Sqrt`, `Rsqrt`,
+//!   `Tanh`, `Sigmoid`, `Pow{exponent}`, `Scale{factor}`, `Gelu{tanh}`, `Silu`.
+//! - `ReduceMean`/`ReduceSum` over the last axis, keeping it as size 1.
+//! - `LayerNorm{eps}(x[.., H], gamma[H], beta[H])`, `RmsNorm{eps}(x[.., H], gamma[H])`.
+//! - `Softmax{causal}` over the last axis of `[.., Sq, Sk]`; causal masks key `j > i + Sk - Sq`.
+//! - `Attention{heads, kv_heads, scale, causal}(q[B,S,heads*d], k[B,S,kv*d], v[B,S,kv*d])`
+//!   → `[B,S,heads*d]`: softmax(q kᵀ · scale) v per head; query head `h` reads kv head
+//!   `h / (heads / kv_heads)` (grouped-query attention).
+//! - `Rotary{heads, theta}(x[B,S,heads*d])`: rotary position embedding in the "rotate half"
+//!   convention of Hugging Face Llama, position = index along S.
+//! - `Reshape{shape}`, `Expand{shape}` (numpy broadcast_to), `Transpose{perm}`, `Split{axis, sizes}` (one result per part),
+//!   `Concat{axis}`, `Slice{axis, start, end}`.
+//! - `Dropout{p, seed}`: inverted dropout with a mask that is a pure function of (seed, index).
+//! - `CrossEntropy(logits[.., V], targets[..])` → scalar mean negative log-likelihood.
+//! - `TopKRouter{experts, k}(x[.., H], w[H, E])` → gates `[.., E]`: softmax over the `k` largest
+//!   logits, zero elsewhere (Mixtral's routing).
+//! - `MoeExperts{experts}(x[.., H], gates[.., E], w1[E,H,F], w3[E,H,F], w2[E,F,H])` → `[.., H]`:
+//!   Σₑ gatesₑ · (silu(x w1ₑ) ⊙ (x w3ₑ)) w2ₑ.
+//! - `Grad{of, wrt}(inputs of `of`.., dy)` → one gradient per input index listed in `wrt`.
+//! - `AdamW{..}(param, grad, m, v, step)` → `(param', m', v')`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{DType, Dim, Shape, TensorType};
+
+/// AdamW hyper-parameters (Loshchilov & Hutter, decoupled weight decay).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdamWConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        // PyTorch's torch.optim.AdamW defaults, except lr which suits small models.
+        AdamWConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// What an op computes. Attributes live in the variant; operands live in the graph.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum OpKind {
+    Input { name: String },
+    Param { name: String },
+    Buffer { name: String },
+    State { name: String },
+    Scalar { value: f64 },
+    Iota { len: Dim },
+    Embedding,
+    MatMul,
+    Linear { bias: bool },
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Neg,
+    Exp,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Pow { exponent: f64 },
+    Scale { factor: f64 },
+    Gelu { tanh: bool },
+    Silu,
+    ReduceMean,
+    ReduceSum,
+    LayerNorm { eps: f64 },
+    RmsNorm { eps: f64 },
+    Softmax { causal: bool },
+    Attention { heads: u64, kv_heads: u64, scale: f64, causal: bool },
+    Rotary { heads: u64, theta: f64 },
+    Reshape { shape: Vec<Dim> },
+    Expand { shape: Vec<Dim> },
+    Transpose { perm: Vec<usize> },
+    Split { axis: usize, sizes: Vec<u64> },
+    Concat { axis: usize },
+    Slice { axis: usize, start: u64, end: u64 },
+    Dropout { p: f64, seed: u64 },
+    CrossEntropy,
+    TopKRouter { experts: u64, k: u64 },
+    MoeExperts { experts: u64 },
+    Grad { of: Box<OpKind>, wrt: Vec<usize> },
+    AdamW(AdamWConfig),
+}
+
+/// A coarse class of op, used by the cost model and the histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpClass {
+    Source,
+    Compute,
+    Layout,
+    Training,
+}
+
+impl OpKind {
+    /// The mnemonic used by the text form and histograms.
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            OpKind::Input { .. } => "input",
+            OpKind::Param { .. } => "param",
+            OpKind::Buffer { .. } => "buffer",
+            OpKind::State { .. } => "state",
+            OpKind::Scalar { .. } => "scalar",
+            OpKind::Iota { .. } => "iota",
+            OpKind::Embedding => "embedding",
+            OpKind::MatMul => "matmul",
+            OpKind::Linear { .. } => "linear",
+            OpKind::Add => "add",
+            OpKind::Sub => "sub",
+            OpKind::Mul => "mul",
+            OpKind::Div => "div",
+            OpKind::Neg => "neg",
+            OpKind::Exp => "exp",
+            OpKind::Sqrt => "sqrt",
+            OpKind::Rsqrt => "rsqrt",
+            OpKind::Tanh => "tanh",
+            OpKind::Sigmoid => "sigmoid",
+            OpKind::Pow { .. } => "pow",
+            OpKind::Scale { .. } => "scale",
+            OpKind::Gelu { .. } => "gelu",
+            OpKind::Silu => "silu",
+            OpKind::ReduceMean => "reduce_mean",
+            OpKind::ReduceSum => "reduce_sum",
+            OpKind::LayerNorm { .. } => "layernorm",
+            OpKind::RmsNorm { .. } => "rmsnorm",
+            OpKind::Softmax { .. } => "softmax",
+            OpKind::Attention { .. } => "attention",
+            OpKind::Rotary { .. } => "rotary",
+            OpKind::Reshape { .. } => "reshape",
+            OpKind::Expand { .. } => "expand",
+            OpKind::Transpose { .. } => "transpose",
+            OpKind::Split { .. } => "split",
+            OpKind::Concat { .. } => "concat",
+            OpKind::Slice { .. } => "slice",
+            OpKind::Dropout { .. } => "dropout",
+            OpKind::CrossEntropy => "cross_entropy",
+            OpKind::TopKRouter { .. } => "topk_router",
+            OpKind::MoeExperts { .. } => "moe_experts",
+            OpKind::Grad { .. } => "grad",
+            OpKind::AdamW(_) => "adamw",
+        }
+    }
+
+    pub fn class(&self) -> OpClass {
+        match self {
+            OpKind::Input { .. }
+            | OpKind::Param { .. }
+            | OpKind::Buffer { .. }
+            | OpKind::State { .. }
+            | OpKind::Scalar { .. }
+            | OpKind::Iota { .. } => OpClass::Source,
+            OpKind::Reshape { .. }
+            | OpKind::Expand { .. }
+            | OpKind::Transpose { .. }
+            | OpKind::Split { .. }
+            | OpKind::Concat { .. }
+            | OpKind::Slice { .. } => OpClass::Layout,
+            OpKind::Grad { .. } | OpKind::AdamW(_) => OpClass::Training,
+            _ => OpClass::Compute,
+        }
+    }
+
+    pub fn is_source(&self) -> bool {
+        self.class() == OpClass::Source
+    }
+
+    /// The operand count this op takes, or `None` when it varies (concat, linear, grad).
+    pub fn arity(&self) -> Option<usize> {
+        Some(match self {
+            OpKind::Input { .. }
+            | OpKind::Param { .. }
+            | OpKind::Buffer { .. }
+            | OpKind::State { .. }
+            | OpKind::Scalar { .. }
+            | OpKind::Iota { .. } => 0,
+            OpKind::Neg
+            | OpKind::Exp
+            | OpKind::Sqrt
+            | OpKind::Rsqrt
+            | OpKind::Tanh
+            | OpKind::Sigmoid
+            | OpKind::Pow { .. }
+            | OpKind::Scale { .. }
+            | OpKind::Gelu { .. }
+            | OpKind::Silu
+            | OpKind::ReduceMean
+            | OpKind::ReduceSum
+            | OpKind::Softmax { .. }
+            | OpKind::Rotary { .. }
+            | OpKind::Reshape { .. }
+            | OpKind::Expand { .. }
+            | OpKind::Transpose { .. }
+            | OpKind::Split { .. }
+            | OpKind::Slice { .. }
+            | OpKind::Dropout { .. } => 1,
+            OpKind::Embedding
+            | OpKind::MatMul
+            | OpKind::Add
+            | OpKind::Sub
+            | OpKind::Mul
+            | OpKind::Div
+            | OpKind::RmsNorm { .. }
+            | OpKind::CrossEntropy
+            | OpKind::TopKRouter { .. } => 2,
+            OpKind::LayerNorm { .. } | OpKind::Attention { .. } => 3,
+            OpKind::MoeExperts { .. } => 5,
+            OpKind::AdamW(_) => 5,
+            OpKind::Linear { bias } => 2 + usize::from(*bias),
+            OpKind::Concat { .. } | OpKind::Grad { .. } => return None,
+        })
+    }
+
+    /// How many results the op defines.
+    pub fn result_count(&self) -> usize {
+        match self {
+            OpKind::Split { sizes, .. } => sizes.len(),
+            OpKind::Grad { wrt, .. } => wrt.len(),
+            OpKind::AdamW(_) => 3,
+            _ => 1,
+        }
+    }
+
+    /// Operand indices through which a gradient flows (float data inputs, not indices).
+    pub fn differentiable_inputs(&self) -> Vec<usize> {
+        match self {
+            OpKind::Embedding => vec![0],
+            OpKind::CrossEntropy => vec![0],
+            // Top-k selection is piecewise constant in the logits' ranking; the gradient flows
+            // through the softmax of the selected logits into both x and the router weight.
+            OpKind::Grad { .. } | OpKind::AdamW(_) => vec![],
+            k if k.is_source() => vec![],
+            k => (0..k.arity().unwrap_or(0)).collect(),
+        }
+    }
+}
+
+/// Infers the result types of `kind` applied to operands of types `inputs`.
+///
+/// Errors are plain sentences; the verifier attaches the op's location.
+pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorType>, String> {
+    if let Some(n) = kind.arity() {
+        if inputs.len() != n {
+            return Err(format!(
+                "{} takes {n} operand(s), got {}",
+                kind.mnemonic(),
+                inputs.len()
+            ));
+        }
+    }
+    let one = |t: TensorType| Ok(vec![t]);
+    match kind {
+        OpKind::Input { .. }
+        | OpKind::Param { .. }
+        | OpKind::Buffer { .. }
+        | OpKind::State { .. } => Err("a source op's type is declared, not inferred".into()),
+        OpKind::Scalar { .. } => one(TensorType::new(DType::F32, Shape::scalar())),
+        OpKind::Iota { len } => one(TensorType::new(DType::I64, Shape(vec![*len]))),
+        OpKind::Embedding => {
+            let (table, ids) = (inputs[0], inputs[1]);
+            if table.shape.rank() != 2 {
+                return Err(format!("embedding table must be rank 2, got {}", table.shape));
+            }
+            if ids.dtype != DType::I64 {
+                return Err(format!("embedding ids must be i64, got {}", ids.dtype));
+            }
+            let mut dims = ids.shape.0.clone();
+            dims.push(table.shape.0[1]);
+            one(TensorType::new(table.dtype, Shape(dims)))
+        }
+        OpKind::MatMul => {
+            let (a, b) = (inputs[0], inputs[1]);
+            same_float(a, b)?;
+            if a.shape.rank() < 2 || b.shape.rank() < 2 {
+                return Err(format!("matmul operands must be rank >= 2, got {} and {}", a.shape, b.shape));
+            }
+            let (ad, bd) = (a.shape.dims(), b.shape.dims());
+            let (m, k1) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+            let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
+            if k1 != k2 {
+                return Err(format!("matmul contraction mismatch: {} vs {}", a.shape, b.shape));
+            }
+            let mut dims = broadcast_dims(&ad[..ad.len() - 2], &bd[..bd.len() - 2])
+                .ok_or_else(|| format!("matmul batch dims do not broadcast: {} vs {}", a.shape, b.shape))?;
+            dims.push(m);
+            dims.push(n);
+            one(TensorType::new(a.dtype, Shape(dims)))
+        }
+        OpKind::Linear { bias } => {
+            let (x, w) = (inputs[0], inputs[1]);
+            same_float(x, w)?;
+            if w.shape.rank() != 2 {
+                return Err(format!("linear weight must be rank 2 [in, out], got {}", w.shape));
+            }
+            if x.shape.last() != Some(w.shape.0[0]) {
+                return Err(format!("linear input {} does not match weight {}", x.shape, w.shape));
+            }
+            if *bias && inputs[2].shape.0 != [w.shape.0[1]] {
+                return Err(format!("linear bias {} must be [{}]", inputs[2].shape, w.shape.0[1]));
+            }
+            let mut dims = x.shape.0.clone();
+            if let Some(last) = dims.last_mut() {
+                *last = w.shape.0[1];
+            }
+            one(TensorType::new(x.dtype, Shape(dims)))
+        }
+        OpKind::Add | OpKind::Sub | OpKind::Mul | OpKind::Div => {
+            let (a, b) = (inputs[0], inputs[1]);
+            same_float(a, b)?;
+            let dims = broadcast_dims(a.shape.dims(), b.shape.dims())
+                .ok_or_else(|| format!("shapes {} and {} do not broadcast", a.shape, b.shape))?;
+            one(TensorType::new(a.dtype, Shape(dims)))
+        }
+        OpKind::Neg
+        | OpKind::Exp
+        | OpKind::Sqrt
+        | OpKind::Rsqrt
+        | OpKind::Tanh
+        | OpKind::Sigmoid
+        | OpKind::Pow { .. }
+        | OpKind::Scale { .. }
+        | OpKind::Gelu { .. }
+        | OpKind::Silu
+        | OpKind::Dropout { .. } => {
+            float(inputs[0])?;
+            one(inputs[0].clone())
+        }
+        OpKind::ReduceMean | OpKind::ReduceSum => {
+            float(inputs[0])?;
+            let mut t = inputs[0].clone();
+            match t.shape.0.last_mut() {
+                Some(d) => *d = Dim::Fixed(1),
+                None => return Err("cannot reduce a scalar".into()),
+            }
+            one(t)
+        }
+        OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => {
+            let x = inputs[0];
+            float(x)?;
+            let h = x.shape.last().ok_or("cannot normalize a scalar")?;
+            for p in &inputs[1..] {
+                if p.shape.0 != [h] {
+                    return Err(format!("norm parameter {} must be [{h}]", p.shape));
+                }
+            }
+            one(x.clone())
+        }
+        OpKind::Softmax { .. } => {
+            float(inputs[0])?;
+            if inputs[0].shape.rank() < 1 {
+                return Err("softmax of a scalar".into());
+            }
+            one(inputs[0].clone())
+        }
+        OpKind::Attention { heads, kv_heads, .. } => {
+            let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+            same_float(q, k)?;
+            same_float(q, v)?;
+            if *heads == 0 || *kv_heads == 0 || heads % kv_heads != 0 {
+                return Err(format!("heads {heads} must be a positive multiple of kv_heads {kv_heads}"));
+            }
+            for t in [q, k, v] {
+                if t.shape.rank() != 3 {
+                    return Err(format!("attention operands must be [B,S,heads*d], got {}", t.shape));
+                }
+            }
+            let qw = q.shape.0[2].fixed().ok_or("attention width must be fixed")?;
+            if qw % heads != 0 {
+                return Err(format!("query width {qw} is not divisible by heads {heads}"));
+            }
+            let d = qw / heads;
+            for t in [k, v] {
+                if t.shape.0[2] != Dim::Fixed(kv_heads * d) || t.shape.0[0] != q.shape.0[0] {
+                    return Err(format!("key/value {} must be [{}, S, {}]", t.shape, q.shape.0[0], kv_heads * d));
+                }
+            }
+            if k.shape.0[1] != v.shape.0[1] {
+                return Err(format!("key {} and value {} lengths differ", k.shape, v.shape));
+            }
+            one(q.clone())
+        }
+        OpKind::Rotary { heads, .. } => {
+            let x = inputs[0];
+            float(x)?;
+            if x.shape.rank() != 3 {
+                return Err(format!("rotary operand must be [B,S,heads*d], got {}", x.shape));
+            }
+            let w = x.shape.0[2].fixed().ok_or("rotary width must be fixed")?;
+            if *heads == 0 || w % heads != 0 || (w / heads) % 2 != 0 {
+                return Err(format!("rotary width {w} must split into {heads} heads of even size"));
+            }
+            one(x.clone())
+        }
+        OpKind::Reshape { shape } => {
+            let x = inputs[0];
+            let to = Shape(shape.clone());
+            if !same_numel(&x.shape, &to) {
+                return Err(format!("cannot reshape {} to {to}: element counts differ", x.shape));
+            }
+            one(TensorType::new(x.dtype, to))
+        }
+        OpKind::Expand { shape } => {
+            let x = inputs[0];
+            let out = broadcast_dims(x.shape.dims(), shape)
+                .filter(|d| d == shape)
+                .ok_or_else(|| format!("cannot expand {} to {}", x.shape, Shape(shape.clone())))?;
+            one(TensorType::new(x.dtype, Shape(out)))
+        }
+        OpKind::Transpose { perm } => {
+            let x = inputs[0];
+            let mut seen = vec![false; x.shape.rank()];
+            if perm.len() != x.shape.rank() {
+                return Err(format!("permutation {perm:?} does not match rank of {}", x.shape));
+            }
+            for &p in perm {
+                if p >= seen.len() || seen[p] {
+                    return Err(format!("{perm:?} is not a permutation"));
+                }
+                seen[p] = true;
+            }
+            let dims = perm.iter().map(|&p| x.shape.0[p]).collect();
+            one(TensorType::new(x.dtype, Shape(dims)))
+        }
+        OpKind::Split { axis, sizes } => {
+            let x = inputs[0];
+            let d = axis_dim(x, *axis)?;
+            let total: u64 = sizes.iter().sum();
+            if d != Dim::Fixed(total) {
+                return Err(format!("split sizes {sizes:?} do not sum to dimension {d} of {}", x.shape));
+            }
+            Ok(sizes
+                .iter()
+                .map(|&s| {
+                    let mut t = x.clone();
+                    t.shape.0[*axis] = Dim::Fixed(s);
+                    t
+                })
+                .collect())
+        }
+        OpKind::Concat { axis } => {
+            let first = inputs.first().ok_or("concat needs at least one operand")?;
+            axis_dim(first, *axis)?;
+            let mut total = 0;
+            for t in inputs {
+                if t.dtype != first.dtype || t.shape.rank() != first.shape.rank() {
+                    return Err(format!("concat operands {} and {} differ", first, t));
+                }
+                for (i, (a, b)) in first.shape.0.iter().zip(&t.shape.0).enumerate() {
+                    if i != *axis && a != b {
+                        return Err(format!("concat operands {} and {} differ off axis {axis}", first.shape, t.shape));
+                    }
+                }
+                total += t.shape.0[*axis].fixed().ok_or("concat axis must be fixed")?;
+            }
+            let mut t = (*first).clone();
+            t.shape.0[*axis] = Dim::Fixed(total);
+            one(t)
+        }
+        OpKind::Slice { axis, start, end } => {
+            let x = inputs[0];
+            let d = axis_dim(x, *axis)?;
+            if let Some(n) = d.fixed() {
+                if start >= end || *end > n {
+                    return Err(format!("slice {start}..{end} out of range for dimension {n}"));
+                }
+            } else if start >= end {
+                return Err(format!("empty slice {start}..{end}"));
+            }
+            let mut t = x.clone();
+            t.shape.0[*axis] = Dim::Fixed(end - start);
+            one(t)
+        }
+        OpKind::CrossEntropy => {
+            let (logits, targets) = (inputs[0], inputs[1]);
+            float(logits)?;
+            if targets.dtype != DType::I64 {
+                return Err(format!("cross-entropy targets must be i64, got {}", targets.dtype));
+            }
+            let ld = logits.shape.dims();
+            if ld.is_empty() || ld[..ld.len() - 1] != *targets.shape.dims() {
+                return Err(format!("logits {} do not match targets {}", logits.shape, targets.shape));
+            }
+            one(TensorType::new(logits.dtype, Shape::scalar()))
+        }
+        OpKind::TopKRouter { experts, k } => {
+            let (x, w) = (inputs[0], inputs[1]);
+            same_float(x, w)?;
+            if *k == 0 || k > experts {
+                return Err(format!("top-k {k} must be in 1..={experts}"));
+            }
+            if w.shape.rank() != 2 || x.shape.last() != Some(w.shape.0[0]) || w.shape.0[1] != Dim::Fixed(*experts) {
+                return Err(format!("router weight {} must be [{}, {experts}]", w.shape, x.shape.last().unwrap_or(Dim::Fixed(0))));
+            }
+            let mut t = x.clone();
+            if let Some(last) = t.shape.0.last_mut() {
+                *last = Dim::Fixed(*experts);
+            }
+            one(t)
+        }
+        OpKind::MoeExperts { experts } => {
+            let (x, gates, w1, w3, w2) = (inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]);
+            float(x)?;
+            let h = x.shape.last().ok_or("experts input is a scalar")?;
+            let e = Dim::Fixed(*experts);
+            if gates.shape.last() != Some(e) {
+                return Err(format!("gates {} must end in {experts} experts", gates.shape));
+            }
+            if w1.shape.rank() != 3 || w1.shape.0[0] != e || w1.shape.0[1] != h {
+                return Err(format!("expert w1 {} must be [{experts}, {h}, F]", w1.shape));
+            }
+            if w3.shape != w1.shape {
+                return Err(format!("expert w3 {} must equal w1 {}", w3.shape, w1.shape));
+            }
+            if w2.shape.0 != [e, w1.shape.0[2], h] {
+                return Err(format!("expert w2 {} must be [{experts}, {}, {h}]", w2.shape, w1.shape.0[2]));
+            }
+            one(x.clone())
+        }
+        OpKind::Grad { of, wrt } => {
+            let r = of.result_count();
+            let n = inputs.len();
+            if n < r {
+                return Err("grad takes the forward operands and one gradient per forward result".into());
+            }
+            let fwd_inputs = &inputs[..n - r];
+            let fwd_out = infer_types(of, fwd_inputs)?;
+            for (dy, y) in inputs[n - r..].iter().zip(&fwd_out) {
+                if *dy != y {
+                    return Err(format!("output gradient {dy} must match the forward result {y}"));
+                }
+            }
+            let allowed = of.differentiable_inputs();
+            wrt.iter()
+                .map(|&i| {
+                    if !allowed.contains(&i) && !(matches!(**of, OpKind::Concat { .. }) && i < fwd_inputs.len()) {
+                        Err(format!("operand {i} of {} is not differentiable", of.mnemonic()))
+                    } else {
+                        Ok(fwd_inputs[i].clone())
+                    }
+                })
+                .collect()
+        }
+        OpKind::AdamW(_) => {
+            let p = inputs[0];
+            for t in &inputs[1..4] {
+                if t.shape != p.shape {
+                    return Err(format!("adamw operand {} must match parameter {}", t, p));
+                }
+            }
+            if inputs[4].dtype != DType::I64 || inputs[4].shape.rank() != 0 {
+                return Err(format!("adamw step must be i64[], got {}", inputs[4]));
+            }
+            Ok(vec![p.clone(), inputs[2].clone(), inputs[3].clone()])
+        }
+    }
+}
+
+fn float(t: &TensorType) -> Result<(), String> {
+    if t.dtype.is_float() {
+        Ok(())
+    } else {
+        Err(format!("expected a float tensor, got {t}"))
+    }
+}
+
+fn same_float(a: &TensorType, b: &TensorType) -> Result<(), String> {
+    float(a)?;
+    if a.dtype != b.dtype {
+        return Err(format!("element types differ: {} and {}", a.dtype, b.dtype));
+    }
+    Ok(())
+}
+
+fn axis_dim(t: &TensorType, axis: usize) -> Result<Dim, String> {
+    t.shape
+        .0
+        .get(axis)
+        .copied()
+        .ok_or_else(|| format!("axis {axis} out of range for {}", t.shape))
+}
+
+/// Numpy broadcasting of two dimension lists, aligned at the end.
+pub fn broadcast_dims(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
+    let n = a.len().max(b.len());
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let da = if i + a.len() >= n { a[i + a.len() - n] } else { Dim::Fixed(1) };
+        let db = if i + b.len() >= n { b[i + b.len() - n] } else { Dim::Fixed(1) };
+        out.push(match (da, db) {
+            (x, y) if x == y => x,
+            (Dim::Fixed(1), y) => y,
+            (x, Dim::Fixed(1)) => x,
+            _ => return None,
+        });
+    }
+    Some(out)
+}
+
+/// Whether two shapes hold the same number of elements for every binding of the symbols.
+pub fn same_numel(a: &Shape, b: &Shape) -> bool {
+    let split = |s: &Shape| {
+        let mut fixed = 1u128;
+        let mut syms = Vec::new();
+        for d in s.dims() {
+            match d {
+                Dim::Fixed(n) => fixed *= u128::from(*n),
+                Dim::Sym(s) => syms.push(*s),
+            }
+        }
+        syms.sort();
+        (fixed, syms)
+    };
+    split(a) == split(b)
+}

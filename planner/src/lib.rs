@@ -1,0 +1,1 @@
+//! planner: see docs/architecture.md.

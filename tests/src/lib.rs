@@ -1,0 +1,1 @@
+//! Shared helpers for plait's cross-crate tests.
