@@ -46,7 +46,11 @@ pub enum InterpError {
     #[error("{op}: {reason}")]
     Unsupported { op: String, reason: String },
     #[error("{op}: value has shape {got:?}, the graph declares {want:?}")]
-    ShapeMismatch { op: String, got: Vec<usize>, want: Vec<usize> },
+    ShapeMismatch {
+        op: String,
+        got: Vec<usize>,
+        want: Vec<usize>,
+    },
 }
 
 /// Evaluates `graph` in execution order.
