@@ -1,1 +1,19 @@
-//! planner: see docs/architecture.md.
+//! plait's planner: hardware description, cost model and (next) the parallelization search.
+//!
+//! [`estimate::estimate`] predicts the iteration time and per-rank memory of one [`Strategy`]
+//! for a model's IR graph on a [`hardware::Cluster`].
+
+pub mod cost;
+pub mod error;
+pub mod estimate;
+pub mod hardware;
+pub mod model;
+pub mod precision;
+pub mod strategy;
+
+pub use error::PlanError;
+pub use estimate::{Estimate, estimate};
+pub use hardware::Cluster;
+pub use model::ModelInfo;
+pub use precision::Precision;
+pub use strategy::{Recompute, Schedule, Strategy};

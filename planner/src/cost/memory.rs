@@ -1,0 +1,149 @@
+//! Memory per rank: model states by precision and ZeRO stage, activations by recompute mode.
+//!
+//! Model states (Rajbhandari et al., SC'20, mixed-precision Adam with K = 12): weights 2Ψ,
+//! gradients 2Ψ, optimizer 12Ψ bytes for Ψ parameters on a rank. ZeRO-1 divides the optimizer by
+//! N_d, ZeRO-2 also the gradients, ZeRO-3 also the weights.
+//!
+//! Activations per layer and micro-batch follow Korthikanti et al. 2022 (arXiv 2205.05198, §4),
+//! written term by term so the same accounting covers grouped-query attention, SwiGLU and MoE
+//! MLPs and models without dropout. For a GPT layer (kv = h, f = 4h, dropout) the terms add up to
+//! the paper's s·b·h·(34 + 5·a·s/h) bytes, and to its tensor-parallel, sequence-parallel,
+//! selective and full-recompute variants.
+
+use serde::Serialize;
+
+use crate::precision::Precision;
+use crate::strategy::Recompute;
+
+/// The shape of one transformer layer, as the activation formula needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LayerShape {
+    pub hidden: f64,
+    pub heads: f64,
+    /// Width of the key (and of the value) projection: kv_heads × head size.
+    pub kv_width: f64,
+    /// Inner width of the MLP (per expert).
+    pub ffn: f64,
+    /// SwiGLU (gate, up and their product saved) rather than a GELU MLP.
+    pub gated: bool,
+    /// Experts each token visits (1 for a dense MLP).
+    pub experts_per_token: f64,
+    /// Dropout after attention probabilities, attention output and MLP output (GPT, Megatron).
+    pub dropout: bool,
+}
+
+/// Activation bytes one layer keeps for one micro-batch of `b` sequences of length `s`.
+pub fn layer_activation_bytes(
+    l: &LayerShape,
+    s: f64,
+    b: f64,
+    tp: f64,
+    sequence_parallel: bool,
+    recompute: Recompute,
+    precision: Precision,
+) -> f64 {
+    let e = precision.activation_bytes();
+    let sbh = s * b * l.hidden;
+    // Tensors on the residual stream: replicated across TP ranks unless sequence-parallel.
+    let rep = if sequence_parallel { tp } else { 1.0 };
+    if recompute == Recompute::Full {
+        // Only each layer's input is kept (Korthikanti eq. for full recompute: 2sbh, /t with SP).
+        return e * sbh / rep;
+    }
+    let mask = if l.dropout { 1.0 } else { 0.0 };
+    // Attention block: LN input, QKV input, Q, K, V, projection input, output dropout mask.
+    let mut bytes = (e * sbh + e * sbh + mask * sbh) / rep;
+    bytes += (e * sbh + 2.0 * e * s * b * l.kv_width + e * sbh) / tp;
+    // Attention core: softmax output, dropout mask and dropout output per head (5·a·s²·b);
+    // selective recompute drops it.
+    if recompute == Recompute::None {
+        let per_score = if l.dropout { 2.0 * e + 1.0 } else { e };
+        bytes += per_score * l.heads * s * s * b / tp;
+    }
+    // MLP block: LN input, first-linear input, dropout mask; inner activations split by TP.
+    bytes += (e * sbh + e * sbh + mask * sbh) / rep;
+    let inner = if l.gated { 3.0 } else { 2.0 };
+    bytes += inner * e * s * b * l.ffn * l.experts_per_token / tp;
+    bytes
+}
+
+/// Model-state bytes on one rank holding `params` parameters (already divided by TP).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct StateBytes {
+    pub weights: f64,
+    pub grads: f64,
+    pub optimizer: f64,
+}
+
+pub fn state_bytes(params: f64, dp: f64, zero: u8, precision: Precision) -> StateBytes {
+    let shard = |stage: u8| if zero >= stage { dp } else { 1.0 };
+    StateBytes {
+        weights: precision.weight_bytes() * params / shard(3),
+        grads: precision.grad_bytes() * params / shard(2),
+        optimizer: precision.optimizer_bytes() * params / shard(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt(h: f64, a: f64) -> LayerShape {
+        LayerShape {
+            hidden: h,
+            heads: a,
+            kv_width: h,
+            ffn: 4.0 * h,
+            gated: false,
+            experts_per_token: 1.0,
+            dropout: true,
+        }
+    }
+
+    /// Korthikanti et al. 2022, Table 2, with s, b, h, a, t of GPT-3 175B.
+    #[test]
+    fn gpt_layer_matches_korthikanti_in_every_mode() {
+        let (s, b, h, a, t) = (2048.0, 1.0, 12288.0, 96.0, 8.0);
+        let l = gpt(h, a);
+        let sbh = s * b * h;
+        let p = Precision::Fp16;
+        let close = |got: f64, want: f64| assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
+        // No parallelism: sbh(34 + 5as/h).
+        close(
+            layer_activation_bytes(&l, s, b, 1.0, false, Recompute::None, p),
+            sbh * (34.0 + 5.0 * a * s / h),
+        );
+        // Tensor parallel without SP: sbh(10 + 24/t + 5as/(ht)).
+        close(
+            layer_activation_bytes(&l, s, b, t, false, Recompute::None, p),
+            sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)),
+        );
+        // Tensor + sequence parallel: sbh(34 + 5as/h)/t.
+        close(
+            layer_activation_bytes(&l, s, b, t, true, Recompute::None, p),
+            sbh * (34.0 + 5.0 * a * s / h) / t,
+        );
+        // Selective recompute with SP: 34 sbh / t; without SP: sbh(10 + 24/t).
+        close(layer_activation_bytes(&l, s, b, t, true, Recompute::Selective, p), 34.0 * sbh / t);
+        close(
+            layer_activation_bytes(&l, s, b, t, false, Recompute::Selective, p),
+            sbh * (10.0 + 24.0 / t),
+        );
+        // Full recompute: 2sbh, divided by t with SP.
+        close(layer_activation_bytes(&l, s, b, t, false, Recompute::Full, p), 2.0 * sbh);
+        close(layer_activation_bytes(&l, s, b, t, true, Recompute::Full, p), 2.0 * sbh / t);
+    }
+
+    #[test]
+    fn zero_stages_match_rajbhandari() {
+        // Figure 1 of the ZeRO paper: Ψ = 7.5B, N_d = 64 → 120, 31.4, 16.6, 1.9 GB.
+        let psi = 7.5e9;
+        let total = |z| {
+            let s = state_bytes(psi, 64.0, z, Precision::Fp16);
+            (s.weights + s.grads + s.optimizer) / 1e9
+        };
+        for (z, want) in [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.875)] {
+            assert!((total(z) - want).abs() < 0.06, "ZeRO-{z}: {} vs {want}", total(z));
+        }
+    }
+}

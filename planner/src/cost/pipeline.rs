@@ -1,0 +1,215 @@
+//! Event-by-event simulation of one training iteration's pipeline schedule.
+//!
+//! Each device runs its list of (chunk, micro-batch, forward|backward) tasks in schedule order;
+//! a forward waits for the previous chunk's forward of the same micro-batch plus the
+//! point-to-point transfer, a backward for the next chunk's backward plus the transfer. So stage
+//! imbalance (embedding and head on the end stages) and p2p latency appear in the result, not
+//! only the closed-form bubble (p − 1)/m.
+//!
+//! Schedules: GPipe (all forwards, then all backwards); 1F1B (PipeDream-Flush: p − d − 1 warm-up
+//! forwards on device d, then one forward / one backward); interleaved 1F1B over v chunks per
+//! device (Narayanan et al. SC'21, Megatron-LM's `forward_backward_pipelining_with_interleaving`:
+//! warm-up (p − d − 1)·2 + (v − 1)·p forwards, virtual micro-batch k runs chunk (k / p) mod v).
+
+use crate::strategy::Schedule;
+
+/// Durations of one chunk (a contiguous group of layers on one device) per micro-batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ChunkCost {
+    pub fwd: f64,
+    pub bwd: f64,
+    /// Seconds to send this chunk's output activation to the next chunk (and the gradient back).
+    pub p2p: f64,
+    /// Activation bytes one micro-batch leaves on the device until its backward.
+    pub activation_bytes: f64,
+}
+
+/// What the simulation found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timeline {
+    /// Finish time of each device's last task.
+    pub device_finish: Vec<f64>,
+    /// Busy seconds of each device.
+    pub device_busy: Vec<f64>,
+    /// Peak activation bytes held by each device.
+    pub device_peak_activations: Vec<f64>,
+    /// Most micro-batch chunks in flight on each device.
+    pub device_peak_in_flight: Vec<u32>,
+    /// Every task: (device, chunk, micro-batch, is_forward, start, end).
+    pub tasks: Vec<Task>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Task {
+    pub device: u32,
+    pub chunk: u32,
+    pub micro_batch: u32,
+    pub forward: bool,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// The (chunk, micro-batch, forward) order device `d` of `p` runs, with `v` chunks per device.
+pub fn device_order(schedule: Schedule, p: u32, v: u32, m: u32, d: u32) -> Vec<(u32, u32, bool)> {
+    let mut out = Vec::with_capacity((2 * m * v) as usize);
+    match schedule {
+        Schedule::Gpipe => {
+            out.extend((0..m).map(|i| (d, i, true)));
+            out.extend((0..m).map(|i| (d, i, false)));
+        }
+        Schedule::OneFOneB => {
+            let warm = (p - d - 1).min(m);
+            out.extend((0..warm).map(|i| (d, i, true)));
+            for i in 0..m - warm {
+                out.push((d, warm + i, true));
+                out.push((d, i, false));
+            }
+            out.extend((m - warm..m).map(|i| (d, i, false)));
+        }
+        Schedule::Interleaved => {
+            let total = m * v;
+            let virt = |k: u32, forward: bool| {
+                let local = (k / p) % v;
+                let local = if forward { local } else { v - 1 - local };
+                let mb = (k / (p * v)) * p + k % p;
+                (local * p + d, mb, forward)
+            };
+            let warm = ((p - d - 1) * 2 + (v - 1) * p).min(total);
+            out.extend((0..warm).map(|k| virt(k, true)));
+            for i in 0..total - warm {
+                out.push(virt(warm + i, true));
+                out.push(virt(i, false));
+            }
+            out.extend((total - warm..total).map(|k| virt(k, false)));
+        }
+    }
+    out
+}
+
+/// Simulates `m` micro-batches through `chunks` (pipeline order; chunk c on device c mod p).
+pub fn simulate(schedule: Schedule, p: u32, m: u32, chunks: &[ChunkCost]) -> Timeline {
+    let n_chunks = chunks.len() as u32;
+    let v = (n_chunks / p.max(1)).max(1);
+    let orders: Vec<_> = (0..p).map(|d| device_order(schedule, p, v, m, d)).collect();
+    let idx = |c: u32, mb: u32| (c * m + mb) as usize;
+    let mut fwd_done = vec![f64::NAN; (n_chunks * m) as usize];
+    let mut bwd_done = vec![f64::NAN; (n_chunks * m) as usize];
+    let mut next = vec![0usize; p as usize];
+    let mut free = vec![0.0f64; p as usize];
+    let mut busy = vec![0.0f64; p as usize];
+    let mut held = vec![0.0f64; p as usize];
+    let mut peak = vec![0.0f64; p as usize];
+    let mut in_flight = vec![0u32; p as usize];
+    let mut peak_in_flight = vec![0u32; p as usize];
+    let mut tasks = Vec::with_capacity(orders.iter().map(Vec::len).sum());
+    loop {
+        let mut progressed = false;
+        let mut finished = true;
+        for d in 0..p as usize {
+            while let Some(&(c, mb, forward)) = orders[d].get(next[d]) {
+                finished = false;
+                let ready = if forward {
+                    if c == 0 {
+                        Some(0.0)
+                    } else {
+                        let t = fwd_done[idx(c - 1, mb)];
+                        (!t.is_nan()).then(|| t + chunks[(c - 1) as usize].p2p)
+                    }
+                } else if c + 1 == n_chunks {
+                    let t = fwd_done[idx(c, mb)];
+                    (!t.is_nan()).then_some(t)
+                } else {
+                    let t = bwd_done[idx(c + 1, mb)];
+                    (!t.is_nan()).then(|| t + chunks[c as usize].p2p)
+                };
+                let Some(ready) = ready else { break };
+                let cost = &chunks[c as usize];
+                let start = free[d].max(ready);
+                let dur = if forward { cost.fwd } else { cost.bwd };
+                let end = start + dur;
+                free[d] = end;
+                busy[d] += dur;
+                if forward {
+                    fwd_done[idx(c, mb)] = end;
+                    held[d] += cost.activation_bytes;
+                    in_flight[d] += 1;
+                    peak[d] = peak[d].max(held[d]);
+                    peak_in_flight[d] = peak_in_flight[d].max(in_flight[d]);
+                } else {
+                    bwd_done[idx(c, mb)] = end;
+                    held[d] -= cost.activation_bytes;
+                    in_flight[d] = in_flight[d].saturating_sub(1);
+                }
+                tasks.push(Task {
+                    device: d as u32,
+                    chunk: c,
+                    micro_batch: mb,
+                    forward,
+                    start,
+                    end,
+                });
+                next[d] += 1;
+                progressed = true;
+            }
+        }
+        if finished || !progressed {
+            break;
+        }
+    }
+    Timeline {
+        device_finish: free,
+        device_busy: busy,
+        device_peak_activations: peak,
+        device_peak_in_flight: peak_in_flight,
+        tasks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uniform(n: u32, f: f64, b: f64) -> Vec<ChunkCost> {
+        (0..n)
+            .map(|_| ChunkCost {
+                fwd: f,
+                bwd: b,
+                p2p: 0.0,
+                activation_bytes: 1.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_f_one_b_matches_the_closed_form_bubble() {
+        // Uniform stages, no p2p: iteration = (m + p − 1)(f + b).
+        let (p, m) = (4, 8);
+        let t = simulate(Schedule::OneFOneB, p, m, &uniform(p, 1.0, 2.0));
+        let end = t.device_finish.iter().cloned().fold(0.0, f64::max);
+        assert!((end - f64::from(m + p - 1) * 3.0).abs() < 1e-9, "{end}");
+        // Stage d holds p − d micro-batches at its peak.
+        assert_eq!(t.device_peak_in_flight, vec![4, 3, 2, 1]);
+    }
+
+    #[test]
+    fn gpipe_holds_every_micro_batch() {
+        let t = simulate(Schedule::Gpipe, 2, 6, &uniform(2, 1.0, 2.0));
+        assert_eq!(t.device_peak_in_flight, vec![6, 6]);
+        let end = t.device_finish.iter().cloned().fold(0.0, f64::max);
+        assert!((end - 7.0 * 3.0).abs() < 1e-9, "{end}");
+    }
+
+    #[test]
+    fn interleaving_shrinks_the_bubble_by_v() {
+        // Bubble (p − 1)/(v·m) of the ideal m·(f + b) (Narayanan et al. SC'21).
+        let (p, m, v) = (4u32, 8u32, 2u32);
+        let f = 1.0 / f64::from(v);
+        let t = simulate(Schedule::Interleaved, p, m, &uniform(p * v, f, 2.0 * f));
+        let end = t.device_finish.iter().cloned().fold(0.0, f64::max);
+        let ideal = f64::from(m) * 3.0;
+        let bubble = (end - ideal) / ideal;
+        let want = f64::from(p - 1) / f64::from(v * m);
+        assert!((bubble - want).abs() < 1e-9, "bubble {bubble} vs {want}");
+        assert_eq!(t.tasks.len(), (2 * m * v * p) as usize);
+    }
+}

@@ -1,0 +1,26 @@
+//! The planner's errors: bad cluster files and invalid strategies, each naming what to fix.
+
+use std::path::PathBuf;
+
+/// Why planning could not proceed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("cannot read {}: {message}", file.display())]
+    Io { file: PathBuf, message: String },
+    #[error("`{name}` is neither a cluster file nor a preset; presets: {presets}")]
+    UnknownCluster { name: String, presets: String },
+    #[error("{file}: {message}")]
+    ClusterFile { file: String, message: String },
+    #[error("invalid strategy: {constraint}")]
+    InvalidStrategy { constraint: String },
+    #[error("the model graph has no repeated layers to split into pipeline stages")]
+    NoLayers,
+}
+
+impl PlanError {
+    pub fn invalid(constraint: impl Into<String>) -> PlanError {
+        PlanError::InvalidStrategy {
+            constraint: constraint.into(),
+        }
+    }
+}

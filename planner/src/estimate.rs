@@ -1,0 +1,472 @@
+//! Predicts one strategy's iteration time and per-rank memory: the function the search calls
+//! thousands of times, so it plans one layer and replicates it.
+
+use ir::{Binding, Graph, OpId, OpKind, cost};
+use serde::Serialize;
+
+use crate::cost::comm::{Collective, Mesh, collective_time, mesh, p2p_time};
+use crate::cost::compute::{Device, TpLayout, tp_layout};
+use crate::cost::memory::{LayerShape, layer_activation_bytes, state_bytes};
+use crate::cost::pipeline::{ChunkCost, Timeline, simulate};
+use crate::error::PlanError;
+use crate::hardware::Cluster;
+use crate::model::ModelInfo;
+use crate::strategy::{Recompute, Strategy};
+
+/// Bytes held back on every GPU for the CUDA context, cuBLAS/NCCL workspaces and allocator
+/// fragmentation. An assumption, not a measurement: PyTorch's CUDA context alone takes
+/// ~0.3–0.5 GiB on A100/H100; see docs/cost-model.md.
+pub const RESERVE_BYTES: f64 = 1.0 * (1u64 << 30) as f64;
+
+/// Bytes per parameter the optimizer step reads and writes: fp32 master weight, m, v (read and
+/// write, 24), the gradient (read) and the new low-precision weight (write), 2 each.
+const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MemoryBreakdown {
+    pub weights: f64,
+    pub grads: f64,
+    pub optimizer: f64,
+    pub activations: f64,
+    pub other: f64,
+}
+
+impl MemoryBreakdown {
+    pub fn total(&self) -> f64 {
+        self.weights + self.grads + self.optimizer + self.activations + self.other
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TimeBreakdown {
+    pub compute: f64,
+    pub tp_comm: f64,
+    pub pp_comm: f64,
+    pub dp_comm: f64,
+    pub bubble: f64,
+    pub optimizer: f64,
+}
+
+/// One pipeline stage (device row) of the prediction.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StageEstimate {
+    pub stage: u32,
+    pub layers: u32,
+    pub busy_s: f64,
+    pub finish_s: f64,
+    pub memory: MemoryBreakdown,
+    pub peak_memory_bytes: f64,
+    pub micro_batches_in_flight: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Predicted {
+    pub iteration_time_s: f64,
+    pub tokens_per_s: f64,
+    pub model_tflops_per_gpu: f64,
+    pub hardware_tflops_per_gpu: f64,
+    pub mfu: f64,
+    pub peak_memory_bytes: f64,
+    pub memory_capacity_bytes: f64,
+    pub fits: bool,
+    pub memory: MemoryBreakdown,
+    pub time: TimeBreakdown,
+    pub bubble_fraction: f64,
+    pub stages: Vec<StageEstimate>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub strategy: Strategy,
+    pub predicted: Predicted,
+    #[serde(skip)]
+    pub timeline: Timeline,
+    #[serde(skip)]
+    pub mesh: Option<Mesh>,
+}
+
+/// Per-micro-batch work of one group of ops (a layer, or the embedding/head).
+#[derive(Clone, Copy, Debug, Default)]
+struct Work {
+    fwd: f64,
+    bwd: f64,
+    tp_fwd: f64,
+    tp_bwd: f64,
+    recompute: f64,
+    fwd_flops: f64,
+    recompute_flops: f64,
+}
+
+impl Work {
+    fn fwd_total(&self) -> f64 {
+        self.fwd + self.tp_fwd
+    }
+    fn bwd_total(&self) -> f64 {
+        self.bwd + self.tp_bwd + self.recompute
+    }
+}
+
+/// Estimates `strategy` for the model `info` on `cluster` with `gpus` GPUs.
+pub fn estimate(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, s: &Strategy) -> Result<Estimate, PlanError> {
+    s.validate(info, gpus)?;
+    let device = Device::new(cluster, s.precision).ok_or_else(|| {
+        PlanError::invalid(format!(
+            "{} has no {} support (its cluster file lists no peak for it)",
+            cluster.gpu.name, s.precision
+        ))
+    })?;
+    let g = info.graph;
+    let (tp, pp, dp) = (u64::from(s.tp), u64::from(s.pp), u64::from(s.dp));
+    let m = mesh(cluster, tp, dp, pp);
+    let b = Binding {
+        batch: s.micro_batch,
+        seq: s.seq,
+    };
+    let graph_elem = g
+        .ty(g.op(info.layer_ops[0]).results[0])
+        .dtype
+        .size_bytes() as f64;
+    let act_scale = s.precision.activation_bytes() / graph_elem;
+    let act_bytes = (b.batch * b.seq * info.hidden) as f64 * s.precision.activation_bytes();
+    let tp_collective = |n: usize| -> f64 {
+        if tp <= 1 {
+            return 0.0;
+        }
+        let one = if s.sequence_parallel {
+            collective_time(cluster, &m.tp, Collective::ReduceScatter, act_bytes)
+                + collective_time(cluster, &m.tp, Collective::AllGather, act_bytes)
+        } else {
+            collective_time(cluster, &m.tp, Collective::AllReduce, act_bytes)
+        };
+        n as f64 * one
+    };
+
+    // One representative layer, the embedding side and the head side.
+    let work = |ops: &[OpId]| -> Work {
+        let mut w = Work::default();
+        for &o in ops {
+            let layout = tp_layout(g, o, info.hidden, s.sequence_parallel);
+            let t = device.op_time(g, o, b, tp, layout, act_scale);
+            w.fwd += t.fwd;
+            w.bwd += t.bwd;
+            w.fwd_flops += t.fwd_flops;
+            let attention_core = matches!(g.op(o).kind, OpKind::Attention { .. });
+            if s.recompute == Recompute::Full || (s.recompute == Recompute::Selective && attention_core) {
+                w.recompute += t.fwd;
+                w.recompute_flops += t.fwd_flops;
+            }
+        }
+        let n = row_parallel_ops(g, ops, info.hidden);
+        w.tp_fwd = tp_collective(n);
+        w.tp_bwd = tp_collective(n);
+        if s.recompute == Recompute::Full {
+            w.recompute += w.tp_fwd;
+        }
+        w
+    };
+    let layer = work(&info.layer_ops);
+    let pre = work(&info.pre_ops);
+    let post = work(&info.post_ops);
+
+    // ZeRO-3 gathers each layer's parameters before its forward (and recompute) and backward,
+    // and reduce-scatters its gradients, prefetching one layer ahead: the layer takes the
+    // longer of its compute and its communication.
+    let wbytes = s.precision.weight_bytes();
+    let layer_param_bytes = info.params_per_layer as f64 / tp as f64 * wbytes;
+    let (mut layer_fwd, mut layer_bwd) = (layer.fwd_total(), layer.bwd_total());
+    let mut zero3_exposed_per_layer = 0.0;
+    if s.zero == 3 && dp > 1 {
+        let ag = collective_time(cluster, &m.dp, Collective::AllGather, layer_param_bytes);
+        let rs = collective_time(cluster, &m.dp, Collective::ReduceScatter, layer_param_bytes);
+        let regathers = if s.recompute == Recompute::Full { 2.0 } else { 1.0 };
+        let f = layer_fwd.max(ag);
+        let bw = layer_bwd.max(regathers * ag + rs);
+        zero3_exposed_per_layer = (f - layer_fwd) + (bw - layer_bwd);
+        layer_fwd = f;
+        layer_bwd = bw;
+    }
+
+    let shape = layer_shape(g, info);
+    let rep = if s.sequence_parallel { tp as f64 } else { 1.0 };
+    let act_layer = layer_activation_bytes(
+        &shape,
+        b.seq as f64,
+        b.batch as f64,
+        tp as f64,
+        s.sequence_parallel,
+        s.recompute,
+        s.precision,
+    );
+    let chunk_layers = s.chunk_layers(info.layers);
+    let n_chunks = chunk_layers.len();
+    let p2p = p2p_time(cluster, act_bytes / rep, m.pp_cross_node, m.pp_sharing);
+    let chunks: Vec<ChunkCost> = chunk_layers
+        .iter()
+        .enumerate()
+        .map(|(c, &l)| {
+            let l = f64::from(l);
+            let mut cc = ChunkCost {
+                fwd: l * layer_fwd,
+                bwd: l * layer_bwd,
+                p2p: if c + 1 < n_chunks { p2p } else { 0.0 },
+                activation_bytes: l * act_layer,
+            };
+            if c == 0 {
+                cc.fwd += pre.fwd_total();
+                cc.bwd += pre.bwd_total();
+            }
+            if c + 1 == n_chunks {
+                cc.fwd += post.fwd_total();
+                cc.bwd += post.bwd_total();
+            }
+            cc
+        })
+        .collect();
+    let micro_batches = s.micro_batches();
+    let timeline = simulate(s.schedule, s.pp, micro_batches as u32, &chunks);
+
+    // Per-device parameters, states, DP communication and optimizer step.
+    let mut stages = Vec::with_capacity(s.pp as usize);
+    let mut worst_end = 0.0f64;
+    let mut critical = 0usize;
+    let mut dp_exposed = vec![0.0; s.pp as usize];
+    let mut optimizer_time = vec![0.0; s.pp as usize];
+    for d in 0..s.pp as usize {
+        let my_chunks: Vec<usize> = (0..n_chunks).filter(|c| c % s.pp as usize == d).collect();
+        let layers: u32 = my_chunks.iter().map(|&c| chunk_layers[c]).sum();
+        let mut params = f64::from(layers) * info.params_per_layer as f64;
+        if my_chunks.contains(&0) {
+            params += info.pre_params as f64;
+        }
+        if my_chunks.contains(&(n_chunks - 1)) {
+            params += info.post_params as f64;
+            if pp > 1 {
+                // The last stage keeps its own copy of a tied embedding (Megatron-LM).
+                params += info.tied_params as f64;
+            }
+        }
+        let local = params / tp as f64;
+        let states = state_bytes(local, dp as f64, s.zero, s.precision);
+        let grad_bytes = local * s.precision.grad_bytes();
+        // Data-parallel gradient synchronisation, bucketed and overlapped with the backward of
+        // the last micro-batch (all but its first layer's worth can hide behind it).
+        let mut dp_time = 0.0;
+        if dp > 1 {
+            dp_time = match s.zero {
+                0 => collective_time(cluster, &m.dp, Collective::AllReduce, grad_bytes),
+                // Reduce-scatter the gradients, all-gather the updated weights.
+                1 => {
+                    collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes)
+                        + collective_time(cluster, &m.dp, Collective::AllGather, local * wbytes)
+                }
+                // Gradients are reduce-scattered every micro-batch (they are never held whole).
+                2 => {
+                    micro_batches as f64 * collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes)
+                        + collective_time(cluster, &m.dp, Collective::AllGather, local * wbytes)
+                }
+                _ => 0.0,
+            };
+        }
+        let last_bwd: f64 = my_chunks.iter().map(|&c| chunks[c].bwd).sum();
+        let hidden_window = if layers > 0 {
+            let per_mb = if s.zero == 2 { micro_batches as f64 } else { 1.0 };
+            last_bwd * per_mb * (f64::from(layers) - 1.0) / f64::from(layers)
+        } else {
+            0.0
+        };
+        let exposed = (dp_time - hidden_window).max(0.0);
+        // Tied embedding gradients are summed between the first and last stage.
+        let tied_sync = if pp > 1 && info.tied_params > 0 && (d == 0 || d + 1 == s.pp as usize) {
+            let bytes = info.tied_params as f64 / tp as f64 * s.precision.grad_bytes();
+            p2p_time(cluster, bytes, m.pp_cross_node, m.pp_sharing)
+        } else {
+            0.0
+        };
+        let owned = if s.zero >= 1 { local / dp as f64 } else { local };
+        let opt = owned * OPTIMIZER_BYTES_PER_PARAM / device.hbm + device.launch;
+        let end = timeline.device_finish[d] + exposed + tied_sync + opt;
+        dp_exposed[d] = exposed + tied_sync;
+        optimizer_time[d] = opt;
+        if end > worst_end {
+            worst_end = end;
+            critical = d;
+        }
+        // Activations: the in-flight micro-batches, plus under full recompute one layer's whole
+        // activations rebuilt during its backward; the last stage holds the fp32 logits and their
+        // gradient; the first the embedding output.
+        let mut activations = timeline.device_peak_activations[d];
+        if s.recompute == Recompute::Full {
+            activations += layer_activation_bytes(
+                &shape,
+                b.seq as f64,
+                b.batch as f64,
+                tp as f64,
+                s.sequence_parallel,
+                Recompute::None,
+                s.precision,
+            );
+        }
+        let mut other = RESERVE_BYTES;
+        if my_chunks.contains(&(n_chunks - 1)) {
+            other += 2.0 * 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp as f64;
+        }
+        if my_chunks.contains(&0) {
+            other += act_bytes / rep;
+        }
+        let memory = MemoryBreakdown {
+            weights: states.weights,
+            grads: states.grads,
+            optimizer: states.optimizer,
+            activations,
+            other,
+        };
+        stages.push(StageEstimate {
+            stage: d as u32,
+            layers,
+            busy_s: timeline.device_busy[d],
+            finish_s: end,
+            peak_memory_bytes: memory.total(),
+            memory,
+            micro_batches_in_flight: timeline.device_peak_in_flight[d],
+        });
+    }
+
+    let iteration = worst_end;
+    let tokens = (s.global_batch * s.seq) as f64;
+    let model_flops = cost::training_flops_per_token(g, b) * tokens;
+    let recompute_flops = (f64::from(info.layers) * layer.recompute_flops + pre.recompute_flops + post.recompute_flops)
+        * tp as f64
+        * (s.global_batch / s.micro_batch) as f64;
+    let n = gpus as f64;
+    let model_tflops = model_flops / (iteration * n) / 1e12;
+    let hardware_tflops = (model_flops + recompute_flops) / (iteration * n) / 1e12;
+    let peak = cluster.peak_flops(s.precision).unwrap_or(f64::INFINITY);
+
+    // Breakdown for the device that finishes last.
+    let my_chunks: Vec<usize> = (0..n_chunks).filter(|c| c % s.pp as usize == critical).collect();
+    let mb = micro_batches as f64;
+    let mut compute = 0.0;
+    let mut tp_time = 0.0;
+    for &c in &my_chunks {
+        let l = f64::from(chunk_layers[c]);
+        compute += mb * l * (layer.fwd + layer.bwd + layer.recompute - if s.recompute == Recompute::Full { layer.tp_fwd } else { 0.0 });
+        tp_time += mb * l * (layer.tp_fwd + layer.tp_bwd + if s.recompute == Recompute::Full { layer.tp_fwd } else { 0.0 });
+        if c == 0 {
+            compute += mb * (pre.fwd + pre.bwd + pre.recompute);
+            tp_time += mb * (pre.tp_fwd + pre.tp_bwd);
+        }
+        if c + 1 == n_chunks {
+            compute += mb * (post.fwd + post.bwd + post.recompute);
+            tp_time += mb * (post.tp_fwd + post.tp_bwd);
+        }
+    }
+    let zero3: f64 = my_chunks.iter().map(|&c| f64::from(chunk_layers[c])).sum::<f64>() * mb * zero3_exposed_per_layer;
+    let sends = my_chunks.iter().filter(|&&c| c + 1 < n_chunks).count() as f64
+        + my_chunks.iter().filter(|&&c| c > 0).count() as f64;
+    let pp_time = sends * mb * p2p;
+    let dp_time = dp_exposed[critical] + zero3;
+    let opt = optimizer_time[critical];
+    let bubble = (iteration - compute - tp_time - dp_time - opt).max(0.0);
+    let peak_stage = stages
+        .iter()
+        .max_by(|a, b| a.peak_memory_bytes.total_cmp(&b.peak_memory_bytes))
+        .cloned()
+        .unwrap_or_default();
+    let capacity = cluster.memory_bytes();
+    let ideal = timeline.device_busy.iter().cloned().fold(0.0, f64::max);
+    Ok(Estimate {
+        strategy: s.clone(),
+        predicted: Predicted {
+            iteration_time_s: iteration,
+            tokens_per_s: tokens / iteration,
+            model_tflops_per_gpu: model_tflops,
+            hardware_tflops_per_gpu: hardware_tflops,
+            mfu: model_tflops * 1e12 / peak,
+            peak_memory_bytes: peak_stage.peak_memory_bytes,
+            memory_capacity_bytes: capacity,
+            fits: peak_stage.peak_memory_bytes <= capacity,
+            memory: peak_stage.memory.clone(),
+            time: TimeBreakdown {
+                compute,
+                tp_comm: tp_time,
+                pp_comm: pp_time.min(bubble),
+                dp_comm: dp_time,
+                bubble: (bubble - pp_time.min(bubble)).max(0.0),
+                optimizer: opt,
+            },
+            bubble_fraction: if iteration > 0.0 { ((iteration - ideal - opt - dp_exposed[critical]) / iteration).max(0.0) } else { 0.0 },
+            stages,
+        },
+        timeline,
+        mesh: Some(m),
+    })
+}
+
+/// Row-parallel products in `ops`: each needs one all-reduce of the hidden-sized output in the
+/// forward (and its column-parallel partner one in the backward) under Megatron's sharding.
+fn row_parallel_ops(g: &Graph, ops: &[OpId], hidden: u64) -> usize {
+    ops.iter()
+        .filter(|&&o| {
+            let op = g.op(o);
+            let width = |v| g.ty(v).shape.last().and_then(|d| d.fixed());
+            match op.kind {
+                OpKind::Linear { .. } => {
+                    width(op.results[0]) == Some(hidden) && width(op.inputs[0]) != Some(hidden)
+                }
+                OpKind::MoeExperts { .. } => true,
+                OpKind::Embedding => {
+                    // Vocabulary-parallel token embedding (not the position table).
+                    !matches!(g.op(g.def_op(op.inputs[1])).kind, OpKind::Iota { .. })
+                }
+                _ => false,
+            }
+        })
+        .count()
+}
+
+/// Reads the activation formula's parameters off the representative layer.
+fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
+    let h = info.hidden;
+    let mut kv_width = h as f64;
+    let mut ffn = 4.0 * h as f64;
+    let mut gated = false;
+    let mut experts_per_token = 1.0;
+    let mut dropout = false;
+    for &o in &info.layer_ops {
+        let op = g.op(o);
+        match &op.kind {
+            OpKind::Attention { heads, kv_heads, .. } => {
+                kv_width = (h / heads * kv_heads) as f64;
+            }
+            OpKind::Silu => gated = true,
+            OpKind::LayerNorm { .. } => dropout = true,
+            OpKind::Linear { .. } => {
+                if let Some(w) = g.ty(op.results[0]).shape.last().and_then(|d| d.fixed()) {
+                    let input = g.ty(op.inputs[0]).shape.last().and_then(|d| d.fixed());
+                    if input == Some(h) && w != h && w != 3 * h && w as f64 != kv_width {
+                        ffn = w as f64;
+                    }
+                }
+            }
+            OpKind::MoeExperts { .. } => {
+                if let Some(f) = g.ty(op.inputs[2]).shape.dims().get(2).and_then(|d| d.fixed()) {
+                    ffn = f as f64;
+                }
+                gated = true;
+            }
+            OpKind::TopKRouter { k, .. } => experts_per_token = *k as f64,
+            _ => {}
+        }
+    }
+    LayerShape {
+        hidden: h as f64,
+        heads: info.heads as f64,
+        kv_width,
+        ffn,
+        gated,
+        experts_per_token,
+        // GPT-family layers (LayerNorm, GELU) train with dropout in Megatron-LM; Llama-family
+        // layers (RMSNorm, SwiGLU) do not.
+        dropout,
+    }
+}

@@ -1,0 +1,239 @@
+//! Hardware description: GPUs, nodes and the links between them, read from TOML.
+//!
+//! The schema is documented in `docs/hardware.md`; presets live in `presets/*.toml`, each figure
+//! cited to a datasheet or a public measurement in the file's comments.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PlanError;
+use crate::precision::Precision;
+
+/// Dense (non-sparse) peak throughput per element type, TFLOP/s. Absent = not supported.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakTflops {
+    pub fp32: Option<f64>,
+    pub tf32: Option<f64>,
+    pub bf16: Option<f64>,
+    pub fp16: Option<f64>,
+    pub fp8: Option<f64>,
+}
+
+/// One GPU model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    pub name: String,
+    /// Streaming multiprocessors: the number of matmul tiles that run at once.
+    pub sm_count: u32,
+    /// Fixed cost of launching one kernel, µs.
+    pub launch_overhead_us: f64,
+    /// Device memory, GiB.
+    pub memory_gib: f64,
+    /// HBM bandwidth, GB/s (datasheet).
+    pub hbm_gb_per_s: f64,
+    /// Fraction of the dense peak that large, well-shaped matmuls sustain (measured MAMF).
+    pub matmul_efficiency: f64,
+    /// Fraction of the HBM bandwidth that streaming kernels sustain.
+    pub memory_efficiency: f64,
+    pub peak_tflops: PeakTflops,
+}
+
+/// Which GPUs a link connects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// GPUs inside one node (NVLink / NVSwitch).
+    Node,
+    /// Nodes, through each node's NICs.
+    Network,
+}
+
+/// One level of the topology.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    pub name: String,
+    pub scope: Scope,
+    /// Bandwidth per GPU per direction, GB/s (node scope).
+    #[serde(default)]
+    pub gb_per_s: Option<f64>,
+    /// NICs per node and bandwidth per NIC per direction, GB/s (network scope).
+    #[serde(default)]
+    pub nics_per_node: Option<u32>,
+    #[serde(default)]
+    pub nic_gb_per_s: Option<f64>,
+    /// Per-message latency (the α of the α-β model), µs.
+    pub latency_us: f64,
+    /// Fraction of the bandwidth that NCCL collectives sustain (measured bus bandwidth).
+    pub efficiency: f64,
+}
+
+/// A cluster type: identical nodes of identical GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub gpus_per_node: u32,
+    /// Largest number of nodes, if the cluster is finite.
+    #[serde(default)]
+    pub max_nodes: Option<u32>,
+    pub gpu: Gpu,
+    #[serde(rename = "link")]
+    pub links: Vec<Link>,
+}
+
+const PRESETS: [(&str, &str); 8] = [
+    ("dgx-a100-40gb", include_str!("presets/dgx-a100-40gb.toml")),
+    ("dgx-a100-80gb", include_str!("presets/dgx-a100-80gb.toml")),
+    ("dgx-h100", include_str!("presets/dgx-h100.toml")),
+    ("dgx-h200", include_str!("presets/dgx-h200.toml")),
+    ("dgx1-v100", include_str!("presets/dgx1-v100.toml")),
+    ("aws-p3.16xlarge", include_str!("presets/aws-p3.16xlarge.toml")),
+    ("aws-p4d.24xlarge", include_str!("presets/aws-p4d.24xlarge.toml")),
+    ("aws-p5.48xlarge", include_str!("presets/aws-p5.48xlarge.toml")),
+];
+
+/// Names of the built-in presets.
+pub fn preset_names() -> Vec<&'static str> {
+    PRESETS.iter().map(|(n, _)| *n).collect()
+}
+
+/// Every preset, parsed.
+pub fn presets() -> Result<Vec<Cluster>, PlanError> {
+    PRESETS
+        .iter()
+        .map(|(n, src)| Cluster::from_toml(src, &format!("preset {n}")))
+        .collect()
+}
+
+impl Cluster {
+    /// A preset by name, or a TOML file by path.
+    pub fn load(name_or_path: &str) -> Result<Cluster, PlanError> {
+        if let Some((n, src)) = PRESETS.iter().find(|(n, _)| *n == name_or_path) {
+            return Cluster::from_toml(src, &format!("preset {n}"));
+        }
+        let path = Path::new(name_or_path);
+        if !path.exists() && !name_or_path.ends_with(".toml") {
+            return Err(PlanError::UnknownCluster {
+                name: name_or_path.into(),
+                presets: preset_names().join(", "),
+            });
+        }
+        let src = std::fs::read_to_string(path).map_err(|e| PlanError::Io {
+            file: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Cluster::from_toml(&src, &path.display().to_string())
+    }
+
+    /// Parses and validates a cluster description; `origin` names it in messages.
+    pub fn from_toml(src: &str, origin: &str) -> Result<Cluster, PlanError> {
+        let c: Cluster = toml::from_str(src).map_err(|e| PlanError::ClusterFile {
+            file: origin.into(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        c.validate(origin)?;
+        Ok(c)
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), PlanError> {
+        let bad = |field: &str, why: &str| {
+            Err(PlanError::ClusterFile {
+                file: origin.into(),
+                message: format!("`{field}` {why}"),
+            })
+        };
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        let fraction = |x: f64| x.is_finite() && x > 0.0 && x <= 1.0;
+        if self.gpus_per_node == 0 {
+            return bad("gpus_per_node", "must be at least 1");
+        }
+        if self.gpu.sm_count == 0 {
+            return bad("gpu.sm_count", "must be at least 1");
+        }
+        if !(self.gpu.launch_overhead_us.is_finite() && self.gpu.launch_overhead_us >= 0.0) {
+            return bad("gpu.launch_overhead_us", "must be non-negative");
+        }
+        if !positive(self.gpu.memory_gib) {
+            return bad("gpu.memory_gib", "must be positive");
+        }
+        if !positive(self.gpu.hbm_gb_per_s) {
+            return bad("gpu.hbm_gb_per_s", "must be positive");
+        }
+        if !fraction(self.gpu.matmul_efficiency) {
+            return bad("gpu.matmul_efficiency", "must be in (0, 1]");
+        }
+        if !fraction(self.gpu.memory_efficiency) {
+            return bad("gpu.memory_efficiency", "must be in (0, 1]");
+        }
+        let p = &self.gpu.peak_tflops;
+        for (f, v) in [("fp32", p.fp32), ("tf32", p.tf32), ("bf16", p.bf16), ("fp16", p.fp16), ("fp8", p.fp8)] {
+            if v.is_some_and(|x| !positive(x)) {
+                return bad(&format!("gpu.peak_tflops.{f}"), "must be positive (omit it if unsupported)");
+            }
+        }
+        if p.fp32.is_none() {
+            return bad("gpu.peak_tflops.fp32", "is required");
+        }
+        if !self.links.iter().any(|l| l.scope == Scope::Node) && self.gpus_per_node > 1 {
+            return bad("link", "needs a `scope = \"node\"` entry for GPUs inside a node");
+        }
+        for (i, l) in self.links.iter().enumerate() {
+            if !fraction(l.efficiency) {
+                return bad(&format!("link[{i}].efficiency"), "must be in (0, 1]");
+            }
+            if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
+                return bad(&format!("link[{i}].latency_us"), "must be non-negative");
+            }
+            match l.scope {
+                Scope::Node if !l.gb_per_s.is_some_and(positive) => {
+                    return bad(&format!("link[{i}].gb_per_s"), "is required (positive) for a node link");
+                }
+                Scope::Network
+                    if !(l.nics_per_node.is_some_and(|n| n > 0) && l.nic_gb_per_s.is_some_and(positive)) =>
+                {
+                    return bad(
+                        &format!("link[{i}]"),
+                        "needs nics_per_node and nic_gb_per_s (positive) for a network link",
+                    );
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub fn memory_bytes(&self) -> f64 {
+        self.gpu.memory_gib * (1u64 << 30) as f64
+    }
+
+    /// Dense peak FLOP/s for a precision, if the GPU supports it.
+    pub fn peak_flops(&self, p: Precision) -> Option<f64> {
+        let t = &self.gpu.peak_tflops;
+        let tflops = match p {
+            Precision::Fp32 => t.fp32,
+            Precision::Bf16 => t.bf16,
+            Precision::Fp16 => t.fp16,
+            Precision::Fp8 => t.fp8,
+        };
+        tflops.map(|x| x * 1e12)
+    }
+
+    /// Sustained HBM bandwidth, bytes/s.
+    pub fn hbm_bytes_per_s(&self) -> f64 {
+        self.gpu.hbm_gb_per_s * 1e9 * self.gpu.memory_efficiency
+    }
+
+    pub fn node_link(&self) -> Option<&Link> {
+        self.links.iter().find(|l| l.scope == Scope::Node)
+    }
+
+    pub fn network_link(&self) -> Option<&Link> {
+        self.links.iter().find(|l| l.scope == Scope::Network)
+    }
+}

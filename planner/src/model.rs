@@ -1,0 +1,118 @@
+//! What the planner needs to know about a model, read off its forward IR graph: the repeated
+//! block (planned once, replicated), the ops before it (embedding) and after it (head, loss).
+
+use ir::{Graph, OpId, OpKind};
+
+use crate::error::PlanError;
+
+/// A forward graph split into pre-block ops, one representative layer, and post-block ops.
+#[derive(Debug, Clone)]
+pub struct ModelInfo<'g> {
+    pub graph: &'g Graph,
+    pub layers: u32,
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub vocab: u64,
+    /// Longest sequence the model accepts (learned position table rows), or `u64::MAX`.
+    pub max_seq: u64,
+    /// Ops of layer 0, in order (every layer is structurally identical).
+    pub layer_ops: Vec<OpId>,
+    /// Untagged ops before the first layer (embeddings).
+    pub pre_ops: Vec<OpId>,
+    /// Untagged ops after the last layer (final norm, head, loss).
+    pub post_ops: Vec<OpId>,
+    pub params_per_layer: u64,
+    pub pre_params: u64,
+    pub post_params: u64,
+    /// Parameters used both before and after the block (tied embeddings): a pipeline keeps a
+    /// copy on the first and on the last stage.
+    pub tied_params: u64,
+}
+
+impl<'g> ModelInfo<'g> {
+    pub fn new(graph: &'g Graph) -> Result<ModelInfo<'g>, PlanError> {
+        let layers = graph.num_layers();
+        if layers == 0 {
+            return Err(PlanError::NoLayers);
+        }
+        let order = graph.order();
+        let first = order
+            .iter()
+            .position(|&o| graph.op(o).layer.is_some())
+            .unwrap_or(0);
+        let last = order
+            .iter()
+            .rposition(|&o| graph.op(o).layer.is_some())
+            .unwrap_or(0);
+        let untagged = |o: &&OpId| graph.op(**o).layer.is_none();
+        let pre_ops: Vec<OpId> = order[..first].iter().filter(untagged).copied().collect();
+        let post_ops: Vec<OpId> = order[last + 1..].iter().filter(untagged).copied().collect();
+        let layer_ops = graph.layer_ops(0);
+        let numel = |o: OpId| {
+            graph
+                .ty(graph.op(o).results[0])
+                .shape
+                .fixed_numel()
+                .unwrap_or(0)
+        };
+        let is_param = |o: &OpId| matches!(graph.op(*o).kind, OpKind::Param { .. });
+        let params_per_layer = layer_ops.iter().filter(|o| is_param(o)).map(|&o| numel(o)).sum();
+        let pre_params: u64 = pre_ops.iter().filter(|o| is_param(o)).map(|&o| numel(o)).sum();
+        let post_params: u64 = post_ops.iter().filter(|o| is_param(o)).map(|&o| numel(o)).sum();
+        // A pre-block parameter read by a post-block op is tied (GPT's embedding and head).
+        let uses = graph.uses();
+        let tied_params = pre_ops
+            .iter()
+            .filter(|o| is_param(o))
+            .filter(|&&o| {
+                let v = graph.op(o).results[0];
+                uses[v.index()].iter().any(|u| post_ops.contains(u))
+            })
+            .map(|&o| numel(o))
+            .sum();
+        let mut info = ModelInfo {
+            graph,
+            layers,
+            hidden: 0,
+            heads: 0,
+            kv_heads: 0,
+            vocab: 0,
+            max_seq: u64::MAX,
+            layer_ops,
+            pre_ops,
+            post_ops,
+            params_per_layer,
+            pre_params,
+            post_params,
+            tied_params,
+        };
+        for &o in order {
+            let op = graph.op(o);
+            match &op.kind {
+                OpKind::Embedding => {
+                    let table = graph.ty(op.inputs[0]).shape.dims().to_vec();
+                    let positions = matches!(graph.op(graph.def_op(op.inputs[1])).kind, OpKind::Iota { .. });
+                    let rows = table.first().and_then(|d| d.fixed()).unwrap_or(0);
+                    if positions {
+                        info.max_seq = info.max_seq.min(rows);
+                    } else if info.hidden == 0 {
+                        info.hidden = table.get(1).and_then(|d| d.fixed()).unwrap_or(0);
+                        info.vocab = rows;
+                    }
+                }
+                OpKind::Attention { heads, kv_heads, .. } if info.heads == 0 => {
+                    info.heads = *heads;
+                    info.kv_heads = *kv_heads;
+                }
+                _ => {}
+            }
+        }
+        Ok(info)
+    }
+
+    /// Total trainable parameters.
+    pub fn params(&self) -> u64 {
+        self.pre_params + self.post_params + u64::from(self.layers) * self.params_per_layer
+    }
+}

@@ -1,0 +1,80 @@
+//! Training precision: which peak the matmuls run at and how many bytes each state takes.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Numeric precision of a training run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything in f32 (the CPU runtime; small models).
+    Fp32,
+    /// bf16 compute, fp32 master weights and Adam moments (mixed precision).
+    Bf16,
+    /// fp16 compute, fp32 master weights and Adam moments (mixed precision, loss scaling).
+    Fp16,
+    /// fp8 matmuls (Transformer-Engine style) with bf16 weights/activations and fp32 states.
+    Fp8,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 4] = [Precision::Fp32, Precision::Bf16, Precision::Fp16, Precision::Fp8];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Fp8 => "fp8",
+        }
+    }
+
+    /// Bytes per parameter of the weights used in compute.
+    pub fn weight_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            _ => 2.0,
+        }
+    }
+
+    /// Bytes per parameter of the gradients.
+    pub fn grad_bytes(self) -> f64 {
+        self.weight_bytes()
+    }
+
+    /// Bytes per parameter of optimizer state: Adam's m and v in fp32, plus an fp32 master copy
+    /// under mixed precision (the K = 12 of Rajbhandari et al., SC'20).
+    pub fn optimizer_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 8.0,
+            _ => 12.0,
+        }
+    }
+
+    /// Bytes per activation element (Korthikanti et al. count 16-bit activations).
+    pub fn activation_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            _ => 2.0,
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name() == s.to_ascii_lowercase())
+            .ok_or_else(|| format!("unknown precision `{s}`; expected fp32, bf16, fp16 or fp8"))
+    }
+}

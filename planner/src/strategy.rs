@@ -1,0 +1,213 @@
+//! A parallelization strategy: the knobs `plait estimate` takes and the search chooses.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PlanError;
+use crate::model::ModelInfo;
+use crate::precision::Precision;
+
+/// Activation recomputation (Korthikanti et al. 2022).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation the backward pass needs.
+    None,
+    /// Recompute only the attention core (the `5as/h` terms), keep the rest.
+    Selective,
+    /// Keep only each layer's input; recompute the whole layer in the backward pass.
+    Full,
+}
+
+/// Pipeline schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// All forwards, then all backwards (Huang et al. 2019).
+    Gpipe,
+    /// One-forward-one-backward (PipeDream-Flush; Narayanan et al. 2021).
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// 1F1B over `v` model chunks per device (Narayanan et al. SC'21).
+    Interleaved,
+}
+
+macro_rules! named_enum {
+    ($t:ty, $($v:ident => $s:literal),+) => {
+        impl $t {
+            pub fn name(self) -> &'static str {
+                match self { $(<$t>::$v => $s),+ }
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+        impl FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s.to_ascii_lowercase().as_str() {
+                    $($s => Ok(<$t>::$v),)+
+                    _ => Err(format!("unknown value `{s}`; expected one of: {}", [$($s),+].join(", "))),
+                }
+            }
+        }
+    };
+}
+
+named_enum!(Recompute, None => "none", Selective => "selective", Full => "full");
+named_enum!(Schedule, Gpipe => "gpipe", OneFOneB => "1f1b", Interleaved => "interleaved");
+
+/// One complete strategy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Strategy {
+    pub tp: u32,
+    pub pp: u32,
+    pub dp: u32,
+    /// Sequences per micro-batch.
+    pub micro_batch: u64,
+    /// Sequences per iteration, over all data-parallel replicas.
+    pub global_batch: u64,
+    pub seq: u64,
+    /// ZeRO stage 0–3 (Rajbhandari et al. SC'20).
+    pub zero: u8,
+    pub recompute: Recompute,
+    pub schedule: Schedule,
+    /// Model chunks per device (interleaved schedule; 1 otherwise).
+    pub virtual_stages: u32,
+    pub sequence_parallel: bool,
+    pub precision: Precision,
+    /// Decoder layers per pipeline stage (per virtual stage when interleaved), if not even.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_layers: Option<Vec<u32>>,
+}
+
+impl Strategy {
+    pub fn gpus(&self) -> u64 {
+        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.dp)
+    }
+
+    /// Micro-batches per iteration per pipeline.
+    pub fn micro_batches(&self) -> u64 {
+        self.global_batch / (u64::from(self.dp) * self.micro_batch)
+    }
+
+    /// Number of model chunks (pipeline stages × virtual stages).
+    pub fn chunks(&self) -> u32 {
+        self.pp * self.virtual_stages
+    }
+
+    /// Layers of each model chunk, in pipeline order (chunk c lives on device c mod pp).
+    pub fn chunk_layers(&self, layers: u32) -> Vec<u32> {
+        if let Some(s) = &self.stage_layers {
+            return s.clone();
+        }
+        let n = self.chunks();
+        (0..n).map(|i| layers / n + u32::from(i < layers % n)).collect()
+    }
+
+    /// Checks every constraint, naming the first one that fails.
+    pub fn validate(&self, model: &ModelInfo, gpus: u64) -> Result<(), PlanError> {
+        let err = |c: String| Err(PlanError::invalid(c));
+        if self.tp == 0 || self.pp == 0 || self.dp == 0 {
+            return err("tp, pp and dp must each be at least 1".into());
+        }
+        if self.gpus() != gpus {
+            return err(format!(
+                "tp x pp x dp = {} x {} x {} = {} must equal --gpus {gpus}",
+                self.tp,
+                self.pp,
+                self.dp,
+                self.gpus()
+            ));
+        }
+        if self.micro_batch == 0 || self.global_batch == 0 || self.seq == 0 {
+            return err("micro-batch, global batch and sequence length must be positive".into());
+        }
+        if self.global_batch % (u64::from(self.dp) * self.micro_batch) != 0 {
+            return err(format!(
+                "global batch {} must be divisible by dp x micro-batch = {} x {} = {}",
+                self.global_batch,
+                self.dp,
+                self.micro_batch,
+                u64::from(self.dp) * self.micro_batch
+            ));
+        }
+        if model.heads % u64::from(self.tp) != 0 {
+            return err(format!("attention heads {} are not divisible by tp {}", model.heads, self.tp));
+        }
+        if model.kv_heads % u64::from(self.tp) != 0 && u64::from(self.tp) % model.kv_heads != 0 {
+            return err(format!(
+                "key/value heads {} and tp {} must divide one another",
+                model.kv_heads, self.tp
+            ));
+        }
+        if self.zero > 3 {
+            return err(format!("ZeRO stage {} does not exist (0, 1, 2 or 3)", self.zero));
+        }
+        if self.virtual_stages == 0 {
+            return err("virtual stages must be at least 1".into());
+        }
+        if self.schedule != Schedule::Interleaved && self.virtual_stages != 1 {
+            return err(format!(
+                "--virtual-stages {} needs --schedule interleaved",
+                self.virtual_stages
+            ));
+        }
+        if self.schedule == Schedule::Interleaved {
+            if self.pp < 2 {
+                return err("the interleaved schedule needs pp >= 2".into());
+            }
+            if self.virtual_stages < 2 {
+                return err("the interleaved schedule needs --virtual-stages >= 2".into());
+            }
+            if self.micro_batches() % u64::from(self.pp) != 0 {
+                return err(format!(
+                    "the interleaved schedule needs micro-batches ({}) divisible by pp ({})",
+                    self.micro_batches(),
+                    self.pp
+                ));
+            }
+        }
+        if u64::from(self.chunks()) > u64::from(model.layers) {
+            return err(format!(
+                "{} layers cannot fill pp x virtual stages = {} x {} = {} stages",
+                model.layers,
+                self.pp,
+                self.virtual_stages,
+                self.chunks()
+            ));
+        }
+        if let Some(s) = &self.stage_layers {
+            if s.len() != self.chunks() as usize {
+                return err(format!(
+                    "stage layers list {} entries, expected pp x virtual stages = {}",
+                    s.len(),
+                    self.chunks()
+                ));
+            }
+            if s.iter().sum::<u32>() != model.layers || s.contains(&0) {
+                return err(format!(
+                    "stage layers {s:?} must be positive and sum to the model's {} layers",
+                    model.layers
+                ));
+            }
+        }
+        if self.sequence_parallel && self.seq % u64::from(self.tp) != 0 {
+            return err(format!(
+                "sequence parallelism needs seq {} divisible by tp {}",
+                self.seq, self.tp
+            ));
+        }
+        if self.seq > model.max_seq {
+            return err(format!(
+                "sequence length {} exceeds the model's {} positions",
+                self.seq, model.max_seq
+            ));
+        }
+        Ok(())
+    }
+}
