@@ -22,6 +22,11 @@ pub enum AutodiffError {
         op: crate::graph::OpId,
         value: ValueId,
     },
+    #[error("graph `{graph}`: the execution order names {op}, which is not an op of the graph")]
+    DanglingOp {
+        graph: String,
+        op: crate::graph::OpId,
+    },
     #[error("building the backward graph: {0}")]
     Build(#[from] BuildError),
 }
@@ -104,6 +109,16 @@ pub fn backward(forward: &Graph, loss: ValueId) -> Result<Gradients, AutodiffErr
         return Err(AutodiffError::UnknownLoss {
             graph: forward.name.clone(),
             loss,
+        });
+    }
+    if let Some(&op) = forward
+        .order()
+        .iter()
+        .find(|o| o.index() >= forward.num_ops())
+    {
+        return Err(AutodiffError::DanglingOp {
+            graph: forward.name.clone(),
+            op,
         });
     }
     for o in forward.op_ids() {

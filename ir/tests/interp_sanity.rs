@@ -267,3 +267,33 @@ fn missing_and_misshapen_sources_are_errors() {
         Err(ir::interp::InterpError::Malformed { .. })
     ));
 }
+
+#[test]
+fn out_of_range_ids_are_errors() {
+    let mut g = Graph::new("t");
+    let table = g.push_source(
+        OpKind::Param { name: "w".into() },
+        TensorType::new(DType::F32, Shape::fixed(&[3, 2])),
+        None,
+    );
+    let ids = g.push_source(
+        OpKind::Input { name: "ids".into() },
+        TensorType::new(DType::I64, Shape::fixed(&[2])),
+        None,
+    );
+    g.push_op(OpKind::Embedding, vec![table, ids], None)
+        .expect("well-typed");
+    let weights = Weights::from([("w".to_string(), Tensor::new(vec![3, 2], vec![0.0; 6]))]);
+    for bad in [3.0, -1.0, 0.5] {
+        let inputs = BTreeMap::from([("ids".to_string(), Tensor::new(vec![2], vec![0.0, bad]))]);
+        let env = Env {
+            weights: &weights,
+            inputs: &inputs,
+            binding: BIND,
+        };
+        assert!(matches!(
+            evaluate(&g, &env),
+            Err(ir::interp::InterpError::Invalid { .. })
+        ));
+    }
+}

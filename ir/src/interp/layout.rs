@@ -160,7 +160,7 @@ pub(crate) fn slice_vjp(
 ) -> Result<Tensor, KernelError> {
     let (outer, len, inner) = around(&x.shape, axis)?;
     let width = end.saturating_sub(start);
-    if end > len || g.data.len() != outer * width * inner {
+    if start > end || end > len || g.data.len() != outer * width * inner {
         return Err(KernelError::new(format!(
             "output gradient {:?} does not match slice {start}..{end} of {:?}",
             g.shape, x.shape

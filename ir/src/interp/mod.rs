@@ -11,7 +11,7 @@
 //!   there are more queries than keys) is all zeros rather than NaN.
 //! - `Dropout{p, seed}`: see [`dropout_keep`]; the mask depends only on (seed, flat index).
 //! - `TopKRouter`: ties between equal logits go to the lower expert index.
-//! - `AdamW`: torch.optim.AdamW's update, see [`optim`].
+//! - `AdamW`: torch.optim.AdamW's update (see the `optim` module).
 
 mod attention;
 mod dropout;
@@ -90,8 +90,9 @@ pub enum InterpError {
     /// The operand values do not fit the op (an id out of range, inconsistent shapes...).
     #[error("{op}: {reason}")]
     Invalid { op: String, reason: String },
-    /// The graph refers to a value no earlier op in the execution order defined.
-    #[error("{op}: operand {value} is used before it is defined")]
+    /// The graph names a value that does not exist or that no earlier op (in execution order)
+    /// defined.
+    #[error("{op}: value {value} is not defined at this point")]
     Undefined { op: String, value: ValueId },
     /// A provided tensor's data length disagrees with its own shape.
     #[error("`{name}`: shape {shape:?} holds {want} elements, the data has {got}")]
@@ -122,6 +123,12 @@ impl KernelError {
 pub fn evaluate(graph: &Graph, env: &Env<'_>) -> Result<Evaluation, InterpError> {
     let mut values: Vec<Option<Tensor>> = vec![None; graph.num_values()];
     for &o in graph.order() {
+        if o.index() >= graph.num_ops() {
+            return Err(InterpError::Invalid {
+                op: o.to_string(),
+                reason: "the execution order names an op the graph does not have".into(),
+            });
+        }
         let data = graph.op(o);
         let label = || op_label(graph, o);
         let results = if data.kind.is_source() {
@@ -155,6 +162,12 @@ pub fn evaluate(graph: &Graph, env: &Env<'_>) -> Result<Evaluation, InterpError>
             });
         }
         for (t, &v) in results.into_iter().zip(&data.results) {
+            if v.index() >= values.len() {
+                return Err(InterpError::Undefined {
+                    op: label(),
+                    value: v,
+                });
+            }
             let want = graph.ty(v).shape.eval(env.binding);
             let want: Vec<usize> = want.into_iter().map(|d| d as usize).collect();
             if t.shape != want {
