@@ -1,8 +1,12 @@
 //! `plait`: a thin command line over plait's libraries.
 
+mod bench;
+mod clusters;
+mod estimate;
 mod inspect;
 mod model;
 mod models;
+mod strategy_args;
 
 use std::process::ExitCode;
 
@@ -31,6 +35,12 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// List the built-in model zoo.
     Models(models::ModelsArgs),
+    /// List the built-in cluster presets.
+    Clusters(clusters::ClustersArgs),
+    /// Predict iteration time and per-GPU memory of one parallelization strategy.
+    Estimate(estimate::EstimateArgs),
+    /// Benchmarks: the cost model against published runs, and the estimator's speed.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +48,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Models(args) => models::run(&args),
+        Command::Clusters(args) => clusters::run(&args),
+        Command::Estimate(args) => estimate::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

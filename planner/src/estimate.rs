@@ -5,7 +5,7 @@ use ir::{Binding, Graph, OpId, OpKind, cost};
 use serde::Serialize;
 
 use crate::cost::comm::{Collective, Mesh, collective_time, mesh, p2p_time};
-use crate::cost::compute::{Device, TpLayout, tp_layout};
+use crate::cost::compute::{Device, tp_layout};
 use crate::cost::memory::{LayerShape, layer_activation_bytes, state_bytes};
 use crate::cost::pipeline::{ChunkCost, Timeline, simulate};
 use crate::error::PlanError;

@@ -105,8 +105,10 @@ pub fn collective_time(c: &Cluster, g: &Group, kind: Collective, bytes: f64) -> 
                 + single_level(Collective::AllReduce, nodes, bytes / pn, inter_bw_per_gpu, lv.inter_lat)
                 + single_level(Collective::AllGather, pn, bytes, lv.intra_bw, lv.intra_lat)
         }
+        // Reduce-scatter: inside the node on the whole buffer, then across nodes on the node's
+        // 1/per_node slice (all-gather is the same in reverse).
         Collective::AllGather | Collective::ReduceScatter => {
-            single_level(kind, pn, bytes / nodes, lv.intra_bw, lv.intra_lat)
+            single_level(kind, pn, bytes, lv.intra_bw, lv.intra_lat)
                 + single_level(kind, nodes, bytes / pn, inter_bw_per_gpu, lv.inter_lat)
         }
         Collective::AllToAll => {

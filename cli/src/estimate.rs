@@ -1,0 +1,108 @@
+//! `plait estimate MODEL --cluster C --gpus N ...`: the cost model's prediction for one strategy.
+
+use clap::Args;
+use planner::{Cluster, ModelInfo, estimate::Estimate};
+
+use crate::model;
+use crate::strategy_args::{ClusterArgs, StrategyArgs};
+
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    /// A zoo name (see `plait models`), a Hugging Face config.json, or an ONNX file.
+    model: String,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
+    strategy: StrategyArgs,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::load(&args.cluster.cluster)?;
+    let mb = args.strategy.micro_batch.unwrap_or(1);
+    let m = model::load(&args.model, mb, args.cluster.seq)?;
+    let strategy = args.strategy.complete(args.cluster.global_batch, m.binding.seq)?;
+    let info = ModelInfo::new(&m.graph)?;
+    let e = planner::estimate(&info, &cluster, args.cluster.gpus, &strategy)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&e)?);
+    } else {
+        print_text(&m.graph.name, &cluster, &e);
+    }
+    Ok(())
+}
+
+fn gib(b: f64) -> String {
+    format!("{:.2} GiB", b / (1u64 << 30) as f64)
+}
+
+pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
+    let s = &e.strategy;
+    let p = &e.predicted;
+    println!(
+        "{model} on {} x {} ({})",
+        s.tp * s.pp * s.dp,
+        cluster.gpu.name,
+        cluster.name
+    );
+    println!(
+        "strategy    tp {} x pp {} x dp {}, micro-batch {} ({} per iteration), global batch {}, seq {}",
+        s.tp,
+        s.pp,
+        s.dp,
+        s.micro_batch,
+        s.micro_batches(),
+        s.global_batch,
+        s.seq
+    );
+    println!(
+        "            ZeRO-{}, recompute {}, schedule {}{}, sequence parallel {}, {}",
+        s.zero,
+        s.recompute,
+        s.schedule,
+        if s.virtual_stages > 1 { format!(" (v = {})", s.virtual_stages) } else { String::new() },
+        if s.sequence_parallel { "on" } else { "off" },
+        s.precision
+    );
+    println!();
+    println!("iteration   {:.4} s   ({:.0} tokens/s)", p.iteration_time_s, p.tokens_per_s);
+    println!(
+        "throughput  {:.1} model TFLOP/s per GPU ({:.1} with recompute), MFU {:.1} %",
+        p.model_tflops_per_gpu,
+        p.hardware_tflops_per_gpu,
+        100.0 * p.mfu
+    );
+    let t = &p.time;
+    println!("time        compute {:.4} s, TP comm {:.4} s, PP comm {:.4} s, DP comm {:.4} s, bubble {:.4} s, optimizer {:.4} s",
+        t.compute, t.tp_comm, t.pp_comm, t.dp_comm, t.bubble, t.optimizer);
+    let mm = &p.memory;
+    println!(
+        "memory      peak {} of {} -> {}",
+        gib(p.peak_memory_bytes),
+        gib(p.memory_capacity_bytes),
+        if p.fits { "fits".to_string() } else { format!("DOES NOT FIT (short by {})", gib(p.peak_memory_bytes - p.memory_capacity_bytes)) }
+    );
+    println!(
+        "            weights {}, grads {}, optimizer {}, activations {}, other {}",
+        gib(mm.weights),
+        gib(mm.grads),
+        gib(mm.optimizer),
+        gib(mm.activations),
+        gib(mm.other)
+    );
+    if p.stages.len() > 1 {
+        println!("stages      (stage: layers, busy, peak memory, micro-batches in flight)");
+        for st in &p.stages {
+            println!(
+                "            {:>3}: {:>3} layers, {:.4} s, {}, {}",
+                st.stage,
+                st.layers,
+                st.busy_s,
+                gib(st.peak_memory_bytes),
+                st.micro_batches_in_flight
+            );
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The strategy flags shared by `estimate` (all required) and, later, `compile` (optional pins).
+
+use clap::Args;
+use planner::{Precision, Recompute, Schedule, Strategy};
+
+/// On/off switch for flags like `--sequence-parallel on`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// A cluster preset (see `plait clusters`) or a cluster TOML file (docs/hardware.md).
+    #[arg(long)]
+    pub cluster: String,
+    /// Number of GPUs to use.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub gpus: u64,
+    /// Sequences per iteration, over all data-parallel replicas.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub global_batch: u64,
+    /// Sequence length (default: the model's context length, at most 4096).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StrategyArgs {
+    /// Tensor-parallel degree.
+    #[arg(long)]
+    pub tp: Option<u32>,
+    /// Pipeline-parallel degree (stages).
+    #[arg(long)]
+    pub pp: Option<u32>,
+    /// Data-parallel degree.
+    #[arg(long)]
+    pub dp: Option<u32>,
+    /// Sequences per micro-batch.
+    #[arg(long)]
+    pub micro_batch: Option<u64>,
+    /// ZeRO stage 0-3 [default: 0].
+    #[arg(long)]
+    pub zero: Option<u8>,
+    /// Activation recomputation: none, selective or full [default: none].
+    #[arg(long)]
+    pub recompute: Option<Recompute>,
+    /// Pipeline schedule: gpipe, 1f1b or interleaved [default: 1f1b].
+    #[arg(long)]
+    pub schedule: Option<Schedule>,
+    /// Model chunks per device for the interleaved schedule [default: 1, or 2 when interleaved].
+    #[arg(long)]
+    pub virtual_stages: Option<u32>,
+    /// Sequence parallelism (with tensor parallelism) [default: off].
+    #[arg(long)]
+    pub sequence_parallel: Option<Switch>,
+    /// Numeric precision: fp32, bf16, fp16 or fp8 [default: bf16].
+    #[arg(long)]
+    pub precision: Option<Precision>,
+    /// Decoder layers per pipeline stage, comma-separated (default: as even as possible).
+    #[arg(long, value_delimiter = ',')]
+    pub stage_layers: Option<Vec<u32>>,
+}
+
+impl StrategyArgs {
+    /// A complete strategy; every missing required knob is named in the error.
+    pub fn complete(&self, global_batch: u64, seq: u64) -> anyhow::Result<Strategy> {
+        let mut missing = Vec::new();
+        if self.tp.is_none() {
+            missing.push("--tp");
+        }
+        if self.pp.is_none() {
+            missing.push("--pp");
+        }
+        if self.dp.is_none() {
+            missing.push("--dp");
+        }
+        if self.micro_batch.is_none() {
+            missing.push("--micro-batch");
+        }
+        if !missing.is_empty() {
+            anyhow::bail!("estimate needs {} (a complete strategy)", missing.join(", "));
+        }
+        let schedule = self.schedule.unwrap_or(Schedule::OneFOneB);
+        Ok(Strategy {
+            tp: self.tp.unwrap_or(1),
+            pp: self.pp.unwrap_or(1),
+            dp: self.dp.unwrap_or(1),
+            micro_batch: self.micro_batch.unwrap_or(1),
+            global_batch,
+            seq,
+            zero: self.zero.unwrap_or(0),
+            recompute: self.recompute.unwrap_or(Recompute::None),
+            schedule,
+            virtual_stages: self.virtual_stages.unwrap_or(if schedule == Schedule::Interleaved { 2 } else { 1 }),
+            sequence_parallel: self.sequence_parallel == Some(Switch::On),
+            precision: self.precision.unwrap_or(Precision::Bf16),
+            stage_layers: self.stage_layers.clone(),
+        })
+    }
+}
