@@ -257,14 +257,14 @@ impl OpKind {
 ///
 /// Errors are plain sentences; the verifier attaches the op's location.
 pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorType>, String> {
-    if let Some(n) = kind.arity() {
-        if inputs.len() != n {
-            return Err(format!(
-                "{} takes {n} operand(s), got {}",
-                kind.mnemonic(),
-                inputs.len()
-            ));
-        }
+    if let Some(n) = kind.arity()
+        && inputs.len() != n
+    {
+        return Err(format!(
+            "{} takes {n} operand(s), got {}",
+            kind.mnemonic(),
+            inputs.len()
+        ));
     }
     let one = |t: TensorType| Ok(vec![t]);
     match kind {
@@ -550,7 +550,7 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let allowed = of.differentiable_inputs();
             wrt.iter()
                 .map(|&i| {
-                    if !allowed.contains(&i) && !(matches!(**of, OpKind::Concat { .. }) && i < fwd_inputs.len()) {
+                    if !(allowed.contains(&i) || (matches!(**of, OpKind::Concat { .. }) && i < fwd_inputs.len())) {
                         Err(format!("operand {i} of {} is not differentiable", of.mnemonic()))
                     } else {
                         Ok(fwd_inputs[i].clone())
