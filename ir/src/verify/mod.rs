@@ -9,8 +9,9 @@
 //!    ([`crate::OpKind::result_count`]); every result id exists and that value's `def` is
 //!    (this op, this result index); every value is listed as a result by the op and index its
 //!    `def` names (no orphan values).
-//! 3. **Operands and dominance.** Every operand id exists, and the op defining it comes
-//!    strictly earlier in the execution order (an op never reads its own result).
+//! 3. **Operands and dominance.** Every operand id exists, and for an op in the execution
+//!    order, the op defining each operand comes strictly earlier in it (an op never reads its
+//!    own result).
 //! 4. **Sources.** `input`, `param`, `buffer` and `state` take no operands (their single result
 //!    is checked by 2; their type is declared, not inferred).
 //! 5. **Types.** For every other op, `scalar` and `iota` included, [`crate::infer_types`] on
@@ -201,7 +202,9 @@ impl<'a> Verifier<'a> {
                     continue; // an orphan value, reported by invariant 2
                 }
                 match (self.position.get(def_op.index()).copied().flatten(), here) {
-                    (None, _) => {
+                    // An op missing from the order is reported once, not once per operand.
+                    (_, None) => {}
+                    (None, Some(_)) => {
                         let kind = ErrorKind::UnorderedOperand {
                             index,
                             value: self.names.value(value),
