@@ -313,10 +313,14 @@ fn deep_grad_nesting_is_an_error_not_a_crash() {
 
 #[test]
 fn hostile_bytes_never_panic() {
-    // Every prefix of a valid file, and some junk, must give Ok or Err, never a panic.
+    // Every prefix of a valid file, and some junk, must give Ok or Err, never a panic; so must
+    // verifying and detecting blocks in whatever parses.
     let text = print(&graph_of_every_kind());
     for (i, _) in text.char_indices() {
-        let _ = parse(&text[..i]);
+        if let Ok(g) = parse(&text[..i]) {
+            let _ = crate::verify::verify(&g);
+            let _ = crate::blocks::detect_repeated_layers(&mut g.clone(), "blk");
+        }
     }
     for junk in [
         "\u{0}",

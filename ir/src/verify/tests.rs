@@ -138,3 +138,31 @@ fn errors_display_as_a_list() {
         "{text}"
     );
 }
+
+/// Sizes near u64::MAX reach arithmetic in type inference; they must give errors, not panics.
+#[test]
+fn overflowing_sizes_are_errors() {
+    let big = u64::MAX;
+    for (src, message) in [
+        (
+            format!(
+                "%0: f32[{big}] = input \"x\"\n%1: f32[1], %2: f32[1] = split{{axis=0, sizes=[{big},1]}} %0"
+            ),
+            "split sizes overflow",
+        ),
+        (
+            format!(
+                "%0: f32[{big},{big},{big}] = input \"x\"\n%1: f32[1] = reshape{{shape=[1]}} %0"
+            ),
+            "element counts differ",
+        ),
+        (
+            format!("%0: f32[{big}] = input \"x\"\n%1: f32[1] = concat{{axis=0}} %0, %0"),
+            "concat size overflows",
+        ),
+    ] {
+        let g = crate::text::parse(&format!("graph \"g\"\n{src}\n")).unwrap();
+        let text = verify(&g).unwrap_err().to_string();
+        assert!(text.contains(message), "{text}");
+    }
+}
