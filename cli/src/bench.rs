@@ -56,10 +56,28 @@ struct Row {
 fn rows() -> anyhow::Result<Vec<Row>> {
     let mut lines = SC21.lines();
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
-    let col = |name: &str| header.iter().position(|h| *h == name).ok_or_else(|| anyhow::anyhow!("column {name} missing"));
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| anyhow::anyhow!("column {name} missing"))
+    };
     let idx = [
-        "table_ref", "model", "layers", "hidden", "heads", "seq_len", "vocab", "num_gpus", "global_batch_seqs",
-        "micro_batch", "tp", "pp", "dp", "zero_stage", "tflops_per_gpu",
+        "table_ref",
+        "model",
+        "layers",
+        "hidden",
+        "heads",
+        "seq_len",
+        "vocab",
+        "num_gpus",
+        "global_batch_seqs",
+        "micro_batch",
+        "tp",
+        "pp",
+        "dp",
+        "zero_stage",
+        "tflops_per_gpu",
     ]
     .iter()
     .map(|n| col(n))
@@ -112,7 +130,13 @@ fn spec(r: &Row) -> ModelSpec {
 
 /// Megatron's hardware FLOPs per iteration (with full recompute): 96·B·s·l·h²·(1 + s/6h + V/16lh).
 fn megatron_flops(r: &Row) -> f64 {
-    let (b, s, l, h, v) = (r.batch as f64, r.seq as f64, r.layers as f64, r.hidden as f64, r.vocab as f64);
+    let (b, s, l, h, v) = (
+        r.batch as f64,
+        r.seq as f64,
+        r.layers as f64,
+        r.hidden as f64,
+        r.vocab as f64,
+    );
     96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h))
 }
 
@@ -121,7 +145,17 @@ fn cost_model() -> anyhow::Result<()> {
     let rows = rows()?;
     println!(
         "{:>3} {:<8} {:<12} {:>5} {:>9} {:>4} {:>4} {:>9} {:>10} {:>10} {:>7}",
-        "row", "table", "model", "gpus", "tp/pp/dp", "mb", "sch", "iter (s)", "published", "predicted", "error"
+        "row",
+        "table",
+        "model",
+        "gpus",
+        "tp/pp/dp",
+        "mb",
+        "sch",
+        "iter (s)",
+        "published",
+        "predicted",
+        "error"
     );
     let mut errors = Vec::new();
     for (i, r) in rows.iter().enumerate() {
@@ -129,12 +163,17 @@ fn cost_model() -> anyhow::Result<()> {
         let info = ModelInfo::new(&graph)?;
         let mbs: Vec<u64> = match r.micro_batch {
             Some(m) => vec![m],
-            None => [1, 2, 4, 8].into_iter().filter(|m| (r.batch / u64::from(r.dp)) % m == 0).collect(),
+            None => [1, 2, 4, 8]
+                .into_iter()
+                .filter(|m| (r.batch / u64::from(r.dp)) % m == 0)
+                .collect(),
         };
         let mut schedules = vec![(Schedule::OneFOneB, 1)];
         if r.pp > 1 {
             for v in [2u32, 3, 4] {
-                if r.layers % u64::from(r.pp) == 0 && (r.layers / u64::from(r.pp)) % u64::from(v) == 0 {
+                if r.layers % u64::from(r.pp) == 0
+                    && (r.layers / u64::from(r.pp)) % u64::from(v) == 0
+                {
                     schedules.push((Schedule::Interleaved, v));
                 }
             }
@@ -157,7 +196,9 @@ fn cost_model() -> anyhow::Result<()> {
                     precision: Precision::Fp16,
                     stage_layers: None,
                 };
-                let Ok(e) = planner::estimate(&info, &cluster, r.gpus, &s) else { continue };
+                let Ok(e) = planner::estimate(&info, &cluster, r.gpus, &s) else {
+                    continue;
+                };
                 if e.predicted.fits && best.is_none_or(|b| e.predicted.iteration_time_s < b.0) {
                     best = Some((e.predicted.iteration_time_s, mb, sch, v));
                 }
@@ -168,7 +209,11 @@ fn cost_model() -> anyhow::Result<()> {
                 let tf = megatron_flops(r) / (t * r.gpus as f64) / 1e12;
                 let err = (tf - r.tflops) / r.tflops;
                 errors.push(err.abs());
-                let sch = if sch == Schedule::Interleaved { format!("i{v}") } else { "1f1b".into() };
+                let sch = if sch == Schedule::Interleaved {
+                    format!("i{v}")
+                } else {
+                    "1f1b".into()
+                };
                 println!(
                     "{:>3} {:<8} {:<12} {:>5} {:>9} {:>4} {:>4} {:>9.2} {:>10.0} {:>10.1} {:>+6.1}%",
                     i + 1,
@@ -186,19 +231,29 @@ fn cost_model() -> anyhow::Result<()> {
             }
             None => {
                 errors.push(1.0);
-                println!("{:>3} {:<8} {:<12} {:>5}  no fitting strategy", i + 1, r.table, r.model, r.gpus);
+                println!(
+                    "{:>3} {:<8} {:<12} {:>5}  no fitting strategy",
+                    i + 1,
+                    r.table,
+                    r.model,
+                    r.gpus
+                );
             }
         }
     }
     let within = errors.iter().filter(|e| **e <= 0.10).count();
     let mape = 100.0 * errors.iter().sum::<f64>() / errors.len().max(1) as f64;
-    println!("\n{within}/{} rows within ±10 %, mean absolute percentage error {mape:.1} %", errors.len());
+    println!(
+        "\n{within}/{} rows within ±10 %, mean absolute percentage error {mape:.1} %",
+        errors.len()
+    );
     Ok(())
 }
 
 fn estimate_speed() -> anyhow::Result<()> {
     let cluster = Cluster::load("dgx-a100-80gb")?;
-    let spec = import::zoo::find("gpt3-175b").ok_or_else(|| anyhow::anyhow!("gpt3-175b missing from the zoo"))?;
+    let spec = import::zoo::find("gpt3-175b")
+        .ok_or_else(|| anyhow::anyhow!("gpt3-175b missing from the zoo"))?;
     let graph = build_forward(&spec, DType::F32)?;
     let info = ModelInfo::new(&graph)?;
     let s = Strategy {

@@ -23,7 +23,9 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster.cluster)?;
     let mb = args.strategy.micro_batch.unwrap_or(1);
     let m = model::load(&args.model, mb, args.cluster.seq)?;
-    let strategy = args.strategy.complete(args.cluster.global_batch, m.binding.seq)?;
+    let strategy = args
+        .strategy
+        .complete(args.cluster.global_batch, m.binding.seq)?;
     let info = ModelInfo::new(&m.graph)?;
     let e = planner::estimate(&info, &cluster, args.cluster.gpus, &strategy)?;
     if args.json {
@@ -62,12 +64,19 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
         s.zero,
         s.recompute,
         s.schedule,
-        if s.virtual_stages > 1 { format!(" (v = {})", s.virtual_stages) } else { String::new() },
+        if s.virtual_stages > 1 {
+            format!(" (v = {})", s.virtual_stages)
+        } else {
+            String::new()
+        },
         if s.sequence_parallel { "on" } else { "off" },
         s.precision
     );
     println!();
-    println!("iteration   {:.4} s   ({:.0} tokens/s)", p.iteration_time_s, p.tokens_per_s);
+    println!(
+        "iteration   {:.4} s   ({:.0} tokens/s)",
+        p.iteration_time_s, p.tokens_per_s
+    );
     println!(
         "throughput  {:.1} model TFLOP/s per GPU ({:.1} with recompute), MFU {:.1} %",
         p.model_tflops_per_gpu,
@@ -75,14 +84,23 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
         100.0 * p.mfu
     );
     let t = &p.time;
-    println!("time        compute {:.4} s, TP comm {:.4} s, PP comm {:.4} s, DP comm {:.4} s, bubble {:.4} s, optimizer {:.4} s",
-        t.compute, t.tp_comm, t.pp_comm, t.dp_comm, t.bubble, t.optimizer);
+    println!(
+        "time        compute {:.4} s, TP comm {:.4} s, PP comm {:.4} s, DP comm {:.4} s, bubble {:.4} s, optimizer {:.4} s",
+        t.compute, t.tp_comm, t.pp_comm, t.dp_comm, t.bubble, t.optimizer
+    );
     let mm = &p.memory;
     println!(
         "memory      peak {} of {} -> {}",
         gib(p.peak_memory_bytes),
         gib(p.memory_capacity_bytes),
-        if p.fits { "fits".to_string() } else { format!("DOES NOT FIT (short by {})", gib(p.peak_memory_bytes - p.memory_capacity_bytes)) }
+        if p.fits {
+            "fits".to_string()
+        } else {
+            format!(
+                "DOES NOT FIT (short by {})",
+                gib(p.peak_memory_bytes - p.memory_capacity_bytes)
+            )
+        }
     );
     println!(
         "            weights {}, grads {}, optimizer {}, activations {}, other {}",

@@ -80,7 +80,10 @@ impl StrategyArgs {
             missing.push("--micro-batch");
         }
         if !missing.is_empty() {
-            anyhow::bail!("estimate needs {} (a complete strategy)", missing.join(", "));
+            anyhow::bail!(
+                "estimate needs {} (a complete strategy)",
+                missing.join(", ")
+            );
         }
         let schedule = self.schedule.unwrap_or(Schedule::OneFOneB);
         Ok(Strategy {
@@ -93,7 +96,13 @@ impl StrategyArgs {
             zero: self.zero.unwrap_or(0),
             recompute: self.recompute.unwrap_or(Recompute::None),
             schedule,
-            virtual_stages: self.virtual_stages.unwrap_or(if schedule == Schedule::Interleaved { 2 } else { 1 }),
+            virtual_stages: self
+                .virtual_stages
+                .unwrap_or(if schedule == Schedule::Interleaved {
+                    2
+                } else {
+                    1
+                }),
             sequence_parallel: self.sequence_parallel == Some(Switch::On),
             precision: self.precision.unwrap_or(Precision::Bf16),
             stage_layers: self.stage_layers.clone(),

@@ -1,0 +1,168 @@
+//! Invariants the text form cannot express (broken ids, orders, tables); the rest are covered
+//! by `tests/broken/*.ir`.
+
+use crate::graph::{Graph, OpId, ValueId};
+use crate::op::OpKind;
+use crate::types::{DType, Shape, TensorType};
+use crate::verify::{ErrorKind, Location, verify};
+
+fn f32s(dims: &[u64]) -> TensorType {
+    TensorType::new(DType::F32, Shape::fixed(dims))
+}
+
+/// x -> neg -> exp, output "y".
+fn small() -> Graph {
+    let mut g = Graph::new("small");
+    let x = g.push_source(OpKind::Input { name: "x".into() }, f32s(&[4]), None);
+    let n = g.push_op(OpKind::Neg, vec![x], None).unwrap()[0];
+    let e = g.push_op(OpKind::Exp, vec![n], None).unwrap()[0];
+    g.add_output("y", e);
+    g
+}
+
+fn messages(g: &Graph) -> Vec<String> {
+    match verify(g) {
+        Ok(()) => vec![],
+        Err(e) => e.errors.iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn a_valid_graph_verifies() {
+    assert_eq!(messages(&small()), Vec::<String>::new());
+}
+
+#[test]
+fn order_errors() {
+    let mut g = small();
+    g.set_order(vec![OpId(0), OpId(1), OpId(1), OpId(7)]);
+    assert_eq!(
+        messages(&g),
+        [
+            "graph: position 3 of the execution order names op7, which does not exist",
+            "op1: %1 = neg: appears 2 times in the execution order",
+            "op2: %?2 = exp: not in the execution order",
+        ]
+    );
+}
+
+#[test]
+fn operand_defined_by_an_unordered_op() {
+    let mut g = small();
+    g.set_order(vec![OpId(0), OpId(2)]);
+    assert_eq!(
+        messages(&g),
+        [
+            "op1: %?1 = neg: not in the execution order",
+            "op2: %1 = exp: operand 0 (%?1) is defined by op1, which is not in the execution order",
+        ]
+    );
+}
+
+#[test]
+fn dangling_ids() {
+    let mut g = small();
+    g.op_mut(OpId(1)).inputs = vec![ValueId(99)];
+    g.outputs.push(("z".into(), ValueId(50)));
+    let errors = verify(&g).unwrap_err().errors;
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(
+        errors[0].kind,
+        ErrorKind::UndefinedOperand {
+            index: 0,
+            value: ValueId(99)
+        }
+    );
+    assert_eq!(errors[1].location, Location::Output { name: "z".into() });
+    assert_eq!(
+        errors[1].to_string(),
+        "output \"z\": refers to value #50, which does not exist"
+    );
+}
+
+#[test]
+fn result_table_errors() {
+    let mut g = small();
+    // Swap the results of neg and exp: each value's def now names the other op.
+    g.op_mut(OpId(1)).results = vec![ValueId(2)];
+    g.op_mut(OpId(2)).results = vec![ValueId(1)];
+    let m = messages(&g);
+    assert!(
+        m.contains(
+            &"op1: %1 = neg: result 0 (%1) records its definition as result 0 of op2".into()
+        ),
+        "{m:#?}"
+    );
+    assert!(m.contains(
+        &"value #1: records its definition as result 0 of op1, which does not list it".into()
+    ));
+
+    let mut g = small();
+    g.op_mut(OpId(2)).results = vec![];
+    let m = messages(&g);
+    assert!(
+        m.contains(&"op2: exp: has 0 result(s), exp defines 1".into()),
+        "{m:#?}"
+    );
+    assert!(m.contains(
+        &"value #2: records its definition as result 0 of op2, which does not list it".into()
+    ));
+
+    let mut g = small();
+    g.op_mut(OpId(2)).results = vec![ValueId(2), ValueId(8)];
+    let m = messages(&g);
+    assert!(
+        m.contains(&"op2: %2, %?8 = exp: result 1 is value #8, which does not exist".into()),
+        "{m:#?}"
+    );
+}
+
+#[test]
+fn huge_layer_tags_do_not_panic() {
+    let mut g = small();
+    g.block_name = Some("blk".into());
+    g.op_mut(OpId(1)).layer = Some(u32::MAX);
+    assert_eq!(
+        messages(&g),
+        ["graph: layer 0 has no compute ops (layer tags must be dense, 0..4294967296)"]
+    );
+}
+
+#[test]
+fn errors_display_as_a_list() {
+    let mut g = small();
+    g.set_order(vec![]);
+    let text = verify(&g).unwrap_err().to_string();
+    assert!(
+        text.starts_with("3 verifier error(s)\n  op0: %?0 = input: not in the execution order"),
+        "{text}"
+    );
+}
+
+/// Sizes near u64::MAX reach arithmetic in type inference; they must give errors, not panics.
+#[test]
+fn overflowing_sizes_are_errors() {
+    let big = u64::MAX;
+    for (src, message) in [
+        (
+            format!(
+                "%0: f32[{big}] = input \"x\"\n%1: f32[1], %2: f32[1] = split{{axis=0, sizes=[{big},1]}} %0"
+            ),
+            "split sizes overflow",
+        ),
+        (
+            format!(
+                "%0: f32[{big},{big},{big}] = input \"x\"\n%1: f32[1] = reshape{{shape=[1]}} %0"
+            ),
+            "element counts differ",
+        ),
+        (
+            format!("%0: f32[{big}] = input \"x\"\n%1: f32[1] = concat{{axis=0}} %0, %0"),
+            "concat size overflows",
+        ),
+    ] {
+        let g = crate::text::parse(&format!("graph \"g\"\n{src}\n")).unwrap();
+        let text = verify(&g).unwrap_err().to_string();
+        assert!(text.contains(message), "{text}");
+    }
+}
