@@ -1,1 +1,49 @@
-fn main() {}
+//! `plait`: a thin command line over plait's libraries.
+
+mod inspect;
+mod model;
+mod models;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for bad input (a missing file, an invalid config, an impossible request).
+const EXIT_BAD_INPUT: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "plait",
+    version,
+    about = "Plan, compile and run parallel training of large models",
+    long_about = "plait imports a model (a Hugging Face config.json, an ONNX file, or a built-in zoo \
+name), lowers it to a typed tensor-graph IR with autodiff, and (in later stages) searches the \
+fastest way to train it on a cluster.\n\nStart with `plait models` and `plait inspect gpt2`."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Describe a model: parameters, shape, repeated block, training FLOPs per token, op histogram.
+    Inspect(inspect::InspectArgs),
+    /// List the built-in model zoo.
+    Models(models::ModelsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(args) => inspect::run(&args),
+        Command::Models(args) => models::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+    }
+}

@@ -157,7 +157,10 @@ impl Graph {
                 let v = ValueId(self.values.len() as u32);
                 self.values.push(ValueData {
                     ty,
-                    def: ValueDef { op, index: i as u32 },
+                    def: ValueDef {
+                        op,
+                        index: i as u32,
+                    },
                 });
                 v
             })
@@ -205,7 +208,10 @@ impl Graph {
     }
 
     pub fn output(&self, name: &str) -> Option<ValueId> {
-        self.outputs.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+        self.outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, v)| v)
     }
 
     /// Trainable parameters in order: (name, value).
@@ -339,7 +345,11 @@ impl Graph {
                 map.insert(*a, b);
             }
         }
-        new.outputs = old.outputs.iter().map(|(n, v)| (n.clone(), map[v])).collect();
+        new.outputs = old
+            .outputs
+            .iter()
+            .map(|(n, v)| (n.clone(), map[v]))
+            .collect();
         *self = new;
     }
 }

@@ -13,6 +13,7 @@ pub mod graph;
 pub mod interp;
 pub mod op;
 pub mod tensor;
+pub mod testing;
 pub mod text;
 pub mod types;
 pub mod verify;

@@ -58,15 +58,29 @@ impl Default for AdamWConfig {
 /// What an op computes. Attributes live in the variant; operands live in the graph.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum OpKind {
-    Input { name: String },
-    Param { name: String },
-    Buffer { name: String },
-    State { name: String },
-    Scalar { value: f64 },
-    Iota { len: Dim },
+    Input {
+        name: String,
+    },
+    Param {
+        name: String,
+    },
+    Buffer {
+        name: String,
+    },
+    State {
+        name: String,
+    },
+    Scalar {
+        value: f64,
+    },
+    Iota {
+        len: Dim,
+    },
     Embedding,
     MatMul,
-    Linear { bias: bool },
+    Linear {
+        bias: bool,
+    },
     Add,
     Sub,
     Mul,
@@ -77,28 +91,74 @@ pub enum OpKind {
     Rsqrt,
     Tanh,
     Sigmoid,
-    Pow { exponent: f64 },
-    Scale { factor: f64 },
-    Gelu { tanh: bool },
+    Pow {
+        exponent: f64,
+    },
+    Scale {
+        factor: f64,
+    },
+    Gelu {
+        tanh: bool,
+    },
     Silu,
     ReduceMean,
     ReduceSum,
-    LayerNorm { eps: f64 },
-    RmsNorm { eps: f64 },
-    Softmax { causal: bool },
-    Attention { heads: u64, kv_heads: u64, scale: f64, causal: bool },
-    Rotary { heads: u64, theta: f64 },
-    Reshape { shape: Vec<Dim> },
-    Expand { shape: Vec<Dim> },
-    Transpose { perm: Vec<usize> },
-    Split { axis: usize, sizes: Vec<u64> },
-    Concat { axis: usize },
-    Slice { axis: usize, start: u64, end: u64 },
-    Dropout { p: f64, seed: u64 },
+    LayerNorm {
+        eps: f64,
+    },
+    RmsNorm {
+        eps: f64,
+    },
+    Softmax {
+        causal: bool,
+    },
+    Attention {
+        heads: u64,
+        kv_heads: u64,
+        scale: f64,
+        causal: bool,
+    },
+    Rotary {
+        heads: u64,
+        theta: f64,
+    },
+    Reshape {
+        shape: Vec<Dim>,
+    },
+    Expand {
+        shape: Vec<Dim>,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
+    Split {
+        axis: usize,
+        sizes: Vec<u64>,
+    },
+    Concat {
+        axis: usize,
+    },
+    Slice {
+        axis: usize,
+        start: u64,
+        end: u64,
+    },
+    Dropout {
+        p: f64,
+        seed: u64,
+    },
     CrossEntropy,
-    TopKRouter { experts: u64, k: u64 },
-    MoeExperts { experts: u64 },
-    Grad { of: Box<OpKind>, wrt: Vec<usize> },
+    TopKRouter {
+        experts: u64,
+        k: u64,
+    },
+    MoeExperts {
+        experts: u64,
+    },
+    Grad {
+        of: Box<OpKind>,
+        wrt: Vec<usize>,
+    },
     AdamW(AdamWConfig),
 }
 
@@ -257,14 +317,12 @@ impl OpKind {
 ///
 /// Errors are plain sentences; the verifier attaches the op's location.
 pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorType>, String> {
-    if let Some(n) = kind.arity() {
-        if inputs.len() != n {
-            return Err(format!(
-                "{} takes {n} operand(s), got {}",
-                kind.mnemonic(),
-                inputs.len()
-            ));
-        }
+    if let Some(n) = kind.arity().filter(|&n| n != inputs.len()) {
+        return Err(format!(
+            "{} takes {n} operand(s), got {}",
+            kind.mnemonic(),
+            inputs.len()
+        ));
     }
     let one = |t: TensorType| Ok(vec![t]);
     match kind {
@@ -277,7 +335,10 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
         OpKind::Embedding => {
             let (table, ids) = (inputs[0], inputs[1]);
             if table.shape.rank() != 2 {
-                return Err(format!("embedding table must be rank 2, got {}", table.shape));
+                return Err(format!(
+                    "embedding table must be rank 2, got {}",
+                    table.shape
+                ));
             }
             if ids.dtype != DType::I64 {
                 return Err(format!("embedding ids must be i64, got {}", ids.dtype));
@@ -290,16 +351,27 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let (a, b) = (inputs[0], inputs[1]);
             same_float(a, b)?;
             if a.shape.rank() < 2 || b.shape.rank() < 2 {
-                return Err(format!("matmul operands must be rank >= 2, got {} and {}", a.shape, b.shape));
+                return Err(format!(
+                    "matmul operands must be rank >= 2, got {} and {}",
+                    a.shape, b.shape
+                ));
             }
             let (ad, bd) = (a.shape.dims(), b.shape.dims());
             let (m, k1) = (ad[ad.len() - 2], ad[ad.len() - 1]);
             let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
             if k1 != k2 {
-                return Err(format!("matmul contraction mismatch: {} vs {}", a.shape, b.shape));
+                return Err(format!(
+                    "matmul contraction mismatch: {} vs {}",
+                    a.shape, b.shape
+                ));
             }
-            let mut dims = broadcast_dims(&ad[..ad.len() - 2], &bd[..bd.len() - 2])
-                .ok_or_else(|| format!("matmul batch dims do not broadcast: {} vs {}", a.shape, b.shape))?;
+            let mut dims =
+                broadcast_dims(&ad[..ad.len() - 2], &bd[..bd.len() - 2]).ok_or_else(|| {
+                    format!(
+                        "matmul batch dims do not broadcast: {} vs {}",
+                        a.shape, b.shape
+                    )
+                })?;
             dims.push(m);
             dims.push(n);
             one(TensorType::new(a.dtype, Shape(dims)))
@@ -308,13 +380,22 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let (x, w) = (inputs[0], inputs[1]);
             same_float(x, w)?;
             if w.shape.rank() != 2 {
-                return Err(format!("linear weight must be rank 2 [in, out], got {}", w.shape));
+                return Err(format!(
+                    "linear weight must be rank 2 [in, out], got {}",
+                    w.shape
+                ));
             }
             if x.shape.last() != Some(w.shape.0[0]) {
-                return Err(format!("linear input {} does not match weight {}", x.shape, w.shape));
+                return Err(format!(
+                    "linear input {} does not match weight {}",
+                    x.shape, w.shape
+                ));
             }
             if *bias && inputs[2].shape.0 != [w.shape.0[1]] {
-                return Err(format!("linear bias {} must be [{}]", inputs[2].shape, w.shape.0[1]));
+                return Err(format!(
+                    "linear bias {} must be [{}]",
+                    inputs[2].shape, w.shape.0[1]
+                ));
             }
             let mut dims = x.shape.0.clone();
             if let Some(last) = dims.last_mut() {
@@ -370,30 +451,49 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             }
             one(inputs[0].clone())
         }
-        OpKind::Attention { heads, kv_heads, .. } => {
+        OpKind::Attention {
+            heads, kv_heads, ..
+        } => {
             let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
             same_float(q, k)?;
             same_float(q, v)?;
             if *heads == 0 || *kv_heads == 0 || heads % kv_heads != 0 {
-                return Err(format!("heads {heads} must be a positive multiple of kv_heads {kv_heads}"));
+                return Err(format!(
+                    "heads {heads} must be a positive multiple of kv_heads {kv_heads}"
+                ));
             }
             for t in [q, k, v] {
                 if t.shape.rank() != 3 {
-                    return Err(format!("attention operands must be [B,S,heads*d], got {}", t.shape));
+                    return Err(format!(
+                        "attention operands must be [B,S,heads*d], got {}",
+                        t.shape
+                    ));
                 }
             }
-            let qw = q.shape.0[2].fixed().ok_or("attention width must be fixed")?;
+            let qw = q.shape.0[2]
+                .fixed()
+                .ok_or("attention width must be fixed")?;
             if qw % heads != 0 {
-                return Err(format!("query width {qw} is not divisible by heads {heads}"));
+                return Err(format!(
+                    "query width {qw} is not divisible by heads {heads}"
+                ));
             }
             let d = qw / heads;
             for t in [k, v] {
                 if t.shape.0[2] != Dim::Fixed(kv_heads * d) || t.shape.0[0] != q.shape.0[0] {
-                    return Err(format!("key/value {} must be [{}, S, {}]", t.shape, q.shape.0[0], kv_heads * d));
+                    return Err(format!(
+                        "key/value {} must be [{}, S, {}]",
+                        t.shape,
+                        q.shape.0[0],
+                        kv_heads * d
+                    ));
                 }
             }
             if k.shape.0[1] != v.shape.0[1] {
-                return Err(format!("key {} and value {} lengths differ", k.shape, v.shape));
+                return Err(format!(
+                    "key {} and value {} lengths differ",
+                    k.shape, v.shape
+                ));
             }
             one(q.clone())
         }
@@ -401,11 +501,16 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let x = inputs[0];
             float(x)?;
             if x.shape.rank() != 3 {
-                return Err(format!("rotary operand must be [B,S,heads*d], got {}", x.shape));
+                return Err(format!(
+                    "rotary operand must be [B,S,heads*d], got {}",
+                    x.shape
+                ));
             }
             let w = x.shape.0[2].fixed().ok_or("rotary width must be fixed")?;
             if *heads == 0 || w % heads != 0 || (w / heads) % 2 != 0 {
-                return Err(format!("rotary width {w} must split into {heads} heads of even size"));
+                return Err(format!(
+                    "rotary width {w} must split into {heads} heads of even size"
+                ));
             }
             one(x.clone())
         }
@@ -413,7 +518,10 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let x = inputs[0];
             let to = Shape(shape.clone());
             if !same_numel(&x.shape, &to) {
-                return Err(format!("cannot reshape {} to {to}: element counts differ", x.shape));
+                return Err(format!(
+                    "cannot reshape {} to {to}: element counts differ",
+                    x.shape
+                ));
             }
             one(TensorType::new(x.dtype, to))
         }
@@ -428,7 +536,10 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let x = inputs[0];
             let mut seen = vec![false; x.shape.rank()];
             if perm.len() != x.shape.rank() {
-                return Err(format!("permutation {perm:?} does not match rank of {}", x.shape));
+                return Err(format!(
+                    "permutation {perm:?} does not match rank of {}",
+                    x.shape
+                ));
             }
             for &p in perm {
                 if p >= seen.len() || seen[p] {
@@ -444,7 +555,10 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let d = axis_dim(x, *axis)?;
             let total: u64 = sizes.iter().sum();
             if d != Dim::Fixed(total) {
-                return Err(format!("split sizes {sizes:?} do not sum to dimension {d} of {}", x.shape));
+                return Err(format!(
+                    "split sizes {sizes:?} do not sum to dimension {d} of {}",
+                    x.shape
+                ));
             }
             Ok(sizes
                 .iter()
@@ -465,10 +579,15 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
                 }
                 for (i, (a, b)) in first.shape.0.iter().zip(&t.shape.0).enumerate() {
                     if i != *axis && a != b {
-                        return Err(format!("concat operands {} and {} differ off axis {axis}", first.shape, t.shape));
+                        return Err(format!(
+                            "concat operands {} and {} differ off axis {axis}",
+                            first.shape, t.shape
+                        ));
                     }
                 }
-                total += t.shape.0[*axis].fixed().ok_or("concat axis must be fixed")?;
+                total += t.shape.0[*axis]
+                    .fixed()
+                    .ok_or("concat axis must be fixed")?;
             }
             let mut t = (*first).clone();
             t.shape.0[*axis] = Dim::Fixed(total);
@@ -479,7 +598,9 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let d = axis_dim(x, *axis)?;
             if let Some(n) = d.fixed() {
                 if start >= end || *end > n {
-                    return Err(format!("slice {start}..{end} out of range for dimension {n}"));
+                    return Err(format!(
+                        "slice {start}..{end} out of range for dimension {n}"
+                    ));
                 }
             } else if start >= end {
                 return Err(format!("empty slice {start}..{end}"));
@@ -492,11 +613,17 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let (logits, targets) = (inputs[0], inputs[1]);
             float(logits)?;
             if targets.dtype != DType::I64 {
-                return Err(format!("cross-entropy targets must be i64, got {}", targets.dtype));
+                return Err(format!(
+                    "cross-entropy targets must be i64, got {}",
+                    targets.dtype
+                ));
             }
             let ld = logits.shape.dims();
             if ld.is_empty() || ld[..ld.len() - 1] != *targets.shape.dims() {
-                return Err(format!("logits {} do not match targets {}", logits.shape, targets.shape));
+                return Err(format!(
+                    "logits {} do not match targets {}",
+                    logits.shape, targets.shape
+                ));
             }
             one(TensorType::new(logits.dtype, Shape::scalar()))
         }
@@ -506,8 +633,15 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             if *k == 0 || k > experts {
                 return Err(format!("top-k {k} must be in 1..={experts}"));
             }
-            if w.shape.rank() != 2 || x.shape.last() != Some(w.shape.0[0]) || w.shape.0[1] != Dim::Fixed(*experts) {
-                return Err(format!("router weight {} must be [{}, {experts}]", w.shape, x.shape.last().unwrap_or(Dim::Fixed(0))));
+            if w.shape.rank() != 2
+                || x.shape.last() != Some(w.shape.0[0])
+                || w.shape.0[1] != Dim::Fixed(*experts)
+            {
+                return Err(format!(
+                    "router weight {} must be [{}, {experts}]",
+                    w.shape,
+                    x.shape.last().unwrap_or(Dim::Fixed(0))
+                ));
             }
             let mut t = x.clone();
             if let Some(last) = t.shape.0.last_mut() {
@@ -521,16 +655,25 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let h = x.shape.last().ok_or("experts input is a scalar")?;
             let e = Dim::Fixed(*experts);
             if gates.shape.last() != Some(e) {
-                return Err(format!("gates {} must end in {experts} experts", gates.shape));
+                return Err(format!(
+                    "gates {} must end in {experts} experts",
+                    gates.shape
+                ));
             }
             if w1.shape.rank() != 3 || w1.shape.0[0] != e || w1.shape.0[1] != h {
-                return Err(format!("expert w1 {} must be [{experts}, {h}, F]", w1.shape));
+                return Err(format!(
+                    "expert w1 {} must be [{experts}, {h}, F]",
+                    w1.shape
+                ));
             }
             if w3.shape != w1.shape {
                 return Err(format!("expert w3 {} must equal w1 {}", w3.shape, w1.shape));
             }
             if w2.shape.0 != [e, w1.shape.0[2], h] {
-                return Err(format!("expert w2 {} must be [{experts}, {}, {h}]", w2.shape, w1.shape.0[2]));
+                return Err(format!(
+                    "expert w2 {} must be [{experts}, {}, {h}]",
+                    w2.shape, w1.shape.0[2]
+                ));
             }
             one(x.clone())
         }
@@ -538,20 +681,29 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             let r = of.result_count();
             let n = inputs.len();
             if n < r {
-                return Err("grad takes the forward operands and one gradient per forward result".into());
+                return Err(
+                    "grad takes the forward operands and one gradient per forward result".into(),
+                );
             }
             let fwd_inputs = &inputs[..n - r];
             let fwd_out = infer_types(of, fwd_inputs)?;
             for (dy, y) in inputs[n - r..].iter().zip(&fwd_out) {
                 if *dy != y {
-                    return Err(format!("output gradient {dy} must match the forward result {y}"));
+                    return Err(format!(
+                        "output gradient {dy} must match the forward result {y}"
+                    ));
                 }
             }
             let allowed = of.differentiable_inputs();
             wrt.iter()
                 .map(|&i| {
-                    if !allowed.contains(&i) && !(matches!(**of, OpKind::Concat { .. }) && i < fwd_inputs.len()) {
-                        Err(format!("operand {i} of {} is not differentiable", of.mnemonic()))
+                    let concat_operand =
+                        matches!(**of, OpKind::Concat { .. }) && i < fwd_inputs.len();
+                    if !allowed.contains(&i) && !concat_operand {
+                        Err(format!(
+                            "operand {i} of {} is not differentiable",
+                            of.mnemonic()
+                        ))
                     } else {
                         Ok(fwd_inputs[i].clone())
                     }
@@ -602,8 +754,16 @@ pub fn broadcast_dims(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     let n = a.len().max(b.len());
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { Dim::Fixed(1) };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { Dim::Fixed(1) };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            Dim::Fixed(1)
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            Dim::Fixed(1)
+        };
         out.push(match (da, db) {
             (x, y) if x == y => x,
             (Dim::Fixed(1), y) => y,

@@ -1,0 +1,142 @@
+//! Every kind of bad input exits with code 2 and one clear message, never a panic.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn plait(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_plait"))
+        .args(args)
+        .output()
+        .expect("plait runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "plait panicked: {stderr}");
+    (out.status.code().unwrap_or(-1), stderr)
+}
+
+/// Writes `contents` to a fresh file named `name` in a per-test directory.
+fn file(test: &str, name: &str, contents: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("plait-bad-input-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let p = dir.join(name);
+    std::fs::write(&p, contents).expect("write");
+    p
+}
+
+fn expect_error(args: &[&str], fragments: &[&str]) {
+    let (code, stderr) = plait(args);
+    assert_eq!(code, 2, "exit code for {args:?}: {stderr}");
+    for f in fragments {
+        assert!(
+            stderr.contains(f),
+            "message for {args:?} lacks `{f}`: {stderr}"
+        );
+    }
+    assert_eq!(stderr.trim().lines().count(), 1, "one message: {stderr}");
+}
+
+#[test]
+fn missing_file() {
+    expect_error(
+        &["inspect", "/nonexistent/plait/config.json"],
+        &["cannot read /nonexistent/plait/config.json"],
+    );
+}
+
+#[test]
+fn unknown_model_name() {
+    expect_error(
+        &["inspect", "gpt5-turbo"],
+        &[
+            "`gpt5-turbo` is neither a file nor a zoo model",
+            "llama3-8b",
+        ],
+    );
+}
+
+#[test]
+fn malformed_json() {
+    let p = file(
+        "malformed",
+        "config.json",
+        br#"{"model_type": "gpt2", "n_layer": "#,
+    );
+    let ps = p.to_string_lossy().to_string();
+    expect_error(&["inspect", &ps], &[&ps, "not valid JSON at line 1"]);
+}
+
+#[test]
+fn missing_required_field() {
+    let p = file("missing", "config.json", br#"{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "vocab_size": 100, "n_positions": 32}"#);
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps],
+        &[&ps, "required field `n_head` is missing"],
+    );
+}
+
+#[test]
+fn field_with_wrong_type() {
+    let p = file("wrongtype", "config.json", br#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": "four", "vocab_size": 100}"#);
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps],
+        &[
+            &ps,
+            "field `num_attention_heads` must be a positive integer, got \"four\"",
+        ],
+    );
+}
+
+#[test]
+fn unsupported_model_type() {
+    let p = file(
+        "modeltype",
+        "config.json",
+        br#"{"model_type": "bert", "hidden_size": 64}"#,
+    );
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps],
+        &[
+            &ps,
+            "model_type \"bert\" is not supported",
+            "gpt2, llama, mixtral",
+        ],
+    );
+}
+
+#[test]
+fn heads_not_dividing_hidden() {
+    let p = file("heads", "config.json", br#"{"model_type": "gpt2", "n_layer": 2, "n_embd": 70, "n_head": 4, "vocab_size": 100, "n_positions": 32}"#);
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps],
+        &[&ps, "n_head = 4 does not divide n_embd = 70"],
+    );
+}
+
+#[test]
+fn kv_heads_not_dividing_heads() {
+    let p = file("kvheads", "config.json", br#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3, "vocab_size": 100}"#);
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps],
+        &[
+            &ps,
+            "num_key_value_heads = 3 does not divide num_attention_heads = 4",
+        ],
+    );
+}
+
+#[test]
+fn top_level_not_an_object() {
+    let p = file("array", "config.json", b"[1, 2, 3]");
+    let ps = p.to_string_lossy().to_string();
+    expect_error(&["inspect", &ps], &[&ps, "expected a JSON object"]);
+}
+
+#[test]
+fn zero_batch_is_a_usage_error() {
+    let (code, stderr) = plait(&["inspect", "gpt2", "--batch", "0"]);
+    assert_eq!(code, 2, "{stderr}");
+}

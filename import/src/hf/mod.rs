@@ -1,0 +1,293 @@
+//! Hugging Face `config.json` → [`ModelSpec`], by `model_type` (gpt2, llama, mixtral).
+//!
+//! Field names and defaults follow transformers' `GPT2Config`, `LlamaConfig` and `MixtralConfig`.
+
+mod error;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+pub use error::ConfigError;
+
+use crate::spec::{Family, ModelSpec};
+
+/// The `model_type` values plait imports.
+pub const SUPPORTED_MODEL_TYPES: [&str; 3] = ["gpt2", "llama", "mixtral"];
+
+/// Reads and interprets a `config.json` file.
+pub fn read_config(path: &Path) -> Result<ModelSpec, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        file: path.to_path_buf(),
+        source,
+    })?;
+    parse_config(&text, path)
+}
+
+/// Interprets the text of a `config.json`; `file` is used in messages and for the model name.
+pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
+    let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
+        file: file.to_path_buf(),
+        line: e.line(),
+        column: e.column(),
+        message: strip_position(&e.to_string()),
+    })?;
+    let obj = match value {
+        Value::Object(m) => m,
+        other => {
+            return Err(ConfigError::NotAnObject {
+                file: file.to_path_buf(),
+                found: json_kind(&other),
+            });
+        }
+    };
+    let supported = SUPPORTED_MODEL_TYPES.join(", ");
+    let model_type = match obj.get("model_type") {
+        None | Some(Value::Null) => {
+            return Err(ConfigError::MissingModelType {
+                file: file.to_path_buf(),
+                supported,
+            });
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(ConfigError::WrongType {
+                file: file.to_path_buf(),
+                field: "model_type",
+                expected: "a string",
+                got: other.to_string(),
+            });
+        }
+    };
+    let name = model_name(file);
+    let fields = Fields {
+        obj: &obj,
+        file: file.to_path_buf(),
+        model_type: "",
+        required: "",
+    };
+    let spec = match model_type.as_str() {
+        "gpt2" => gpt2(
+            Fields {
+                model_type: "gpt2",
+                required: "n_layer, n_embd, n_head, vocab_size, n_positions",
+                ..fields
+            },
+            name,
+        )?,
+        "llama" => llama(
+            Fields {
+                model_type: "llama",
+                required: "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size",
+                ..fields
+            },
+            name,
+            Family::Llama,
+        )?,
+        "mixtral" => llama(
+            Fields {
+                model_type: "mixtral",
+                required: "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size, num_local_experts, num_experts_per_tok",
+                ..fields
+            },
+            name,
+            Family::Mixtral,
+        )?,
+        _ => {
+            return Err(ConfigError::UnsupportedModelType {
+                file: file.to_path_buf(),
+                model_type,
+                supported,
+            });
+        }
+    };
+    check_consistent(&spec, file)?;
+    Ok(spec)
+}
+
+fn gpt2(f: Fields<'_>, name: String) -> Result<ModelSpec, ConfigError> {
+    let hidden = f.positive("n_embd")?;
+    Ok(ModelSpec {
+        name,
+        family: Family::Gpt2,
+        layers: f.positive("n_layer")?,
+        hidden,
+        heads: f.positive("n_head")?,
+        kv_heads: f.positive("n_head")?,
+        ffn: f.opt_positive("n_inner")?.unwrap_or(4 * hidden),
+        vocab: f.positive("vocab_size")?,
+        max_positions: f.positive("n_positions")?,
+        tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(true),
+        norm_eps: f.opt_float("layer_norm_epsilon")?.unwrap_or(1e-5),
+        rope_theta: 0.0,
+        experts: 0,
+        experts_per_token: 0,
+        default_seq: f.positive("n_positions")?,
+    })
+}
+
+fn llama(f: Fields<'_>, name: String, family: Family) -> Result<ModelSpec, ConfigError> {
+    let heads = f.positive("num_attention_heads")?;
+    let mixtral = family == Family::Mixtral;
+    let max_positions = f
+        .opt_positive("max_position_embeddings")?
+        .unwrap_or(if mixtral { 32768 } else { 2048 });
+    Ok(ModelSpec {
+        name,
+        family,
+        layers: f.positive("num_hidden_layers")?,
+        hidden: f.positive("hidden_size")?,
+        heads,
+        kv_heads: f.opt_positive("num_key_value_heads")?.unwrap_or(heads),
+        ffn: f.positive("intermediate_size")?,
+        vocab: f.positive("vocab_size")?,
+        max_positions,
+        tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        norm_eps: f
+            .opt_float("rms_norm_eps")?
+            .unwrap_or(if mixtral { 1e-5 } else { 1e-6 }),
+        rope_theta: f
+            .opt_float("rope_theta")?
+            .unwrap_or(if mixtral { 1e6 } else { 10000.0 }),
+        experts: if mixtral {
+            f.positive("num_local_experts")?
+        } else {
+            0
+        },
+        experts_per_token: if mixtral {
+            f.positive("num_experts_per_tok")?
+        } else {
+            0
+        },
+        default_seq: max_positions.min(4096),
+    })
+}
+
+/// Checks the divisibility rules a transformer's shapes must obey.
+fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
+    let (heads_f, hidden_f, kv_f) = match s.family {
+        Family::Gpt2 => ("n_head", "n_embd", "n_head"),
+        _ => ("num_attention_heads", "hidden_size", "num_key_value_heads"),
+    };
+    let fail = |reason: String| {
+        Err(ConfigError::Inconsistent {
+            file: file.to_path_buf(),
+            reason,
+        })
+    };
+    if !s.hidden.is_multiple_of(s.heads) {
+        return fail(format!(
+            "{heads_f} = {} does not divide {hidden_f} = {}: the hidden size must be a multiple of the head count",
+            s.heads, s.hidden
+        ));
+    }
+    if !s.heads.is_multiple_of(s.kv_heads) {
+        return fail(format!(
+            "{kv_f} = {} does not divide {heads_f} = {}: grouped-query attention needs whole groups",
+            s.kv_heads, s.heads
+        ));
+    }
+    if s.family != Family::Gpt2 && !s.head_dim().is_multiple_of(2) {
+        return fail(format!(
+            "head size {hidden_f} / {heads_f} = {} is odd: rotary embeddings need an even head size",
+            s.head_dim()
+        ));
+    }
+    if s.family == Family::Mixtral && s.experts_per_token > s.experts {
+        return fail(format!(
+            "num_experts_per_tok = {} exceeds num_local_experts = {}",
+            s.experts_per_token, s.experts
+        ));
+    }
+    Ok(())
+}
+
+/// Typed access to the fields of one config, with errors naming the field.
+struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+    file: PathBuf,
+    model_type: &'static str,
+    required: &'static str,
+}
+
+impl Fields<'_> {
+    fn wrong(&self, field: &'static str, expected: &'static str, got: &Value) -> ConfigError {
+        ConfigError::WrongType {
+            file: self.file.clone(),
+            field,
+            expected,
+            got: got.to_string(),
+        }
+    }
+
+    fn positive(&self, field: &'static str) -> Result<u64, ConfigError> {
+        self.opt_positive(field)?
+            .ok_or_else(|| ConfigError::MissingField {
+                file: self.file.clone(),
+                field,
+                model_type: self.model_type,
+                required: self.required.to_string(),
+            })
+    }
+
+    fn opt_positive(&self, field: &'static str) -> Result<Option<u64>, ConfigError> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(self.wrong(field, "a positive integer", v)),
+            },
+        }
+    }
+
+    fn opt_bool(&self, field: &'static str) -> Result<Option<bool>, ConfigError> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.wrong(field, "true or false", v)),
+        }
+    }
+
+    fn opt_float(&self, field: &'static str) -> Result<Option<f64>, ConfigError> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+                _ => Err(self.wrong(field, "a positive number", v)),
+            },
+        }
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// serde_json appends " at line L column C"; the error carries those fields separately.
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+/// A model's name from its config path: the parent directory for `config.json`, else the stem.
+fn model_name(file: &Path) -> String {
+    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    if stem == "config"
+        && let Some(dir) = file
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|s| s.to_str())
+    {
+        return dir.to_string();
+    }
+    stem.to_string()
+}

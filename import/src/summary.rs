@@ -1,0 +1,91 @@
+//! What `plait inspect` reports about a model, read off its IR graph (so configs, the zoo and
+//! ONNX files are described the same way).
+
+use std::collections::BTreeMap;
+
+use ir::{Binding, Graph, OpKind, cost};
+use serde::Serialize;
+
+/// The repeated block: how many instances, and one instance's size.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BlockSummary {
+    pub name: String,
+    pub count: u32,
+    pub ops_per_layer: usize,
+    pub params_per_layer: u64,
+}
+
+/// A model's headline numbers.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ModelSummary {
+    pub model: String,
+    pub params: u64,
+    pub layers: u32,
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub vocab: u64,
+    pub batch: u64,
+    pub seq: u64,
+    /// Training FLOPs per token: forward + backward, no recompute.
+    pub flops_per_token: f64,
+    pub repeated_block: Option<BlockSummary>,
+    pub op_histogram: BTreeMap<String, usize>,
+}
+
+/// Summarizes a forward graph at the given batch and sequence length.
+pub fn summarize(g: &Graph, b: Binding) -> ModelSummary {
+    let mut hidden = 0;
+    let mut vocab = 0;
+    let (mut heads, mut kv_heads) = (0, 0);
+    for &o in g.order() {
+        let op = g.op(o);
+        match &op.kind {
+            OpKind::Embedding if hidden == 0 => {
+                let dims = g.ty(op.inputs[0]).shape.eval(b);
+                hidden = dims.get(1).copied().unwrap_or(0);
+            }
+            OpKind::Attention {
+                heads: h,
+                kv_heads: k,
+                ..
+            } if heads == 0 => {
+                heads = *h;
+                kv_heads = *k;
+            }
+            _ => {}
+        }
+    }
+    if let Some(logits) = g.output("logits") {
+        vocab = g.ty(logits).shape.eval(b).last().copied().unwrap_or(0);
+    }
+    let layers = g.num_layers();
+    let repeated_block = (layers > 0).then(|| {
+        let ops = g.layer_ops(0);
+        let params_per_layer = ops
+            .iter()
+            .filter(|&&o| matches!(g.op(o).kind, OpKind::Param { .. }))
+            .map(|&o| g.ty(g.op(o).results[0]).shape.fixed_numel().unwrap_or(0))
+            .sum();
+        BlockSummary {
+            name: g.block_name.clone().unwrap_or_else(|| "layer".into()),
+            count: layers,
+            ops_per_layer: ops.iter().filter(|&&o| !g.op(o).kind.is_source()).count(),
+            params_per_layer,
+        }
+    });
+    ModelSummary {
+        model: g.name.clone(),
+        params: g.param_count(),
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        vocab,
+        batch: b.batch,
+        seq: b.seq,
+        flops_per_token: cost::training_flops_per_token(g, b),
+        repeated_block,
+        op_histogram: g.histogram().into_iter().collect(),
+    }
+}

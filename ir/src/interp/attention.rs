@@ -1,0 +1,166 @@
+//! Scaled dot-product `Attention` with grouped-query heads and an optional causal mask.
+
+use super::KernelError;
+use super::index::{to_usize, zeros};
+use super::softmax::{softmax_row, softmax_row_vjp, visible_keys};
+use crate::tensor::Tensor;
+
+/// The attention op's attributes and its operands' sizes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Attention {
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub scale: f64,
+    pub causal: bool,
+}
+
+/// Sizes of one call: q is `[b, sq, heads·d]`, k and v are `[b, sk, kv·d]`.
+struct Layout {
+    b: usize,
+    sq: usize,
+    sk: usize,
+    heads: usize,
+    kv: usize,
+    d: usize,
+}
+
+impl Layout {
+    fn new(a: &Attention, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Layout, KernelError> {
+        let (heads, kv) = (to_usize(a.heads)?, to_usize(a.kv_heads)?);
+        if heads == 0 || kv == 0 || heads % kv != 0 {
+            return Err(KernelError::new(format!(
+                "heads {heads} must be a positive multiple of kv_heads {kv}"
+            )));
+        }
+        let [b, sq, qw] = rank3(q)?;
+        let [bk, sk, kw] = rank3(k)?;
+        if qw % heads != 0 {
+            return Err(KernelError::new(format!(
+                "query width {qw} is not divisible by {heads} heads"
+            )));
+        }
+        let d = qw / heads;
+        if bk != b || kw != kv * d || v.shape != k.shape {
+            return Err(KernelError::new(format!(
+                "key {:?} and value {:?} must both be [{b}, S, {}]",
+                k.shape,
+                v.shape,
+                kv * d
+            )));
+        }
+        Ok(Layout {
+            b,
+            sq,
+            sk,
+            heads,
+            kv,
+            d,
+        })
+    }
+
+    /// Flat index of channel 0 of query head `h` at (batch `b`, position `i`).
+    fn q_at(&self, b: usize, i: usize, h: usize) -> usize {
+        (b * self.sq + i) * self.heads * self.d + h * self.d
+    }
+
+    /// Flat index of channel 0 of the kv head read by query head `h` at (`b`, key `j`).
+    fn kv_at(&self, b: usize, j: usize, h: usize) -> usize {
+        let group = h / (self.heads / self.kv);
+        (b * self.sk + j) * self.kv * self.d + group * self.d
+    }
+}
+
+fn rank3(t: &Tensor) -> Result<[usize; 3], KernelError> {
+    <[usize; 3]>::try_from(t.shape.as_slice()).map_err(|_| {
+        KernelError::new(format!(
+            "attention operands must be [B, S, heads*d], got {:?}",
+            t.shape
+        ))
+    })
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+impl Attention {
+    /// The attention probabilities of one (batch, head, query) row, masked keys zero.
+    fn probs(&self, l: &Layout, q: &Tensor, k: &Tensor, b: usize, h: usize, i: usize) -> Vec<f64> {
+        let qi = &q.data[l.q_at(b, i, h)..][..l.d];
+        let scores: Vec<f64> = (0..l.sk)
+            .map(|j| self.scale * dot(qi, &k.data[l.kv_at(b, j, h)..][..l.d]))
+            .collect();
+        let mut p = vec![0.0; l.sk];
+        softmax_row(&scores, visible_keys(i, l.sq, l.sk, self.causal), &mut p);
+        p
+    }
+
+    pub(crate) fn forward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<Tensor, KernelError> {
+        let l = Layout::new(self, q, k, v)?;
+        let mut out = zeros(&q.shape)?;
+        for b in 0..l.b {
+            for h in 0..l.heads {
+                for i in 0..l.sq {
+                    let p = self.probs(&l, q, k, b, h, i);
+                    let o = l.q_at(b, i, h);
+                    for (j, &pj) in p.iter().enumerate() {
+                        let vj = &v.data[l.kv_at(b, j, h)..][..l.d];
+                        for (oc, &vc) in out.data[o..o + l.d].iter_mut().zip(vj) {
+                            *oc += pj * vc;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// With P the probabilities and dO the output gradient, per row:
+    /// dV += Pᵀ dO, dP = dO Vᵀ, dS = softmax'(dP), dQ = scale·dS K, dK += scale·dSᵀ Q.
+    /// Query heads sharing a kv head accumulate into the same dK/dV slice.
+    pub(crate) fn vjp(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+    ) -> Result<[Tensor; 3], KernelError> {
+        let l = Layout::new(self, q, k, v)?;
+        super::index::same_shape(q, g, "output gradient")?;
+        let mut dq = zeros(&q.shape)?;
+        let mut dk = zeros(&k.shape)?;
+        let mut dv = zeros(&v.shape)?;
+        for b in 0..l.b {
+            for h in 0..l.heads {
+                for i in 0..l.sq {
+                    let p = self.probs(&l, q, k, b, h, i);
+                    let qo = l.q_at(b, i, h);
+                    let go = &g.data[qo..qo + l.d];
+                    let mut dp = vec![0.0; l.sk];
+                    for (j, (&pj, dpj)) in p.iter().zip(dp.iter_mut()).enumerate() {
+                        let kvo = l.kv_at(b, j, h);
+                        *dpj = dot(go, &v.data[kvo..kvo + l.d]);
+                        for (dvc, &gc) in dv.data[kvo..kvo + l.d].iter_mut().zip(go) {
+                            *dvc += pj * gc;
+                        }
+                    }
+                    let mut ds = vec![0.0; l.sk];
+                    softmax_row_vjp(&p, &dp, &mut ds);
+                    for (j, &dsj) in ds.iter().enumerate() {
+                        let kvo = l.kv_at(b, j, h);
+                        for c in 0..l.d {
+                            dq.data[qo + c] += self.scale * dsj * k.data[kvo + c];
+                            dk.data[kvo + c] += self.scale * dsj * q.data[qo + c];
+                        }
+                    }
+                }
+            }
+        }
+        Ok([dq, dk, dv])
+    }
+}
