@@ -78,7 +78,7 @@ pub enum ImportError {
     },
 
     #[error(
-        "{}: tensor '{tensor}' keeps its data in '{}', {reason}; keep the data file next to the model",
+        "{}: tensor '{tensor}' keeps its data in '{}', {reason}",
         file.display(),
         data_file.display()
     )]

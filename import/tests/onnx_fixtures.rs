@@ -23,23 +23,24 @@ fn fixture_dir(name: &str) -> PathBuf {
 }
 
 fn meta(name: &str) -> Meta {
-    let text = std::fs::read_to_string(fixture_dir(name).join("meta.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let text = std::fs::read_to_string(fixture_dir(name).join("meta.json"))
+        .expect("meta.json is readable");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("meta.json is JSON");
     let nums = |x: &serde_json::Value| -> Vec<f64> {
         let mut out = Vec::new();
         let mut stack = vec![x];
         while let Some(x) = stack.pop() {
             match x {
                 serde_json::Value::Array(a) => stack.extend(a.iter().rev()),
-                other => out.push(other.as_f64().unwrap()),
+                other => out.push(other.as_f64().expect("meta.json arrays hold numbers")),
             }
         }
         out
     };
     Meta {
-        param_count: v["param_count"].as_u64().unwrap(),
-        batch: v["batch"].as_u64().unwrap(),
-        seq: v["seq"].as_u64().unwrap(),
+        param_count: v["param_count"].as_u64().expect("param_count"),
+        batch: v["batch"].as_u64().expect("batch"),
+        seq: v["seq"].as_u64().expect("seq"),
         input_ids: nums(&v["input_ids"]),
         logits_shape: nums(&v["logits_shape"])
             .iter()
@@ -51,7 +52,8 @@ fn meta(name: &str) -> Meta {
 
 fn import(name: &str) -> (Imported, Meta) {
     let m = meta(name);
-    let imported = import_onnx(&fixture_dir(name).join("model.onnx"), m.batch, m.seq).unwrap();
+    let imported = import_onnx(&fixture_dir(name).join("model.onnx"), m.batch, m.seq)
+        .expect("fixture imports");
     (imported, m)
 }
 
@@ -145,10 +147,13 @@ fn max_logits_diff(name: &str) -> f64 {
         inputs: &inputs,
         binding,
     };
-    let eval = ir::interp::evaluate(&imported.graph, &env).unwrap();
-    let logits = eval.output("logits").unwrap();
+    let eval =
+        ir::interp::evaluate(&imported.graph, &env).expect("interpreter runs the imported graph");
+    let logits = eval.output("logits").expect("graph has logits");
     let want = Tensor::new(meta.logits_shape.clone(), meta.logits.clone());
-    let diff = logits.max_abs_diff(&want).unwrap();
+    let diff = logits
+        .max_abs_diff(&want)
+        .expect("logits shape matches PyTorch");
     eprintln!("{name}: max |logits - pytorch| = {diff:e}");
     diff
 }
@@ -161,4 +166,42 @@ fn gpt2_logits_match_pytorch() {
 #[test]
 fn llama_logits_match_pytorch() {
     assert!(max_logits_diff("llama_gqa_tiny") <= 1e-4);
+}
+
+/// Folding is redone per (batch, seq): importing one sequence, or a prefix of it, must give
+/// the matching slice of PyTorch's logits (causal attention makes prefixes independent).
+#[test]
+fn other_shapes_fold_consistently() {
+    for name in ["gpt2_tiny", "llama_gqa_tiny"] {
+        let meta = meta(name);
+        let (s, v) = (meta.seq as usize, *meta.logits_shape.last().unwrap());
+        let prefix = 5;
+        let imported =
+            import_onnx(&fixture_dir(name).join("model.onnx"), 1, prefix as u64).unwrap();
+        let ids = Tensor::new(vec![1, prefix], meta.input_ids[s..s + prefix].to_vec());
+        let inputs = BTreeMap::from([("input_ids".to_string(), ids)]);
+        let binding = Binding {
+            batch: 1,
+            seq: prefix as u64,
+        };
+        let env = ir::interp::Env {
+            weights: &imported.weights,
+            inputs: &inputs,
+            binding,
+        };
+        let eval = ir::interp::evaluate(&imported.graph, &env).unwrap();
+        let got = eval.output("logits").unwrap();
+        // Row 1 of the batch, positions 0..prefix.
+        let want = Tensor::new(
+            vec![1, prefix, v],
+            meta.logits[s * v..(s + prefix) * v].to_vec(),
+        );
+        let diff = got.max_abs_diff(&want).unwrap();
+        assert!(diff <= 1e-4, "{name}: prefix logits differ by {diff}");
+        let h: BTreeMap<String, usize> = histogram(&imported);
+        assert!(
+            h.contains_key("attention") && !h.contains_key("softmax"),
+            "{name}: {h:?}"
+        );
+    }
 }

@@ -18,6 +18,9 @@ use super::proto::NodeProto;
 use super::value::{Const, Elem};
 use crate::ImportError;
 
+/// How many nodes a constant's replay may nest before it is kept as a buffer instead.
+const MAX_REPLAY_DEPTH: usize = 64;
+
 /// A node result: folded, or computed by the IR graph.
 #[derive(Clone, Debug)]
 pub enum Val {
@@ -118,19 +121,22 @@ impl<'a> Importer<'a> {
             self.ir.insert(name.to_string(), v);
             return Ok(v);
         }
-        if self.weight_dep.contains(name) {
-            if let Some(&i) = self.producer.get(name) {
-                if !self.lowering.contains(&i) && super::lower::lowerable(self.nodes.get(i)) {
-                    // A failed replay is not an error: the folded value is still exact.
-                    if self.lower_node(i).is_ok() {
-                        if let Some(&v) = self.ir.get(name) {
-                            // Pattern matchers read tables (rotary cos/sin) through this.
-                            self.known.insert(v, c);
-                            return Ok(v);
-                        }
-                    }
-                }
-            }
+        let replay = self
+            .producer
+            .get(name)
+            .copied()
+            .filter(|i| self.weight_dep.contains(name) && !self.lowering.contains(i))
+            // Deep replays would recurse deeply; the folded value serves just as well.
+            .filter(|_| self.lowering.len() < MAX_REPLAY_DEPTH)
+            .filter(|&i| super::lower::lowerable(self.nodes.get(i)));
+        // A failed replay is not an error: the folded value is still exact.
+        if let Some(i) = replay
+            && self.lower_node(i).is_ok()
+            && let Some(&v) = self.ir.get(name)
+        {
+            // Pattern matchers read tables (rotary cos/sin) through this.
+            self.known.insert(v, c);
+            return Ok(v);
         }
         let v = self.constant(name, &c);
         self.ir.insert(name.to_string(), v);

@@ -118,7 +118,7 @@ impl TensorReader {
             None => {
                 let mut f = std::fs::File::open(&data_file).map_err(|e| {
                     ext_err(if e.kind() == std::io::ErrorKind::NotFound {
-                        "which does not exist".into()
+                        "which does not exist; keep the data file next to the model".into()
                     } else {
                         format!("which cannot be read ({e})")
                     })
@@ -132,10 +132,10 @@ impl TensorReader {
                 b
             }
         };
-        let end = offset.checked_add(length).unwrap_or(usize::MAX);
+        let end = offset.saturating_add(length);
         bytes.get(offset..end).map(<[u8]>::to_vec).ok_or_else(|| {
             ext_err(format!(
-                "which is too short: the tensor needs bytes {offset}..{end}, the file has {}",
+                "which is too short: the tensor needs bytes {offset}..{end}, the file has {}; the data file is incomplete, copy it again",
                 bytes.len()
             ))
         })

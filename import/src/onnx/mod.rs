@@ -240,13 +240,13 @@ fn bind_input(
         .zip(["batch", "seq"])
         .map(|((d, w), n)| (d, w, n))
     {
-        if let Some(v) = d.dim_value.filter(|_| d.dim_param.is_none()) {
-            if u64::try_from(v).ok() != Some(want) {
-                return Err(bad(
-                    &name,
-                    format!("the file fixes {what} to {v}, but {want} was requested"),
-                ));
-            }
+        if let Some(v) = d.dim_value.filter(|_| d.dim_param.is_none())
+            && u64::try_from(v).ok() != Some(want)
+        {
+            return Err(bad(
+                &name,
+                format!("the file fixes {what} to {v}, but {want} was requested"),
+            ));
         }
     }
     let ty = TensorType::new(DType::I64, fixed(&[batch as usize, seq as usize]));

@@ -1,6 +1,7 @@
 //! Shape arithmetic shared by the folder and the lowering (both must agree on ONNX's rules).
 
 use super::node::NodeRef;
+use super::value::checked_numel;
 use crate::ImportError;
 
 /// Numpy broadcasting of several shapes.
@@ -28,7 +29,8 @@ pub fn reshape_target(
     spec: &[i64],
     allowzero: bool,
 ) -> Result<Vec<usize>, ImportError> {
-    let numel: usize = input.iter().product();
+    let too_big = || n.bad(format!("reshape of {input:?} to {spec:?} overflows"));
+    let numel = checked_numel(input).ok_or_else(too_big)?;
     let mut out = Vec::with_capacity(spec.len());
     let mut infer = None;
     for (i, &s) in spec.iter().enumerate() {
@@ -44,9 +46,9 @@ pub fn reshape_target(
             _ => return Err(n.bad(format!("invalid reshape target {spec:?}"))),
         });
     }
-    let known: usize = out.iter().product();
+    let known = checked_numel(&out).ok_or_else(too_big)?;
     if let Some(i) = infer {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || !numel.is_multiple_of(known) {
             return Err(n.bad(format!("cannot reshape {input:?} to {spec:?}")));
         }
         if let Some(d) = out.get_mut(i) {
@@ -144,13 +146,12 @@ pub fn slices(
         let (span, stride) = if step > 0 {
             (end - start, step)
         } else {
-            (start - end, -step)
+            let stride = step
+                .checked_neg()
+                .ok_or_else(|| n.bad("slice step out of range"))?;
+            (start - end, stride)
         };
-        let len = if span > 0 {
-            (span + stride - 1) / stride
-        } else {
-            0
-        };
+        let len = if span > 0 { (span - 1) / stride + 1 } else { 0 };
         out.push(AxisSlice {
             axis,
             start,
@@ -173,7 +174,8 @@ pub fn split_sizes(
             .iter()
             .map(|&s| usize::try_from(s).map_err(|_| n.bad(format!("negative split {split:?}"))))
             .collect::<Result<Vec<_>, _>>()?;
-        if sizes.iter().sum::<usize>() != dim || sizes.len() != outputs {
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if total != Some(dim) || sizes.len() != outputs {
             return Err(n.bad(format!(
                 "split {split:?} does not cover dimension {dim} in {outputs} parts"
             )));

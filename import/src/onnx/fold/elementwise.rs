@@ -35,8 +35,10 @@ fn unary(op: &str) -> Option<fn(f64) -> f64> {
     })
 }
 
+type BinaryFn = fn(f64, f64) -> f64;
+
 /// Binary ops and whether their result is boolean.
-fn binary(op: &str) -> Option<(fn(f64, f64) -> f64, bool)> {
+fn binary(op: &str) -> Option<(BinaryFn, bool)> {
     Some(match op {
         "Add" => (|x, y| x + y, false),
         "Sub" => (|x, y| x - y, false),

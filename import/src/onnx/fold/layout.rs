@@ -151,7 +151,10 @@ pub fn fold(n: &NodeRef<'_>, ins: &[Option<&Const>]) -> Result<Option<Vec<Const>
                 let mut off = 0usize;
                 for (ax, &i) in idx.iter().enumerate() {
                     let src = match sl.iter().find(|s| s.axis == ax) {
-                        Some(s) => usize::try_from(s.start + s.step * i as i64).ok()?,
+                        Some(s) => {
+                            let pos = s.step.checked_mul(i as i64)?.checked_add(s.start)?;
+                            usize::try_from(pos).ok()?
+                        }
                         None => i,
                     };
                     off += src * st.get(ax)?;
@@ -470,10 +473,10 @@ fn reduce(n: &NodeRef<'_>, ins: &[Option<&Const>]) -> Result<Option<Const>, Impo
     let mut acc = vec![init; kept.iter().product()];
     let out_st = broadcast_strides(&kept, &x.shape);
     for_each_index(&x.shape, &[strides(&x.shape), out_st], |offs| {
-        if let (Some(&i), Some(&o)) = (offs.first(), offs.get(1)) {
-            if let (Some(a), Some(&v)) = (acc.get_mut(o), x.data.get(i)) {
-                *a = f(*a, v);
-            }
+        if let (Some(&i), Some(&o)) = (offs.first(), offs.get(1))
+            && let (Some(a), Some(&v)) = (acc.get_mut(o), x.data.get(i))
+        {
+            *a = f(*a, v);
         }
     });
     if n.op() == "ReduceMean" && count > 0 {

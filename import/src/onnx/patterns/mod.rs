@@ -149,10 +149,10 @@ pub fn recognize(g: &mut Graph, known: &HashMap<ValueId, Const>) -> BTreeMap<&'s
         let mut count = 0;
         for op in order {
             let rw = find(&Matcher { g, known }, op, &uses);
-            if let Some(rw) = rw {
-                if apply(g, rw) {
-                    count += 1;
-                }
+            if let Some(rw) = rw
+                && apply(g, rw)
+            {
+                count += 1;
             }
         }
         fired.insert(name, count);
