@@ -9,6 +9,7 @@
 mod build;
 mod external;
 mod fold;
+mod fuse;
 mod lower;
 mod node;
 mod patterns;
@@ -16,7 +17,7 @@ pub mod proto;
 mod shapes;
 mod value;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use ir::{DType, Graph, OpKind, TensorType, Weights};
@@ -117,8 +118,31 @@ pub fn import_model(
     }
     bind_input(&mut imp, graph, batch, seq)?;
 
+    // Readers of every value; graph outputs count as a reader so fusions never swallow them.
+    let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, n) in graph.node.iter().enumerate() {
+        for v in &n.input {
+            consumers.entry(v.as_str()).or_default().push(i);
+        }
+    }
+    for o in &graph.output {
+        consumers
+            .entry(o.name.as_deref().unwrap_or(""))
+            .or_default()
+            .push(usize::MAX);
+    }
     let (mut folded, mut lowered) = (0, 0);
+    let mut fused: HashSet<usize> = HashSet::new();
     for i in 0..graph.node.len() {
+        if fused.contains(&i) {
+            lowered += 1;
+            continue;
+        }
+        if let Some(f) = fuse_erf_gelu(&mut imp, i, &consumers)? {
+            fused.extend(f);
+            lowered += 1;
+            continue;
+        }
         if visit(&mut imp, i)? {
             folded += 1;
         } else {
@@ -259,6 +283,38 @@ fn bind_input(
     );
     imp.ir.insert(name, v);
     Ok(())
+}
+
+/// Lowers an erf-GELU whose `Erf` is node `i` to one IR op; returns the nodes it replaced.
+fn fuse_erf_gelu(
+    imp: &mut Importer<'_>,
+    i: usize,
+    consumers: &HashMap<&str, Vec<usize>>,
+) -> Result<Option<Vec<usize>>, ImportError> {
+    let Some(n) = imp.node(i) else {
+        return Ok(None);
+    };
+    let on_data = n.input(0).is_some_and(|u| imp.ir.contains_key(u));
+    if n.op() != "Erf" || !on_data {
+        return Ok(None);
+    }
+    let Some(f) = fuse::erf_gelu(imp, i, consumers) else {
+        return Ok(None);
+    };
+    let x = imp.materialize(&n, &f.x)?;
+    let y = imp
+        .graph
+        .push_op(OpKind::Gelu { tanh: false }, vec![x], None)
+        .map_err(|source| ImportError::Build {
+            file: imp.file.to_path_buf(),
+            node: n.name(),
+            op_type: n.op().to_string(),
+            source,
+        })?;
+    if let Some(&y) = y.first() {
+        imp.ir.insert(f.output, y);
+    }
+    Ok(Some(f.nodes))
 }
 
 /// Folds or lowers node `i`; returns whether it was folded.
