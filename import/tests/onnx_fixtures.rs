@@ -100,6 +100,8 @@ fn gpt2_is_fully_recognized() {
     assert_eq!(h.get("linear"), Some(&9));
     assert_eq!(h.get("softmax"), None);
     assert_eq!(h.get("matmul"), None);
+    // The causal mask and any tables folded into recognized ops: no buffers are left.
+    assert_eq!(imported.weights.len(), imported.graph.params().len());
 }
 
 #[test]
@@ -114,6 +116,7 @@ fn llama_is_fully_recognized() {
     assert_eq!(h.get("linear"), Some(&22));
     assert_eq!(h.get("softmax"), None);
     assert_eq!(h.get("matmul"), None);
+    assert_eq!(imported.weights.len(), imported.graph.params().len());
     for op in imported.graph.order() {
         if let ir::OpKind::Attention {
             heads,
