@@ -125,6 +125,8 @@ fn spec(r: &Row) -> ModelSpec {
         experts: 0,
         experts_per_token: 0,
         default_seq: r.seq,
+        // Megatron-LM's GPT trains with dropout 0.1 (hidden and attention).
+        dropout: 0.1,
     }
 }
 
@@ -195,6 +197,7 @@ fn cost_model() -> anyhow::Result<()> {
                     sequence_parallel: false,
                     precision: Precision::Fp16,
                     stage_layers: None,
+                    attention: Default::default(),
                 };
                 let Ok(e) = planner::estimate(&info, &cluster, r.gpus, &s) else {
                     continue;
@@ -270,6 +273,7 @@ fn estimate_speed() -> anyhow::Result<()> {
         sequence_parallel: true,
         precision: Precision::Bf16,
         stage_layers: None,
+        attention: Default::default(),
     };
     let runs = 200;
     let mut times = Vec::with_capacity(runs);
