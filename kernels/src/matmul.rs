@@ -212,10 +212,7 @@ pub(crate) fn linear_vjp(
         0.0,
         MatMut::rm(&mut dw.data, 0, k, n),
     )?;
-    let db = match bias {
-        Some(_) => Some(column_sums(&g.data, n)),
-        None => None,
-    };
+    let db = bias.map(|_| column_sums(&g.data, n));
     Ok((dx, dw, db))
 }
 
