@@ -145,14 +145,14 @@ pub fn predict_row(
         Some(m) => vec![m],
         None => [1, 2, 4, 8]
             .into_iter()
-            .filter(|m| per_replica % m == 0)
+            .filter(|m| per_replica.is_multiple_of(*m))
             .collect(),
     };
     let mut schedules = vec![(Schedule::OneFOneB, 1)];
     if row.pp > 1 {
         for v in [2u32, 3, 4] {
             let pp = u64::from(row.pp);
-            if row.layers % pp == 0 && (row.layers / pp) % u64::from(v) == 0 {
+            if row.layers.is_multiple_of(pp) && (row.layers / pp).is_multiple_of(u64::from(v)) {
                 schedules.push((Schedule::Interleaved, v));
             }
         }

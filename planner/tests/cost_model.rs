@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! The cost model against independent numbers: the ZeRO paper's formulas, the published
 //! Megatron-LM SC'21 runs, and the constraints a strategy must satisfy.
 
