@@ -2,6 +2,7 @@
 
 mod bench;
 mod clusters;
+mod compile;
 mod estimate;
 mod inspect;
 mod model;
@@ -37,6 +38,8 @@ enum Command {
     Models(models::ModelsArgs),
     /// List the built-in cluster presets.
     Clusters(clusters::ClustersArgs),
+    /// Search the fastest training plan that fits, explain it, and write plan.json.
+    Compile(compile::CompileArgs),
     /// Predict iteration time and per-GPU memory of one parallelization strategy.
     Estimate(estimate::EstimateArgs),
     /// Benchmarks: the cost model against published runs, and the estimator's speed.
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args),
         Command::Models(args) => models::run(&args),
         Command::Clusters(args) => clusters::run(&args),
+        Command::Compile(args) => compile::run(&args),
         Command::Estimate(args) => estimate::run(&args),
         Command::Bench(args) => bench::run(&args),
     };

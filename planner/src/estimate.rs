@@ -2,12 +2,12 @@
 //! thousands of times, so it plans one layer and replicates it.
 
 use ir::{Binding, Graph, OpId, OpKind, cost};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cost::comm::{Collective, Mesh, collective_time, mesh, p2p_time};
 use crate::cost::compute::{Device, tp_layout};
 use crate::cost::memory::{LayerShape, layer_activation_bytes, state_bytes};
-use crate::cost::pipeline::{ChunkCost, Timeline, simulate};
+use crate::cost::pipeline::{ChunkCost, Timeline, simulate_with};
 use crate::error::PlanError;
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
@@ -22,7 +22,7 @@ pub const RESERVE_BYTES: f64 = 1.0 * (1u64 << 30) as f64;
 /// write, 24), the gradient (read) and the new low-precision weight (write), 2 each.
 const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MemoryBreakdown {
     pub weights: f64,
     pub grads: f64,
@@ -37,7 +37,7 @@ impl MemoryBreakdown {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimeBreakdown {
     pub compute: f64,
     pub tp_comm: f64,
@@ -48,7 +48,7 @@ pub struct TimeBreakdown {
 }
 
 /// One pipeline stage (device row) of the prediction.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageEstimate {
     pub stage: u32,
     pub layers: u32,
@@ -59,7 +59,7 @@ pub struct StageEstimate {
     pub micro_batches_in_flight: u32,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Predicted {
     pub iteration_time_s: f64,
     pub tokens_per_s: f64,
@@ -75,10 +75,23 @@ pub struct Predicted {
     pub stages: Vec<StageEstimate>,
 }
 
+/// Per-micro-batch seconds of one layer and of the ops before and after the layers: what the
+/// search needs to balance a pipeline split.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ChunkProfile {
+    pub layer_s: f64,
+    pub pre_s: f64,
+    pub post_s: f64,
+    /// Activation bytes one layer keeps per micro-batch.
+    pub layer_activation_bytes: f64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
     pub strategy: Strategy,
     pub predicted: Predicted,
+    #[serde(skip)]
+    pub profile: ChunkProfile,
     #[serde(skip)]
     pub timeline: Timeline,
     #[serde(skip)]
@@ -238,7 +251,7 @@ pub fn estimate(
         })
         .collect();
     let micro_batches = s.micro_batches();
-    let timeline = simulate(s.schedule, s.pp, micro_batches as u32, &chunks);
+    let timeline = simulate_with(s.schedule, s.pp, micro_batches as u32, &chunks, record);
 
     // Per-device parameters, states, DP communication and optimizer step.
     let mut stages = Vec::with_capacity(s.pp as usize);
@@ -451,6 +464,12 @@ pub fn estimate(
         },
         timeline,
         mesh: Some(m),
+        profile: ChunkProfile {
+            layer_s: layer_fwd + layer_bwd,
+            pre_s: pre.fwd_total() + pre.bwd_total(),
+            post_s: post.fwd_total() + post.bwd_total(),
+            layer_activation_bytes: act_layer,
+        },
     })
 }
 

@@ -9,7 +9,9 @@ pub mod error;
 pub mod estimate;
 pub mod hardware;
 pub mod model;
+pub mod plan;
 pub mod precision;
+pub mod search;
 pub mod strategy;
 
 pub use error::PlanError;

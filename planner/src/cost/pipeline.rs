@@ -88,6 +88,11 @@ pub fn device_order(schedule: Schedule, p: u32, v: u32, m: u32, d: u32) -> Vec<(
 
 /// Simulates `m` micro-batches through `chunks` (pipeline order; chunk c on device c mod p).
 pub fn simulate(schedule: Schedule, p: u32, m: u32, chunks: &[ChunkCost]) -> Timeline {
+    simulate_with(schedule, p, m, chunks, false)
+}
+
+/// Like [`simulate`], also recording every task when `record` is set (for traces).
+pub fn simulate_with(schedule: Schedule, p: u32, m: u32, chunks: &[ChunkCost], record: bool) -> Timeline {
     let n_chunks = chunks.len() as u32;
     let v = (n_chunks / p.max(1)).max(1);
     let orders: Vec<_> = (0..p).map(|d| device_order(schedule, p, v, m, d)).collect();
@@ -101,7 +106,7 @@ pub fn simulate(schedule: Schedule, p: u32, m: u32, chunks: &[ChunkCost]) -> Tim
     let mut peak = vec![0.0f64; p as usize];
     let mut in_flight = vec![0u32; p as usize];
     let mut peak_in_flight = vec![0u32; p as usize];
-    let mut tasks = Vec::with_capacity(orders.iter().map(Vec::len).sum());
+    let mut tasks = Vec::with_capacity(if record { orders.iter().map(Vec::len).sum() } else { 0 });
     loop {
         let mut progressed = false;
         let mut finished = true;
@@ -140,14 +145,16 @@ pub fn simulate(schedule: Schedule, p: u32, m: u32, chunks: &[ChunkCost]) -> Tim
                     held[d] -= cost.activation_bytes;
                     in_flight[d] = in_flight[d].saturating_sub(1);
                 }
-                tasks.push(Task {
-                    device: d as u32,
-                    chunk: c,
-                    micro_batch: mb,
-                    forward,
-                    start,
-                    end,
-                });
+                if record {
+                    tasks.push(Task {
+                        device: d as u32,
+                        chunk: c,
+                        micro_batch: mb,
+                        forward,
+                        start,
+                        end,
+                    });
+                }
                 next[d] += 1;
                 progressed = true;
             }
@@ -204,7 +211,7 @@ mod tests {
         // Bubble (p − 1)/(v·m) of the ideal m·(f + b) (Narayanan et al. SC'21).
         let (p, m, v) = (4u32, 8u32, 2u32);
         let f = 1.0 / f64::from(v);
-        let t = simulate(Schedule::Interleaved, p, m, &uniform(p * v, f, 2.0 * f));
+        let t = simulate_with(Schedule::Interleaved, p, m, &uniform(p * v, f, 2.0 * f), true);
         let end = t.device_finish.iter().cloned().fold(0.0, f64::max);
         let ideal = f64::from(m) * 3.0;
         let bubble = (end - ideal) / ideal;

@@ -1,0 +1,179 @@
+//! `plait compile MODEL --cluster C --gpus N --global-batch B`: search the fastest plan that
+//! fits, print it with its alternatives, and write `plan.json`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use planner::plan::{ModelRef, Plan, SearchSummary};
+use planner::search::{Pins, SearchRequest, search};
+use planner::{Cluster, ModelInfo};
+
+use crate::estimate::print_text;
+use crate::model;
+use crate::strategy_args::{ClusterArgs, StrategyArgs, Switch};
+
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    /// A zoo name (see `plait models`), a Hugging Face config.json, or an ONNX file.
+    model: String,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Strategy knobs to pin (every flag of `plait estimate`); the rest are searched.
+    #[command(flatten)]
+    pins: StrategyArgs,
+    /// Write the plan to this file (plait-plan/1 JSON).
+    #[arg(short = 'o', long = "output")]
+    output: Option<PathBuf>,
+    /// Print one JSON object (the estimate schema plus `search` and `alternatives`).
+    #[arg(long)]
+    json: bool,
+    /// How many rejected alternatives to keep.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+}
+
+/// Where MODEL comes from, for the plan's model reference.
+pub fn model_source(model: &str) -> &'static str {
+    if model.ends_with(".onnx") {
+        "onnx"
+    } else if Path::new(model).exists() || model.ends_with(".json") {
+        "config"
+    } else {
+        "zoo"
+    }
+}
+
+pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::load(&args.cluster.cluster)?;
+    let batch_for_import = args.pins.micro_batch.unwrap_or(1);
+    let m = model::load(&args.model, batch_for_import, args.cluster.seq)?;
+    let info = ModelInfo::new(&m.graph)?;
+    let p = &args.pins;
+    let req = SearchRequest {
+        gpus: args.cluster.gpus,
+        global_batch: args.cluster.global_batch,
+        seq: m.binding.seq,
+        pins: Pins {
+            tp: p.tp,
+            pp: p.pp,
+            dp: p.dp,
+            micro_batch: p.micro_batch,
+            zero: p.zero,
+            recompute: p.recompute,
+            schedule: p.schedule,
+            virtual_stages: p.virtual_stages,
+            sequence_parallel: p.sequence_parallel.map(|s| s == Switch::On),
+            precision: p.precision,
+            stage_layers: p.stage_layers.clone(),
+            attention: p.attention,
+        },
+        top_k: args.top,
+    };
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("searching {bar:40} {pos}/{len} candidates ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    // Only show the bar when the search takes a while.
+    let started = std::time::Instant::now();
+    let mut progress = |done: u64, total: u64| {
+        if started.elapsed().as_secs_f64() > 0.8 {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    };
+    let result = search(&info, &cluster, &req, &mut progress)?;
+    bar.finish_and_clear();
+    let r = match result {
+        Ok(r) => r,
+        Err(inf) => {
+            let gib = inf.smallest_shortfall_bytes / (1u64 << 30) as f64;
+            let closest = inf
+                .closest
+                .as_ref()
+                .map(|s| {
+                    format!(
+                        " (closest: tp {} pp {} dp {}, ZeRO-{}, recompute {}, micro-batch {})",
+                        s.tp, s.pp, s.dp, s.zero, s.recompute, s.micro_batch
+                    )
+                })
+                .unwrap_or_default();
+            anyhow::bail!(
+                "{} does not fit on {} x {}: every plan runs out of memory, the closest by {gib:.1} GiB{closest}; \
+                 to make it fit: {}",
+                m.graph.name,
+                args.cluster.gpus,
+                cluster.gpu.name,
+                inf.suggestions.join("; ")
+            );
+        }
+    };
+    let model_ref = ModelRef {
+        source: model_source(&args.model).into(),
+        reference: args.model.clone(),
+        name: m.graph.name.clone(),
+        params: info.params(),
+        layers: info.layers,
+        hidden: info.hidden,
+        heads: info.heads,
+        kv_heads: info.kv_heads,
+        vocab: info.vocab,
+    };
+    let plan = Plan::new(
+        model_ref,
+        &info,
+        &cluster,
+        args.cluster.gpus,
+        &r.best,
+        SearchSummary {
+            candidates_evaluated: r.candidates_evaluated,
+            candidates_pruned: r.candidates_pruned,
+        },
+        r.alternatives.clone(),
+    );
+    if let Some(path) = &args.output {
+        std::fs::write(path, plan.to_json() + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.json {
+        let mut v = serde_json::to_value(&r.best)?;
+        v["search"] = serde_json::json!({
+            "time_s": r.time_s,
+            "candidates_evaluated": r.candidates_evaluated,
+            "candidates_pruned": r.candidates_pruned,
+        });
+        v["alternatives"] = serde_json::to_value(&r.alternatives)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print_text(&m.graph.name, &cluster, &r.best);
+    println!();
+    println!(
+        "search      {} candidates evaluated, {} pruned by the memory bound, {:.2} s",
+        r.candidates_evaluated, r.candidates_pruned, r.time_s
+    );
+    if !r.alternatives.is_empty() {
+        println!("alternatives");
+        for a in &r.alternatives {
+            let s = &a.strategy;
+            println!(
+                "  tp {} pp {} dp {} mb {} {}{} ZeRO-{} recompute {}{}: {}",
+                s.tp,
+                s.pp,
+                s.dp,
+                s.micro_batch,
+                s.schedule,
+                if s.virtual_stages > 1 { format!(" v={}", s.virtual_stages) } else { String::new() },
+                s.zero,
+                s.recompute,
+                if s.sequence_parallel { " SP" } else { "" },
+                a.reason
+            );
+        }
+    }
+    if let Some(path) = &args.output {
+        println!("\nplan written to {} (see it with `plait report {}`)", path.display(), path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! `plan.json`: the plan a search chose, complete enough for codegen and for `plait report`.
+//!
+//! Plain data, versioned (`"format": "plait-plan/1"`), deterministic: the same inputs give a
+//! byte-identical file (no timestamps, no timings, stable field and list order).
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::compute::{TpLayout, tp_layout};
+use crate::error::PlanError;
+use crate::estimate::{Estimate, Predicted};
+use crate::hardware::Cluster;
+use crate::model::ModelInfo;
+use crate::search::Alternative;
+use crate::strategy::Strategy;
+
+pub const FORMAT: &str = "plait-plan/1";
+
+/// Where the model came from, so codegen and report can load it again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRef {
+    /// `zoo`, `config` or `onnx`.
+    pub source: String,
+    /// The zoo name or the file path as given.
+    pub reference: String,
+    pub name: String,
+    pub params: u64,
+    pub layers: u32,
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub vocab: u64,
+}
+
+/// One model chunk: a contiguous range of decoder layers on one pipeline stage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkPlan {
+    pub chunk: u32,
+    pub stage: u32,
+    /// First layer and one past the last.
+    pub layers: [u32; 2],
+    pub embedding: bool,
+    pub head: bool,
+}
+
+/// How one op of the repeated block is laid out across the tensor-parallel group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpSharding {
+    /// Position of the op in the block's op list.
+    pub index: u32,
+    pub op: String,
+    /// `replicated`, `split` (heads, columns or rows), or `sequence` (sequence parallel).
+    pub layout: String,
+    /// Collective that follows the op in the forward pass, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forward_collective: Option<String>,
+    /// Collective its gradient needs in the backward pass, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backward_collective: Option<String>,
+}
+
+/// The per-layer sharding the search chose (identical for every layer).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BlockSharding {
+    pub tp: u32,
+    pub sequence_parallel: bool,
+    /// What produced it: `megatron-rules` or the e-graph extraction with its solver status.
+    pub method: String,
+    pub ops: Vec<OpSharding>,
+}
+
+/// Summary of the search that produced the plan (no timings: they would break determinism).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchSummary {
+    pub candidates_evaluated: u64,
+    pub candidates_pruned: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub format: String,
+    pub model: ModelRef,
+    pub cluster: Cluster,
+    pub gpus: u64,
+    pub strategy: Strategy,
+    pub chunks: Vec<ChunkPlan>,
+    pub sharding: BlockSharding,
+    pub predicted: Predicted,
+    pub search: SearchSummary,
+    pub alternatives: Vec<Alternative>,
+}
+
+impl Plan {
+    pub fn new(
+        model: ModelRef,
+        info: &ModelInfo<'_>,
+        cluster: &Cluster,
+        gpus: u64,
+        best: &Estimate,
+        search: SearchSummary,
+        alternatives: Vec<Alternative>,
+    ) -> Plan {
+        let s = &best.strategy;
+        let layers = s.chunk_layers(info.layers);
+        let n = layers.len() as u32;
+        let mut start = 0;
+        let chunks = layers
+            .iter()
+            .enumerate()
+            .map(|(c, &l)| {
+                let c = c as u32;
+                let chunk = ChunkPlan {
+                    chunk: c,
+                    stage: c % s.pp,
+                    layers: [start, start + l],
+                    embedding: c == 0,
+                    head: c + 1 == n,
+                };
+                start += l;
+                chunk
+            })
+            .collect();
+        Plan {
+            format: FORMAT.into(),
+            model,
+            cluster: cluster.clone(),
+            gpus,
+            strategy: s.clone(),
+            chunks,
+            sharding: megatron_sharding(info, s),
+            predicted: best.predicted.clone(),
+            search,
+            alternatives,
+        }
+    }
+
+    /// Reads a plan, checking its format version.
+    pub fn from_json(text: &str, file: &str) -> Result<Plan, PlanError> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| PlanError::ClusterFile {
+            file: file.into(),
+            message: format!("not a valid plan (JSON error at line {}: {e})", e.line()),
+        })?;
+        match v.get("format").and_then(|f| f.as_str()) {
+            Some(FORMAT) => {}
+            Some(other) => {
+                return Err(PlanError::ClusterFile {
+                    file: file.into(),
+                    message: format!("plan format `{other}` is not supported; this plait reads `{FORMAT}`"),
+                });
+            }
+            None => {
+                return Err(PlanError::ClusterFile {
+                    file: file.into(),
+                    message: format!("no `format` field; expected \"{FORMAT}\" (is this a plan.json?)"),
+                });
+            }
+        }
+        serde_json::from_value(v).map_err(|e| PlanError::ClusterFile {
+            file: file.into(),
+            message: format!("not a valid {FORMAT} plan: {e}"),
+        })
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+/// Megatron-LM's sharding of the block (the cost model's rule), written out per op.
+pub fn megatron_sharding(info: &ModelInfo<'_>, s: &Strategy) -> BlockSharding {
+    let g = info.graph;
+    let ops = info
+        .layer_ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| !g.op(**o).kind.is_source())
+        .map(|(i, &o)| {
+            let op = g.op(o);
+            let layout = tp_layout(g, o, info.hidden, s.sequence_parallel);
+            let width = |v| g.ty(v).shape.last().and_then(|d| d.fixed());
+            let row_parallel = matches!(op.kind, ir::OpKind::Linear { .. })
+                && width(op.results[0]) == Some(info.hidden)
+                && width(op.inputs[0]) != Some(info.hidden);
+            let column_parallel = matches!(op.kind, ir::OpKind::Linear { .. })
+                && width(op.inputs[0]) == Some(info.hidden)
+                && width(op.results[0]) != Some(info.hidden);
+            let tp = s.tp > 1;
+            let (fwd, bwd) = match (tp, row_parallel, column_parallel, s.sequence_parallel) {
+                (true, true, _, false) => (Some("all-reduce".into()), None),
+                (true, true, _, true) => (Some("reduce-scatter".into()), None),
+                (true, _, true, false) => (None, Some("all-reduce".into())),
+                (true, _, true, true) => (Some("all-gather (input)".into()), Some("reduce-scatter".into())),
+                _ => (None, None),
+            };
+            let layout = match (layout, s.tp > 1, s.sequence_parallel) {
+                (_, false, _) => "replicated",
+                (TpLayout::Split, true, true) if !row_parallel && !column_parallel && width(op.results[0]) == Some(info.hidden) => "sequence",
+                (TpLayout::Split, true, _) => "split",
+                (TpLayout::Replicated, true, _) => "replicated",
+            };
+            OpSharding {
+                index: i as u32,
+                op: op.kind.mnemonic().into(),
+                layout: layout.into(),
+                forward_collective: fwd,
+                backward_collective: bwd,
+            }
+        })
+        .collect();
+    BlockSharding {
+        tp: s.tp,
+        sequence_parallel: s.sequence_parallel,
+        method: "megatron-rules".into(),
+        ops,
+    }
+}

@@ -1,0 +1,421 @@
+//! The outer search: device-mesh shapes (TP inside a node), pipeline degree and stage split,
+//! data parallelism, micro-batch, schedule, ZeRO stage, recomputation and sequence
+//! parallelism, every candidate costed by [`estimate`]. A memory lower bound prunes meshes
+//! that cannot fit whatever else is chosen; the best plan and the best rejected alternatives
+//! are kept with the reason they lost.
+
+pub mod split;
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::compute::AttentionKernel;
+use crate::cost::memory::state_bytes;
+use crate::error::PlanError;
+use crate::estimate::{Estimate, RESERVE_BYTES, estimate};
+use crate::hardware::Cluster;
+use crate::model::ModelInfo;
+use crate::precision::Precision;
+use crate::strategy::{Recompute, Schedule, Strategy};
+
+/// Knobs the user fixed; `None` leaves the knob to the search.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Pins {
+    pub tp: Option<u32>,
+    pub pp: Option<u32>,
+    pub dp: Option<u32>,
+    pub micro_batch: Option<u64>,
+    pub zero: Option<u8>,
+    pub recompute: Option<Recompute>,
+    pub schedule: Option<Schedule>,
+    pub virtual_stages: Option<u32>,
+    pub sequence_parallel: Option<bool>,
+    pub precision: Option<Precision>,
+    pub stage_layers: Option<Vec<u32>>,
+    pub attention: Option<AttentionKernel>,
+}
+
+/// What to search for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchRequest {
+    pub gpus: u64,
+    pub global_batch: u64,
+    pub seq: u64,
+    pub pins: Pins,
+    /// How many rejected alternatives to keep.
+    pub top_k: usize,
+}
+
+/// A candidate that lost, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Alternative {
+    pub strategy: Strategy,
+    pub iteration_time_s: f64,
+    pub fits: bool,
+    pub peak_memory_bytes: f64,
+    /// Bytes over the GPU's capacity on the fullest stage (0 when it fits).
+    pub shortfall_bytes: f64,
+    pub shortfall_stage: u32,
+    pub reason: String,
+}
+
+/// The search's answer.
+#[derive(Clone, Debug)]
+pub struct SearchResult {
+    pub best: Estimate,
+    pub alternatives: Vec<Alternative>,
+    pub candidates_evaluated: u64,
+    pub candidates_pruned: u64,
+    pub time_s: f64,
+}
+
+/// Why nothing fits, and what would.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Infeasible {
+    pub smallest_shortfall_bytes: f64,
+    pub closest: Option<Strategy>,
+    pub suggestions: Vec<String>,
+}
+
+/// Called with (done, total) as candidates are evaluated.
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
+fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+/// The default precision: bf16 where the GPU has it, else fp16, else fp32.
+pub fn default_precision(cluster: &Cluster) -> Precision {
+    [Precision::Bf16, Precision::Fp16, Precision::Fp32]
+        .into_iter()
+        .find(|p| cluster.peak_flops(*p).is_some())
+        .unwrap_or(Precision::Fp32)
+}
+
+/// Every strategy the request allows, in a fixed order (so results are deterministic).
+pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) -> Vec<Strategy> {
+    let p = &req.pins;
+    let precision = p.precision.unwrap_or_else(|| default_precision(cluster));
+    let gpn = u64::from(cluster.gpus_per_node);
+    let mut out = Vec::new();
+    for tp in divisors(req.gpus) {
+        // Tensor parallelism stays inside a node: its collectives run on every layer.
+        if p.tp.map_or(tp > gpn, |t| u64::from(t) != tp) {
+            continue;
+        }
+        if !info.heads.is_multiple_of(tp) {
+            continue;
+        }
+        for pp in divisors(req.gpus / tp) {
+            if p.pp.is_some_and(|x| u64::from(x) != pp) || pp > u64::from(info.layers) {
+                continue;
+            }
+            let dp = req.gpus / tp / pp;
+            if p.dp.is_some_and(|x| u64::from(x) != dp) || !req.global_batch.is_multiple_of(dp) {
+                continue;
+            }
+            let per_replica = req.global_batch / dp;
+            let mbs: Vec<u64> = match p.micro_batch {
+                Some(m) => vec![m],
+                None => divisors(per_replica).into_iter().filter(|m| *m <= 64).collect(),
+            };
+            let mut schedules: Vec<(Schedule, u32)> = Vec::new();
+            if pp == 1 {
+                schedules.push((Schedule::OneFOneB, 1));
+            } else {
+                schedules.push((Schedule::OneFOneB, 1));
+                schedules.push((Schedule::Gpipe, 1));
+                for v in [2u32, 3, 4, 6, 8] {
+                    if pp * u64::from(v) <= u64::from(info.layers) {
+                        schedules.push((Schedule::Interleaved, v));
+                    }
+                }
+            }
+            schedules.retain(|(s, v)| {
+                p.schedule.is_none_or(|x| x == *s) && p.virtual_stages.is_none_or(|x| x == *v)
+            });
+            let zeros: Vec<u8> = p.zero.map_or(vec![0, 1, 2, 3], |z| vec![z]);
+            let recomputes = p
+                .recompute
+                .map_or(vec![Recompute::None, Recompute::Selective, Recompute::Full], |r| vec![r]);
+            let sps: Vec<bool> = match p.sequence_parallel {
+                Some(x) => vec![x],
+                None if tp > 1 => vec![false, true],
+                None => vec![false],
+            };
+            for &mb in &mbs {
+                for &(schedule, v) in &schedules {
+                    for &zero in &zeros {
+                        if dp == 1 && zero > 0 && p.zero.is_none() {
+                            continue;
+                        }
+                        for &recompute in &recomputes {
+                            for &sequence_parallel in &sps {
+                                out.push(Strategy {
+                                    tp: tp as u32,
+                                    pp: pp as u32,
+                                    dp: dp as u32,
+                                    micro_batch: mb,
+                                    global_batch: req.global_batch,
+                                    seq: req.seq,
+                                    zero,
+                                    recompute,
+                                    schedule,
+                                    virtual_stages: v,
+                                    sequence_parallel,
+                                    precision,
+                                    attention: p.attention.unwrap_or_default(),
+                                    stage_layers: p.stage_layers.clone(),
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A lower bound on the fullest stage's memory: the model states of an average stage (the
+/// fullest holds at least the average) plus the reserve.
+fn memory_lower_bound(info: &ModelInfo<'_>, s: &Strategy) -> f64 {
+    let params = info.params() as f64 / f64::from(s.pp) / f64::from(s.tp);
+    let st = state_bytes(params, f64::from(s.dp), s.zero, s.precision);
+    st.weights + st.grads + st.optimizer + RESERVE_BYTES
+}
+
+fn shortfall(e: &Estimate) -> (f64, u32) {
+    let cap = e.predicted.memory_capacity_bytes;
+    e.predicted
+        .stages
+        .iter()
+        .map(|st| (st.peak_memory_bytes - cap, st.stage))
+        .fold((f64::NEG_INFINITY, 0), |a, b| if b.0 > a.0 { b } else { a })
+}
+
+/// Re-splits the layers of a pipelined plan so the end stages (embedding, head) are not the
+/// bottleneck; keeps the better of the even and the balanced split.
+fn rebalance(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, e: Estimate) -> Estimate {
+    let s = &e.strategy;
+    if s.pp == 1 || s.stage_layers.is_some() {
+        return e;
+    }
+    let chunks = s.chunks() as usize;
+    let mut extra = vec![0.0; chunks];
+    extra[0] += e.profile.pre_s;
+    extra[chunks - 1] += e.profile.post_s;
+    let Some(split) = split::balanced_split(info.layers, chunks, e.profile.layer_s, &extra) else {
+        return e;
+    };
+    if split == s.chunk_layers(info.layers) {
+        return e;
+    }
+    let mut t = s.clone();
+    t.stage_layers = Some(split);
+    match estimate(info, cluster, gpus, &t) {
+        Ok(b) if better(&b, &e) => b,
+        _ => e,
+    }
+}
+
+/// Fitting beats not fitting; then faster wins.
+fn better(a: &Estimate, b: &Estimate) -> bool {
+    match (a.predicted.fits, b.predicted.fits) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => a.predicted.iteration_time_s < b.predicted.iteration_time_s,
+        (false, false) => shortfall(a).0 < shortfall(b).0,
+    }
+}
+
+fn gib(b: f64) -> f64 {
+    b / (1u64 << 30) as f64
+}
+
+/// Searches the space; `Err(Infeasible)` when no candidate fits.
+pub fn search(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    req: &SearchRequest,
+    progress: Progress<'_>,
+) -> Result<Result<SearchResult, Infeasible>, PlanError> {
+    let start = Instant::now();
+    let all = candidates(info, cluster, req);
+    if all.is_empty() {
+        return Err(PlanError::invalid(format!(
+            "no strategy satisfies the pins for {} GPUs and global batch {} (check that tp x pp x dp = \
+             --gpus, that tp divides the {} heads, and that dp divides the batch)",
+            req.gpus, req.global_batch, info.heads
+        )));
+    }
+    let capacity = cluster.memory_bytes();
+    let total = all.len() as u64;
+    let mut evaluated = 0u64;
+    let mut pruned = 0u64;
+    let mut fitting: Vec<Estimate> = Vec::new();
+    let mut closest: Option<Estimate> = None;
+    let mut first_error: Option<PlanError> = None;
+    for (i, s) in all.iter().enumerate() {
+        if i % 256 == 0 {
+            progress(i as u64, total);
+        }
+        if memory_lower_bound(info, s) > capacity {
+            pruned += 1;
+            continue;
+        }
+        let e = match estimate(info, cluster, req.gpus, s) {
+            Ok(e) => e,
+            Err(err) => {
+                first_error.get_or_insert(err);
+                continue;
+            }
+        };
+        evaluated += 1;
+        if e.predicted.fits {
+            fitting.push(e);
+        } else if closest.as_ref().is_none_or(|c| better(&e, c)) {
+            closest = Some(e);
+        }
+    }
+    progress(total, total);
+    if fitting.is_empty() {
+        if evaluated == 0 && pruned == 0 {
+            if let Some(err) = first_error {
+                return Err(err);
+            }
+        }
+        return Ok(Err(infeasible(info, cluster, req, closest)));
+    }
+    // Rebalance the stage split of the most promising candidates, then rank.
+    fitting.sort_by(|a, b| a.predicted.iteration_time_s.total_cmp(&b.predicted.iteration_time_s));
+    let n = fitting.len().min(32);
+    for e in fitting.iter_mut().take(n) {
+        let balanced = rebalance(info, cluster, req.gpus, e.clone());
+        evaluated += 1;
+        *e = balanced;
+    }
+    fitting.sort_by(|a, b| a.predicted.iteration_time_s.total_cmp(&b.predicted.iteration_time_s));
+    let best = fitting.remove(0);
+    let alternatives = alternatives(&best, &fitting, closest.as_ref(), req.top_k);
+    Ok(Ok(SearchResult {
+        best,
+        alternatives,
+        candidates_evaluated: evaluated,
+        candidates_pruned: pruned,
+        time_s: start.elapsed().as_secs_f64(),
+    }))
+}
+
+/// The best losers: the fastest plan of each other mesh shape, and the nearest plan that did
+/// not fit when it would have been faster.
+fn alternatives(best: &Estimate, rest: &[Estimate], oom: Option<&Estimate>, k: usize) -> Vec<Alternative> {
+    let t0 = best.predicted.iteration_time_s;
+    let mesh = |s: &Strategy| (s.tp, s.pp, s.dp);
+    let mut seen = vec![mesh(&best.strategy)];
+    let mut out = Vec::new();
+    let alt = |e: &Estimate, reason: String| {
+        let (short, stage) = shortfall(e);
+        Alternative {
+            strategy: e.strategy.clone(),
+            iteration_time_s: e.predicted.iteration_time_s,
+            fits: e.predicted.fits,
+            peak_memory_bytes: e.predicted.peak_memory_bytes,
+            shortfall_bytes: short.max(0.0),
+            shortfall_stage: stage,
+            reason,
+        }
+    };
+    // The runner-up with the same mesh shows what the other knobs are worth.
+    if let Some(e) = rest.iter().find(|e| mesh(&e.strategy) == mesh(&best.strategy)) {
+        let slower = 100.0 * (e.predicted.iteration_time_s / t0 - 1.0);
+        out.push(alt(e, format!("slower by {slower:.1} % ({})", differs(&best.strategy, &e.strategy))));
+    }
+    for e in rest {
+        if out.len() >= k {
+            break;
+        }
+        if seen.contains(&mesh(&e.strategy)) {
+            continue;
+        }
+        seen.push(mesh(&e.strategy));
+        let slower = 100.0 * (e.predicted.iteration_time_s / t0 - 1.0);
+        out.push(alt(e, format!("slower by {slower:.1} %")));
+    }
+    if let Some(e) = oom {
+        if e.predicted.iteration_time_s < t0 {
+            let (short, stage) = shortfall(e);
+            out.push(alt(e, format!("out of memory by {:.1} GiB on stage {stage}", gib(short))));
+        }
+    }
+    // The out-of-memory plan that would have won is kept even when k is reached.
+    let oom_alt = out.iter().position(|a| !a.fits).map(|i| out.remove(i));
+    out.truncate(k.max(1));
+    out.extend(oom_alt);
+    out
+}
+
+/// A short description of the knobs in which `b` differs from `a`.
+fn differs(a: &Strategy, b: &Strategy) -> String {
+    let mut d = Vec::new();
+    if a.micro_batch != b.micro_batch {
+        d.push(format!("micro-batch {}", b.micro_batch));
+    }
+    if a.schedule != b.schedule || a.virtual_stages != b.virtual_stages {
+        d.push(format!("schedule {} v={}", b.schedule, b.virtual_stages));
+    }
+    if a.zero != b.zero {
+        d.push(format!("ZeRO-{}", b.zero));
+    }
+    if a.recompute != b.recompute {
+        d.push(format!("recompute {}", b.recompute));
+    }
+    if a.sequence_parallel != b.sequence_parallel {
+        d.push(format!("sequence parallel {}", if b.sequence_parallel { "on" } else { "off" }));
+    }
+    if a.stage_layers != b.stage_layers {
+        d.push("even stage split".into());
+    }
+    if d.is_empty() { "same knobs".into() } else { d.join(", ") }
+}
+
+/// What would make a model fit, given the closest candidate.
+fn infeasible(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest, closest: Option<Estimate>) -> Infeasible {
+    let capacity = cluster.memory_bytes();
+    let precision = req.pins.precision.unwrap_or_else(|| default_precision(cluster));
+    // Smallest shortfall over what was tried; when everything was pruned, the states bound of the
+    // most sharded layout (ZeRO-3 over all GPUs).
+    let (short, strategy) = match &closest {
+        Some(e) => (shortfall(e).0.max(0.0), Some(e.strategy.clone())),
+        None => {
+            let st = state_bytes(info.params() as f64 / req.gpus as f64, 1.0, 0, precision);
+            ((st.weights + st.grads + st.optimizer + RESERVE_BYTES - capacity).max(0.0), None)
+        }
+    };
+    // GPUs needed if states alone, fully sharded (ZeRO-3 or pipeline + tensor), must fit.
+    let per_param = precision.weight_bytes() + precision.grad_bytes() + precision.optimizer_bytes();
+    let min_gpus = (info.params() as f64 * per_param / (capacity - RESERVE_BYTES).max(1.0)).ceil() as u64;
+    let mut suggestions = vec![format!(
+        "use at least {} GPUs: the model states alone take {:.0} GiB ({} bytes per parameter)",
+        min_gpus.max(req.gpus + 1),
+        gib(info.params() as f64 * per_param),
+        per_param
+    )];
+    if req.pins.zero.is_some_and(|z| z < 3) {
+        suggestions.push("allow ZeRO-3 (drop --zero) to shard weights, gradients and optimizer states".into());
+    } else {
+        suggestions.push("ZeRO-3 and full recomputation were already tried".into());
+    }
+    if req.pins.recompute.is_some_and(|r| r != Recompute::Full) {
+        suggestions.push("allow full recomputation (drop --recompute) to keep one activation per layer".into());
+    }
+    if req.pins.micro_batch.is_some_and(|m| m > 1) {
+        suggestions.push("use micro-batch 1".into());
+    }
+    Infeasible {
+        smallest_shortfall_bytes: short,
+        closest: strategy,
+        suggestions,
+    }
+}
