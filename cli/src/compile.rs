@@ -134,7 +134,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         r.alternatives.clone(),
     );
     if let Some(path) = &args.output {
-        std::fs::write(path, plan.to_json() + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, plan.to_json() + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if args.json {
         let mut v = serde_json::to_value(&r.best)?;
@@ -164,7 +165,11 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
                 s.dp,
                 s.micro_batch,
                 s.schedule,
-                if s.virtual_stages > 1 { format!(" v={}", s.virtual_stages) } else { String::new() },
+                if s.virtual_stages > 1 {
+                    format!(" v={}", s.virtual_stages)
+                } else {
+                    String::new()
+                },
                 s.zero,
                 s.recompute,
                 if s.sequence_parallel { " SP" } else { "" },
@@ -173,7 +178,11 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(path) = &args.output {
-        println!("\nplan written to {} (see it with `plait report {}`)", path.display(), path.display());
+        println!(
+            "\nplan written to {} (see it with `plait report {}`)",
+            path.display(),
+            path.display()
+        );
     }
     Ok(())
 }

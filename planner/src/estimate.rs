@@ -126,6 +126,26 @@ pub fn estimate(
     gpus: u64,
     s: &Strategy,
 ) -> Result<Estimate, PlanError> {
+    estimate_impl(info, cluster, gpus, s, false)
+}
+
+/// Like [`estimate`], and keeps every simulated task in `timeline.tasks` (for traces).
+pub fn estimate_traced(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    gpus: u64,
+    s: &Strategy,
+) -> Result<Estimate, PlanError> {
+    estimate_impl(info, cluster, gpus, s, true)
+}
+
+fn estimate_impl(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    gpus: u64,
+    s: &Strategy,
+    record: bool,
+) -> Result<Estimate, PlanError> {
     s.validate(info, gpus)?;
     let score_dropout = info
         .layer_ops

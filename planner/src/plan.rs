@@ -135,22 +135,27 @@ impl Plan {
 
     /// Reads a plan, checking its format version.
     pub fn from_json(text: &str, file: &str) -> Result<Plan, PlanError> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| PlanError::ClusterFile {
-            file: file.into(),
-            message: format!("not a valid plan (JSON error at line {}: {e})", e.line()),
-        })?;
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| PlanError::ClusterFile {
+                file: file.into(),
+                message: format!("not a valid plan (JSON error at line {}: {e})", e.line()),
+            })?;
         match v.get("format").and_then(|f| f.as_str()) {
             Some(FORMAT) => {}
             Some(other) => {
                 return Err(PlanError::ClusterFile {
                     file: file.into(),
-                    message: format!("plan format `{other}` is not supported; this plait reads `{FORMAT}`"),
+                    message: format!(
+                        "plan format `{other}` is not supported; this plait reads `{FORMAT}`"
+                    ),
                 });
             }
             None => {
                 return Err(PlanError::ClusterFile {
                     file: file.into(),
-                    message: format!("no `format` field; expected \"{FORMAT}\" (is this a plan.json?)"),
+                    message: format!(
+                        "no `format` field; expected \"{FORMAT}\" (is this a plan.json?)"
+                    ),
                 });
             }
         }
@@ -188,12 +193,21 @@ pub fn megatron_sharding(info: &ModelInfo<'_>, s: &Strategy) -> BlockSharding {
                 (true, true, _, false) => (Some("all-reduce".into()), None),
                 (true, true, _, true) => (Some("reduce-scatter".into()), None),
                 (true, _, true, false) => (None, Some("all-reduce".into())),
-                (true, _, true, true) => (Some("all-gather (input)".into()), Some("reduce-scatter".into())),
+                (true, _, true, true) => (
+                    Some("all-gather (input)".into()),
+                    Some("reduce-scatter".into()),
+                ),
                 _ => (None, None),
             };
             let layout = match (layout, s.tp > 1, s.sequence_parallel) {
                 (_, false, _) => "replicated",
-                (TpLayout::Split, true, true) if !row_parallel && !column_parallel && width(op.results[0]) == Some(info.hidden) => "sequence",
+                (TpLayout::Split, true, true)
+                    if !row_parallel
+                        && !column_parallel
+                        && width(op.results[0]) == Some(info.hidden) =>
+                {
+                    "sequence"
+                }
                 (TpLayout::Split, true, _) => "split",
                 (TpLayout::Replicated, true, _) => "replicated",
             };

@@ -92,7 +92,13 @@ pub fn simulate(schedule: Schedule, p: u32, m: u32, chunks: &[ChunkCost]) -> Tim
 }
 
 /// Like [`simulate`], also recording every task when `record` is set (for traces).
-pub fn simulate_with(schedule: Schedule, p: u32, m: u32, chunks: &[ChunkCost], record: bool) -> Timeline {
+pub fn simulate_with(
+    schedule: Schedule,
+    p: u32,
+    m: u32,
+    chunks: &[ChunkCost],
+    record: bool,
+) -> Timeline {
     let n_chunks = chunks.len() as u32;
     let v = (n_chunks / p.max(1)).max(1);
     let orders: Vec<_> = (0..p).map(|d| device_order(schedule, p, v, m, d)).collect();
@@ -106,7 +112,11 @@ pub fn simulate_with(schedule: Schedule, p: u32, m: u32, chunks: &[ChunkCost], r
     let mut peak = vec![0.0f64; p as usize];
     let mut in_flight = vec![0u32; p as usize];
     let mut peak_in_flight = vec![0u32; p as usize];
-    let mut tasks = Vec::with_capacity(if record { orders.iter().map(Vec::len).sum() } else { 0 });
+    let mut tasks = Vec::with_capacity(if record {
+        orders.iter().map(Vec::len).sum()
+    } else {
+        0
+    });
     loop {
         let mut progressed = false;
         let mut finished = true;
@@ -211,7 +221,13 @@ mod tests {
         // Bubble (p − 1)/(v·m) of the ideal m·(f + b) (Narayanan et al. SC'21).
         let (p, m, v) = (4u32, 8u32, 2u32);
         let f = 1.0 / f64::from(v);
-        let t = simulate_with(Schedule::Interleaved, p, m, &uniform(p * v, f, 2.0 * f), true);
+        let t = simulate_with(
+            Schedule::Interleaved,
+            p,
+            m,
+            &uniform(p * v, f, 2.0 * f),
+            true,
+        );
         let end = t.device_finish.iter().cloned().fold(0.0, f64::max);
         let ideal = f64::from(m) * 3.0;
         let bubble = (end - ideal) / ideal;

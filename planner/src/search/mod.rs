@@ -118,7 +118,10 @@ pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
             let per_replica = req.global_batch / dp;
             let mbs: Vec<u64> = match p.micro_batch {
                 Some(m) => vec![m],
-                None => divisors(per_replica).into_iter().filter(|m| *m <= 64).collect(),
+                None => divisors(per_replica)
+                    .into_iter()
+                    .filter(|m| *m <= 64)
+                    .collect(),
             };
             let mut schedules: Vec<(Schedule, u32)> = Vec::new();
             if pp == 1 {
@@ -136,9 +139,10 @@ pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
                 p.schedule.is_none_or(|x| x == *s) && p.virtual_stages.is_none_or(|x| x == *v)
             });
             let zeros: Vec<u8> = p.zero.map_or(vec![0, 1, 2, 3], |z| vec![z]);
-            let recomputes = p
-                .recompute
-                .map_or(vec![Recompute::None, Recompute::Selective, Recompute::Full], |r| vec![r]);
+            let recomputes = p.recompute.map_or(
+                vec![Recompute::None, Recompute::Selective, Recompute::Full],
+                |r| vec![r],
+            );
             let sps: Vec<bool> = match p.sequence_parallel {
                 Some(x) => vec![x],
                 None if tp > 1 => vec![false, true],
@@ -289,14 +293,22 @@ pub fn search(
         return Ok(Err(infeasible(info, cluster, req, closest)));
     }
     // Rebalance the stage split of the most promising candidates, then rank.
-    fitting.sort_by(|a, b| a.predicted.iteration_time_s.total_cmp(&b.predicted.iteration_time_s));
+    fitting.sort_by(|a, b| {
+        a.predicted
+            .iteration_time_s
+            .total_cmp(&b.predicted.iteration_time_s)
+    });
     let n = fitting.len().min(32);
     for e in fitting.iter_mut().take(n) {
         let balanced = rebalance(info, cluster, req.gpus, e.clone());
         evaluated += 1;
         *e = balanced;
     }
-    fitting.sort_by(|a, b| a.predicted.iteration_time_s.total_cmp(&b.predicted.iteration_time_s));
+    fitting.sort_by(|a, b| {
+        a.predicted
+            .iteration_time_s
+            .total_cmp(&b.predicted.iteration_time_s)
+    });
     let best = fitting.remove(0);
     let alternatives = alternatives(&best, &fitting, closest.as_ref(), req.top_k);
     Ok(Ok(SearchResult {
@@ -310,7 +322,12 @@ pub fn search(
 
 /// The best losers: the fastest plan of each other mesh shape, and the nearest plan that did
 /// not fit when it would have been faster.
-fn alternatives(best: &Estimate, rest: &[Estimate], oom: Option<&Estimate>, k: usize) -> Vec<Alternative> {
+fn alternatives(
+    best: &Estimate,
+    rest: &[Estimate],
+    oom: Option<&Estimate>,
+    k: usize,
+) -> Vec<Alternative> {
     let t0 = best.predicted.iteration_time_s;
     let mesh = |s: &Strategy| (s.tp, s.pp, s.dp);
     let mut seen = vec![mesh(&best.strategy)];
@@ -328,9 +345,18 @@ fn alternatives(best: &Estimate, rest: &[Estimate], oom: Option<&Estimate>, k: u
         }
     };
     // The runner-up with the same mesh shows what the other knobs are worth.
-    if let Some(e) = rest.iter().find(|e| mesh(&e.strategy) == mesh(&best.strategy)) {
+    if let Some(e) = rest
+        .iter()
+        .find(|e| mesh(&e.strategy) == mesh(&best.strategy))
+    {
         let slower = 100.0 * (e.predicted.iteration_time_s / t0 - 1.0);
-        out.push(alt(e, format!("slower by {slower:.1} % ({})", differs(&best.strategy, &e.strategy))));
+        out.push(alt(
+            e,
+            format!(
+                "slower by {slower:.1} % ({})",
+                differs(&best.strategy, &e.strategy)
+            ),
+        ));
     }
     for e in rest {
         if out.len() >= k {
@@ -346,7 +372,10 @@ fn alternatives(best: &Estimate, rest: &[Estimate], oom: Option<&Estimate>, k: u
     if let Some(e) = oom {
         if e.predicted.iteration_time_s < t0 {
             let (short, stage) = shortfall(e);
-            out.push(alt(e, format!("out of memory by {:.1} GiB on stage {stage}", gib(short))));
+            out.push(alt(
+                e,
+                format!("out of memory by {:.1} GiB on stage {stage}", gib(short)),
+            ));
         }
     }
     // The out-of-memory plan that would have won is kept even when k is reached.
@@ -372,30 +401,49 @@ fn differs(a: &Strategy, b: &Strategy) -> String {
         d.push(format!("recompute {}", b.recompute));
     }
     if a.sequence_parallel != b.sequence_parallel {
-        d.push(format!("sequence parallel {}", if b.sequence_parallel { "on" } else { "off" }));
+        d.push(format!(
+            "sequence parallel {}",
+            if b.sequence_parallel { "on" } else { "off" }
+        ));
     }
     if a.stage_layers != b.stage_layers {
         d.push("even stage split".into());
     }
-    if d.is_empty() { "same knobs".into() } else { d.join(", ") }
+    if d.is_empty() {
+        "same knobs".into()
+    } else {
+        d.join(", ")
+    }
 }
 
 /// What would make a model fit, given the closest candidate.
-fn infeasible(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest, closest: Option<Estimate>) -> Infeasible {
+fn infeasible(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    req: &SearchRequest,
+    closest: Option<Estimate>,
+) -> Infeasible {
     let capacity = cluster.memory_bytes();
-    let precision = req.pins.precision.unwrap_or_else(|| default_precision(cluster));
+    let precision = req
+        .pins
+        .precision
+        .unwrap_or_else(|| default_precision(cluster));
     // Smallest shortfall over what was tried; when everything was pruned, the states bound of the
     // most sharded layout (ZeRO-3 over all GPUs).
     let (short, strategy) = match &closest {
         Some(e) => (shortfall(e).0.max(0.0), Some(e.strategy.clone())),
         None => {
             let st = state_bytes(info.params() as f64 / req.gpus as f64, 1.0, 0, precision);
-            ((st.weights + st.grads + st.optimizer + RESERVE_BYTES - capacity).max(0.0), None)
+            (
+                (st.weights + st.grads + st.optimizer + RESERVE_BYTES - capacity).max(0.0),
+                None,
+            )
         }
     };
     // GPUs needed if states alone, fully sharded (ZeRO-3 or pipeline + tensor), must fit.
     let per_param = precision.weight_bytes() + precision.grad_bytes() + precision.optimizer_bytes();
-    let min_gpus = (info.params() as f64 * per_param / (capacity - RESERVE_BYTES).max(1.0)).ceil() as u64;
+    let min_gpus =
+        (info.params() as f64 * per_param / (capacity - RESERVE_BYTES).max(1.0)).ceil() as u64;
     let mut suggestions = vec![format!(
         "use at least {} GPUs: the model states alone take {:.0} GiB ({} bytes per parameter)",
         min_gpus.max(req.gpus + 1),
@@ -403,12 +451,16 @@ fn infeasible(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest, clos
         per_param
     )];
     if req.pins.zero.is_some_and(|z| z < 3) {
-        suggestions.push("allow ZeRO-3 (drop --zero) to shard weights, gradients and optimizer states".into());
+        suggestions.push(
+            "allow ZeRO-3 (drop --zero) to shard weights, gradients and optimizer states".into(),
+        );
     } else {
         suggestions.push("ZeRO-3 and full recomputation were already tried".into());
     }
     if req.pins.recompute.is_some_and(|r| r != Recompute::Full) {
-        suggestions.push("allow full recomputation (drop --recompute) to keep one activation per layer".into());
+        suggestions.push(
+            "allow full recomputation (drop --recompute) to keep one activation per layer".into(),
+        );
     }
     if req.pins.micro_batch.is_some_and(|m| m > 1) {
         suggestions.push("use micro-batch 1".into());

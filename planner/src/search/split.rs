@@ -34,7 +34,15 @@ mod tests {
 
     /// Brute force over every composition of `layers` into `chunks` positive parts.
     fn brute(layers: u32, chunks: usize, layer_s: f64, extra: &[f64]) -> f64 {
-        fn rec(left: u32, c: usize, chunks: usize, layer_s: f64, extra: &[f64], worst: f64, best: &mut f64) {
+        fn rec(
+            left: u32,
+            c: usize,
+            chunks: usize,
+            layer_s: f64,
+            extra: &[f64],
+            worst: f64,
+            best: &mut f64,
+        ) {
             if c + 1 == chunks {
                 let t = worst.max(f64::from(left) * layer_s + extra[c]);
                 *best = best.min(t);
@@ -65,7 +73,10 @@ mod tests {
                 .zip(&extra)
                 .map(|(&n, e)| f64::from(n) + e)
                 .fold(0.0, f64::max);
-            assert!((got - brute(layers, extra.len(), 1.0, &extra)).abs() < 1e-12, "{split:?}");
+            assert!(
+                (got - brute(layers, extra.len(), 1.0, &extra)).abs() < 1e-12,
+                "{split:?}"
+            );
         }
     }
 
