@@ -1,5 +1,7 @@
 //! `plait inspect MODEL`: headline numbers of a model, or its IR text.
 
+use std::io::Write;
+
 use clap::Args;
 use import::summary::summarize;
 
@@ -26,43 +28,65 @@ pub struct InspectArgs {
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let m = model::load(&args.model, args.batch, args.seq)?;
-    let s = summarize(&m.graph, m.binding);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
-        return Ok(());
+    let text = if args.ir {
+        ir::text::print(&m.graph)
+    } else if args.json {
+        let s = summarize(&m.graph, m.binding);
+        serde_json::to_string_pretty(&s)? + "\n"
+    } else {
+        summary_text(&m.graph, m.binding)
+    };
+    emit(&text)
+}
+
+/// Writes `text` to stdout; a closed pipe (`plait inspect M --ir | head`) is not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing to stdout"))
+        }
+        _ => Ok(()),
     }
-    println!("model            {}", s.model);
-    println!("parameters       {} ({})", s.params, human(s.params));
-    println!("layers           {}", s.layers);
-    println!("hidden           {}", s.hidden);
+}
+
+fn summary_text(graph: &ir::Graph, binding: ir::Binding) -> String {
+    let s = summarize(graph, binding);
+    let mut t = String::new();
+    let mut line = |l: String| {
+        t.push_str(&l);
+        t.push('\n');
+    };
+    line(format!("model            {}", s.model));
+    line(format!(
+        "parameters       {} ({})",
+        s.params,
+        human(s.params)
+    ));
+    line(format!("layers           {}", s.layers));
+    line(format!("hidden           {}", s.hidden));
     if s.kv_heads != s.heads {
-        println!(
+        line(format!(
             "heads            {} ({} key/value heads)",
             s.heads, s.kv_heads
-        );
+        ));
     } else {
-        println!("heads            {}", s.heads);
+        line(format!("heads            {}", s.heads));
     }
-    println!("vocabulary       {}", s.vocab);
-    println!("batch x seq      {} x {}", s.batch, s.seq);
-    println!(
+    line(format!("vocabulary       {}", s.vocab));
+    line(format!("batch x seq      {} x {}", s.batch, s.seq));
+    line(format!(
         "train FLOPs/tok  {:.4e} (forward + backward, no recompute)",
         s.flops_per_token
-    );
-    if let Some(b) = &s.repeated_block {
-        println!(
-            "repeated block   {} x{}: {} ops, {} params each",
-            b.name,
-            b.count,
-            b.ops_per_layer,
-            human(b.params_per_layer)
-        );
+    ));
+    if let Some(block) = ir::blocks::layer_summary(graph) {
+        line(format!("repeated block   {block}"));
     }
-    println!("ops:");
+    line("ops:".into());
     let mut hist: Vec<_> = s.op_histogram.iter().collect();
     hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     for (name, n) in hist {
-        println!("  {name:<16} {n}");
+        line(format!("  {name:<16} {n}"));
     }
-    Ok(())
+    t
 }
