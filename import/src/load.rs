@@ -55,12 +55,12 @@ pub struct LoadedModel {
 /// Why a model could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A `config.json` that cannot be read or interpreted.
+    /// A `config.json` that cannot be read or interpreted (boxed: the errors are large).
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(Box<ConfigError>),
     /// An ONNX file that cannot be read or imported.
     #[error(transparent)]
-    Onnx(#[from] ImportError),
+    Onnx(Box<ImportError>),
     /// Neither a file nor a zoo entry.
     #[error(
         "`{name}` is neither a file nor a zoo model; give a config.json or .onnx path, or one of: {}",
@@ -92,6 +92,18 @@ pub enum Error {
         #[source]
         source: BuildError,
     },
+}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Error {
+        Error::Config(Box::new(e))
+    }
+}
+
+impl From<ImportError> for Error {
+    fn from(e: ImportError) -> Error {
+        Error::Onnx(Box::new(e))
+    }
 }
 
 /// Loads MODEL (see the module doc for how it is resolved) at `batch` sequences of `seq` tokens
