@@ -80,6 +80,11 @@ fn gpt2_and_llama2_7b_configs() {
         r#"{"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}"#,
     );
     assert_eq!(int(&json(&["inspect", &gpt2]), "params"), 124_439_808);
+    // The committed copy of GPT-2 small's published config.json (README's example).
+    let published = repo("fixtures/hf/gpt2/config.json");
+    let v = json(&["inspect", &published]);
+    assert_eq!(int(&v, "params"), 124_439_808);
+    assert_eq!((int(&v, "layers"), int(&v, "seq")), (12, 1024));
     let llama = config(
         "llama2-7b",
         r#"{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096, "tie_word_embeddings": false}"#,
