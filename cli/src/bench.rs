@@ -10,9 +10,8 @@ use std::time::Instant;
 use clap::{Args, Subcommand};
 use import::{ModelSpec, build_forward, spec::Family};
 use ir::DType;
+use planner::calibration::{SC21_CSV, Sc21Row, predict_row, sc21_rows};
 use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy};
-
-const SC21: &str = include_str!("../../data/megatron_sc21_runs.csv");
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -35,80 +34,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-struct Row {
-    table: String,
-    model: String,
-    layers: u64,
-    hidden: u64,
-    heads: u64,
-    seq: u64,
-    vocab: u64,
-    gpus: u64,
-    batch: u64,
-    micro_batch: Option<u64>,
-    tp: u32,
-    pp: u32,
-    dp: u32,
-    zero: u8,
-    tflops: f64,
-}
-
-fn rows() -> anyhow::Result<Vec<Row>> {
-    let mut lines = SC21.lines();
-    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .ok_or_else(|| anyhow::anyhow!("column {name} missing"))
-    };
-    let idx = [
-        "table_ref",
-        "model",
-        "layers",
-        "hidden",
-        "heads",
-        "seq_len",
-        "vocab",
-        "num_gpus",
-        "global_batch_seqs",
-        "micro_batch",
-        "tp",
-        "pp",
-        "dp",
-        "zero_stage",
-        "tflops_per_gpu",
-    ]
-    .iter()
-    .map(|n| col(n))
-    .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut out = Vec::new();
-    for line in lines.filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split(',').collect();
-        let get = |i: usize| f.get(idx[i]).copied().unwrap_or("");
-        let num = |i: usize| get(i).parse::<u64>();
-        out.push(Row {
-            table: get(0).into(),
-            model: get(1).into(),
-            layers: num(2)?,
-            hidden: num(3)?,
-            heads: num(4)?,
-            seq: num(5)?,
-            vocab: num(6)?,
-            gpus: num(7)?,
-            batch: num(8)?,
-            micro_batch: num(9).ok(),
-            tp: num(10)? as u32,
-            pp: num(11)? as u32,
-            dp: num(12)? as u32,
-            zero: num(13).unwrap_or(0) as u8,
-            tflops: get(14).parse()?,
-        });
-    }
-    Ok(out)
-}
-
-fn spec(r: &Row) -> ModelSpec {
+fn spec(r: &Sc21Row) -> ModelSpec {
     ModelSpec {
         name: r.model.clone(),
         family: Family::Gpt2,
@@ -125,24 +51,14 @@ fn spec(r: &Row) -> ModelSpec {
         experts: 0,
         experts_per_token: 0,
         default_seq: r.seq,
+        // Megatron-LM's GPT trains with dropout 0.1 (hidden and attention).
+        dropout: 0.1,
     }
-}
-
-/// Megatron's hardware FLOPs per iteration (with full recompute): 96·B·s·l·h²·(1 + s/6h + V/16lh).
-fn megatron_flops(r: &Row) -> f64 {
-    let (b, s, l, h, v) = (
-        r.batch as f64,
-        r.seq as f64,
-        r.layers as f64,
-        r.hidden as f64,
-        r.vocab as f64,
-    );
-    96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h))
 }
 
 fn cost_model() -> anyhow::Result<()> {
     let cluster = Cluster::load("dgx-a100-80gb")?;
-    let rows = rows()?;
+    let rows = sc21_rows(SC21_CSV)?;
     println!(
         "{:>3} {:<8} {:<12} {:>5} {:>9} {:>4} {:>4} {:>9} {:>10} {:>10} {:>7}",
         "row",
@@ -160,57 +76,11 @@ fn cost_model() -> anyhow::Result<()> {
     let mut errors = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         let graph = build_forward(&spec(r), DType::F32)?;
-        let info = ModelInfo::new(&graph)?;
-        let mbs: Vec<u64> = match r.micro_batch {
-            Some(m) => vec![m],
-            None => [1, 2, 4, 8]
-                .into_iter()
-                .filter(|m| (r.batch / u64::from(r.dp)) % m == 0)
-                .collect(),
-        };
-        let mut schedules = vec![(Schedule::OneFOneB, 1)];
-        if r.pp > 1 {
-            for v in [2u32, 3, 4] {
-                if r.layers % u64::from(r.pp) == 0
-                    && (r.layers / u64::from(r.pp)) % u64::from(v) == 0
-                {
-                    schedules.push((Schedule::Interleaved, v));
-                }
-            }
-        }
-        let mut best: Option<(f64, u64, Schedule, u32)> = None;
-        for &mb in &mbs {
-            for &(sch, v) in &schedules {
-                let s = Strategy {
-                    tp: r.tp,
-                    pp: r.pp,
-                    dp: r.dp,
-                    micro_batch: mb,
-                    global_batch: r.batch,
-                    seq: r.seq,
-                    zero: r.zero,
-                    recompute: Recompute::Full,
-                    schedule: sch,
-                    virtual_stages: v,
-                    sequence_parallel: false,
-                    precision: Precision::Fp16,
-                    stage_layers: None,
-                };
-                let Ok(e) = planner::estimate(&info, &cluster, r.gpus, &s) else {
-                    continue;
-                };
-                if e.predicted.fits && best.is_none_or(|b| e.predicted.iteration_time_s < b.0) {
-                    best = Some((e.predicted.iteration_time_s, mb, sch, v));
-                }
-            }
-        }
-        match best {
-            Some((t, mb, sch, v)) => {
-                let tf = megatron_flops(r) / (t * r.gpus as f64) / 1e12;
-                let err = (tf - r.tflops) / r.tflops;
-                errors.push(err.abs());
-                let sch = if sch == Schedule::Interleaved {
-                    format!("i{v}")
+        match predict_row(r, &graph, &cluster)? {
+            Some(p) => {
+                errors.push(p.error.abs());
+                let sch = if p.schedule == Schedule::Interleaved {
+                    format!("i{}", p.virtual_stages)
                 } else {
                     "1f1b".into()
                 };
@@ -221,12 +91,12 @@ fn cost_model() -> anyhow::Result<()> {
                     r.model,
                     r.gpus,
                     format!("{}/{}/{}", r.tp, r.pp, r.dp),
-                    mb,
+                    p.micro_batch,
                     sch,
-                    t,
-                    r.tflops,
-                    tf,
-                    100.0 * err
+                    p.iteration_time_s,
+                    r.tflops_per_gpu,
+                    p.tflops_per_gpu,
+                    100.0 * p.error
                 );
             }
             None => {
@@ -270,6 +140,7 @@ fn estimate_speed() -> anyhow::Result<()> {
         sequence_parallel: true,
         precision: Precision::Bf16,
         stage_layers: None,
+        attention: Default::default(),
     };
     let runs = 200;
     let mut times = Vec::with_capacity(runs);

@@ -58,6 +58,10 @@ pub struct StrategyArgs {
     /// Numeric precision: fp32, bf16, fp16 or fp8 [default: bf16].
     #[arg(long)]
     pub precision: Option<Precision>,
+    /// Attention kernel: materialized (scores in memory, as plait's kernels do) or fused
+    /// (FlashAttention) [default: materialized].
+    #[arg(long)]
+    pub attention: Option<planner::cost::compute::AttentionKernel>,
     /// Decoder layers per pipeline stage, comma-separated (default: as even as possible).
     #[arg(long, value_delimiter = ',')]
     pub stage_layers: Option<Vec<u32>>,
@@ -106,6 +110,7 @@ impl StrategyArgs {
             sequence_parallel: self.sequence_parallel == Some(Switch::On),
             precision: self.precision.unwrap_or(Precision::Bf16),
             stage_layers: self.stage_layers.clone(),
+            attention: self.attention.unwrap_or_default(),
         })
     }
 }

@@ -14,6 +14,7 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
         g: Graph::new(spec.name.clone()),
         dtype,
         layer: None,
+        dropouts: 0,
     };
     b.g.block_name = Some(BLOCK_NAME.into());
     let tokens = Shape::of(&[Dim::Sym(Sym::Batch), Dim::Sym(Sym::Seq)]);
@@ -50,6 +51,7 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
         )?;
         let pe = b.op(OpKind::Embedding, vec![wpe, pos])?;
         x = b.op(OpKind::Add, vec![x, pe])?;
+        x = b.dropout(spec, x)?;
     }
     for layer in 0..spec.layers {
         b.layer = Some(layer as u32);
@@ -79,6 +81,7 @@ struct Builder {
     g: Graph,
     dtype: DType,
     layer: Option<u32>,
+    dropouts: u64,
 }
 
 impl Builder {
@@ -93,6 +96,22 @@ impl Builder {
     fn op(&mut self, kind: OpKind, inputs: Vec<ValueId>) -> Result<ValueId, BuildError> {
         let r = self.g.push_op(kind, inputs, self.layer)?;
         Ok(r[0])
+    }
+
+    /// Dropout with a seed unique to this op, so masks differ between ops and layers.
+    fn dropout(&mut self, spec: &ModelSpec, x: ValueId) -> Result<ValueId, BuildError> {
+        if spec.dropout <= 0.0 {
+            return Ok(x);
+        }
+        self.dropouts += 1;
+        let seed = self.dropouts;
+        self.op(
+            OpKind::Dropout {
+                p: spec.dropout,
+                seed,
+            },
+            vec![x],
+        )
     }
 
     fn linear(
@@ -150,11 +169,13 @@ impl Builder {
             parts,
         )?;
         let proj = self.linear(&format!("{p}.attn.c_proj"), attn, h, h, true)?;
+        let proj = self.dropout(spec, proj)?;
         let x = self.op(OpKind::Add, vec![x, proj])?;
         let m = self.layernorm(&format!("{p}.ln_2"), spec, x)?;
         let up = self.linear(&format!("{p}.mlp.c_fc"), m, h, f, true)?;
         let act = self.op(OpKind::Gelu { tanh: true }, vec![up])?;
         let down = self.linear(&format!("{p}.mlp.c_proj"), act, f, h, true)?;
+        let down = self.dropout(spec, down)?;
         self.op(OpKind::Add, vec![x, down])
     }
 

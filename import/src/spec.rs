@@ -46,6 +46,9 @@ pub struct ModelSpec {
     pub experts_per_token: u64,
     /// Sequence length used when the user gives none.
     pub default_seq: u64,
+    /// Dropout probability on the embedding output and after each attention and MLP block
+    /// (GPT-2's embd_pdrop / resid_pdrop); 0 disables it. Llama-family models train without.
+    pub dropout: f64,
 }
 
 impl ModelSpec {

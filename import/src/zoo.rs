@@ -24,6 +24,8 @@ fn gpt(name: &str, layers: u64, hidden: u64, heads: u64, vocab: u64, positions: 
         experts: 0,
         experts_per_token: 0,
         default_seq: positions,
+        // GPT-2 (Radford et al. 2019) and Megatron-LM's GPT train with dropout 0.1.
+        dropout: 0.1,
     }
 }
 
@@ -56,6 +58,7 @@ fn llama(
         experts: 0,
         experts_per_token: 0,
         default_seq: seq,
+        dropout: 0.0,
     }
 }
 

@@ -1,1 +1,63 @@
-//! kernels: see docs/architecture.md.
+//! plait's fast CPU kernels: forward and backward of every IR op in f32, a multi-threaded
+//! matmul, and AdamW — each checked against `ir::interp`, the f64 reference interpreter.
+//!
+//! The runtime calls three functions on local shard shapes:
+//! - [`forward`]`(kind, inputs, binding)` — one tensor per result, like `ir::interp::apply`;
+//!   `Grad` and `AdamW` ops run through it too.
+//! - [`backward`]`(kind, xs, dys)` — one gradient per operand (`None` for ids and targets),
+//!   like `ir::interp::vjp`.
+//! - [`adamw`]`(cfg, param, grad, m, v, step)` — the optimizer update in place.
+//!
+//! Semantics are the interpreter's exactly, including its conventions (fully masked softmax
+//! rows are zero, top-k ties go to the lower expert, dropout's mask is
+//! `ir::interp::dropout_keep`). Numerics: f32 storage; matrix products accumulate in f32
+//! inside sgemm; pointwise ops compute in f64 and round once; every reduction (softmax and
+//! norm statistics, cross-entropy, bias/broadcast/embedding gradient sums) accumulates in f64,
+//! so results do not depend on how a reduction was split across devices beyond f32 rounding.
+//! [`exec::evaluate`] runs a whole graph on the kernels.
+
+mod attention;
+mod backward;
+mod dropout;
+mod elementwise;
+mod embedding;
+mod error;
+pub mod exec;
+mod forward;
+mod gemm;
+mod layout;
+mod loss;
+mod matmul;
+mod moe;
+mod norm;
+mod optim;
+mod reduce;
+mod rotary;
+mod shape;
+mod softmax;
+mod tensor;
+
+pub use backward::backward;
+pub use error::KernelError;
+pub use forward::forward;
+pub use optim::adamw;
+pub use tensor::Tensor32;
+
+/// `c[m,n] = a[m,k] · b[k,n]`, all row-major and contiguous: the fast matmul on its own, for
+/// benchmarks and callers outside the op set.
+pub fn sgemm(
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(), KernelError> {
+    gemm::gemm(
+        1.0,
+        gemm::Mat::rm(a, 0, m, k),
+        gemm::Mat::rm(b, 0, k, n),
+        0.0,
+        gemm::MatMut::rm(c, 0, m, n),
+    )
+}

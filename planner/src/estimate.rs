@@ -114,12 +114,17 @@ pub fn estimate(
     s: &Strategy,
 ) -> Result<Estimate, PlanError> {
     s.validate(info, gpus)?;
-    let device = Device::new(cluster, s.precision).ok_or_else(|| {
-        PlanError::invalid(format!(
-            "{} has no {} support (its cluster file lists no peak for it)",
-            cluster.gpu.name, s.precision
-        ))
-    })?;
+    let score_dropout = info
+        .layer_ops
+        .iter()
+        .any(|&o| matches!(info.graph.op(o).kind, OpKind::Dropout { p, .. } if p > 0.0));
+    let device =
+        Device::new(cluster, s.precision, s.attention, score_dropout).ok_or_else(|| {
+            PlanError::invalid(format!(
+                "{} has no {} support (its cluster file lists no peak for it)",
+                cluster.gpu.name, s.precision
+            ))
+        })?;
     let g = info.graph;
     let (tp, pp, dp) = (u64::from(s.tp), u64::from(s.pp), u64::from(s.dp));
     let m = mesh(cluster, tp, dp, pp);
@@ -180,6 +185,8 @@ pub fn estimate(
     let (mut layer_fwd, mut layer_bwd) = (layer.fwd_total(), layer.bwd_total());
     let mut zero3_exposed_per_layer = 0.0;
     if s.zero == 3 && dp > 1 {
+        // A layer's parameters are gathered (and its gradients reduce-scattered) as one flat
+        // buffer, as FSDP's flat parameters and DeepSpeed's coalesced gathers do.
         let ag = collective_time(cluster, &m.dp, Collective::AllGather, layer_param_bytes);
         let rs = collective_time(cluster, &m.dp, Collective::ReduceScatter, layer_param_bytes);
         let regathers = if s.recompute == Recompute::Full {

@@ -3,6 +3,7 @@
 //! [`estimate::estimate`] predicts the iteration time and per-rank memory of one [`Strategy`]
 //! for a model's IR graph on a [`hardware::Cluster`].
 
+pub mod calibration;
 pub mod cost;
 pub mod error;
 pub mod estimate;

@@ -80,6 +80,9 @@ pub struct Strategy {
     pub virtual_stages: u32,
     pub sequence_parallel: bool,
     pub precision: Precision,
+    /// Attention kernel the runtime uses (not a parallelization choice; default materialized).
+    #[serde(default)]
+    pub attention: crate::cost::compute::AttentionKernel,
     /// Decoder layers per pipeline stage (per virtual stage when interleaved), if not even.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_layers: Option<Vec<u32>>,
@@ -129,7 +132,10 @@ impl Strategy {
         if self.micro_batch == 0 || self.global_batch == 0 || self.seq == 0 {
             return err("micro-batch, global batch and sequence length must be positive".into());
         }
-        if self.global_batch % (u64::from(self.dp) * self.micro_batch) != 0 {
+        if !self
+            .global_batch
+            .is_multiple_of(u64::from(self.dp) * self.micro_batch)
+        {
             return err(format!(
                 "global batch {} must be divisible by dp x micro-batch = {} x {} = {}",
                 self.global_batch,
@@ -138,13 +144,15 @@ impl Strategy {
                 u64::from(self.dp) * self.micro_batch
             ));
         }
-        if model.heads % u64::from(self.tp) != 0 {
+        if !model.heads.is_multiple_of(u64::from(self.tp)) {
             return err(format!(
                 "attention heads {} are not divisible by tp {}",
                 model.heads, self.tp
             ));
         }
-        if model.kv_heads % u64::from(self.tp) != 0 && u64::from(self.tp) % model.kv_heads != 0 {
+        if !model.kv_heads.is_multiple_of(u64::from(self.tp))
+            && u64::from(self.tp) % model.kv_heads != 0
+        {
             return err(format!(
                 "key/value heads {} and tp {} must divide one another",
                 model.kv_heads, self.tp
@@ -172,7 +180,7 @@ impl Strategy {
             if self.virtual_stages < 2 {
                 return err("the interleaved schedule needs --virtual-stages >= 2".into());
             }
-            if self.micro_batches() % u64::from(self.pp) != 0 {
+            if !self.micro_batches().is_multiple_of(u64::from(self.pp)) {
                 return err(format!(
                     "the interleaved schedule needs micro-batches ({}) divisible by pp ({})",
                     self.micro_batches(),
@@ -204,7 +212,7 @@ impl Strategy {
                 ));
             }
         }
-        if self.sequence_parallel && self.seq % u64::from(self.tp) != 0 {
+        if self.sequence_parallel && !self.seq.is_multiple_of(u64::from(self.tp)) {
             return err(format!(
                 "sequence parallelism needs seq {} divisible by tp {}",
                 self.seq, self.tp

@@ -123,6 +123,8 @@ fn gpt2(f: Fields<'_>, name: String) -> Result<ModelSpec, ConfigError> {
         experts: 0,
         experts_per_token: 0,
         default_seq: f.positive("n_positions")?,
+        // GPT2Config defaults: embd_pdrop = resid_pdrop = 0.1.
+        dropout: f.opt_probability("resid_pdrop")?.unwrap_or(0.1),
     })
 }
 
@@ -160,6 +162,7 @@ fn llama(f: Fields<'_>, name: String, family: Family) -> Result<ModelSpec, Confi
             0
         },
         default_seq: max_positions.min(4096),
+        dropout: 0.0,
     })
 }
 
@@ -245,6 +248,16 @@ impl Fields<'_> {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(v) => Err(self.wrong(field, "true or false", v)),
+        }
+    }
+
+    fn opt_probability(&self, field: &'static str) -> Result<Option<f64>, ConfigError> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if (0.0..1.0).contains(&x) => Ok(Some(x)),
+                _ => Err(self.wrong(field, "a probability in [0, 1)", v)),
+            },
         }
     }
 

@@ -4,10 +4,10 @@
 //! the levels it crosses: inside a node the NVLink/NVSwitch bandwidth per GPU; across nodes the
 //! node's NICs, shared by every GPU of the node that communicates at the same time (`sharing`).
 //! Ring algorithms (Patarasuk & Yuan 2009; NCCL): all-reduce moves 2(n−1)/n·S bytes per rank in
-//! 2(n−1) steps, reduce-scatter and all-gather (n−1)/n·S in n−1 steps. Hierarchical all-reduce
-//! (reduce-scatter in the node, all-reduce across nodes on S/per_node, all-gather in the node) is
-//! used for groups that span nodes with several members per node; the cheaper of ring and tree
-//! (log₂ n latency steps, 2·S per rank, NCCL's double binary tree) is taken for single-level groups.
+//! 2(n−1) steps, reduce-scatter and all-gather (n−1)/n·S in n−1 steps; all-reduce may also use a
+//! tree (2·S per rank, 2·log₂ n latency steps, NCCL's double binary tree), whichever is cheaper.
+//! A group that spans nodes runs at the bandwidth of its slowest hop, the network, where every
+//! GPU of a node that communicates at the same time gets an equal share of the node's NICs.
 
 use serde::Serialize;
 
@@ -62,10 +62,7 @@ fn levels(c: &Cluster, g: &Group) -> Levels {
                 f64::from(l.nics_per_node.unwrap_or(1)) * l.nic_gb_per_s.unwrap_or(0.0) * 1e9;
             // GPUs of a node that talk across the network at once split the node's NICs.
             let users = (g.per_node * g.sharing).clamp(1, u64::from(c.gpus_per_node)) as f64;
-            (
-                node_bw * l.efficiency / users * g.per_node as f64,
-                l.latency_us * 1e-6,
-            )
+            (node_bw * l.efficiency / users, l.latency_us * 1e-6)
         })
         .unwrap_or((intra_bw, intra_lat));
     Levels {
@@ -96,47 +93,12 @@ pub fn collective_time(c: &Cluster, g: &Group, kind: Collective, bytes: f64) -> 
     if g.nodes <= 1 {
         return single_level(kind, nf, bytes, lv.intra_bw, lv.intra_lat);
     }
-    if g.per_node <= 1 {
-        // One member per node: the group's bandwidth is the member's share of its node's NICs.
-        let bw = lv.inter_bw.min(lv.intra_bw);
-        return single_level(kind, nf, bytes, bw, lv.inter_lat);
-    }
-    // Hierarchical: intra-node phase, inter-node phase on 1/per_node of the data, intra-node phase.
-    let pn = g.per_node as f64;
-    let nodes = g.nodes as f64;
-    // Each GPU carries its 1/per_node slice across the network; the node's NICs are shared by the
-    // per_node·sharing GPUs that communicate (already folded into inter_bw, which is the node's
-    // bandwidth for this group's per_node members together).
-    let inter_bw_per_gpu = lv.inter_bw / pn;
-    match kind {
-        Collective::AllReduce => {
-            single_level(
-                Collective::ReduceScatter,
-                pn,
-                bytes,
-                lv.intra_bw,
-                lv.intra_lat,
-            ) + single_level(
-                Collective::AllReduce,
-                nodes,
-                bytes / pn,
-                inter_bw_per_gpu,
-                lv.inter_lat,
-            ) + single_level(Collective::AllGather, pn, bytes, lv.intra_bw, lv.intra_lat)
-        }
-        // Reduce-scatter: inside the node on the whole buffer, then across nodes on the node's
-        // 1/per_node slice (all-gather is the same in reverse).
-        Collective::AllGather | Collective::ReduceScatter => {
-            single_level(kind, pn, bytes, lv.intra_bw, lv.intra_lat)
-                + single_level(kind, nodes, bytes / pn, inter_bw_per_gpu, lv.inter_lat)
-        }
-        Collective::AllToAll => {
-            // (n−1)/n of the data leaves each GPU; the part for other nodes crosses the network.
-            let remote = (nf - pn) / nf * bytes;
-            let local = (pn - 1.0) / nf * bytes;
-            remote / inter_bw_per_gpu + local / lv.intra_bw + (nf - 1.0) * lv.inter_lat
-        }
-    }
+    // A ring that spans nodes runs at the pace of its slowest hop: the network hop, where each
+    // GPU has its share of the node's NICs. Multi-channel and hierarchical algorithms can beat
+    // this; plait does not assume them (see docs/cost-model.md for why).
+    let bw = lv.inter_bw.min(lv.intra_bw);
+    let _ = nf;
+    single_level(kind, g.size as f64, bytes, bw, lv.inter_lat)
 }
 
 fn single_level(kind: Collective, n: f64, bytes: f64, bw: f64, lat: f64) -> f64 {

@@ -19,6 +19,50 @@ use crate::precision::Precision;
 
 const TILE: f64 = 128.0;
 
+/// Sustained bandwidth of memory-bound kernels relative to a plain device copy, by op class.
+///
+/// Measured with PyTorch 2.11 on an H200 (`bench/device/gpu_calibration.py`, results in
+/// `bench/device/results/h200-2026-11-29.json`, bf16 on [16384, 8192] activations, softmax on
+/// [8, 16, 2048, 2048]): copy 4.17 TB/s, add 4.29, GELU-tanh 3.49, dropout 2.97, LayerNorm 2.37,
+/// softmax 1.88. Normalizations and softmax reduce along rows and run well below streaming
+/// speed; the fractions are assumed to carry over to other NVIDIA GPUs, whose own streaming
+/// efficiency (`memory_efficiency` in the cluster file) they multiply.
+pub fn bandwidth_fraction(kind: &OpKind) -> f64 {
+    match kind {
+        OpKind::Gelu { .. }
+        | OpKind::Silu
+        | OpKind::Tanh
+        | OpKind::Sigmoid
+        | OpKind::Exp
+        | OpKind::Pow { .. } => GELU_FRACTION,
+        OpKind::LayerNorm { .. }
+        | OpKind::RmsNorm { .. }
+        | OpKind::ReduceMean
+        | OpKind::ReduceSum => NORM_FRACTION,
+        OpKind::Dropout { .. } => DROPOUT_FRACTION,
+        OpKind::Softmax { .. } | OpKind::CrossEntropy => SOFTMAX_FRACTION,
+        _ => 1.0,
+    }
+}
+
+/// Throughput of the GEMMs of transformer layers relative to the best-shaped GEMM (MAMF).
+///
+/// Measured on an H200 (same file as above): the 48 forward, data-gradient and weight-gradient
+/// GEMMs of the QKV, projection and two MLP linears of four GPT layers (h 2304 to 25600, tp 1
+/// to 8) ran at a harmonic mean of 712 TFLOP/s against 812 TFLOP/s for the best shape of a
+/// large sweep: 0.877 (range 0.77–0.97). MAMF figures in cluster files are best-shape figures,
+/// so this factor converts them to what a layer's GEMM mix sustains.
+pub const TRANSFORMER_GEMM_FRACTION: f64 = 712.0 / 812.0;
+
+/// GELU-tanh 3.49 TB/s over copy 4.17 TB/s (H200 measurement above).
+const GELU_FRACTION: f64 = 3.49 / 4.17;
+/// LayerNorm 2.37 / 4.17.
+const NORM_FRACTION: f64 = 2.37 / 4.17;
+/// Dropout 2.97 / 4.17.
+const DROPOUT_FRACTION: f64 = 2.97 / 4.17;
+/// Softmax 1.88 / 4.17.
+const SOFTMAX_FRACTION: f64 = 1.88 / 4.17;
+
 /// Forward and backward seconds of one op.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct OpTime {
@@ -61,10 +105,41 @@ pub fn tp_layout(g: &Graph, o: OpId, hidden: u64, sequence_parallel: bool) -> Tp
     }
 }
 
+/// How attention is computed.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKernel {
+    /// Scores are written to memory: q·kᵀ, (masked, scaled) softmax, dropout, then ·v, each a
+    /// kernel reading and writing the B·heads·S×S matrix (Megatron-LM 2021, plait's own kernels).
+    #[default]
+    Materialized,
+    /// One fused kernel that never stores the scores (FlashAttention, Dao et al. 2022).
+    Fused,
+}
+
+impl std::str::FromStr for AttentionKernel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "materialized" => Ok(AttentionKernel::Materialized),
+            "fused" => Ok(AttentionKernel::Fused),
+            _ => Err(format!(
+                "unknown attention kernel `{s}`; expected materialized or fused"
+            )),
+        }
+    }
+}
+
 /// The device a strategy runs on, with the numbers the roofline needs.
 #[derive(Clone, Copy, Debug)]
 pub struct Device<'c> {
     pub cluster: &'c Cluster,
+    pub attention: AttentionKernel,
+    /// Whether attention probabilities go through dropout (models trained with dropout).
+    pub score_dropout: bool,
     pub matmul_peak: f64,
     pub vector_peak: f64,
     pub hbm: f64,
@@ -72,10 +147,19 @@ pub struct Device<'c> {
 }
 
 impl<'c> Device<'c> {
-    pub fn new(cluster: &'c Cluster, precision: Precision) -> Option<Device<'c>> {
+    pub fn new(
+        cluster: &'c Cluster,
+        precision: Precision,
+        attention: AttentionKernel,
+        score_dropout: bool,
+    ) -> Option<Device<'c>> {
         Some(Device {
             cluster,
-            matmul_peak: cluster.peak_flops(precision)? * cluster.gpu.matmul_efficiency,
+            attention,
+            score_dropout,
+            matmul_peak: cluster.peak_flops(precision)?
+                * cluster.gpu.matmul_efficiency
+                * TRANSFORMER_GEMM_FRACTION,
             vector_peak: cluster.peak_flops(Precision::Fp32)?,
             hbm: cluster.hbm_bytes_per_s(),
             launch: cluster.gpu.launch_overhead_us * 1e-6,
@@ -96,12 +180,19 @@ impl<'c> Device<'c> {
         tile * wave
     }
 
-    fn roofline(&self, flops: f64, bytes: f64, matmul_eff: Option<f64>, act_scale: f64) -> f64 {
+    fn roofline(
+        &self,
+        flops: f64,
+        bytes: f64,
+        matmul_eff: Option<f64>,
+        act_scale: f64,
+        bw_fraction: f64,
+    ) -> f64 {
         let compute = match matmul_eff {
             Some(e) => flops / (self.matmul_peak * e),
             None => flops / self.vector_peak,
         };
-        compute.max(bytes * act_scale / self.hbm) + self.launch
+        compute.max(bytes * act_scale / (self.hbm * bw_fraction)) + self.launch
     }
 
     /// Time of op `o` at binding `b` with a tensor-parallel degree `tp`.
@@ -130,14 +221,36 @@ impl<'c> Device<'c> {
         let eff = self.matmul_shape(g, o, b, tp, layout);
         let fwd_flops = c.fwd_flops / split;
         let bwd_flops = c.bwd_flops / split;
-        OpTime {
-            fwd: self.roofline(fwd_flops, c.fwd_bytes() / split, eff, act_scale),
+        let frac = bandwidth_fraction(&op.kind);
+        let mut t = OpTime {
+            fwd: self.roofline(fwd_flops, c.fwd_bytes() / split, eff, act_scale, frac),
             // A backward of a product op is two GEMMs (two launches).
-            bwd: self.roofline(bwd_flops, c.bwd_bytes() / split, eff, act_scale)
+            bwd: self.roofline(bwd_flops, c.bwd_bytes() / split, eff, act_scale, frac)
                 + if eff.is_some() { self.launch } else { 0.0 },
             fwd_flops,
             bwd_flops,
+        };
+        if let (OpKind::Attention { heads, .. }, AttentionKernel::Materialized) =
+            (&op.kind, self.attention)
+        {
+            // The score matrix makes round trips through HBM as separate, memory-bound kernels:
+            // q·kᵀ writes it, softmax reads and writes it, p·v reads it (4 element passes);
+            // with dropout, dropout reads and writes it and writes a 1-byte mask (+2 passes,
+            // +1 byte). The backward makes twice the passes (gradients of each step).
+            let q = g.ty(op.inputs[0]).shape.eval(b);
+            let k = g.ty(op.inputs[1]).shape.eval(b);
+            let scores = (q[0] * heads * q[1] * k[1]) as f64 / split;
+            let elem = g.ty(op.inputs[0]).dtype.size_bytes() as f64 * act_scale;
+            // Streaming passes (the products' write and read), softmax passes, dropout passes,
+            // each at its measured kernel bandwidth.
+            let mut secs = 2.0 * elem / self.hbm + 2.0 * elem / (self.hbm * SOFTMAX_FRACTION);
+            if self.score_dropout {
+                secs += (2.0 * elem + 1.0) / (self.hbm * DROPOUT_FRACTION);
+            }
+            t.fwd += scores * secs + 3.0 * self.launch;
+            t.bwd += 2.0 * scores * secs + 3.0 * self.launch;
         }
+        t
     }
 
     /// The shape efficiency of a product op after the TP split, or `None` for other ops.

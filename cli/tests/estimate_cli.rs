@@ -1,0 +1,267 @@
+//! `plait estimate` through the command line: the JSON contract, exit codes, messages.
+
+use std::process::Command;
+
+fn plait(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_plait"))
+        .args(args)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        stderr,
+    )
+}
+
+const BASE: [&str; 8] = [
+    "estimate",
+    "gpt-7.5b",
+    "--cluster",
+    "dgx-a100-80gb",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "512",
+];
+
+#[test]
+fn json_has_the_contract_fields() {
+    let mut args = BASE.to_vec();
+    args.extend([
+        "--tp",
+        "4",
+        "--pp",
+        "2",
+        "--dp",
+        "8",
+        "--micro-batch",
+        "2",
+        "--json",
+    ]);
+    let (code, out, err) = plait(&args);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    for k in [
+        "tp",
+        "pp",
+        "dp",
+        "micro_batch",
+        "global_batch",
+        "seq",
+        "zero",
+        "recompute",
+        "schedule",
+        "virtual_stages",
+        "sequence_parallel",
+        "precision",
+    ] {
+        assert!(!v["strategy"][k].is_null(), "strategy.{k}");
+    }
+    for k in [
+        "iteration_time_s",
+        "tokens_per_s",
+        "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu",
+        "mfu",
+        "peak_memory_bytes",
+    ] {
+        assert!(
+            v["predicted"][k].as_f64().is_some_and(|x| x > 0.0),
+            "predicted.{k}"
+        );
+    }
+    assert!(v["predicted"]["fits"].is_boolean());
+    for k in ["weights", "grads", "optimizer", "activations", "other"] {
+        assert!(v["predicted"]["memory"][k].as_f64().is_some(), "memory.{k}");
+    }
+    for k in [
+        "compute",
+        "tp_comm",
+        "pp_comm",
+        "dp_comm",
+        "bubble",
+        "optimizer",
+    ] {
+        assert!(v["predicted"]["time"][k].as_f64().is_some(), "time.{k}");
+    }
+    // Defaults: ZeRO 0, no recompute, 1F1B, SP off, bf16.
+    assert_eq!(v["strategy"]["zero"], 0);
+    assert_eq!(v["strategy"]["recompute"], "none");
+    assert_eq!(v["strategy"]["schedule"], "1f1b");
+    assert_eq!(v["strategy"]["sequence_parallel"], false);
+    assert_eq!(v["strategy"]["precision"], "bf16");
+}
+
+#[test]
+fn a_strategy_that_does_not_fit_still_prints_and_exits_zero() {
+    let (code, out, err) = plait(&[
+        "estimate",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--dp",
+        "1",
+        "--micro-batch",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["predicted"]["fits"], false);
+}
+
+fn invalid(extra: &[&str], fragment: &str) {
+    let mut args = BASE.to_vec();
+    args.extend_from_slice(extra);
+    let (code, _, err) = plait(&args);
+    assert_eq!(code, 2, "{extra:?}: {err}");
+    assert!(
+        err.contains(fragment),
+        "{extra:?}: `{err}` lacks `{fragment}`"
+    );
+}
+
+#[test]
+fn invalid_strategies_exit_2_naming_the_constraint() {
+    invalid(
+        &["--tp", "4", "--pp", "2", "--dp", "4", "--micro-batch", "1"],
+        "tp x pp x dp = 4 x 2 x 4 = 32 must equal --gpus 64",
+    );
+    invalid(
+        &["--tp", "64", "--pp", "1", "--dp", "1", "--micro-batch", "1"],
+        "heads 32 are not divisible by tp 64",
+    );
+    invalid(
+        &["--tp", "1", "--pp", "64", "--dp", "1", "--micro-batch", "1"],
+        "36 layers cannot fill",
+    );
+    invalid(
+        &["--tp", "1", "--pp", "1", "--dp", "64", "--micro-batch", "3"],
+        "global batch 512 must be divisible",
+    );
+    invalid(
+        &[
+            "--tp",
+            "8",
+            "--pp",
+            "1",
+            "--dp",
+            "8",
+            "--micro-batch",
+            "1",
+            "--zero",
+            "5",
+        ],
+        "ZeRO stage 5 does not exist",
+    );
+    invalid(
+        &[
+            "--tp",
+            "8",
+            "--pp",
+            "1",
+            "--dp",
+            "8",
+            "--micro-batch",
+            "1",
+            "--schedule",
+            "interleaved",
+        ],
+        "interleaved schedule needs pp >= 2",
+    );
+    invalid(
+        &["--tp", "8", "--pp", "1", "--dp", "8"],
+        "estimate needs --micro-batch",
+    );
+    invalid(
+        &[
+            "--tp",
+            "8",
+            "--pp",
+            "1",
+            "--dp",
+            "8",
+            "--micro-batch",
+            "1",
+            "--precision",
+            "fp64",
+        ],
+        "unknown precision",
+    );
+}
+
+#[test]
+fn unknown_cluster_lists_the_presets() {
+    let (code, _, err) = plait(&[
+        "estimate",
+        "gpt2",
+        "--cluster",
+        "dgx-z9000",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "8",
+        "--micro-batch",
+        "1",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("dgx-a100-80gb") && err.contains("dgx-z9000"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_broken_cluster_file_names_the_field() {
+    let dir = std::env::temp_dir().join(format!("plait-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("bad.toml");
+    std::fs::write(
+        &p,
+        "name = \"x\"\ngpus_per_node = 8\n[gpu]\nname = \"g\"\nsm_count = 1\nlaunch_overhead_us = 1\nmemory_gib = 80\n\
+         hbm_gb_per_s = 1000\nmatmul_efficiency = 1.5\nmemory_efficiency = 0.9\n[gpu.peak_tflops]\nfp32 = 10\n\
+         [[link]]\nname = \"nv\"\nscope = \"node\"\ngb_per_s = 100\nlatency_us = 1\nefficiency = 0.5\n",
+    )
+    .unwrap();
+    let ps = p.to_string_lossy().to_string();
+    let (code, _, err) = plait(&[
+        "estimate",
+        "gpt2",
+        "--cluster",
+        &ps,
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "8",
+        "--micro-batch",
+        "1",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("gpu.matmul_efficiency") && err.contains(&ps),
+        "{err}"
+    );
+}

@@ -1,0 +1,232 @@
+//! Scaled dot-product `Attention` with grouped-query heads and an optional causal mask.
+//!
+//! Per (batch, query head) the scores S = scale·Q Kᵀ and the output P V are two gemms on
+//! strided views of the `[B, S, heads·d]` operands (no head-major copies); the softmax runs on
+//! one `[Sq, Sk]` scratch matrix reused across heads.
+
+use crate::gemm::{Mat, MatMut, gemm};
+use crate::shape::{attr_usize, expect_shape};
+use crate::softmax::{softmax_row, softmax_row_vjp_in_place, visible_keys};
+use crate::{KernelError, Tensor32};
+
+const OP: &str = "attention";
+
+/// The attention op's attributes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Attention {
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub scale: f64,
+    pub causal: bool,
+}
+
+/// Sizes of one call: q is `[b, sq, heads·d]`, k and v are `[b, sk, kv·d]`.
+struct Layout {
+    b: usize,
+    sq: usize,
+    sk: usize,
+    heads: usize,
+    kv: usize,
+    d: usize,
+}
+
+fn rank3(what: &'static str, t: &Tensor32) -> Result<[usize; 3], KernelError> {
+    <[usize; 3]>::try_from(t.shape.as_slice()).map_err(|_| KernelError::Shape {
+        op: OP,
+        what,
+        got: t.shape.clone(),
+        want: "[B, S, heads*d]".into(),
+    })
+}
+
+impl Layout {
+    fn new(a: &Attention, q: &Tensor32, k: &Tensor32, v: &Tensor32) -> Result<Layout, KernelError> {
+        let (heads, kv) = (attr_usize(OP, a.heads)?, attr_usize(OP, a.kv_heads)?);
+        if heads == 0 || kv == 0 || heads % kv != 0 {
+            return Err(KernelError::Attribute {
+                op: OP,
+                reason: format!("heads {heads} must be a positive multiple of kv_heads {kv}"),
+            });
+        }
+        let [b, sq, qw] = rank3("query", q)?;
+        let [_, sk, _] = rank3("key", k)?;
+        if qw % heads != 0 {
+            return Err(KernelError::Shape {
+                op: OP,
+                what: "query",
+                got: q.shape.clone(),
+                want: format!("a width divisible by {heads} heads"),
+            });
+        }
+        let d = qw / heads;
+        expect_shape(OP, "key", k, &[b, sk, kv * d])?;
+        expect_shape(OP, "value", v, &[b, sk, kv * d])?;
+        Ok(Layout {
+            b,
+            sq,
+            sk,
+            heads,
+            kv,
+            d,
+        })
+    }
+
+    /// Query head `h` of batch `b`: a `[sq, d]` view of q (or of anything shaped like q).
+    fn q_head<'a>(&self, data: &'a [f32], b: usize, h: usize) -> Mat<'a> {
+        let w = self.heads * self.d;
+        Mat {
+            data,
+            offset: b * self.sq * w + h * self.d,
+            rows: self.sq,
+            cols: self.d,
+            rs: w,
+            cs: 1,
+        }
+    }
+
+    fn q_head_mut<'a>(&self, data: &'a mut [f32], b: usize, h: usize) -> MatMut<'a> {
+        let w = self.heads * self.d;
+        MatMut {
+            data,
+            offset: b * self.sq * w + h * self.d,
+            rows: self.sq,
+            cols: self.d,
+            rs: w,
+            cs: 1,
+        }
+    }
+
+    /// The kv head that query head `h` reads, of batch `b`: a `[sk, d]` view.
+    fn kv_head<'a>(&self, data: &'a [f32], b: usize, h: usize) -> Mat<'a> {
+        let w = self.kv * self.d;
+        let group = h / (self.heads / self.kv);
+        Mat {
+            data,
+            offset: b * self.sk * w + group * self.d,
+            rows: self.sk,
+            cols: self.d,
+            rs: w,
+            cs: 1,
+        }
+    }
+
+    fn kv_head_mut<'a>(&self, data: &'a mut [f32], b: usize, h: usize) -> MatMut<'a> {
+        let w = self.kv * self.d;
+        let group = h / (self.heads / self.kv);
+        MatMut {
+            data,
+            offset: b * self.sk * w + group * self.d,
+            rows: self.sk,
+            cols: self.d,
+            rs: w,
+            cs: 1,
+        }
+    }
+}
+
+impl Attention {
+    /// The probabilities P = softmax(scale·Q Kᵀ) of (batch `b`, head `h`) into `p` `[sq, sk]`.
+    fn probs(
+        &self,
+        l: &Layout,
+        q: &Tensor32,
+        k: &Tensor32,
+        b: usize,
+        h: usize,
+        p: &mut [f32],
+    ) -> Result<(), KernelError> {
+        gemm(
+            self.scale as f32,
+            l.q_head(&q.data, b, h),
+            l.kv_head(&k.data, b, h).t(),
+            0.0,
+            MatMut::rm(p, 0, l.sq, l.sk),
+        )?;
+        if l.sk > 0 {
+            for (i, row) in p.chunks_exact_mut(l.sk).enumerate() {
+                softmax_row(row, visible_keys(i, l.sq, l.sk, self.causal));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn forward(
+        &self,
+        q: &Tensor32,
+        k: &Tensor32,
+        v: &Tensor32,
+    ) -> Result<Tensor32, KernelError> {
+        let l = Layout::new(self, q, k, v)?;
+        let mut out = Tensor32::zeros(&q.shape)?;
+        let mut p = vec![0f32; l.sq * l.sk];
+        for b in 0..l.b {
+            for h in 0..l.heads {
+                self.probs(&l, q, k, b, h, &mut p)?;
+                gemm(
+                    1.0,
+                    Mat::rm(&p, 0, l.sq, l.sk),
+                    l.kv_head(&v.data, b, h),
+                    0.0,
+                    l.q_head_mut(&mut out.data, b, h),
+                )?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// With P the probabilities and dO the output gradient, per (batch, head):
+    /// dV += Pᵀ dO, dP = dO Vᵀ, dS = softmax'(dP), dQ = scale·dS K, dK += scale·dSᵀ Q.
+    /// Query heads sharing a kv head accumulate into the same dK/dV columns.
+    pub(crate) fn vjp(
+        &self,
+        q: &Tensor32,
+        k: &Tensor32,
+        v: &Tensor32,
+        g: &Tensor32,
+    ) -> Result<[Tensor32; 3], KernelError> {
+        let l = Layout::new(self, q, k, v)?;
+        expect_shape(OP, "output gradient", g, &q.shape)?;
+        let mut dq = Tensor32::zeros(&q.shape)?;
+        let mut dk = Tensor32::zeros(&k.shape)?;
+        let mut dv = Tensor32::zeros(&v.shape)?;
+        let mut p = vec![0f32; l.sq * l.sk];
+        let mut ds = vec![0f32; l.sq * l.sk];
+        let scale = self.scale as f32;
+        for b in 0..l.b {
+            for h in 0..l.heads {
+                self.probs(&l, q, k, b, h, &mut p)?;
+                let go = l.q_head(&g.data, b, h);
+                let pm = Mat::rm(&p, 0, l.sq, l.sk);
+                gemm(1.0, pm.t(), go, 1.0, l.kv_head_mut(&mut dv.data, b, h))?;
+                gemm(
+                    1.0,
+                    go,
+                    l.kv_head(&v.data, b, h).t(),
+                    0.0,
+                    MatMut::rm(&mut ds, 0, l.sq, l.sk),
+                )?;
+                if l.sk > 0 {
+                    for (pr, dr) in p.chunks_exact(l.sk).zip(ds.chunks_exact_mut(l.sk)) {
+                        softmax_row_vjp_in_place(pr, dr);
+                    }
+                }
+                let dsm = Mat::rm(&ds, 0, l.sq, l.sk);
+                gemm(
+                    scale,
+                    dsm,
+                    l.kv_head(&k.data, b, h),
+                    0.0,
+                    l.q_head_mut(&mut dq.data, b, h),
+                )?;
+                gemm(
+                    scale,
+                    dsm.t(),
+                    l.q_head(&q.data, b, h),
+                    1.0,
+                    l.kv_head_mut(&mut dk.data, b, h),
+                )?;
+            }
+        }
+        Ok([dq, dk, dv])
+    }
+}

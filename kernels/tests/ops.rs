@@ -1,0 +1,369 @@
+//! Every op kind against the reference interpreter: random small instances, forward and
+//! backward, f32 kernels vs f64 reference within 1e-4 (tensor-wise relative).
+
+mod common;
+
+use common::{check, ids, positive, rand};
+use ir::testing::Rng;
+use ir::{Dim, OpKind, Sym};
+
+const SEEDS: [u64; 3] = [1, 2, 3];
+
+/// Runs `body` for each seed and reports the worst error of the op family.
+fn each_seed(name: &str, mut body: impl FnMut(&mut Rng) -> f64) {
+    let worst = SEEDS
+        .iter()
+        .map(|&s| body(&mut Rng::new(s)))
+        .fold(0.0, f64::max);
+    eprintln!("{name}: worst relative error {worst:.2e}");
+}
+
+#[test]
+fn unary() {
+    let kinds = [
+        OpKind::Neg,
+        OpKind::Exp,
+        OpKind::Tanh,
+        OpKind::Sigmoid,
+        OpKind::Pow { exponent: 2.0 },
+        OpKind::Pow { exponent: 3.0 },
+        OpKind::Scale { factor: -0.37 },
+        OpKind::Gelu { tanh: false },
+        OpKind::Gelu { tanh: true },
+        OpKind::Silu,
+    ];
+    for kind in kinds {
+        each_seed(kind.mnemonic(), |rng| {
+            check(kind.mnemonic(), &kind, &[rand(rng, &[3, 4, 5])], rng)
+        });
+    }
+    // Domain-restricted functions on positive inputs.
+    for kind in [
+        OpKind::Sqrt,
+        OpKind::Rsqrt,
+        OpKind::Pow { exponent: 0.5 },
+        OpKind::Pow { exponent: -1.5 },
+    ] {
+        each_seed(kind.mnemonic(), |rng| {
+            check(kind.mnemonic(), &kind, &[positive(rng, &[4, 6], 0.5)], rng)
+        });
+    }
+}
+
+#[test]
+fn binary_with_broadcasting() {
+    let shapes: [(&[usize], &[usize]); 6] = [
+        (&[3, 4, 5], &[3, 4, 5]),
+        (&[3, 4, 5], &[5]),
+        (&[5], &[3, 4, 5]),
+        (&[3, 1, 5], &[4, 1]),
+        (&[1, 4, 1], &[3, 4, 5]),
+        (&[2, 3], &[]),
+    ];
+    for kind in [OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div] {
+        each_seed(kind.mnemonic(), |rng| {
+            shapes
+                .iter()
+                .map(|(a, b)| {
+                    let x = rand(rng, a);
+                    // Keep divisors away from 0.
+                    let y = if kind == OpKind::Div {
+                        positive(rng, b, 0.5)
+                    } else {
+                        rand(rng, b)
+                    };
+                    check(kind.mnemonic(), &kind, &[x, y], rng)
+                })
+                .fold(0.0, f64::max)
+        });
+    }
+}
+
+#[test]
+fn embedding() {
+    each_seed("embedding", |rng| {
+        // 5 rows, 12 ids: rows repeat, so the gradient scatter-adds.
+        let ids = ids(rng, &[3, 4], 5);
+        check(
+            "embedding",
+            &OpKind::Embedding,
+            &[rand(rng, &[5, 6]), ids],
+            rng,
+        )
+    });
+}
+
+#[test]
+fn matmul_batched_and_broadcast() {
+    let shapes: [(&[usize], &[usize]); 5] = [
+        (&[4, 5], &[5, 6]),
+        (&[2, 3, 4, 5], &[5, 6]),
+        (&[2, 4, 5], &[2, 5, 6]),
+        (&[2, 1, 4, 5], &[3, 5, 6]),
+        (&[4, 5], &[3, 5, 2]),
+    ];
+    each_seed("matmul", |rng| {
+        shapes
+            .iter()
+            .map(|(a, b)| {
+                check(
+                    "matmul",
+                    &OpKind::MatMul,
+                    &[rand(rng, a), rand(rng, b)],
+                    rng,
+                )
+            })
+            .fold(0.0, f64::max)
+    });
+}
+
+#[test]
+fn linear() {
+    each_seed("linear", |rng| {
+        let x = rand(rng, &[2, 3, 7]);
+        let w = rand(rng, &[7, 5]);
+        let b = rand(rng, &[5]);
+        let e1 = check(
+            "linear",
+            &OpKind::Linear { bias: false },
+            &[x.clone(), w.clone()],
+            rng,
+        );
+        let e2 = check(
+            "linear+bias",
+            &OpKind::Linear { bias: true },
+            &[x, w, b],
+            rng,
+        );
+        e1.max(e2)
+    });
+}
+
+#[test]
+fn reductions() {
+    for kind in [OpKind::ReduceMean, OpKind::ReduceSum] {
+        each_seed(kind.mnemonic(), |rng| {
+            check(kind.mnemonic(), &kind, &[rand(rng, &[3, 4, 9])], rng)
+        });
+    }
+}
+
+#[test]
+fn norms() {
+    each_seed("layernorm", |rng| {
+        let ops = [rand(rng, &[2, 3, 8]), rand(rng, &[8]), rand(rng, &[8])];
+        check("layernorm", &OpKind::LayerNorm { eps: 1e-5 }, &ops, rng)
+    });
+    each_seed("rmsnorm", |rng| {
+        let ops = [rand(rng, &[2, 3, 8]), rand(rng, &[8])];
+        check("rmsnorm", &OpKind::RmsNorm { eps: 1e-6 }, &ops, rng)
+    });
+}
+
+#[test]
+fn softmax_plain_and_causal() {
+    for causal in [false, true] {
+        let kind = OpKind::Softmax { causal };
+        each_seed("softmax", |rng| {
+            // Square, more keys than queries, and more queries than keys (fully masked rows).
+            [[2, 5, 5], [2, 3, 6], [1, 6, 4]]
+                .iter()
+                .map(|s| check("softmax", &kind, &[rand(rng, s)], rng))
+                .fold(0.0, f64::max)
+        });
+    }
+}
+
+#[test]
+fn attention_mha_gqa_causal() {
+    // (heads, kv_heads, d, sq, sk, causal)
+    let cases = [
+        (2, 2, 4, 5, 5, false),
+        (2, 2, 4, 5, 5, true),
+        (4, 2, 3, 6, 6, true),
+        (6, 2, 2, 4, 4, false),
+        (4, 1, 4, 3, 5, true),
+        (2, 1, 8, 5, 3, true),
+    ];
+    each_seed("attention", |rng| {
+        cases
+            .iter()
+            .map(|&(heads, kv, d, sq, sk, causal)| {
+                let kind = OpKind::Attention {
+                    heads,
+                    kv_heads: kv,
+                    scale: 1.0 / (d as f64).sqrt(),
+                    causal,
+                };
+                let (h, kvu, d) = (heads as usize, kv as usize, d as usize);
+                let ops = [
+                    rand(rng, &[2, sq, h * d]),
+                    rand(rng, &[2, sk, kvu * d]),
+                    rand(rng, &[2, sk, kvu * d]),
+                ];
+                check("attention", &kind, &ops, rng)
+            })
+            .fold(0.0, f64::max)
+    });
+}
+
+#[test]
+fn rotary() {
+    each_seed("rotary", |rng| {
+        let kind = OpKind::Rotary {
+            heads: 3,
+            theta: 10_000.0,
+        };
+        let e1 = check("rotary", &kind, &[rand(rng, &[2, 5, 12])], rng);
+        let kind = OpKind::Rotary {
+            heads: 1,
+            theta: 500.0,
+        };
+        e1.max(check("rotary", &kind, &[rand(rng, &[1, 7, 8])], rng))
+    });
+}
+
+#[test]
+fn layout_ops() {
+    each_seed("layout", |rng| {
+        let x = rand(rng, &[2, 3, 4]);
+        let ks = [
+            OpKind::Reshape {
+                shape: vec![Dim::Sym(Sym::Batch), Dim::Sym(Sym::Seq), Dim::Fixed(4)],
+            },
+            OpKind::Reshape {
+                shape: vec![Dim::Fixed(6), Dim::Fixed(4)],
+            },
+            OpKind::Transpose {
+                perm: vec![2, 0, 1],
+            },
+            OpKind::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            OpKind::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            OpKind::Split {
+                axis: 2,
+                sizes: vec![1, 3],
+            },
+            OpKind::Split {
+                axis: 1,
+                sizes: vec![1, 1, 1],
+            },
+            OpKind::Slice {
+                axis: 1,
+                start: 1,
+                end: 3,
+            },
+            OpKind::Slice {
+                axis: 2,
+                start: 0,
+                end: 1,
+            },
+        ];
+        let mut worst = ks
+            .iter()
+            .map(|k| check(k.mnemonic(), k, std::slice::from_ref(&x), rng))
+            .fold(0.0, f64::max);
+        // Expand: a [1, 3, 1] tensor to [B, 3, 4] and a rank-extending expand.
+        let e = OpKind::Expand {
+            shape: vec![Dim::Sym(Sym::Batch), Dim::Fixed(3), Dim::Fixed(4)],
+        };
+        worst = worst.max(check("expand", &e, &[rand(rng, &[1, 3, 1])], rng));
+        let e = OpKind::Expand {
+            shape: vec![Dim::Fixed(5), Dim::Fixed(2), Dim::Fixed(3)],
+        };
+        worst = worst.max(check("expand", &e, &[rand(rng, &[3])], rng));
+        // Concat of three parts along the middle axis and along the last.
+        let parts = [
+            rand(rng, &[2, 1, 4]),
+            rand(rng, &[2, 3, 4]),
+            rand(rng, &[2, 2, 4]),
+        ];
+        worst = worst.max(check("concat", &OpKind::Concat { axis: 1 }, &parts, rng));
+        let parts = [rand(rng, &[2, 3, 1]), rand(rng, &[2, 3, 2])];
+        worst.max(check("concat", &OpKind::Concat { axis: 2 }, &parts, rng))
+    });
+}
+
+#[test]
+fn dropout_uses_the_reference_mask() {
+    each_seed("dropout", |rng| {
+        let x = rand(rng, &[4, 50]);
+        let kind = OpKind::Dropout { p: 0.3, seed: 17 };
+        let e = check("dropout", &kind, std::slice::from_ref(&x), rng);
+        // Same mask bit for bit: zeros exactly where the reference has them.
+        let ours = kernels::forward(&kind, &[&kernels::Tensor32::from_ir(&x)], common::BIND)
+            .expect("runs");
+        let want = ir::interp::apply(&kind, &[&x], common::BIND).expect("runs");
+        let dropped = |d: &[f64]| d.iter().map(|&v| v == 0.0).collect::<Vec<_>>();
+        assert_eq!(dropped(&ours[0].to_ir().data), dropped(&want[0].data));
+        assert!(
+            dropped(&want[0].data).iter().any(|&z| z),
+            "some elements are dropped"
+        );
+        e
+    });
+}
+
+#[test]
+fn cross_entropy() {
+    each_seed("cross_entropy", |rng| {
+        let logits = rand(rng, &[2, 3, 7]);
+        let targets = ids(rng, &[2, 3], 7);
+        check(
+            "cross_entropy",
+            &OpKind::CrossEntropy,
+            &[logits, targets],
+            rng,
+        )
+    });
+}
+
+#[test]
+fn moe_router_and_experts() {
+    for (experts, k) in [(4, 1), (4, 2), (3, 3)] {
+        each_seed("topk_router", |rng| {
+            let ops = [rand(rng, &[2, 3, 6]), rand(rng, &[6, experts as usize])];
+            check("topk_router", &OpKind::TopKRouter { experts, k }, &ops, rng)
+        });
+        each_seed("moe_experts", |rng| {
+            let (e, h, f) = (experts as usize, 6, 5);
+            let x = rand(rng, &[2, 3, h]);
+            let w = rand(rng, &[h, e]);
+            let gates =
+                ir::interp::apply(&OpKind::TopKRouter { experts, k }, &[&x, &w], common::BIND)
+                    .expect("routes")
+                    .remove(0);
+            let gates = common::round(&gates);
+            let ops = [
+                x,
+                gates,
+                rand(rng, &[e, h, f]),
+                rand(rng, &[e, h, f]),
+                rand(rng, &[e, f, h]),
+            ];
+            check("moe_experts", &OpKind::MoeExperts { experts }, &ops, rng)
+        });
+    }
+}
+
+#[test]
+fn adamw_op_matches_reference() {
+    each_seed("adamw", |rng| {
+        let cfg = ir::AdamWConfig {
+            lr: 0.01,
+            beta1: 0.8,
+            beta2: 0.95,
+            eps: 1e-6,
+            weight_decay: 0.1,
+        };
+        let p = rand(rng, &[3, 5]);
+        let g = rand(rng, &[3, 5]);
+        let m = rand(rng, &[3, 5]);
+        let v = positive(rng, &[3, 5], 0.1);
+        let step = ir::Tensor::scalar(4.0);
+        check("adamw", &OpKind::AdamW(cfg), &[p, g, m, v, step], rng)
+    });
+}

@@ -1,0 +1,213 @@
+#![allow(clippy::unwrap_used)]
+//! The cost model against independent numbers: the ZeRO paper's formulas, the published
+//! Megatron-LM SC'21 runs, and the constraints a strategy must satisfy.
+
+use import::{Family, ModelSpec, build_forward};
+use ir::{DType, Graph};
+use planner::calibration::{SC21_CSV, predict_row, sc21_rows};
+use planner::{Cluster, ModelInfo, PlanError, Precision, Recompute, Schedule, Strategy, estimate};
+
+fn gpt(layers: u64, hidden: u64, heads: u64, vocab: u64, seq: u64) -> Graph {
+    let spec = ModelSpec {
+        name: format!("gpt-{layers}x{hidden}"),
+        family: Family::Gpt2,
+        layers,
+        hidden,
+        heads,
+        kv_heads: heads,
+        ffn: 4 * hidden,
+        vocab,
+        max_positions: seq,
+        tied_embeddings: true,
+        norm_eps: 1e-5,
+        rope_theta: 0.0,
+        experts: 0,
+        experts_per_token: 0,
+        default_seq: seq,
+        dropout: 0.1,
+    };
+    build_forward(&spec, DType::F32).expect("builds")
+}
+
+fn strategy(tp: u32, pp: u32, dp: u32, mb: u64, batch: u64) -> Strategy {
+    Strategy {
+        tp,
+        pp,
+        dp,
+        micro_batch: mb,
+        global_batch: batch,
+        seq: 2048,
+        zero: 0,
+        recompute: Recompute::Full,
+        schedule: Schedule::OneFOneB,
+        virtual_stages: 1,
+        sequence_parallel: false,
+        precision: Precision::Fp16,
+        attention: Default::default(),
+        stage_layers: None,
+    }
+}
+
+#[test]
+fn zero_model_states_match_rajbhandari_for_the_7_5b_gpt() {
+    // ZeRO (SC'20): 16Ψ; 4Ψ + 12Ψ/N_d; 2Ψ + 14Ψ/N_d; 16Ψ/N_d for Ψ parameters.
+    let g = gpt(36, 4096, 32, 51200, 2048);
+    let info = ModelInfo::new(&g).unwrap();
+    let psi = g.param_count() as f64;
+    let cluster = Cluster::load("dgx-a100-80gb").unwrap();
+    let nd = 64.0;
+    let want = [
+        16.0 * psi,
+        4.0 * psi + 12.0 * psi / nd,
+        2.0 * psi + 14.0 * psi / nd,
+        16.0 * psi / nd,
+    ];
+    for (zero, want) in want.into_iter().enumerate() {
+        let mut s = strategy(1, 1, 64, 1, 512);
+        s.zero = zero as u8;
+        let e = estimate(&info, &cluster, 64, &s).unwrap();
+        let m = &e.predicted.memory;
+        let got = m.weights + m.grads + m.optimizer;
+        assert!(
+            (got - want).abs() / want < 0.01,
+            "ZeRO-{zero}: {got:.4e} vs {want:.4e}"
+        );
+    }
+}
+
+#[test]
+fn megatron_sc21_rows_within_ten_percent() {
+    let cluster = Cluster::load("dgx-a100-80gb").unwrap();
+    let rows = sc21_rows(SC21_CSV).unwrap();
+    assert_eq!(rows.len(), 22);
+    let mut errors = Vec::new();
+    for r in &rows {
+        let g = gpt(r.layers, r.hidden, r.heads, r.vocab, r.seq);
+        let p = predict_row(r, &g, &cluster)
+            .unwrap()
+            .expect("a fitting strategy");
+        errors.push(p.error.abs());
+    }
+    let within = errors.iter().filter(|e| **e <= 0.10).count();
+    let mape = errors.iter().sum::<f64>() / errors.len() as f64;
+    assert!(within >= 18, "{within}/22 rows within 10 %: {errors:?}");
+    assert!(mape <= 0.10, "MAPE {mape}");
+}
+
+#[test]
+fn zero3_rows_at_scale_are_communication_bound() {
+    let cluster = Cluster::load("dgx-a100-80gb").unwrap();
+    let rows = sc21_rows(SC21_CSV).unwrap();
+    let big: Vec<_> = rows
+        .iter()
+        .filter(|r| r.zero == 3 && r.gpus >= 1536)
+        .collect();
+    assert_eq!(big.len(), 2);
+    for r in big {
+        let g = gpt(r.layers, r.hidden, r.heads, r.vocab, r.seq);
+        let p = predict_row(r, &g, &cluster).unwrap().expect("fits");
+        assert!(
+            p.dp_comm_s > p.compute_s,
+            "{} on {} GPUs: DP comm {:.1} s vs compute {:.1} s",
+            r.model,
+            r.gpus,
+            p.dp_comm_s,
+            p.compute_s
+        );
+    }
+}
+
+#[test]
+fn one_f_one_b_keeps_p_minus_stage_micro_batches() {
+    let g = gpt(8, 1024, 16, 51200, 2048);
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load("dgx-a100-80gb").unwrap();
+    let e = estimate(&info, &cluster, 4, &strategy(1, 4, 1, 1, 16)).unwrap();
+    let in_flight: Vec<u32> = e
+        .predicted
+        .stages
+        .iter()
+        .map(|s| s.micro_batches_in_flight)
+        .collect();
+    assert_eq!(in_flight, vec![4, 3, 2, 1]);
+}
+
+#[test]
+fn doubling_data_parallelism_shortens_the_iteration() {
+    let g = gpt(8, 1024, 16, 51200, 2048);
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load("dgx-a100-80gb").unwrap();
+    let t8 = estimate(&info, &cluster, 8, &strategy(1, 1, 8, 1, 64)).unwrap();
+    let t16 = estimate(&info, &cluster, 16, &strategy(1, 1, 16, 1, 64)).unwrap();
+    assert!(t16.predicted.iteration_time_s < t8.predicted.iteration_time_s);
+}
+
+fn rejected(s: &Strategy, gpus: u64, fragment: &str) {
+    let g = gpt(8, 1024, 16, 51200, 2048);
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load("dgx-a100-80gb").unwrap();
+    match estimate(&info, &cluster, gpus, s) {
+        Err(PlanError::InvalidStrategy { constraint }) => {
+            assert!(
+                constraint.contains(fragment),
+                "`{constraint}` lacks `{fragment}`"
+            )
+        }
+        other => panic!("expected an invalid strategy ({fragment}), got {other:?}"),
+    }
+}
+
+#[test]
+fn invalid_strategies_name_their_constraint() {
+    rejected(&strategy(2, 2, 2, 1, 64), 16, "must equal --gpus 16");
+    rejected(
+        &strategy(3, 1, 1, 1, 64),
+        3,
+        "heads 16 are not divisible by tp 3",
+    );
+    rejected(&strategy(1, 16, 1, 1, 64), 16, "8 layers cannot fill");
+    rejected(
+        &strategy(1, 1, 4, 3, 64),
+        4,
+        "global batch 64 must be divisible by dp x micro-batch",
+    );
+    let mut s = strategy(1, 2, 1, 1, 8);
+    s.schedule = Schedule::Interleaved;
+    s.virtual_stages = 1;
+    rejected(&s, 2, "needs --virtual-stages >= 2");
+    let mut s = strategy(1, 1, 1, 1, 8);
+    s.zero = 4;
+    rejected(&s, 1, "ZeRO stage 4 does not exist");
+    let mut s = strategy(1, 1, 1, 1, 8);
+    s.virtual_stages = 2;
+    rejected(&s, 1, "needs --schedule interleaved");
+    let mut s = strategy(1, 2, 1, 1, 8);
+    s.stage_layers = Some(vec![5, 4]);
+    rejected(&s, 2, "must be positive and sum to the model's 8 layers");
+    let mut s = strategy(1, 1, 1, 1, 8);
+    s.seq = 4096;
+    rejected(&s, 1, "exceeds the model's 2048 positions");
+    let mut s = strategy(2, 1, 1, 1, 8);
+    s.sequence_parallel = true;
+    s.seq = 2047;
+    rejected(
+        &s,
+        2,
+        "sequence parallelism needs seq 2047 divisible by tp 2",
+    );
+}
+
+#[test]
+fn a_precision_the_gpu_lacks_is_refused() {
+    let g = gpt(8, 1024, 16, 51200, 2048);
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load("dgx1-v100").unwrap();
+    let mut s = strategy(1, 1, 1, 1, 8);
+    s.precision = Precision::Bf16;
+    match estimate(&info, &cluster, 1, &s) {
+        Err(PlanError::InvalidStrategy { constraint }) => {
+            assert!(constraint.contains("no bf16 support"), "{constraint}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
