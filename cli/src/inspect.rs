@@ -12,7 +12,8 @@ use crate::models::human;
 pub struct InspectArgs {
     /// A zoo name (see `plait models`), a Hugging Face config.json, or an ONNX file.
     model: String,
-    /// Sequence length (default: the model's context length, at most 4096).
+    /// Sequence length (default: a config's context length, at most 4096; for ONNX the length
+    /// the file fixes, else 128 capped by a learned position table).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     seq: Option<u64>,
     /// Batch size in sequences (ONNX imports are folded to this batch).
@@ -21,7 +22,7 @@ pub struct InspectArgs {
     /// Print one JSON object instead of text.
     #[arg(long, conflicts_with = "ir")]
     json: bool,
-    /// Print the model's IR in plait's text form.
+    /// Print the model's forward graph in plait's IR text form (grammar: ir/src/text/mod.rs).
     #[arg(long)]
     ir: bool,
 }
