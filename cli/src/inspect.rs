@@ -1,5 +1,7 @@
 //! `plait inspect MODEL`: headline numbers of a model, or its IR text.
 
+use std::io::Write;
+
 use clap::Args;
 use import::summary::summarize;
 
@@ -10,7 +12,8 @@ use crate::models::human;
 pub struct InspectArgs {
     /// A zoo name (see `plait models`), a Hugging Face config.json, or an ONNX file.
     model: String,
-    /// Sequence length (default: the model's context length, at most 4096).
+    /// Sequence length (default: a config's context length, at most 4096; for ONNX the length
+    /// the file fixes, else 128 capped by a learned position table).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     seq: Option<u64>,
     /// Batch size in sequences (ONNX imports are folded to this batch).
@@ -19,50 +22,72 @@ pub struct InspectArgs {
     /// Print one JSON object instead of text.
     #[arg(long, conflicts_with = "ir")]
     json: bool,
-    /// Print the model's IR in plait's text form.
+    /// Print the model's forward graph in plait's IR text form (grammar: ir/src/text/mod.rs).
     #[arg(long)]
     ir: bool,
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let m = model::load(&args.model, args.batch, args.seq)?;
-    let s = summarize(&m.graph, m.binding);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
-        return Ok(());
+    let text = if args.ir {
+        ir::text::print(&m.graph)
+    } else if args.json {
+        let s = summarize(&m.graph, m.binding);
+        serde_json::to_string_pretty(&s)? + "\n"
+    } else {
+        summary_text(&m.graph, m.binding)
+    };
+    emit(&text)
+}
+
+/// Writes `text` to stdout; a closed pipe (`plait inspect M --ir | head`) is not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing to stdout"))
+        }
+        _ => Ok(()),
     }
-    println!("model            {}", s.model);
-    println!("parameters       {} ({})", s.params, human(s.params));
-    println!("layers           {}", s.layers);
-    println!("hidden           {}", s.hidden);
+}
+
+fn summary_text(graph: &ir::Graph, binding: ir::Binding) -> String {
+    let s = summarize(graph, binding);
+    let mut t = String::new();
+    let mut line = |l: String| {
+        t.push_str(&l);
+        t.push('\n');
+    };
+    line(format!("model            {}", s.model));
+    line(format!(
+        "parameters       {} ({})",
+        s.params,
+        human(s.params)
+    ));
+    line(format!("layers           {}", s.layers));
+    line(format!("hidden           {}", s.hidden));
     if s.kv_heads != s.heads {
-        println!(
+        line(format!(
             "heads            {} ({} key/value heads)",
             s.heads, s.kv_heads
-        );
+        ));
     } else {
-        println!("heads            {}", s.heads);
+        line(format!("heads            {}", s.heads));
     }
-    println!("vocabulary       {}", s.vocab);
-    println!("batch x seq      {} x {}", s.batch, s.seq);
-    println!(
+    line(format!("vocabulary       {}", s.vocab));
+    line(format!("batch x seq      {} x {}", s.batch, s.seq));
+    line(format!(
         "train FLOPs/tok  {:.4e} (forward + backward, no recompute)",
         s.flops_per_token
-    );
-    if let Some(b) = &s.repeated_block {
-        println!(
-            "repeated block   {} x{}: {} ops, {} params each",
-            b.name,
-            b.count,
-            b.ops_per_layer,
-            human(b.params_per_layer)
-        );
+    ));
+    if let Some(block) = ir::blocks::layer_summary(graph) {
+        line(format!("repeated block   {block}"));
     }
-    println!("ops:");
+    line("ops:".into());
     let mut hist: Vec<_> = s.op_histogram.iter().collect();
     hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     for (name, n) in hist {
-        println!("  {name:<16} {n}");
+        line(format!("  {name:<16} {n}"));
     }
-    Ok(())
+    t
 }

@@ -140,3 +140,139 @@ fn zero_batch_is_a_usage_error() {
     let (code, stderr) = plait(&["inspect", "gpt2", "--batch", "0"]);
     assert_eq!(code, 2, "{stderr}");
 }
+
+// ONNX inputs.
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/onnx")
+        .join(name)
+}
+
+#[test]
+fn onnx_missing_file() {
+    expect_error(
+        &["inspect", "/nonexistent/plait/model.onnx"],
+        &["/nonexistent/plait/model.onnx", "file not found"],
+    );
+}
+
+#[test]
+fn onnx_truncated_fixture() {
+    let bytes = std::fs::read(fixture("gpt2_tiny").join("model.onnx")).expect("fixture");
+    let p = file("onnx-truncated", "half.onnx", &bytes[..bytes.len() / 2]);
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps, "--batch", "2", "--seq", "8"],
+        &[&ps, "not a valid ONNX model", "truncated"],
+    );
+}
+
+#[test]
+fn onnx_file_that_is_not_onnx() {
+    let p = file("onnx-text", "x.onnx", b"{\"model_type\": \"gpt2\"}\n");
+    let ps = p.to_string_lossy().to_string();
+    expect_error(&["inspect", &ps], &[&ps, "not a valid ONNX model"]);
+    // The decoder's reason is quoted once, not again as the error's source.
+    let (_, stderr) = plait(&["inspect", &ps]);
+    assert_eq!(stderr.matches("failed to decode").count(), 1, "{stderr}");
+}
+
+/// A one-node model whose second node is an op plait has no lowering for, written with the
+/// importer's own protobuf structs.
+#[test]
+fn onnx_unsupported_op() {
+    use import::onnx::proto::{
+        Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto, data_type,
+    };
+    use prost::Message;
+    let dim = |p: &str| Dimension {
+        dim_param: Some(p.into()),
+        ..Default::default()
+    };
+    let node = |name: &str, op: &str, inputs: &[&str], output: &str| NodeProto {
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let m = ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(20),
+        }],
+        graph: Some(GraphProto {
+            name: Some("unsupported".into()),
+            node: vec![
+                node("lookup", "Gather", &["emb", "input_ids"], "h"),
+                node("nms", "NonMaxSuppression", &["h"], "logits"),
+            ],
+            initializer: vec![TensorProto {
+                name: Some("emb".into()),
+                dims: vec![16, 4],
+                data_type: Some(data_type::FLOAT),
+                float_data: vec![0.5; 64],
+                ..Default::default()
+            }],
+            input: vec![ValueInfoProto {
+                name: Some("input_ids".into()),
+                r#type: Some(TypeProto {
+                    tensor_type: Some(TypeProtoTensor {
+                        elem_type: Some(data_type::INT64),
+                        shape: Some(TensorShapeProto {
+                            dim: vec![dim("batch"), dim("seq")],
+                        }),
+                    }),
+                    denotation: None,
+                }),
+                doc_string: None,
+            }],
+            output: vec![ValueInfoProto {
+                name: Some("logits".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let p = file("onnx-unsupported", "model.onnx", &m.encode_to_vec());
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps, "--seq", "4"],
+        &[
+            &ps,
+            "node 'nms'",
+            "op type 'NonMaxSuppression'",
+            "plait cannot import",
+        ],
+    );
+}
+
+#[test]
+fn onnx_missing_external_data() {
+    // The Llama fixture keeps its weights in model.onnx.data; copy only the model.
+    let bytes = std::fs::read(fixture("llama_gqa_tiny").join("model.onnx")).expect("fixture");
+    let p = file("onnx-no-data", "model.onnx", &bytes);
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps, "--batch", "2", "--seq", "8"],
+        &[&ps, "model.onnx.data", "does not exist"],
+    );
+}
+
+#[test]
+fn onnx_seq_longer_than_positions() {
+    let p = fixture("gpt2_tiny").join("model.onnx");
+    let ps = p.to_string_lossy().to_string();
+    expect_error(
+        &["inspect", &ps, "--seq", "100"],
+        &[
+            &ps,
+            "sequence length 100 exceeds the 64 positions",
+            "at most 64",
+        ],
+    );
+}

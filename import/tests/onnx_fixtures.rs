@@ -208,3 +208,28 @@ fn other_shapes_fold_consistently() {
         );
     }
 }
+
+/// Imported graphs satisfy every IR invariant, and the repeated decoder layers are found (the
+/// config builder's block name, one tag per layer).
+#[test]
+fn imported_graphs_verify_with_layers_detected() {
+    for (name, layers) in [("gpt2_tiny", 2), ("llama_gqa_tiny", 3)] {
+        let (imported, _) = import(name);
+        let g = &imported.graph;
+        if let Err(e) = ir::verify::verify(g) {
+            panic!("{name} does not verify:\n{e}");
+        }
+        assert_eq!(g.num_layers(), layers, "{name}");
+        assert_eq!(g.block_name.as_deref(), Some(import::build::BLOCK_NAME));
+        assert_eq!(
+            g.name, name,
+            "a file called model.onnx is named after its directory"
+        );
+        let block = ir::blocks::layer_summary(g).expect("tagged block");
+        assert!(block.uniform().is_some(), "{name}: {block}");
+        // Every layer owns its weights: the tagged params plus the untagged ones (embeddings,
+        // final norm, head) are all of them.
+        let per_layer = block.uniform().map_or(0, |l| l.params);
+        assert!(per_layer * u64::from(layers) < g.param_count());
+    }
+}

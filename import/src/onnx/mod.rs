@@ -4,7 +4,8 @@
 //!
 //! Pipeline: [`proto`] decoding → initializers via [`external`] → per node, [`fold`] when every
 //! input is constant, else [`lower`] (constants derived from weights are replayed by [`build`]
-//! so weights stay parameters) → [`patterns`] → dead-op removal.
+//! so weights stay parameters) → [`patterns`] → dead-op removal → repeated-layer detection
+//! ([`ir::blocks::detect_repeated_layers`], block name `decoder_layer`).
 
 mod build;
 mod external;
@@ -66,6 +67,14 @@ pub fn import_onnx(path: &Path, batch: u64, seq: u64) -> Result<Imported, Import
     if batch == 0 || seq == 0 {
         return Err(ImportError::BadBinding { file, batch, seq });
     }
+    let model = read_model(path)?;
+    import_model(path, &model, batch, seq)
+}
+
+/// Reads and decodes the model at `path` without importing it (external data is read later,
+/// by [`import_model`]).
+pub fn read_model(path: &Path) -> Result<ModelProto, ImportError> {
+    let file = path.to_path_buf();
     let bytes = std::fs::read(path).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => ImportError::FileNotFound { file: file.clone() },
         _ => ImportError::Io {
@@ -73,11 +82,44 @@ pub fn import_onnx(path: &Path, batch: u64, seq: u64) -> Result<Imported, Import
             source,
         },
     })?;
-    let model = ModelProto::decode(bytes.as_slice()).map_err(|source| ImportError::Decode {
-        file: file.clone(),
-        source,
-    })?;
-    import_model(path, &model, batch, seq)
+    ModelProto::decode(bytes.as_slice()).map_err(|source| ImportError::Decode { file, source })
+}
+
+/// The batch and sequence sizes the model's token-id input fixes, if any: `(batch, seq)`, each
+/// `None` when that dimension is symbolic (a `dim_param`) or the input is not `[batch, seq]`.
+pub fn declared_input_dims(model: &ModelProto) -> (Option<u64>, Option<u64>) {
+    let Some(graph) = model.graph.as_ref() else {
+        return (None, None);
+    };
+    let initializers: HashSet<&str> = graph
+        .initializer
+        .iter()
+        .filter_map(|t| t.name.as_deref())
+        .collect();
+    let mut data = graph
+        .input
+        .iter()
+        .filter(|i| !initializers.contains(i.name.as_deref().unwrap_or("")));
+    let (Some(input), None) = (data.next(), data.next()) else {
+        return (None, None);
+    };
+    let dims = input
+        .r#type
+        .as_ref()
+        .and_then(|t| t.tensor_type.as_ref())
+        .and_then(|t| t.shape.as_ref())
+        .map(|s| s.dim.as_slice())
+        .unwrap_or(&[]);
+    let fixed = |d: &proto::Dimension| {
+        d.dim_value
+            .filter(|_| d.dim_param.is_none())
+            .and_then(|v| u64::try_from(v).ok())
+            .filter(|&v| v > 0)
+    };
+    match dims {
+        [b, s] => (fixed(b), fixed(s)),
+        _ => (None, None),
+    }
 }
 
 /// Imports an already-decoded model; `path` names it in errors and locates external data.
@@ -98,12 +140,7 @@ pub fn import_model(
         .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
         .and_then(|o| o.version)
         .unwrap_or(0);
-    let name = graph
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "model".into());
+    let name = model_name(path, graph.name.as_deref());
     let mut imp = Importer::new(path, opset, &graph.node, &name);
 
     let mut reader = TensorReader::new(path);
@@ -185,10 +222,11 @@ pub fn import_model(
 
     let recognized = patterns::recognize(&mut imp.graph, &imp.known);
     imp.graph.remove_dead_ops();
-    // TODO(lead): call ir::blocks::detect_repeated_layers once merged
-    // (e.g. `ir::blocks::detect_repeated_layers(&mut graph, "decoder_layer");`)
 
     let mut graph = imp.graph;
+    // ONNX carries no layer structure: recover it (tags layer k's ops, names the block as the
+    // config builder does). A model without repeats stays untagged.
+    ir::blocks::detect_repeated_layers(&mut graph, crate::build::BLOCK_NAME);
     let live: HashSet<String> = graph
         .order()
         .iter()
@@ -208,6 +246,25 @@ pub fn import_model(
         lowered_nodes: lowered,
         recognized,
     })
+}
+
+/// The graph's name, unless it is empty or `torch.onnx`'s generic `main_graph`; then the file
+/// stem, or the directory's name for a file called `model.onnx` (`gpt2_tiny/model.onnx` →
+/// `gpt2_tiny`).
+fn model_name(path: &Path, graph_name: Option<&str>) -> String {
+    if let Some(n) = graph_name.filter(|n| !n.is_empty() && *n != "main_graph") {
+        return n.to_string();
+    }
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let dir = path
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|s| s.to_string_lossy().into_owned());
+    match (stem, dir) {
+        (Some(stem), Some(dir)) if stem == "model" => dir,
+        (Some(stem), _) => stem,
+        (None, _) => "model".into(),
+    }
 }
 
 /// Binds the model's single data input (token ids) to an IR `input_ids` of shape `[batch, seq]`.

@@ -1,8 +1,9 @@
 //! Finding the repeated layers of an untagged graph by structural hashing.
 //!
-//! 1. Each compute (non-source) op gets a local signature: its kind with attributes, its result
-//!    types, and per operand either the source kind and type (names ignored, so each layer's
-//!    own parameters look alike) or just the type of a computed value.
+//! 1. Each compute (non-source) op gets a local signature: its kind with attributes (but no
+//!    dropout seed: each layer draws its own mask), its result types, and per operand either
+//!    the source kind and type (names ignored, so each layer's own parameters look alike) or
+//!    just the type of a computed value.
 //! 2. Along the execution order, every stretch that repeats with some period is a candidate:
 //!    `N` consecutive copies of `L` ops with equal signatures. Candidates are ranked by ops
 //!    covered (`N·L`), then by more copies; so twelve layers win over six pairs of layers.
@@ -154,7 +155,7 @@ impl Finder<'_> {
         let mut out = Vec::with_capacity(self.compute.len());
         for &o in &self.compute {
             let op = g.op(o);
-            let mut key = KindText(&op.kind).to_string();
+            let mut key = KindText(&structure::instance_neutral(&op.kind)).to_string();
             for &r in &op.results {
                 key.push_str(&format!(" -> {}", g.ty(r)));
             }

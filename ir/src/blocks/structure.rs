@@ -2,7 +2,8 @@
 //!
 //! Two layers are identical when their compute ops match position by position in kind,
 //! attributes, result types and operand wiring; parameters are matched by kind and type, not
-//! by identity (see [`crate::verify`] for the full definition).
+//! by identity, and a dropout's seed is per instance like a parameter's name (see
+//! [`crate::verify`] for the full definition).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -125,6 +126,29 @@ pub(crate) fn same_kind_up_to_name(a: &OpKind, b: &OpKind) -> bool {
     }
 }
 
+/// `kind` with every per-instance attribute cleared: a dropout's `seed` (also inside `grad`),
+/// which each layer picks for itself as it names its own parameters.
+pub(crate) fn instance_neutral(kind: &OpKind) -> OpKind {
+    match kind {
+        OpKind::Dropout { p, .. } => OpKind::Dropout { p: *p, seed: 0 },
+        OpKind::Grad { of, wrt } => OpKind::Grad {
+            of: Box::new(instance_neutral(of)),
+            wrt: wrt.clone(),
+        },
+        other => other.clone(),
+    }
+}
+
+/// Equal kinds up to per-instance attributes ([`instance_neutral`]).
+pub(crate) fn same_kind_up_to_instance(a: &OpKind, b: &OpKind) -> bool {
+    match (a, b) {
+        (OpKind::Dropout { .. } | OpKind::Grad { .. }, _) => {
+            instance_neutral(a) == instance_neutral(b)
+        }
+        _ => a == b,
+    }
+}
+
 /// Checks that `other` is structurally identical to `reference` (invariant 8d).
 pub(crate) fn compare(
     g: &Graph,
@@ -150,7 +174,7 @@ pub(crate) fn compare(
             return fail(Some(ko), "its ops are not in the graph".into());
         };
         let here = Some(ko);
-        if rop.kind != kop.kind {
+        if !same_kind_up_to_instance(&rop.kind, &kop.kind) {
             let detail = format!(
                 "op {position} is {}, layer 0 has {} ({})",
                 KindText(&kop.kind),

@@ -200,3 +200,37 @@ fn summary_needs_a_tagged_block() {
     let (g, _, _) = imported(2);
     assert!(layer_summary(&g).is_none());
 }
+
+/// Each layer's dropout has its own seed (its own mask), like its own parameter names: the
+/// layers are still identical, in the forward graph and in the training graph's `grad` ops.
+#[test]
+fn dropout_seeds_are_per_layer() {
+    use crate::testing::{TinyConfig, tiny_gpt2};
+    let cfg = TinyConfig {
+        dropout: 0.1,
+        ..TinyConfig::gpt2()
+    };
+    let g = tiny_gpt2(&cfg).unwrap();
+    verify(&g).unwrap();
+    let train = crate::autodiff::training_graph(&g, crate::AdamWConfig::default()).unwrap();
+    verify(&train).unwrap();
+    let mut untagged = g.clone();
+    let layers = detect_repeated_layers(&mut untagged, "decoder_layer");
+    assert_eq!(layers, cfg.layers as usize);
+    verify(&untagged).unwrap();
+
+    // A different rate is a different op.
+    let mut changed = g.clone();
+    let mut dropouts = changed
+        .order()
+        .iter()
+        .copied()
+        .filter(|&o| changed.op(o).layer == Some(1))
+        .filter(|&o| matches!(changed.op(o).kind, OpKind::Dropout { .. }))
+        .collect::<Vec<OpId>>()
+        .into_iter();
+    let first = dropouts.next().unwrap();
+    changed.op_mut(first).kind = OpKind::Dropout { p: 0.2, seed: 9 };
+    let err = verify(&changed).unwrap_err().to_string();
+    assert!(err.contains("differs from layer 0"), "{err}");
+}
