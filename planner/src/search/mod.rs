@@ -285,10 +285,11 @@ pub fn search(
     }
     progress(total, total);
     if fitting.is_empty() {
-        if evaluated == 0 && pruned == 0 {
-            if let Some(err) = first_error {
-                return Err(err);
-            }
+        if evaluated == 0
+            && pruned == 0
+            && let Some(err) = first_error
+        {
+            return Err(err);
         }
         return Ok(Err(infeasible(info, cluster, req, closest)));
     }
@@ -369,14 +370,14 @@ fn alternatives(
         let slower = 100.0 * (e.predicted.iteration_time_s / t0 - 1.0);
         out.push(alt(e, format!("slower by {slower:.1} %")));
     }
-    if let Some(e) = oom {
-        if e.predicted.iteration_time_s < t0 {
-            let (short, stage) = shortfall(e);
-            out.push(alt(
-                e,
-                format!("out of memory by {:.1} GiB on stage {stage}", gib(short)),
-            ));
-        }
+    if let Some(e) = oom
+        && e.predicted.iteration_time_s < t0
+    {
+        let (short, stage) = shortfall(e);
+        out.push(alt(
+            e,
+            format!("out of memory by {:.1} GiB on stage {stage}", gib(short)),
+        ));
     }
     // The out-of-memory plan that would have won is kept even when k is reached.
     let oom_alt = out.iter().position(|a| !a.fits).map(|i| out.remove(i));
