@@ -11,6 +11,7 @@ use clap::{Args, Subcommand};
 use import::{ModelSpec, build_forward, spec::Family};
 use ir::DType;
 use planner::calibration::{SC21_CSV, Sc21Row, predict_row, sc21_rows};
+use planner::search::{Pins, SearchRequest, search};
 use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy};
 
 #[derive(Args, Debug)]
@@ -25,12 +26,16 @@ enum BenchKind {
     CostModel,
     /// Time one strategy estimate of GPT-3 175B on 1024 A100s (the search's inner loop).
     EstimateSpeed,
+    /// Search time (GPT-3 175B on 1024 GPUs, the 1T model on 3072) and plan quality against the
+    /// published Megatron-LM configurations of SC'21 Table 1.
+    Search,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     match args.which {
         BenchKind::CostModel => cost_model(),
         BenchKind::EstimateSpeed => estimate_speed(),
+        BenchKind::Search => search_bench(),
     }
 }
 
@@ -157,6 +162,110 @@ fn estimate_speed() -> anyhow::Result<()> {
         1e3 * times[runs / 2],
         1e3 * times[0],
         1e3 * times[runs - 1]
+    );
+    Ok(())
+}
+
+fn run_search(
+    graph: &ir::Graph,
+    cluster: &Cluster,
+    gpus: u64,
+    batch: u64,
+    pins: Pins,
+) -> anyhow::Result<planner::search::SearchResult> {
+    let info = ModelInfo::new(graph)?;
+    let req = SearchRequest {
+        gpus,
+        global_batch: batch,
+        seq: 2048,
+        pins,
+        top_k: 3,
+    };
+    search(&info, cluster, &req, &mut |_, _| {})?
+        .map_err(|inf| anyhow::anyhow!("nothing fits: {:?}", inf.suggestions))
+}
+
+fn search_bench() -> anyhow::Result<()> {
+    let cluster = Cluster::load("dgx-a100-80gb")?;
+    println!("search time (wall clock, median of 3, this machine):");
+    for (name, gpus, batch, limit) in [
+        ("gpt3-175b", 1024u64, 1536u64, 5.0),
+        ("gpt-1t", 3072, 3072, 10.0),
+    ] {
+        let spec = import::zoo::find(name).ok_or_else(|| anyhow::anyhow!("{name} missing"))?;
+        let graph = build_forward(&spec, DType::F32)?;
+        let mut times = Vec::new();
+        let mut last = None;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            let r = run_search(&graph, &cluster, gpus, batch, Pins::default())?;
+            times.push(t0.elapsed().as_secs_f64());
+            last = Some(r);
+        }
+        times.sort_by(f64::total_cmp);
+        if let Some(r) = last {
+            let s = &r.best.strategy;
+            println!(
+                "  {name:<10} {gpus:>5} GPUs, batch {batch:>5}: {:.2} s (goal <= {limit} s), {} candidates -> tp {} pp {} dp {} mb {} {} ZeRO-{} recompute {}",
+                times[1],
+                r.candidates_evaluated,
+                s.tp,
+                s.pp,
+                s.dp,
+                s.micro_batch,
+                s.schedule,
+                s.zero,
+                s.recompute
+            );
+        }
+    }
+    println!(
+        "\nquality against SC'21 Table 1 (same model, GPUs, batch; fp16; published tp/pp/dp with full recompute vs free):"
+    );
+    println!(
+        "  {:<12} {:>5} {:>14} {:>14} {:>7}",
+        "model", "gpus", "published (s)", "found (s)", "ratio"
+    );
+    let mut worst = f64::INFINITY;
+    for r in sc21_rows(SC21_CSV)?.iter().filter(|r| r.table == "Table 1") {
+        let graph = build_forward(&spec(r), DType::F32)?;
+        let fp16 = Pins {
+            precision: Some(Precision::Fp16),
+            ..Pins::default()
+        };
+        let pinned = Pins {
+            tp: Some(r.tp),
+            pp: Some(r.pp),
+            dp: Some(r.dp),
+            recompute: Some(Recompute::Full),
+            ..fp16.clone()
+        };
+        let published = run_search(&graph, &cluster, r.gpus, r.global_batch, pinned)?;
+        let free = run_search(&graph, &cluster, r.gpus, r.global_batch, fp16)?;
+        let (tp, tf) = (
+            published.best.predicted.iteration_time_s,
+            free.best.predicted.iteration_time_s,
+        );
+        worst = worst.min(tp / tf);
+        let s = &free.best.strategy;
+        println!(
+            "  {:<12} {:>5} {:>14.2} {:>14.2} {:>6.3}x  (found tp {} pp {} dp {} mb {} {} ZeRO-{} {})",
+            r.model,
+            r.gpus,
+            tp,
+            tf,
+            tp / tf,
+            s.tp,
+            s.pp,
+            s.dp,
+            s.micro_batch,
+            s.schedule,
+            s.zero,
+            s.recompute
+        );
+    }
+    println!(
+        "\nworst ratio {worst:.3} (>= 1.000 means the search is never slower than the published configuration)"
     );
     Ok(())
 }
