@@ -9,6 +9,7 @@ pub mod estimate;
 pub mod hardware;
 pub mod model;
 pub mod precision;
+pub mod sharding;
 pub mod strategy;
 
 pub use error::PlanError;
