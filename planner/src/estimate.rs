@@ -107,12 +107,7 @@ impl Work {
 }
 
 /// Estimates `strategy` for the model `info` on `cluster` with `gpus` GPUs.
-pub fn estimate(
-    info: &ModelInfo<'_>,
-    cluster: &Cluster,
-    gpus: u64,
-    s: &Strategy,
-) -> Result<Estimate, PlanError> {
+pub fn estimate(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, s: &Strategy) -> Result<Estimate, PlanError> {
     s.validate(info, gpus)?;
     let device = Device::new(cluster, s.precision).ok_or_else(|| {
         PlanError::invalid(format!(
@@ -127,7 +122,10 @@ pub fn estimate(
         batch: s.micro_batch,
         seq: s.seq,
     };
-    let graph_elem = g.ty(g.op(info.layer_ops[0]).results[0]).dtype.size_bytes() as f64;
+    let graph_elem = g
+        .ty(g.op(info.layer_ops[0]).results[0])
+        .dtype
+        .size_bytes() as f64;
     let act_scale = s.precision.activation_bytes() / graph_elem;
     let act_bytes = (b.batch * b.seq * info.hidden) as f64 * s.precision.activation_bytes();
     let tp_collective = |n: usize| -> f64 {
@@ -153,9 +151,7 @@ pub fn estimate(
             w.bwd += t.bwd;
             w.fwd_flops += t.fwd_flops;
             let attention_core = matches!(g.op(o).kind, OpKind::Attention { .. });
-            if s.recompute == Recompute::Full
-                || (s.recompute == Recompute::Selective && attention_core)
-            {
+            if s.recompute == Recompute::Full || (s.recompute == Recompute::Selective && attention_core) {
                 w.recompute += t.fwd;
                 w.recompute_flops += t.fwd_flops;
             }
@@ -182,11 +178,7 @@ pub fn estimate(
     if s.zero == 3 && dp > 1 {
         let ag = collective_time(cluster, &m.dp, Collective::AllGather, layer_param_bytes);
         let rs = collective_time(cluster, &m.dp, Collective::ReduceScatter, layer_param_bytes);
-        let regathers = if s.recompute == Recompute::Full {
-            2.0
-        } else {
-            1.0
-        };
+        let regathers = if s.recompute == Recompute::Full { 2.0 } else { 1.0 };
         let f = layer_fwd.max(ag);
         let bw = layer_bwd.max(regathers * ag + rs);
         zero3_exposed_per_layer = (f - layer_fwd) + (bw - layer_bwd);
@@ -269,8 +261,7 @@ pub fn estimate(
                 }
                 // Gradients are reduce-scattered every micro-batch (they are never held whole).
                 2 => {
-                    micro_batches as f64
-                        * collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes)
+                    micro_batches as f64 * collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes)
                         + collective_time(cluster, &m.dp, Collective::AllGather, local * wbytes)
                 }
                 _ => 0.0,
@@ -278,11 +269,7 @@ pub fn estimate(
         }
         let last_bwd: f64 = my_chunks.iter().map(|&c| chunks[c].bwd).sum();
         let hidden_window = if layers > 0 {
-            let per_mb = if s.zero == 2 {
-                micro_batches as f64
-            } else {
-                1.0
-            };
+            let per_mb = if s.zero == 2 { micro_batches as f64 } else { 1.0 };
             last_bwd * per_mb * (f64::from(layers) - 1.0) / f64::from(layers)
         } else {
             0.0
@@ -295,11 +282,7 @@ pub fn estimate(
         } else {
             0.0
         };
-        let owned = if s.zero >= 1 {
-            local / dp as f64
-        } else {
-            local
-        };
+        let owned = if s.zero >= 1 { local / dp as f64 } else { local };
         let opt = owned * OPTIMIZER_BYTES_PER_PARAM / device.hbm + device.launch;
         let end = timeline.device_finish[d] + exposed + tied_sync + opt;
         dp_exposed[d] = exposed + tied_sync;
@@ -351,9 +334,7 @@ pub fn estimate(
     let iteration = worst_end;
     let tokens = (s.global_batch * s.seq) as f64;
     let model_flops = cost::training_flops_per_token(g, b) * tokens;
-    let recompute_flops = (f64::from(info.layers) * layer.recompute_flops
-        + pre.recompute_flops
-        + post.recompute_flops)
+    let recompute_flops = (f64::from(info.layers) * layer.recompute_flops + pre.recompute_flops + post.recompute_flops)
         * tp as f64
         * (s.global_batch / s.micro_batch) as f64;
     let n = gpus as f64;
@@ -362,31 +343,14 @@ pub fn estimate(
     let peak = cluster.peak_flops(s.precision).unwrap_or(f64::INFINITY);
 
     // Breakdown for the device that finishes last.
-    let my_chunks: Vec<usize> = (0..n_chunks)
-        .filter(|c| c % s.pp as usize == critical)
-        .collect();
+    let my_chunks: Vec<usize> = (0..n_chunks).filter(|c| c % s.pp as usize == critical).collect();
     let mb = micro_batches as f64;
     let mut compute = 0.0;
     let mut tp_time = 0.0;
     for &c in &my_chunks {
         let l = f64::from(chunk_layers[c]);
-        compute += mb
-            * l
-            * (layer.fwd + layer.bwd + layer.recompute
-                - if s.recompute == Recompute::Full {
-                    layer.tp_fwd
-                } else {
-                    0.0
-                });
-        tp_time += mb
-            * l
-            * (layer.tp_fwd
-                + layer.tp_bwd
-                + if s.recompute == Recompute::Full {
-                    layer.tp_fwd
-                } else {
-                    0.0
-                });
+        compute += mb * l * (layer.fwd + layer.bwd + layer.recompute - if s.recompute == Recompute::Full { layer.tp_fwd } else { 0.0 });
+        tp_time += mb * l * (layer.tp_fwd + layer.tp_bwd + if s.recompute == Recompute::Full { layer.tp_fwd } else { 0.0 });
         if c == 0 {
             compute += mb * (pre.fwd + pre.bwd + pre.recompute);
             tp_time += mb * (pre.tp_fwd + pre.tp_bwd);
@@ -396,12 +360,7 @@ pub fn estimate(
             tp_time += mb * (post.tp_fwd + post.tp_bwd);
         }
     }
-    let zero3: f64 = my_chunks
-        .iter()
-        .map(|&c| f64::from(chunk_layers[c]))
-        .sum::<f64>()
-        * mb
-        * zero3_exposed_per_layer;
+    let zero3: f64 = my_chunks.iter().map(|&c| f64::from(chunk_layers[c])).sum::<f64>() * mb * zero3_exposed_per_layer;
     let sends = my_chunks.iter().filter(|&&c| c + 1 < n_chunks).count() as f64
         + my_chunks.iter().filter(|&&c| c > 0).count() as f64;
     let pp_time = sends * mb * p2p;
@@ -435,11 +394,7 @@ pub fn estimate(
                 bubble: (bubble - pp_time.min(bubble)).max(0.0),
                 optimizer: opt,
             },
-            bubble_fraction: if iteration > 0.0 {
-                ((iteration - ideal - opt - dp_exposed[critical]) / iteration).max(0.0)
-            } else {
-                0.0
-            },
+            bubble_fraction: if iteration > 0.0 { ((iteration - ideal - opt - dp_exposed[critical]) / iteration).max(0.0) } else { 0.0 },
             stages,
         },
         timeline,
@@ -480,9 +435,7 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
     for &o in &info.layer_ops {
         let op = g.op(o);
         match &op.kind {
-            OpKind::Attention {
-                heads, kv_heads, ..
-            } => {
+            OpKind::Attention { heads, kv_heads, .. } => {
                 kv_width = (h / heads * kv_heads) as f64;
             }
             OpKind::Silu => gated = true,
@@ -496,13 +449,7 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                 }
             }
             OpKind::MoeExperts { .. } => {
-                if let Some(f) = g
-                    .ty(op.inputs[2])
-                    .shape
-                    .dims()
-                    .get(2)
-                    .and_then(|d| d.fixed())
-                {
+                if let Some(f) = g.ty(op.inputs[2]).shape.dims().get(2).and_then(|d| d.fixed()) {
                     ffn = f as f64;
                 }
                 gated = true;

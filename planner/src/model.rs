@@ -57,21 +57,9 @@ impl<'g> ModelInfo<'g> {
                 .unwrap_or(0)
         };
         let is_param = |o: &OpId| matches!(graph.op(*o).kind, OpKind::Param { .. });
-        let params_per_layer = layer_ops
-            .iter()
-            .filter(|o| is_param(o))
-            .map(|&o| numel(o))
-            .sum();
-        let pre_params: u64 = pre_ops
-            .iter()
-            .filter(|o| is_param(o))
-            .map(|&o| numel(o))
-            .sum();
-        let post_params: u64 = post_ops
-            .iter()
-            .filter(|o| is_param(o))
-            .map(|&o| numel(o))
-            .sum();
+        let params_per_layer = layer_ops.iter().filter(|o| is_param(o)).map(|&o| numel(o)).sum();
+        let pre_params: u64 = pre_ops.iter().filter(|o| is_param(o)).map(|&o| numel(o)).sum();
+        let post_params: u64 = post_ops.iter().filter(|o| is_param(o)).map(|&o| numel(o)).sum();
         // A pre-block parameter read by a post-block op is tied (GPT's embedding and head).
         let uses = graph.uses();
         let tied_params = pre_ops
@@ -104,10 +92,7 @@ impl<'g> ModelInfo<'g> {
             match &op.kind {
                 OpKind::Embedding => {
                     let table = graph.ty(op.inputs[0]).shape.dims().to_vec();
-                    let positions = matches!(
-                        graph.op(graph.def_op(op.inputs[1])).kind,
-                        OpKind::Iota { .. }
-                    );
+                    let positions = matches!(graph.op(graph.def_op(op.inputs[1])).kind, OpKind::Iota { .. });
                     let rows = table.first().and_then(|d| d.fixed()).unwrap_or(0);
                     if positions {
                         info.max_seq = info.max_seq.min(rows);
@@ -116,9 +101,7 @@ impl<'g> ModelInfo<'g> {
                         info.vocab = rows;
                     }
                 }
-                OpKind::Attention {
-                    heads, kv_heads, ..
-                } if info.heads == 0 => {
+                OpKind::Attention { heads, kv_heads, .. } if info.heads == 0 => {
                     info.heads = *heads;
                     info.kv_heads = *kv_heads;
                 }

@@ -20,12 +20,7 @@ pub enum Precision {
 }
 
 impl Precision {
-    pub const ALL: [Precision; 4] = [
-        Precision::Fp32,
-        Precision::Bf16,
-        Precision::Fp16,
-        Precision::Fp8,
-    ];
+    pub const ALL: [Precision; 4] = [Precision::Fp32, Precision::Bf16, Precision::Fp16, Precision::Fp8];
 
     pub fn name(self) -> &'static str {
         match self {

@@ -106,9 +106,7 @@ impl Strategy {
             return s.clone();
         }
         let n = self.chunks();
-        (0..n)
-            .map(|i| layers / n + u32::from(i < layers % n))
-            .collect()
+        (0..n).map(|i| layers / n + u32::from(i < layers % n)).collect()
     }
 
     /// Checks every constraint, naming the first one that fails.
@@ -139,10 +137,7 @@ impl Strategy {
             ));
         }
         if model.heads % u64::from(self.tp) != 0 {
-            return err(format!(
-                "attention heads {} are not divisible by tp {}",
-                model.heads, self.tp
-            ));
+            return err(format!("attention heads {} are not divisible by tp {}", model.heads, self.tp));
         }
         if model.kv_heads % u64::from(self.tp) != 0 && u64::from(self.tp) % model.kv_heads != 0 {
             return err(format!(
@@ -151,10 +146,7 @@ impl Strategy {
             ));
         }
         if self.zero > 3 {
-            return err(format!(
-                "ZeRO stage {} does not exist (0, 1, 2 or 3)",
-                self.zero
-            ));
+            return err(format!("ZeRO stage {} does not exist (0, 1, 2 or 3)", self.zero));
         }
         if self.virtual_stages == 0 {
             return err("virtual stages must be at least 1".into());

@@ -48,24 +48,15 @@ struct Levels {
 fn levels(c: &Cluster, g: &Group) -> Levels {
     let (intra_bw, intra_lat) = c
         .node_link()
-        .map(|l| {
-            (
-                l.gb_per_s.unwrap_or(0.0) * 1e9 * l.efficiency,
-                l.latency_us * 1e-6,
-            )
-        })
+        .map(|l| (l.gb_per_s.unwrap_or(0.0) * 1e9 * l.efficiency, l.latency_us * 1e-6))
         .unwrap_or((f64::INFINITY, 0.0));
     let (inter_bw, inter_lat) = c
         .network_link()
         .map(|l| {
-            let node_bw =
-                f64::from(l.nics_per_node.unwrap_or(1)) * l.nic_gb_per_s.unwrap_or(0.0) * 1e9;
+            let node_bw = f64::from(l.nics_per_node.unwrap_or(1)) * l.nic_gb_per_s.unwrap_or(0.0) * 1e9;
             // GPUs of a node that talk across the network at once split the node's NICs.
             let users = (g.per_node * g.sharing).clamp(1, u64::from(c.gpus_per_node)) as f64;
-            (
-                node_bw * l.efficiency / users * g.per_node as f64,
-                l.latency_us * 1e-6,
-            )
+            (node_bw * l.efficiency / users * g.per_node as f64, l.latency_us * 1e-6)
         })
         .unwrap_or((intra_bw, intra_lat));
     Levels {
@@ -110,19 +101,9 @@ pub fn collective_time(c: &Cluster, g: &Group, kind: Collective, bytes: f64) -> 
     let inter_bw_per_gpu = lv.inter_bw / pn;
     match kind {
         Collective::AllReduce => {
-            single_level(
-                Collective::ReduceScatter,
-                pn,
-                bytes,
-                lv.intra_bw,
-                lv.intra_lat,
-            ) + single_level(
-                Collective::AllReduce,
-                nodes,
-                bytes / pn,
-                inter_bw_per_gpu,
-                lv.inter_lat,
-            ) + single_level(Collective::AllGather, pn, bytes, lv.intra_bw, lv.intra_lat)
+            single_level(Collective::ReduceScatter, pn, bytes, lv.intra_bw, lv.intra_lat)
+                + single_level(Collective::AllReduce, nodes, bytes / pn, inter_bw_per_gpu, lv.inter_lat)
+                + single_level(Collective::AllGather, pn, bytes, lv.intra_bw, lv.intra_lat)
         }
         Collective::AllGather | Collective::ReduceScatter => {
             single_level(kind, pn, bytes / nodes, lv.intra_bw, lv.intra_lat)
@@ -188,18 +169,10 @@ pub fn mesh(c: &Cluster, tp: u64, dp: u64, pp: u64) -> Mesh {
             return Group::single();
         }
         // Members are `stride` apart; how many fall in one node, and how many nodes they cover.
-        let per_node = if stride >= gpn {
-            1
-        } else {
-            (gpn / stride).min(size).max(1)
-        };
+        let per_node = if stride >= gpn { 1 } else { (gpn / stride).min(size).max(1) };
         let nodes = size.div_ceil(per_node);
         // Other groups of the same kind in a node: the node's GPUs divided among the groups.
-        let sharing = if nodes > 1 {
-            (gpn / per_node).max(1)
-        } else {
-            1
-        };
+        let sharing = if nodes > 1 { (gpn / per_node).max(1) } else { 1 };
         Group {
             size,
             nodes,

@@ -108,25 +108,13 @@ impl<'c> Device<'c> {
     ///
     /// `act_scale` converts the graph's element size to the run's precision (a graph built in
     /// f32 costed for bf16 moves half the bytes).
-    pub fn op_time(
-        &self,
-        g: &Graph,
-        o: OpId,
-        b: Binding,
-        tp: u64,
-        layout: TpLayout,
-        act_scale: f64,
-    ) -> OpTime {
+    pub fn op_time(&self, g: &Graph, o: OpId, b: Binding, tp: u64, layout: TpLayout, act_scale: f64) -> OpTime {
         let op = g.op(o);
         if op.kind.is_source() {
             return OpTime::default();
         }
         let c = op_cost(g, o, b);
-        let split = if layout == TpLayout::Split {
-            tp.max(1) as f64
-        } else {
-            1.0
-        };
+        let split = if layout == TpLayout::Split { tp.max(1) as f64 } else { 1.0 };
         let eff = self.matmul_shape(g, o, b, tp, layout);
         let fwd_flops = c.fwd_flops / split;
         let bwd_flops = c.bwd_flops / split;
@@ -141,21 +129,10 @@ impl<'c> Device<'c> {
     }
 
     /// The shape efficiency of a product op after the TP split, or `None` for other ops.
-    fn matmul_shape(
-        &self,
-        g: &Graph,
-        o: OpId,
-        b: Binding,
-        tp: u64,
-        layout: TpLayout,
-    ) -> Option<f64> {
+    fn matmul_shape(&self, g: &Graph, o: OpId, b: Binding, tp: u64, layout: TpLayout) -> Option<f64> {
         let op = g.op(o);
         let dims = |i: usize| g.ty(op.inputs[i]).shape.eval(b);
-        let split = if layout == TpLayout::Split {
-            tp.max(1)
-        } else {
-            1
-        } as f64;
+        let split = if layout == TpLayout::Split { tp.max(1) } else { 1 } as f64;
         match &op.kind {
             OpKind::Linear { .. } => {
                 let x = dims(0);

@@ -107,8 +107,7 @@ mod tests {
         let l = gpt(h, a);
         let sbh = s * b * h;
         let p = Precision::Fp16;
-        let close =
-            |got: f64, want: f64| assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
+        let close = |got: f64, want: f64| assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
         // No parallelism: sbh(34 + 5as/h).
         close(
             layer_activation_bytes(&l, s, b, 1.0, false, Recompute::None, p),
@@ -125,23 +124,14 @@ mod tests {
             sbh * (34.0 + 5.0 * a * s / h) / t,
         );
         // Selective recompute with SP: 34 sbh / t; without SP: sbh(10 + 24/t).
-        close(
-            layer_activation_bytes(&l, s, b, t, true, Recompute::Selective, p),
-            34.0 * sbh / t,
-        );
+        close(layer_activation_bytes(&l, s, b, t, true, Recompute::Selective, p), 34.0 * sbh / t);
         close(
             layer_activation_bytes(&l, s, b, t, false, Recompute::Selective, p),
             sbh * (10.0 + 24.0 / t),
         );
         // Full recompute: 2sbh, divided by t with SP.
-        close(
-            layer_activation_bytes(&l, s, b, t, false, Recompute::Full, p),
-            2.0 * sbh,
-        );
-        close(
-            layer_activation_bytes(&l, s, b, t, true, Recompute::Full, p),
-            2.0 * sbh / t,
-        );
+        close(layer_activation_bytes(&l, s, b, t, false, Recompute::Full, p), 2.0 * sbh);
+        close(layer_activation_bytes(&l, s, b, t, true, Recompute::Full, p), 2.0 * sbh / t);
     }
 
     #[test]
@@ -153,11 +143,7 @@ mod tests {
             (s.weights + s.grads + s.optimizer) / 1e9
         };
         for (z, want) in [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.875)] {
-            assert!(
-                (total(z) - want).abs() < 0.06,
-                "ZeRO-{z}: {} vs {want}",
-                total(z)
-            );
+            assert!((total(z) - want).abs() < 0.06, "ZeRO-{z}: {} vs {want}", total(z));
         }
     }
 }

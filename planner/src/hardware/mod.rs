@@ -93,18 +93,9 @@ const PRESETS: [(&str, &str); 8] = [
     ("dgx-h100", include_str!("presets/dgx-h100.toml")),
     ("dgx-h200", include_str!("presets/dgx-h200.toml")),
     ("dgx1-v100", include_str!("presets/dgx1-v100.toml")),
-    (
-        "aws-p3.16xlarge",
-        include_str!("presets/aws-p3.16xlarge.toml"),
-    ),
-    (
-        "aws-p4d.24xlarge",
-        include_str!("presets/aws-p4d.24xlarge.toml"),
-    ),
-    (
-        "aws-p5.48xlarge",
-        include_str!("presets/aws-p5.48xlarge.toml"),
-    ),
+    ("aws-p3.16xlarge", include_str!("presets/aws-p3.16xlarge.toml")),
+    ("aws-p4d.24xlarge", include_str!("presets/aws-p4d.24xlarge.toml")),
+    ("aws-p5.48xlarge", include_str!("presets/aws-p5.48xlarge.toml")),
 ];
 
 /// Names of the built-in presets.
@@ -181,28 +172,16 @@ impl Cluster {
             return bad("gpu.memory_efficiency", "must be in (0, 1]");
         }
         let p = &self.gpu.peak_tflops;
-        for (f, v) in [
-            ("fp32", p.fp32),
-            ("tf32", p.tf32),
-            ("bf16", p.bf16),
-            ("fp16", p.fp16),
-            ("fp8", p.fp8),
-        ] {
+        for (f, v) in [("fp32", p.fp32), ("tf32", p.tf32), ("bf16", p.bf16), ("fp16", p.fp16), ("fp8", p.fp8)] {
             if v.is_some_and(|x| !positive(x)) {
-                return bad(
-                    &format!("gpu.peak_tflops.{f}"),
-                    "must be positive (omit it if unsupported)",
-                );
+                return bad(&format!("gpu.peak_tflops.{f}"), "must be positive (omit it if unsupported)");
             }
         }
         if p.fp32.is_none() {
             return bad("gpu.peak_tflops.fp32", "is required");
         }
         if !self.links.iter().any(|l| l.scope == Scope::Node) && self.gpus_per_node > 1 {
-            return bad(
-                "link",
-                "needs a `scope = \"node\"` entry for GPUs inside a node",
-            );
+            return bad("link", "needs a `scope = \"node\"` entry for GPUs inside a node");
         }
         for (i, l) in self.links.iter().enumerate() {
             if !fraction(l.efficiency) {
@@ -213,14 +192,10 @@ impl Cluster {
             }
             match l.scope {
                 Scope::Node if !l.gb_per_s.is_some_and(positive) => {
-                    return bad(
-                        &format!("link[{i}].gb_per_s"),
-                        "is required (positive) for a node link",
-                    );
+                    return bad(&format!("link[{i}].gb_per_s"), "is required (positive) for a node link");
                 }
                 Scope::Network
-                    if !(l.nics_per_node.is_some_and(|n| n > 0)
-                        && l.nic_gb_per_s.is_some_and(positive)) =>
+                    if !(l.nics_per_node.is_some_and(|n| n > 0) && l.nic_gb_per_s.is_some_and(positive)) =>
                 {
                     return bad(
                         &format!("link[{i}]"),
