@@ -1,5 +1,7 @@
 //! Whole-block plans: Megatron's layouts must fall out of the rules and the ILP.
 
+#![allow(clippy::unwrap_used)] // test helpers panic on purpose
+
 use std::time::Instant;
 
 use ir::{Binding, DType, Graph, OpKind};

@@ -96,7 +96,7 @@ impl Ctx {
         match ty.shape.0.get(usize::from(a.axis)) {
             Some(Dim::Fixed(n)) => {
                 let parts = self.tp * u64::from(a.blocks);
-                *n >= parts && n % parts == 0
+                *n >= parts && n.is_multiple_of(parts)
             }
             Some(Dim::Sym(_)) => a.blocks == 1,
             None => false,
@@ -308,7 +308,11 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
             match q.dist {
                 R if same => tensor(ty, R),
                 S(d) if same && d == Axis::new(0) => sharded(ty, d)?,
-                S(d) if same && d == Axis::new(2) && heads % ctx.tp == 0 && kv % ctx.tp == 0 => {
+                S(d) if same
+                    && d == Axis::new(2)
+                    && heads.is_multiple_of(ctx.tp)
+                    && kv.is_multiple_of(ctx.tp) =>
+                {
                     sharded(ty, d)?
                 }
                 _ => return fail(),
@@ -321,7 +325,7 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
             match x.dist {
                 R => tensor(ty, R),
                 S(d) if d == Axis::new(0) => sharded(ty, d)?,
-                S(d) if d == Axis::new(2) && hd > 0 && (width / hd) % ctx.tp == 0 => {
+                S(d) if d == Axis::new(2) && hd > 0 && (width / hd).is_multiple_of(ctx.tp) => {
                     sharded(ty, d)?
                 }
                 _ => return fail(),

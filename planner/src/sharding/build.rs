@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use egg::{Id, Runner, StopReason};
-use ir::{DType, Dim, Graph, OpId, OpKind, Sym};
+use ir::{Dim, Graph, OpId, OpKind, Sym};
 
 use super::ShardOptions;
 use super::analysis::{Ctx, ShardAnalysis, ShardGraph};
@@ -158,14 +158,11 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
             _ => {}
         }
         let node = match &op.kind {
-            OpKind::Linear { bias } => {
+            OpKind::Linear { bias: true } => {
                 let lin = eg.add(Shard::Linear([tag, k(0)?, k(1)?]));
-                if *bias {
-                    Shard::Bias([tag, lin, k(2)?])
-                } else {
-                    Shard::Linear([tag, k(0)?, k(1)?])
-                }
+                Shard::Bias([tag, lin, k(2)?])
             }
+            OpKind::Linear { bias: false } => Shard::Linear([tag, k(0)?, k(1)?]),
             OpKind::Add | OpKind::Sub | OpKind::Mul | OpKind::Div => {
                 Shard::Zip([tag, k(0)?, k(1)?])
             }
@@ -331,9 +328,4 @@ pub fn saturate(mut built: Built) -> Result<Built, ShardError> {
 /// Lowers and saturates.
 pub fn build(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, ShardError> {
     saturate(lower(graph, ops, opts)?)
-}
-
-/// The element size used for gradients of integer inputs (none: they have no gradient).
-pub fn has_gradient(dtype: DType) -> bool {
-    dtype.is_float()
 }

@@ -89,6 +89,7 @@ fn local_bytes(f: &TensorFact, b: Binding, tp: f64) -> f64 {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn comm(
     costs: &dyn CostOracle,
     tp: u32,

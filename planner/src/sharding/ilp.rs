@@ -220,14 +220,7 @@ fn solve_levelled(
     time_limit_s: f64,
 ) -> (Outcome, usize, usize, usize) {
     let mut vars = ProblemVariables::new();
-    let relax = std::env::var("PLAIT_LP").is_ok();
-    let bin = || {
-        if relax {
-            variable().min(0).max(1)
-        } else {
-            variable().binary()
-        }
-    };
+    let bin = || variable().binary();
     // Copies of each candidate: (level, variable).
     let levels = |i: usize| -> usize {
         let c = &p.cands[i];
@@ -276,7 +269,6 @@ fn solve_levelled(
         }
     }
 
-    let objective_copy = objective.clone();
     let mut constraints = Vec::new();
     let class_sum = |c: usize| -> Expression { p.classes[c].nodes.iter().map(|&i| x(i)).sum() };
     // Tensat eq. 2: every root class computes exactly one node.
@@ -380,20 +372,6 @@ fn solve_levelled(
     }
     let outcome = model.solve().map(|sol| {
         let optimal = matches!(sol.status(), SolutionStatus::Optimal);
-        if relax {
-            for (i, cs) in copies.iter().enumerate() {
-                for &(l, v) in cs {
-                    let val = sol.value(v);
-                    if val > 1e-6 && val < 1.0 - 1e-6 {
-                        eprintln!(
-                            "frac x[{i}@{l}] = {val:.3} {} class {}",
-                            p.cands[i].node, p.cands[i].class
-                        );
-                    }
-                }
-            }
-            eprintln!("LP objective {}", sol.eval(objective_copy.clone()));
-        }
         let chosen = copies
             .iter()
             .map(|cs| cs.iter().any(|&(_, v)| sol.value(v) > 0.5))

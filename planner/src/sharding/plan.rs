@@ -325,7 +325,7 @@ pub fn assemble(
                         ) =>
                     {
                         let mut ins = kid_layouts;
-                        ins.extend(op.inputs.drain(..));
+                        ins.append(&mut op.inputs);
                         op.inputs = ins;
                     }
                     Shard::Bias(_) => {

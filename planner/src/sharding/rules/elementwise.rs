@@ -28,14 +28,13 @@ pub fn rules() -> Result<Vec<Rule>, ShardError> {
             "(part ?o ?i (shard ?d ?x))",
         )?,
     ];
+    // Splits along the feature axis (2) of [B, S, F] activations, as fused projections have.
     for k in BLOCKS.into_iter().filter(|&k| k > 1) {
-        for a in 0..3 {
-            v.push(rw(
-                &format!("part-blocks/{k}@{a}"),
-                &format!("(shard @{a} (part ?o ?i ?x))"),
-                &format!("(part ?o ?i (shard @{a}/{k} ?x))"),
-            )?);
-        }
+        v.push(rw(
+            &format!("part-blocks/{k}"),
+            "(shard @2 (part ?o ?i ?x))",
+            &format!("(part ?o ?i (shard @2/{k} ?x))"),
+        )?);
     }
     Ok(v)
 }

@@ -2,7 +2,6 @@
 //!
 //! - `embedding-vocab`: each rank looks tokens up in its vocabulary range of the table and
 //!   writes zeros for the others (`vembed`); the sum over ranks is the embedding.
-//! - `embedding-hidden`: splitting the table's columns splits the output's hidden axis.
 //! - `embedding-tokens`: a split of the token ids splits the output the same way.
 //! - `cross-entropy-vocab`: the cross-entropy of vocabulary-split logits (`vxent`: the max,
 //!   the sum of exponentials and the target logit are all-reduced over the group, B·S floats
@@ -18,11 +17,6 @@ pub fn rules() -> Result<Vec<Rule>, ShardError> {
             "embedding-vocab",
             "(embed ?o ?w ?ids)",
             "(allreduce (vembed ?o (shard @0 ?w) ?ids))",
-        )?,
-        rw(
-            "embedding-hidden",
-            "(shard @2 (embed ?o ?w ?ids))",
-            "(embed ?o (shard @1 ?w) ?ids)",
         )?,
         rw(
             "embedding-tokens",

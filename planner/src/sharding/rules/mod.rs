@@ -26,9 +26,10 @@ use super::lang::Shard;
 
 pub type Rule = Rewrite<Shard, ShardAnalysis>;
 
-/// Block counts for which block-wise (`@a/k`) variants of the column rules are generated
-/// (fused QKV is 3 blocks, fused gate/up 2).
-pub const BLOCKS: [u8; 3] = [1, 2, 3];
+/// Block counts for which block-wise (`@a/k`) variants of the column rules are generated: fused
+/// QKV is 3 blocks (the only fused projection the importers produce; add 2 for a fused
+/// gate/up projection).
+pub const BLOCKS: [u8; 2] = [1, 3];
 
 /// Applies a pattern only when the result type-checks to the matched class's fact, and unions
 /// it with the matched class, or with the class bound to `target` if given.
