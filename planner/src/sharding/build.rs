@@ -289,7 +289,7 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
         positions,
         ops: ops.to_vec(),
         iterations: 0,
-        stop_reason: String::new(),
+        stop_reason: "not saturated (no rewrites applied)".into(),
         applied: Default::default(),
     })
 }
