@@ -12,6 +12,7 @@ pub mod model;
 pub mod plan;
 pub mod precision;
 pub mod search;
+pub mod sharding;
 pub mod strategy;
 
 pub use error::PlanError;

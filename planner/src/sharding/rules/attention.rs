@@ -1,0 +1,38 @@
+//! Attention and rotary embeddings split by heads (Megatron) or by batch.
+//!
+//! - `attention-heads`: heads are independent, so splitting q, k and v by heads (their last
+//!   axis, whole heads per rank) splits the output by heads. The analysis admits it only when
+//!   both the query heads and the kv heads divide by the TP degree; with grouped-query
+//!   attention query head `h` reads kv head `h / (heads / kv_heads)`, and contiguous splits of
+//!   both keep every group on one rank.
+//! - `rotary-heads`: rotary embedding acts per head.
+//! - `attention-batch`, `rotary-batch`: sequences are independent. (There is no sequence rule:
+//!   attention needs every key, and rotary needs absolute positions.)
+
+use super::{Rule, rw};
+use crate::sharding::error::ShardError;
+
+pub fn rules() -> Result<Vec<Rule>, ShardError> {
+    Ok(vec![
+        rw(
+            "attention-heads",
+            "(shard @2 (attn ?o ?q ?k ?v))",
+            "(attn ?o (shard @2 ?q) (shard @2 ?k) (shard @2 ?v))",
+        )?,
+        rw(
+            "attention-batch",
+            "(shard @0 (attn ?o ?q ?k ?v))",
+            "(attn ?o (shard @0 ?q) (shard @0 ?k) (shard @0 ?v))",
+        )?,
+        rw(
+            "rotary-heads",
+            "(shard @2 (rope ?o ?x))",
+            "(rope ?o (shard @2 ?x))",
+        )?,
+        rw(
+            "rotary-batch",
+            "(shard @0 (rope ?o ?x))",
+            "(rope ?o (shard @0 ?x))",
+        )?,
+    ])
+}

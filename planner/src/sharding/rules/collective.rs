@@ -1,0 +1,31 @@
+//! Resharding collectives.
+//!
+//! - `all-gather`: a tensor equals the all-gather of its shards. Added to the *whole* tensor's
+//!   class for every `(shard d x)` in the graph; this is what makes the e-graph cyclic
+//!   (`x → allgather → shard → x`), see the ILP's acyclicity constraints.
+//! - `all-to-all`: slicing along `b` what was just gathered along `a` is an all-to-all from
+//!   `a`-shards to `b`-shards.
+//!
+//! The slice `(shard d x)` of a replicated tensor is itself the "scatter" (free forward, its
+//! backward conjugate is charged by the ILP), and identity needs no node.
+
+use super::{Rule, rw, rw_into};
+use crate::sharding::error::ShardError;
+
+pub fn rules() -> Result<Vec<Rule>, ShardError> {
+    Ok(vec![
+        // x = allgather_d(shard_d(x))
+        rw_into(
+            "all-gather",
+            "(shard ?d ?x)",
+            "?x",
+            "(allgather ?d (shard ?d ?x))",
+        )?,
+        // shard_b(allgather_a(s)) = alltoall_{a→b}(s)
+        rw(
+            "all-to-all",
+            "(shard ?b (allgather ?a ?s))",
+            "(alltoall ?a ?b ?s)",
+        )?,
+    ])
+}

@@ -1,0 +1,43 @@
+//! Mixture-of-experts layers (Mixtral: top-k router, then Σₑ gateₑ · FFNₑ(x)).
+//!
+//! - `moe-experts`: each rank runs its experts (weights split along the expert axis, gates
+//!   sliced to its experts) for every token; the ranks' partial sums are all-reduced.
+//! - `moe-ffn`: each rank runs a slice of every expert's FFN (w1, w3 by columns, w2 by rows);
+//!   partial sums again.
+//! - `moe-tokens`: a split of the token axes commutes with the layer (experts replicated).
+//! - `moe-expert-parallel`: with tokens split, each rank holds its experts and tokens travel to
+//!   their experts and back by two all-to-alls (`moe-a2a`, GShard's dispatch and combine).
+//! - `router-tokens`: the router acts per token.
+
+use super::{Rule, rw};
+use crate::sharding::error::ShardError;
+
+pub fn rules() -> Result<Vec<Rule>, ShardError> {
+    Ok(vec![
+        rw(
+            "moe-experts",
+            "(moe ?o ?x ?g ?w1 ?w3 ?w2)",
+            "(allreduce (moe ?o ?x (shard @2 ?g) (shard @0 ?w1) (shard @0 ?w3) (shard @0 ?w2)))",
+        )?,
+        rw(
+            "moe-ffn",
+            "(moe ?o ?x ?g ?w1 ?w3 ?w2)",
+            "(allreduce (moe ?o ?x ?g (shard @2 ?w1) (shard @2 ?w3) (shard @1 ?w2)))",
+        )?,
+        rw(
+            "moe-tokens",
+            "(shard ?d (moe ?o ?x ?g ?w1 ?w3 ?w2))",
+            "(moe ?o (shard ?d ?x) (shard ?d ?g) ?w1 ?w3 ?w2)",
+        )?,
+        rw(
+            "moe-expert-parallel",
+            "(shard ?d (moe ?o ?x ?g ?w1 ?w3 ?w2))",
+            "(moe-a2a ?o (shard ?d ?x) (shard ?d ?g) (shard @0 ?w1) (shard @0 ?w3) (shard @0 ?w2))",
+        )?,
+        rw(
+            "router-tokens",
+            "(shard ?d (router ?o ?x ?w))",
+            "(router ?o (shard ?d ?x) ?w)",
+        )?,
+    ])
+}

@@ -1,0 +1,267 @@
+//! Whole-block plans: Megatron's layouts must fall out of the rules and the ILP.
+
+#![allow(clippy::unwrap_used)] // test helpers panic on purpose
+
+use std::time::Instant;
+
+use ir::{Binding, DType, Graph, OpKind};
+use planner::sharding::{
+    BlockPlan, CollectiveKind, Layout, Pass, ShardOptions, SimpleCosts, plan_block,
+};
+
+fn model(name: &str) -> Graph {
+    import::build_forward(&import::zoo::find(name).unwrap(), DType::F32).unwrap()
+}
+
+const B8: Binding = Binding {
+    batch: 8,
+    seq: 1024,
+};
+
+fn plan_at(g: &Graph, tp: u32, sp: bool, b: Binding) -> BlockPlan {
+    let ops = g.layer_ops(0);
+    let opts = ShardOptions::new(tp, sp, b);
+    let t = Instant::now();
+    let p = plan_block(g, &ops, &opts, &SimpleCosts::h100_tf32()).unwrap();
+    eprintln!(
+        "{} tp={tp} sp={sp}: {:.3e} s/pass, {} optimal={} ILP {:.3} s (plan_block {:.3} s); \
+         {} classes, {} candidates, {} vars ({} binary), {} constraints; e-graph {} nodes, {}",
+        g.name,
+        p.solve.objective_seconds,
+        p.solve.solver,
+        p.solve.optimal,
+        p.solve.seconds,
+        t.elapsed().as_secs_f64(),
+        p.solve.eclasses,
+        p.solve.candidates,
+        p.solve.variables,
+        p.solve.binaries,
+        p.solve.constraints,
+        p.egraph_nodes,
+        p.saturation
+    );
+    p
+}
+
+/// Position of the `n`-th op (0-based) of a kind in the layer.
+fn nth(g: &Graph, pred: impl Fn(&OpKind) -> bool, n: usize) -> usize {
+    let ops = g.layer_ops(0);
+    ops.iter()
+        .enumerate()
+        .filter(|(_, o)| pred(&g.op(**o).kind))
+        .nth(n)
+        .map(|(i, _)| i)
+        .unwrap()
+}
+
+fn is_linear(k: &OpKind) -> bool {
+    matches!(k, OpKind::Linear { .. })
+}
+
+fn forward(p: &BlockPlan) -> Vec<(CollectiveKind, Option<usize>)> {
+    p.collectives
+        .iter()
+        .filter(|c| c.pass == Pass::Forward)
+        .map(|c| (c.kind, c.after_position))
+        .collect()
+}
+
+#[test]
+fn gpt2_tp2_one_all_reduce_per_attention_and_mlp() {
+    let g = model("gpt2");
+    let p = plan_at(&g, 2, false, B8);
+    assert!(p.solve.optimal, "{}", p.solve.solver);
+    let attn_out = nth(&g, is_linear, 1);
+    let mlp_out = nth(&g, is_linear, 3);
+    assert_eq!(
+        forward(&p),
+        vec![
+            (CollectiveKind::AllReduce, Some(attn_out)),
+            (CollectiveKind::AllReduce, Some(mlp_out)),
+        ],
+        "{:#?}",
+        p.collectives
+    );
+    // The conjugates: one backward all-reduce in front of each column-parallel block.
+    assert_eq!(p.count(Pass::Backward, CollectiveKind::AllReduce), 2);
+    // Column-parallel QKV (block-wise: q, k and v each split by heads) and MLP up-projection.
+    let qkv = p.op_at(nth(&g, is_linear, 0)).unwrap();
+    assert_eq!(qkv.output, Some(Layout::Split { axis: 2, blocks: 3 }));
+    let up = p.op_at(nth(&g, is_linear, 2)).unwrap();
+    assert_eq!(up.output, Some(Layout::Split { axis: 2, blocks: 1 }));
+    let attn = p
+        .op_at(nth(&g, |k| matches!(k, OpKind::Attention { .. }), 0))
+        .unwrap();
+    assert_eq!(attn.output, Some(Layout::Split { axis: 2, blocks: 1 }));
+    // Row-parallel projections read split inputs and weights split by rows.
+    let down = p.op_at(mlp_out).unwrap();
+    assert_eq!(
+        &down.inputs[..2],
+        &[
+            Layout::Split { axis: 2, blocks: 1 },
+            Layout::Split { axis: 0, blocks: 1 }
+        ]
+    );
+    // Bytes per all-reduce: B·S·h·4.
+    for c in &p.collectives {
+        assert_eq!(c.bytes_formula.to_string(), "3072·B·S");
+        assert_eq!(c.bytes, (8 * 1024 * 768 * 4) as f64);
+    }
+    let json = serde_json::to_string(&p).unwrap();
+    let back: BlockPlan = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, p);
+}
+
+#[test]
+fn gpt2_tp2_sequence_parallel_uses_reduce_scatter_and_all_gather() {
+    let g = model("gpt2");
+    let p = plan_at(
+        &g,
+        2,
+        true,
+        Binding {
+            batch: 1,
+            seq: 1024,
+        },
+    );
+    let fwd = forward(&p);
+    assert_eq!(
+        p.count(Pass::Forward, CollectiveKind::AllReduce),
+        0,
+        "{fwd:?}"
+    );
+    assert_eq!(
+        p.count(Pass::Forward, CollectiveKind::ReduceScatter),
+        2,
+        "{fwd:?}"
+    );
+    assert_eq!(
+        p.count(Pass::Forward, CollectiveKind::AllGather),
+        2,
+        "{fwd:?}"
+    );
+    let (attn_out, mlp_out) = (nth(&g, is_linear, 1), nth(&g, is_linear, 3));
+    assert!(fwd.contains(&(CollectiveKind::ReduceScatter, Some(attn_out))));
+    assert!(fwd.contains(&(CollectiveKind::ReduceScatter, Some(mlp_out))));
+    // Residual adds run on sequence shards.
+    for n in 0..2 {
+        let add = p.op_at(nth(&g, |k| matches!(k, OpKind::Add), n)).unwrap();
+        assert_eq!(add.output, Some(Layout::Split { axis: 1, blocks: 1 }));
+    }
+}
+
+#[test]
+fn tp1_has_no_collectives() {
+    for name in ["gpt2", "llama2-7b", "mixtral-8x7b"] {
+        let g = model(name);
+        for sp in [false, true] {
+            let p = plan_at(&g, 1, sp, B8);
+            assert!(p.collectives.is_empty(), "{name}: {:?}", p.collectives);
+            assert!(p.solve.optimal);
+        }
+    }
+}
+
+#[test]
+fn llama_tp2_one_all_reduce_per_attention_and_mlp() {
+    let g = model("llama2-7b");
+    let p = plan_at(&g, 2, false, B8);
+    assert!(p.solve.optimal, "{}", p.solve.solver);
+    let o_proj = nth(&g, is_linear, 3);
+    let down = nth(&g, is_linear, 6);
+    assert_eq!(
+        forward(&p),
+        vec![
+            (CollectiveKind::AllReduce, Some(o_proj)),
+            (CollectiveKind::AllReduce, Some(down)),
+        ]
+    );
+    // SwiGLU: gate and up column-parallel, silu and mul on the split.
+    for n in [4, 5] {
+        let l = p.op_at(nth(&g, is_linear, n)).unwrap();
+        assert_eq!(l.output, Some(Layout::Split { axis: 2, blocks: 1 }));
+    }
+}
+
+#[test]
+fn gqa_llama3_8b_tp8_splits_kv_heads() {
+    let g = model("llama3-8b");
+    let p = plan_at(&g, 8, false, B8);
+    assert!(p.solve.optimal);
+    // q, k, v projections column-parallel: 32 query heads and 8 kv heads over 8 ranks.
+    for n in 0..3 {
+        let l = p.op_at(nth(&g, is_linear, n)).unwrap();
+        assert_eq!(
+            l.output,
+            Some(Layout::Split { axis: 2, blocks: 1 }),
+            "linear {n}"
+        );
+    }
+    let attn = p
+        .op_at(nth(&g, |k| matches!(k, OpKind::Attention { .. }), 0))
+        .unwrap();
+    assert_eq!(attn.inputs, vec![Layout::Split { axis: 2, blocks: 1 }; 3]);
+    assert_eq!(p.count(Pass::Forward, CollectiveKind::AllReduce), 2);
+}
+
+#[test]
+fn mixtral_tp2_splits_experts_or_their_ffn() {
+    let g = model("mixtral-8x7b");
+    let p = plan_at(&g, 2, false, B8);
+    let moe = p
+        .op_at(nth(&g, |k| matches!(k, OpKind::MoeExperts { .. }), 0))
+        .unwrap();
+    let w = &moe.inputs[2..];
+    let experts = w.iter().all(|l| *l == Layout::Split { axis: 0, blocks: 1 });
+    let ffn = w
+        == [
+            Layout::Split { axis: 2, blocks: 1 },
+            Layout::Split { axis: 2, blocks: 1 },
+            Layout::Split { axis: 1, blocks: 1 },
+        ];
+    assert!(experts || ffn, "{moe:?}");
+    assert_eq!(moe.output, Some(Layout::Partial));
+    assert_eq!(p.count(Pass::Forward, CollectiveKind::AllReduce), 2);
+}
+
+#[test]
+fn ilp_is_optimal_and_fast_for_gpt_and_llama() {
+    for name in ["gpt2", "llama2-7b"] {
+        let g = model(name);
+        for tp in [1, 2, 4, 8] {
+            let p = plan_at(&g, tp, false, B8);
+            assert!(p.solve.optimal, "{name} tp={tp}: {}", p.solve.solver);
+            assert!(
+                p.solve.seconds < 1.0,
+                "{name} tp={tp}: {} s",
+                p.solve.seconds
+            );
+        }
+    }
+}
+
+#[test]
+fn memory_limit_is_respected_or_reported() {
+    let g = model("gpt2");
+    let ops = g.layer_ops(0);
+    let mut opts = ShardOptions::new(2, false, B8);
+    let free = plan_block(&g, &ops, &opts, &SimpleCosts::h100_tf32()).unwrap();
+    let used = free.totals.param_bytes_per_rank + free.totals.activation_bytes_per_rank;
+    opts.memory_limit_bytes = Some(used * 0.9);
+    match plan_block(&g, &ops, &opts, &SimpleCosts::h100_tf32()) {
+        Ok(p) => {
+            let m = p.totals.param_bytes_per_rank + p.totals.activation_bytes_per_rank;
+            assert!(m <= used * 0.9 + 1.0, "{m} > {}", used * 0.9);
+            assert!(p.solve.objective_seconds >= free.solve.objective_seconds - 1e-12);
+        }
+        Err(e) => assert!(matches!(
+            e,
+            planner::sharding::ShardError::OutOfMemory { .. }
+        )),
+    }
+    opts.memory_limit_bytes = Some(1.0);
+    assert!(matches!(
+        plan_block(&g, &ops, &opts, &SimpleCosts::h100_tf32()),
+        Err(planner::sharding::ShardError::OutOfMemory { .. })
+    ));
+}
