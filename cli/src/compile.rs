@@ -133,6 +133,27 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         },
         r.alternatives.clone(),
     );
+    let mut plan = plan;
+    if r.best.strategy.tp > 1 {
+        // The sharding the e-graph extraction chooses for the winning TP degree, recorded in the
+        // plan for codegen; a failure falls back to Megatron's rules, which the plan says.
+        match planner::sharding_costs::block_plan(&info, &cluster, &r.best.strategy) {
+            Ok(bp) if bp.solve.optimal => {
+                plan.sharding.method = format!("e-graph + ILP ({}, optimal)", bp.solve.solver);
+                plan.block_plan = Some(bp);
+            }
+            // A program the solver could not prove optimal is not trusted over Megatron's rules.
+            Ok(bp) => {
+                plan.sharding.method = format!(
+                    "megatron-rules (e-graph extraction not proven optimal: {})",
+                    bp.solve.solver
+                )
+            }
+            Err(e) => {
+                plan.sharding.method = format!("megatron-rules (e-graph extraction failed: {e})")
+            }
+        }
+    }
     if let Some(path) = &args.output {
         std::fs::write(path, plan.to_json() + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;

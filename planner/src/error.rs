@@ -15,6 +15,8 @@ pub enum PlanError {
     InvalidStrategy { constraint: String },
     #[error("the model graph has no repeated layers to split into pipeline stages")]
     NoLayers,
+    #[error("sharding extraction failed: {message}")]
+    Sharding { message: String },
 }
 
 impl PlanError {

@@ -13,6 +13,7 @@ pub mod plan;
 pub mod precision;
 pub mod search;
 pub mod sharding;
+pub mod sharding_costs;
 pub mod strategy;
 
 pub use error::PlanError;

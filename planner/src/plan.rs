@@ -84,6 +84,9 @@ pub struct Plan {
     pub strategy: Strategy,
     pub chunks: Vec<ChunkPlan>,
     pub sharding: BlockSharding,
+    /// The per-op sharding and collectives extracted from the e-graph (tp > 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_plan: Option<crate::sharding::BlockPlan>,
     pub predicted: Predicted,
     pub search: SearchSummary,
     pub alternatives: Vec<Alternative>,
@@ -127,6 +130,7 @@ impl Plan {
             strategy: s.clone(),
             chunks,
             sharding: megatron_sharding(info, s),
+            block_plan: None,
             predicted: best.predicted.clone(),
             search,
             alternatives,
