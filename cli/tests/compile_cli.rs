@@ -1,0 +1,143 @@
+//! `plait compile` through the command line.
+
+use std::process::Command;
+
+fn plait(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_plait"))
+        .args(args)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        stderr,
+    )
+}
+
+#[test]
+fn the_1t_model_on_8_gpus_exits_2_with_the_shortfall_and_a_remedy() {
+    let (code, _, err) = plait(&[
+        "compile",
+        "gpt-1t",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("does not fit on 8 x A100-SXM4-80GB"), "{err}");
+    assert!(err.contains("GiB"), "{err}");
+    assert!(err.contains("use at least"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn json_adds_search_and_alternatives_to_the_estimate_schema() {
+    let (code, out, err) = plait(&[
+        "compile",
+        "gpt2",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "32",
+        "--seq",
+        "1024",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert!(
+        v["predicted"]["iteration_time_s"]
+            .as_f64()
+            .is_some_and(|t| t > 0.0)
+    );
+    assert!(v["search"]["time_s"].as_f64().is_some());
+    assert!(
+        v["search"]["candidates_evaluated"]
+            .as_u64()
+            .is_some_and(|n| n > 10)
+    );
+    let alts = v["alternatives"].as_array().expect("alternatives");
+    assert!(!alts.is_empty());
+    for a in alts {
+        assert!(a["strategy"]["tp"].is_u64());
+        assert!(
+            a["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("slower by") || r.contains("out of memory by"))
+        );
+    }
+}
+
+#[test]
+fn pins_restrict_the_search() {
+    let (code, out, err) = plait(&[
+        "compile",
+        "gpt2",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "32",
+        "--seq",
+        "1024",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--zero",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["strategy"]["tp"], 2);
+    assert_eq!(v["strategy"]["pp"], 2);
+    assert_eq!(v["strategy"]["dp"], 2);
+    assert_eq!(v["strategy"]["zero"], 1);
+}
+
+#[test]
+fn plan_files_are_byte_identical_across_runs() {
+    let dir = std::env::temp_dir().join(format!("plait-compile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or(());
+    let a = dir.join("a.json");
+    let b = dir.join("b.json");
+    for p in [&a, &b] {
+        let ps = p.to_string_lossy().to_string();
+        let (code, _, err) = plait(&[
+            "compile",
+            "gpt2",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "32",
+            "--seq",
+            "1024",
+            "--tp",
+            "2",
+            "--sequence-parallel",
+            "off",
+            "-o",
+            &ps,
+        ]);
+        assert_eq!(code, 0, "{err}");
+    }
+    let (x, y) = (std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"));
+    assert_eq!(x, y);
+    let v: serde_json::Value = serde_json::from_slice(&x).expect("json");
+    assert_eq!(v["format"], "plait-plan/1");
+    assert!(
+        v["block_plan"]["collectives"].is_array(),
+        "the e-graph's sharding is recorded"
+    );
+}
