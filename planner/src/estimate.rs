@@ -5,7 +5,7 @@ use ir::{Binding, Graph, OpId, OpKind, cost};
 use serde::{Deserialize, Serialize};
 
 use crate::cost::comm::{Collective, Mesh, collective_time, mesh, p2p_time};
-use crate::cost::compute::{Device, tp_layout};
+use crate::cost::compute::{Device, TpLayout, tp_layout};
 use crate::cost::memory::{LayerShape, layer_activation_bytes, state_bytes};
 use crate::cost::pipeline::{ChunkCost, Timeline, simulate_with};
 use crate::error::PlanError;
@@ -501,8 +501,13 @@ fn row_parallel_ops(g: &Graph, ops: &[OpId], hidden: u64) -> usize {
             let op = g.op(o);
             let width = |v| g.ty(v).shape.last().and_then(|d| d.fixed());
             match op.kind {
+                // Row-parallel: back to the hidden width from an input that is split across the
+                // TP group (the attention output, split by heads, or the MLP's inner activation).
                 OpKind::Linear { .. } => {
-                    width(op.results[0]) == Some(hidden) && width(op.inputs[0]) != Some(hidden)
+                    let producer = g.def_op(op.inputs[0]);
+                    width(op.results[0]) == Some(hidden)
+                        && tp_layout(g, producer, hidden, false) == TpLayout::Split
+                        && !g.op(producer).kind.is_source()
                 }
                 OpKind::MoeExperts { .. } => true,
                 OpKind::Embedding => {

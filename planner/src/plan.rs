@@ -186,9 +186,11 @@ pub fn megatron_sharding(info: &ModelInfo<'_>, s: &Strategy) -> BlockSharding {
             let op = g.op(o);
             let layout = tp_layout(g, o, info.hidden, s.sequence_parallel);
             let width = |v| g.ty(v).shape.last().and_then(|d| d.fixed());
+            let producer = g.def_op(op.inputs.first().copied().unwrap_or(op.results[0]));
             let row_parallel = matches!(op.kind, ir::OpKind::Linear { .. })
                 && width(op.results[0]) == Some(info.hidden)
-                && width(op.inputs[0]) != Some(info.hidden);
+                && tp_layout(g, producer, info.hidden, false) == TpLayout::Split
+                && !g.op(producer).kind.is_source();
             let column_parallel = matches!(op.kind, ir::OpKind::Linear { .. })
                 && width(op.inputs[0]) == Some(info.hidden)
                 && width(op.results[0]) != Some(info.hidden);
