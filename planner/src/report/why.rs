@@ -42,6 +42,11 @@ pub fn secs(s: f64) -> String {
     }
 }
 
+/// `1 micro-batch`, `4 micro-batches`.
+pub fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 struct Ctx<'a, 'g> {
     plan: &'a Plan,
     info: &'a ModelInfo<'g>,
@@ -92,6 +97,23 @@ impl Ctx<'_, '_> {
             format!("would be {:.1} % faster", -rel)
         }
     }
+}
+
+/// ` (the search's best kept plan with TP 2 x PP 1: 3.8 % slower)`, when one was kept.
+fn kept(plan: &Plan, base: &Estimate, tp: u32, pp: u32) -> String {
+    let t0 = base.predicted.iteration_time_s;
+    plan.alternatives
+        .iter()
+        .find(|a| a.fits && a.strategy.tp == tp && a.strategy.pp == pp)
+        .map(|a| {
+            let rel = 100.0 * (a.iteration_time_s / t0 - 1.0);
+            format!(
+                " (the best plan the search kept with TP {tp} x PP {pp} is {:.1} % {})",
+                rel.abs(),
+                if rel >= 0.0 { "slower" } else { "faster" }
+            )
+        })
+        .unwrap_or_default()
 }
 
 fn rows_of<'a>(
@@ -198,7 +220,12 @@ pub fn why(
                 t.dp /= 2;
                 t.tp = 2;
             }) {
-                line += &format!(" TP 2 (DP {}) {}.", s.dp / 2, cx.outcome(&e));
+                line += &format!(
+                    " TP 2 (DP {}), all else equal, {}{}.",
+                    s.dp / 2,
+                    cx.outcome(&e),
+                    kept(plan, base, 2, s.pp)
+                );
             }
         }
         out.push(line);
@@ -229,10 +256,11 @@ pub fn why(
                 size(states)
             ),
             Some(e) => format!(
-                "Pipeline depth {}: without a pipeline (DP {}) the plan {}.",
+                "Pipeline depth {}: without a pipeline (DP {}), all else equal, the plan {}{}.",
                 s.pp,
                 s.dp * s.pp,
-                cx.outcome(&e)
+                cx.outcome(&e),
+                kept(plan, base, s.tp, 1)
             ),
             None if states > cap => format!(
                 "Pipeline depth {} because a GPU holding all {} layers would need {} of model states, more than its {}.",
@@ -257,8 +285,8 @@ pub fn why(
             Schedule::Gpipe => "The GPipe schedule".into(),
         };
         let mut line = format!(
-            "{sched} with {} micro-batches per pipeline leaves a bubble of {:.1} % of the iteration (the uniform-stage closed form (p-1)/(v*m+p-1) gives {:.1} %).",
-            s.micro_batches(),
+            "{sched} with {} per pipeline leaves a bubble of {:.1} % of the iteration (the uniform-stage closed form (p-1)/(v*m+p-1) gives {:.1} %).",
+            plural(s.micro_batches(), "micro-batch", "micro-batches"),
             100.0 * p.bubble_fraction,
             100.0 * closed
         );
@@ -289,7 +317,12 @@ pub fn why(
                 t.dp /= 2;
                 t.pp = 2;
             }) {
-                line += &format!(" PP 2 (DP {}) {}.", s.dp / 2, cx.outcome(&e));
+                line += &format!(
+                    " PP 2 (DP {}), all else equal, {}{}.",
+                    s.dp / 2,
+                    cx.outcome(&e),
+                    kept(plan, base, s.tp, 2)
+                );
             }
         }
         out.push(line);
@@ -309,8 +342,9 @@ pub fn why(
         } else {
             "across nodes"
         };
+        let what = if s.pp > 1 { "each stage" } else { "the model" };
         out.push(format!(
-            "DP {} replicates each stage {} times {place}; synchronising them moves {} per GPU per iteration over {link} ({} of collectives, {} of it exposed on the critical stage {critical}).",
+            "DP {} replicates {what} {} times {place}; synchronising them moves {} per GPU per iteration over {link} ({} of collectives, {} of it exposed on the critical stage {critical}).",
             s.dp,
             s.dp,
             size(bytes),
@@ -362,10 +396,10 @@ pub fn why(
     let acts = peak.memory.activations;
     match s.recompute {
         Recompute::None => out.push(format!(
-            "No recomputation: activations take {} on stage {} ({} micro-batch chunks in flight), and the stage's total of {} leaves {} free of {}.",
+            "No recomputation: activations take {} on stage {} ({} in flight), and the stage's total of {} leaves {} free of {}.",
             size(acts),
             peak.stage,
-            peak.micro_batches_in_flight,
+            plural(u64::from(peak.micro_batches_in_flight), "micro-batch chunk", "micro-batch chunks"),
             size(peak.peak_memory_bytes),
             size(cap - peak.peak_memory_bytes),
             size(cap)
