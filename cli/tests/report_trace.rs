@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use common::{PINNED_PIPELINE, compile, dir, plait};
 
+/// Slices of one track: (start, end, name).
+type Track = Vec<(f64, f64, String)>;
+
 fn check_trace(extra: &[&str], test: &str) -> serde_json::Value {
     let plan = compile(test, "plan.json", extra);
     let trace = dir(test).join("trace.json");
@@ -19,7 +22,7 @@ fn check_trace(extra: &[&str], test: &str) -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace")).expect("JSON");
     let events = v["traceEvents"].as_array().expect("traceEvents");
     assert!(!events.is_empty());
-    let mut tracks: BTreeMap<(u64, u64), Vec<(f64, f64, String)>> = BTreeMap::new();
+    let mut tracks: BTreeMap<(u64, u64), Track> = BTreeMap::new();
     let mut named = BTreeMap::new();
     for e in events {
         let ph = e["ph"].as_str().expect("ph");

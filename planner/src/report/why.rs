@@ -215,18 +215,18 @@ pub fn why(
         let mut line =
             "No tensor parallelism: every GPU runs whole layers, with no per-layer collectives."
                 .to_string();
-        if s.dp % 2 == 0 {
-            if let Some(e) = cx.variant(|t| {
+        if s.dp.is_multiple_of(2)
+            && let Some(e) = cx.variant(|t| {
                 t.dp /= 2;
                 t.tp = 2;
-            }) {
-                line += &format!(
-                    " TP 2 (DP {}), all else equal, {}{}.",
-                    s.dp / 2,
-                    cx.outcome(&e),
-                    kept(plan, base, 2, s.pp)
-                );
-            }
+            })
+        {
+            line += &format!(
+                " TP 2 (DP {}), all else equal, {}{}.",
+                s.dp / 2,
+                cx.outcome(&e),
+                kept(plan, base, 2, s.pp)
+            );
         }
         out.push(line);
     }
@@ -290,21 +290,21 @@ pub fn why(
             100.0 * p.bubble_fraction,
             100.0 * closed
         );
-        if s.schedule == Schedule::Interleaved {
-            if let Some(e) = cx.variant(|t| {
+        if s.schedule == Schedule::Interleaved
+            && let Some(e) = cx.variant(|t| {
                 t.schedule = Schedule::OneFOneB;
                 t.virtual_stages = 1;
-            }) {
-                line += &format!(" Plain 1F1B {}.", cx.outcome(&e));
-            }
+            })
+        {
+            line += &format!(" Plain 1F1B {}.", cx.outcome(&e));
         }
         out.push(line);
-        if let Some(split) = &s.stage_layers {
-            if split.iter().any(|&l| l != split[0]) {
-                out.push(format!(
+        if let Some(split) = &s.stage_layers
+            && split.iter().any(|&l| l != split[0])
+        {
+            out.push(format!(
                     "Layers are split {split:?} rather than evenly, so the end stages, which also run the embedding and the head, do not hold the pipeline back."
                 ));
-            }
         }
     } else {
         let mut line = format!(
@@ -312,18 +312,19 @@ pub fn why(
             info.layers,
             size(peak.memory.weights + peak.memory.grads + peak.memory.optimizer)
         );
-        if s.dp % 2 == 0 && info.layers >= 2 {
-            if let Some(e) = cx.variant(|t| {
+        if s.dp.is_multiple_of(2)
+            && info.layers >= 2
+            && let Some(e) = cx.variant(|t| {
                 t.dp /= 2;
                 t.pp = 2;
-            }) {
-                line += &format!(
-                    " PP 2 (DP {}), all else equal, {}{}.",
-                    s.dp / 2,
-                    cx.outcome(&e),
-                    kept(plan, base, s.tp, 2)
-                );
-            }
+            })
+        {
+            line += &format!(
+                " PP 2 (DP {}), all else equal, {}{}.",
+                s.dp / 2,
+                cx.outcome(&e),
+                kept(plan, base, s.tp, 2)
+            );
         }
         out.push(line);
     }
