@@ -205,9 +205,10 @@ pub fn why(
             t.sequence_parallel = false;
         }) {
             line += &format!(
-                " Without TP (DP {}) the plan {}.",
+                " Without TP (DP {}), all else equal, the plan {}{}.",
                 s.dp * s.tp,
-                cx.outcome(&e)
+                cx.outcome(&e),
+                kept(plan, base, 1, s.pp)
             );
         }
         out.push(line);
