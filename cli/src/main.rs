@@ -7,6 +7,7 @@ mod estimate;
 mod inspect;
 mod model;
 mod models;
+mod report;
 mod strategy_args;
 
 use std::process::ExitCode;
@@ -42,6 +43,8 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Predict iteration time and per-GPU memory of one parallelization strategy.
     Estimate(estimate::EstimateArgs),
+    /// Explain a plan.json: degrees and why, stages, communication, alternatives; trace and HTML.
+    Report(report::ReportArgs),
     /// Benchmarks: the cost model against published runs, and the estimator's speed.
     Bench(bench::BenchArgs),
 }
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Clusters(args) => clusters::run(&args),
         Command::Compile(args) => compile::run(&args),
         Command::Estimate(args) => estimate::run(&args),
+        Command::Report(args) => report::run(&args),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

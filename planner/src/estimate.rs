@@ -20,7 +20,7 @@ pub const RESERVE_BYTES: f64 = 1.0 * (1u64 << 30) as f64;
 
 /// Bytes per parameter the optimizer step reads and writes: fp32 master weight, m, v (read and
 /// write, 24), the gradient (read) and the new low-precision weight (write), 2 each.
-const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
+pub const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MemoryBreakdown {
@@ -495,7 +495,7 @@ fn estimate_impl(
 
 /// Row-parallel products in `ops`: each needs one all-reduce of the hidden-sized output in the
 /// forward (and its column-parallel partner one in the backward) under Megatron's sharding.
-fn row_parallel_ops(g: &Graph, ops: &[OpId], hidden: u64) -> usize {
+pub fn row_parallel_ops(g: &Graph, ops: &[OpId], hidden: u64) -> usize {
     ops.iter()
         .filter(|&&o| {
             let op = g.op(o);

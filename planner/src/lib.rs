@@ -11,6 +11,7 @@ pub mod hardware;
 pub mod model;
 pub mod plan;
 pub mod precision;
+pub mod report;
 pub mod search;
 pub mod sharding;
 pub mod sharding_costs;

@@ -1,0 +1,515 @@
+//! Communication volume of one iteration, per GPU, per collective and per link level.
+//!
+//! Derived from the strategy, the model (hidden size, layers, parameters) and the device mesh
+//! ([`mesh`]), with the same accounting as the cost model (docs/cost-model.md §3): what each
+//! collective's buffer is, how often it runs, and which link it crosses. Traffic is what one GPU
+//! sends under the ring algorithms: all-reduce 2(n−1)/n·S, reduce-scatter and all-gather
+//! (n−1)/n·S, point-to-point S.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::comm::{Collective, Group, Mesh, collective_time, mesh, p2p_time};
+use crate::estimate::row_parallel_ops;
+use crate::hardware::Cluster;
+use crate::model::ModelInfo;
+use crate::strategy::{Recompute, Strategy};
+
+/// The topology level a collective runs on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkLevel {
+    /// `node` (inside a node) or `network` (across nodes).
+    pub level: String,
+    /// The cluster file's name for the link (e.g. `nvlink`, `infiniband`).
+    pub name: String,
+}
+
+impl LinkLevel {
+    pub fn of(cluster: &Cluster, cross_node: bool) -> LinkLevel {
+        if cross_node {
+            LinkLevel {
+                level: "network".into(),
+                name: cluster
+                    .network_link()
+                    .map_or_else(|| "network".into(), |l| l.name.clone()),
+            }
+        } else {
+            LinkLevel {
+                level: "node".into(),
+                name: cluster
+                    .node_link()
+                    .map_or_else(|| "node".into(), |l| l.name.clone()),
+            }
+        }
+    }
+}
+
+/// One kind of communication of one GPU in one iteration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeRow {
+    /// `tp`, `pp` or `dp`.
+    pub parallelism: String,
+    /// `all-reduce`, `reduce-scatter`, `all-gather` or `p2p`.
+    pub collective: String,
+    /// What the buffer holds (activations, gradients, weights, layer parameters...).
+    pub payload: String,
+    pub link: LinkLevel,
+    /// Ranks in the group (2 for point-to-point).
+    pub group_size: u64,
+    /// Calls per iteration on this GPU.
+    pub calls: u64,
+    /// Buffer size of one call (the full buffer per rank), bytes.
+    pub buffer_bytes: f64,
+    /// Bytes this GPU sends per iteration.
+    pub bytes_per_gpu: f64,
+    /// Seconds the calls take per iteration (before any overlap with compute).
+    pub seconds: f64,
+}
+
+/// The communication of a GPU of one pipeline stage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageVolume {
+    pub stage: u32,
+    pub rows: Vec<VolumeRow>,
+}
+
+impl StageVolume {
+    /// Bytes sent per iteration over each link level, in order of first appearance.
+    pub fn by_link(&self) -> Vec<(LinkLevel, f64)> {
+        let mut out: Vec<(LinkLevel, f64)> = Vec::new();
+        for r in &self.rows {
+            match out.iter_mut().find(|(l, _)| *l == r.link) {
+                Some((_, b)) => *b += r.bytes_per_gpu,
+                None => out.push((r.link.clone(), r.bytes_per_gpu)),
+            }
+        }
+        out
+    }
+
+    pub fn total_bytes(&self) -> f64 {
+        self.rows.iter().map(|r| r.bytes_per_gpu).sum()
+    }
+}
+
+/// Fraction of a buffer one rank sends in a ring collective over `n` ranks.
+pub fn traffic_factor(kind: Collective, n: u64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let frac = (n - 1) as f64 / n as f64;
+    match kind {
+        Collective::AllReduce => 2.0 * frac,
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => frac,
+    }
+}
+
+fn name(kind: Collective) -> &'static str {
+    match kind {
+        Collective::AllReduce => "all-reduce",
+        Collective::AllGather => "all-gather",
+        Collective::ReduceScatter => "reduce-scatter",
+        Collective::AllToAll => "all-to-all",
+    }
+}
+
+/// Bytes of the activation one stage sends to the next per micro-batch (÷ tp with SP).
+pub fn p2p_bytes(info: &ModelInfo<'_>, s: &Strategy) -> f64 {
+    let act = (s.micro_batch * s.seq * info.hidden) as f64 * s.precision.activation_bytes();
+    if s.sequence_parallel {
+        act / f64::from(s.tp)
+    } else {
+        act
+    }
+}
+
+/// Seconds of one point-to-point activation transfer between consecutive stages.
+pub fn p2p_seconds(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> f64 {
+    let m = mesh(cluster, u64::from(s.tp), u64::from(s.dp), u64::from(s.pp));
+    p2p_time(cluster, p2p_bytes(info, s), m.pp_cross_node, m.pp_sharing)
+}
+
+/// Parameters held by one GPU of stage `d` (already divided by tp), as the cost model counts them.
+pub fn stage_local_params(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> f64 {
+    let chunk_layers = s.chunk_layers(info.layers);
+    let n = chunk_layers.len();
+    let mine: Vec<usize> = (0..n)
+        .filter(|c| *c % s.pp as usize == d as usize)
+        .collect();
+    let layers: u32 = mine.iter().map(|&c| chunk_layers[c]).sum();
+    let mut params = f64::from(layers) * info.params_per_layer as f64;
+    if mine.contains(&0) {
+        params += info.pre_params as f64;
+    }
+    if mine.contains(&(n - 1)) {
+        params += info.post_params as f64;
+        if s.pp > 1 {
+            params += info.tied_params as f64;
+        }
+    }
+    params / f64::from(s.tp)
+}
+
+struct Builder<'a> {
+    cluster: &'a Cluster,
+    rows: Vec<VolumeRow>,
+}
+
+impl Builder<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn collective(
+        &mut self,
+        parallelism: &str,
+        kind: Collective,
+        payload: &str,
+        group: &Group,
+        calls: u64,
+        buffer: f64,
+    ) {
+        if calls == 0 || group.size <= 1 || buffer <= 0.0 {
+            return;
+        }
+        self.rows.push(VolumeRow {
+            parallelism: parallelism.into(),
+            collective: name(kind).into(),
+            payload: payload.into(),
+            link: LinkLevel::of(self.cluster, group.nodes > 1),
+            group_size: group.size,
+            calls,
+            buffer_bytes: buffer,
+            bytes_per_gpu: calls as f64 * traffic_factor(kind, group.size) * buffer,
+            seconds: calls as f64 * collective_time(self.cluster, group, kind, buffer),
+        });
+    }
+
+    fn p2p(&mut self, payload: &str, m: &Mesh, calls: u64, buffer: f64) {
+        if calls == 0 || buffer <= 0.0 {
+            return;
+        }
+        self.rows.push(VolumeRow {
+            parallelism: "pp".into(),
+            collective: "p2p".into(),
+            payload: payload.into(),
+            link: LinkLevel::of(self.cluster, m.pp_cross_node),
+            group_size: 2,
+            calls,
+            buffer_bytes: buffer,
+            bytes_per_gpu: calls as f64 * buffer,
+            seconds: calls as f64 * p2p_time(self.cluster, buffer, m.pp_cross_node, m.pp_sharing),
+        });
+    }
+}
+
+/// Per-GPU communication of every pipeline stage for strategy `s`.
+pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<StageVolume> {
+    let (tp, dp, pp) = (u64::from(s.tp), u64::from(s.dp), u64::from(s.pp));
+    let m = mesh(cluster, tp, dp, pp);
+    let mb = s.micro_batches();
+    let g = info.graph;
+    let act = (s.micro_batch * s.seq * info.hidden) as f64 * s.precision.activation_bytes();
+    // Forward, backward, and the forward again under full recompute.
+    let passes: u64 = if s.recompute == Recompute::Full { 3 } else { 2 };
+    let n_layer = row_parallel_ops(g, &info.layer_ops, info.hidden) as u64;
+    let n_pre = row_parallel_ops(g, &info.pre_ops, info.hidden) as u64;
+    let n_post = row_parallel_ops(g, &info.post_ops, info.hidden) as u64;
+    let chunk_layers = s.chunk_layers(info.layers);
+    let n_chunks = chunk_layers.len();
+    let wbytes = s.precision.weight_bytes();
+    let gbytes = s.precision.grad_bytes();
+    (0..s.pp)
+        .map(|d| {
+            let mine: Vec<usize> = (0..n_chunks)
+                .filter(|c| *c % s.pp as usize == d as usize)
+                .collect();
+            let layers: u64 = mine.iter().map(|&c| u64::from(chunk_layers[c])).sum();
+            let first = mine.contains(&0);
+            let last = mine.contains(&(n_chunks - 1));
+            let mut b = Builder {
+                cluster,
+                rows: Vec::new(),
+            };
+            // Tensor parallelism: per row-parallel product and pass, the B·S·h activation.
+            let per_mb =
+                layers * n_layer + if first { n_pre } else { 0 } + if last { n_post } else { 0 };
+            let tp_calls = mb * passes * per_mb;
+            if s.sequence_parallel {
+                b.collective(
+                    "tp",
+                    Collective::ReduceScatter,
+                    "activations",
+                    &m.tp,
+                    tp_calls,
+                    act,
+                );
+                b.collective(
+                    "tp",
+                    Collective::AllGather,
+                    "activations",
+                    &m.tp,
+                    tp_calls,
+                    act,
+                );
+            } else {
+                b.collective(
+                    "tp",
+                    Collective::AllReduce,
+                    "activations",
+                    &m.tp,
+                    tp_calls,
+                    act,
+                );
+            }
+            // Pipeline: activations forward, their gradients backward, per micro-batch.
+            if pp > 1 {
+                let fwd_sends = mine.iter().filter(|&&c| c + 1 < n_chunks).count() as u64;
+                let bwd_sends = mine.iter().filter(|&&c| c > 0).count() as u64;
+                let bytes = p2p_bytes(info, s);
+                b.p2p("activations", &m, mb * fwd_sends, bytes);
+                b.p2p("activation gradients", &m, mb * bwd_sends, bytes);
+                if info.tied_params > 0 && (first || last) {
+                    let tied = info.tied_params as f64 / tp as f64 * gbytes;
+                    b.p2p("tied embedding gradients", &m, 1, tied);
+                }
+            }
+            // Data parallelism, by ZeRO stage.
+            let local = stage_local_params(info, s, d);
+            let grads = local * gbytes;
+            let weights = local * wbytes;
+            match s.zero {
+                0 => b.collective("dp", Collective::AllReduce, "gradients", &m.dp, 1, grads),
+                1 => {
+                    b.collective(
+                        "dp",
+                        Collective::ReduceScatter,
+                        "gradients",
+                        &m.dp,
+                        1,
+                        grads,
+                    );
+                    b.collective("dp", Collective::AllGather, "weights", &m.dp, 1, weights);
+                }
+                2 => {
+                    b.collective(
+                        "dp",
+                        Collective::ReduceScatter,
+                        "gradients",
+                        &m.dp,
+                        mb,
+                        grads,
+                    );
+                    b.collective("dp", Collective::AllGather, "weights", &m.dp, 1, weights);
+                }
+                _ => {
+                    // ZeRO-3: each layer's parameters as one flat buffer, gathered before its
+                    // forward, its recompute and its backward; its gradients reduce-scattered.
+                    let layer = info.params_per_layer as f64 / tp as f64 * wbytes;
+                    let gathers = mb * layers * (passes);
+                    b.collective(
+                        "dp",
+                        Collective::AllGather,
+                        "layer parameters",
+                        &m.dp,
+                        gathers,
+                        layer,
+                    );
+                    b.collective(
+                        "dp",
+                        Collective::ReduceScatter,
+                        "layer gradients",
+                        &m.dp,
+                        mb * layers,
+                        layer,
+                    );
+                }
+            }
+            StageVolume {
+                stage: d,
+                rows: b.rows,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::precision::Precision;
+    use crate::strategy::Schedule;
+    use ir::{DType, Graph};
+
+    fn gpt2() -> Graph {
+        let spec = import::zoo::find("gpt2").unwrap();
+        import::build_forward(&spec, DType::F32).unwrap()
+    }
+
+    fn strategy(tp: u32, pp: u32, dp: u32, zero: u8) -> Strategy {
+        Strategy {
+            tp,
+            pp,
+            dp,
+            micro_batch: 4,
+            global_batch: 64,
+            seq: 1024,
+            zero,
+            recompute: Recompute::None,
+            schedule: Schedule::OneFOneB,
+            virtual_stages: 1,
+            sequence_parallel: false,
+            precision: Precision::Bf16,
+            attention: Default::default(),
+            stage_layers: None,
+        }
+    }
+
+    fn row<'a>(v: &'a StageVolume, par: &str, coll: &str, payload: &str) -> &'a VolumeRow {
+        v.rows
+            .iter()
+            .find(|r| r.parallelism == par && r.collective == coll && r.payload == payload)
+            .unwrap()
+    }
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} vs {b}");
+    }
+
+    fn cluster() -> Cluster {
+        Cluster::load("dgx-a100-80gb").unwrap()
+    }
+
+    #[test]
+    fn tp_all_reduce_moves_two_t_minus_one_over_t_of_the_activation() {
+        let g = gpt2();
+        let info = ModelInfo::new(&g).unwrap();
+        let s = strategy(4, 1, 2, 0);
+        let v = volumes(&info, &cluster(), &s);
+        let r = row(&v[0], "tp", "all-reduce", "activations");
+        let (t, b, seq, h) = (4.0, 4.0, 1024.0, 768.0);
+        // Per call: 2(t−1)/t·b·s·h·2 bytes (bf16).
+        close(
+            r.bytes_per_gpu / r.calls as f64,
+            2.0 * (t - 1.0) / t * b * seq * h * 2.0,
+        );
+        // Per micro-batch, each row-parallel product of a layer and the vocabulary-parallel
+        // embedding, in the forward and once in the backward. (The cost model recognises row
+        // products by shape, hidden-wide output from a wider input: GPT-2's MLP down projection;
+        // its h -> h attention projection is not counted, see the report's notes.)
+        let n_layer = row_parallel_ops(&g, &info.layer_ops, info.hidden) as u64;
+        assert_eq!(n_layer, 1);
+        let m = s.micro_batches();
+        assert_eq!(r.calls, m * 2 * (12 * n_layer + 1));
+        assert_eq!(r.link.level, "node");
+        assert_eq!(r.link.name, "nvlink");
+    }
+
+    #[test]
+    fn sequence_parallel_splits_the_all_reduce_into_equal_halves() {
+        let g = gpt2();
+        let info = ModelInfo::new(&g).unwrap();
+        let mut s = strategy(4, 1, 2, 0);
+        let ar = volumes(&info, &cluster(), &s)[0].rows[0].bytes_per_gpu;
+        s.sequence_parallel = true;
+        let v = volumes(&info, &cluster(), &s);
+        let rs = row(&v[0], "tp", "reduce-scatter", "activations").bytes_per_gpu;
+        let ag = row(&v[0], "tp", "all-gather", "activations").bytes_per_gpu;
+        close(rs, ag);
+        close(rs + ag, ar);
+    }
+
+    #[test]
+    fn full_recompute_repeats_the_forward_collectives() {
+        let g = gpt2();
+        let info = ModelInfo::new(&g).unwrap();
+        let mut s = strategy(2, 1, 4, 0);
+        let none = row(
+            &volumes(&info, &cluster(), &s)[0],
+            "tp",
+            "all-reduce",
+            "activations",
+        )
+        .calls;
+        s.recompute = Recompute::Full;
+        let full = row(
+            &volumes(&info, &cluster(), &s)[0],
+            "tp",
+            "all-reduce",
+            "activations",
+        )
+        .calls;
+        assert_eq!(full * 2, none * 3);
+    }
+
+    #[test]
+    fn dp_volumes_follow_the_zero_stage() {
+        let g = gpt2();
+        let info = ModelInfo::new(&g).unwrap();
+        let c = cluster();
+        let psi = info.params() as f64;
+        let d = 8.0;
+        // ZeRO-0: all-reduce of the bf16 gradients, 2(d−1)/d·2Ψ.
+        let v = volumes(&info, &c, &strategy(1, 1, 8, 0));
+        close(
+            row(&v[0], "dp", "all-reduce", "gradients").bytes_per_gpu,
+            2.0 * (d - 1.0) / d * 2.0 * psi,
+        );
+        // ZeRO-1: reduce-scatter + all-gather, the same total.
+        let v = volumes(&info, &c, &strategy(1, 1, 8, 1));
+        let total: f64 = v[0].rows.iter().map(|r| r.bytes_per_gpu).sum();
+        close(total, 2.0 * (d - 1.0) / d * 2.0 * psi);
+        // ZeRO-2: the gradients every micro-batch.
+        let s = strategy(1, 1, 8, 2);
+        let v = volumes(&info, &c, &s);
+        let rs = row(&v[0], "dp", "reduce-scatter", "gradients");
+        assert_eq!(rs.calls, s.micro_batches());
+        // ZeRO-3: a layer's parameters gathered twice (forward, backward) per micro-batch.
+        let s = strategy(1, 1, 8, 3);
+        let v = volumes(&info, &c, &s);
+        let ag = row(&v[0], "dp", "all-gather", "layer parameters");
+        assert_eq!(ag.calls, s.micro_batches() * 12 * 2);
+        close(ag.buffer_bytes, info.params_per_layer as f64 * 2.0);
+    }
+
+    #[test]
+    fn pipeline_sends_activations_and_crosses_nodes_when_a_stage_fills_one() {
+        let g = gpt2();
+        let info = ModelInfo::new(&g).unwrap();
+        let c = cluster();
+        let s = strategy(2, 2, 2, 0);
+        let v = volumes(&info, &c, &s);
+        let fwd = row(&v[0], "pp", "p2p", "activations");
+        close(fwd.buffer_bytes, 4.0 * 1024.0 * 768.0 * 2.0);
+        assert_eq!(fwd.calls, s.micro_batches());
+        assert_eq!(fwd.link.level, "node");
+        // The first stage only sends forward, the last only backward.
+        assert!(
+            v[0].rows
+                .iter()
+                .all(|r| r.payload != "activation gradients")
+        );
+        assert!(
+            v[1].rows
+                .iter()
+                .all(|r| r.payload != "activations" || r.parallelism != "pp")
+        );
+        // Tied embedding gradients between the end stages, once.
+        assert_eq!(row(&v[1], "pp", "p2p", "tied embedding gradients").calls, 1);
+        // 8 GPUs per stage: consecutive stages sit on different nodes.
+        let s = strategy(8, 2, 1, 0);
+        let v = volumes(&info, &c, &s);
+        assert_eq!(
+            row(&v[0], "pp", "p2p", "activations").link.name,
+            "infiniband"
+        );
+    }
+
+    #[test]
+    fn dp_across_nodes_uses_the_network() {
+        let g = gpt2();
+        let info = ModelInfo::new(&g).unwrap();
+        let v = volumes(&info, &cluster(), &strategy(4, 1, 4, 0));
+        let r = row(&v[0], "dp", "all-reduce", "gradients");
+        assert_eq!(r.link.level, "network");
+        assert_eq!(r.group_size, 4);
+        let by = v[0].by_link();
+        assert_eq!(by.len(), 2);
+        close(by.iter().map(|(_, b)| b).sum(), v[0].total_bytes());
+    }
+}
