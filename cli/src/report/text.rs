@@ -27,9 +27,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
     let nodes = r.gpus.div_ceil(u64::from(r.gpus_per_node));
     writeln!(
         o,
-        "{} ({:.1}M parameters, {} layers) on {} x {} ({}, {} node{} of {})",
+        "{} ({} parameters, {} layers) on {} x {} ({}, {} node{} of {})",
         r.model.name,
-        r.model.params as f64 / 1e6,
+        crate::models::human(r.model.params),
         r.model.layers,
         r.gpus,
         r.gpu,
