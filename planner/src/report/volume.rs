@@ -388,12 +388,11 @@ mod tests {
             r.bytes_per_gpu / r.calls as f64,
             2.0 * (t - 1.0) / t * b * seq * h * 2.0,
         );
-        // Per micro-batch, each row-parallel product of a layer and the vocabulary-parallel
-        // embedding, in the forward and once in the backward. (The cost model recognises row
-        // products by shape, hidden-wide output from a wider input: GPT-2's MLP down projection;
-        // its h -> h attention projection is not counted, see the report's notes.)
+        // Per micro-batch, each row-parallel product of a layer (GPT-2: the attention output
+        // projection and the MLP down projection) and the vocabulary-parallel embedding, in the
+        // forward and once in the backward.
         let n_layer = row_parallel_ops(&g, &info.layer_ops, info.hidden) as u64;
-        assert_eq!(n_layer, 1);
+        assert_eq!(n_layer, 2);
         let m = s.micro_batches();
         assert_eq!(r.calls, m * 2 * (12 * n_layer + 1));
         assert_eq!(r.link.level, "node");
