@@ -1,0 +1,2 @@
+//! MPI check program (in progress).
+fn main() {}

@@ -1,0 +1,1 @@
+//! MPI communicator (in progress).
