@@ -21,6 +21,7 @@
 //! Implementations: [`ThreadComm`] (ranks are threads of one process, shared memory) and,
 //! behind the `mpi` feature, `MpiComm` (one process per rank under `mpirun`).
 
+pub mod conformance;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub(crate) mod reduce;
