@@ -7,6 +7,7 @@ mod estimate;
 mod inspect;
 mod model;
 mod models;
+mod profile;
 mod strategy_args;
 
 use std::process::ExitCode;
@@ -44,6 +45,8 @@ enum Command {
     Estimate(estimate::EstimateArgs),
     /// Benchmarks: the cost model against published runs, and the estimator's speed.
     Bench(bench::BenchArgs),
+    /// Measure this machine (matmul, memory, threads communicator) and write a cluster file.
+    Profile(profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile::run(&args),
         Command::Estimate(args) => estimate::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Profile(args) => profile::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
