@@ -211,6 +211,10 @@ macro_rules! on_every_backend {
                 fn $body() {
                     match runtime::CudaBackend::new(0) {
                         Ok(b) => super::$body(&b),
+                        // On a GPU machine, PLAIT_REQUIRE_CUDA=1 turns the skip into a failure.
+                        Err(e) if std::env::var_os("PLAIT_REQUIRE_CUDA").is_some() => {
+                            panic!("PLAIT_REQUIRE_CUDA is set but: {e}")
+                        }
                         Err(e) => eprintln!(
                             "note: skipping cuda::{} (no usable GPU): {e}",
                             stringify!($body)
@@ -237,6 +241,40 @@ fn cuda_without_the_feature_is_a_clear_error() {
     let err = runtime::CudaBackend::new(0).unwrap_err();
     assert_eq!(err, runtime::RuntimeError::NotCompiledWithCudaSupport);
     assert!(err.to_string().contains("--features"), "{err}");
+}
+
+/// A larger product on the GPU against the CPU, and its rate (printed with --nocapture).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_sgemm_at_size() {
+    let Ok(gpu) = runtime::CudaBackend::new(0) else {
+        return;
+    };
+    let cpu = runtime::CpuBackend::new();
+    let n = 1024;
+    let (a, x) = (tensor(&[n, n], 30), tensor(&[n, n], 31));
+    let (ga, gx) = (gpu.upload(&a).unwrap(), gpu.upload(&x).unwrap());
+    let got = gpu.download(&gpu.sgemm(&ga, &gx).unwrap()).unwrap();
+    let want = cpu.sgemm(&a, &x).unwrap();
+    assert_close(&got, &want, 1e-4, "sgemm 1024");
+    let n = 8192;
+    let (a, x) = (tensor(&[n, n], 32), tensor(&[n, n], 33));
+    let (ga, gx) = (gpu.upload(&a).unwrap(), gpu.upload(&x).unwrap());
+    drop(gpu.sgemm(&ga, &gx).unwrap());
+    gpu.synchronize().unwrap();
+    let t = std::time::Instant::now();
+    let reps = 10;
+    for _ in 0..reps {
+        drop(gpu.sgemm(&ga, &gx).unwrap());
+    }
+    gpu.synchronize().unwrap();
+    let secs = t.elapsed().as_secs_f64() / f64::from(reps);
+    let tflops = 2.0 * (n as f64).powi(3) / secs / 1e12;
+    println!(
+        "{}: sgemm {n}^3 in {:.2} ms = {tflops:.1} TFLOP/s",
+        gpu.name(),
+        secs * 1e3
+    );
 }
 
 #[cfg(feature = "cuda")]
