@@ -7,6 +7,7 @@ mod estimate;
 mod inspect;
 mod model;
 mod models;
+mod profile;
 mod report;
 mod strategy_args;
 
@@ -47,6 +48,8 @@ enum Command {
     Report(report::ReportArgs),
     /// Benchmarks: the cost model against published runs, and the estimator's speed.
     Bench(bench::BenchArgs),
+    /// Measure this machine (matmul, memory, threads communicator) and write a cluster file.
+    Profile(profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Estimate(args) => estimate::run(&args),
         Command::Report(args) => report::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Profile(args) => profile::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

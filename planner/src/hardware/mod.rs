@@ -87,7 +87,7 @@ pub struct Cluster {
     pub links: Vec<Link>,
 }
 
-const PRESETS: [(&str, &str); 8] = [
+const PRESETS: [(&str, &str); 9] = [
     ("dgx-a100-40gb", include_str!("presets/dgx-a100-40gb.toml")),
     ("dgx-a100-80gb", include_str!("presets/dgx-a100-80gb.toml")),
     ("dgx-h100", include_str!("presets/dgx-h100.toml")),
@@ -105,6 +105,7 @@ const PRESETS: [(&str, &str); 8] = [
         "aws-p5.48xlarge",
         include_str!("presets/aws-p5.48xlarge.toml"),
     ),
+    ("cpu", include_str!("presets/cpu.toml")),
 ];
 
 /// Names of the built-in presets.

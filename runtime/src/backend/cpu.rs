@@ -1,0 +1,80 @@
+//! The CPU backend: buffers are host [`Tensor32`]s and every op is a `kernels` call.
+
+use ir::{AdamWConfig, Binding, OpKind};
+use kernels::Tensor32;
+
+use super::{Backend, sgemm_dims};
+use crate::RuntimeError;
+
+/// Host memory and the `kernels` crate (its matmul uses every core).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> CpuBackend {
+        CpuBackend
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Tensor32;
+
+    fn name(&self) -> String {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("cpu ({threads} threads)")
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor32, RuntimeError> {
+        Tensor32::zeros(shape).map_err(RuntimeError::kernel("zeros"))
+    }
+
+    fn shape<'b>(&self, buffer: &'b Tensor32) -> &'b [usize] {
+        &buffer.shape
+    }
+
+    fn upload(&self, host: &Tensor32) -> Result<Tensor32, RuntimeError> {
+        Tensor32::new(host.shape.clone(), host.data.clone()).map_err(RuntimeError::kernel("upload"))
+    }
+
+    fn download(&self, buffer: &Tensor32) -> Result<Tensor32, RuntimeError> {
+        Ok(buffer.clone())
+    }
+
+    fn forward(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Tensor32],
+        binding: Binding,
+    ) -> Result<Vec<Tensor32>, RuntimeError> {
+        kernels::forward(kind, inputs, binding).map_err(RuntimeError::kernel(kind.mnemonic()))
+    }
+
+    fn backward(
+        &self,
+        kind: &OpKind,
+        xs: &[&Tensor32],
+        dys: &[&Tensor32],
+    ) -> Result<Vec<Option<Tensor32>>, RuntimeError> {
+        kernels::backward(kind, xs, dys).map_err(RuntimeError::kernel(kind.mnemonic()))
+    }
+
+    fn adamw(
+        &self,
+        cfg: &AdamWConfig,
+        param: &mut Tensor32,
+        grad: &Tensor32,
+        m: &mut Tensor32,
+        v: &mut Tensor32,
+        step: u64,
+    ) -> Result<(), RuntimeError> {
+        kernels::adamw(cfg, param, grad, m, v, step).map_err(RuntimeError::kernel("adamw"))
+    }
+
+    fn sgemm(&self, a: &Tensor32, b: &Tensor32) -> Result<Tensor32, RuntimeError> {
+        let (m, k, n) = sgemm_dims(&a.shape, &b.shape)?;
+        let mut c = self.zeros(&[m, n])?;
+        kernels::sgemm(&a.data, &b.data, &mut c.data, m, k, n)
+            .map_err(RuntimeError::kernel("sgemm"))?;
+        Ok(c)
+    }
+}

@@ -1,0 +1,108 @@
+//! Compute backends: where a rank's tensors live and its ops run.
+//!
+//! A [`Backend`] owns device memory through its [`Backend::Buffer`] type (candle's
+//! storage/device split, without dynamic dispatch: the executor is generic over the backend).
+//! Every op goes through [`Backend::forward`] / [`Backend::backward`] with the semantics of
+//! `kernels::forward` / `kernels::backward` (the interpreter's), and the optimizer through
+//! [`Backend::adamw`]. Buffers move to and from the host as [`Tensor32`]s; collectives run on
+//! host slices (see [`crate::comm`]).
+//!
+//! - [`CpuBackend`]: always available, the `kernels` crate on host memory.
+//! - [`CudaBackend`]: behind the `cuda` cargo feature (cudarc, libraries loaded at run time).
+//!   Without the feature the type still exists and its constructor returns
+//!   [`RuntimeError::NotCompiledWithCudaSupport`], so callers compile everywhere.
+
+mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_ops;
+
+use ir::{AdamWConfig, Binding, OpKind};
+use kernels::Tensor32;
+
+use crate::RuntimeError;
+
+pub use cpu::CpuBackend;
+pub use cuda::{CudaBackend, CudaBuffer};
+
+/// A device that holds f32 buffers and runs plait's ops on them.
+pub trait Backend: std::fmt::Debug {
+    /// A tensor in this backend's memory (shape and data).
+    type Buffer: std::fmt::Debug;
+
+    /// A short description, e.g. `cpu (2 threads)` or `cuda:0 (NVIDIA H200)`.
+    fn name(&self) -> String;
+
+    /// A zero-filled buffer of `shape`.
+    fn zeros(&self, shape: &[usize]) -> Result<Self::Buffer, RuntimeError>;
+
+    /// Frees a buffer now (dropping it does the same).
+    fn free(&self, buffer: Self::Buffer) {
+        drop(buffer);
+    }
+
+    /// The buffer's shape.
+    fn shape<'b>(&self, buffer: &'b Self::Buffer) -> &'b [usize];
+
+    /// Copies a host tensor into a new buffer.
+    fn upload(&self, host: &Tensor32) -> Result<Self::Buffer, RuntimeError>;
+
+    /// Copies a buffer back to the host.
+    fn download(&self, buffer: &Self::Buffer) -> Result<Tensor32, RuntimeError>;
+
+    /// Runs one non-source op (`kernels::forward` semantics): one buffer per result.
+    fn forward(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        binding: Binding,
+    ) -> Result<Vec<Self::Buffer>, RuntimeError>;
+
+    /// The vector-Jacobian product of `kind` (`kernels::backward` semantics): one gradient per
+    /// operand, `None` where no gradient flows (token ids, targets).
+    fn backward(
+        &self,
+        kind: &OpKind,
+        xs: &[&Self::Buffer],
+        dys: &[&Self::Buffer],
+    ) -> Result<Vec<Option<Self::Buffer>>, RuntimeError>;
+
+    /// One AdamW update in place; `step` is 1-based.
+    fn adamw(
+        &self,
+        cfg: &AdamWConfig,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        m: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        step: u64,
+    ) -> Result<(), RuntimeError>;
+
+    /// `c[m,n] = a[m,k] · b[k,n]` on 2-D row-major buffers, allocating `c`.
+    fn sgemm(&self, a: &Self::Buffer, b: &Self::Buffer) -> Result<Self::Buffer, RuntimeError>;
+
+    /// Waits until all queued work has finished (a no-op on the CPU).
+    fn synchronize(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+}
+
+/// Checks the operands of [`Backend::sgemm`]: `(m, k, n)`.
+pub(crate) fn sgemm_dims(a: &[usize], b: &[usize]) -> Result<(usize, usize, usize), RuntimeError> {
+    match (a, b) {
+        (&[m, k], &[k2, n]) if k == k2 => Ok((m, k, n)),
+        _ => Err(RuntimeError::Kernel {
+            op: "sgemm",
+            source: kernels::KernelError::Shape {
+                op: "sgemm",
+                what: "operands",
+                got: [a, b].concat(),
+                want: format!("a[m, k] and b[k, n], got {a:?} and {b:?}"),
+            },
+        }),
+    }
+}

@@ -1,0 +1,84 @@
+//! `plait profile`: measures this machine and describes it as a cluster for the planner.
+//!
+//! One rank per hardware thread: the description's "GPU" is one rank's share of the machine
+//! when every rank works at once (the all-thread matmul rate and memory bandwidth divided by
+//! the thread count), and its node link is the threads communicator (shared memory), whose α
+//! and β come from timing all-reduces of a small and a large buffer across 2 ranks. The file
+//! follows docs/hardware.md and loads with `planner::Cluster::load`.
+
+mod measure;
+mod write;
+
+use crate::RuntimeError;
+
+pub use measure::{copy_gb_per_s, sgemm_gflops, threads_all_reduce_fit};
+
+/// How long to measure.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProfileOptions {
+    /// Small sizes and few repetitions (about a second): for tests.
+    pub quick: bool,
+    /// The 1-thread sgemm rate, GFLOP/s, measured by the caller in a process whose matmul pool
+    /// has one thread (the pool's size is fixed per process); `None` leaves it out.
+    pub sgemm_one_thread_gflops: Option<f64>,
+}
+
+/// What was measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineProfile {
+    /// `model name` from /proc/cpuinfo, if readable.
+    pub cpu: String,
+    /// Hardware threads (`std::thread::available_parallelism`): the ranks one node holds.
+    pub threads: usize,
+    /// Total memory, GiB (/proc/meminfo), if readable.
+    pub memory_gib: Option<f64>,
+    /// sgemm at `sgemm_size`³ on the matmul pool (all its threads), GFLOP/s.
+    pub sgemm_all_gflops: f64,
+    pub sgemm_one_gflops: Option<f64>,
+    pub sgemm_size: usize,
+    /// Copy bandwidth with every thread copying its own buffer, GB/s (bytes read + written).
+    pub copy_all_gb_per_s: f64,
+    /// The threads communicator's 2-rank all-reduce: `t = α + β·bytes`.
+    pub allreduce_alpha_us: f64,
+    pub allreduce_gb_per_s: f64,
+    /// Seconds since the Unix epoch when the measurement ended.
+    pub unix_time: u64,
+}
+
+/// Runs every measurement.
+pub fn measure(opts: &ProfileOptions) -> Result<MachineProfile, RuntimeError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sgemm_size = if opts.quick { 256 } else { 1024 };
+    let reps = if opts.quick { 2 } else { 5 };
+    let sgemm_all_gflops = sgemm_gflops(sgemm_size, reps)?;
+    let copy_bytes = if opts.quick { 8 << 20 } else { 128 << 20 };
+    let copy_all_gb_per_s = copy_gb_per_s(threads, copy_bytes, reps)?;
+    let (small, large, ar_reps) = if opts.quick {
+        (4, 256 << 10, 20)
+    } else {
+        (4, 16 << 20, 50)
+    };
+    let (alpha_s, beta_s_per_byte) = threads_all_reduce_fit(small, large, ar_reps)?;
+    let unix_time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(MachineProfile {
+        cpu: measure::cpu_name(),
+        threads,
+        memory_gib: measure::memory_gib(),
+        sgemm_all_gflops,
+        sgemm_one_gflops: opts.sgemm_one_thread_gflops,
+        sgemm_size,
+        copy_all_gb_per_s,
+        allreduce_alpha_us: alpha_s * 1e6,
+        allreduce_gb_per_s: 1e-9 / beta_s_per_byte,
+        unix_time,
+    })
+}
+
+impl MachineProfile {
+    /// The cluster description (TOML, docs/hardware.md's schema) named `name`.
+    pub fn to_cluster_toml(&self, name: &str) -> String {
+        write::cluster_toml(self, name)
+    }
+}
