@@ -2,6 +2,7 @@
 
 mod bench;
 mod clusters;
+mod codegen;
 mod compile;
 mod estimate;
 mod inspect;
@@ -42,6 +43,12 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Predict iteration time and per-GPU memory of one parallelization strategy.
     Estimate(estimate::EstimateArgs),
+    /// Generate and verify one program per rank from a plan.json.
+    Codegen(codegen::CodegenArgs),
+    /// Print one rank's program listing.
+    Show(codegen::ShowArgs),
+    /// Run the static verifier over a program directory.
+    Verify(codegen::VerifyArgs),
     /// Benchmarks: the cost model against published runs, and the estimator's speed.
     Bench(bench::BenchArgs),
 }
@@ -55,6 +62,9 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile::run(&args),
         Command::Estimate(args) => estimate::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Codegen(args) => codegen::run_codegen(&args),
+        Command::Show(args) => codegen::run_show(&args),
+        Command::Verify(args) => codegen::run_verify(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
