@@ -574,9 +574,12 @@ impl Stage<'_> {
                 }
                 1 | 2 => {
                     let w = self.cx.weight;
-                    let tmp = self
-                        .b
-                        .alloc(format!("w.{pid}.new"), w, vec![st.per], Role::Temp);
+                    let tmp = self.b.alloc(
+                        format!("w.{pid}.new"),
+                        w,
+                        vec![st.per],
+                        Role::ParamSlice(pid),
+                    );
                     match st.master {
                         Some(master) => {
                             self.b.push(Instr::AdamW {
