@@ -134,10 +134,28 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                 };
                 *applied.entry(p).or_default() += 1;
                 match g {
-                    None => v(
-                        k,
-                        format!("adamw applies no gradient contribution to {}", name(p)),
-                    ),
+                    None => {
+                        let pending = taint
+                            .iter()
+                            .flatten()
+                            .find(|t2| t2.param == Some(p) && t2.unreduced > 0)
+                            .copied();
+                        match pending {
+                            Some(t2) if dp => v(
+                                k,
+                                format!(
+                                    "adamw reads a gradient of {} that no data-parallel reduction wrote: {} contribution(s) were never reduced (the last made at step #{})",
+                                    name(p),
+                                    t2.unreduced,
+                                    t2.origin
+                                ),
+                            ),
+                            _ => v(
+                                k,
+                                format!("adamw applies no gradient contribution to {}", name(p)),
+                            ),
+                        }
+                    }
                     Some(g) if g.param != Some(p) => v(
                         k,
                         format!(
