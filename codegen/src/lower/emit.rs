@@ -307,8 +307,10 @@ pub fn backward(
     for (i, s) in seg.steps.iter().enumerate().rev() {
         // Regather what this step's backward reads.
         for v in bwd_reads(seg, s) {
-            if p.regather[v] && inst.bufs[v].is_none_or(|_| true) {
-                if let Some(x) = gathered_source(seg, v) {
+            if p.regather[v]
+                && let Some(x) = gathered_source(seg, v)
+            {
+                {
                     let val = &seg.vals[v];
                     let y = b.alloc(
                         format!("{}.{}", env.tag, val.name),
