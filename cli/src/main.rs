@@ -2,6 +2,7 @@
 
 mod bench;
 mod clusters;
+mod codegen;
 mod compile;
 mod estimate;
 mod inspect;
@@ -45,6 +46,12 @@ enum Command {
     Estimate(estimate::EstimateArgs),
     /// Explain a plan.json: degrees and why, stages, communication, alternatives; trace and HTML.
     Report(report::ReportArgs),
+    /// Generate and verify one program per rank from a plan.json.
+    Codegen(codegen::CodegenArgs),
+    /// Print one rank's program listing.
+    Show(codegen::ShowArgs),
+    /// Run the static verifier over a program directory.
+    Verify(codegen::VerifyArgs),
     /// Benchmarks: the cost model against published runs, and the estimator's speed.
     Bench(bench::BenchArgs),
 }
@@ -59,6 +66,9 @@ fn main() -> ExitCode {
         Command::Estimate(args) => estimate::run(&args),
         Command::Report(args) => report::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Codegen(args) => codegen::run_codegen(&args),
+        Command::Show(args) => codegen::run_show(&args),
+        Command::Verify(args) => codegen::run_verify(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,129 @@
+//! `plait codegen PLAN -o DIR`, `plait show DIR --rank R`, `plait verify DIR`: per-rank
+//! programs from a plan, their listing, and the static verifier.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use codegen::verify::{Options, Report, verify_with};
+
+/// Relative difference between the programs' and the planner's peak memory that `codegen` and
+/// `verify` accept.
+const MEMORY_TOLERANCE: f64 = 0.10;
+
+#[derive(Args, Debug)]
+pub struct CodegenArgs {
+    /// A plan written by `plait compile -o` (plait-plan/1).
+    plan: PathBuf,
+    /// Directory for index.json and the program templates.
+    #[arg(short = 'o', long = "output")]
+    output: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    /// A directory written by `plait codegen`.
+    dir: PathBuf,
+    #[arg(long)]
+    rank: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// A directory written by `plait codegen`.
+    dir: PathBuf,
+}
+
+fn print_report(r: &Report) {
+    for m in &r.memory {
+        println!(
+            "memory      template {} (stage {}, {} ranks): peak {:.2} GiB from the program, {:.2} GiB predicted ({:+.1} %)",
+            m.template,
+            m.stage,
+            m.ranks,
+            m.program_peak_bytes as f64 / (1u64 << 30) as f64,
+            m.predicted_peak_bytes / (1u64 << 30) as f64,
+            (m.ratio() - 1.0) * 100.0
+        );
+    }
+}
+
+fn check(r: &Report) -> anyhow::Result<()> {
+    if r.violations.is_empty() {
+        return Ok(());
+    }
+    for v in &r.violations {
+        eprintln!("violation: {v}");
+    }
+    anyhow::bail!(
+        "{} violation(s); first: {}",
+        r.violations.len(),
+        r.violations[0]
+    )
+}
+
+pub fn run_codegen(args: &CodegenArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let file = args.plan.display().to_string();
+    let text =
+        std::fs::read_to_string(&args.plan).with_context(|| format!("cannot read {file}"))?;
+    let plan = planner::plan::Plan::from_json(&text, &file)?;
+    let graph = codegen::load_graph(&plan)?;
+    let set = codegen::lower(&plan, &graph, codegen::Options::default())?;
+    let report = verify_with(
+        &set,
+        Options {
+            memory_tolerance: Some(MEMORY_TOLERANCE),
+        },
+    );
+    check(&report)?;
+    codegen::io::write(&set, &args.output)?;
+    let instrs: usize = set.templates.iter().map(|t| t.instrs.len()).sum();
+    println!(
+        "programs    {} ranks, {} template(s), {} instructions per iteration in all, verified ({} rank(s) simulated), {:.2} s",
+        set.ranks.len(),
+        set.templates.len(),
+        instrs,
+        report.simulated_ranks,
+        started.elapsed().as_secs_f64()
+    );
+    print_report(&report);
+    println!("written to {}", args.output.display());
+    Ok(())
+}
+
+pub fn run_show(args: &ShowArgs) -> anyhow::Result<()> {
+    let set = codegen::io::read(&args.dir)?;
+    let text = codegen::listing::show(&set, args.rank).with_context(|| {
+        format!(
+            "rank {} does not exist (the programs have {} ranks)",
+            args.rank,
+            set.ranks.len()
+        )
+    })?;
+    use std::io::Write;
+    // A closed pipe (e.g. `| head`) ends the listing quietly.
+    let _ = std::io::stdout().write_all(text.as_bytes());
+    Ok(())
+}
+
+pub fn run_verify(args: &VerifyArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let set = codegen::io::read(&args.dir)?;
+    let report = verify_with(
+        &set,
+        Options {
+            memory_tolerance: Some(MEMORY_TOLERANCE),
+        },
+    );
+    print_report(&report);
+    check(&report)?;
+    println!(
+        "verified    {} ranks, {} template(s), no violations ({:.2} s)",
+        set.ranks.len(),
+        set.templates.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! The program directory: `index.json` (mesh, groups, parameters, ranks, predictions) and one
+//! `template-K.json` per template.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CodegenError;
+use crate::program::{
+    FORMAT, Group, MeshInfo, ParamInfo, Predicted, ProgramSet, RankInfo, Template,
+};
+
+#[derive(Serialize, Deserialize)]
+struct Index {
+    format: String,
+    model: String,
+    mesh: MeshInfo,
+    params: Vec<ParamInfo>,
+    groups: Vec<Group>,
+    predicted: Vec<Predicted>,
+    ranks: Vec<RankInfo>,
+    templates: Vec<String>,
+}
+
+fn io(path: &Path, e: impl ToString) -> CodegenError {
+    CodegenError::Io {
+        path: path.into(),
+        message: e.to_string(),
+    }
+}
+
+/// Writes the set into `dir` (created if needed).
+pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), CodegenError> {
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let names: Vec<String> = set
+        .templates
+        .iter()
+        .map(|t| format!("template-{}.json", t.id.0))
+        .collect();
+    for (t, name) in set.templates.iter().zip(&names) {
+        let p = dir.join(name);
+        let text = serde_json::to_string(t).map_err(|e| io(&p, e))?;
+        std::fs::write(&p, text).map_err(|e| io(&p, e))?;
+    }
+    let index = Index {
+        format: set.format.clone(),
+        model: set.model.clone(),
+        mesh: set.mesh.clone(),
+        params: set.params.clone(),
+        groups: set.groups.clone(),
+        predicted: set.predicted.clone(),
+        ranks: set.ranks.clone(),
+        templates: names,
+    };
+    let p = dir.join("index.json");
+    let text = serde_json::to_string_pretty(&index).map_err(|e| io(&p, e))?;
+    std::fs::write(&p, text + "\n").map_err(|e| io(&p, e))
+}
+
+/// Reads a set written by [`write`].
+pub fn read(dir: &Path) -> Result<ProgramSet, CodegenError> {
+    let p = dir.join("index.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+    let index: Index = serde_json::from_str(&text).map_err(|e| CodegenError::Format {
+        path: p.clone(),
+        message: e.to_string(),
+    })?;
+    if index.format != FORMAT {
+        return Err(CodegenError::Format {
+            path: p,
+            message: format!("format `{}`; this plait reads `{FORMAT}`", index.format),
+        });
+    }
+    let mut templates = Vec::new();
+    for name in &index.templates {
+        if name.contains('/') || name.contains("..") {
+            return Err(CodegenError::Format {
+                path: p.clone(),
+                message: format!("template name `{name}`"),
+            });
+        }
+        let tp = dir.join(name);
+        let text = std::fs::read_to_string(&tp).map_err(|e| io(&tp, e))?;
+        let t: Template = serde_json::from_str(&text).map_err(|e| CodegenError::Format {
+            path: tp.clone(),
+            message: e.to_string(),
+        })?;
+        templates.push(t);
+    }
+    Ok(ProgramSet {
+        format: index.format,
+        model: index.model,
+        mesh: index.mesh,
+        params: index.params,
+        groups: index.groups,
+        predicted: index.predicted,
+        ranks: index.ranks,
+        templates,
+    })
+}

@@ -1,0 +1,642 @@
+//! Instantiates a [`Segment`] for one layer and micro-batch: its forward, and its backward
+//! (one `grad` per differentiated op as `ir::autodiff::backward` builds them, except ops whose
+//! gradient reads no operand value, which become forward ops on the output gradient: `add` →
+//! the gradient itself, `split` → `concat`, `dropout` → the same dropout, `scale` → the same
+//! scale, `transpose` → the inverse transpose, `reshape` → the reshape back), with the
+//! collectives' conjugates (all-gather ↔ reduce-scatter, all-reduce ↔ identity).
+//!
+//! What the forward keeps for the backward is exactly what the backward reads, so the buffers
+//! alive between them are Korthikanti et al.'s saved activations; with sequence parallelism a
+//! gathered input is kept as its shard and gathered again in the backward (Megatron-LM).
+
+use ir::OpKind;
+
+use super::builder::Builder;
+use super::segment::{SVal, Segment, Source, Step};
+use crate::ids::{BufferId, ParamId};
+use crate::program::{Algorithm, CollectiveOp, Instr, Purpose, Role, Slot};
+use planner::Recompute;
+
+/// What the backward needs of a segment, computed once per segment.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Values the forward keeps for the backward.
+    pub keep: Vec<bool>,
+    /// Values the backward gathers again from their kept shard.
+    pub regather: Vec<bool>,
+    /// Per value, the step (forward order) of its first backward read, or `usize::MAX`.
+    pub last_bwd_read: Vec<usize>,
+    pub keep_scores: bool,
+    pub full: bool,
+}
+
+/// Operand values the backward of `step` reads.
+pub fn bwd_reads(seg: &Segment, step: &Step) -> Vec<SVal> {
+    match step {
+        Step::Compute {
+            kind, ins, outs, ..
+        } => match kind {
+            OpKind::Add | OpKind::Sub => {
+                let dy = outs.first().map(|&o| &seg.vals[o].shape);
+                ins.iter()
+                    .copied()
+                    .filter(|&i| Some(&seg.vals[i].shape) != dy)
+                    .collect()
+            }
+            OpKind::Split { .. }
+            | OpKind::Dropout { .. }
+            | OpKind::Scale { .. }
+            | OpKind::Transpose { .. }
+            | OpKind::Reshape { .. } => vec![],
+            _ => ins.clone(),
+        },
+        _ => vec![],
+    }
+}
+
+pub fn plan(seg: &Segment, recompute: Recompute) -> Plan {
+    let n = seg.vals.len();
+    let mut reads = vec![false; n];
+    let mut last = vec![usize::MAX; n];
+    for (i, s) in seg.steps.iter().enumerate() {
+        for v in bwd_reads(seg, s) {
+            reads[v] = true;
+            if last[v] == usize::MAX || i < last[v] {
+                last[v] = i;
+            }
+        }
+    }
+    let mut keep = vec![false; n];
+    let mut regather = vec![false; n];
+    let mut gathered_from = vec![None; n];
+    for s in &seg.steps {
+        if let Step::Coll {
+            op: CollectiveOp::AllGather,
+            x,
+            y,
+            ..
+        } = s
+        {
+            gathered_from[*y] = Some(*x);
+        }
+    }
+    for v in 0..n {
+        if !reads[v] || !matches!(seg.vals[v].source, Source::Step | Source::Input) {
+            continue;
+        }
+        match gathered_from[v] {
+            Some(x) => {
+                regather[v] = true;
+                keep[x] = true;
+            }
+            None => keep[v] = true,
+        }
+    }
+    // A regathered value's shard is read (by the gather) just before the value.
+    for v in 0..n {
+        if regather[v]
+            && let Some(x) = gathered_from[v]
+            && (last[x] == usize::MAX || last[v] < last[x])
+        {
+            last[x] = last[v];
+        }
+    }
+    Plan {
+        keep,
+        regather,
+        last_bwd_read: last,
+        keep_scores: recompute != Recompute::Selective,
+        full: recompute == Recompute::Full,
+    }
+}
+
+/// One instantiated segment.
+#[derive(Debug, Clone)]
+pub struct Inst {
+    pub bufs: Vec<Option<BufferId>>,
+    pub saves: Vec<Vec<BufferId>>,
+    pub layer: Option<u32>,
+}
+
+/// Where a segment's operands come from.
+#[derive(Debug)]
+pub struct Env<'a> {
+    /// Buffer of the parameter at each op position (`None`: not a parameter).
+    pub params: &'a [Option<(ParamId, BufferId)>],
+    pub input_ids: Option<BufferId>,
+    pub targets: Option<BufferId>,
+    pub layer: Option<u32>,
+    pub tag: String,
+}
+
+fn coll(
+    op: CollectiveOp,
+    group: Slot,
+    axis: Option<u8>,
+    x: BufferId,
+    y: BufferId,
+    purpose: Purpose,
+) -> Instr {
+    Instr::Collective {
+        op,
+        group,
+        algorithm: Algorithm::Ring,
+        axis,
+        pairs: vec![(x, y)],
+        purpose,
+        bucket: None,
+    }
+}
+
+/// Emits the forward. `input` is owned by the instance; `keep` says what survives it.
+pub fn forward(
+    b: &mut Builder,
+    seg: &Segment,
+    env: &Env<'_>,
+    input: Option<BufferId>,
+    keep: &[bool],
+    keep_scores: bool,
+    keep_saves: bool,
+) -> Inst {
+    let n = seg.vals.len();
+    let mut bufs: Vec<Option<BufferId>> = vec![None; n];
+    for (v, val) in seg.vals.iter().enumerate() {
+        bufs[v] = match val.source {
+            Source::Param { pos } => env.params.get(pos).copied().flatten().map(|(_, b)| b),
+            Source::Tokens { targets } => {
+                if targets {
+                    env.targets
+                } else {
+                    env.input_ids
+                }
+            }
+            Source::Input => input,
+            Source::Step => None,
+        };
+    }
+    // Last forward use of each value.
+    let mut last_fwd = vec![None; n];
+    for (i, s) in seg.steps.iter().enumerate() {
+        for v in step_ins(s) {
+            last_fwd[v] = Some(i);
+        }
+    }
+    let owned = |v: SVal| matches!(seg.vals[v].source, Source::Step | Source::Input);
+    let mut saves = vec![Vec::new(); seg.steps.len()];
+    for (i, s) in seg.steps.iter().enumerate() {
+        for v in step_outs(s) {
+            let val = &seg.vals[v];
+            let role = if Some(v) == seg.loss {
+                Role::Loss
+            } else {
+                Role::Activation
+            };
+            bufs[v] = Some(b.alloc(
+                format!("{}.{}", env.tag, val.name),
+                val.elem,
+                val.shape.clone(),
+                role,
+            ));
+        }
+        let get = |v: SVal| bufs[v].unwrap_or(BufferId(u32::MAX));
+        match s {
+            Step::Compute {
+                kind,
+                ins,
+                outs,
+                saves: sd,
+                ..
+            } => {
+                let sv: Vec<BufferId> = sd
+                    .iter()
+                    .map(|d| {
+                        b.alloc(
+                            format!("{}.{}", env.tag, d.name),
+                            d.elem,
+                            d.shape.clone(),
+                            Role::Saved,
+                        )
+                    })
+                    .collect();
+                b.push(Instr::Compute {
+                    kind: kind.clone(),
+                    inputs: ins.iter().map(|&v| get(v)).collect(),
+                    outputs: outs.iter().map(|&v| get(v)).collect(),
+                    saves: sv.clone(),
+                    layer: env.layer,
+                });
+                for (d, &buf) in sd.iter().zip(&sv) {
+                    if (d.scores && !keep_scores) || !keep_saves {
+                        b.free(buf);
+                    } else {
+                        saves[i].push(buf);
+                    }
+                }
+            }
+            Step::Coll { op, axis, x, y } => {
+                b.push(coll(
+                    *op,
+                    Slot::Tp,
+                    Some(*axis),
+                    get(*x),
+                    get(*y),
+                    Purpose::Activation,
+                ));
+            }
+        }
+        for v in step_ins(s) {
+            if last_fwd[v] == Some(i)
+                && owned(v)
+                && !keep[v]
+                && v != seg.output
+                && let Some(bb) = bufs[v]
+            {
+                b.free(bb);
+            }
+        }
+    }
+    Inst {
+        bufs,
+        saves,
+        layer: env.layer,
+    }
+}
+
+fn step_ins(s: &Step) -> Vec<SVal> {
+    match s {
+        Step::Compute { ins, .. } => ins.clone(),
+        Step::Coll { x, .. } => vec![*x],
+    }
+}
+
+fn step_outs(s: &Step) -> Vec<SVal> {
+    match s {
+        Step::Compute { outs, .. } => outs.clone(),
+        Step::Coll { y, .. } => vec![*y],
+    }
+}
+
+/// A parameter gradient produced by the backward.
+#[derive(Debug, Clone, Copy)]
+pub struct Contribution {
+    pub param: ParamId,
+    pub buf: BufferId,
+    /// A partial sum over the tensor-parallel group.
+    pub partial: bool,
+}
+
+/// Emits the backward of `inst`, consuming `dy` (the output's gradient; for the head segment
+/// the loss seed). Returns the input's gradient (owned by the caller) and the contributions.
+pub fn backward(
+    b: &mut Builder,
+    seg: &Segment,
+    p: &Plan,
+    env: &Env<'_>,
+    inst: &mut Inst,
+    dy: BufferId,
+) -> (Option<BufferId>, Vec<Contribution>) {
+    let n = seg.vals.len();
+    let mut grads: Vec<Option<(BufferId, bool)>> = vec![None; n];
+    grads[seg.output] = Some((dy, false));
+    let mut contribs = Vec::new();
+    let is_param = |v: SVal| matches!(seg.vals[v].source, Source::Param { .. });
+    let param_of = |v: SVal| match seg.vals[v].source {
+        Source::Param { pos } => env.params.get(pos).copied().flatten().map(|(p, _)| p),
+        _ => None,
+    };
+    let gname = |v: SVal| format!("{}.d{}", env.tag, seg.vals[v].name);
+    for (i, s) in seg.steps.iter().enumerate().rev() {
+        // Regather what this step's backward reads.
+        for v in bwd_reads(seg, s) {
+            if p.regather[v] && inst.bufs[v].is_none_or(|_| true) {
+                if let Some(x) = gathered_source(seg, v) {
+                    let val = &seg.vals[v];
+                    let y = b.alloc(
+                        format!("{}.{}", env.tag, val.name),
+                        val.elem,
+                        val.shape.clone(),
+                        Role::Activation,
+                    );
+                    let xb = inst.bufs[x].unwrap_or(BufferId(u32::MAX));
+                    b.push(coll(
+                        CollectiveOp::AllGather,
+                        Slot::Tp,
+                        Some(1),
+                        xb,
+                        y,
+                        Purpose::Activation,
+                    ));
+                    inst.bufs[v] = Some(y);
+                }
+            }
+        }
+        let get = |inst: &Inst, v: SVal| inst.bufs[v].unwrap_or(BufferId(u32::MAX));
+        match s {
+            Step::Compute {
+                kind,
+                ins,
+                outs,
+                saves,
+                partial_param_grads,
+                partial_input_grads,
+            } => {
+                // Output gradients, reduced if partial.
+                let mut dys = Vec::new();
+                for &o in outs {
+                    let d = match grads[o].take() {
+                        Some((d, partial)) => {
+                            if partial {
+                                b.push(coll(
+                                    CollectiveOp::AllReduce,
+                                    Slot::Tp,
+                                    None,
+                                    d,
+                                    d,
+                                    Purpose::Activation,
+                                ));
+                            }
+                            d
+                        }
+                        None => {
+                            let val = &seg.vals[o];
+                            let d = b.alloc(gname(o), val.elem, val.shape.clone(), Role::ActGrad);
+                            b.push(Instr::Fill { buf: d, value: 0.0 });
+                            d
+                        }
+                    };
+                    dys.push(d);
+                }
+                let wrt: Vec<usize> = (0..ins.len())
+                    .filter(|&k| seg.vals[ins[k]].needs_grad)
+                    .collect();
+                // Selective recompute: rebuild the attention scores.
+                let scores =
+                    matches!(kind, OpKind::Attention { .. }) && !p.keep_scores && !saves.is_empty();
+                let mut temp_saves = Vec::new();
+                if scores {
+                    b.push(Instr::RecomputeBegin {
+                        layer: env.layer.unwrap_or(0),
+                    });
+                    for d in saves {
+                        temp_saves.push(b.alloc(
+                            format!("{}.{}", env.tag, d.name),
+                            d.elem,
+                            d.shape.clone(),
+                            Role::Saved,
+                        ));
+                    }
+                    let out = b.alloc_like(dys[0], format!("{}.attn.re", env.tag), Role::Temp);
+                    b.push(Instr::Compute {
+                        kind: kind.clone(),
+                        inputs: ins.iter().map(|&v| get(inst, v)).collect(),
+                        outputs: vec![out],
+                        saves: temp_saves.clone(),
+                        layer: env.layer,
+                    });
+                    b.free(out);
+                    b.push(Instr::RecomputeEnd {
+                        layer: env.layer.unwrap_or(0),
+                    });
+                }
+                let mut dxs: Vec<(usize, BufferId)> = Vec::new();
+                if !wrt.is_empty() {
+                    let alloc_dx = |b: &mut Builder, k: usize| {
+                        let v = ins[k];
+                        let val = &seg.vals[v];
+                        let role = if is_param(v) {
+                            Role::Temp
+                        } else {
+                            Role::ActGrad
+                        };
+                        b.alloc(
+                            gname(v),
+                            if is_param(v) { val.elem } else { val.elem },
+                            val.shape.clone(),
+                            role,
+                        )
+                    };
+                    let one = |b: &mut Builder, k: usize, kind: OpKind, input: Vec<BufferId>| {
+                        let dx = alloc_dx(b, k);
+                        b.push(Instr::Compute {
+                            kind,
+                            inputs: input,
+                            outputs: vec![dx],
+                            saves: vec![],
+                            layer: env.layer,
+                        });
+                        dx
+                    };
+                    match kind {
+                        OpKind::Add | OpKind::Sub
+                            if wrt
+                                .iter()
+                                .all(|&k| seg.vals[ins[k]].shape == *b.shape(dys[0])) =>
+                        {
+                            for &k in &wrt {
+                                let dx = if matches!(kind, OpKind::Sub) && k == 1 {
+                                    one(b, k, OpKind::Scale { factor: -1.0 }, vec![dys[0]])
+                                } else {
+                                    let dx = alloc_dx(b, k);
+                                    b.push(Instr::Copy {
+                                        src: dys[0],
+                                        dst: dx,
+                                    });
+                                    dx
+                                };
+                                dxs.push((k, dx));
+                            }
+                        }
+                        OpKind::Split { axis, .. } => {
+                            dxs.push((0, one(b, 0, OpKind::Concat { axis: *axis }, dys.clone())));
+                        }
+                        OpKind::Dropout { .. } | OpKind::Scale { .. } => {
+                            dxs.push((0, one(b, 0, kind.clone(), vec![dys[0]])));
+                        }
+                        OpKind::Transpose { perm } => {
+                            let mut inv = vec![0; perm.len()];
+                            for (a, &q) in perm.iter().enumerate() {
+                                if let Some(x) = inv.get_mut(q) {
+                                    *x = a;
+                                }
+                            }
+                            dxs.push((0, one(b, 0, OpKind::Transpose { perm: inv }, vec![dys[0]])));
+                        }
+                        OpKind::Reshape { .. } => {
+                            let shape = seg.vals[ins[0]]
+                                .shape
+                                .iter()
+                                .map(|&d| ir::Dim::Fixed(d))
+                                .collect();
+                            dxs.push((0, one(b, 0, OpKind::Reshape { shape }, vec![dys[0]])));
+                        }
+                        _ => {
+                            // Operands whose values the gradient does not read stand in as dy.
+                            let reads = bwd_reads(seg, s);
+                            let mut inputs: Vec<BufferId> = ins
+                                .iter()
+                                .map(|&v| {
+                                    if reads.contains(&v) {
+                                        get(inst, v)
+                                    } else {
+                                        dys[0]
+                                    }
+                                })
+                                .collect();
+                            inputs.extend(dys.iter().copied());
+                            let outs_b: Vec<BufferId> =
+                                wrt.iter().map(|&k| alloc_dx(b, k)).collect();
+                            b.push(Instr::Compute {
+                                kind: OpKind::Grad {
+                                    of: Box::new(kind.clone()),
+                                    wrt: wrt.clone(),
+                                },
+                                inputs,
+                                outputs: outs_b.clone(),
+                                saves: vec![],
+                                layer: env.layer,
+                            });
+                            dxs.extend(wrt.iter().copied().zip(outs_b));
+                        }
+                    }
+                }
+                for &t in &temp_saves {
+                    b.free(t);
+                }
+                for (k, dx) in dxs {
+                    let v = ins[k];
+                    if let Some(param) = param_of(v) {
+                        contribs.push(Contribution {
+                            param,
+                            buf: dx,
+                            partial: partial_param_grads.contains(&k),
+                        });
+                    } else {
+                        accumulate(b, &mut grads, v, dx, *partial_input_grads);
+                    }
+                }
+                for d in dys {
+                    b.free(d);
+                }
+                for sv in inst.saves[i].drain(..) {
+                    b.free(sv);
+                }
+            }
+            Step::Coll { op, axis, x, y } => {
+                if let Some((d, partial)) = grads[*y].take() {
+                    let val = &seg.vals[*x];
+                    let (dx, dx_partial) = match op {
+                        CollectiveOp::AllGather => {
+                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
+                            if partial {
+                                b.push(coll(
+                                    CollectiveOp::ReduceScatter,
+                                    Slot::Tp,
+                                    Some(*axis),
+                                    d,
+                                    dx,
+                                    Purpose::Activation,
+                                ));
+                            } else {
+                                b.push(Instr::Chunk {
+                                    src: d,
+                                    dst: dx,
+                                    axis: Some(*axis),
+                                    group: Slot::Tp,
+                                });
+                            }
+                            b.free(d);
+                            (dx, false)
+                        }
+                        CollectiveOp::ReduceScatter => {
+                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
+                            b.push(coll(
+                                CollectiveOp::AllGather,
+                                Slot::Tp,
+                                Some(*axis),
+                                d,
+                                dx,
+                                Purpose::Activation,
+                            ));
+                            b.free(d);
+                            (dx, false)
+                        }
+                        _ => (d, partial),
+                    };
+                    accumulate(b, &mut grads, *x, dx, dx_partial);
+                }
+            }
+        }
+        // Free kept values whose last backward read was this step.
+        for v in 0..n {
+            if p.last_bwd_read[v] == i
+                && matches!(seg.vals[v].source, Source::Step | Source::Input)
+                && let Some(bb) = inst.bufs[v].take()
+                && (p.keep[v] || p.regather[v])
+            {
+                b.free(bb);
+            }
+        }
+    }
+    let dx = seg.input.and_then(|x| {
+        grads[x].take().map(|(d, partial)| {
+            if partial {
+                b.push(coll(
+                    CollectiveOp::AllReduce,
+                    Slot::Tp,
+                    None,
+                    d,
+                    d,
+                    Purpose::Activation,
+                ));
+            }
+            d
+        })
+    });
+    (dx, contribs)
+}
+
+fn gathered_source(seg: &Segment, v: SVal) -> Option<SVal> {
+    seg.steps.iter().find_map(|s| match s {
+        Step::Coll {
+            op: CollectiveOp::AllGather,
+            x,
+            y,
+            ..
+        } if *y == v => Some(*x),
+        _ => None,
+    })
+}
+
+fn accumulate(
+    b: &mut Builder,
+    grads: &mut [Option<(BufferId, bool)>],
+    v: SVal,
+    dx: BufferId,
+    partial: bool,
+) {
+    grads[v] = Some(match grads[v].take() {
+        None => (dx, partial),
+        Some((prev, pp)) => {
+            if pp != partial {
+                let p = if pp { prev } else { dx };
+                b.push(coll(
+                    CollectiveOp::AllReduce,
+                    Slot::Tp,
+                    None,
+                    p,
+                    p,
+                    Purpose::Activation,
+                ));
+            }
+            b.push(Instr::Compute {
+                kind: OpKind::Add,
+                inputs: vec![prev, dx],
+                outputs: vec![prev],
+                saves: vec![],
+                layer: None,
+            });
+            b.free(dx);
+            (prev, pp && partial)
+        }
+    });
+}

@@ -1,0 +1,660 @@
+//! One segment of the model (the embedding ops, one decoder layer, or the head and loss)
+//! lowered to local steps on the rank's shards: Megatron-LM's tensor parallelism, with
+//! sequence parallelism on the residual stream.
+//!
+//! Layout rules (Shoeybi et al. 2019; Korthikanti et al. 2022): a `linear` whose input is
+//! whole is column-parallel (weight and bias split along their output axis; a fused QKV weight
+//! that a `split` into k equal parts consumes is split per block); one whose input is split
+//! along its last axis is row-parallel (weight split along its input axis, a partial sum that
+//! an all-reduce — reduce-scatter along the sequence with SP — completes, the bias added after).
+//! `attention` and `rotary` take heads ÷ tp, `split` sizes ÷ tp, elementwise ops keep their
+//! operands' layout. With SP the residual stream (layer input and output, norms, dropout,
+//! residual adds) is split along the sequence, gathered before each column-parallel linear.
+//! The embedding and head segments run replicated on every tensor-parallel rank.
+
+use ir::{Graph, OpId, OpKind, ValueId};
+
+use crate::error::CodegenError;
+use crate::program::{CollectiveOp, Elem};
+
+/// A value of a segment (local to the segment; instantiated per layer and micro-batch).
+pub type SVal = usize;
+
+/// How a value is laid out across the tensor-parallel group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lay {
+    Rep,
+    Split {
+        axis: u8,
+        blocks: u32,
+    },
+    /// A partial sum (complete after a reduction).
+    Partial,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// A parameter: the op at this position of the segment's op list.
+    Param { pos: usize },
+    /// `input_ids` or `targets`.
+    Tokens { targets: bool },
+    /// The segment's activation input (the previous segment's output).
+    Input,
+    /// Computed by a step.
+    Step,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Val {
+    pub shape: Vec<u64>,
+    pub elem: Elem,
+    pub lay: Lay,
+    pub source: Source,
+    /// Whether the loss's gradient with respect to it is needed.
+    pub needs_grad: bool,
+    pub name: String,
+}
+
+/// A memory-only buffer a step keeps for its backward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SaveDecl {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub elem: Elem,
+    /// Attention scores: dropped by selective recompute.
+    pub scores: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    Compute {
+        kind: OpKind,
+        ins: Vec<SVal>,
+        outs: Vec<SVal>,
+        saves: Vec<SaveDecl>,
+        /// Replicated parameters (operand index) whose gradient is a partial sum over the
+        /// tensor-parallel group (their activation operand is split along the sequence).
+        partial_param_grads: Vec<usize>,
+        /// Whether the gradients of its activation operands are partial sums.
+        partial_input_grads: bool,
+    },
+    Coll {
+        op: CollectiveOp,
+        axis: u8,
+        x: SVal,
+        y: SVal,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub vals: Vec<Val>,
+    pub steps: Vec<Step>,
+    pub input: Option<SVal>,
+    pub output: SVal,
+    /// The scalar loss (head segment).
+    pub loss: Option<SVal>,
+    /// The IR ops, by position (params are looked up per layer by position).
+    pub ops: Vec<OpId>,
+}
+
+/// What a segment is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Pre,
+    Layer,
+    Post,
+}
+
+#[derive(Debug)]
+pub struct Ctx<'a> {
+    pub graph: &'a Graph,
+    pub tp: u32,
+    pub sp: bool,
+    pub batch: u64,
+    pub seq: u64,
+    pub act: Elem,
+    pub weight: Elem,
+    /// The head runs on this rank's sequence shard (sequence parallelism): its parameters'
+    /// gradients are partial sums over the tensor-parallel group.
+    pub seq_shard: bool,
+}
+
+impl Ctx<'_> {
+    fn global_shape(&self, v: ValueId) -> Vec<u64> {
+        self.graph.ty(v).shape.eval(ir::Binding {
+            batch: self.batch,
+            seq: self.seq,
+        })
+    }
+}
+
+fn local(shape: &[u64], lay: Lay, tp: u32) -> Vec<u64> {
+    let mut s = shape.to_vec();
+    if let Lay::Split { axis, .. } = lay
+        && let Some(d) = s.get_mut(usize::from(axis))
+    {
+        *d /= u64::from(tp.max(1));
+    }
+    s
+}
+
+struct B<'c, 'g> {
+    cx: &'c Ctx<'g>,
+    seg: Segment,
+    map: std::collections::HashMap<ValueId, SVal>,
+}
+
+impl B<'_, '_> {
+    fn val(&mut self, v: Val) -> SVal {
+        self.seg.vals.push(v);
+        self.seg.vals.len() - 1
+    }
+
+    fn err(&self, o: OpId, msg: impl Into<String>) -> CodegenError {
+        let op = self.cx.graph.op(o);
+        CodegenError::Unsupported {
+            layer: op.layer,
+            op: o.0,
+            mnemonic: op.kind.mnemonic().into(),
+            message: msg.into(),
+        }
+    }
+
+    /// A new value shaped like `shape` (global) under `lay`.
+    fn derived(&mut self, like: SVal, lay: Lay, suffix: &str) -> SVal {
+        let v = self.seg.vals[like].clone();
+        let full = match v.lay {
+            Lay::Split { axis, .. } => {
+                let mut s = v.shape.clone();
+                if let Some(d) = s.get_mut(usize::from(axis)) {
+                    *d *= u64::from(self.cx.tp);
+                }
+                s
+            }
+            _ => v.shape.clone(),
+        };
+        self.val(Val {
+            shape: local(&full, lay, self.cx.tp),
+            lay,
+            source: Source::Step,
+            name: format!("{}.{suffix}", v.name),
+            ..v
+        })
+    }
+
+    fn gather_seq(&mut self, x: SVal) -> SVal {
+        let y = self.derived(x, Lay::Rep, "ag");
+        self.seg.steps.push(Step::Coll {
+            op: CollectiveOp::AllGather,
+            axis: 1,
+            x,
+            y,
+        });
+        y
+    }
+}
+
+/// Lowers `ops` (in order) into a segment.
+pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenError> {
+    let g = cx.graph;
+    let tp_on = cx.tp > 1 && kind == Kind::Layer;
+    let mut b = B {
+        cx,
+        seg: Segment {
+            vals: Vec::new(),
+            steps: Vec::new(),
+            input: None,
+            output: 0,
+            loss: None,
+            ops: ops.to_vec(),
+        },
+        map: std::collections::HashMap::new(),
+    };
+    let inside: std::collections::HashSet<OpId> = ops.iter().copied().collect();
+    let uses = g.uses();
+    // Which linear feeds an equal split (fused QKV): block count per op.
+    let mut blocks_of = std::collections::HashMap::new();
+    for &o in ops {
+        if let OpKind::Split { sizes, .. } = &g.op(o).kind
+            && let Some(&x) = g.op(o).inputs.first()
+            && sizes.iter().all(|&s| Some(&s) == sizes.first())
+        {
+            blocks_of.insert(g.def_op(x), sizes.len() as u32);
+        }
+    }
+    let float = |cx: &Ctx<'_>, v: ValueId| {
+        if g.ty(v).dtype == ir::DType::I64 {
+            Elem::I64
+        } else {
+            cx.act
+        }
+    };
+    for (pos, &o) in ops.iter().enumerate() {
+        let op = g.op(o);
+        match &op.kind {
+            OpKind::Param { name } => {
+                let r = op.results[0];
+                let v = b.val(Val {
+                    shape: cx.global_shape(r),
+                    elem: cx.weight,
+                    lay: Lay::Rep,
+                    source: Source::Param { pos },
+                    needs_grad: true,
+                    name: name.clone(),
+                });
+                b.map.insert(r, v);
+                continue;
+            }
+            OpKind::Input { name } => {
+                let r = op.results[0];
+                let targets = name == "targets";
+                if !targets && name != "input_ids" {
+                    return Err(b.err(o, format!("unknown input `{name}`")));
+                }
+                let v = b.val(Val {
+                    shape: cx.global_shape(r),
+                    elem: Elem::I64,
+                    lay: Lay::Rep,
+                    source: Source::Tokens { targets },
+                    needs_grad: false,
+                    name: name.clone(),
+                });
+                b.map.insert(r, v);
+                continue;
+            }
+            OpKind::Buffer { .. } | OpKind::State { .. } => {
+                return Err(b.err(o, "constant buffers are not supported by codegen yet"));
+            }
+            _ => {}
+        }
+        // Operands: map, or the segment input.
+        let mut ins = Vec::new();
+        for &x in &op.inputs {
+            let sv = match b.map.get(&x) {
+                Some(&s) => s,
+                None => {
+                    let d = g.def_op(x);
+                    if let OpKind::Param { name } = &g.op(d).kind {
+                        // A parameter of another segment (tied embedding read by the head).
+                        let pos = b.seg.ops.len();
+                        b.seg.ops.push(d);
+                        let v = b.val(Val {
+                            shape: cx.global_shape(x),
+                            elem: cx.weight,
+                            lay: Lay::Rep,
+                            source: Source::Param { pos },
+                            needs_grad: true,
+                            name: name.clone(),
+                        });
+                        b.map.insert(x, v);
+                        v
+                    } else if let OpKind::Input { name } = &g.op(d).kind {
+                        let v = b.val(Val {
+                            shape: cx.global_shape(x),
+                            elem: Elem::I64,
+                            lay: Lay::Rep,
+                            source: Source::Tokens {
+                                targets: name == "targets",
+                            },
+                            needs_grad: false,
+                            name: name.clone(),
+                        });
+                        b.map.insert(x, v);
+                        v
+                    } else if b.seg.input.is_none() && !inside.contains(&d) {
+                        let lay = if tp_on && cx.sp {
+                            Lay::Split { axis: 1, blocks: 1 }
+                        } else {
+                            Lay::Rep
+                        };
+                        let shape = local(&cx.global_shape(x), lay, cx.tp);
+                        let v = b.val(Val {
+                            shape,
+                            elem: cx.act,
+                            lay,
+                            source: Source::Input,
+                            needs_grad: true,
+                            name: "x".into(),
+                        });
+                        b.seg.input = Some(v);
+                        b.map.insert(x, v);
+                        v
+                    } else {
+                        return Err(b.err(o, format!("operand {x} comes from outside the segment")));
+                    }
+                }
+            };
+            ins.push(sv);
+        }
+        let needs = ins.iter().any(|&v| b.seg.vals[v].needs_grad);
+        let mut kind_local = bind(&op.kind, cx.batch, cx.seq);
+        let mut out_lay = Lay::Rep;
+        let mut partial_params = Vec::new();
+        let mut partial_inputs = false;
+        let mut post_bias: Option<SVal> = None;
+        let mut reduce_after = false;
+        if tp_on {
+            let lay_of = |b: &B, v: SVal| b.seg.vals[v].lay;
+            let is_param = |b: &B, v: SVal| matches!(b.seg.vals[v].source, Source::Param { .. });
+            let t = u64::from(cx.tp);
+            match &op.kind {
+                OpKind::Linear { bias } => {
+                    let x = ins[0];
+                    let last = (b.seg.vals[x].shape.len() - 1) as u8;
+                    match lay_of(&b, x) {
+                        Lay::Split { axis, .. } if axis == last => {
+                            // Row-parallel: split weight rows; the bias is added after the sum.
+                            set_split(&mut b, ins[1], 0, 1, t).map_err(|m| b.err(o, m))?;
+                            if *bias {
+                                post_bias = Some(ins[2]);
+                                ins.truncate(2);
+                                kind_local = OpKind::Linear { bias: false };
+                            }
+                            out_lay = Lay::Partial;
+                            reduce_after = true;
+                        }
+                        lay => {
+                            let x = if let Lay::Split { axis: 1, .. } = lay {
+                                let y = b.gather_seq(x);
+                                ins[0] = y;
+                                y
+                            } else {
+                                x
+                            };
+                            let _ = x;
+                            let blocks = blocks_of.get(&o).copied().unwrap_or(1);
+                            set_split(&mut b, ins[1], 1, blocks, t).map_err(|m| b.err(o, m))?;
+                            if *bias {
+                                set_split(&mut b, ins[2], 0, blocks, t).map_err(|m| b.err(o, m))?;
+                            }
+                            out_lay = Lay::Split { axis: last, blocks };
+                            partial_inputs = true;
+                        }
+                    }
+                }
+                OpKind::Split { axis, sizes } => match lay_of(&b, ins[0]) {
+                    Lay::Split { axis: a, .. } if usize::from(a) == *axis => {
+                        kind_local = OpKind::Split {
+                            axis: *axis,
+                            sizes: sizes.iter().map(|s| s / t).collect(),
+                        };
+                        out_lay = Lay::Split { axis: a, blocks: 1 };
+                    }
+                    l => out_lay = l,
+                },
+                OpKind::Attention {
+                    heads,
+                    kv_heads,
+                    scale,
+                    causal,
+                } => {
+                    if !heads.is_multiple_of(t) || !kv_heads.is_multiple_of(t) {
+                        return Err(b.err(
+                            o,
+                            format!("heads {heads}/{kv_heads} not divisible by tp {t}"),
+                        ));
+                    }
+                    kind_local = OpKind::Attention {
+                        heads: heads / t,
+                        kv_heads: kv_heads / t,
+                        scale: *scale,
+                        causal: *causal,
+                    };
+                    out_lay = lay_of(&b, ins[0]);
+                }
+                OpKind::Rotary { heads, theta } => {
+                    kind_local = OpKind::Rotary {
+                        heads: heads / t,
+                        theta: *theta,
+                    };
+                    out_lay = lay_of(&b, ins[0]);
+                }
+                OpKind::MoeExperts { .. } | OpKind::TopKRouter { .. } => {
+                    return Err(b.err(o, "expert parallelism is not lowered yet; use tp 1"));
+                }
+                OpKind::Reshape { .. }
+                | OpKind::Transpose { .. }
+                | OpKind::Expand { .. }
+                | OpKind::Concat { .. }
+                | OpKind::Slice { .. }
+                | OpKind::MatMul
+                | OpKind::Embedding
+                | OpKind::CrossEntropy
+                | OpKind::Softmax { .. } => {
+                    if ins.iter().any(|&v| lay_of(&b, v) != Lay::Rep) {
+                        return Err(
+                            b.err(o, "no tensor-parallel rule for this op on split operands")
+                        );
+                    }
+                }
+                _ => {
+                    // Elementwise, norms, dropout: the activation operands' layout.
+                    let acts: Vec<Lay> = ins
+                        .iter()
+                        .filter(|&&v| !is_param(&b, v))
+                        .map(|&v| lay_of(&b, v))
+                        .collect();
+                    out_lay = acts.first().copied().unwrap_or(Lay::Rep);
+                    if acts.iter().any(|&l| l != out_lay) {
+                        return Err(b.err(o, format!("operands in different layouts {acts:?}")));
+                    }
+                    if let Lay::Split { axis: 1, .. } = out_lay {
+                        partial_params = (0..ins.len()).filter(|&i| is_param(&b, ins[i])).collect();
+                    }
+                }
+            }
+        }
+        if kind == Kind::Post && cx.seq_shard {
+            partial_params = (0..ins.len())
+                .filter(|&i| matches!(b.seg.vals[ins[i]].source, Source::Param { .. }))
+                .collect();
+        }
+        // Result values.
+        let mut outs = Vec::new();
+        for &r in &op.results {
+            let full = cx.global_shape(r);
+            let mut elem = float(cx, r);
+            if kind == Kind::Post && matches!(op.kind, OpKind::Linear { .. } | OpKind::CrossEntropy)
+            {
+                // The planner counts the logits (and their gradient) in fp32.
+                elem = Elem::F32;
+            }
+            let name = format!("{}{}", op.kind.mnemonic(), b.seg.vals.len());
+            let v = b.val(Val {
+                shape: local(&full, out_lay, cx.tp),
+                elem,
+                lay: out_lay,
+                source: Source::Step,
+                needs_grad: needs,
+                name,
+            });
+            outs.push(v);
+        }
+        // Local type check.
+        check_local(&b, o, &kind_local, &ins, &outs)?;
+        let saves = saves_of(cx, &b.seg, &kind_local, &outs);
+        b.seg.steps.push(Step::Compute {
+            kind: kind_local,
+            ins,
+            outs: outs.clone(),
+            saves,
+            partial_param_grads: partial_params,
+            partial_input_grads: partial_inputs,
+        });
+        let mut result = outs.first().copied().unwrap_or(0);
+        if reduce_after {
+            let (op_c, lay) = if cx.sp {
+                (
+                    CollectiveOp::ReduceScatter,
+                    Lay::Split { axis: 1, blocks: 1 },
+                )
+            } else {
+                (CollectiveOp::AllReduce, Lay::Rep)
+            };
+            let y = b.derived(result, lay, if cx.sp { "rs" } else { "ar" });
+            b.seg.steps.push(Step::Coll {
+                op: op_c,
+                axis: 1,
+                x: result,
+                y,
+            });
+            result = y;
+            if let Some(bias) = post_bias {
+                let z = b.derived(y, lay, "bias");
+                b.seg.steps.push(Step::Compute {
+                    kind: OpKind::Add,
+                    ins: vec![y, bias],
+                    outs: vec![z],
+                    saves: vec![],
+                    partial_param_grads: if cx.sp { vec![1] } else { vec![] },
+                    partial_input_grads: false,
+                });
+                result = z;
+            }
+        }
+        if let Some(&r0) = op.results.first() {
+            b.map.insert(r0, result);
+        }
+        for (&r, &v) in op.results.iter().zip(&outs).skip(1) {
+            b.map.insert(r, v);
+        }
+    }
+    // The output: the last op's result (layers, embeddings) or `loss` (head).
+    let last = ops
+        .iter()
+        .rev()
+        .find(|&&o| !g.op(o).kind.is_source())
+        .copied()
+        .ok_or_else(|| CodegenError::plan("model", "an empty segment"))?;
+    let out = g.op(last).results[0];
+    let escapes = uses
+        .get(out.index())
+        .is_some_and(|u| u.iter().any(|x| !inside.contains(x)));
+    let _ = escapes;
+    b.seg.output = *b.map.get(&out).ok_or_else(|| b.err(last, "no output"))?;
+    if kind == Kind::Post {
+        if g.output("loss").is_none_or(|l| l != out) {
+            return Err(b.err(last, "the head segment must end in the `loss` output"));
+        }
+        b.seg.loss = Some(b.seg.output);
+    }
+    // With SP, the layer output is split along the sequence like its input.
+    Ok(b.seg)
+}
+
+/// Fixes the symbolic sizes in an op's attributes (`iota`, `reshape`, `expand`).
+fn bind(kind: &OpKind, batch: u64, seq: u64) -> OpKind {
+    let bd = ir::Binding { batch, seq };
+    let fix = |d: &ir::Dim| ir::Dim::Fixed(d.eval(bd));
+    match kind {
+        OpKind::Iota { len } => OpKind::Iota { len: fix(len) },
+        OpKind::Reshape { shape } => OpKind::Reshape {
+            shape: shape.iter().map(fix).collect(),
+        },
+        OpKind::Expand { shape } => OpKind::Expand {
+            shape: shape.iter().map(fix).collect(),
+        },
+        k => k.clone(),
+    }
+}
+
+fn set_split(b: &mut B, v: SVal, axis: u8, blocks: u32, t: u64) -> Result<(), String> {
+    let val = &mut b.seg.vals[v];
+    let dim = val.shape.get(usize::from(axis)).copied().unwrap_or(0);
+    if !dim.is_multiple_of(u64::from(blocks) * t) {
+        return Err(format!(
+            "parameter {} axis {axis} ({dim}) is not divisible into {blocks} block(s) x tp {t}",
+            val.name
+        ));
+    }
+    if let Some(d) = val.shape.get_mut(usize::from(axis)) {
+        *d /= t;
+    }
+    val.lay = Lay::Split { axis, blocks };
+    Ok(())
+}
+
+fn check_local(
+    b: &B,
+    o: OpId,
+    kind: &OpKind,
+    ins: &[SVal],
+    outs: &[SVal],
+) -> Result<(), CodegenError> {
+    let ty = |v: SVal| {
+        let val = &b.seg.vals[v];
+        let dt = if val.elem == Elem::I64 {
+            ir::DType::I64
+        } else {
+            ir::DType::F32
+        };
+        ir::TensorType::new(dt, ir::Shape::fixed(&val.shape))
+    };
+    let tys: Vec<ir::TensorType> = ins.iter().map(|&v| ty(v)).collect();
+    let refs: Vec<&ir::TensorType> = tys.iter().collect();
+    let got = ir::infer_types(kind, &refs).map_err(|m| CodegenError::LocalType {
+        op: o.0,
+        mnemonic: kind.mnemonic().into(),
+        message: m,
+    })?;
+    for (g, &v) in got.iter().zip(outs) {
+        let want = ty(v);
+        if g.shape != want.shape {
+            return Err(CodegenError::LocalType {
+                op: o.0,
+                mnemonic: kind.mnemonic().into(),
+                message: format!("infers {} but the layout gives {}", g.shape, want.shape),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Memory-only state kept for the backward, sized as the planner counts it (Korthikanti):
+/// a dropout mask (1 byte per element); the attention scores of a materialized kernel (softmax
+/// output, and with dropout its mask and output: 2e + 1 bytes per score, else e).
+fn saves_of(cx: &Ctx<'_>, seg: &Segment, kind: &OpKind, outs: &[SVal]) -> Vec<SaveDecl> {
+    let Some(&out) = outs.first() else {
+        return vec![];
+    };
+    let shape = seg.vals[out].shape.clone();
+    match kind {
+        OpKind::Dropout { p, .. } if *p > 0.0 => vec![SaveDecl {
+            name: "mask".into(),
+            shape,
+            elem: Elem::U8,
+            scores: false,
+        }],
+        OpKind::Attention { heads, .. } => {
+            let (b, s) = (cx.batch, cx.seq);
+            let dropout = cx
+                .graph
+                .order()
+                .iter()
+                .any(|&o| matches!(cx.graph.op(o).kind, OpKind::LayerNorm { .. }));
+            let mut v = vec![SaveDecl {
+                name: "softmax".into(),
+                shape: vec![b, *heads, s, s],
+                elem: cx.act,
+                scores: true,
+            }];
+            if dropout {
+                v.push(SaveDecl {
+                    name: "score_mask".into(),
+                    shape: vec![b, *heads, s, s],
+                    elem: Elem::U8,
+                    scores: true,
+                });
+                v.push(SaveDecl {
+                    name: "score_dropout".into(),
+                    shape: vec![b, *heads, s, s],
+                    elem: cx.act,
+                    scores: true,
+                });
+            }
+            v
+        }
+        _ => vec![],
+    }
+}

@@ -1,0 +1,1 @@
+//! MLIR export of per-rank programs (a separate task; empty until then).

@@ -1,0 +1,561 @@
+//! The per-rank program format (`plait-program/1`): plain data, serde, versioned.
+//!
+//! A [`ProgramSet`] holds the mesh, the communicator groups, the parameter table, one
+//! [`Template`] per distinct instruction list, and one [`RankInfo`] per rank. Ranks that differ
+//! only in their coordinates share a template: its instructions name communicators by *role*
+//! ([`Slot`]: my tensor-parallel group, my data-parallel group, ...) and pipeline peers by
+//! direction ([`Peer`]), and each rank's [`RankInfo`] resolves the roles to [`GroupId`]s and
+//! ranks. Parameter shards ([`ParamShard`]) are likewise described once per template and
+//! resolved by the rank's coordinates ([`ParamShard::slice`]).
+//!
+//! Execution semantics (what a runtime must do; no planning needed):
+//! - Instructions run in order. Buffers are local tensors declared in [`Template::buffers`]
+//!   (local shard shape, storage dtype); `Alloc` creates one (contents undefined unless written),
+//!   `Free` releases it. Memory accounting counts a buffer from its `Alloc` to its `Free`.
+//! - `Compute` applies an IR op ([`ir::OpKind`], attributes already local: e.g. attention heads
+//!   ÷ tp) to its input buffers and writes its outputs (an output may name an input: in place).
+//!   `Grad{of, wrt}` kinds are the backward (`kernels::backward`), with operands
+//!   `inputs of of.., dy`. `saves` are memory-only buffers a GPU kernel keeps for the backward
+//!   (attention scores, dropout masks); a CPU runtime may ignore them.
+//! - Collectives are blocking over the group's members, which issue them in the same order.
+//!   `axis: None` works on the row-major flattening: reduce-scatter and all-gather split it into
+//!   `size` equal pieces of ⌈n / size⌉ elements (zero-padded), piece `i` belonging to the
+//!   member with group index `i` (members are listed in [`Group::ranks`] order).
+//!   `axis: Some(a)`: the pieces are the equal parts along axis `a`. A collective may carry
+//!   several (input, output) pairs: one coalesced call (a gradient bucket).
+//! - `Send` is buffered (it does not wait for the receiver); `Recv` blocks until the peer's
+//!   send with the same tag arrives. Tags are [`tag`]s of (chunk, micro-batch, direction).
+//! - `LoadTokens` fills the micro-batch's rows: replica `dp` of `dp_size`, micro-batch `i` of
+//!   `m` reads global-batch rows `(dp·m + i)·b .. +b`.
+//! - `AdamW` updates `param`, `m`, `v` in place from `grad` at the runtime's step (1-based).
+//! - `Loss{weight}`: the iteration's loss is the sum over all ranks and micro-batches of
+//!   `weight` × the buffer (every tensor-parallel rank of the last stage reports a share).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{BucketId, BufferId, GroupId, ParamId, TemplateId};
+
+pub const FORMAT: &str = "plait-program/1";
+
+/// Storage element type of a buffer (what a GPU run would allocate; the CPU runtime uses f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Elem {
+    F32,
+    Bf16,
+    F16,
+    I64,
+    /// One byte per element (dropout masks).
+    U8,
+}
+
+impl Elem {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Elem::F32 => 4,
+            Elem::Bf16 | Elem::F16 => 2,
+            Elem::I64 => 8,
+            Elem::U8 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::Bf16 => "bf16",
+            Elem::F16 => "f16",
+            Elem::I64 => "i64",
+            Elem::U8 => "u8",
+        }
+    }
+}
+
+/// What a buffer holds (for listings, memory breakdowns and the verifier's gradient check).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "role", content = "param")]
+pub enum Role {
+    /// The tensor-parallel shard of a parameter, in compute precision.
+    Param(ParamId),
+    /// The rank's ZeRO slice (flat) of a parameter in compute precision (ZeRO-3 storage).
+    ParamSlice(ParamId),
+    /// fp32 master weights (mixed precision), full local shard (ZeRO-0) or ZeRO slice.
+    Master(ParamId),
+    OptM(ParamId),
+    OptV(ParamId),
+    /// The gradient of a parameter's local shard.
+    Grad(ParamId),
+    /// The rank's ZeRO slice of a reduced gradient.
+    GradSlice(ParamId),
+    Activation,
+    /// A gradient flowing backward.
+    ActGrad,
+    /// Memory-only state a kernel keeps for the backward (scores, masks).
+    Saved,
+    Tokens,
+    Loss,
+    /// CUDA context, library workspaces, fragmentation (the planner's reserve).
+    Reserve,
+    Temp,
+}
+
+impl Role {
+    pub fn param(self) -> Option<ParamId> {
+        match self {
+            Role::Param(p)
+            | Role::ParamSlice(p)
+            | Role::Master(p)
+            | Role::OptM(p)
+            | Role::OptV(p)
+            | Role::Grad(p)
+            | Role::GradSlice(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// One local buffer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BufferDecl {
+    pub name: String,
+    pub elem: Elem,
+    /// Local shape (the rank's shard).
+    pub shape: Vec<u64>,
+    pub role: Role,
+}
+
+impl BufferDecl {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.numel() * self.elem.bytes()
+    }
+}
+
+/// A communicator role, resolved per rank through [`RankInfo::groups`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Slot {
+    /// The ranks of my tensor-parallel group.
+    Tp,
+    /// The ranks holding the same shard in the other data-parallel replicas.
+    Dp,
+    /// First and last pipeline stage (same tp, dp): tied embedding gradients.
+    Tied,
+}
+
+impl Slot {
+    pub const ALL: [Slot; 3] = [Slot::Tp, Slot::Dp, Slot::Tied];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Slot::Tp => "tp",
+            Slot::Dp => "dp",
+            Slot::Tied => "tied",
+        }
+    }
+}
+
+/// A pipeline neighbour, resolved per rank through [`RankInfo::prev`] / [`RankInfo::next`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Peer {
+    /// Stage (s − 1) mod pp.
+    Prev,
+    /// Stage (s + 1) mod pp.
+    Next,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CollectiveOp {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    Broadcast { root: u32 },
+}
+
+impl CollectiveOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveOp::AllReduce => "all_reduce",
+            CollectiveOp::AllGather => "all_gather",
+            CollectiveOp::ReduceScatter => "reduce_scatter",
+            CollectiveOp::AllToAll => "all_to_all",
+            CollectiveOp::Broadcast { .. } => "broadcast",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    Ring,
+    Tree,
+}
+
+/// What a collective is for (listings and the gradient check).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Purpose {
+    /// Tensor/sequence-parallel activation collective (forward or backward).
+    Activation,
+    /// Data-parallel gradient reduction (one bucket).
+    GradReduce,
+    /// Tensor-parallel reduction of a replicated parameter's partial gradient (sequence parallel).
+    TpGradReduce,
+    /// Tied-embedding gradient sum between the first and last stage.
+    TiedGrad,
+    /// ZeRO parameter gather (before use, or after the optimizer step).
+    ParamGather,
+}
+
+/// The direction of a pipeline message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+/// One message tag: unique per (chunk it feeds, micro-batch, direction).
+pub fn tag(chunk: u32, micro_batch: u32, pass: Pass) -> u64 {
+    (u64::from(chunk) << 33) | (u64::from(micro_batch) << 1) | u64::from(pass == Pass::Backward)
+}
+
+/// One instruction.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "instr")]
+pub enum Instr {
+    Alloc {
+        buf: BufferId,
+    },
+    Free {
+        buf: BufferId,
+    },
+    /// Start of a pipeline task: the listing's schedule markers (warm-up, steady, cool-down).
+    Task {
+        phase: Phase,
+        chunk: u32,
+        micro_batch: u32,
+        pass: Pass,
+    },
+    /// The parameters' initial values: the runtime initializes each full tensor (seed or ONNX
+    /// weights) and copies the rank's slice ([`ParamShard`]) into these buffers.
+    InitParams {
+        bufs: Vec<BufferId>,
+    },
+    LoadTokens {
+        micro_batch: u32,
+        input_ids: Option<BufferId>,
+        targets: Option<BufferId>,
+    },
+    /// Writes `value` to every element.
+    Fill {
+        buf: BufferId,
+        value: f64,
+    },
+    /// Copies (and converts) `src` into `dst` element by element (same element count).
+    Copy {
+        src: BufferId,
+        dst: BufferId,
+    },
+    Compute {
+        kind: ir::OpKind,
+        inputs: Vec<BufferId>,
+        outputs: Vec<BufferId>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        saves: Vec<BufferId>,
+        /// Forward layer (or `None` for embedding/head ops) this computes, for listings.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        layer: Option<u32>,
+    },
+    Collective {
+        op: CollectiveOp,
+        group: Slot,
+        algorithm: Algorithm,
+        axis: Option<u8>,
+        /// (input, output) pairs; all-reduce may be in place.
+        pairs: Vec<(BufferId, BufferId)>,
+        purpose: Purpose,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bucket: Option<BucketId>,
+    },
+    /// Copies this rank's piece of `src` along `axis` (the group index of `size` equal parts)
+    /// into `dst`; no communication.
+    /// `axis: None`: the flat piece of ⌈n / size⌉ elements, as the flat collectives cut it.
+    Chunk {
+        src: BufferId,
+        dst: BufferId,
+        axis: Option<u8>,
+        group: Slot,
+    },
+    Send {
+        buf: BufferId,
+        peer: Peer,
+        tag: u64,
+    },
+    Recv {
+        buf: BufferId,
+        peer: Peer,
+        tag: u64,
+    },
+    /// Start of a recompute region: the forward of `layer` re-run to rebuild its saved buffers
+    /// (full recompute) or its attention scores (selective).
+    RecomputeBegin {
+        layer: u32,
+    },
+    RecomputeEnd {
+        layer: u32,
+    },
+    AdamW {
+        config: ir::AdamWConfig,
+        param: BufferId,
+        grad: BufferId,
+        m: BufferId,
+        v: BufferId,
+    },
+    /// The reported loss is the sum over ranks and micro-batches of `weight` × the buffer.
+    Loss {
+        buf: BufferId,
+        weight: f64,
+    },
+}
+
+/// Where a pipeline task sits in the schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    WarmUp,
+    Steady,
+    CoolDown,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::WarmUp => "warm-up",
+            Phase::Steady => "steady",
+            Phase::CoolDown => "cool-down",
+        }
+    }
+}
+
+/// How the tensor-parallel shard of a parameter is cut from the full tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TpSplit {
+    pub axis: u8,
+    /// The axis holds `blocks` equal blocks (fused QKV: 3); each is split `tp` ways and the
+    /// rank's pieces are concatenated.
+    pub blocks: u32,
+    /// Which piece: the rank's tp coordinate (`None`), or a fixed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<u32>,
+}
+
+/// A parameter shard a template's ranks own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamShard {
+    pub param: ParamId,
+    /// `None`: replicated across the tensor-parallel group.
+    pub tp: Option<TpSplit>,
+    /// Optimizer state (and with ZeRO-2/3 the gradient, with ZeRO-3 the weight) is the rank's
+    /// flat slice ⌈n / dp⌉ of the local shard's n elements, at its dp coordinate.
+    pub zero: bool,
+    /// The buffer the runtime initializes with this shard.
+    pub init: BufferId,
+}
+
+/// A half-open box of the full tensor, one range per axis.
+pub type Box = Vec<(u64, u64)>;
+
+/// A shard resolved for one rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    /// Boxes of the full tensor forming the rank's tensor-parallel shard, in order.
+    pub boxes: Vec<Box>,
+    /// The rank's owned flat range of the local shard (ZeRO), `[start, end)` clamped to n.
+    pub owned: (u64, u64),
+}
+
+impl ParamShard {
+    /// The rank's slice at tp coordinate `tp_rank` of `tp`, dp coordinate `dp_rank` of `dp`.
+    pub fn slice(&self, full: &[u64], tp: u32, tp_rank: u32, dp: u32, dp_rank: u32) -> Slice {
+        let mut boxes = Vec::new();
+        let whole: Box = full.iter().map(|&d| (0, d)).collect();
+        match self.tp {
+            None => boxes.push(whole),
+            Some(s) => {
+                let axis = usize::from(s.axis);
+                let dim = full.get(axis).copied().unwrap_or(0);
+                let blocks = u64::from(s.blocks.max(1));
+                let block = dim / blocks;
+                let piece = block / u64::from(tp.max(1));
+                let part = u64::from(s.part.unwrap_or(tp_rank));
+                for k in 0..blocks {
+                    let mut b = whole.clone();
+                    if let Some(r) = b.get_mut(axis) {
+                        let start = k * block + part * piece;
+                        *r = (start, start + piece);
+                    }
+                    boxes.push(b);
+                }
+            }
+        }
+        let n: u64 = boxes
+            .iter()
+            .map(|b| b.iter().map(|(s, e)| e - s).product::<u64>())
+            .sum();
+        let owned = if self.zero {
+            let per = n.div_ceil(u64::from(dp.max(1)));
+            let s = (per * u64::from(dp_rank)).min(n);
+            (s, (s + per).min(n))
+        } else {
+            (0, n)
+        };
+        Slice { boxes, owned }
+    }
+}
+
+/// A parameter of the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamInfo {
+    pub name: String,
+    pub shape: Vec<u64>,
+}
+
+/// One instruction list shared by every rank that points to it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Template {
+    pub id: TemplateId,
+    /// Pipeline stage of its ranks.
+    pub stage: u32,
+    /// Model chunks it runs (pipeline order).
+    pub chunks: Vec<u32>,
+    pub buffers: Vec<BufferDecl>,
+    pub shards: Vec<ParamShard>,
+    /// Run once before the first iteration (persistent buffers, initial values).
+    pub init: Vec<Instr>,
+    /// Run every iteration.
+    pub instrs: Vec<Instr>,
+}
+
+impl Template {
+    pub fn buffer(&self, b: BufferId) -> Option<&BufferDecl> {
+        self.buffers.get(b.index())
+    }
+}
+
+/// Mesh coordinates of a rank (rank = tp + tp_size·(dp + dp_size·pp)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Coords {
+    pub tp: u32,
+    pub dp: u32,
+    pub pp: u32,
+}
+
+/// One rank: its coordinates, template and resolved roles.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankInfo {
+    pub rank: u32,
+    pub coords: Coords,
+    pub template: TemplateId,
+    /// Group per [`Slot`] (`tp`, `dp`, `tied`), `None` where the rank has no such group.
+    pub groups: Vec<Option<GroupId>>,
+    pub prev: u32,
+    pub next: u32,
+}
+
+impl RankInfo {
+    pub fn group(&self, s: Slot) -> Option<GroupId> {
+        let i = Slot::ALL.iter().position(|&x| x == s)?;
+        self.groups.get(i).copied().flatten()
+    }
+
+    pub fn peer(&self, p: Peer) -> u32 {
+        match p {
+            Peer::Prev => self.prev,
+            Peer::Next => self.next,
+        }
+    }
+}
+
+/// A communicator: its members in group-index order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub id: GroupId,
+    pub slot: Slot,
+    pub ranks: Vec<u32>,
+}
+
+/// The mesh shape and schedule the programs implement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MeshInfo {
+    pub tp: u32,
+    pub dp: u32,
+    pub pp: u32,
+    pub virtual_stages: u32,
+    pub micro_batches: u32,
+    pub micro_batch: u64,
+    pub seq: u64,
+    pub schedule: String,
+    pub zero: u8,
+    pub recompute: String,
+    pub sequence_parallel: bool,
+    pub precision: String,
+}
+
+/// What the plan predicted per stage, for the verifier's memory comparison.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Predicted {
+    pub stage: u32,
+    pub peak_memory_bytes: f64,
+}
+
+/// Every rank's program.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProgramSet {
+    pub format: String,
+    pub model: String,
+    pub mesh: MeshInfo,
+    pub params: Vec<ParamInfo>,
+    pub groups: Vec<Group>,
+    pub predicted: Vec<Predicted>,
+    pub ranks: Vec<RankInfo>,
+    pub templates: Vec<Template>,
+}
+
+impl ProgramSet {
+    pub fn template(&self, t: TemplateId) -> Option<&Template> {
+        self.templates.get(t.index())
+    }
+
+    pub fn rank(&self, r: u32) -> Option<&RankInfo> {
+        self.ranks.get(r as usize)
+    }
+
+    pub fn group(&self, g: GroupId) -> Option<&Group> {
+        self.groups.get(g.index())
+    }
+
+    /// Gives rank `r` its own copy of its template (so a test can mutate one rank alone).
+    pub fn detach(&mut self, r: u32) -> Option<&mut Template> {
+        let info = self.ranks.get(r as usize)?;
+        let mut t = self.templates.get(info.template.index())?.clone();
+        let id = TemplateId(self.templates.len() as u32);
+        t.id = id;
+        self.templates.push(t);
+        self.ranks.get_mut(r as usize)?.template = id;
+        self.templates.last_mut()
+    }
+}
+
+impl fmt::Display for Coords {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tp {} dp {} pp {}", self.tp, self.dp, self.pp)
+    }
+}
