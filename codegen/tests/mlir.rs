@@ -313,6 +313,32 @@ fn synthetic(pp: u32, dp: u32, tp: u32) -> ProgramSet {
         &[x, w, bias, dy],
         &[dx, g],
     );
+    // Backward of the batched matmul (lowered to batch_matmuls) and of attention (a kernel).
+    let (dyt_a, dyt_b) = (
+        s.act("d.y", Elem::Bf16, &[b, t, f]),
+        s.act("d.yt", Elem::Bf16, &[b, f, t]),
+    );
+    s.compute(
+        OpKind::Grad {
+            of: Box::new(OpKind::MatMul),
+            wrt: vec![0, 1],
+        },
+        &[y, yt, sq],
+        &[dyt_a, dyt_b],
+    );
+    s.compute(
+        OpKind::Grad {
+            of: Box::new(OpKind::Attention {
+                heads: 2,
+                kv_heads: 2,
+                scale: 0.125,
+                causal: true,
+            }),
+            wrt: vec![0],
+        },
+        &[x, x, x, q],
+        &[dx],
+    );
     s.instrs.push(Instr::Collective {
         op: CollectiveOp::AllReduce,
         group: Slot::Dp,
@@ -371,7 +397,7 @@ fn synthetic_programs_verify() {
             "shard.send",
             "shard.recv",
             "func.call @plait.attention",
-            "func.call @plait.grad.linear",
+            "func.call @plait.grad.attention",
             "func.call @plait.adamw",
         ] {
             assert!(m.text.contains(op), "{op} missing");

@@ -82,7 +82,7 @@ pub enum MlirError {
 /// One verified module: the program of one template.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MlirModule {
-    /// File stem, `template_N`.
+    /// File stem, `template-N` (beside the program's `template-N.json`).
     pub name: String,
     pub template: TemplateId,
     /// The ranks that run it.
@@ -110,9 +110,13 @@ pub fn export(_set: &ProgramSet) -> Result<Vec<MlirModule>, MlirError> {
     Err(MlirError::NotCompiled)
 }
 
-/// Exports and writes `DIR/template_N.mlir`; returns the paths.
+/// Exports and writes `DIR/template-N.mlir`; returns the paths.
 pub fn write(set: &ProgramSet, dir: &Path) -> Result<Vec<PathBuf>, MlirError> {
-    let modules = export(set)?;
+    write_modules(&export(set)?, dir)
+}
+
+/// Writes exported modules as `DIR/<name>.mlir`; returns the paths.
+pub fn write_modules(modules: &[MlirModule], dir: &Path) -> Result<Vec<PathBuf>, MlirError> {
     std::fs::create_dir_all(dir).map_err(|source| MlirError::Io {
         path: dir.to_path_buf(),
         source,

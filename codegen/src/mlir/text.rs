@@ -259,7 +259,7 @@ pub fn emit_template(set: &ProgramSet, t: &Template) -> Result<MlirModule, MlirE
     out.push_str(&step);
     out.push_str("}\n");
     Ok(MlirModule {
-        name: format!("template_{}", t.id.0),
+        name: format!("template-{}", t.id.0),
         template: t.id,
         ranks,
         text: out,
@@ -790,7 +790,7 @@ impl Emitter<'_> {
 
     // ---- scalar code inside linalg regions ----
 
-    fn to_f32(&mut self, x: &str, e: Elem) -> String {
+    fn widen(&mut self, x: &str, e: Elem) -> String {
         let (op, from) = match e {
             Elem::F32 => return x.to_string(),
             Elem::Bf16 | Elem::F16 => ("arith.extf", elem(e)),
@@ -802,7 +802,7 @@ impl Emitter<'_> {
         r
     }
 
-    fn from_f32(&mut self, x: &str, e: Elem) -> String {
+    fn narrow(&mut self, x: &str, e: Elem) -> String {
         let op = match e {
             Elem::F32 => return x.to_string(),
             Elem::Bf16 | Elem::F16 => "arith.truncf",
@@ -957,10 +957,10 @@ impl Emitter<'_> {
         let xs: Vec<String> = args
             .iter()
             .zip(ins)
-            .map(|(a, v)| self.to_f32(a, v.ty.elem))
+            .map(|(a, v)| self.widen(a, v.ty.elem))
             .collect();
         let y = self.scalar_body(f, &xs)?;
-        let y = self.from_f32(&y, out.elem);
+        let y = self.narrow(&y, out.elem);
         self.line(format!("  linalg.yield {y} : {}", elem(out.elem)));
         self.line(format!("}} -> {}", out.mlir()));
         Ok(Val {
@@ -1003,10 +1003,10 @@ impl Emitter<'_> {
             elem(x.ty.elem),
             elem(out_elem)
         ));
-        let xa = self.to_f32(&a, x.ty.elem);
-        let xacc = self.to_f32(&acc, out_elem);
+        let xa = self.widen(&a, x.ty.elem);
+        let xacc = self.widen(&acc, out_elem);
         let s = self.f32_op("arith.addf", &[&xa, &xacc]);
-        let s = self.from_f32(&s, out_elem);
+        let s = self.narrow(&s, out_elem);
         self.line(format!("  linalg.yield {s} : {}", elem(out_elem)));
         self.line(format!("}} -> {}", out.mlir()));
         Ok(Val { name: r, ty: out })
@@ -1217,6 +1217,159 @@ impl Emitter<'_> {
         }
     }
 
+    fn transpose(&mut self, x: &Val, perm: &[usize]) -> Val {
+        let shape: Vec<u64> = perm
+            .iter()
+            .map(|&p| x.ty.shape.get(p).copied().unwrap_or(1))
+            .collect();
+        let out = Ty::new(shape, x.ty.elem);
+        let init = self.empty(&out);
+        let r = self.fresh();
+        self.line(format!(
+            "{r} = linalg.transpose ins({} : {}) outs({} : {}) permutation = [{}]",
+            x.name,
+            x.ty.mlir(),
+            init.name,
+            out.mlir(),
+            list(perm)
+        ));
+        Val { name: r, ty: out }
+    }
+
+    /// Backward of `Linear` and `MatMul` as matmuls: dx = dy·wᵀ, dw = xᵀ·dy, db = Σ_rows dy.
+    /// Operands are the forward's inputs then dy; results follow `wrt`.
+    fn lower_grad(
+        &mut self,
+        of: &OpKind,
+        wrt: &[usize],
+        ins: &[Val],
+        outs: &[Ty],
+    ) -> Res<Option<Vec<Val>>> {
+        let floats =
+            ins.iter().all(|v| is_float(v.ty.elem)) && outs.iter().all(|t| is_float(t.elem));
+        if !floats || wrt.len() != outs.len() {
+            return Ok(None);
+        }
+        match of {
+            OpKind::Linear { bias } => {
+                let (Some(x), Some(w), Some(dy)) =
+                    (ins.first(), ins.get(1), ins.get(2 + usize::from(*bias)))
+                else {
+                    return Ok(None);
+                };
+                let [k, n] = w.ty.shape[..] else {
+                    return Ok(None);
+                };
+                if k == 0 || x.ty.shape.last() != Some(&k) || dy.ty.shape.last() != Some(&n) {
+                    return Ok(None);
+                }
+                let m = x.ty.numel() / k;
+                if dy.ty.numel() != m * n {
+                    return Ok(None);
+                }
+                let expect = |i: usize| match i {
+                    0 => Some(x.ty.shape.clone()),
+                    1 => Some(vec![k, n]),
+                    2 if *bias => Some(vec![n]),
+                    _ => None,
+                };
+                if wrt
+                    .iter()
+                    .zip(outs)
+                    .any(|(&i, o)| expect(i).map(|e| Ty::new(e, o.elem).numel()) != Some(o.numel()))
+                {
+                    return Ok(None);
+                }
+                let dy2 = self.reshape(dy, &[m, n])?;
+                let mut vals = Vec::new();
+                for (&i, o) in wrt.iter().zip(outs) {
+                    let v = match i {
+                        0 => {
+                            let wt = self.transpose(w, &[1, 0]);
+                            self.matmul("linalg.matmul", &dy2, &wt, &Ty::new(vec![m, k], o.elem))
+                        }
+                        1 => {
+                            let x2 = self.reshape(x, &[m, k])?;
+                            let xt = self.transpose(&x2, &[1, 0]);
+                            self.matmul("linalg.matmul", &xt, &dy2, &Ty::new(vec![k, n], o.elem))
+                        }
+                        _ => self.reduce_sum(&dy2, &[0], o.elem)?,
+                    };
+                    vals.push(self.reshape(&v, &o.shape)?);
+                }
+                Ok(Some(vals))
+            }
+            OpKind::MatMul => {
+                let (Some(a), Some(b), Some(dy)) = (ins.first(), ins.get(1), ins.get(2)) else {
+                    return Ok(None);
+                };
+                let (ra, rb) = (a.ty.shape.len(), b.ty.shape.len());
+                if ra < 2 || rb < 2 || dy.ty.shape.len() != ra {
+                    return Ok(None);
+                }
+                let (m, k) = (a.ty.shape[ra - 2], a.ty.shape[ra - 1]);
+                let n = b.ty.shape[rb - 1];
+                let same_batch = a.ty.shape[..ra - 2] == b.ty.shape[..rb - 2];
+                if b.ty.shape[rb - 2] != k || !(rb == 2 || same_batch) {
+                    return Ok(None);
+                }
+                let batch: u64 = a.ty.shape[..ra - 2].iter().product();
+                if dy.ty.numel() != batch * m * n
+                    || wrt.iter().zip(outs).any(|(&i, o)| match i {
+                        0 => o.numel() != a.ty.numel(),
+                        1 => o.numel() != b.ty.numel(),
+                        _ => true,
+                    })
+                {
+                    return Ok(None);
+                }
+                let mut vals = Vec::new();
+                for (&i, o) in wrt.iter().zip(outs) {
+                    let v = if rb == 2 {
+                        let dy2 = self.reshape(dy, &[batch * m, n])?;
+                        if i == 0 {
+                            let bt = self.transpose(b, &[1, 0]);
+                            self.matmul(
+                                "linalg.matmul",
+                                &dy2,
+                                &bt,
+                                &Ty::new(vec![batch * m, k], o.elem),
+                            )
+                        } else {
+                            let a2 = self.reshape(a, &[batch * m, k])?;
+                            let at = self.transpose(&a2, &[1, 0]);
+                            self.matmul("linalg.matmul", &at, &dy2, &Ty::new(vec![k, n], o.elem))
+                        }
+                    } else {
+                        let dy3 = self.reshape(dy, &[batch, m, n])?;
+                        if i == 0 {
+                            let b3 = self.reshape(b, &[batch, k, n])?;
+                            let bt = self.transpose(&b3, &[0, 2, 1]);
+                            self.matmul(
+                                "linalg.batch_matmul",
+                                &dy3,
+                                &bt,
+                                &Ty::new(vec![batch, m, k], o.elem),
+                            )
+                        } else {
+                            let a3 = self.reshape(a, &[batch, m, k])?;
+                            let at = self.transpose(&a3, &[0, 2, 1]);
+                            self.matmul(
+                                "linalg.batch_matmul",
+                                &at,
+                                &dy3,
+                                &Ty::new(vec![batch, k, n], o.elem),
+                            )
+                        }
+                    };
+                    vals.push(self.reshape(&v, &o.shape)?);
+                }
+                Ok(Some(vals))
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn lower_multi(&mut self, kind: &OpKind, ins: &[Val], outs: &[Ty]) -> Res<Option<Vec<Val>>> {
         match kind {
             OpKind::Split { axis, sizes } if ins.len() == 1 && sizes.len() == outs.len() => {
@@ -1278,7 +1431,7 @@ impl Emitter<'_> {
             .map(|&b| self.ty(b))
             .collect::<Res<Vec<_>>>()?;
         let lowered = match kind {
-            OpKind::Grad { .. } => None,
+            OpKind::Grad { of, wrt } => self.lower_grad(of, wrt, &ins, &outs)?,
             _ => self.lower_compute(kind, &ins, &outs)?,
         };
         let vals = match lowered {
