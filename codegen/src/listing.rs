@@ -14,18 +14,26 @@ fn list(t: &Template, xs: &[BufferId]) -> String {
     xs.iter().map(|&x| b(t, x)).collect::<Vec<_>>().join(", ")
 }
 
+fn role(r: crate::program::Role) -> String {
+    let name = format!("{r:?}");
+    let head = name.split('(').next().unwrap_or("").to_lowercase();
+    match r.param() {
+        Some(p) => format!("{head} {p}"),
+        None => head,
+    }
+}
+
 /// One instruction as text.
 pub fn instr(t: &Template, i: &Instr) -> String {
     match i {
         Instr::Alloc { buf } => {
             let d = t.buffer(*buf);
             format!(
-                "alloc {} {}{:?} ({:?})",
+                "alloc {} {}{:?} ({})",
                 b(t, *buf),
                 d.map_or("?", |d| d.elem.name()),
                 d.map_or(vec![], |d| d.shape.clone()),
-                d.map(|d| d.role)
-                    .map_or(String::new(), |r| format!("{r:?}").to_lowercase())
+                d.map(|d| d.role).map_or(String::new(), role)
             )
         }
         Instr::Free { buf } => format!("free {}", b(t, *buf)),

@@ -88,6 +88,8 @@ pub enum Role {
     Grad(ParamId),
     /// The rank's ZeRO slice of a reduced gradient.
     GradSlice(ParamId),
+    /// One backward's contribution to a parameter's gradient (before accumulation).
+    GradPart(ParamId),
     Activation,
     /// A gradient flowing backward.
     ActGrad,
@@ -109,7 +111,8 @@ impl Role {
             | Role::OptM(p)
             | Role::OptV(p)
             | Role::Grad(p)
-            | Role::GradSlice(p) => Some(p),
+            | Role::GradSlice(p)
+            | Role::GradPart(p) => Some(p),
             _ => None,
         }
     }

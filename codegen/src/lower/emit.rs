@@ -299,7 +299,6 @@ pub fn backward(
     let mut grads: Vec<Option<(BufferId, bool)>> = vec![None; n];
     grads[seg.output] = Some((dy, false));
     let mut contribs = Vec::new();
-    let is_param = |v: SVal| matches!(seg.vals[v].source, Source::Param { .. });
     let param_of = |v: SVal| match seg.vals[v].source {
         Source::Param { pos } => env.params.get(pos).copied().flatten().map(|(p, _)| p),
         _ => None,
@@ -308,8 +307,10 @@ pub fn backward(
     for (i, s) in seg.steps.iter().enumerate().rev() {
         // Regather what this step's backward reads.
         for v in bwd_reads(seg, s) {
-            if p.regather[v] && inst.bufs[v].is_none_or(|_| true) {
-                if let Some(x) = gathered_source(seg, v) {
+            if p.regather[v]
+                && let Some(x) = gathered_source(seg, v)
+            {
+                {
                     let val = &seg.vals[v];
                     let y = b.alloc(
                         format!("{}.{}", env.tag, val.name),
@@ -403,17 +404,11 @@ pub fn backward(
                     let alloc_dx = |b: &mut Builder, k: usize| {
                         let v = ins[k];
                         let val = &seg.vals[v];
-                        let role = if is_param(v) {
-                            Role::Temp
-                        } else {
-                            Role::ActGrad
+                        let role = match param_of(v) {
+                            Some(p) => Role::GradPart(p),
+                            None => Role::ActGrad,
                         };
-                        b.alloc(
-                            gname(v),
-                            if is_param(v) { val.elem } else { val.elem },
-                            val.shape.clone(),
-                            role,
-                        )
+                        b.alloc(gname(v), val.elem, val.shape.clone(), role)
                     };
                     let one = |b: &mut Builder, k: usize, kind: OpKind, input: Vec<BufferId>| {
                         let dx = alloc_dx(b, k);

@@ -189,6 +189,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         emit::plan(&layer, s.recompute),
         emit::plan(&post, Recompute::None),
     ];
+    let names: Vec<String> = params.iter().map(|p| p.name.clone()).collect();
     let mut templates = Vec::new();
     for d in 0..pp {
         let st = Stage {
@@ -206,6 +207,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
             m,
             d,
             opts,
+            names: &names,
             b: Builder::default(),
             ps: BTreeMap::new(),
             reduced: HashMap::new(),
@@ -277,6 +279,7 @@ struct Stage<'a> {
     m: u32,
     d: u32,
     opts: Options,
+    names: &'a [String],
     b: Builder,
     ps: BTreeMap<ParamId, PState>,
     /// Where each parameter's reduced gradient ends up (ZeRO-1: a slice made at reduction).
@@ -348,7 +351,11 @@ impl Stage<'_> {
             let n: u64 = shape.iter().product();
             let dp = u64::from(s.dp);
             let per = n.div_ceil(dp);
-            let name = format!("{pid}");
+            let name = self
+                .names
+                .get(pid.index())
+                .cloned()
+                .unwrap_or_else(|| pid.to_string());
             let w = self.cx.weight;
             let (param, slice) = if self.zero >= 3 {
                 let param = self
@@ -574,9 +581,12 @@ impl Stage<'_> {
                 }
                 1 | 2 => {
                     let w = self.cx.weight;
-                    let tmp = self
-                        .b
-                        .alloc(format!("w.{pid}.new"), w, vec![st.per], Role::Temp);
+                    let tmp = self.b.alloc(
+                        format!("w.{}.new", self.pname(pid)),
+                        w,
+                        vec![st.per],
+                        Role::ParamSlice(pid),
+                    );
                     match st.master {
                         Some(master) => {
                             self.b.push(Instr::AdamW {
@@ -1050,6 +1060,13 @@ impl Stage<'_> {
         Ok(())
     }
 
+    fn pname(&self, p: ParamId) -> String {
+        self.names
+            .get(p.index())
+            .cloned()
+            .unwrap_or_else(|| p.to_string())
+    }
+
     fn stage_has_embedding(&self) -> bool {
         self.plan
             .chunks
@@ -1091,9 +1108,12 @@ impl Stage<'_> {
                     continue;
                 };
                 let w = self.cx.weight;
-                let sl = self
-                    .b
-                    .alloc(format!("g.{}.part", c.param), w, vec![st.per], Role::Temp);
+                let sl = self.b.alloc(
+                    format!("g.{}.part", self.pname(c.param)),
+                    w,
+                    vec![st.per],
+                    Role::Temp,
+                );
                 pairs.push((c.buf, sl));
                 adds.push((c.buf, sl, st.grad));
             }
@@ -1151,7 +1171,7 @@ impl Stage<'_> {
                 pairs.push((st.grad, st.grad));
             } else {
                 let sl = self.b.alloc(
-                    format!("g.{p}.slice"),
+                    format!("g.{}.slice", self.pname(*p)),
                     self.cx.weight,
                     vec![st.per],
                     Role::GradSlice(*p),

@@ -1,6 +1,6 @@
 //! Invariant 5: gradient contributions are reduced across the data-parallel group exactly once
-//! and applied exactly once. A dataflow walk over one iteration: a `grad` whose operand is a
-//! parameter buffer makes a contribution; adds, copies and non-data-parallel collectives carry
+//! and applied exactly once. A dataflow walk over one iteration: a compute writing a
+//! `grad_part` buffer (one backward's gradient of a parameter) makes a contribution; adds, copies and non-data-parallel collectives carry
 //! it along; a data-parallel gradient reduction marks every contribution it carries reduced
 //! (one that carries none is a second reduction); the optimizer must see only reduced ones.
 
@@ -54,18 +54,23 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                 ..
             } => {
                 let new: Vec<Option<Taint>> = match kind {
-                    ir::OpKind::Grad { wrt, .. } => wrt
+                    _ if outputs
                         .iter()
-                        .map(|&w| match inputs.get(w).and_then(|&b| role(b)) {
-                            Some(Role::Param(p)) => Some(Taint {
-                                param: Some(p),
-                                unreduced: 1,
-                                reduced: 0,
-                                origin: k,
-                            }),
-                            _ => None,
-                        })
-                        .collect(),
+                        .any(|&b| matches!(role(b), Some(Role::GradPart(_)))) =>
+                    {
+                        outputs
+                            .iter()
+                            .map(|&b| match role(b) {
+                                Some(Role::GradPart(p)) => Some(Taint {
+                                    param: Some(p),
+                                    unreduced: 1,
+                                    reduced: 0,
+                                    origin: k,
+                                }),
+                                _ => None,
+                            })
+                            .collect()
+                    }
                     ir::OpKind::Add => {
                         let get = |j: usize| {
                             inputs
@@ -129,10 +134,28 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                 };
                 *applied.entry(p).or_default() += 1;
                 match g {
-                    None => v(
-                        k,
-                        format!("adamw applies no gradient contribution to {}", name(p)),
-                    ),
+                    None => {
+                        let pending = taint
+                            .iter()
+                            .flatten()
+                            .find(|t2| t2.param == Some(p) && t2.unreduced > 0)
+                            .copied();
+                        match pending {
+                            Some(t2) if dp => v(
+                                k,
+                                format!(
+                                    "adamw reads a gradient of {} that no data-parallel reduction wrote: {} contribution(s) were never reduced (the last made at step #{})",
+                                    name(p),
+                                    t2.unreduced,
+                                    t2.origin
+                                ),
+                            ),
+                            _ => v(
+                                k,
+                                format!("adamw applies no gradient contribution to {}", name(p)),
+                            ),
+                        }
+                    }
                     Some(g) if g.param != Some(p) => v(
                         k,
                         format!(

@@ -7,6 +7,11 @@ use super::{Check, Loc, Violation};
 use crate::program::{Box, ProgramSet};
 
 type Key = Vec<(u32, usize, u32)>;
+/// (rank, template, shard index, coordinate).
+type Member = (u32, u32, usize, u32);
+type Groups = BTreeMap<(u32, u32, u32), Vec<Member>>;
+/// A cached verdict: (rank, shard index, message).
+type Memo = HashMap<(u32, Key), Option<(u32, usize, String)>>;
 
 fn volume(b: &Box) -> u64 {
     b.iter().map(|(s, e)| e.saturating_sub(*s)).product()
@@ -19,8 +24,8 @@ fn overlap(a: &Box, b: &Box) -> bool {
 pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
     let (tp, dp) = (set.mesh.tp, set.mesh.dp);
     // (param, dp, pp) → [(rank, template, shard index, tp coord)], and (param, pp, tp) → dp.
-    let mut replicas: BTreeMap<(u32, u32, u32), Vec<(u32, u32, usize, u32)>> = BTreeMap::new();
-    let mut zero: BTreeMap<(u32, u32, u32), Vec<(u32, u32, usize, u32)>> = BTreeMap::new();
+    let mut replicas: Groups = BTreeMap::new();
+    let mut zero: Groups = BTreeMap::new();
     for info in &set.ranks {
         let Some(t) = set.template(info.template) else {
             continue;
@@ -49,7 +54,7 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
         }
     }
     let shard = |t: u32, k: usize| set.templates.get(t as usize).and_then(|t| t.shards.get(k));
-    let mut memo: HashMap<(u32, Key), Option<(u32, usize, String)>> = HashMap::new();
+    let mut memo: Memo = HashMap::new();
     for ((p, d, pp), members) in &replicas {
         let full = set
             .params
@@ -115,7 +120,7 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
             });
         }
     }
-    let mut memo: HashMap<(u32, Key), Option<(u32, usize, String)>> = HashMap::new();
+    let mut memo: Memo = HashMap::new();
     for ((p, pp, c), members) in &zero {
         let full = set
             .params

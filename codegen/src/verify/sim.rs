@@ -11,6 +11,9 @@ use super::{Check, Loc, Violation};
 use crate::ids::GroupId;
 use crate::program::{CollectiveOp, Elem, Instr, ProgramSet, Purpose, Slot, Template};
 
+/// (from, to) → messages in flight: (tag, bytes, sender's step).
+type Mailboxes = HashMap<(u32, u32), VecDeque<(u64, u64, usize)>>;
+
 #[derive(Clone, Debug, PartialEq)]
 struct Sig {
     op: CollectiveOp,
@@ -152,7 +155,7 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) -> usize {
     let mut pc = vec![0usize; n];
     let mut waiting: Vec<Option<GroupId>> = vec![None; n];
     let mut arrived: HashMap<GroupId, Vec<usize>> = HashMap::new();
-    let mut mail: HashMap<(u32, u32), VecDeque<(u64, u64, usize)>> = HashMap::new();
+    let mut mail: Mailboxes = HashMap::new();
     let mut bad_group_reported = vec![false; n];
     loop {
         let mut progress = false;

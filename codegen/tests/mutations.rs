@@ -1,0 +1,124 @@
+//! Broken programs the verifier must reject, naming the rank and the instruction.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use codegen::program::{CollectiveOp, Instr, Purpose};
+use codegen::verify::{Check, Loc, verify};
+use common::{TINY, cases, programs};
+
+fn mixed() -> codegen::ProgramSet {
+    let (_, c) = cases()
+        .into_iter()
+        .find(|(n, _)| *n == "tp2_pp2_dp2")
+        .unwrap();
+    programs(TINY, 32, c)
+}
+
+#[test]
+fn the_unbroken_programs_verify() {
+    assert!(verify(&mixed()).violations.is_empty());
+}
+
+#[test]
+fn a_dropped_recv_is_rejected() {
+    let mut set = mixed();
+    // Rank 4 is stage 1 (tp 0, dp 0): drop its first receive.
+    let t = set.detach(4).unwrap();
+    let k = t
+        .instrs
+        .iter()
+        .position(|i| matches!(i, Instr::Recv { .. }))
+        .unwrap();
+    t.instrs.remove(k);
+    let r = verify(&set);
+    let v = r
+        .violations
+        .iter()
+        .find(|v| v.check == Check::PointToPoint)
+        .unwrap();
+    println!("{v}");
+    assert!(
+        v.message.contains("never received") || v.message.contains("expects tag"),
+        "{v}"
+    );
+    assert!(r.violations.iter().any(|v| v.rank == 0 || v.rank == 4));
+}
+
+#[test]
+fn two_reordered_collectives_are_rejected() {
+    let mut set = mixed();
+    let t = set.detach(1).unwrap();
+    // Swap the first tensor-parallel all-gather with the reduce-scatter after it.
+    let is = |i: &Instr, op: CollectiveOp| matches!(i, Instr::Collective { op: o, purpose: Purpose::Activation, .. } if *o == op);
+    let a = t
+        .instrs
+        .iter()
+        .position(|i| is(i, CollectiveOp::AllGather))
+        .unwrap();
+    let b = a + t.instrs[a..]
+        .iter()
+        .position(|i| is(i, CollectiveOp::ReduceScatter))
+        .unwrap();
+    t.instrs.swap(a, b);
+    let r = verify(&set);
+    let v = r
+        .violations
+        .iter()
+        .find(|v| v.check == Check::Collective)
+        .unwrap();
+    println!("{v}");
+    assert_eq!(v.rank, 1);
+    assert!(matches!(v.at, Loc::Step(k) if k == a || k == b), "{v}");
+}
+
+#[test]
+fn a_dropped_gradient_reduction_is_rejected() {
+    let mut set = mixed();
+    let t = set.detach(0).unwrap();
+    let k = t
+        .instrs
+        .iter()
+        .position(|i| {
+            matches!(
+                i,
+                Instr::Collective {
+                    purpose: Purpose::GradReduce,
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    t.instrs.remove(k);
+    let r = verify(&set);
+    let v = r
+        .violations
+        .iter()
+        .find(|v| v.check == Check::Gradient)
+        .unwrap();
+    println!("{v}");
+    assert_eq!(v.rank, 0);
+    assert!(v.message.contains("never reduced"), "{v}");
+    assert!(matches!(v.at, Loc::Step(_)));
+}
+
+#[test]
+fn overlapping_shards_are_rejected() {
+    let mut set = mixed();
+    // Rank 1 (tp 1) takes tensor-parallel piece 0 of its first split parameter, as rank 0 does.
+    let t = set.detach(1).unwrap();
+    let k = t.shards.iter().position(|s| s.tp.is_some()).unwrap();
+    if let Some(s) = t.shards[k].tp.as_mut() {
+        s.part = Some(0);
+    }
+    let r = verify(&set);
+    let v = r
+        .violations
+        .iter()
+        .find(|v| v.check == Check::Shard)
+        .unwrap();
+    println!("{v}");
+    assert!(v.message.contains("overlaps"), "{v}");
+    assert!(v.rank == 1 || v.rank == 0);
+    assert_eq!(v.at, Loc::Shard(k));
+}
