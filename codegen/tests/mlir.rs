@@ -2,12 +2,15 @@
 //!
 //! Synthetic programs cover each instruction and lowering path (linalg forms, external
 //! kernels, flat and axis collectives, padding, pipeline messages, the `@tied` grid); the six
-//! plans in `tests/plans/` (written by `plait compile`, gpt2 at seq 1024) cover the real
-//! lowering: DP2, TP2 with and without sequence parallelism, PP2 1F1B, PP2 interleaved,
-//! ZeRO-3 with DP2, TP2×PP2×DP2.
+//! snapshot cases of `common::cases` (DP2, TP2+SP, PP2 1F1B, PP2 interleaved, ZeRO-3 with DP2,
+//! TP2×PP2×DP2) and every ZeRO stage × recompute × schedule × precision on the tiny model
+//! cover the real lowering; the plans in `tests/plans/` (written by `plait compile`: gpt2 at
+//! seq 1024, bf16, e-graph sharding for TP2 without SP) cover full-size shapes.
 
 #![cfg(feature = "mlir")]
 #![allow(clippy::unwrap_used)]
+
+mod common;
 
 use codegen::ids::{BucketId, BufferId, GroupId, ParamId, TemplateId};
 use codegen::mlir::{MlirError, Verifier, emit_template, export};
@@ -439,7 +442,58 @@ fn plan_programs(name: &str) -> ProgramSet {
 }
 
 #[test]
-fn snapshot_plans_verify() {
+fn snapshot_cases_verify() {
+    let v = Verifier::new();
+    for (name, c) in common::cases() {
+        let set = common::programs(common::TINY, 32, c);
+        for t in &set.templates {
+            let m = emit_template(&set, t).unwrap();
+            if let Err(e) = v.check(&m.name, &m.text) {
+                panic!("{name} {}: {e}", m.name);
+            }
+            println!(
+                "{name} {}: ranks {:?}, {} lines, verified",
+                m.name,
+                m.ranks,
+                m.text.lines().count()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_zero_stage_recompute_schedule_and_precision_verifies() {
+    use planner::{Precision, Recompute, Schedule};
+    let v = Verifier::new();
+    let mut modules = 0;
+    for zero in 0..=3 {
+        for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
+            for (schedule, vs) in [
+                (Schedule::Gpipe, 1),
+                (Schedule::OneFOneB, 1),
+                (Schedule::Interleaved, 2),
+            ] {
+                for precision in [Precision::Fp32, Precision::Bf16] {
+                    let mut c = common::Case::new(2, 2, 2);
+                    (c.zero, c.recompute, c.schedule, c.v, c.sp, c.precision) =
+                        (zero, recompute, schedule, vs, zero % 2 == 1, precision);
+                    let set = common::programs(common::TINY, 32, c);
+                    for t in &set.templates {
+                        let m = emit_template(&set, t).unwrap();
+                        if let Err(e) = v.check(&m.name, &m.text) {
+                            panic!("{c:?} {}: {e}", m.name);
+                        }
+                        modules += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{modules} modules verified");
+}
+
+#[test]
+fn gpt2_plans_verify() {
     for name in [
         "dp2",
         "tp2",

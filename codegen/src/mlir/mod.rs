@@ -133,3 +133,43 @@ pub fn write_modules(modules: &[MlirModule], dir: &Path) -> Result<Vec<PathBuf>,
         })
         .collect()
 }
+
+#[cfg(all(test, not(feature = "mlir")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_the_feature_export_says_how_to_get_it() {
+        let set = ProgramSet {
+            format: crate::program::FORMAT.into(),
+            model: "none".into(),
+            mesh: crate::program::MeshInfo {
+                tp: 1,
+                dp: 1,
+                pp: 1,
+                virtual_stages: 1,
+                micro_batches: 1,
+                micro_batch: 1,
+                seq: 1,
+                schedule: "1f1b".into(),
+                zero: 0,
+                recompute: "none".into(),
+                sequence_parallel: false,
+                precision: "fp32".into(),
+            },
+            params: vec![],
+            groups: vec![],
+            predicted: vec![],
+            ranks: vec![],
+            templates: vec![],
+        };
+        let err = export(&set)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("--features mlir"), "{err}");
+        let dir = std::env::temp_dir().join("plait-mlir-absent");
+        assert!(matches!(write(&set, &dir), Err(MlirError::NotCompiled)));
+        assert!(!dir.exists(), "nothing is written without MLIR support");
+    }
+}
