@@ -19,6 +19,10 @@ pub struct CodegenArgs {
     /// Directory for index.json and the program templates.
     #[arg(short = 'o', long = "output")]
     output: PathBuf,
+    /// Also write each template as an MLIR module (`template-N.mlir`: func/linalg/tensor and
+    /// the `shard` dialect), checked by MLIR's verifier; needs a build with `--features mlir`.
+    #[arg(long)]
+    mlir: bool,
 }
 
 #[derive(Args, Debug)]
@@ -78,7 +82,21 @@ pub fn run_codegen(args: &CodegenArgs) -> anyhow::Result<()> {
         },
     );
     check(&report)?;
+    // Exported (and verified) before anything is written, so a build without MLIR fails early.
+    let modules = if args.mlir {
+        Some(codegen::mlir::export(&set)?)
+    } else {
+        None
+    };
     codegen::io::write(&set, &args.output)?;
+    if let Some(modules) = &modules {
+        let paths = codegen::mlir::write_modules(modules, &args.output)?;
+        println!(
+            "mlir        {} module(s) verified by MLIR {} (template-N.mlir)",
+            paths.len(),
+            codegen::mlir::MLIR_VERSION
+        );
+    }
     let instrs: usize = set.templates.iter().map(|t| t.instrs.len()).sum();
     println!(
         "programs    {} ranks, {} template(s), {} instructions per iteration in all, verified ({} rank(s) simulated), {:.2} s",

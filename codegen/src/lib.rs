@@ -14,7 +14,6 @@ pub mod io;
 pub mod listing;
 pub mod lower;
 pub mod mesh;
-#[cfg(feature = "mlir")]
 pub mod mlir;
 pub mod program;
 pub mod verify;

@@ -1,1 +1,0 @@
-//! MLIR export of per-rank programs (a separate task; empty until then).
