@@ -5,13 +5,18 @@
 //! - [`comm`]: the [`Communicator`] trait (collectives, groups, send/recv, all with
 //!   deadlines), with [`ThreadComm`] (ranks as threads) and `comm::mpi::MpiComm` behind the
 //!   `mpi` feature.
+//! - [`exec`]: the executor of one rank's `plait-program/1` template.
+//! - [`data`]: training tokens and each step's global batch; [`train`]: training loops.
 //! - [`profile`]: measures this machine (matmul rate, memory bandwidth, the threads
 //!   communicator's α and β) and writes a cluster description for the planner.
 
 pub mod backend;
 pub mod comm;
+pub mod data;
 mod error;
+pub mod exec;
 pub mod profile;
+pub mod train;
 
 pub use backend::{Backend, CpuBackend, CudaBackend, CudaBuffer};
 pub use comm::{Communicator, DEFAULT_TIMEOUT, MAX_TAG, ThreadComm};
