@@ -2,24 +2,37 @@
 //! stream. [`train_rank`] is one rank on any communicator (threads or MPI);
 //! [`train_threads`] runs all ranks as threads of this process.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use codegen::ProgramSet;
 
+use crate::checkpoint;
 use crate::data::Tokens;
 use crate::exec::{Executor, Init, ShardState};
 use crate::{Backend, Communicator, CpuBackend, RuntimeError, ThreadComm};
 
+/// Where and how often to checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointOptions {
+    pub dir: PathBuf,
+    /// Steps between checkpoints (0: only after the last step).
+    pub every: u64,
+    /// Start from the latest checkpoint in `dir` (any layout) instead of `init`.
+    pub resume: bool,
+}
+
 /// What a training run does.
 #[derive(Debug, Clone)]
 pub struct TrainOptions {
-    /// Steps to run (after any resumed ones).
+    /// The step to train up to (a resumed run continues from its checkpoint's step).
     pub steps: u64,
     /// Seed of the data order (and of parameters when `init` is a seed).
     pub seed: u64,
     pub init: Init,
     /// Deadline of every communicator operation.
     pub timeout: Duration,
+    pub checkpoint: Option<CheckpointOptions>,
 }
 
 /// One finished step, as rank 0 reports it.
@@ -57,11 +70,19 @@ pub fn train_rank<B: Backend, C: Communicator>(
     on_step: &(dyn Fn(u32, StepLog) + Sync),
 ) -> Result<RankOutcome, RuntimeError> {
     let mut ex = Executor::new(set, backend, comm)?;
-    ex.init(&opts.init)?;
+    match &opts.checkpoint {
+        Some(c) if c.resume => {
+            let l = checkpoint::load_latest(&c.dir, &set.params)?;
+            ex.init(&Init::Weights(l.weights))?;
+            ex.load_moments(&l.m, &l.v)?;
+            ex.set_steps(l.step);
+        }
+        _ => ex.init(&opts.init)?,
+    }
     let rows = global_rows(set);
     let seq = set.mesh.seq as usize;
     let mut losses = Vec::new();
-    for _ in 0..opts.steps {
+    while ex.steps() < opts.steps {
         let step = ex.steps() + 1;
         let batch = data.batch(opts.seed, step, rows, seq)?;
         let t0 = Instant::now();
@@ -77,11 +98,39 @@ pub fn train_rank<B: Backend, C: Communicator>(
                 tokens_per_s: (rows * seq) as f64 / seconds.max(1e-9),
             },
         );
+        if let Some(c) = &opts.checkpoint
+            && ((c.every > 0 && step.is_multiple_of(c.every)) || step == opts.steps)
+        {
+            save(&ex, set, &c.dir, step)?;
+        }
     }
     Ok(RankOutcome {
         losses,
         states: ex.shard_states()?,
     })
+}
+
+/// Every rank writes its pieces; once all have, rank 0 commits the checkpoint.
+fn save<B: Backend, C: Communicator>(
+    ex: &Executor<'_, B, C>,
+    set: &ProgramSet,
+    dir: &std::path::Path,
+    step: u64,
+) -> Result<(), RuntimeError> {
+    checkpoint::save_rank(dir, step, ex.rank(), &set.params, &ex.shard_states()?)?;
+    ex.world().barrier()?;
+    if ex.rank() == 0 {
+        let m = &set.mesh;
+        checkpoint::commit(
+            dir,
+            step,
+            &set.model,
+            [m.tp, m.pp, m.dp],
+            &set.params,
+            set.ranks.len() as u32,
+        )?;
+    }
+    ex.world().barrier()
 }
 
 /// Runs every rank as a thread on the CPU backend; returns the ranks' outcomes in rank order.

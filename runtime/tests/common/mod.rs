@@ -137,6 +137,7 @@ pub fn train(set: &ProgramSet, steps: u64, seed: u64) -> Run {
         seed,
         init: Init::Seed(seed),
         timeout: Duration::from_secs(60),
+        checkpoint: None,
     };
     let outs = train_threads(set, &text(), &opts, &|_, _| {}).unwrap();
     let states: Vec<_> = outs.iter().flat_map(|o| o.states.clone()).collect();
