@@ -45,15 +45,29 @@ pub fn model_source(model: &str) -> &'static str {
     }
 }
 
-pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
-    let cluster = Cluster::load(&args.cluster.cluster)?;
-    let batch_for_import = args.pins.micro_batch.unwrap_or(1);
-    let m = model::load(&args.model, batch_for_import, args.cluster.seq)?;
+/// A plan searched with pins, and what the search saw.
+pub struct Compiled {
+    pub plan: Plan,
+    pub result: planner::search::SearchResult,
+    pub cluster: Cluster,
+    pub name: String,
+}
+
+/// Searches the fastest plan for `model` with `pins` fixed (what `plait compile` writes).
+pub fn compile(
+    model_arg: &str,
+    cluster_args: &ClusterArgs,
+    pins: &StrategyArgs,
+    top: usize,
+) -> anyhow::Result<Compiled> {
+    let cluster = Cluster::load(&cluster_args.cluster)?;
+    let batch_for_import = pins.micro_batch.unwrap_or(1);
+    let m = model::load(model_arg, batch_for_import, cluster_args.seq)?;
     let info = ModelInfo::new(&m.graph)?;
-    let p = &args.pins;
+    let p = pins;
     let req = SearchRequest {
-        gpus: args.cluster.gpus,
-        global_batch: args.cluster.global_batch,
+        gpus: cluster_args.gpus,
+        global_batch: cluster_args.global_batch,
         seq: m.binding.seq,
         pins: Pins {
             tp: p.tp,
@@ -69,7 +83,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             stage_layers: p.stage_layers.clone(),
             attention: p.attention,
         },
-        top_k: args.top,
+        top_k: top,
     };
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -104,15 +118,15 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
                 "{} does not fit on {} x {}: every plan runs out of memory, the closest by {gib:.1} GiB{closest}; \
                  to make it fit: {}",
                 m.graph.name,
-                args.cluster.gpus,
+                cluster_args.gpus,
                 cluster.gpu.name,
                 inf.suggestions.join("; ")
             );
         }
     };
     let model_ref = ModelRef {
-        source: model_source(&args.model).into(),
-        reference: args.model.clone(),
+        source: model_source(model_arg).into(),
+        reference: model_arg.to_string(),
         name: m.graph.name.clone(),
         params: info.params(),
         layers: info.layers,
@@ -125,7 +139,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         model_ref,
         &info,
         &cluster,
-        args.cluster.gpus,
+        cluster_args.gpus,
         &r.best,
         SearchSummary {
             candidates_evaluated: r.candidates_evaluated,
@@ -154,6 +168,21 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(Compiled {
+        plan,
+        result: r,
+        cluster,
+        name: m.graph.name.clone(),
+    })
+}
+
+pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
+    let Compiled {
+        plan,
+        result: r,
+        cluster,
+        name,
+    } = compile(&args.model, &args.cluster, &args.pins, args.top)?;
     if let Some(path) = &args.output {
         std::fs::write(path, plan.to_json() + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -169,7 +198,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    print_text(&m.graph.name, &cluster, &r.best);
+    print_text(&name, &cluster, &r.best);
     println!();
     println!(
         "search      {} candidates evaluated, {} pruned by the memory bound, {:.2} s",

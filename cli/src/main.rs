@@ -10,6 +10,7 @@ mod model;
 mod models;
 mod profile;
 mod report;
+mod run;
 mod strategy_args;
 
 use std::process::ExitCode;
@@ -55,6 +56,8 @@ enum Command {
     Verify(codegen::VerifyArgs),
     /// Benchmarks: the cost model against published runs, and the estimator's speed.
     Bench(bench::BenchArgs),
+    /// Train: run every rank's program (threads, or one process per rank under mpirun).
+    Run(run::RunArgs),
     /// Measure this machine (matmul, memory, threads communicator) and write a cluster file.
     Profile(profile::ProfileArgs),
 }
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Report(args) => report::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Profile(args) => profile::run(&args),
+        Command::Run(args) => run::run(&args),
         Command::Codegen(args) => codegen::run_codegen(&args),
         Command::Show(args) => codegen::run_show(&args),
         Command::Verify(args) => codegen::run_verify(&args),

@@ -85,6 +85,28 @@ pub enum RuntimeError {
     /// The machine profile could not be measured or written.
     #[error("profile: {message}")]
     Profile { message: String },
+    /// A program that cannot run as written (a missing buffer, a shape that does not match).
+    #[error("rank {rank}: {what}")]
+    Program { rank: u32, what: String },
+    /// An instruction failed: where, and why.
+    #[error("rank {rank}, {phase} instruction {index} ({instr}): {source}")]
+    Instr {
+        rank: u32,
+        phase: &'static str,
+        index: usize,
+        instr: &'static str,
+        #[source]
+        source: Box<RuntimeError>,
+    },
+    /// Training data that cannot be read or used.
+    #[error("{path}: {message}")]
+    Data { path: String, message: String },
+    /// A checkpoint that cannot be written or read.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint { path: String, message: String },
+    /// A parameter's initial value is missing or has the wrong shape.
+    #[error("parameter `{name}`: {message}")]
+    Init { name: String, message: String },
 }
 
 fn missing_list(missing: &[usize], group: &[usize]) -> String {

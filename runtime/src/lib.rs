@@ -5,13 +5,20 @@
 //! - [`comm`]: the [`Communicator`] trait (collectives, groups, send/recv, all with
 //!   deadlines), with [`ThreadComm`] (ranks as threads) and `comm::mpi::MpiComm` behind the
 //!   `mpi` feature.
+//! - [`exec`]: the executor of one rank's `plait-program/1` template.
+//! - [`data`]: training tokens and each step's global batch; [`train`]: training loops.
+//! - [`checkpoint`]: per-rank safetensors shards and a JSON index; resumes under any layout.
 //! - [`profile`]: measures this machine (matmul rate, memory bandwidth, the threads
 //!   communicator's α and β) and writes a cluster description for the planner.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod comm;
+pub mod data;
 mod error;
+pub mod exec;
 pub mod profile;
+pub mod train;
 
 pub use backend::{Backend, CpuBackend, CudaBackend, CudaBuffer};
 pub use comm::{Communicator, DEFAULT_TIMEOUT, MAX_TAG, ThreadComm};

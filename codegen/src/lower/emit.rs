@@ -127,6 +127,34 @@ pub struct Env<'a> {
     pub targets: Option<BufferId>,
     pub layer: Option<u32>,
     pub tag: String,
+    /// The seeds of this instance's dropout ops, in segment order (a layer's own: the segment
+    /// is lowered from layer 0). Empty: the segment's seeds.
+    pub seeds: &'a [u64],
+}
+
+/// `kind` of step `i` for this instance: a dropout takes the instance's seed.
+fn instance_kind(seg: &Segment, i: usize, kind: &OpKind, env: &Env<'_>) -> OpKind {
+    match kind {
+        OpKind::Dropout { p, seed } => {
+            let k = seg.steps[..i]
+                .iter()
+                .filter(|s| {
+                    matches!(
+                        s,
+                        Step::Compute {
+                            kind: OpKind::Dropout { .. },
+                            ..
+                        }
+                    )
+                })
+                .count();
+            OpKind::Dropout {
+                p: *p,
+                seed: env.seeds.get(k).copied().unwrap_or(*seed),
+            }
+        }
+        other => other.clone(),
+    }
 }
 
 fn coll(
@@ -219,7 +247,7 @@ pub fn forward(
                     })
                     .collect();
                 b.push(Instr::Compute {
-                    kind: kind.clone(),
+                    kind: instance_kind(seg, i, kind, env),
                     inputs: ins.iter().map(|&v| get(v)).collect(),
                     outputs: outs.iter().map(|&v| get(v)).collect(),
                     saves: sv.clone(),
@@ -445,7 +473,8 @@ pub fn backward(
                             dxs.push((0, one(b, 0, OpKind::Concat { axis: *axis }, dys.clone())));
                         }
                         OpKind::Dropout { .. } | OpKind::Scale { .. } => {
-                            dxs.push((0, one(b, 0, kind.clone(), vec![dys[0]])));
+                            let k = instance_kind(seg, i, kind, env);
+                            dxs.push((0, one(b, 0, k, vec![dys[0]])));
                         }
                         OpKind::Transpose { perm } => {
                             let mut inv = vec![0; perm.len()];

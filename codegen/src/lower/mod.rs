@@ -190,6 +190,18 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         emit::plan(&post, Recompute::None),
     ];
     let names: Vec<String> = params.iter().map(|p| p.name.clone()).collect();
+    let layer_seeds: Vec<Vec<u64>> = (0..info.layers)
+        .map(|l| {
+            graph
+                .layer_ops(l)
+                .iter()
+                .filter_map(|&o| match graph.op(o).kind {
+                    OpKind::Dropout { seed, .. } => Some(seed),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
     let mut templates = Vec::new();
     for d in 0..pp {
         let st = Stage {
@@ -200,6 +212,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
             pre_pids: &pre_pids,
             post_pids: &post_pids,
             layer_pids: &layer_pids,
+            layer_seeds: &layer_seeds,
             local: &local,
             tied: &tied,
             zero,
@@ -272,6 +285,8 @@ struct Stage<'a> {
     pre_pids: &'a [Option<ParamId>],
     post_pids: &'a [Option<ParamId>],
     layer_pids: &'a [Vec<Option<ParamId>>],
+    /// Each layer's dropout seeds in op order.
+    layer_seeds: &'a [Vec<u64>],
     local: &'a HashMap<ParamId, (Vec<u64>, Option<TpSplit>)>,
     tied: &'a BTreeSet<ParamId>,
     zero: u8,
@@ -768,6 +783,7 @@ impl Stage<'_> {
                 targets: st.targets,
                 layer: None,
                 tag: format!("c{c}.m{mb}.emb"),
+                seeds: &[],
             };
             let inst = emit::forward(
                 &mut self.b,
@@ -825,6 +841,10 @@ impl Stage<'_> {
                 targets: None,
                 layer: Some(l),
                 tag: format!("l{l}.m{mb}"),
+                seeds: self
+                    .layer_seeds
+                    .get(l as usize)
+                    .map_or(&[], |v| v.as_slice()),
             };
             let p = &self.plans[1];
             let keep: Vec<bool> = if full {
@@ -871,6 +891,7 @@ impl Stage<'_> {
                 targets: st.targets,
                 layer: None,
                 tag: format!("c{c}.m{mb}.head"),
+                seeds: &[],
             };
             let inst = emit::forward(
                 &mut self.b,
@@ -935,6 +956,7 @@ impl Stage<'_> {
                 targets: st.targets,
                 layer: None,
                 tag: format!("c{c}.m{mb}.head"),
+                seeds: &[],
             };
             let (dx, contribs) =
                 emit::backward(&mut self.b, post, &self.plans[2], &env, &mut inst, seed);
@@ -983,6 +1005,10 @@ impl Stage<'_> {
                 targets: None,
                 layer: Some(l),
                 tag: format!("l{l}.m{mb}"),
+                seeds: self
+                    .layer_seeds
+                    .get(l as usize)
+                    .map_or(&[], |v| v.as_slice()),
             };
             if full {
                 self.b.push(Instr::RecomputeBegin { layer: l });
@@ -1038,6 +1064,7 @@ impl Stage<'_> {
                 targets: st.targets,
                 layer: None,
                 tag: format!("c{c}.m{mb}.emb"),
+                seeds: &[],
             };
             let (_, contribs) =
                 emit::backward(&mut self.b, pre, &self.plans[0], &env, &mut inst, dy);

@@ -78,7 +78,14 @@ impl ThreadComm {
     pub fn world(n: usize) -> Vec<ThreadComm> {
         let shared = Arc::new(Shared::default());
         let members: Vec<usize> = (0..n).collect();
-        shared.lock().group_ids.insert((members.clone(), 0), 0);
+        {
+            let mut st = shared.lock();
+            st.group_ids.insert((members.clone(), 0), 0);
+            // The world is instance 0 of its member list: a subgroup of every rank is another.
+            for r in 0..n {
+                st.instances.insert((r, members.clone()), 1);
+            }
+        }
         (0..n)
             .map(|rank| ThreadComm {
                 shared: shared.clone(),

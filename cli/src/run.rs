@@ -1,0 +1,281 @@
+//! `plait run [PLAN] [--steps K] [--data FILE] [--seed S] [--log-json FILE]`: generate the
+//! programs of a plan (or read a codegen directory) and train, all ranks as threads of this
+//! process (or one rank per process under `mpirun` when built with the `mpi` feature).
+//!
+//! With no PLAN it compiles a built-in tiny GPT-2 (4 layers, hidden 64, vocabulary 256, seq
+//! 64) for `--cluster cpu --gpus 2` and trains it on a built-in text: a zero-config demo.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use codegen::ProgramSet;
+use indicatif::{ProgressBar, ProgressStyle};
+use runtime::data::Tokens;
+use runtime::exec::Init;
+use runtime::train::{StepLog, TrainOptions};
+
+use crate::compile::compile;
+use crate::strategy_args::{ClusterArgs, StrategyArgs};
+
+/// The built-in demo model and text.
+const DEMO_CONFIG: &str = r#"{"model_type": "gpt2", "n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 256, "n_positions": 64}"#;
+const DEMO_TEXT: &str = include_str!("../../data/tiny.txt");
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A plan.json (`plait compile -o`) or a program directory (`plait codegen -o`); none: the
+    /// built-in tiny GPT-2 on 2 CPU ranks.
+    plan: Option<PathBuf>,
+    /// Training steps.
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Token data: a nanoGPT `.bin` (u16 token ids) or any file read as bytes (vocabulary
+    /// 256) [default: a built-in text].
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Seed of the initial parameters, the data order and dropout.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Append one JSON object per step (`step`, `loss`, `tokens_per_s`, `step_time_s`).
+    #[arg(long)]
+    log_json: Option<PathBuf>,
+    /// Write a checkpoint into this directory every `--checkpoint-every` steps and at the end.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
+    /// Continue from the latest checkpoint in `--checkpoint-dir` (any layout).
+    #[arg(long)]
+    resume: bool,
+    /// Seconds a rank waits for the others before failing.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
+    let path = std::env::temp_dir().join("plait-demo-tiny-gpt2.json");
+    std::fs::write(&path, DEMO_CONFIG)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let cluster = ClusterArgs {
+        cluster: "cpu".into(),
+        gpus: 2,
+        global_batch: 8,
+        seq: Some(64),
+    };
+    let pins = StrategyArgs {
+        tp: None,
+        pp: None,
+        dp: None,
+        micro_batch: None,
+        zero: None,
+        recompute: None,
+        schedule: None,
+        virtual_stages: None,
+        sequence_parallel: None,
+        precision: Some(planner::Precision::Fp32),
+        attention: None,
+        stage_layers: None,
+    };
+    Ok(compile(&path.display().to_string(), &cluster, &pins, 0)?.plan)
+}
+
+/// The programs and where initial weights come from.
+fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
+    let seeded = Init::Seed(args.seed);
+    let plan = match &args.plan {
+        Some(p) if p.is_dir() => return Ok((codegen::io::read(p)?, seeded, None)),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            planner::plan::Plan::from_json(&text, &p.display().to_string())?
+        }
+        None => demo_plan()?,
+    };
+    let (set, _) = codegen::generate(&plan)?;
+    let init = if plan.model.source == "onnx" {
+        let m = import::load_model(
+            &plan.model.reference,
+            plan.strategy.micro_batch,
+            Some(plan.strategy.seq),
+        )?;
+        m.weights.map_or(seeded, |w| {
+            Init::Weights(runtime::exec::init::from_ir_weights(&w))
+        })
+    } else {
+        seeded
+    };
+    Ok((set, init, Some(plan.model.vocab)))
+}
+
+fn data(args: &RunArgs) -> anyhow::Result<Tokens> {
+    Ok(match &args.data {
+        Some(p) => Tokens::load(p)?,
+        None => Tokens::from_bytes("built-in text".into(), DEMO_TEXT.as_bytes()),
+    })
+}
+
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let (set, init, vocab) = programs(args)?;
+    let tokens = data(args)?;
+    if let Some(v) = vocab {
+        tokens.check_vocab(v)?;
+    }
+    let opts = TrainOptions {
+        steps: args.steps,
+        seed: args.seed,
+        init,
+        timeout: Duration::from_secs(args.timeout.max(1)),
+        checkpoint: args
+            .checkpoint_dir
+            .as_ref()
+            .map(|d| runtime::train::CheckpointOptions {
+                dir: d.clone(),
+                every: args.checkpoint_every,
+                resume: args.resume,
+            }),
+    };
+    if args.resume && args.checkpoint_dir.is_none() {
+        anyhow::bail!("--resume needs --checkpoint-dir");
+    }
+    let log = match &args.log_json {
+        Some(p) => Some(Mutex::new(
+            std::fs::File::create(p).with_context(|| format!("cannot write {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let world = mpi_world()?;
+    let leader = world.as_ref().is_none_or(|w| w.rank == 0);
+    let m = &set.mesh;
+    if leader {
+        println!(
+            "{}: {} ranks (tp {} pp {} dp {}), {} micro-batches of {} x {}, {} ZeRO-{}, data {} ({} tokens)",
+            set.model,
+            set.ranks.len(),
+            m.tp,
+            m.pp,
+            m.dp,
+            m.micro_batches,
+            m.micro_batch,
+            m.seq,
+            m.schedule,
+            m.zero,
+            tokens.name,
+            tokens.ids.len()
+        );
+    }
+    let bar = if leader {
+        ProgressBar::new(args.steps)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps ({elapsed}, eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let io_error = Mutex::new(None);
+    let on_step = |rank: u32, s: StepLog| {
+        if rank != 0 {
+            return;
+        }
+        let line = format!(
+            "step {:>5}  loss {:.6}  {:>9.0} tokens/s  {:.3} s",
+            s.step, s.loss, s.tokens_per_s, s.seconds
+        );
+        // A bar not drawn (no terminal) prints nothing; the steps still go to stdout.
+        if bar.is_hidden() {
+            println!("{line}");
+        } else {
+            bar.println(line);
+        }
+        bar.inc(1);
+        if let Some(f) = &log {
+            let line = serde_json::json!({
+                "step": s.step,
+                "loss": s.loss,
+                "tokens_per_s": s.tokens_per_s,
+                "step_time_s": s.seconds,
+            });
+            let mut f = f.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(e) = writeln!(f, "{line}")
+                && let Ok(mut slot) = io_error.lock()
+            {
+                *slot = Some(e);
+            }
+        }
+    };
+    let result = match world {
+        Some(w) => w.train(&set, &tokens, &opts, &on_step),
+        None => runtime::train::train_threads(&set, &tokens, &opts, &on_step).map(|_| ()),
+    };
+    bar.finish_and_clear();
+    result?;
+    if let Ok(mut slot) = io_error.lock()
+        && let Some(e) = slot.take()
+    {
+        return Err(e).context("cannot write the JSON log");
+    }
+    Ok(())
+}
+
+/// The MPI world when this process runs under `mpirun` (feature `mpi`).
+#[cfg(feature = "mpi")]
+fn mpi_world() -> anyhow::Result<Option<MpiRun>> {
+    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_SIZE").is_none()
+    {
+        return Ok(None);
+    }
+    let world = runtime::comm::mpi::MpiWorld::init()?;
+    let rank = runtime::Communicator::rank(&world.communicator());
+    Ok(Some(MpiRun { world, rank }))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_world() -> anyhow::Result<Option<MpiRun>> {
+    Ok(None)
+}
+
+#[cfg(feature = "mpi")]
+struct MpiRun {
+    world: runtime::comm::mpi::MpiWorld,
+    rank: usize,
+}
+
+#[cfg(feature = "mpi")]
+impl MpiRun {
+    fn train(
+        &self,
+        set: &ProgramSet,
+        tokens: &Tokens,
+        opts: &TrainOptions,
+        on_step: &(dyn Fn(u32, StepLog) + Sync),
+    ) -> Result<(), runtime::RuntimeError> {
+        let mut comm = self.world.communicator();
+        runtime::Communicator::set_timeout(&mut comm, opts.timeout);
+        runtime::train::train_rank(set, runtime::CpuBackend::new(), comm, tokens, opts, on_step)
+            .map(|_| ())
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+struct MpiRun {
+    rank: usize,
+}
+
+#[cfg(not(feature = "mpi"))]
+impl MpiRun {
+    fn train(
+        &self,
+        _: &ProgramSet,
+        _: &Tokens,
+        _: &TrainOptions,
+        _: &(dyn Fn(u32, StepLog) + Sync),
+    ) -> Result<(), runtime::RuntimeError> {
+        let _ = self.rank;
+        Ok(())
+    }
+}

@@ -1,0 +1,557 @@
+//! The executor: runs one rank's `plait-program/1` template exactly as codegen wrote it (see
+//! `codegen::program` for the semantics) on a [`Backend`] and a [`Communicator`].
+//!
+//! [`Executor::new`] resolves the rank's groups (every rank creates the program set's groups
+//! it belongs to, in the set's order); [`Executor::init`] runs the template's `init` list once
+//! (parameters from an [`Init`]); [`Executor::step`] runs the iteration's instructions on one
+//! global [`Batch`] and returns the iteration's loss, summed over all ranks. Nothing is planned
+//! here. Runtime conventions where the format leaves room:
+//! - Buffers are f32 whatever their storage type (integers exact, see `kernels::Tensor32`);
+//!   the planner's reserve and the memory-only `saves` are not allocated.
+//! - `Send`/`Recv` tags are folded into the communicator's tag range as
+//!   `((chunk · m + micro-batch) · 2 + backward) mod (MAX_TAG + 1)`; messages with the same
+//!   source, destination and tag arrive in order, so a fold collision cannot reorder them.
+//! - Dropout masks are drawn on global element indices ([`dropout`]), so every layout draws
+//!   the same masks as one device.
+//! - The reported loss is Σ weight × value over the rank's `Loss` instructions, summed over
+//!   the world in rank order in f64 (each share sent as two f32s).
+
+pub mod collective;
+pub mod dropout;
+pub mod init;
+pub mod layout;
+mod state;
+
+use codegen::program::{Elem, Instr, Role, Slot, Template};
+use codegen::{BufferId, ProgramSet};
+use ir::OpKind;
+use kernels::Tensor32;
+
+use self::collective::Members;
+use crate::{Backend, Communicator, MAX_TAG, RuntimeError};
+
+pub use init::Init;
+pub use state::{Field, Piece, ShardState, assemble};
+
+/// One iteration's tokens: the global batch, `rows` sequences of `seq` token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub rows: usize,
+    pub seq: usize,
+    pub input_ids: Vec<u32>,
+    pub targets: Vec<u32>,
+}
+
+/// One rank's program, its buffers and its communicators.
+#[derive(Debug)]
+pub struct Executor<'s, B: Backend, C: Communicator> {
+    set: &'s ProgramSet,
+    rank: u32,
+    tpl: &'s Template,
+    backend: B,
+    world: C,
+    /// Communicator per slot (tp, dp, tied); `None`: a group of one.
+    slots: [Option<C>; 3],
+    bufs: Vec<Option<B::Buffer>>,
+    /// Completed optimizer steps.
+    steps: u64,
+    /// The current pipeline task's micro-batch.
+    micro_batch: u32,
+}
+
+fn instr_name(i: &Instr) -> &'static str {
+    match i {
+        Instr::Alloc { .. } => "alloc",
+        Instr::Free { .. } => "free",
+        Instr::Task { .. } => "task",
+        Instr::InitParams { .. } => "init_params",
+        Instr::LoadTokens { .. } => "load_tokens",
+        Instr::Fill { .. } => "fill",
+        Instr::Copy { .. } => "copy",
+        Instr::Compute { kind, .. } => kind.mnemonic(),
+        Instr::Collective { op, .. } => op.name(),
+        Instr::Chunk { .. } => "chunk",
+        Instr::Send { .. } => "send",
+        Instr::Recv { .. } => "recv",
+        Instr::RecomputeBegin { .. } => "recompute_begin",
+        Instr::RecomputeEnd { .. } => "recompute_end",
+        Instr::AdamW { .. } => "adamw",
+        Instr::Loss { .. } => "loss",
+    }
+}
+
+impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
+    /// Rank `world.rank()`'s executor for `set`.
+    pub fn new(set: &'s ProgramSet, backend: B, world: C) -> Result<Self, RuntimeError> {
+        let rank = world.rank() as u32;
+        let prog = |what: String| RuntimeError::Program { rank, what };
+        if world.size() != set.ranks.len() {
+            return Err(prog(format!(
+                "the communicator has {} ranks, the programs {}",
+                world.size(),
+                set.ranks.len()
+            )));
+        }
+        let info = set
+            .rank(rank)
+            .ok_or_else(|| prog("no program for this rank".into()))?;
+        let tpl = set
+            .template(info.template)
+            .ok_or_else(|| prog(format!("template {} is missing", info.template)))?;
+        let mut slots: [Option<C>; 3] = [None, None, None];
+        for g in &set.groups {
+            if !g.ranks.contains(&rank) {
+                continue;
+            }
+            let ranks: Vec<usize> = g.ranks.iter().map(|&r| r as usize).collect();
+            let c = world.group(&ranks)?;
+            if info.group(g.slot) == Some(g.id)
+                && let Some(i) = Slot::ALL.iter().position(|&s| s == g.slot)
+            {
+                slots[i] = Some(c);
+            }
+        }
+        Ok(Executor {
+            set,
+            rank,
+            tpl,
+            backend,
+            world,
+            slots,
+            bufs: (0..tpl.buffers.len()).map(|_| None).collect(),
+            steps: 0,
+            micro_batch: 0,
+        })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Optimizer steps completed.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Sets the number of completed steps (resuming from a checkpoint).
+    pub fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
+    }
+
+    pub fn world(&self) -> &C {
+        &self.world
+    }
+
+    /// Runs the template's initialization (once).
+    pub fn init(&mut self, init: &Init) -> Result<(), RuntimeError> {
+        let tpl = self.tpl;
+        for (k, ins) in tpl.init.iter().enumerate() {
+            self.exec(ins, Some(init), None)
+                .map_err(|e| self.at("init", k, ins, e))?;
+        }
+        Ok(())
+    }
+
+    /// Runs one iteration on the global batch; returns the iteration's loss (all ranks).
+    pub fn step(&mut self, batch: &Batch) -> Result<f64, RuntimeError> {
+        self.steps += 1;
+        let tpl = self.tpl;
+        let mut loss = 0.0;
+        for (k, ins) in tpl.instrs.iter().enumerate() {
+            match self.exec(ins, None, Some(batch)) {
+                Ok(Some(l)) => loss += l,
+                Ok(None) => {}
+                Err(e) => return Err(self.at("step", k, ins, e)),
+            }
+        }
+        self.sum_loss(loss)
+    }
+
+    fn at(&self, phase: &'static str, index: usize, ins: &Instr, e: RuntimeError) -> RuntimeError {
+        RuntimeError::Instr {
+            rank: self.rank,
+            phase,
+            index,
+            instr: instr_name(ins),
+            source: Box::new(e),
+        }
+    }
+
+    fn prog(&self, what: impl Into<String>) -> RuntimeError {
+        RuntimeError::Program {
+            rank: self.rank,
+            what: what.into(),
+        }
+    }
+
+    /// Σ over the world in rank order, in f64.
+    fn sum_loss(&self, local: f64) -> Result<f64, RuntimeError> {
+        let hi = local as f32;
+        let lo = (local - f64::from(hi)) as f32;
+        let mut all = vec![0.0; 2 * self.world.size()];
+        self.world.all_gather(&[hi, lo], &mut all)?;
+        Ok(all
+            .chunks(2)
+            .map(|c| c.iter().map(|&x| f64::from(x)).sum::<f64>())
+            .sum())
+    }
+
+    fn decl_shape(&self, b: BufferId) -> Result<Vec<usize>, RuntimeError> {
+        let d = self
+            .tpl
+            .buffer(b)
+            .ok_or_else(|| self.prog(format!("buffer {b} is not declared")))?;
+        Ok(d.shape.iter().map(|&x| x as usize).collect())
+    }
+
+    fn skipped(&self, b: BufferId) -> bool {
+        self.tpl
+            .buffer(b)
+            .is_some_and(|d| matches!(d.role, Role::Reserve | Role::Saved) || d.elem == Elem::U8)
+    }
+
+    fn get(&self, b: BufferId) -> Result<&B::Buffer, RuntimeError> {
+        self.bufs
+            .get(b.index())
+            .and_then(Option::as_ref)
+            .ok_or_else(|| self.prog(format!("buffer {b} is used but not allocated")))
+    }
+
+    fn host(&self, b: BufferId) -> Result<Tensor32, RuntimeError> {
+        self.backend.download(self.get(b)?)
+    }
+
+    /// Stores `data` into `b` with its declared shape.
+    fn put(&mut self, b: BufferId, data: Vec<f32>) -> Result<(), RuntimeError> {
+        let shape = self.decl_shape(b)?;
+        let n: usize = shape.iter().product();
+        if data.len() != n {
+            return Err(RuntimeError::BadLength {
+                op: "store",
+                what: "result",
+                got: data.len(),
+                want: n,
+            });
+        }
+        let t = self.backend.upload(&Tensor32 { shape, data })?;
+        let slot = self
+            .bufs
+            .get_mut(b.index())
+            .ok_or_else(|| RuntimeError::Program {
+                rank: self.rank,
+                what: format!("buffer {b} is not declared"),
+            })?;
+        *slot = Some(t);
+        Ok(())
+    }
+
+    fn members(&self, s: Slot) -> Members<'_, C> {
+        let i = Slot::ALL.iter().position(|&x| x == s).unwrap_or(0);
+        match self.slots.get(i).and_then(Option::as_ref) {
+            Some(c) => Members::Group(c),
+            None => Members::Solo,
+        }
+    }
+
+    fn tag(&self, tag: u64) -> u32 {
+        let chunk = tag >> 33;
+        let mb = (tag >> 1) & 0xffff_ffff;
+        let back = tag & 1;
+        let m = u64::from(self.set.mesh.micro_batches.max(1));
+        (((chunk * m + mb) * 2 + back) % (u64::from(MAX_TAG) + 1)) as u32
+    }
+
+    /// Executes one instruction; `Some(loss share)` for `Loss`.
+    fn exec(
+        &mut self,
+        ins: &Instr,
+        init: Option<&Init>,
+        batch: Option<&Batch>,
+    ) -> Result<Option<f64>, RuntimeError> {
+        match ins {
+            Instr::Alloc { buf } => {
+                if !self.skipped(*buf) {
+                    let shape = self.decl_shape(*buf)?;
+                    let z = self.backend.zeros(&shape)?;
+                    if let Some(s) = self.bufs.get_mut(buf.index()) {
+                        *s = Some(z);
+                    }
+                }
+            }
+            Instr::Free { buf } => {
+                if let Some(s) = self.bufs.get_mut(buf.index())
+                    && let Some(b) = s.take()
+                {
+                    self.backend.free(b);
+                }
+            }
+            Instr::Task { micro_batch, .. } => self.micro_batch = *micro_batch,
+            Instr::RecomputeBegin { .. } | Instr::RecomputeEnd { .. } => {}
+            Instr::InitParams { .. } => {
+                let init = init.ok_or_else(|| self.prog("init_params outside init"))?;
+                self.init_params(init)?;
+            }
+            Instr::LoadTokens {
+                micro_batch,
+                input_ids,
+                targets,
+            } => {
+                let batch = batch.ok_or_else(|| self.prog("load_tokens outside a step"))?;
+                self.load_tokens(batch, *micro_batch, *input_ids, *targets)?;
+            }
+            Instr::Fill { buf, value } => {
+                let n: usize = self.decl_shape(*buf)?.iter().product();
+                self.put(*buf, vec![*value as f32; n])?;
+            }
+            Instr::Copy { src, dst } => {
+                let t = self.host(*src)?;
+                self.put(*dst, t.data)?;
+            }
+            Instr::Compute {
+                kind,
+                inputs,
+                outputs,
+                ..
+            } => self.compute(kind, inputs, outputs)?,
+            Instr::Collective {
+                op,
+                group,
+                axis,
+                pairs,
+                ..
+            } => {
+                for &(i, o) in pairs {
+                    let x = self.host(i)?;
+                    let out_len: usize = self.decl_shape(o)?.iter().product();
+                    let y = collective::run(
+                        self.members(*group),
+                        *op,
+                        *axis,
+                        &x.data,
+                        &x.shape,
+                        out_len,
+                    )?;
+                    self.put(o, y)?;
+                }
+            }
+            Instr::Chunk {
+                src,
+                dst,
+                axis,
+                group,
+            } => {
+                let g = self.members(*group);
+                let (size, r) = (g.size(), g.rank());
+                let x = self.host(*src)?;
+                let y = collective::chunk(&x.data, &x.shape, *axis, size, r)
+                    .map_err(|d| self.prog(format!("chunk: {d}")))?;
+                self.put(*dst, y)?;
+            }
+            Instr::Send { buf, peer, tag } => {
+                let info = self.info()?;
+                let x = self.host(*buf)?;
+                self.world
+                    .send(&x.data, info.peer(*peer) as usize, self.tag(*tag))?;
+            }
+            Instr::Recv { buf, peer, tag } => {
+                let info = self.info()?;
+                let n: usize = self.decl_shape(*buf)?.iter().product();
+                let mut data = vec![0.0; n];
+                self.world
+                    .recv(&mut data, info.peer(*peer) as usize, self.tag(*tag))?;
+                self.put(*buf, data)?;
+            }
+            Instr::AdamW {
+                config,
+                param,
+                grad,
+                m,
+                v,
+            } => {
+                let take = |s: &mut Self, b: BufferId| {
+                    s.bufs
+                        .get_mut(b.index())
+                        .and_then(Option::take)
+                        .ok_or_else(|| s.prog(format!("adamw: buffer {b} is not allocated")))
+                };
+                let mut p = take(self, *param)?;
+                let mut mm = take(self, *m)?;
+                let mut vv = take(self, *v)?;
+                let r = self.get(*grad).and_then(|g| {
+                    self.backend
+                        .adamw(config, &mut p, g, &mut mm, &mut vv, self.steps)
+                });
+                for (b, t) in [(*param, p), (*m, mm), (*v, vv)] {
+                    if let Some(s) = self.bufs.get_mut(b.index()) {
+                        *s = Some(t);
+                    }
+                }
+                r?;
+            }
+            Instr::Loss { buf, weight } => {
+                let x = self.host(*buf)?;
+                let v: f64 = x.data.iter().map(|&a| f64::from(a)).sum();
+                return Ok(Some(weight * v));
+            }
+        }
+        Ok(None)
+    }
+
+    fn info(&self) -> Result<&'s codegen::program::RankInfo, RuntimeError> {
+        self.set
+            .rank(self.rank)
+            .ok_or_else(|| self.prog("no rank info"))
+    }
+
+    fn compute(
+        &mut self,
+        kind: &OpKind,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+    ) -> Result<(), RuntimeError> {
+        if let OpKind::Dropout { p, seed } = kind {
+            let x = self.host(inputs.first().copied().unwrap_or(BufferId(u32::MAX)))?;
+            let mut data = x.data;
+            dropout::apply(&mut data, &x.shape, *p, *seed, self.place()?)
+                .map_err(|d| self.prog(d))?;
+            let out = outputs.first().copied().unwrap_or(BufferId(u32::MAX));
+            return self.put(out, data);
+        }
+        let binding = ir::Binding {
+            batch: self.set.mesh.micro_batch,
+            seq: self.set.mesh.seq,
+        };
+        // Source ops that carry their value in their attributes.
+        let constant = match kind {
+            OpKind::Iota { len } => {
+                let n = len.eval(binding) as usize;
+                Some((0..n).map(|i| i as f32).collect::<Vec<f32>>())
+            }
+            OpKind::Scalar { value } => Some(vec![*value as f32]),
+            _ => None,
+        };
+        if let Some(data) = constant {
+            let out = outputs.first().copied().unwrap_or(BufferId(u32::MAX));
+            return self.put(out, data);
+        }
+        let results = {
+            let mut xs = Vec::with_capacity(inputs.len());
+            for &i in inputs {
+                xs.push(self.get(i)?);
+            }
+            self.backend.forward(kind, &xs, binding)?
+        };
+        if results.len() != outputs.len() {
+            return Err(self.prog(format!(
+                "{} computed {} results for {} outputs",
+                kind.mnemonic(),
+                results.len(),
+                outputs.len()
+            )));
+        }
+        for (t, &o) in results.into_iter().zip(outputs) {
+            let shape = self.decl_shape(o)?;
+            if self.backend.shape(&t) == shape.as_slice() {
+                if let Some(s) = self.bufs.get_mut(o.index()) {
+                    *s = Some(t);
+                }
+            } else {
+                let h = self.backend.download(&t)?;
+                self.put(o, h.data)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn place(&self) -> Result<dropout::Place, RuntimeError> {
+        let info = self.info()?;
+        let mesh = &self.set.mesh;
+        let b = mesh.micro_batch as usize;
+        let m = mesh.micro_batches as usize;
+        Ok(dropout::Place {
+            row: (info.coords.dp as usize * m + self.micro_batch as usize) * b,
+            seq: mesh.seq as usize,
+            sp: mesh
+                .sequence_parallel
+                .then_some((mesh.tp as usize, info.coords.tp as usize)),
+            step: self.steps.max(1),
+        })
+    }
+
+    fn load_tokens(
+        &mut self,
+        batch: &Batch,
+        micro_batch: u32,
+        input_ids: Option<BufferId>,
+        targets: Option<BufferId>,
+    ) -> Result<(), RuntimeError> {
+        let info = self.info()?;
+        let mesh = &self.set.mesh;
+        let b = mesh.micro_batch as usize;
+        let m = mesh.micro_batches as usize;
+        let s = batch.seq;
+        let row = (info.coords.dp as usize * m + micro_batch as usize) * b;
+        let rows = m * mesh.dp as usize * b;
+        if batch.rows != rows || s != mesh.seq as usize {
+            return Err(RuntimeError::BadLength {
+                op: "load_tokens",
+                what: "global batch (sequences x length)",
+                got: batch.rows * s,
+                want: rows * mesh.seq as usize,
+            });
+        }
+        let pick = |v: &[u32]| -> Vec<f32> {
+            v.get(row * s..(row + b) * s)
+                .unwrap_or_default()
+                .iter()
+                .map(|&t| t as f32)
+                .collect()
+        };
+        if let Some(ids) = input_ids {
+            self.put(ids, pick(&batch.input_ids))?;
+        }
+        if let Some(t) = targets {
+            self.put(t, pick(&batch.targets))?;
+        }
+        Ok(())
+    }
+
+    fn init_params(&mut self, init: &Init) -> Result<(), RuntimeError> {
+        let info = self.info()?;
+        let mesh = &self.set.mesh;
+        for sh in &self.tpl.shards {
+            let p =
+                self.set.params.get(sh.param.index()).ok_or_else(|| {
+                    self.prog(format!("parameter {} is not in the table", sh.param))
+                })?;
+            let full = init.full(p)?;
+            let slice = sh.slice(&p.shape, mesh.tp, info.coords.tp, mesh.dp, info.coords.dp);
+            let axis = sh.tp.map_or(0, |t| usize::from(t.axis));
+            let local = layout::extract(&full.data, &full.shape, &slice, axis);
+            let n: usize = self.decl_shape(sh.init)?.iter().product();
+            let data = if n == local.len() {
+                local
+            } else {
+                let (s, e) = (slice.owned.0 as usize, slice.owned.1 as usize);
+                let mut v = local.get(s..e).unwrap_or_default().to_vec();
+                v.resize(n, 0.0);
+                v
+            };
+            self.put(sh.init, data)?;
+        }
+        Ok(())
+    }
+
+    /// A parameter-state buffer's host copy (checkpoints and gathering).
+    pub(crate) fn buffer(&self, b: BufferId) -> Result<Tensor32, RuntimeError> {
+        self.host(b)
+    }
+
+    pub(crate) fn store(&mut self, b: BufferId, data: Vec<f32>) -> Result<(), RuntimeError> {
+        self.put(b, data)
+    }
+
+    pub(crate) fn parts(&self) -> (&'s ProgramSet, &'s Template, u32) {
+        (self.set, self.tpl, self.rank)
+    }
+}

@@ -1,0 +1,177 @@
+//! Training loops: every rank runs its program for a number of steps on the same token
+//! stream. [`train_rank`] is one rank on any communicator (threads or MPI);
+//! [`train_threads`] runs all ranks as threads of this process.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use codegen::ProgramSet;
+
+use crate::checkpoint;
+use crate::data::Tokens;
+use crate::exec::{Executor, Init, ShardState};
+use crate::{Backend, Communicator, CpuBackend, RuntimeError, ThreadComm};
+
+/// Where and how often to checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointOptions {
+    pub dir: PathBuf,
+    /// Steps between checkpoints (0: only after the last step).
+    pub every: u64,
+    /// Start from the latest checkpoint in `dir` (any layout) instead of `init`.
+    pub resume: bool,
+}
+
+/// What a training run does.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The step to train up to (a resumed run continues from its checkpoint's step).
+    pub steps: u64,
+    /// Seed of the data order (and of parameters when `init` is a seed).
+    pub seed: u64,
+    pub init: Init,
+    /// Deadline of every communicator operation.
+    pub timeout: Duration,
+    pub checkpoint: Option<CheckpointOptions>,
+}
+
+/// One finished step, as rank 0 reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepLog {
+    /// 1-based step number.
+    pub step: u64,
+    pub loss: f64,
+    pub seconds: f64,
+    /// Tokens of the global batch per second.
+    pub tokens_per_s: f64,
+}
+
+/// One rank's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankOutcome {
+    /// The loss of every step (identical on every rank).
+    pub losses: Vec<f64>,
+    /// Final parameter and optimizer state of this rank.
+    pub states: Vec<ShardState>,
+}
+
+/// Global batch size (sequences) of the programs.
+pub fn global_rows(set: &ProgramSet) -> usize {
+    (set.mesh.micro_batch * u64::from(set.mesh.micro_batches) * u64::from(set.mesh.dp)) as usize
+}
+
+/// Runs one rank: initialization, then `opts.steps` steps; `on_step` sees every step.
+pub fn train_rank<B: Backend, C: Communicator>(
+    set: &ProgramSet,
+    backend: B,
+    comm: C,
+    data: &Tokens,
+    opts: &TrainOptions,
+    on_step: &(dyn Fn(u32, StepLog) + Sync),
+) -> Result<RankOutcome, RuntimeError> {
+    let mut ex = Executor::new(set, backend, comm)?;
+    match &opts.checkpoint {
+        Some(c) if c.resume => {
+            let l = checkpoint::load_latest(&c.dir, &set.params)?;
+            ex.init(&Init::Weights(l.weights))?;
+            ex.load_moments(&l.m, &l.v)?;
+            ex.set_steps(l.step);
+        }
+        _ => ex.init(&opts.init)?,
+    }
+    let rows = global_rows(set);
+    let seq = set.mesh.seq as usize;
+    let mut losses = Vec::new();
+    while ex.steps() < opts.steps {
+        let step = ex.steps() + 1;
+        let batch = data.batch(opts.seed, step, rows, seq)?;
+        let t0 = Instant::now();
+        let loss = ex.step(&batch)?;
+        let seconds = t0.elapsed().as_secs_f64();
+        losses.push(loss);
+        on_step(
+            ex.rank(),
+            StepLog {
+                step,
+                loss,
+                seconds,
+                tokens_per_s: (rows * seq) as f64 / seconds.max(1e-9),
+            },
+        );
+        if let Some(c) = &opts.checkpoint
+            && ((c.every > 0 && step.is_multiple_of(c.every)) || step == opts.steps)
+        {
+            save(&ex, set, &c.dir, step)?;
+        }
+    }
+    Ok(RankOutcome {
+        losses,
+        states: ex.shard_states()?,
+    })
+}
+
+/// Every rank writes its pieces; once all have, rank 0 commits the checkpoint.
+fn save<B: Backend, C: Communicator>(
+    ex: &Executor<'_, B, C>,
+    set: &ProgramSet,
+    dir: &std::path::Path,
+    step: u64,
+) -> Result<(), RuntimeError> {
+    checkpoint::save_rank(dir, step, ex.rank(), &set.params, &ex.shard_states()?)?;
+    ex.world().barrier()?;
+    if ex.rank() == 0 {
+        let m = &set.mesh;
+        checkpoint::commit(
+            dir,
+            step,
+            &set.model,
+            [m.tp, m.pp, m.dp],
+            &set.params,
+            set.ranks.len() as u32,
+        )?;
+    }
+    ex.world().barrier()
+}
+
+/// Runs every rank as a thread on the CPU backend; returns the ranks' outcomes in rank order.
+pub fn train_threads(
+    set: &ProgramSet,
+    data: &Tokens,
+    opts: &TrainOptions,
+    on_step: &(dyn Fn(u32, StepLog) + Sync),
+) -> Result<Vec<RankOutcome>, RuntimeError> {
+    let n = set.ranks.len();
+    let results = ThreadComm::run(n, opts.timeout, |c| {
+        train_rank(set, CpuBackend::new(), c, data, opts, on_step)
+    })?;
+    // The first failure that is not a consequence of another rank's.
+    let mut first: Option<RuntimeError> = None;
+    let mut outs = Vec::with_capacity(n);
+    for r in results {
+        match r {
+            Ok(o) => outs.push(o),
+            Err(e) => {
+                let secondary = matches!(root(&e), RuntimeError::Poisoned { .. });
+                if first.is_none()
+                    || (!secondary
+                        && first
+                            .as_ref()
+                            .is_some_and(|f| matches!(root(f), RuntimeError::Poisoned { .. })))
+                {
+                    first = Some(e);
+                }
+            }
+        }
+    }
+    match first {
+        Some(e) => Err(e),
+        None => Ok(outs),
+    }
+}
+
+fn root(e: &RuntimeError) -> &RuntimeError {
+    match e {
+        RuntimeError::Instr { source, .. } => root(source),
+        other => other,
+    }
+}

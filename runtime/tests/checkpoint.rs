@@ -1,0 +1,80 @@
+//! Checkpoints: 10 steps, a checkpoint, then a resumed run of 10 more gives the same loss
+//! trajectory bit for bit as 20 straight steps; and a checkpoint written under DP2 resumes
+//! under TP2 x PP2 (resharding) with the losses of an uninterrupted DP2 run.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use codegen::ProgramSet;
+use common::{Config, MODEL, loss_diff, programs, text};
+use runtime::exec::Init;
+use runtime::train::{CheckpointOptions, TrainOptions, train_threads};
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("plait-ckpt-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&d).ok();
+    d
+}
+
+fn losses(set: &ProgramSet, steps: u64, ckpt: Option<CheckpointOptions>) -> Vec<f64> {
+    let opts = TrainOptions {
+        steps,
+        seed: 7,
+        init: Init::Seed(7),
+        timeout: Duration::from_secs(60),
+        checkpoint: ckpt,
+    };
+    train_threads(set, &text(), &opts, &|_, _| {}).unwrap()[0]
+        .losses
+        .clone()
+}
+
+#[test]
+fn resume_continues_bit_identically() {
+    let mut c = Config::new(1, 2, 2);
+    c.zero = 1;
+    let set = programs(MODEL, &c);
+    let straight = losses(&set, 20, None);
+    let d = dir("resume");
+    let ck = |resume| {
+        Some(CheckpointOptions {
+            dir: d.clone(),
+            every: 5,
+            resume,
+        })
+    };
+    let mut two = losses(&set, 10, ck(false));
+    assert!(d.join("latest").exists());
+    two.extend(losses(&set, 20, ck(true)));
+    std::fs::remove_dir_all(&d).ok();
+    assert_eq!(two.len(), 20);
+    assert_eq!(two, straight, "resumed trajectory differs");
+}
+
+#[test]
+fn a_dp2_checkpoint_resumes_under_tp2_pp2() {
+    let dp2 = programs(MODEL, &Config::new(1, 1, 2));
+    let mut c = Config::new(2, 2, 1);
+    c.sp = true;
+    let tp_pp = programs(MODEL, &c);
+    let straight = losses(&dp2, 8, None);
+    let d = dir("reshard");
+    let ck = |resume| {
+        Some(CheckpointOptions {
+            dir: d.clone(),
+            every: 0,
+            resume,
+        })
+    };
+    let mut two = losses(&dp2, 4, ck(false));
+    two.extend(losses(&tp_pp, 8, ck(true)));
+    std::fs::remove_dir_all(&d).ok();
+    let diff = loss_diff(&two, &straight);
+    println!(
+        "DP2 4 steps + TP2xPP2 4 steps vs DP2 8 steps: max relative loss difference {diff:.2e}"
+    );
+    assert!(diff <= 1e-5, "{two:?} vs {straight:?}");
+}
