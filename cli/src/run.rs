@@ -142,14 +142,15 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     if args.resume && args.checkpoint_dir.is_none() {
         anyhow::bail!("--resume needs --checkpoint-dir");
     }
-    let log = match &args.log_json {
+    let world = mpi_world()?;
+    let leader = world.as_ref().is_none_or(|w| w.rank == 0);
+    // Only the leader (rank 0) writes the log; other MPI processes leave the file alone.
+    let log = match args.log_json.as_ref().filter(|_| leader) {
         Some(p) => Some(Mutex::new(
             std::fs::File::create(p).with_context(|| format!("cannot write {}", p.display()))?,
         )),
         None => None,
     };
-    let world = mpi_world()?;
-    let leader = world.as_ref().is_none_or(|w| w.rank == 0);
     let m = &set.mesh;
     if leader {
         println!(
