@@ -1,26 +1,29 @@
 //! A parallel run trains to the same numbers as one device: for every configuration the loss
 //! at every step and the final parameters (shards gathered back to full tensors) equal the
 //! single-rank run's. f32, a 4-layer GPT-2 (hidden 64, seq 32, global batch 8, dropout 0),
-//! seed 7, threads communicator. The single-rank run's first loss is checked against the f64
-//! interpreter on the unsharded graph.
+//! seed 7, 20 steps, threads communicator. The single-rank run's first loss is checked against
+//! the f64 interpreter on the unsharded graph (`oracle.rs`).
 //!
-//! Losses agree within 1e-5 relative at every step for every layout. Parameters agree within
-//! 1e-5 (relative to each tensor's largest magnitude) where the arithmetic is the single
-//! rank's (pipeline, recompute), except the attention key biases, whose exact gradient is
-//! zero; where data or tensor parallelism reorders f32 sums, Adam's normalization amplifies
-//! the rounding of near-zero gradients, and parameters agree within 1e-4 absolute.
+//! Losses agree within 1e-5 relative at every step for every layout. Every final parameter
+//! element agrees within 1e-5 absolute for data parallelism, ZeRO 1-3, pipelines and
+//! recompute. Tensor parallelism splits matmul reductions (partial products summed by an
+//! all-reduce), and over 20 AdamW steps a few elements whose gradients are sums that cancel
+//! (Adam normalizes them to steps of order `lr`) drift further: the bound there is 1e-4, and
+//! the test prints the noise floor it is measured against: the single-rank run compared with
+//! itself at micro-batch 8 instead of 1, the same arithmetic summed in another order.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::{Config, MODEL, key_bias, loss_diff, param_diff, param_diff_where, programs, train};
+use common::{Config, GLOBAL_BATCH, MODEL, loss_diff, param_diff, programs, train};
 use planner::{Recompute, Schedule};
 
-const STEPS: u64 = 10;
+const STEPS: u64 = 20;
 const SEED: u64 = 7;
 const TOL: f64 = 1e-5;
-/// Bound on any parameter's absolute difference (a tenth of the learning rate).
-const PARAM_ABS: f64 = 1e-4;
+/// Bound on any parameter's absolute difference where tensor parallelism reorders matmul
+/// sums (a tenth of the learning rate).
+const TP_PARAM_ABS: f64 = 1e-4;
 
 fn configs() -> Vec<(&'static str, Config)> {
     let mut v = Vec::new();
@@ -49,11 +52,37 @@ fn configs() -> Vec<(&'static str, Config)> {
     v
 }
 
+/// Largest absolute difference of any parameter element, and where.
+fn worst(names: &[String], a: &[kernels::Tensor32], b: &[kernels::Tensor32]) -> (f64, String) {
+    let mut out = (0.0, String::new());
+    for ((x, y), name) in a.iter().zip(b).zip(names) {
+        for (i, (p, q)) in x.data.iter().zip(&y.data).enumerate() {
+            let d = f64::from((p - q).abs());
+            if d > out.0 {
+                out = (d, format!("{name}[{i}]"));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn every_layout_equals_one_device() {
     let only = std::env::var("PLAIT_EQ_ONLY").ok();
-    let reference = train(&programs(MODEL, &Config::new(1, 1, 1)), STEPS, SEED);
+    let one = programs(MODEL, &Config::new(1, 1, 1));
+    let names: Vec<String> = one.params.iter().map(|p| p.name.clone()).collect();
+    let reference = train(&one, STEPS, SEED);
     println!("single rank: losses {:?}", reference.losses);
+    // The noise floor: one device, the whole global batch as one micro-batch.
+    let mut whole = Config::new(1, 1, 1);
+    whole.micro_batch = GLOBAL_BATCH;
+    let floor = train(&programs(MODEL, &whole), STEPS, SEED);
+    let (floor_abs, at) = worst(&names, &floor.params, &reference.params);
+    println!(
+        "noise floor (single rank, micro-batch {GLOBAL_BATCH} vs 1): loss {:.2e} relative; \
+         parameters {floor_abs:.2e} absolute at {at}",
+        loss_diff(&floor.losses, &reference.losses)
+    );
     let mut failures = Vec::new();
     for (name, c) in configs() {
         if only.as_deref().is_some_and(|o| o != name) {
@@ -62,25 +91,16 @@ fn every_layout_equals_one_device() {
         let t0 = std::time::Instant::now();
         let set = programs(MODEL, &c);
         let run = train(&set, STEPS, SEED);
-        let names: Vec<String> = set.params.iter().map(|p| p.name.clone()).collect();
         let dl = loss_diff(&run.losses, &reference.losses);
-        let (rel_all, abs_all) = param_diff(&names, &run.params, &reference.params);
-        let (rel, abs) = param_diff_where(&names, &run.params, &reference.params, &|n, i| {
-            key_bias(n, i, 64)
-        });
+        let (abs, at) = worst(&names, &run.params, &reference.params);
+        let (rel, _) = param_diff(&names, &run.params, &reference.params);
         println!(
-            "{name}: {STEPS} steps, loss {dl:.2e} relative; parameters {rel:.2e} relative / {abs:.2e} absolute \
-             (all elements incl. key biases: {rel_all:.2e} / {abs_all:.2e}) ({:.1} s)",
+            "{name}: {STEPS} steps, loss {dl:.2e} relative; parameters {abs:.2e} absolute at {at} \
+             ({rel:.2e} of the tensor's largest magnitude) ({:.1} s)",
             t0.elapsed().as_secs_f64()
         );
-        let norm = common::param_norm_diff(&run.params, &reference.params);
-        println!("   per-tensor norm-relative parameter difference {norm:.2e}");
-        // Pipeline stages and recompute do the single rank's arithmetic; data and tensor
-        // parallelism sum gradients (and matmul partial products) in another order, and Adam
-        // turns that f32 rounding in near-zero gradients into differences up to ~lr/10.
-        let reorders = c.dp > 1 || c.tp > 1;
-        let params_ok = abs_all <= PARAM_ABS && (reorders || rel <= TOL);
-        if !(dl <= TOL && params_ok) {
+        let bound = if c.tp > 1 { TP_PARAM_ABS } else { TOL };
+        if !(dl <= TOL && abs <= bound) {
             failures.push(name);
         }
     }

@@ -31,6 +31,8 @@ pub struct Config {
     pub schedule: Schedule,
     pub v: u32,
     pub recompute: Recompute,
+    /// Sequences per micro-batch.
+    pub micro_batch: u64,
 }
 
 impl Config {
@@ -44,6 +46,7 @@ impl Config {
             schedule: Schedule::OneFOneB,
             v: 1,
             recompute: Recompute::None,
+            micro_batch: 1,
         }
     }
 }
@@ -62,7 +65,7 @@ pub fn plan(model: &str, c: &Config) -> Plan {
             tp: Some(c.tp),
             pp: Some(c.pp),
             dp: Some(c.dp),
-            micro_batch: Some(1),
+            micro_batch: Some(c.micro_batch),
             zero: Some(c.zero),
             recompute: Some(c.recompute),
             schedule: Some(c.schedule),
