@@ -40,8 +40,10 @@ pub enum Source {
 /// A model ready to inspect, plan or train.
 #[derive(Clone, Debug)]
 pub struct LoadedModel {
-    /// The forward graph: input `input_ids`, output `logits` (and `loss` for configs and the
-    /// zoo). Verified; layers tagged when the model repeats a block.
+    /// The forward graph: input `input_ids`, output `logits`, and, with input `targets`, the
+    /// next-token `loss` (configs and the zoo always; ONNX imports whose logits are
+    /// `[batch, seq, vocab]`, see `onnx::import_model`). Verified; layers tagged when the
+    /// model repeats a block.
     pub graph: Graph,
     /// Batch (sequences) and sequence length. ONNX graphs have these folded into their shapes;
     /// config and zoo graphs keep them symbolic (`B`, `S`) and are evaluated at this binding.

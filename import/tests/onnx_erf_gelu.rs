@@ -102,10 +102,20 @@ fn check(test: &str, gelu: Vec<NodeProto>) {
     let h: BTreeMap<String, usize> = imported.graph.histogram().into_iter().collect();
     assert_eq!(
         h,
-        BTreeMap::from([("embedding".into(), 1), ("gelu".into(), 1)])
+        // The importer attaches the next-token loss to every `[batch, seq, vocab]` output.
+        BTreeMap::from([
+            ("cross_entropy".into(), 1),
+            ("embedding".into(), 1),
+            ("gelu".into(), 1)
+        ])
     );
     let ids = Tensor::new(vec![1, 16], (0..16).map(f64::from).collect());
-    let inputs = BTreeMap::from([("input_ids".to_string(), ids)]);
+    // The importer attaches a next-token loss; only the logits are checked here.
+    let targets = Tensor::new(vec![1, 16], vec![0.0; 16]);
+    let inputs = BTreeMap::from([
+        ("input_ids".to_string(), ids),
+        ("targets".to_string(), targets),
+    ]);
     let env = ir::interp::Env {
         weights: &imported.weights,
         inputs: &inputs,

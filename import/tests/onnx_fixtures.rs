@@ -134,6 +134,16 @@ fn llama_is_fully_recognized() {
     }
 }
 
+/// The inputs for token ids `ids`: the importer attaches a next-token loss, whose `targets`
+/// these logits-only checks fill with zeros.
+fn with_targets(ids: Tensor) -> BTreeMap<String, Tensor> {
+    let targets = Tensor::new(ids.shape.clone(), vec![0.0; ids.data.len()]);
+    BTreeMap::from([
+        ("input_ids".to_string(), ids),
+        ("targets".to_string(), targets),
+    ])
+}
+
 fn max_logits_diff(name: &str) -> f64 {
     let (imported, meta) = import(name);
     let binding = Binding {
@@ -144,7 +154,7 @@ fn max_logits_diff(name: &str) -> f64 {
         vec![meta.batch as usize, meta.seq as usize],
         meta.input_ids.clone(),
     );
-    let inputs = BTreeMap::from([("input_ids".to_string(), ids)]);
+    let inputs = with_targets(ids);
     let env = ir::interp::Env {
         weights: &imported.weights,
         inputs: &inputs,
@@ -182,7 +192,7 @@ fn other_shapes_fold_consistently() {
         let imported =
             import_onnx(&fixture_dir(name).join("model.onnx"), 1, prefix as u64).unwrap();
         let ids = Tensor::new(vec![1, prefix], meta.input_ids[s..s + prefix].to_vec());
-        let inputs = BTreeMap::from([("input_ids".to_string(), ids)]);
+        let inputs = with_targets(ids);
         let binding = Binding {
             batch: 1,
             seq: prefix as u64,

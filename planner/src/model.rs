@@ -28,6 +28,10 @@ pub struct ModelInfo<'g> {
     /// Parameters used both before and after the block (tied embeddings): a pipeline keeps a
     /// copy on the first and on the last stage.
     pub tied_params: u64,
+    /// The graph's shapes fix the sequence length (an ONNX import, folded per batch and seq)
+    /// rather than keeping it symbolic; sequence parallelism's per-rank shards of the head
+    /// need it symbolic.
+    pub static_seq: bool,
 }
 
 impl<'g> ModelInfo<'g> {
@@ -98,6 +102,13 @@ impl<'g> ModelInfo<'g> {
             pre_params,
             post_params,
             tied_params,
+            static_seq: !graph.value_ids().any(|v| {
+                graph
+                    .ty(v)
+                    .shape
+                    .dims()
+                    .contains(&ir::Dim::Sym(ir::Sym::Seq))
+            }),
         };
         for &o in order {
             let op = graph.op(o);

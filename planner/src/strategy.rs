@@ -218,6 +218,14 @@ impl Strategy {
                 self.seq, self.tp
             ));
         }
+        if self.sequence_parallel && model.static_seq {
+            return err(
+                "sequence parallelism needs a model with a symbolic sequence length; this one \
+                 is static-shaped (an ONNX import): use --sequence-parallel off, or plan the \
+                 model's config.json"
+                    .to_string(),
+            );
+        }
         if self.seq > model.max_seq {
             return err(format!(
                 "sequence length {} exceeds the model's {} positions",

@@ -21,7 +21,7 @@ mod value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-use ir::{DType, Graph, OpKind, TensorType, Weights};
+use ir::{DType, Graph, OpKind, Shape, TensorType, ValueId, Weights};
 use prost::Message;
 
 use build::{Importer, Val, fixed};
@@ -219,6 +219,7 @@ pub fn import_model(
         });
     }
     imp.graph.add_output("logits", logits);
+    add_next_token_loss(&mut imp.graph, logits, &file)?;
 
     let recognized = patterns::recognize(&mut imp.graph, &imp.known);
     imp.graph.remove_dead_ops();
@@ -460,4 +461,34 @@ fn constant_attr(imp: &Importer<'_>, n: &NodeRef<'_>) -> Result<value::Const, Im
         ));
     }
     Err(n.bad("a Constant without a value (sparse and string constants are not supported)"))
+}
+
+/// The training objective of a causal language model, which an inference export lacks: input
+/// `targets` (the next token at every position) and output `loss`, the mean cross-entropy of
+/// `logits` against them, as the config builder defines it and Hugging Face computes it from
+/// `labels`. Logits that are not `[batch, seq, vocab]` get no loss (the graph still imports
+/// for inspection and planning; training it needs one).
+fn add_next_token_loss(graph: &mut Graph, logits: ValueId, file: &Path) -> Result<(), ImportError> {
+    let ty = graph.ty(logits).clone();
+    if ty.shape.rank() != 3 || graph.output("loss").is_some() {
+        return Ok(());
+    }
+    let tokens = Shape::of(&ty.shape.dims()[..2]);
+    let targets = graph.push_source(
+        OpKind::Input {
+            name: "targets".into(),
+        },
+        TensorType::new(DType::I64, tokens),
+        None,
+    );
+    let loss = graph
+        .push_op(OpKind::CrossEntropy, vec![logits, targets], None)
+        .map_err(|e| ImportError::BadGraphIo {
+            file: file.to_path_buf(),
+            what: "output",
+            name: "logits".into(),
+            reason: format!("cannot attach the next-token loss: {e}"),
+        })?;
+    graph.add_output("loss", loss[0]);
+    Ok(())
 }

@@ -53,14 +53,19 @@ impl Config {
 
 /// The plan the search finds with every knob pinned.
 pub fn plan(model: &str, c: &Config) -> Plan {
-    let m = import::load_model(model, 1, Some(SEQ)).unwrap();
+    plan_for(model, c, GLOBAL_BATCH, SEQ)
+}
+
+/// [`plan`] for another global batch and sequence length.
+pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
+    let m = import::load_model(model, 1, Some(seq)).unwrap();
     let info = ModelInfo::new(&m.graph).unwrap();
     let cluster = Cluster::load("cpu").unwrap();
     let gpus = u64::from(c.tp * c.pp * c.dp);
     let req = SearchRequest {
         gpus,
-        global_batch: GLOBAL_BATCH,
-        seq: SEQ,
+        global_batch,
+        seq,
         pins: Pins {
             tp: Some(c.tp),
             pp: Some(c.pp),
