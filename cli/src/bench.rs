@@ -29,13 +29,17 @@ enum BenchKind {
     /// Search time (GPT-3 175B on 1024 GPUs, the 1T model on 3072) and plan quality against the
     /// published Megatron-LM configurations of SC'21 Table 1.
     Search,
+    /// Predicted vs measured step time of three 2-rank plans of a small GPT on this machine
+    /// (run it on a quiet machine).
+    StepTime(crate::step_time::StepTimeArgs),
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    match args.which {
+    match &args.which {
         BenchKind::CostModel => cost_model(),
         BenchKind::EstimateSpeed => estimate_speed(),
         BenchKind::Search => search_bench(),
+        BenchKind::StepTime(a) => crate::step_time::run(a),
     }
 }
 

@@ -11,6 +11,7 @@ mod models;
 mod profile;
 mod report;
 mod run;
+mod step_time;
 mod strategy_args;
 
 use std::process::ExitCode;

@@ -192,7 +192,7 @@ pub fn verify_with(set: &ProgramSet, opts: Options) -> Report {
 }
 
 /// Buffers an instruction reads and writes.
-pub(crate) fn operands(i: &Instr) -> (Vec<crate::ids::BufferId>, Vec<crate::ids::BufferId>) {
+pub fn operands(i: &Instr) -> (Vec<crate::ids::BufferId>, Vec<crate::ids::BufferId>) {
     match i {
         Instr::Alloc { .. } | Instr::Free { .. } | Instr::Task { .. } => (vec![], vec![]),
         Instr::RecomputeBegin { .. } | Instr::RecomputeEnd { .. } => (vec![], vec![]),

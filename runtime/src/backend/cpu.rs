@@ -36,6 +36,10 @@ impl Backend for CpuBackend {
         Tensor32::new(host.shape.clone(), host.data.clone()).map_err(RuntimeError::kernel("upload"))
     }
 
+    fn upload_owned(&self, host: Tensor32) -> Result<Tensor32, RuntimeError> {
+        Tensor32::new(host.shape, host.data).map_err(RuntimeError::kernel("upload"))
+    }
+
     fn download(&self, buffer: &Tensor32) -> Result<Tensor32, RuntimeError> {
         Ok(buffer.clone())
     }

@@ -51,6 +51,12 @@ pub trait Backend: std::fmt::Debug {
     /// Copies a host tensor into a new buffer.
     fn upload(&self, host: &Tensor32) -> Result<Self::Buffer, RuntimeError>;
 
+    /// [`Backend::upload`] of a tensor the caller gives up: a host backend keeps it without
+    /// a copy.
+    fn upload_owned(&self, host: Tensor32) -> Result<Self::Buffer, RuntimeError> {
+        self.upload(&host)
+    }
+
     /// Copies a buffer back to the host.
     fn download(&self, buffer: &Self::Buffer) -> Result<Tensor32, RuntimeError>;
 

@@ -53,6 +53,10 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Communicator per slot (tp, dp, tied); `None`: a group of one.
     slots: [Option<C>; 3],
     bufs: Vec<Option<B::Buffer>>,
+    /// Allocated but not yet written: zero-filled on first read. Most buffers are written
+    /// whole by their first instruction, and zero-filling them first would cost a pass over
+    /// memory each.
+    zero_on_read: Vec<bool>,
     /// Completed optimizer steps.
     steps: u64,
     /// The current pipeline task's micro-batch.
@@ -119,6 +123,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             world,
             slots,
             bufs: (0..tpl.buffers.len()).map(|_| None).collect(),
+            zero_on_read: vec![false; tpl.buffers.len()],
             steps: 0,
             micro_batch: 0,
         })
@@ -149,7 +154,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             self.exec(ins, Some(init), None)
                 .map_err(|e| self.at("init", k, ins, e))?;
         }
-        Ok(())
+        self.zero_all_pending()
     }
 
     /// Runs one iteration on the global batch; returns the iteration's loss (all ranks).
@@ -164,6 +169,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 Err(e) => return Err(self.at("step", k, ins, e)),
             }
         }
+        self.zero_all_pending()?;
         self.sum_loss(loss)
     }
 
@@ -217,6 +223,25 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             .ok_or_else(|| self.prog(format!("buffer {b} is used but not allocated")))
     }
 
+    /// Zero-fills `b` if it was allocated and not written since.
+    fn zero_if_pending(&mut self, b: BufferId) -> Result<(), RuntimeError> {
+        if self.zero_on_read.get(b.index()).copied().unwrap_or(false) {
+            let z = self.backend.zeros(&self.decl_shape(b)?)?;
+            self.zero_on_read[b.index()] = false;
+            self.bufs[b.index()] = Some(z);
+        }
+        Ok(())
+    }
+
+    /// Zero-fills every pending buffer, so that state read from outside the program (shard
+    /// states, checkpoints) sees what eager allocation would have shown.
+    fn zero_all_pending(&mut self) -> Result<(), RuntimeError> {
+        for i in 0..self.zero_on_read.len() {
+            self.zero_if_pending(BufferId(i as u32))?;
+        }
+        Ok(())
+    }
+
     fn host(&self, b: BufferId) -> Result<Tensor32, RuntimeError> {
         self.backend.download(self.get(b)?)
     }
@@ -233,7 +258,10 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 want: n,
             });
         }
-        let t = self.backend.upload(&Tensor32 { shape, data })?;
+        let t = self.backend.upload_owned(Tensor32 { shape, data })?;
+        if let Some(z) = self.zero_on_read.get_mut(b.index()) {
+            *z = false;
+        }
         let slot = self
             .bufs
             .get_mut(b.index())
@@ -268,17 +296,21 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         init: Option<&Init>,
         batch: Option<&Batch>,
     ) -> Result<Option<f64>, RuntimeError> {
+        for b in codegen::verify::operands(ins).0 {
+            self.zero_if_pending(b)?;
+        }
         match ins {
             Instr::Alloc { buf } => {
-                if !self.skipped(*buf) {
-                    let shape = self.decl_shape(*buf)?;
-                    let z = self.backend.zeros(&shape)?;
-                    if let Some(s) = self.bufs.get_mut(buf.index()) {
-                        *s = Some(z);
-                    }
+                if !self.skipped(*buf)
+                    && let Some(z) = self.zero_on_read.get_mut(buf.index())
+                {
+                    *z = true;
                 }
             }
             Instr::Free { buf } => {
+                if let Some(z) = self.zero_on_read.get_mut(buf.index()) {
+                    *z = false;
+                }
                 if let Some(s) = self.bufs.get_mut(buf.index())
                     && let Some(b) = s.take()
                 {
@@ -454,6 +486,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             if self.backend.shape(&t) == shape.as_slice() {
                 if let Some(s) = self.bufs.get_mut(o.index()) {
                     *s = Some(t);
+                }
+                if let Some(z) = self.zero_on_read.get_mut(o.index()) {
+                    *z = false;
                 }
             } else {
                 let h = self.backend.download(&t)?;
