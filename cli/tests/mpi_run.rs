@@ -205,7 +205,7 @@ fn rank_pids(tag: &str, rank: usize) -> Vec<u32> {
             continue;
         };
         let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-        let has = |w: &str| vars.iter().any(|v| *v == w.as_bytes());
+        let has = |w: &str| vars.contains(&w.as_bytes());
         if has(&want_tag) && has(&want_rank) {
             pids.push(pid);
         }
@@ -428,7 +428,9 @@ fn mpi_runs_equal_threads_and_one_rank() {
     let single = compile(&d, "single", (1, 1, 1), 0, false);
     let reference = train(&d, &single, "single", None);
     assert_eq!(reference.losses.len(), 20);
-    let configs: [(&str, (u32, u32, u32), u8, bool); 4] = [
+    // (name, (tp, pp, dp), ZeRO stage, sequence parallelism)
+    type Config = (&'static str, (u32, u32, u32), u8, bool);
+    let configs: [Config; 4] = [
         ("dp2", (1, 1, 2), 0, false),
         ("tp2_sp", (2, 1, 1), 0, true),
         ("pp2_1f1b", (1, 2, 1), 0, false),
