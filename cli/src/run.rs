@@ -25,6 +25,10 @@ use crate::strategy_args::{ClusterArgs, StrategyArgs};
 const DEMO_CONFIG: &str = r#"{"model_type": "gpt2", "n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 256, "n_positions": 64}"#;
 const DEMO_TEXT: &str = include_str!("../../data/tiny.txt");
 
+/// Default of `--timeout` (seconds): short enough that a rank that died or hung is named, and
+/// the job ended, within 30 s of the failure.
+const DEFAULT_TIMEOUT_S: u64 = 20;
+
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// A plan.json (`plait compile -o`) or a program directory (`plait codegen -o`); none: the
@@ -52,8 +56,11 @@ pub struct RunArgs {
     /// Continue from the latest checkpoint in `--checkpoint-dir` (any layout).
     #[arg(long)]
     resume: bool,
-    /// Seconds a rank waits for the others before failing.
-    #[arg(long, default_value_t = 60)]
+    /// Seconds a rank waits for another at any collective or message before failing with an
+    /// error that names it (it died or hung). With the default, a rank that dies or hangs ends
+    /// the run within 30 s even when the launcher does not notice; raise it when ranks compute
+    /// longer than this between messages (large models, long pipeline stages).
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_S)]
     timeout: u64,
 }
 
@@ -209,18 +216,41 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             }
         }
     };
-    let result = match world {
+    let result = match &world {
         Some(w) => w.train(&set, &tokens, &opts, &on_step),
         None => runtime::train::train_threads(&set, &tokens, &opts, &on_step).map(|_| ()),
     };
     bar.finish_and_clear();
-    result?;
+    if let Err(e) = result {
+        let e = explain(e, args.timeout.max(1));
+        match &world {
+            // A rank that cannot go on ends the job: peers waiting on it would otherwise wait
+            // for their own deadlines, and MPI's finalize waits for every rank.
+            Some(w) => w.abort(&e),
+            None => return Err(e),
+        }
+    }
     if let Ok(mut slot) = io_error.lock()
         && let Some(e) = slot.take()
     {
         return Err(e).context("cannot write the JSON log");
     }
     Ok(())
+}
+
+/// The error, with what a timeout means: the rank that did not arrive died or hung.
+fn explain(e: runtime::RuntimeError, timeout: u64) -> anyhow::Error {
+    let mut root = &e;
+    while let runtime::RuntimeError::Instr { source, .. } = root {
+        root = source;
+    }
+    if matches!(root, runtime::RuntimeError::Timeout { .. }) {
+        anyhow::anyhow!(
+            "{e}; it may have died or hung (or needs more than --timeout {timeout} s between messages)"
+        )
+    } else {
+        e.into()
+    }
 }
 
 /// The MPI world when this process runs under `mpirun` (feature `mpi`).
@@ -260,6 +290,12 @@ impl MpiRun {
         runtime::train::train_rank(set, runtime::CpuBackend::new(), comm, tokens, opts, on_step)
             .map(|_| ())
     }
+
+    /// Reports this rank's failure and ends the whole job (`MPI_Abort`, exit code 2).
+    fn abort(&self, e: &anyhow::Error) -> ! {
+        eprintln!("error: world rank {}: {}", self.rank, crate::one_line(e));
+        self.world.abort(i32::from(crate::EXIT_BAD_INPUT))
+    }
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -278,5 +314,10 @@ impl MpiRun {
     ) -> Result<(), runtime::RuntimeError> {
         let _ = self.rank;
         Ok(())
+    }
+
+    fn abort(&self, e: &anyhow::Error) -> ! {
+        eprintln!("error: {}", crate::one_line(e));
+        std::process::exit(i32::from(crate::EXIT_BAD_INPUT))
     }
 }

@@ -125,9 +125,9 @@ pub fn check_all<C: Communicator>(c: &C, lens: &[usize]) -> Result<(), Conforman
             .collect();
         compare(&check, rank, n, &got, &want)?;
 
-        // A ring: two tagged messages to the next rank. Even ranks send first, odd ranks
-        // receive first, so the ring never relies on buffering (MPI sends may wait for the
-        // receive); a single rank sends to itself.
+        // A ring: two tagged messages to the next rank, every rank sending before it receives
+        // (sends are buffered) and receiving the second tag first; a single rank sends to
+        // itself.
         let check = format!("send/recv({len})");
         let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
         let mut got3 = vec![f32::NAN; len];
@@ -137,16 +137,11 @@ pub fn check_all<C: Communicator>(c: &C, lens: &[usize]) -> Result<(), Conforman
             c.send(&all[rank], next, 7)
         };
         let mut recvs = || -> Result<(), RuntimeError> {
-            c.recv(&mut got3, prev, 3)?;
-            c.recv(&mut got7, prev, 7)
+            c.recv(&mut got7, prev, 7)?;
+            c.recv(&mut got3, prev, 3)
         };
-        if rank % 2 == 0 {
-            sends().map_err(comm(&check))?;
-            recvs().map_err(comm(&check))?;
-        } else {
-            recvs().map_err(comm(&check))?;
-            sends().map_err(comm(&check))?;
-        }
+        sends().map_err(comm(&check))?;
+        recvs().map_err(comm(&check))?;
         compare(&check, rank, n, &got3, &big[prev][..len])?;
         compare(&check, rank, n, &got7, &all[prev])?;
 

@@ -79,8 +79,9 @@ pub trait Communicator: std::fmt::Debug {
     fn all_to_all(&self, send: &[f32], recv: &mut [f32]) -> Result<(), RuntimeError>;
 
     /// Sends `buf` to rank `dest` with `tag` (`0..=MAX_TAG`); messages with the same source,
-    /// destination and tag arrive in order. Returns once the data is handed over (threads) or
-    /// delivered (MPI); fails if `dest` does not post the matching receive in time (MPI).
+    /// destination and tag arrive in order. Buffered: returns once the data is copied, without
+    /// waiting for the receive (MPI delivers it while this rank waits in a later operation, or
+    /// when the communicator is dropped).
     fn send(&self, buf: &[f32], dest: usize, tag: u32) -> Result<(), RuntimeError>;
 
     /// Receives the next message from rank `src` with `tag` into `buf` (its length must match).

@@ -10,13 +10,17 @@
 //!   communicator's and to a sequential rank-order sum);
 //! - `broadcast`: the root sends to every rank; `barrier`: an empty all-gather.
 //!
+//! Tagged sends are buffered (they return at once; the message is delivered while this rank
+//! waits in a later operation, or when the communicator is dropped), as the threads
+//! communicator's are.
+//!
 //! A rank that stops taking part makes its peers fail with [`RuntimeError::Timeout`] naming it
 //! within the deadline. A rank whose process dies is also reported by `mpirun` itself, which
 //! by default ends the job.
 
 mod p2p;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -24,7 +28,7 @@ use std::time::{Duration, Instant};
 use mpi::environment::Universe;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 
-use self::p2p::{Channel, Failure};
+use self::p2p::{Channel, Failure, Outbox};
 use super::reduce::sum_in_rank_order;
 use super::{
     Communicator, DEFAULT_TIMEOUT, check_group, check_len, check_rank, check_tag, chunk_len,
@@ -46,6 +50,26 @@ struct Inner {
     codes: RefCell<HashMap<u32, (Vec<usize>, u64)>>,
     /// Members → groups with these members created so far.
     instances: RefCell<HashMap<Vec<usize>, u64>>,
+    /// Buffered sends not yet delivered (every group's).
+    outbox: Outbox,
+    /// How long dropping the world waits to deliver them (the latest deadline set).
+    flush_timeout: Cell<Duration>,
+}
+
+impl Drop for Inner {
+    /// Delivers the buffered sends before MPI is finalised, unless a failure poisoned the
+    /// communicator (the receivers then report this rank themselves).
+    fn drop(&mut self) {
+        let deadline = Instant::now() + self.flush_timeout.get();
+        let mut polls = 0;
+        while self.poisoned.borrow().is_none()
+            && !self.outbox.is_empty()
+            && Instant::now() < deadline
+            && self.outbox.progress(&self.world).is_ok()
+        {
+            p2p::pause(&mut polls);
+        }
+    }
 }
 
 impl std::fmt::Debug for MpiWorld {
@@ -72,6 +96,8 @@ impl MpiWorld {
                 poisoned: RefCell::new(None),
                 codes: RefCell::new(HashMap::new()),
                 instances: RefCell::new(HashMap::new()),
+                outbox: Outbox::default(),
+                flush_timeout: Cell::new(DEFAULT_TIMEOUT),
             }),
         })
     }
@@ -199,6 +225,7 @@ impl MpiComm {
         let out = out.map(|(d, data)| (self.world_rank_of(d), data));
         p2p::exchange(
             &self.inner.world,
+            &self.inner.outbox,
             tags,
             op_code(op),
             out,
@@ -255,6 +282,7 @@ impl Communicator for MpiComm {
 
     fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+        self.inner.flush_timeout.set(timeout);
     }
 
     fn group(&self, ranks: &[usize]) -> Result<MpiComm, RuntimeError> {
@@ -378,8 +406,17 @@ impl Communicator for MpiComm {
         if self.rank == root {
             for r in (0..self.size()).filter(|&r| r != root) {
                 let peer = self.world_rank_of(r);
-                p2p::send(&self.inner.world, peer, tags, op_code(op), buf, deadline)
-                    .map_err(|f| self.fail(op, peer, f, start))?;
+                let world = &self.inner.world;
+                p2p::send(
+                    world,
+                    &self.inner.outbox,
+                    peer,
+                    tags,
+                    op_code(op),
+                    buf,
+                    deadline,
+                )
+                .map_err(|(peer, f)| self.fail(op, peer, f, start))?;
             }
             Ok(())
         } else {
@@ -419,11 +456,13 @@ impl Communicator for MpiComm {
                 .push_back(buf.to_vec());
             return Ok(());
         }
-        let (start, deadline) = self.clock();
         let peer = self.world_rank_of(dest);
         let tags = p2p::tags(self.code, Channel::User(tag));
-        p2p::send(&self.inner.world, peer, tags, op_code("p2p"), buf, deadline)
-            .map_err(|f| self.fail(op, peer, f, start))
+        let outbox = &self.inner.outbox;
+        outbox.push(peer, tags, op_code("p2p"), buf.to_vec());
+        outbox
+            .progress(&self.inner.world)
+            .map_err(|(peer, f)| self.fail(op, peer, f, Instant::now()))
     }
 
     fn recv(&self, buf: &mut [f32], src: usize, tag: u32) -> Result<(), RuntimeError> {
@@ -453,6 +492,7 @@ impl Communicator for MpiComm {
         let tags = p2p::tags(self.code, Channel::User(tag));
         p2p::exchange(
             &self.inner.world,
+            &self.inner.outbox,
             tags,
             op_code("p2p"),
             None,
