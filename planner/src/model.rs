@@ -28,6 +28,13 @@ pub struct ModelInfo<'g> {
     /// Parameters used both before and after the block (tied embeddings): a pipeline keeps a
     /// copy on the first and on the last stage.
     pub tied_params: u64,
+    /// Uses of every value of the graph ([`Graph::uses`]).
+    pub uses: Vec<Vec<OpId>>,
+    /// `layer_ops`, `pre_ops` and `post_ops` grouped into the kernels a fusing runtime launches
+    /// ([`crate::cost::compute::fuse_pointwise`]).
+    pub layer_groups: Vec<Vec<OpId>>,
+    pub pre_groups: Vec<Vec<OpId>>,
+    pub post_groups: Vec<Vec<OpId>>,
 }
 
 impl<'g> ModelInfo<'g> {
@@ -83,6 +90,9 @@ impl<'g> ModelInfo<'g> {
             })
             .map(|&o| numel(o))
             .sum();
+        let fuse = |ops: &[OpId]| crate::cost::compute::fuse_pointwise(graph, ops, &uses);
+        let (layer_groups, pre_groups, post_groups) =
+            (fuse(&layer_ops), fuse(&pre_ops), fuse(&post_ops));
         let mut info = ModelInfo {
             graph,
             layers,
@@ -98,6 +108,10 @@ impl<'g> ModelInfo<'g> {
             pre_params,
             post_params,
             tied_params,
+            uses,
+            layer_groups,
+            pre_groups,
+            post_groups,
         };
         for &o in order {
             let op = graph.op(o);

@@ -71,6 +71,7 @@ pub fn plan(model: &str, c: &Config) -> Plan {
             precision: Some(Precision::Fp32),
             stage_layers: None,
             attention: None,
+            kernels: None,
         },
         top_k: 0,
     };
