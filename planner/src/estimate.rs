@@ -197,7 +197,7 @@ fn estimate_impl(
                 continue;
             };
             let layout = tp_layout(g, o, info.hidden, s.sequence_parallel);
-            let t = device.fused_time(g, group, &info.uses, b, tp, layout, act_scale);
+            let t = device.fused_time(g, group, b, tp, layout, act_scale);
             w.fwd += t.fwd;
             w.bwd += t.bwd;
             w.fwd_flops += t.fwd_flops;

@@ -28,8 +28,6 @@ pub struct ModelInfo<'g> {
     /// Parameters used both before and after the block (tied embeddings): a pipeline keeps a
     /// copy on the first and on the last stage.
     pub tied_params: u64,
-    /// Uses of every value of the graph ([`Graph::uses`]).
-    pub uses: Vec<Vec<OpId>>,
     /// `layer_ops`, `pre_ops` and `post_ops` grouped into the kernels a fusing runtime launches
     /// ([`crate::cost::compute::fuse_pointwise`]).
     pub layer_groups: Vec<Vec<OpId>>,
@@ -108,7 +106,6 @@ impl<'g> ModelInfo<'g> {
             pre_params,
             post_params,
             tied_params,
-            uses,
             layer_groups,
             pre_groups,
             post_groups,

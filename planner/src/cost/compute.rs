@@ -400,7 +400,7 @@ impl<'c> Device<'c> {
     }
 
     /// Time of a group of point-wise ops fused into one kernel (see [`fuse_pointwise`]): it
-    /// reads the group's inputs and writes the results used outside it, once; its backward
+    /// reads the group's inputs and writes the results no member reads, once; its backward
     /// reads those inputs and the output gradients and writes the input gradients, the
     /// convention of `ir::cost` for one element-wise op. It streams at the bandwidth of its
     /// slowest member (dropout's random numbers, GELU's tanh) and pays one launch per pass.
@@ -408,7 +408,6 @@ impl<'c> Device<'c> {
         &self,
         g: &Graph,
         group: &[OpId],
-        uses: &[Vec<OpId>],
         b: Binding,
         tp: u64,
         layout: TpLayout,
@@ -437,11 +436,10 @@ impl<'c> Device<'c> {
                     inputs.push(v);
                 }
             }
+            // A member's result that no member reads is the kernel's output (in a group from
+            // `fuse_pointwise` every other result has its only use inside the group).
             for &r in &op.results {
-                let used_outside = uses
-                    .get(r.index())
-                    .is_none_or(|us| us.is_empty() || us.iter().any(|u| !group.contains(u)));
-                if used_outside {
+                if !group.iter().any(|&m| g.op(m).inputs.contains(&r)) {
                     out_bytes += g.ty(r).bytes(b) as f64;
                 }
             }
