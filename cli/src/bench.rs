@@ -150,6 +150,7 @@ fn estimate_speed() -> anyhow::Result<()> {
         precision: Precision::Bf16,
         stage_layers: None,
         attention: Default::default(),
+        kernels: Default::default(),
     };
     let runs = 200;
     let mut times = Vec::with_capacity(runs);

@@ -82,6 +82,7 @@ pub fn compile(
             precision: p.precision,
             stage_layers: p.stage_layers.clone(),
             attention: p.attention,
+            kernels: p.kernels,
         },
         top_k: top,
     };

@@ -25,7 +25,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     let m = model::load(&args.model, mb, args.cluster.seq)?;
     let strategy = args
         .strategy
-        .complete(args.cluster.global_batch, m.binding.seq)?;
+        .complete(&cluster, args.cluster.global_batch, m.binding.seq)?;
     let info = ModelInfo::new(&m.graph)?;
     let e = planner::estimate(&info, &cluster, args.cluster.gpus, &strategy)?;
     if args.json {

@@ -86,6 +86,7 @@ fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
         sequence_parallel: None,
         precision: Some(planner::Precision::Fp32),
         attention: None,
+        kernels: None,
         stage_layers: None,
     };
     Ok(compile(&path.display().to_string(), &cluster, &pins, 0)?.plan)

@@ -58,6 +58,8 @@ fn pins(tp: u32, pp: u32, dp: u32) -> StrategyArgs {
         sequence_parallel: Some(Switch::Off),
         precision: Some(planner::Precision::Fp32),
         attention: None,
+        // What the cluster file says (eager: plait's CPU runtime launches one kernel per op).
+        kernels: None,
         stage_layers: None,
     }
 }

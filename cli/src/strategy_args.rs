@@ -62,14 +62,24 @@ pub struct StrategyArgs {
     /// (FlashAttention) [default: materialized].
     #[arg(long)]
     pub attention: Option<planner::cost::compute::AttentionKernel>,
+    /// Element-wise kernels of the runtime: eager (one kernel per op, as plait's CPU runtime)
+    /// or fused (point-wise chains as one kernel, Megatron-LM's fused kernels) [default: the
+    /// cluster's; fused on GPU clusters, eager on `cpu`].
+    #[arg(long)]
+    pub kernels: Option<planner::cost::compute::Kernels>,
     /// Decoder layers per pipeline stage, comma-separated (default: as even as possible).
     #[arg(long, value_delimiter = ',')]
     pub stage_layers: Option<Vec<u32>>,
 }
 
 impl StrategyArgs {
-    /// A complete strategy; every missing required knob is named in the error.
-    pub fn complete(&self, global_batch: u64, seq: u64) -> anyhow::Result<Strategy> {
+    /// A complete strategy on `cluster`; every missing required knob is named in the error.
+    pub fn complete(
+        &self,
+        cluster: &planner::Cluster,
+        global_batch: u64,
+        seq: u64,
+    ) -> anyhow::Result<Strategy> {
         let mut missing = Vec::new();
         if self.tp.is_none() {
             missing.push("--tp");
@@ -111,6 +121,7 @@ impl StrategyArgs {
             precision: self.precision.unwrap_or(Precision::Bf16),
             stage_layers: self.stage_layers.clone(),
             attention: self.attention.unwrap_or_default(),
+            kernels: self.kernels.unwrap_or_else(|| cluster.default_kernels()),
         })
     }
 }

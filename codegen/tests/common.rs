@@ -60,6 +60,7 @@ pub fn plan(model: &str, seq: u64, c: Case) -> (Plan, Graph) {
         sequence_parallel: c.sp,
         precision: c.precision,
         attention: Default::default(),
+        kernels: cluster.default_kernels(),
         stage_layers: None,
     };
     let gpus = s.gpus();

@@ -5,7 +5,7 @@ use ir::{Binding, Graph, OpId, OpKind, cost};
 use serde::{Deserialize, Serialize};
 
 use crate::cost::comm::{Collective, Mesh, collective_time, mesh, p2p_time};
-use crate::cost::compute::{Device, TpLayout, tp_layout};
+use crate::cost::compute::{Device, Kernels, TpLayout, tp_layout};
 use crate::cost::memory::{LayerShape, layer_activation_bytes, state_bytes};
 use crate::cost::pipeline::{ChunkCost, Timeline, simulate_with};
 use crate::error::PlanError;
@@ -151,8 +151,8 @@ fn estimate_impl(
         .layer_ops
         .iter()
         .any(|&o| matches!(info.graph.op(o).kind, OpKind::Dropout { p, .. } if p > 0.0));
-    let device =
-        Device::new(cluster, s.precision, s.attention, score_dropout).ok_or_else(|| {
+    let device = Device::new(cluster, s.precision, s.attention, s.kernels, score_dropout)
+        .ok_or_else(|| {
             PlanError::invalid(format!(
                 "{} has no {} support (its cluster file lists no peak for it)",
                 cluster.gpu.name, s.precision
@@ -181,12 +181,23 @@ fn estimate_impl(
         n as f64 * one
     };
 
-    // One representative layer, the embedding side and the head side.
-    let work = |ops: &[OpId]| -> Work {
+    // One representative layer, the embedding side and the head side; with fused kernels each
+    // group of fused point-wise ops is one kernel.
+    let work = |ops: &[OpId], groups: &[Vec<OpId>]| -> Work {
         let mut w = Work::default();
-        for &o in ops {
+        let singles: Vec<Vec<OpId>>;
+        let kernels = if s.kernels == Kernels::Fused {
+            groups
+        } else {
+            singles = ops.iter().map(|&o| vec![o]).collect();
+            &singles
+        };
+        for group in kernels {
+            let Some(&o) = group.first() else {
+                continue;
+            };
             let layout = tp_layout(g, o, info.hidden, s.sequence_parallel);
-            let t = device.op_time(g, o, b, tp, layout, act_scale);
+            let t = device.fused_time(g, group, b, tp, layout, act_scale);
             w.fwd += t.fwd;
             w.bwd += t.bwd;
             w.fwd_flops += t.fwd_flops;
@@ -206,9 +217,9 @@ fn estimate_impl(
         }
         w
     };
-    let layer = work(&info.layer_ops);
-    let pre = work(&info.pre_ops);
-    let post = work(&info.post_ops);
+    let layer = work(&info.layer_ops, &info.layer_groups);
+    let pre = work(&info.pre_ops, &info.pre_groups);
+    let post = work(&info.post_ops, &info.post_groups);
 
     // ZeRO-3 gathers each layer's parameters before its forward (and recompute) and backward,
     // and reduce-scatters its gradients, prefetching one layer ahead: the layer takes the

@@ -32,6 +32,11 @@ pub struct ModelInfo<'g> {
     /// rather than keeping it symbolic; sequence parallelism's per-rank shards of the head
     /// need it symbolic.
     pub static_seq: bool,
+    /// `layer_ops`, `pre_ops` and `post_ops` grouped into the kernels a fusing runtime launches
+    /// ([`crate::cost::compute::fuse_pointwise`]).
+    pub layer_groups: Vec<Vec<OpId>>,
+    pub pre_groups: Vec<Vec<OpId>>,
+    pub post_groups: Vec<Vec<OpId>>,
 }
 
 impl<'g> ModelInfo<'g> {
@@ -87,6 +92,9 @@ impl<'g> ModelInfo<'g> {
             })
             .map(|&o| numel(o))
             .sum();
+        let fuse = |ops: &[OpId]| crate::cost::compute::fuse_pointwise(graph, ops, &uses);
+        let (layer_groups, pre_groups, post_groups) =
+            (fuse(&layer_ops), fuse(&pre_ops), fuse(&post_ops));
         let mut info = ModelInfo {
             graph,
             layers,
@@ -109,6 +117,9 @@ impl<'g> ModelInfo<'g> {
                     .dims()
                     .contains(&ir::Dim::Sym(ir::Sym::Seq))
             }),
+            layer_groups,
+            pre_groups,
+            post_groups,
         };
         for &o in order {
             let op = graph.op(o);

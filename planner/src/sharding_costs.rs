@@ -27,7 +27,7 @@ pub struct ClusterCosts<'c> {
 impl<'c> ClusterCosts<'c> {
     pub fn new(cluster: &'c Cluster, s: &Strategy, act_scale: f64) -> Option<ClusterCosts<'c>> {
         Some(ClusterCosts {
-            device: Device::new(cluster, s.precision, s.attention, false)?,
+            device: Device::new(cluster, s.precision, s.attention, s.kernels, false)?,
             cluster,
             mesh: mesh(cluster, u64::from(s.tp), u64::from(s.dp), u64::from(s.pp)),
             act_scale,

@@ -83,6 +83,10 @@ pub struct Strategy {
     /// Attention kernel the runtime uses (not a parallelization choice; default materialized).
     #[serde(default)]
     pub attention: crate::cost::compute::AttentionKernel,
+    /// Whether the runtime fuses element-wise kernels (not a parallelization choice; the
+    /// cluster's default, fused on GPU clusters; plans written before it existed mean eager).
+    #[serde(default)]
+    pub kernels: crate::cost::compute::Kernels,
     /// Decoder layers per pipeline stage (per virtual stage when interleaved), if not even.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_layers: Option<Vec<u32>>,

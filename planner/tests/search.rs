@@ -255,6 +255,7 @@ fn pinning_every_knob_gives_the_estimate() {
         precision: Some(planner::Precision::Bf16),
         stage_layers: Some(vec![2, 2]),
         attention: None,
+        kernels: None,
     };
     let req = SearchRequest {
         gpus: 8,
@@ -273,4 +274,9 @@ fn pinning_every_knob_gives_the_estimate() {
     );
     assert_eq!(found.best.strategy.tp, 2);
     assert_eq!(found.best.strategy.stage_layers, Some(vec![2, 2]));
+    // Unpinned, the kernels are the cluster's (fused on a GPU cluster).
+    assert_eq!(
+        found.best.strategy.kernels,
+        planner::cost::compute::Kernels::Fused
+    );
 }

@@ -41,12 +41,13 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
     writeln!(o, "plan        {}", r.strategy_summary)?;
     writeln!(
         o,
-        "            global batch {} x seq {}, {} per pipeline, {}, {} attention",
+        "            global batch {} x seq {}, {} per pipeline, {}, {} attention, {} kernels",
         s.global_batch,
         s.seq,
         plural(s.micro_batches(), "micro-batch", "micro-batches"),
         s.precision,
-        format!("{:?}", s.attention).to_lowercase()
+        format!("{:?}", s.attention).to_lowercase(),
+        s.kernels
     )?;
     writeln!(
         o,

@@ -11,6 +11,11 @@
 //! heads, rotary, the MLP's inner activations and the vocabulary-parallel embedding and head are
 //! split `tp` ways; ops on the hidden-sized residual stream (norms, residual adds) are
 //! replicated, or split along the sequence with sequence parallelism (Korthikanti et al. 2022).
+//!
+//! Kernel fusion ([`Kernels`]) is a property of the software that runs the strategy: `eager`
+//! launches one kernel per IR op (PyTorch eager, plait's own runtime); `fused` runs each chain of
+//! point-wise ops as one kernel ([`fuse_pointwise`]) and applies the causal mask inside the
+//! softmax of a materialized attention (Megatron-LM's fused kernels, Narayanan et al. SC'21 §4.2).
 
 use ir::{Binding, Graph, OpId, OpKind, cost::op_cost};
 
@@ -133,11 +138,140 @@ impl std::str::FromStr for AttentionKernel {
     }
 }
 
+/// How the runtime executes element-wise work.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// One kernel per IR op: each reads its operands from memory and writes its results
+    /// (PyTorch eager mode, plait's own runtime). The default of plans written before this
+    /// setting existed.
+    #[default]
+    Eager,
+    /// Fused element-wise kernels, as Megatron-LM runs them (Narayanan et al. SC'21, §4.2:
+    /// fused bias + GeLU, bias + dropout + add, scale + mask + softmax): a chain of point-wise
+    /// ops whose intermediate results have no other use is one kernel that reads the chain's
+    /// inputs and writes its result; a materialized attention's softmax applies the causal mask
+    /// itself and loads only the scores it keeps.
+    Fused,
+}
+
+impl Kernels {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Eager => "eager",
+            Kernels::Fused => "fused",
+        }
+    }
+}
+
+impl std::fmt::Display for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Kernels {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "eager" => Ok(Kernels::Eager),
+            "fused" => Ok(Kernels::Fused),
+            _ => Err(format!("unknown kernels `{s}`; expected eager or fused")),
+        }
+    }
+}
+
+/// Whether `kind` is point-wise (each output element depends only on the same element of its
+/// operands, after broadcasting), so a chain of such ops can run as one kernel. Normalizations,
+/// softmax and reductions reduce along rows and end a chain, as do products and layout changes.
+pub fn is_pointwise(kind: &OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::Add
+            | OpKind::Sub
+            | OpKind::Mul
+            | OpKind::Div
+            | OpKind::Neg
+            | OpKind::Exp
+            | OpKind::Sqrt
+            | OpKind::Rsqrt
+            | OpKind::Tanh
+            | OpKind::Sigmoid
+            | OpKind::Pow { .. }
+            | OpKind::Scale { .. }
+            | OpKind::Gelu { .. }
+            | OpKind::Silu
+            | OpKind::Dropout { .. }
+    )
+}
+
+/// The non-source ops of `ops` (in order) grouped into the kernels a fusing runtime launches.
+///
+/// A point-wise op joins the kernel of the point-wise op that consumes its result when that is
+/// the result's only use anywhere in the graph (`uses`, from [`Graph::uses`]) and both produce
+/// the same shape: the intermediate then never leaves registers. Because the producer's only
+/// edge out of the group leads into it, no fused group can depend on itself through an outside
+/// op. Every other op is a group of its own. Groups are listed by their last op (the kernel
+/// runs when its last input is ready).
+pub fn fuse_pointwise(g: &Graph, ops: &[OpId], uses: &[Vec<OpId>]) -> Vec<Vec<OpId>> {
+    let compute: Vec<OpId> = ops
+        .iter()
+        .copied()
+        .filter(|&o| !g.op(o).kind.is_source())
+        .collect();
+    // group[i]: index in `compute` of the op whose kernel op i runs in (its sole consumer chain).
+    let pos = |o: OpId| compute.iter().position(|&c| c == o);
+    let mut into: Vec<Option<usize>> = vec![None; compute.len()];
+    for (i, &o) in compute.iter().enumerate() {
+        let op = g.op(o);
+        if !is_pointwise(&op.kind) || op.results.len() != 1 {
+            continue;
+        }
+        let r = op.results[0];
+        let Some([user]) = uses.get(r.index()).map(Vec::as_slice) else {
+            continue;
+        };
+        let Some(j) = pos(*user) else {
+            continue;
+        };
+        let u = g.op(*user);
+        let same_shape = u.results.len() == 1 && g.ty(u.results[0]).shape == g.ty(r).shape;
+        if is_pointwise(&u.kind) && same_shape && j > i {
+            into[i] = Some(j);
+        }
+    }
+    let root = |mut i: usize| {
+        while let Some(j) = into[i] {
+            i = j;
+        }
+        i
+    };
+    let mut groups: Vec<Vec<OpId>> = vec![Vec::new(); compute.len()];
+    for (i, &o) in compute.iter().enumerate() {
+        groups[root(i)].push(o);
+    }
+    groups.into_iter().filter(|gr| !gr.is_empty()).collect()
+}
+
+/// Average fraction of the keys a causal query row sees (`sq` queries ending at the last of `sk`
+/// keys; query i sees `sk − sq + i + 1` of them).
+fn causal_visible_fraction(sq: u64, sk: u64) -> f64 {
+    if sk == 0 {
+        return 1.0;
+    }
+    let (sq, sk) = (sq.min(sk) as f64, sk as f64);
+    ((sk - sq) + (sq + 1.0) / 2.0) / sk
+}
+
 /// The device a strategy runs on, with the numbers the roofline needs.
 #[derive(Clone, Copy, Debug)]
 pub struct Device<'c> {
     pub cluster: &'c Cluster,
     pub attention: AttentionKernel,
+    pub kernels: Kernels,
     /// Whether attention probabilities go through dropout (models trained with dropout).
     pub score_dropout: bool,
     pub matmul_peak: f64,
@@ -151,11 +285,13 @@ impl<'c> Device<'c> {
         cluster: &'c Cluster,
         precision: Precision,
         attention: AttentionKernel,
+        kernels: Kernels,
         score_dropout: bool,
     ) -> Option<Device<'c>> {
         Some(Device {
             cluster,
             attention,
+            kernels,
             score_dropout,
             matmul_peak: cluster.peak_flops(precision)?
                 * cluster.gpu.matmul_efficiency
@@ -241,9 +377,19 @@ impl<'c> Device<'c> {
             let k = g.ty(op.inputs[1]).shape.eval(b);
             let scores = (q[0] * heads * q[1] * k[1]) as f64 / split;
             let elem = g.ty(op.inputs[0]).dtype.size_bytes() as f64 * act_scale;
+            // A fused scale-mask-softmax applies the causal mask itself: it loads only the
+            // scores it keeps (Megatron-LM's `scaled_upper_triang_masked_softmax` loads each row
+            // up to the diagonal and writes the whole row). Eager, the softmax reads them all.
+            let softmax_passes = match (self.kernels, &op.kind) {
+                (Kernels::Fused, OpKind::Attention { causal: true, .. }) => {
+                    1.0 + causal_visible_fraction(q[1], k[1])
+                }
+                _ => 2.0,
+            };
             // Streaming passes (the products' write and read), softmax passes, dropout passes,
             // each at its measured kernel bandwidth.
-            let mut secs = 2.0 * elem / self.hbm + 2.0 * elem / (self.hbm * SOFTMAX_FRACTION);
+            let mut secs =
+                2.0 * elem / self.hbm + softmax_passes * elem / (self.hbm * SOFTMAX_FRACTION);
             if self.score_dropout {
                 secs += (2.0 * elem + 1.0) / (self.hbm * DROPOUT_FRACTION);
             }
@@ -251,6 +397,73 @@ impl<'c> Device<'c> {
             t.bwd += 2.0 * scores * secs + 3.0 * self.launch;
         }
         t
+    }
+
+    /// Time of a group of point-wise ops fused into one kernel (see [`fuse_pointwise`]): it
+    /// reads the group's inputs and writes the results no member reads, once; its backward
+    /// reads those inputs and the output gradients and writes the input gradients, the
+    /// convention of `ir::cost` for one element-wise op. It streams at the bandwidth of its
+    /// slowest member (dropout's random numbers, GELU's tanh) and pays one launch per pass.
+    pub fn fused_time(
+        &self,
+        g: &Graph,
+        group: &[OpId],
+        b: Binding,
+        tp: u64,
+        layout: TpLayout,
+        act_scale: f64,
+    ) -> OpTime {
+        if let [o] = group {
+            return self.op_time(g, *o, b, tp, layout, act_scale);
+        }
+        let split = if layout == TpLayout::Split {
+            tp.max(1) as f64
+        } else {
+            1.0
+        };
+        let inside = |v: ir::ValueId| group.contains(&g.def_op(v));
+        let mut inputs: Vec<ir::ValueId> = Vec::new();
+        let (mut out_bytes, mut fwd_flops, mut bwd_flops) = (0.0, 0.0, 0.0);
+        let mut frac = 1.0f64;
+        for &o in group {
+            let op = g.op(o);
+            let c = op_cost(g, o, b);
+            fwd_flops += c.fwd_flops;
+            bwd_flops += c.bwd_flops;
+            frac = frac.min(bandwidth_fraction(&op.kind));
+            for &v in &op.inputs {
+                if !inside(v) && !inputs.contains(&v) {
+                    inputs.push(v);
+                }
+            }
+            // A member's result that no member reads is the kernel's output (in a group from
+            // `fuse_pointwise` every other result has its only use inside the group).
+            for &r in &op.results {
+                if !group.iter().any(|&m| g.op(m).inputs.contains(&r)) {
+                    out_bytes += g.ty(r).bytes(b) as f64;
+                }
+            }
+        }
+        let in_bytes: f64 = inputs.iter().map(|&v| g.ty(v).bytes(b) as f64).sum();
+        let (fwd_flops, bwd_flops) = (fwd_flops / split, bwd_flops / split);
+        OpTime {
+            fwd: self.roofline(
+                fwd_flops,
+                (in_bytes + out_bytes) / split,
+                None,
+                act_scale,
+                frac,
+            ),
+            bwd: self.roofline(
+                bwd_flops,
+                (2.0 * in_bytes + out_bytes) / split,
+                None,
+                act_scale,
+                frac,
+            ),
+            fwd_flops,
+            bwd_flops,
+        }
     }
 
     /// The shape efficiency of a product op after the TP split, or `None` for other ops.

@@ -39,6 +39,11 @@ pub struct Gpu {
     /// Fraction of the HBM bandwidth that streaming kernels sustain.
     pub memory_efficiency: f64,
     pub peak_tflops: PeakTflops,
+    /// How the runtime on this hardware executes element-wise work (`eager` or `fused`);
+    /// absent = fused, what GPU training stacks run (Megatron-LM's fused kernels). plait's CPU
+    /// runtime is eager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<crate::cost::compute::Kernels>,
 }
 
 /// Which GPUs a link connects.
@@ -232,6 +237,13 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// The kernels the cluster's runtime uses unless a strategy says otherwise.
+    pub fn default_kernels(&self) -> crate::cost::compute::Kernels {
+        self.gpu
+            .kernels
+            .unwrap_or(crate::cost::compute::Kernels::Fused)
     }
 
     pub fn memory_bytes(&self) -> f64 {

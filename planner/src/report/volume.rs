@@ -356,6 +356,7 @@ mod tests {
             sequence_parallel: false,
             precision: Precision::Bf16,
             attention: Default::default(),
+            kernels: Default::default(),
             stage_layers: None,
         }
     }

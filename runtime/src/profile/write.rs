@@ -79,6 +79,11 @@ pub(super) fn cluster_toml(p: &MachineProfile, name: &str) -> String {
     let _ = writeln!(s, "launch_overhead_us = 5");
     let _ = writeln!(
         s,
+        "# plait's CPU runtime runs one kernel per IR op (no element-wise fusion)."
+    );
+    let _ = writeln!(s, "kernels = \"eager\"");
+    let _ = writeln!(
+        s,
         "# MemTotal {} GiB / {} ranks.",
         p.memory_gib
             .map_or("unknown (4 GiB per rank assumed)".into(), |m| format!(

@@ -79,6 +79,7 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
             precision: Some(Precision::Fp32),
             stage_layers: None,
             attention: None,
+            kernels: None,
         },
         top_k: 0,
     };
