@@ -82,10 +82,7 @@ pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
         Some(c) => c.clone(),
         None => {
             eprintln!("measuring this machine (plait profile) ...");
-            let p = measure(&ProfileOptions {
-                quick: false,
-                sgemm_one_thread_gflops: None,
-            })?;
+            let p = measure(&ProfileOptions { quick: false })?;
             let path = dir.join("cpu.toml");
             std::fs::write(&path, p.to_cluster_toml("this-machine"))
                 .with_context(|| format!("cannot write {}", path.display()))?;

@@ -58,7 +58,9 @@ fn a_quick_profile_drives_compile() {
     );
     let text = std::fs::read_to_string(dir.join("me.toml")).expect("written");
     assert!(
-        text.contains("one thread alone:") && !text.contains("alone: not measured"),
+        text.contains("alone). fp32 only")
+            && text.contains("[gpu.kernel_fractions]")
+            && text.contains("matmul_packs_operands = true"),
         "{text}"
     );
     let mut args = COMPILE.to_vec();

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py="${1:-python3}"
+# Like for like: one thread each (plait runs one matmul thread per rank).
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 ours=$(cargo bench -q -p kernels --bench sgemm 2>/dev/null | grep 'GFLOP/s')
 theirs=$("$py" kernels/benches/sgemm_numpy.py)
 echo "$ours"

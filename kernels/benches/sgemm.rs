@@ -1,6 +1,6 @@
 //! 1024×1024×1024 f32 matmul throughput of `kernels::sgemm`, timed like `sgemm_numpy.py`:
 //! one warm-up, then the best of `REPS` runs, GFLOP/s = 2·n³ / seconds / 1e9.
-//! Threads: matrixmultiply's pool, sized by `MATMUL_NUM_THREADS` (default: physical cores).
+//! One thread: plait's CPU ranks each run their matmuls on their own thread (no pool).
 //! Run with `cargo bench -p kernels`, or `benches/compare.sh` for the comparison with numpy.
 
 use std::time::Instant;
@@ -24,9 +24,8 @@ fn main() -> Result<(), kernels::KernelError> {
         best = best.min(t.elapsed().as_secs_f64());
     }
     let gflops = 2.0 * (N as f64).powi(3) / best / 1e9;
-    let threads = std::env::var("MATMUL_NUM_THREADS").unwrap_or_else(|_| "default".into());
     println!(
-        "kernels sgemm {N}^3: {gflops:.1} GFLOP/s (best of {REPS}, {:.2} ms; MATMUL_NUM_THREADS={threads})",
+        "kernels sgemm {N}^3: {gflops:.1} GFLOP/s (best of {REPS}, {:.2} ms; 1 thread)",
         best * 1e3
     );
     Ok(())

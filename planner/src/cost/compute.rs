@@ -33,20 +33,41 @@ const TILE: f64 = 128.0;
 /// speed; the fractions are assumed to carry over to other NVIDIA GPUs, whose own streaming
 /// efficiency (`memory_efficiency` in the cluster file) they multiply.
 pub fn bandwidth_fraction(kind: &OpKind) -> f64 {
+    match kernel_class(kind) {
+        KernelClass::Pointwise => 1.0,
+        KernelClass::Activation => GELU_FRACTION,
+        KernelClass::Norm => NORM_FRACTION,
+        KernelClass::Dropout => DROPOUT_FRACTION,
+        KernelClass::Softmax => SOFTMAX_FRACTION,
+    }
+}
+
+/// The classes of memory-bound kernel whose bandwidth differs (a cluster file may give its
+/// own measured fraction per class: `gpu.kernel_fractions`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelClass {
+    Pointwise,
+    Activation,
+    Norm,
+    Dropout,
+    Softmax,
+}
+
+pub fn kernel_class(kind: &OpKind) -> KernelClass {
     match kind {
         OpKind::Gelu { .. }
         | OpKind::Silu
         | OpKind::Tanh
         | OpKind::Sigmoid
         | OpKind::Exp
-        | OpKind::Pow { .. } => GELU_FRACTION,
+        | OpKind::Pow { .. } => KernelClass::Activation,
         OpKind::LayerNorm { .. }
         | OpKind::RmsNorm { .. }
         | OpKind::ReduceMean
-        | OpKind::ReduceSum => NORM_FRACTION,
-        OpKind::Dropout { .. } => DROPOUT_FRACTION,
-        OpKind::Softmax { .. } | OpKind::CrossEntropy => SOFTMAX_FRACTION,
-        _ => 1.0,
+        | OpKind::ReduceSum => KernelClass::Norm,
+        OpKind::Dropout { .. } => KernelClass::Dropout,
+        OpKind::Softmax { .. } | OpKind::CrossEntropy => KernelClass::Softmax,
+        _ => KernelClass::Pointwise,
     }
 }
 
@@ -293,12 +314,41 @@ impl<'c> Device<'c> {
             attention,
             kernels,
             score_dropout,
+            // A measured CPU rate (`plait profile`) is the library's own at n³; its shape
+            // effects are the packing passes (`op_time`), not the H200's GEMM mix.
             matmul_peak: cluster.peak_flops(precision)?
                 * cluster.gpu.matmul_efficiency
-                * TRANSFORMER_GEMM_FRACTION,
+                * if cluster.gpu.matmul_packs_operands {
+                    1.0
+                } else {
+                    TRANSFORMER_GEMM_FRACTION
+                },
             vector_peak: cluster.peak_flops(Precision::Fp32)?,
             hbm: cluster.hbm_bytes_per_s(),
             launch: cluster.gpu.launch_overhead_us * 1e-6,
+        })
+    }
+
+    /// The bandwidth fraction of `kind`'s kernel class: the cluster's measurement if it has
+    /// one, else plait's H200 measurement ([`bandwidth_fraction`]).
+    pub fn fraction(&self, kind: &OpKind) -> f64 {
+        self.class_fraction(kernel_class(kind))
+    }
+
+    fn class_fraction(&self, class: KernelClass) -> f64 {
+        let measured = self.cluster.gpu.kernel_fractions.and_then(|k| match class {
+            KernelClass::Pointwise => k.pointwise,
+            KernelClass::Activation => k.activation,
+            KernelClass::Norm => k.norm,
+            KernelClass::Dropout => k.dropout,
+            KernelClass::Softmax => k.softmax,
+        });
+        measured.unwrap_or(match class {
+            KernelClass::Pointwise => 1.0,
+            KernelClass::Activation => GELU_FRACTION,
+            KernelClass::Norm => NORM_FRACTION,
+            KernelClass::Dropout => DROPOUT_FRACTION,
+            KernelClass::Softmax => SOFTMAX_FRACTION,
         })
     }
 
@@ -357,7 +407,7 @@ impl<'c> Device<'c> {
         let eff = self.matmul_shape(g, o, b, tp, layout);
         let fwd_flops = c.fwd_flops / split;
         let bwd_flops = c.bwd_flops / split;
-        let frac = bandwidth_fraction(&op.kind);
+        let frac = self.fraction(&op.kind);
         let mut t = OpTime {
             fwd: self.roofline(fwd_flops, c.fwd_bytes() / split, eff, act_scale, frac),
             // A backward of a product op is two GEMMs (two launches).
@@ -366,6 +416,19 @@ impl<'c> Device<'c> {
             fwd_flops,
             bwd_flops,
         };
+        if self.cluster.gpu.matmul_packs_operands
+            && matches!(op.kind, OpKind::Linear { .. } | OpKind::MatMul)
+        {
+            // The packing pass reads and writes both operands once per GEMM (Goto and van de
+            // Geijn 2008: A in mc×kc blocks, B in kc×nc panels, each packed once while n and k
+            // fit a panel), before and apart from the arithmetic. Forward x·w; backward
+            // dy·wᵀ and xᵀ·dy.
+            let bytes = |v: ir::ValueId| g.ty(v).bytes(b) as f64 * act_scale / split;
+            let (x, w) = (bytes(op.inputs[0]), bytes(op.inputs[1]));
+            let y = bytes(op.results[0]);
+            t.fwd += 2.0 * (x + w) / self.hbm;
+            t.bwd += 2.0 * (x + w + 2.0 * y) / self.hbm;
+        }
         if let (OpKind::Attention { heads, .. }, AttentionKernel::Materialized) =
             (&op.kind, self.attention)
         {
@@ -388,10 +451,10 @@ impl<'c> Device<'c> {
             };
             // Streaming passes (the products' write and read), softmax passes, dropout passes,
             // each at its measured kernel bandwidth.
-            let mut secs =
-                2.0 * elem / self.hbm + softmax_passes * elem / (self.hbm * SOFTMAX_FRACTION);
+            let mut secs = 2.0 * elem / self.hbm
+                + softmax_passes * elem / (self.hbm * self.class_fraction(KernelClass::Softmax));
             if self.score_dropout {
-                secs += (2.0 * elem + 1.0) / (self.hbm * DROPOUT_FRACTION);
+                secs += (2.0 * elem + 1.0) / (self.hbm * self.class_fraction(KernelClass::Dropout));
             }
             t.fwd += scores * secs + 3.0 * self.launch;
             t.bwd += 2.0 * scores * secs + 3.0 * self.launch;
@@ -430,7 +493,7 @@ impl<'c> Device<'c> {
             let c = op_cost(g, o, b);
             fwd_flops += c.fwd_flops;
             bwd_flops += c.bwd_flops;
-            frac = frac.min(bandwidth_fraction(&op.kind));
+            frac = frac.min(self.fraction(&op.kind));
             for &v in &op.inputs {
                 if !inside(v) && !inputs.contains(&v) {
                     inputs.push(v);

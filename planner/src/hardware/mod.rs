@@ -44,6 +44,39 @@ pub struct Gpu {
     /// runtime is eager.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernels: Option<crate::cost::compute::Kernels>,
+    /// The matmul library packs both operands into contiguous panels before multiplying, a
+    /// memory-bound pass serialized with the arithmetic (CPU BLAS: Goto and van de Geijn,
+    /// "Anatomy of High-Performance Matrix Multiplication", ACM TOMS 34(3), 2008). GPU GEMMs
+    /// stage tiles through shared memory inside the kernel instead: absent = false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub matmul_packs_operands: bool,
+    /// Sustained bandwidth of this runtime's memory-bound kernels relative to a plain copy, by
+    /// op class, as measured on this hardware (`plait profile` writes them for the CPU);
+    /// a class left out uses plait's H200 measurement (docs/cost-model.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_fractions: Option<KernelFractions>,
+}
+
+/// Measured bandwidth fractions per class of memory-bound kernel (see
+/// [`crate::cost::compute::bandwidth_fraction`] for the classes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelFractions {
+    /// Element-wise arithmetic (add, multiply, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pointwise: Option<f64>,
+    /// Activations with transcendental functions (GELU, SiLU, tanh, exp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation: Option<f64>,
+    /// Normalizations and row reductions (LayerNorm, RMSNorm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm: Option<f64>,
+    /// Softmax and cross-entropy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softmax: Option<f64>,
+    /// Dropout (random numbers and masks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<f64>,
 }
 
 /// Which GPUs a link connects.
@@ -182,6 +215,22 @@ impl Cluster {
         }
         if !fraction(self.gpu.matmul_efficiency) {
             return bad("gpu.matmul_efficiency", "must be in (0, 1]");
+        }
+        if let Some(k) = &self.gpu.kernel_fractions {
+            for (field, v) in [
+                ("pointwise", k.pointwise),
+                ("activation", k.activation),
+                ("norm", k.norm),
+                ("softmax", k.softmax),
+                ("dropout", k.dropout),
+            ] {
+                if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                    return bad(
+                        &format!("gpu.kernel_fractions.{field}"),
+                        "must be a positive number (a kernel's bandwidth over a plain copy's)",
+                    );
+                }
+            }
         }
         if !fraction(self.gpu.memory_efficiency) {
             return bad("gpu.memory_efficiency", "must be in (0, 1]");

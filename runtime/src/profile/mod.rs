@@ -1,16 +1,20 @@
 //! `plait profile`: measures this machine and describes it as a cluster for the planner.
 //!
 //! One rank per hardware thread: the description's "GPU" is one rank's share of the machine
-//! when every rank works at once (the all-thread matmul rate and memory bandwidth divided by
-//! the thread count), and its node link is the threads communicator (shared memory), whose α
+//! when every rank works at once (the matmul rate of one thread while every thread multiplies,
+//! the all-thread copy bandwidth divided by the thread count, and the bandwidth plait's own
+//! element-wise, activation, norm, softmax and dropout kernels sustain relative to that copy),
+//! and its node link is the threads communicator (shared memory), whose α
 //! and β come from timing all-reduces of a small and a large buffer across 2 ranks. The file
 //! follows docs/hardware.md and loads with `planner::Cluster::load`.
 
+mod kernels;
 mod measure;
 mod write;
 
 use crate::RuntimeError;
 
+pub use kernels::{KernelFractions, kernel_fractions, sgemm_gflops_concurrent};
 pub use measure::{copy_gb_per_s, sgemm_gflops, threads_all_reduce_fit};
 
 /// How long to measure.
@@ -18,9 +22,6 @@ pub use measure::{copy_gb_per_s, sgemm_gflops, threads_all_reduce_fit};
 pub struct ProfileOptions {
     /// Small sizes and few repetitions (about a second): for tests.
     pub quick: bool,
-    /// The 1-thread sgemm rate, GFLOP/s, measured by the caller in a process whose matmul pool
-    /// has one thread (the pool's size is fixed per process); `None` leaves it out.
-    pub sgemm_one_thread_gflops: Option<f64>,
 }
 
 /// What was measured.
@@ -32,10 +33,13 @@ pub struct MachineProfile {
     pub threads: usize,
     /// Total memory, GiB (/proc/meminfo), if readable.
     pub memory_gib: Option<f64>,
-    /// sgemm at `sgemm_size`³ on the matmul pool (all its threads), GFLOP/s.
-    pub sgemm_all_gflops: f64,
-    pub sgemm_one_gflops: Option<f64>,
+    /// sgemm at `sgemm_size`³, GFLOP/s of one thread while every thread multiplies at once
+    /// (a rank's rate), and of one thread alone.
+    pub sgemm_rank_gflops: f64,
+    pub sgemm_one_gflops: f64,
     pub sgemm_size: usize,
+    /// plait's kernels by class: bandwidth relative to the copy, every thread busy.
+    pub kernel_fractions: KernelFractions,
     /// Copy bandwidth with every thread copying its own buffer, GB/s (bytes read + written).
     pub copy_all_gb_per_s: f64,
     /// The threads communicator's 2-rank all-reduce: `t = α + β·bytes`.
@@ -50,9 +54,19 @@ pub fn measure(opts: &ProfileOptions) -> Result<MachineProfile, RuntimeError> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let sgemm_size = if opts.quick { 256 } else { 1024 };
     let reps = if opts.quick { 2 } else { 5 };
-    let sgemm_all_gflops = sgemm_gflops(sgemm_size, reps)?;
+    let sgemm_one_gflops = sgemm_gflops(sgemm_size, reps)?;
+    let sgemm_rank_gflops = sgemm_gflops_concurrent(threads, sgemm_size, reps)?;
     let copy_bytes = if opts.quick { 8 << 20 } else { 128 << 20 };
     let copy_all_gb_per_s = copy_gb_per_s(threads, copy_bytes, reps)?;
+    // Activations of the size a small model's layer holds per micro-batch (2 or 8 MiB).
+    let (rows, cols) = if opts.quick { (128, 1024) } else { (512, 1024) };
+    let kernel_fractions = kernel_fractions(
+        threads,
+        rows,
+        cols,
+        reps,
+        copy_all_gb_per_s / threads.max(1) as f64,
+    )?;
     let (small, large, ar_reps) = if opts.quick {
         (4, 256 << 10, 20)
     } else {
@@ -66,9 +80,10 @@ pub fn measure(opts: &ProfileOptions) -> Result<MachineProfile, RuntimeError> {
         cpu: measure::cpu_name(),
         threads,
         memory_gib: measure::memory_gib(),
-        sgemm_all_gflops,
-        sgemm_one_gflops: opts.sgemm_one_thread_gflops,
+        sgemm_rank_gflops,
+        sgemm_one_gflops,
         sgemm_size,
+        kernel_fractions,
         copy_all_gb_per_s,
         allreduce_alpha_us: alpha_s * 1e6,
         allreduce_gb_per_s: 1e-9 / beta_s_per_byte,

@@ -36,12 +36,9 @@ fn sig(x: f64) -> f64 {
 
 pub(super) fn cluster_toml(p: &MachineProfile, name: &str) -> String {
     let ranks = p.threads.max(1) as f64;
-    let per_rank_tflops = p.sgemm_all_gflops / ranks / 1e3;
+    let per_rank_tflops = p.sgemm_rank_gflops / 1e3;
     let per_rank_gb_s = p.copy_all_gb_per_s / ranks;
     let mem_gib = p.memory_gib.map_or(4.0, |m| (m / ranks).max(0.25));
-    let one = p
-        .sgemm_one_gflops
-        .map_or("not measured".to_string(), |g| format!("{:.1} GFLOP/s", g));
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -105,17 +102,42 @@ pub(super) fn cluster_toml(p: &MachineProfile, name: &str) -> String {
     );
     let _ = writeln!(s, "matmul_efficiency = 1.0");
     let _ = writeln!(s, "memory_efficiency = 1.0");
+    let _ = writeln!(
+        s,
+        "# matrixmultiply packs both operands into panels before multiplying (Goto & van de Geijn)."
+    );
+    let _ = writeln!(s, "matmul_packs_operands = true");
+    let _ = writeln!(s, "[gpu.kernel_fractions]");
+    let _ = writeln!(
+        s,
+        "# plait's own kernels, forward + backward on f32 activations, every thread at once:"
+    );
+    let _ = writeln!(
+        s,
+        "# bytes of the cost model (operands read, results written) per second over the copy's."
+    );
+    let k = &p.kernel_fractions;
+    for (name, v, what) in [
+        ("pointwise", k.pointwise, "add"),
+        ("activation", k.activation, "GELU (tanh)"),
+        ("norm", k.norm, "LayerNorm"),
+        ("softmax", k.softmax, "softmax"),
+        ("dropout", k.dropout, "dropout"),
+    ] {
+        let _ = writeln!(s, "{name} = {}  # {what}", sig(v));
+    }
     let _ = writeln!(s, "[gpu.peak_tflops]");
     let _ = writeln!(
         s,
-        "# kernels::sgemm at {n}x{n}x{n}: {:.1} GFLOP/s on the matmul pool (all its threads), divided by",
-        p.sgemm_all_gflops,
+        "# kernels::sgemm at {n}x{n}x{n}, one thread per rank: {:.1} GFLOP/s each with all {} threads",
+        p.sgemm_rank_gflops,
+        p.threads,
         n = p.sgemm_size
     );
     let _ = writeln!(
         s,
-        "# {} ranks; one thread alone: {one}. fp32 only: the CPU kernels compute in f32.",
-        p.threads
+        "# multiplying at once ({:.1} alone). fp32 only: the CPU kernels compute in f32.",
+        p.sgemm_one_gflops
     );
     let _ = writeln!(s, "fp32 = {}", sig(per_rank_tflops));
     let _ = writeln!(s);

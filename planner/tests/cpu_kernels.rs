@@ -1,0 +1,94 @@
+//! A cluster's own kernel measurements (what `plait profile` writes for the CPU): per-class
+//! bandwidth fractions replace plait's H200 ones, and a packing matmul library pays one
+//! read-and-write pass over both operands of every GEMM on top of the arithmetic.
+#![allow(clippy::unwrap_used)]
+
+use ir::{Binding, DType, Graph, OpId, OpKind, Shape, TensorType};
+use planner::Cluster;
+use planner::cost::compute::{AttentionKernel, Device, Kernels, TpLayout, bandwidth_fraction};
+use planner::hardware::KernelFractions;
+use planner::precision::Precision;
+
+const ROWS: u64 = 512;
+const H: u64 = 256;
+const B: Binding = Binding { batch: 1, seq: 1 };
+
+/// x[512, 256] · w[256, 1024] → GELU; returns (graph, linear, gelu).
+fn graph() -> (Graph, OpId, OpId) {
+    let mut g = Graph::new("t");
+    let ty = |d: &[u64]| TensorType::new(DType::F32, Shape::fixed(d));
+    let x = g.push_source(OpKind::Input { name: "x".into() }, ty(&[ROWS, H]), None);
+    let w = g.push_source(OpKind::Param { name: "w".into() }, ty(&[H, 4 * H]), None);
+    let y = g
+        .push_op(OpKind::Linear { bias: false }, vec![x, w], None)
+        .unwrap()[0];
+    g.push_op(OpKind::Gelu { tanh: true }, vec![y], None)
+        .unwrap();
+    let order = g.order().to_vec();
+    (g, order[2], order[3])
+}
+
+fn device(c: &Cluster) -> Device<'_> {
+    Device::new(
+        c,
+        Precision::Fp32,
+        AttentionKernel::Materialized,
+        Kernels::Eager,
+        false,
+    )
+    .unwrap()
+}
+
+#[test]
+fn measured_fractions_replace_the_h200_ones_class_by_class() {
+    let mut c = Cluster::load("cpu").unwrap();
+    c.gpu.kernel_fractions = Some(KernelFractions {
+        activation: Some(0.1),
+        ..KernelFractions::default()
+    });
+    let d = device(&c);
+    assert_eq!(d.fraction(&OpKind::Gelu { tanh: true }), 0.1);
+    // A class the file leaves out keeps plait's H200 figure.
+    let norm = OpKind::LayerNorm { eps: 1e-5 };
+    assert_eq!(d.fraction(&norm), bandwidth_fraction(&norm));
+    // A memory-bound op's time scales with 1 / fraction (less the launch).
+    let (g, _, gelu) = graph();
+    let slow = d.op_time(&g, gelu, B, 1, TpLayout::Replicated, 1.0);
+    c.gpu.kernel_fractions = Some(KernelFractions {
+        activation: Some(0.2),
+        ..KernelFractions::default()
+    });
+    let fast = device(&c).op_time(&g, gelu, B, 1, TpLayout::Replicated, 1.0);
+    let launch = c.gpu.launch_overhead_us * 1e-6;
+    let ratio = (slow.fwd - launch) / (fast.fwd - launch);
+    assert!((ratio - 2.0).abs() < 1e-9, "{ratio}");
+}
+
+#[test]
+fn packing_adds_one_pass_over_both_operands() {
+    let mut c = Cluster::load("cpu").unwrap();
+    c.gpu.matmul_packs_operands = false;
+    let (g, linear, _) = graph();
+    c.gpu.matmul_packs_operands = true;
+    let d = device(&c);
+    let packed = d.op_time(&g, linear, B, 1, TpLayout::Replicated, 1.0);
+    let (x, w, y) = (
+        (ROWS * H * 4) as f64,
+        (H * 4 * H * 4) as f64,
+        (ROWS * 4 * H * 4) as f64,
+    );
+    // This GEMM is compute-bound on the preset (arithmetic > its bytes over bandwidth), so
+    // the time is arithmetic + launch + packing.
+    let flops = 2.0 * (ROWS * H * 4 * H) as f64;
+    let arithmetic = flops / d.matmul_peak;
+    let launch = c.gpu.launch_overhead_us * 1e-6;
+    assert!(arithmetic > (x + w + y) / d.hbm);
+    let extra_fwd = packed.fwd - (arithmetic + launch);
+    assert!(
+        (extra_fwd - 2.0 * (x + w) / d.hbm).abs() < 1e-12,
+        "{extra_fwd} vs {}",
+        2.0 * (x + w) / d.hbm
+    );
+    let extra_bwd = packed.bwd - (2.0 * arithmetic + 2.0 * launch);
+    assert!((extra_bwd - 2.0 * (x + w + 2.0 * y) / d.hbm).abs() < 1e-12);
+}
