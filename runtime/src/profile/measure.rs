@@ -24,8 +24,7 @@ fn best_of(
     Ok(best.max(Duration::from_nanos(1)))
 }
 
-/// `kernels::sgemm` at `n`³ with this process's matmul pool, GFLOP/s (best of `reps`).
-/// The pool's thread count is fixed when first used (`MATMUL_NUM_THREADS`, at most 4).
+/// `kernels::sgemm` at `n`³ on the calling thread alone, GFLOP/s (best of `reps`).
 pub fn sgemm_gflops(n: usize, reps: usize) -> Result<f64, RuntimeError> {
     let a: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 * 0.1).collect();
     let b: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.2).collect();
