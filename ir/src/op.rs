@@ -243,6 +243,37 @@ impl OpKind {
         self.class() == OpClass::Source
     }
 
+    /// Element-wise with one operand: each output element depends only on the same element
+    /// of the input (activations, scaling, dropout).
+    pub fn is_unary_pointwise(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Neg
+                | OpKind::Exp
+                | OpKind::Sqrt
+                | OpKind::Rsqrt
+                | OpKind::Tanh
+                | OpKind::Sigmoid
+                | OpKind::Pow { .. }
+                | OpKind::Scale { .. }
+                | OpKind::Gelu { .. }
+                | OpKind::Silu
+                | OpKind::Dropout { .. }
+        )
+    }
+
+    /// Element-wise with two operands (after broadcasting).
+    pub fn is_binary_pointwise(&self) -> bool {
+        matches!(self, OpKind::Add | OpKind::Sub | OpKind::Mul | OpKind::Div)
+    }
+
+    /// Point-wise: each output element depends only on the same element of its operands, so a
+    /// chain of such ops can run as one kernel and shards along any axis. Normalizations,
+    /// softmax, reductions, products and layout changes are not.
+    pub fn is_pointwise(&self) -> bool {
+        self.is_unary_pointwise() || self.is_binary_pointwise()
+    }
+
     /// The operand count this op takes, or `None` when it varies (concat, linear, grad).
     pub fn arity(&self) -> Option<usize> {
         Some(match self {

@@ -205,28 +205,11 @@ impl std::str::FromStr for Kernels {
     }
 }
 
-/// Whether `kind` is point-wise (each output element depends only on the same element of its
-/// operands, after broadcasting), so a chain of such ops can run as one kernel. Normalizations,
-/// softmax and reductions reduce along rows and end a chain, as do products and layout changes.
+/// Whether `kind` is point-wise ([`OpKind::is_pointwise`]), so a chain of such ops can run as
+/// one kernel. Normalizations, softmax and reductions reduce along rows and end a chain, as do
+/// products and layout changes.
 pub fn is_pointwise(kind: &OpKind) -> bool {
-    matches!(
-        kind,
-        OpKind::Add
-            | OpKind::Sub
-            | OpKind::Mul
-            | OpKind::Div
-            | OpKind::Neg
-            | OpKind::Exp
-            | OpKind::Sqrt
-            | OpKind::Rsqrt
-            | OpKind::Tanh
-            | OpKind::Sigmoid
-            | OpKind::Pow { .. }
-            | OpKind::Scale { .. }
-            | OpKind::Gelu { .. }
-            | OpKind::Silu
-            | OpKind::Dropout { .. }
-    )
+    kind.is_pointwise()
 }
 
 /// The non-source ops of `ops` (in order) grouped into the kernels a fusing runtime launches.

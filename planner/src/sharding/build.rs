@@ -163,20 +163,8 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
                 Shard::Bias([tag, lin, k(2)?])
             }
             OpKind::Linear { bias: false } => Shard::Linear([tag, k(0)?, k(1)?]),
-            OpKind::Add | OpKind::Sub | OpKind::Mul | OpKind::Div => {
-                Shard::Zip([tag, k(0)?, k(1)?])
-            }
-            OpKind::Neg
-            | OpKind::Exp
-            | OpKind::Sqrt
-            | OpKind::Rsqrt
-            | OpKind::Tanh
-            | OpKind::Sigmoid
-            | OpKind::Pow { .. }
-            | OpKind::Scale { .. }
-            | OpKind::Gelu { .. }
-            | OpKind::Silu
-            | OpKind::Dropout { .. } => Shard::Map([tag, k(0)?]),
+            kind if kind.is_binary_pointwise() => Shard::Zip([tag, k(0)?, k(1)?]),
+            kind if kind.is_unary_pointwise() => Shard::Map([tag, k(0)?]),
             OpKind::LayerNorm { .. } => Shard::LayerNorm([tag, k(0)?, k(1)?, k(2)?]),
             OpKind::RmsNorm { .. } => Shard::RmsNorm([tag, k(0)?, k(1)?]),
             OpKind::Attention { .. } => Shard::Attention([tag, k(0)?, k(1)?, k(2)?]),
