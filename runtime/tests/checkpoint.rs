@@ -60,7 +60,7 @@ fn a_dp2_checkpoint_resumes_under_tp2_pp2() {
     let mut c = Config::new(2, 2, 1);
     c.sp = true;
     let tp_pp = programs(MODEL, &c);
-    let straight = losses(&dp2, 8, None);
+    let straight = losses(&dp2, 20, None);
     let d = dir("reshard");
     let ck = |resume| {
         Some(CheckpointOptions {
@@ -69,12 +69,13 @@ fn a_dp2_checkpoint_resumes_under_tp2_pp2() {
             resume,
         })
     };
-    let mut two = losses(&dp2, 4, ck(false));
-    two.extend(losses(&tp_pp, 8, ck(true)));
+    let mut two = losses(&dp2, 10, ck(false));
+    two.extend(losses(&tp_pp, 20, ck(true)));
     std::fs::remove_dir_all(&d).ok();
     let diff = loss_diff(&two, &straight);
     println!(
-        "DP2 4 steps + TP2xPP2 4 steps vs DP2 8 steps: max relative loss difference {diff:.2e}"
+        "DP2 10 steps + TP2xPP2 10 steps vs DP2 20 steps: max relative loss difference {diff:.2e}"
     );
+    assert_eq!(two.len(), 20);
     assert!(diff <= 1e-5, "{two:?} vs {straight:?}");
 }
