@@ -52,17 +52,22 @@ fn configs() -> Vec<(&'static str, Config)> {
     v
 }
 
-/// Largest absolute difference of any parameter element, and where.
+/// Largest absolute difference of any parameter element, where, and how many elements of
+/// how many differ by more than `TOL`.
 fn worst(names: &[String], a: &[kernels::Tensor32], b: &[kernels::Tensor32]) -> (f64, String) {
     let mut out = (0.0, String::new());
+    let (mut over, mut total) = (0usize, 0usize);
     for ((x, y), name) in a.iter().zip(b).zip(names) {
         for (i, (p, q)) in x.data.iter().zip(&y.data).enumerate() {
             let d = f64::from((p - q).abs());
+            total += 1;
+            over += usize::from(d > TOL);
             if d > out.0 {
                 out = (d, format!("{name}[{i}]"));
             }
         }
     }
+    out.1 = format!("{}; {over} of {total} elements beyond {TOL:e}", out.1);
     out
 }
 
