@@ -55,6 +55,12 @@ impl CostOracle for ClusterCosts<'_> {
     }
 }
 
+/// The ILP's time limit when `plait compile` extracts the winning block's sharding. How far a
+/// solver gets in it depends on the machine and its load, so past it the plan records only
+/// that optimality was not proven (never the solver's partial state): compiles stay
+/// byte-identical.
+pub const BLOCK_PLAN_TIME_LIMIT_S: f64 = 2.0;
+
 /// Extracts the sharding of the strategy's block by equality saturation + ILP. Solver timings
 /// are cleared so that plans stay byte-identical across runs.
 pub fn block_plan(
@@ -83,7 +89,7 @@ pub fn block_plan(
             seq: s.seq,
         },
     );
-    opts.time_limit_s = 2.0;
+    opts.time_limit_s = BLOCK_PLAN_TIME_LIMIT_S;
     let mut plan =
         plan_block(g, &info.layer_ops, &opts, &costs).map_err(|e| PlanError::Sharding {
             message: e.to_string(),

@@ -132,6 +132,42 @@ pub struct Env<'a> {
     pub seeds: &'a [u64],
 }
 
+impl<'a> Env<'a> {
+    /// The embedding's or the head's instance of micro-batch tokens `input_ids`/`targets`.
+    pub fn edge(
+        params: &'a [Option<(ParamId, BufferId)>],
+        input_ids: Option<BufferId>,
+        targets: Option<BufferId>,
+        tag: String,
+    ) -> Env<'a> {
+        Env {
+            params,
+            input_ids,
+            targets,
+            layer: None,
+            tag,
+            seeds: &[],
+        }
+    }
+
+    /// Layer `layer`'s instance, with that layer's dropout seeds.
+    pub fn layer(
+        params: &'a [Option<(ParamId, BufferId)>],
+        layer: u32,
+        seeds: &'a [u64],
+        tag: String,
+    ) -> Env<'a> {
+        Env {
+            params,
+            input_ids: None,
+            targets: None,
+            layer: Some(layer),
+            tag,
+            seeds,
+        }
+    }
+}
+
 /// `kind` of step `i` for this instance: a dropout takes the instance's seed.
 fn instance_kind(seg: &Segment, i: usize, kind: &OpKind, env: &Env<'_>) -> OpKind {
     match kind {

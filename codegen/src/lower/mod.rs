@@ -317,7 +317,7 @@ enum Which {
     Post = 2,
 }
 
-impl Stage<'_> {
+impl<'a> Stage<'a> {
     fn build(mut self) -> Result<Template, CodegenError> {
         let s = &self.plan.strategy;
         let p = s.pp;
@@ -573,27 +573,11 @@ impl Stage<'_> {
     }
 
     fn optimizer(&mut self) {
-        let cfg = self.opts.adamw;
         let states: Vec<(ParamId, PState)> = self.ps.iter().map(|(a, b)| (*a, *b)).collect();
         for (pid, st) in states {
             let grad = self.reduced.get(&pid).copied().unwrap_or(st.grad);
             match self.zero {
-                0 => {
-                    let target = st.master.unwrap_or(st.param);
-                    self.b.push(Instr::AdamW {
-                        config: cfg,
-                        param: target,
-                        grad,
-                        m: st.m,
-                        v: st.v,
-                    });
-                    if let Some(master) = st.master {
-                        self.b.push(Instr::Copy {
-                            src: master,
-                            dst: st.param,
-                        });
-                    }
-                }
+                0 => self.adamw(&st, grad, st.param),
                 1 | 2 => {
                     let w = self.cx.weight;
                     let tmp = self.b.alloc(
@@ -602,36 +586,16 @@ impl Stage<'_> {
                         vec![st.per],
                         Role::ParamSlice(pid),
                     );
-                    match st.master {
-                        Some(master) => {
-                            self.b.push(Instr::AdamW {
-                                config: cfg,
-                                param: master,
-                                grad,
-                                m: st.m,
-                                v: st.v,
-                            });
-                            self.b.push(Instr::Copy {
-                                src: master,
-                                dst: tmp,
-                            });
-                        }
-                        None => {
-                            self.b.push(Instr::Chunk {
-                                src: st.param,
-                                dst: tmp,
-                                axis: None,
-                                group: Slot::Dp,
-                            });
-                            self.b.push(Instr::AdamW {
-                                config: cfg,
-                                param: tmp,
-                                grad,
-                                m: st.m,
-                                v: st.v,
-                            });
-                        }
+                    if st.master.is_none() {
+                        // This rank's slice of the replicated weights, updated in place.
+                        self.b.push(Instr::Chunk {
+                            src: st.param,
+                            dst: tmp,
+                            axis: None,
+                            group: Slot::Dp,
+                        });
                     }
+                    self.adamw(&st, grad, tmp);
                     self.b.push(Instr::Collective {
                         op: CollectiveOp::AllGather,
                         group: Slot::Dp,
@@ -646,34 +610,29 @@ impl Stage<'_> {
                         self.b.free(grad);
                     }
                 }
-                _ => {
-                    let slice = st.slice.unwrap_or(st.param);
-                    match st.master {
-                        Some(master) => {
-                            self.b.push(Instr::AdamW {
-                                config: cfg,
-                                param: master,
-                                grad,
-                                m: st.m,
-                                v: st.v,
-                            });
-                            self.b.push(Instr::Copy {
-                                src: master,
-                                dst: slice,
-                            });
-                        }
-                        None => self.b.push(Instr::AdamW {
-                            config: cfg,
-                            param: slice,
-                            grad,
-                            m: st.m,
-                            v: st.v,
-                        }),
-                    }
-                }
+                _ => self.adamw(&st, grad, st.slice.unwrap_or(st.param)),
             }
         }
         self.reduced.clear();
+    }
+
+    /// AdamW on `weights`, or with mixed precision on the fp32 master copy, then copied into
+    /// `weights`.
+    fn adamw(&mut self, st: &PState, grad: BufferId, weights: BufferId) {
+        let config = self.opts.adamw;
+        self.b.push(Instr::AdamW {
+            config,
+            param: st.master.unwrap_or(weights),
+            grad,
+            m: st.m,
+            v: st.v,
+        });
+        if let Some(master) = st.master {
+            self.b.push(Instr::Copy {
+                src: master,
+                dst: weights,
+            });
+        }
     }
 
     fn pids(&self, w: Which, l: u32) -> &[Option<ParamId>] {
@@ -777,14 +736,7 @@ impl Stage<'_> {
         let layer_in = layer.input.map(|i| layer.vals[i].clone());
         let mut x = if ch.embedding {
             let params = self.gather(Which::Pre, 0, self.bucket(Which::Pre, 0));
-            let env = Env {
-                params: &params,
-                input_ids: st.ids,
-                targets: st.targets,
-                layer: None,
-                tag: format!("c{c}.m{mb}.emb"),
-                seeds: &[],
-            };
+            let env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.emb"));
             let inst = emit::forward(
                 &mut self.b,
                 pre,
@@ -835,17 +787,7 @@ impl Stage<'_> {
         let full = self.plan.strategy.recompute == Recompute::Full;
         for l in ch.layers[0]..ch.layers[1] {
             let params = self.gather(Which::Layer, l, self.bucket(Which::Layer, l));
-            let env = Env {
-                params: &params,
-                input_ids: None,
-                targets: None,
-                layer: Some(l),
-                tag: format!("l{l}.m{mb}"),
-                seeds: self
-                    .layer_seeds
-                    .get(l as usize)
-                    .map_or(&[], |v| v.as_slice()),
-            };
+            let env = Env::layer(&params, l, self.seeds(l), format!("l{l}.m{mb}"));
             let p = &self.plans[1];
             let keep: Vec<bool> = if full {
                 (0..layer.vals.len())
@@ -885,14 +827,7 @@ impl Stage<'_> {
                 st.targets = Some(ts);
             }
             let params = self.gather(Which::Post, 0, self.bucket(Which::Post, 0));
-            let env = Env {
-                params: &params,
-                input_ids: st.ids,
-                targets: st.targets,
-                layer: None,
-                tag: format!("c{c}.m{mb}.head"),
-                seeds: &[],
-            };
+            let env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.head"));
             let inst = emit::forward(
                 &mut self.b,
                 post,
@@ -950,14 +885,7 @@ impl Stage<'_> {
             });
             let bucket = self.bucket(Which::Post, 0);
             let params = self.gather(Which::Post, 0, bucket);
-            let env = Env {
-                params: &params,
-                input_ids: st.ids,
-                targets: st.targets,
-                layer: None,
-                tag: format!("c{c}.m{mb}.head"),
-                seeds: &[],
-            };
+            let env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.head"));
             let (dx, contribs) =
                 emit::backward(&mut self.b, post, &self.plans[2], &env, &mut inst, seed);
             // The embedding's own backward reduces a tied parameter when it runs on this stage.
@@ -999,17 +927,7 @@ impl Stage<'_> {
                 .ok_or_else(|| CodegenError::plan("schedule", "missing layer state"))?;
             let bucket = self.bucket(Which::Layer, l);
             let params = self.gather(Which::Layer, l, bucket);
-            let env = Env {
-                params: &params,
-                input_ids: None,
-                targets: None,
-                layer: Some(l),
-                tag: format!("l{l}.m{mb}"),
-                seeds: self
-                    .layer_seeds
-                    .get(l as usize)
-                    .map_or(&[], |v| v.as_slice()),
-            };
+            let env = Env::layer(&params, l, self.seeds(l), format!("l{l}.m{mb}"));
             if full {
                 self.b.push(Instr::RecomputeBegin { layer: l });
                 let input = layer.input.and_then(|i| inst.bufs[i]);
@@ -1058,14 +976,7 @@ impl Stage<'_> {
             }
             let bucket = self.bucket(Which::Pre, 0);
             let params = self.gather(Which::Pre, 0, bucket);
-            let env = Env {
-                params: &params,
-                input_ids: st.ids,
-                targets: st.targets,
-                layer: None,
-                tag: format!("c{c}.m{mb}.emb"),
-                seeds: &[],
-            };
+            let env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.emb"));
             let (_, contribs) =
                 emit::backward(&mut self.b, pre, &self.plans[0], &env, &mut inst, dy);
             self.contribute(&contribs, bucket, last, &params, &BTreeSet::new());
@@ -1092,6 +1003,13 @@ impl Stage<'_> {
             .get(p.index())
             .cloned()
             .unwrap_or_else(|| p.to_string())
+    }
+
+    /// Layer `l`'s dropout seeds (borrowed from the lowering, not from `self`).
+    fn seeds(&self, l: u32) -> &'a [u64] {
+        self.layer_seeds
+            .get(l as usize)
+            .map_or(&[], |v| v.as_slice())
     }
 
     fn stage_has_embedding(&self) -> bool {
