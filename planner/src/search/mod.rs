@@ -229,7 +229,6 @@ fn rebalance(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, e: Estimate) ->
     }
 }
 
-/// Fitting beats not fitting; then faster wins.
 /// Estimates one refinement may spend (0.07 ms each for GPT-3 175B on 1024 GPUs).
 const REFINE_BUDGET: usize = 1000;
 
@@ -273,6 +272,7 @@ fn refine_split(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, e: Estimate)
     best
 }
 
+/// Fitting beats not fitting; then faster wins.
 fn better(a: &Estimate, b: &Estimate) -> bool {
     match (a.predicted.fits, b.predicted.fits) {
         (true, false) => true,
