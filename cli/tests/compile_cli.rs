@@ -1,20 +1,8 @@
 //! `plait compile` through the command line.
 
-use std::process::Command;
+mod common;
 
-fn plait(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_plait"))
-        .args(args)
-        .output()
-        .expect("runs");
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        stderr,
-    )
-}
+use common::plait;
 
 #[test]
 fn the_1t_model_on_8_gpus_exits_2_with_the_shortfall_and_a_remedy() {

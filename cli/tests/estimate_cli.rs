@@ -1,20 +1,8 @@
 //! `plait estimate` through the command line: the JSON contract, exit codes, messages.
 
-use std::process::Command;
+mod common;
 
-fn plait(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_plait"))
-        .args(args)
-        .output()
-        .expect("runs");
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        stderr,
-    )
-}
+use common::plait;
 
 const BASE: [&str; 8] = [
     "estimate",

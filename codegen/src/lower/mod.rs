@@ -768,21 +768,12 @@ impl<'a> Stage<'a> {
                 out
             }
         } else {
-            let li = layer_in
-                .clone()
-                .ok_or_else(|| CodegenError::plan("model", "no layer input"))?;
-            let x = self.b.alloc(
+            self.recv_boundary(
                 format!("c{c}.m{mb}.x"),
-                li.elem,
-                li.shape.clone(),
                 Role::Activation,
-            );
-            self.b.push(Instr::Recv {
-                buf: x,
-                peer: Peer::Prev,
-                tag: tag(c, mb, Pass::Forward),
-            });
-            x
+                Peer::Prev,
+                tag(c, mb, Pass::Forward),
+            )?
         };
         let full = self.plan.strategy.recompute == Recompute::Full;
         for l in ch.layers[0]..ch.layers[1] {
@@ -901,26 +892,16 @@ impl<'a> Stage<'a> {
             }
             dx.ok_or_else(|| CodegenError::plan("model", "the loss does not depend on the layers"))?
         } else {
-            let li = layer
-                .input
-                .map(|i| layer.vals[i].clone())
-                .ok_or_else(|| CodegenError::plan("model", "no layer input"))?;
-            let d = self.b.alloc(
+            self.recv_boundary(
                 format!("c{c}.m{mb}.dy"),
-                li.elem,
-                li.shape.clone(),
                 Role::ActGrad,
-            );
-            self.b.push(Instr::Recv {
-                buf: d,
-                peer: Peer::Next,
-                tag: tag(c, mb, Pass::Backward),
-            });
-            d
+                Peer::Next,
+                tag(c, mb, Pass::Backward),
+            )?
         };
         let full = s.recompute == Recompute::Full;
         let layers: Vec<u32> = (ch.layers[0]..ch.layers[1]).collect();
-        for (k, &l) in layers.iter().enumerate().rev() {
+        for &l in layers.iter().rev() {
             let mut inst = st
                 .layers
                 .pop()
@@ -950,7 +931,6 @@ impl<'a> Stage<'a> {
                 emit::backward(&mut self.b, layer, &self.plans[1], &env, &mut inst, dy);
             self.contribute(&contribs, bucket, last, &params, &BTreeSet::new());
             self.release(&params);
-            let _ = k;
             dy =
                 dx.ok_or_else(|| CodegenError::plan("model", "a layer's input gets no gradient"))?;
         }
@@ -1003,6 +983,25 @@ impl<'a> Stage<'a> {
             .get(p.index())
             .cloned()
             .unwrap_or_else(|| p.to_string())
+    }
+
+    /// Receives a tensor shaped like a layer's input (an activation from the previous stage,
+    /// or its gradient from the next) from a pipeline neighbour.
+    fn recv_boundary(
+        &mut self,
+        name: String,
+        role: Role,
+        peer: Peer,
+        tag: u64,
+    ) -> Result<BufferId, CodegenError> {
+        let layer = self.segs[1];
+        let li = layer
+            .input
+            .and_then(|i| layer.vals.get(i))
+            .ok_or_else(|| CodegenError::plan("model", "no layer input"))?;
+        let buf = self.b.alloc(name, li.elem, li.shape.clone(), role);
+        self.b.push(Instr::Recv { buf, peer, tag });
+        Ok(buf)
     }
 
     /// Layer `l`'s dropout seeds (borrowed from the lowering, not from `self`).

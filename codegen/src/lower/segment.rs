@@ -212,7 +212,6 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         map: std::collections::HashMap::new(),
     };
     let inside: std::collections::HashSet<OpId> = ops.iter().copied().collect();
-    let uses = g.uses();
     // Which linear feeds an equal split (fused QKV): block count per op.
     let mut blocks_of = std::collections::HashMap::new();
     for &o in ops {
@@ -528,10 +527,6 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         .copied()
         .ok_or_else(|| CodegenError::plan("model", "an empty segment"))?;
     let out = g.op(last).results[0];
-    let escapes = uses
-        .get(out.index())
-        .is_some_and(|u| u.iter().any(|x| !inside.contains(x)));
-    let _ = escapes;
     b.seg.output = *b.map.get(&out).ok_or_else(|| b.err(last, "no output"))?;
     if kind == Kind::Post {
         if g.output("loss").is_none_or(|l| l != out) {
