@@ -57,6 +57,9 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// whole by their first instruction, and zero-filling them first would cost a pass over
     /// memory each.
     zero_on_read: Vec<bool>,
+    /// The buffers each step instruction reads (`codegen::verify::operands`), computed once:
+    /// the step loop checks them for pending zero-fills.
+    step_reads: Vec<Vec<BufferId>>,
     /// Completed optimizer steps.
     steps: u64,
     /// The current pipeline task's micro-batch.
@@ -124,6 +127,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             slots,
             bufs: (0..tpl.buffers.len()).map(|_| None).collect(),
             zero_on_read: vec![false; tpl.buffers.len()],
+            step_reads: tpl
+                .instrs
+                .iter()
+                .map(|i| codegen::verify::operands(i).0)
+                .collect(),
             steps: 0,
             micro_batch: 0,
         })
@@ -151,7 +159,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     pub fn init(&mut self, init: &Init) -> Result<(), RuntimeError> {
         let tpl = self.tpl;
         for (k, ins) in tpl.init.iter().enumerate() {
-            self.exec(ins, Some(init), None)
+            let reads = codegen::verify::operands(ins).0;
+            self.exec(ins, &reads, Some(init), None)
                 .map_err(|e| self.at("init", k, ins, e))?;
         }
         self.zero_all_pending()
@@ -162,13 +171,19 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.steps += 1;
         let tpl = self.tpl;
         let mut loss = 0.0;
+        let reads = std::mem::take(&mut self.step_reads);
         for (k, ins) in tpl.instrs.iter().enumerate() {
-            match self.exec(ins, None, Some(batch)) {
+            let r = reads.get(k).map_or(&[][..], Vec::as_slice);
+            match self.exec(ins, r, None, Some(batch)) {
                 Ok(Some(l)) => loss += l,
                 Ok(None) => {}
-                Err(e) => return Err(self.at("step", k, ins, e)),
+                Err(e) => {
+                    self.step_reads = reads;
+                    return Err(self.at("step", k, ins, e));
+                }
             }
         }
+        self.step_reads = reads;
         self.zero_all_pending()?;
         self.sum_loss(loss)
     }
@@ -289,14 +304,15 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         (((chunk * m + mb) * 2 + back) % (u64::from(MAX_TAG) + 1)) as u32
     }
 
-    /// Executes one instruction; `Some(loss share)` for `Loss`.
+    /// Executes one instruction, which reads `reads`; `Some(loss share)` for `Loss`.
     fn exec(
         &mut self,
         ins: &Instr,
+        reads: &[BufferId],
         init: Option<&Init>,
         batch: Option<&Batch>,
     ) -> Result<Option<f64>, RuntimeError> {
-        for b in codegen::verify::operands(ins).0 {
+        for &b in reads {
             self.zero_if_pending(b)?;
         }
         match ins {
