@@ -33,7 +33,12 @@ const TILE: f64 = 128.0;
 /// speed; the fractions are assumed to carry over to other NVIDIA GPUs, whose own streaming
 /// efficiency (`memory_efficiency` in the cluster file) they multiply.
 pub fn bandwidth_fraction(kind: &OpKind) -> f64 {
-    match kernel_class(kind) {
+    h200_fraction(kernel_class(kind))
+}
+
+/// The H200 measurement above, by class.
+fn h200_fraction(class: KernelClass) -> f64 {
+    match class {
         KernelClass::Pointwise => 1.0,
         KernelClass::Activation => GELU_FRACTION,
         KernelClass::Norm => NORM_FRACTION,
@@ -326,13 +331,7 @@ impl<'c> Device<'c> {
             KernelClass::Dropout => k.dropout,
             KernelClass::Softmax => k.softmax,
         });
-        measured.unwrap_or(match class {
-            KernelClass::Pointwise => 1.0,
-            KernelClass::Activation => GELU_FRACTION,
-            KernelClass::Norm => NORM_FRACTION,
-            KernelClass::Dropout => DROPOUT_FRACTION,
-            KernelClass::Softmax => SOFTMAX_FRACTION,
-        })
+        measured.unwrap_or_else(|| h200_fraction(class))
     }
 
     /// Tile and wave quantization of a batched (m × k)·(k × n) GEMM.
