@@ -43,6 +43,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The median of `v` (NaN when empty).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
 fn spec(r: &Sc21Row) -> ModelSpec {
     ModelSpec {
         name: r.model.clone(),
@@ -160,11 +170,12 @@ fn estimate_speed() -> anyhow::Result<()> {
         times.push(t0.elapsed().as_secs_f64());
         std::hint::black_box(e);
     }
+    let median_s = median(times.clone());
     times.sort_by(f64::total_cmp);
     println!(
         "GPT-3 175B on 1024 x A100 (tp 8, pp 8, dp 16, interleaved v=2, 96 micro-batches): one estimate takes \
          median {:.3} ms, min {:.3} ms, max {:.3} ms over {runs} runs",
-        1e3 * times[runs / 2],
+        1e3 * median_s,
         1e3 * times[0],
         1e3 * times[runs - 1]
     );
@@ -207,12 +218,11 @@ fn search_bench() -> anyhow::Result<()> {
             times.push(t0.elapsed().as_secs_f64());
             last = Some(r);
         }
-        times.sort_by(f64::total_cmp);
         if let Some(r) = last {
             let s = &r.best.strategy;
             println!(
                 "  {name:<10} {gpus:>5} GPUs, batch {batch:>5}: {:.2} s (goal <= {limit} s), {} candidates -> tp {} pp {} dp {} mb {} {} ZeRO-{} recompute {}",
-                times[1],
+                median(times.clone()),
                 r.candidates_evaluated,
                 s.tp,
                 s.pp,

@@ -64,15 +64,6 @@ fn pins(tp: u32, pp: u32, dp: u32) -> StrategyArgs {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
-}
-
 pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("plait-step-time-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -132,7 +123,7 @@ pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
             checkpoint: None,
         };
         train_threads(&set, &tokens, &opts, &on_step)?;
-        let measured = median(times.into_inner().unwrap_or_default());
+        let measured = crate::bench::median(times.into_inner().unwrap_or_default());
         let error = predicted / measured - 1.0;
         worst = worst.max(error.abs());
         println!(
