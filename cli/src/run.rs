@@ -62,6 +62,11 @@ pub struct RunArgs {
     /// longer than this between messages (large models, long pipeline stages).
     #[arg(long, default_value_t = DEFAULT_TIMEOUT_S)]
     timeout: u64,
+    /// Reproducible arithmetic: matrix products accumulate in f64 and round once, and
+    /// tensor-parallel partial sums cross the all-reduce in f64, so that a tensor-parallel run
+    /// rounds as one device does and trains to the same parameters. Slower (f64 matmuls).
+    #[arg(long)]
+    reproducible: bool,
 }
 
 fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
@@ -138,6 +143,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         seed: args.seed,
         init,
         timeout: Duration::from_secs(args.timeout.max(1)),
+        reproducible: args.reproducible,
         checkpoint: args
             .checkpoint_dir
             .as_ref()
@@ -288,8 +294,7 @@ impl MpiRun {
     ) -> Result<(), runtime::RuntimeError> {
         let mut comm = self.world.communicator();
         runtime::Communicator::set_timeout(&mut comm, opts.timeout);
-        runtime::train::train_rank(set, runtime::CpuBackend::new(), comm, tokens, opts, on_step)
-            .map(|_| ())
+        runtime::train::train_rank(set, opts.cpu_backend(), comm, tokens, opts, on_step).map(|_| ())
     }
 
     /// Reports this rank's failure and ends the whole job (`MPI_Abort`, exit code 2).

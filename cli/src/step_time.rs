@@ -121,6 +121,7 @@ pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
             init: Init::Seed(0),
             timeout: Duration::from_secs(120),
             checkpoint: None,
+            reproducible: false,
         };
         train_threads(&set, &tokens, &opts, &on_step)?;
         let measured = crate::bench::median(times.into_inner().unwrap_or_default());

@@ -33,7 +33,11 @@ pub fn instr(t: &Template, i: &Instr) -> String {
                 b(t, *buf),
                 d.map_or("?", |d| d.elem.name()),
                 d.map_or(vec![], |d| d.shape.clone()),
-                d.map(|d| d.role).map_or(String::new(), role)
+                d.map_or(String::new(), |d| if d.partial {
+                    format!("{}, partial", role(d.role))
+                } else {
+                    role(d.role)
+                })
             )
         }
         Instr::Free { buf } => format!("free {}", b(t, *buf)),

@@ -23,6 +23,11 @@
 //!   member with group index `i` (members are listed in [`Group::ranks`] order).
 //!   `axis: Some(a)`: the pieces are the equal parts along axis `a`. A collective may carry
 //!   several (input, output) pairs: one coalesced call (a gradient bucket).
+//! - A buffer marked `partial` holds a tensor-parallel partial sum (a row-parallel product, a
+//!   column-parallel input gradient, or a sum of such) from the `Compute` that writes it to the
+//!   `AllReduce` / `ReduceScatter` over the tp group that completes it. A runtime may carry it
+//!   in wider precision than its `elem` there (so that the completed sum is rounded once, as
+//!   one device's product is); everything else reads it at `elem`.
 //! - `Send` is buffered (it does not wait for the receiver); `Recv` blocks until the peer's
 //!   send with the same tag arrives. Tags are [`tag`]s of (chunk, micro-batch, direction).
 //! - `LoadTokens` fills the micro-batch's rows: replica `dp` of `dp_size`, micro-batch `i` of
@@ -126,6 +131,10 @@ pub struct BufferDecl {
     /// Local shape (the rank's shard).
     pub shape: Vec<u64>,
     pub role: Role,
+    /// Holds a tensor-parallel partial sum until the reduction that completes it (see the
+    /// module's execution semantics).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
 }
 
 impl BufferDecl {

@@ -44,6 +44,7 @@ impl Synth {
             elem,
             shape: shape.to_vec(),
             role,
+            partial: false,
         });
         BufferId(self.buffers.len() as u32 - 1)
     }

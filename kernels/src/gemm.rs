@@ -3,9 +3,10 @@
 //! `Cargo.toml` for why this crate). Strides let callers multiply by transposes and by one
 //! head's columns of a `[B, S, heads·d]` activation without copying.
 
-use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, ShapeBuilder};
 
 use crate::KernelError;
+use crate::accumulate::{self, Accumulate};
 
 /// A `rows × cols` matrix inside a flat slice: element (i, j) is at `offset + i·rs + j·cs`.
 #[derive(Clone, Copy, Debug)]
@@ -85,7 +86,34 @@ fn view<'a>(m: Mat<'a>, what: &'static str) -> Result<ArrayView2<'a, f32>, Kerne
         .map_err(|_| bad(what, m.rows, m.cols))
 }
 
+fn check(a: &Mat<'_>, b: &Mat<'_>, rows: usize, cols: usize) -> Result<(), KernelError> {
+    if a.cols != b.rows || a.rows != rows || b.cols != cols {
+        return Err(KernelError::Shape {
+            op: "gemm",
+            what: "operands",
+            got: vec![a.rows, a.cols, b.rows, b.cols, rows, cols],
+            want: "[m, k] · [k, n] → [m, n]".into(),
+        });
+    }
+    Ok(())
+}
+
+/// a · b in f64 (every product of two f32s is exact there), row-major `[m, n]`, unrounded.
+pub(crate) fn gemm64(a: Mat<'_>, b: Mat<'_>) -> Result<Array2<f64>, KernelError> {
+    check(&a, &b, a.rows, b.cols)?;
+    let a64 = view(a, "left operand")?.mapv(f64::from);
+    let b64 = view(b, "right operand")?.mapv(f64::from);
+    let mut c = Array2::zeros((a.rows, b.cols));
+    if a.cols > 0 {
+        ndarray::linalg::general_mat_mul(1.0, &a64, &b64, 0.0, &mut c);
+    }
+    Ok(c)
+}
+
 /// c ← alpha · a · b + beta · c. With beta = 0, c's old contents are never read (NaN-safe).
+/// The product accumulates as the calling thread's [`Accumulate`] mode says; in f64 it is
+/// rounded to f32 before alpha and beta apply, so that adding c afterwards (a bias) rounds as a
+/// separate addition does.
 pub(crate) fn gemm(
     alpha: f32,
     a: Mat<'_>,
@@ -93,14 +121,7 @@ pub(crate) fn gemm(
     beta: f32,
     c: MatMut<'_>,
 ) -> Result<(), KernelError> {
-    if a.cols != b.rows || a.rows != c.rows || b.cols != c.cols {
-        return Err(KernelError::Shape {
-            op: "gemm",
-            what: "operands",
-            got: vec![a.rows, a.cols, b.rows, b.cols, c.rows, c.cols],
-            want: "[m, k] · [k, n] → [m, n]".into(),
-        });
-    }
+    check(&a, &b, c.rows, c.cols)?;
     if c.rows == 0 || c.cols == 0 {
         return Ok(());
     }
@@ -116,8 +137,10 @@ pub(crate) fn gemm(
         }
         return Ok(());
     }
-    let av = view(a, "left operand")?;
-    let bv = view(b, "right operand")?;
+    let wide = match accumulate::current() {
+        Accumulate::F32 => None,
+        Accumulate::F64 => Some(gemm64(a, b)?),
+    };
     let (rows, cols) = (c.rows, c.cols);
     let cdata = c
         .data
@@ -125,6 +148,16 @@ pub(crate) fn gemm(
         .ok_or_else(|| bad("result", rows, cols))?;
     let mut cv = ArrayViewMut2::from_shape((rows, cols).strides((c.rs, c.cs)), cdata)
         .map_err(|_| bad("result", rows, cols))?;
-    ndarray::linalg::general_mat_mul(alpha, &av, &bv, beta, &mut cv);
+    match wide {
+        None => {
+            let av = view(a, "left operand")?;
+            let bv = view(b, "right operand")?;
+            ndarray::linalg::general_mat_mul(alpha, &av, &bv, beta, &mut cv);
+        }
+        Some(ab) => cv.zip_mut_with(&ab, |c, &p| {
+            let p = alpha * p as f32;
+            *c = if beta == 0.0 { p } else { p + beta * *c };
+        }),
+    }
     Ok(())
 }

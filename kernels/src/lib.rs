@@ -14,8 +14,13 @@
 //! inside sgemm; pointwise ops compute in f64 and round once; every reduction (softmax and
 //! norm statistics, cross-entropy, bias/broadcast/embedding gradient sums) accumulates in f64,
 //! so results do not depend on how a reduction was split across devices beyond f32 rounding.
-//! [`exec::evaluate`] runs a whole graph on the kernels.
+//! [`exec::evaluate`] runs a whole graph on the kernels. [`forward_with`] / [`backward_with`]
+//! choose how matrix products accumulate ([`Accumulate`]: f64 makes a product's rounding
+//! independent of how its contraction was split, for reproducible tensor parallelism), and
+//! [`linear_partial`] / [`linear_input_grad_partial`] give a tensor-parallel rank's partial
+//! sums unrounded.
 
+mod accumulate;
 mod attention;
 mod backward;
 mod dropout;
@@ -37,9 +42,11 @@ mod shape;
 mod softmax;
 mod tensor;
 
+pub use accumulate::Accumulate;
 pub use backward::backward;
 pub use error::KernelError;
 pub use forward::forward;
+pub use matmul::{linear_input_grad_partial, linear_partial};
 pub use optim::adamw;
 pub use tensor::Tensor32;
 
@@ -60,4 +67,24 @@ pub fn sgemm(
         0.0,
         gemm::MatMut::rm(c, 0, m, n),
     )
+}
+
+/// [`forward`] with matrix products accumulating as `acc` says.
+pub fn forward_with(
+    kind: &ir::OpKind,
+    inputs: &[&Tensor32],
+    binding: ir::Binding,
+    acc: Accumulate,
+) -> Result<Vec<Tensor32>, KernelError> {
+    accumulate::scoped(acc, || forward(kind, inputs, binding))
+}
+
+/// [`backward`] with matrix products accumulating as `acc` says.
+pub fn backward_with(
+    kind: &ir::OpKind,
+    xs: &[&Tensor32],
+    dys: &[&Tensor32],
+    acc: Accumulate,
+) -> Result<Vec<Option<Tensor32>>, KernelError> {
+    accumulate::scoped(acc, || backward(kind, xs, dys))
 }

@@ -1,6 +1,6 @@
 //! Matrix products: batched `MatMul` with broadcast batch dims, and `Linear`, on [`gemm`].
 
-use crate::gemm::{Mat, MatMut, gemm};
+use crate::gemm::{Mat, MatMut, gemm, gemm64};
 use crate::shape::{broadcast_map, broadcast_shape, expect_shape, rows};
 use crate::tensor::numel;
 use crate::{KernelError, Tensor32};
@@ -179,14 +179,35 @@ pub(crate) fn linear(
     Ok(out)
 }
 
-/// (dx, dw, dbias): dx = G wᵀ, dw = xᵀ G, dbias = Σ_rows G (in f64).
-pub(crate) fn linear_vjp(
-    x: &Tensor32,
-    w: &Tensor32,
-    bias: Option<&Tensor32>,
-    g: &Tensor32,
-) -> Result<(Tensor32, Tensor32, Option<Tensor32>), KernelError> {
-    let (r, k, n) = linear_dims(x, w, bias)?;
+/// A row-parallel rank's share of `x[.., K] · w[K, N]` (its slice of K) in f64, unrounded:
+/// the tensor-parallel partial sum before the all-reduce adds the shares (the bias comes after).
+pub fn linear_partial(x: &Tensor32, w: &Tensor32) -> Result<Vec<f64>, KernelError> {
+    let (r, k, n) = linear_dims(x, w, None)?;
+    let p = gemm64(Mat::rm(&x.data, 0, r, k), Mat::rm(&w.data, 0, k, n))?;
+    Ok(p.iter().copied().collect())
+}
+
+/// The input gradient `G wᵀ` of `x · w` in f64, unrounded: a column-parallel rank's partial sum
+/// (its slice of N) before the all-reduce.
+pub fn linear_input_grad_partial(w: &Tensor32, g: &Tensor32) -> Result<Vec<f64>, KernelError> {
+    let (k, n) = match w.shape[..] {
+        [k, n] => (k, n),
+        _ => {
+            return Err(KernelError::Shape {
+                op: LINEAR,
+                what: "weight",
+                got: w.shape.clone(),
+                want: "[K, N]".into(),
+            });
+        }
+    };
+    let r = g.data.len() / n.max(1);
+    check_output_grad(g, r, n)?;
+    let p = gemm64(Mat::rm(&g.data, 0, r, n), Mat::rm(&w.data, 0, k, n).t())?;
+    Ok(p.iter().copied().collect())
+}
+
+fn check_output_grad(g: &Tensor32, r: usize, n: usize) -> Result<(), KernelError> {
     if g.data.len() != r * n || g.shape.last() != Some(&n) {
         return Err(KernelError::Shape {
             op: LINEAR,
@@ -195,6 +216,18 @@ pub(crate) fn linear_vjp(
             want: format!("{r} rows of {n}"),
         });
     }
+    Ok(())
+}
+
+/// (dx, dw, dbias): dx = G wᵀ, dw = xᵀ G, dbias = Σ_rows G (in f64).
+pub(crate) fn linear_vjp(
+    x: &Tensor32,
+    w: &Tensor32,
+    bias: Option<&Tensor32>,
+    g: &Tensor32,
+) -> Result<(Tensor32, Tensor32, Option<Tensor32>), KernelError> {
+    let (r, k, n) = linear_dims(x, w, bias)?;
+    check_output_grad(g, r, n)?;
     let mut dx = Tensor32::zeros(&x.shape)?;
     let mut dw = Tensor32::zeros(&w.shape)?;
     let gm = Mat::rm(&g.data, 0, r, n);

@@ -33,6 +33,20 @@ pub struct TrainOptions {
     /// Deadline of every communicator operation.
     pub timeout: Duration,
     pub checkpoint: Option<CheckpointOptions>,
+    /// Reproducible mode ([`CpuBackend::reproducible`]): a tensor-parallel run rounds as one
+    /// device does.
+    pub reproducible: bool,
+}
+
+impl TrainOptions {
+    /// The CPU backend these options ask for.
+    pub fn cpu_backend(&self) -> CpuBackend {
+        if self.reproducible {
+            CpuBackend::reproducible()
+        } else {
+            CpuBackend::new()
+        }
+    }
 }
 
 /// One finished step, as rank 0 reports it.
@@ -142,7 +156,7 @@ pub fn train_threads(
 ) -> Result<Vec<RankOutcome>, RuntimeError> {
     let n = set.ranks.len();
     let results = ThreadComm::run(n, opts.timeout, |c| {
-        train_rank(set, CpuBackend::new(), c, data, opts, on_step)
+        train_rank(set, opts.cpu_backend(), c, data, opts, on_step)
     })?;
     // The first failure that is not a consequence of another rank's.
     let mut first: Option<RuntimeError> = None;

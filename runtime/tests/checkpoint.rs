@@ -26,6 +26,7 @@ fn losses(set: &ProgramSet, steps: u64, ckpt: Option<CheckpointOptions>) -> Vec<
         init: Init::Seed(7),
         timeout: Duration::from_secs(60),
         checkpoint: ckpt,
+        reproducible: false,
     };
     train_threads(set, &text(), &opts, &|_, _| {}).unwrap()[0]
         .losses

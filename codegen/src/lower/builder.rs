@@ -17,8 +17,16 @@ impl Builder {
             elem,
             shape,
             role,
+            partial: false,
         });
         BufferId(self.buffers.len() as u32 - 1)
+    }
+
+    /// Marks a buffer as holding a tensor-parallel partial sum.
+    pub fn mark_partial(&mut self, b: BufferId) {
+        if let Some(d) = self.buffers.get_mut(b.index()) {
+            d.partial = true;
+        }
     }
 
     /// Declares and allocates a buffer.

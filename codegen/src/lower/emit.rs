@@ -12,7 +12,7 @@
 use ir::OpKind;
 
 use super::builder::Builder;
-use super::segment::{SVal, Segment, Source, Step};
+use super::segment::{Lay, SVal, Segment, Source, Step};
 use crate::ids::{BufferId, ParamId};
 use crate::program::{Algorithm, CollectiveOp, Instr, Purpose, Role, Slot};
 use planner::Recompute;
@@ -255,12 +255,16 @@ pub fn forward(
             } else {
                 Role::Activation
             };
-            bufs[v] = Some(b.alloc(
+            let buf = b.alloc(
                 format!("{}.{}", env.tag, val.name),
                 val.elem,
                 val.shape.clone(),
                 role,
-            ));
+            );
+            if val.lay == Lay::Partial {
+                b.mark_partial(buf);
+            }
+            bufs[v] = Some(buf);
         }
         let get = |v: SVal| bufs[v].unwrap_or(BufferId(u32::MAX));
         match s {
@@ -472,7 +476,11 @@ pub fn backward(
                             Some(p) => Role::GradPart(p),
                             None => Role::ActGrad,
                         };
-                        b.alloc(gname(v), val.elem, val.shape.clone(), role)
+                        let dx = b.alloc(gname(v), val.elem, val.shape.clone(), role);
+                        if *partial_input_grads && param_of(v).is_none() {
+                            b.mark_partial(dx);
+                        }
+                        dx
                     };
                     let one = |b: &mut Builder, k: usize, kind: OpKind, input: Vec<BufferId>| {
                         let dx = alloc_dx(b, k);

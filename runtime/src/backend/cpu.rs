@@ -1,18 +1,35 @@
 //! The CPU backend: buffers are host [`Tensor32`]s and every op is a `kernels` call.
 
 use ir::{AdamWConfig, Binding, OpKind};
-use kernels::Tensor32;
+use kernels::{Accumulate, Tensor32};
 
 use super::{Backend, sgemm_dims};
 use crate::RuntimeError;
 
-/// Host memory and the `kernels` crate (its matmul uses every core).
+/// Host memory and the `kernels` crate.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    accumulate: Accumulate,
+}
 
 impl CpuBackend {
+    /// sgemm matrix products (the fast default).
     pub fn new() -> CpuBackend {
-        CpuBackend
+        CpuBackend::default()
+    }
+
+    /// Reproducible mode: matrix products accumulate in f64 and round once, and
+    /// tensor-parallel partial sums are carried in f64 until their reduction, so that a
+    /// tensor-parallel run rounds as one device does (at some cost in speed).
+    pub fn reproducible() -> CpuBackend {
+        CpuBackend {
+            accumulate: Accumulate::F64,
+        }
+    }
+
+    /// Whether this backend runs in reproducible mode.
+    pub fn is_reproducible(&self) -> bool {
+        self.accumulate == Accumulate::F64
     }
 }
 
@@ -50,7 +67,8 @@ impl Backend for CpuBackend {
         inputs: &[&Tensor32],
         binding: Binding,
     ) -> Result<Vec<Tensor32>, RuntimeError> {
-        kernels::forward(kind, inputs, binding).map_err(RuntimeError::kernel(kind.mnemonic()))
+        kernels::forward_with(kind, inputs, binding, self.accumulate)
+            .map_err(RuntimeError::kernel(kind.mnemonic()))
     }
 
     fn backward(
@@ -59,7 +77,8 @@ impl Backend for CpuBackend {
         xs: &[&Tensor32],
         dys: &[&Tensor32],
     ) -> Result<Vec<Option<Tensor32>>, RuntimeError> {
-        kernels::backward(kind, xs, dys).map_err(RuntimeError::kernel(kind.mnemonic()))
+        kernels::backward_with(kind, xs, dys, self.accumulate)
+            .map_err(RuntimeError::kernel(kind.mnemonic()))
     }
 
     fn adamw(
@@ -72,6 +91,31 @@ impl Backend for CpuBackend {
         step: u64,
     ) -> Result<(), RuntimeError> {
         kernels::adamw(cfg, param, grad, m, v, step).map_err(RuntimeError::kernel("adamw"))
+    }
+
+    fn partial_sum(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Tensor32],
+        output: usize,
+    ) -> Result<Option<Vec<f64>>, RuntimeError> {
+        if self.accumulate != Accumulate::F64 {
+            return Ok(None);
+        }
+        let err = RuntimeError::kernel(kind.mnemonic());
+        match (kind, inputs) {
+            (OpKind::Linear { bias: false }, [x, w]) if output == 0 => {
+                kernels::linear_partial(x, w).map(Some).map_err(err)
+            }
+            (OpKind::Grad { of, wrt }, [_, w, .., g])
+                if matches!(**of, OpKind::Linear { .. }) && wrt.get(output) == Some(&0) =>
+            {
+                kernels::linear_input_grad_partial(w, g)
+                    .map(Some)
+                    .map_err(err)
+            }
+            _ => Ok(None),
+        }
     }
 
     fn sgemm(&self, a: &Tensor32, b: &Tensor32) -> Result<Tensor32, RuntimeError> {

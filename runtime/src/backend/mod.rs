@@ -88,6 +88,20 @@ pub trait Backend: std::fmt::Debug {
         step: u64,
     ) -> Result<(), RuntimeError>;
 
+    /// The unrounded (f64) value of result `output` of `kind` on `inputs`, where it is a
+    /// tensor-parallel partial sum and this backend carries those wide (reproducible mode):
+    /// a row-parallel product (`Linear` without bias) or a column-parallel linear's input
+    /// gradient (`Grad{of: Linear}`, operand 0). `None`: partial sums stay at buffer precision.
+    fn partial_sum(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        output: usize,
+    ) -> Result<Option<Vec<f64>>, RuntimeError> {
+        let _ = (kind, inputs, output);
+        Ok(None)
+    }
+
     /// `c[m,n] = a[m,k] · b[k,n]` on 2-D row-major buffers, allocating `c`.
     fn sgemm(&self, a: &Self::Buffer, b: &Self::Buffer) -> Result<Self::Buffer, RuntimeError>;
 

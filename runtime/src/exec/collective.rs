@@ -135,6 +135,57 @@ pub fn run<C: Communicator>(
     Ok(out)
 }
 
+/// [`run`] of an `AllReduce` or `ReduceScatter` whose input is a partial sum carried in f64:
+/// every member's value is gathered at full precision (each f64 sent as two f32s, hi and lo,
+/// exact to 2⁻⁴⁸ relative), summed in rank order in f64 and rounded once, so that the result
+/// rounds as one device's unsplit sum does. Costs an all-gather of twice the input.
+pub fn run_wide<C: Communicator>(
+    g: Members<'_, C>,
+    op: CollectiveOp,
+    axis: Option<u8>,
+    input: &[f64],
+    in_shape: &[usize],
+    out_len: usize,
+) -> Result<Vec<f32>, RuntimeError> {
+    let (size, rank, name) = (g.size(), g.rank(), op.name());
+    let pairs: Vec<f32> = input
+        .iter()
+        .flat_map(|&v| {
+            let hi = v as f32;
+            [hi, (v - f64::from(hi)) as f32]
+        })
+        .collect();
+    let mut all = vec![0.0; pairs.len() * size];
+    match g {
+        Members::Group(c) => c.all_gather(&pairs, &mut all)?,
+        Members::Solo => all.copy_from_slice(&pairs),
+    }
+    let mut sum = vec![0f64; input.len()];
+    for member in all.chunks(pairs.len().max(1)) {
+        for (s, p) in sum.iter_mut().zip(member.chunks_exact(2)) {
+            *s += f64::from(p[0]) + f64::from(p[1]);
+        }
+    }
+    let full: Vec<f32> = sum.iter().map(|&v| v as f32).collect();
+    let out = match (op, axis) {
+        (CollectiveOp::AllReduce, _) => full,
+        (CollectiveOp::ReduceScatter, None) => flat_piece(&full, size, rank),
+        (CollectiveOp::ReduceScatter, Some(a)) => {
+            part(&full, in_shape, usize::from(a), size, rank).map_err(|d| bad(name, d))?
+        }
+        _ => return Err(bad(name, "only a reduction carries a partial sum".into())),
+    };
+    if out.len() != out_len {
+        return Err(RuntimeError::BadLength {
+            op: name,
+            what: "output",
+            got: out.len(),
+            want: out_len,
+        });
+    }
+    Ok(out)
+}
+
 /// `Chunk`: this rank's piece of `src` without communication.
 pub fn chunk(
     src: &[f32],

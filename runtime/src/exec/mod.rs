@@ -13,6 +13,11 @@
 //!   source, destination and tag arrive in order, so a fold collision cannot reorder them.
 //! - Dropout masks are drawn on global element indices ([`dropout`]), so every layout draws
 //!   the same masks as one device.
+//! - Buffers marked `partial` get an f64 copy next to their f32 value when the backend
+//!   carries partial sums wide ([`Backend::partial_sum`], the CPU backend's reproducible
+//!   mode): written by the `Compute` that makes the partial sum (sums of partial sums are added
+//!   in f64), read by the tp `AllReduce` / `ReduceScatter` that completes it
+//!   ([`collective::run_wide`]), dropped whenever the buffer is written otherwise or freed.
 //! - The reported loss is Σ weight × value over the rank's `Loss` instructions, summed over
 //!   the world in rank order in f64 (each share sent as two f32s).
 
@@ -22,7 +27,7 @@ pub mod init;
 pub mod layout;
 mod state;
 
-use codegen::program::{Elem, Instr, Role, Slot, Template};
+use codegen::program::{CollectiveOp, Elem, Instr, Role, Slot, Template};
 use codegen::{BufferId, ProgramSet};
 use ir::OpKind;
 use kernels::Tensor32;
@@ -53,6 +58,9 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Communicator per slot (tp, dp, tied); `None`: a group of one.
     slots: [Option<C>; 3],
     bufs: Vec<Option<B::Buffer>>,
+    /// The f64 value of buffers holding a tensor-parallel partial sum, where the backend
+    /// carries those wide.
+    wide: Vec<Option<Vec<f64>>>,
     /// Allocated but not yet written: zero-filled on first read. Most buffers are written
     /// whole by their first instruction, and zero-filling them first would cost a pass over
     /// memory each.
@@ -126,6 +134,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             world,
             slots,
             bufs: (0..tpl.buffers.len()).map(|_| None).collect(),
+            wide: vec![None; tpl.buffers.len()],
             zero_on_read: vec![false; tpl.buffers.len()],
             step_reads: tpl
                 .instrs
@@ -277,6 +286,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         if let Some(z) = self.zero_on_read.get_mut(b.index()) {
             *z = false;
         }
+        if let Some(w) = self.wide.get_mut(b.index()) {
+            *w = None;
+        }
         let slot = self
             .bufs
             .get_mut(b.index())
@@ -327,6 +339,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 if let Some(z) = self.zero_on_read.get_mut(buf.index()) {
                     *z = false;
                 }
+                if let Some(w) = self.wide.get_mut(buf.index()) {
+                    *w = None;
+                }
                 if let Some(s) = self.bufs.get_mut(buf.index())
                     && let Some(b) = s.take()
                 {
@@ -369,16 +384,34 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 ..
             } => {
                 for &(i, o) in pairs {
-                    let x = self.host(i)?;
                     let out_len: usize = self.decl_shape(o)?.iter().product();
-                    let y = collective::run(
-                        self.members(*group),
-                        *op,
-                        *axis,
-                        &x.data,
-                        &x.shape,
-                        out_len,
-                    )?;
+                    let wide = match op {
+                        CollectiveOp::AllReduce | CollectiveOp::ReduceScatter => {
+                            self.wide.get_mut(i.index()).and_then(Option::take)
+                        }
+                        _ => None,
+                    };
+                    let y = match wide {
+                        Some(w) => collective::run_wide(
+                            self.members(*group),
+                            *op,
+                            *axis,
+                            &w,
+                            &self.decl_shape(i)?,
+                            out_len,
+                        )?,
+                        None => {
+                            let x = self.host(i)?;
+                            collective::run(
+                                self.members(*group),
+                                *op,
+                                *axis,
+                                &x.data,
+                                &x.shape,
+                                out_len,
+                            )?
+                        }
+                    };
                     self.put(o, y)?;
                 }
             }
@@ -482,12 +515,13 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             let out = outputs.first().copied().unwrap_or(BufferId(u32::MAX));
             return self.put(out, data);
         }
-        let results = {
+        let (results, wides) = {
             let mut xs = Vec::with_capacity(inputs.len());
             for &i in inputs {
                 xs.push(self.get(i)?);
             }
-            self.backend.forward(kind, &xs, binding)?
+            let wides = self.partial_sums(kind, inputs, outputs, &xs)?;
+            (self.backend.forward(kind, &xs, binding)?, wides)
         };
         if results.len() != outputs.len() {
             return Err(self.prog(format!(
@@ -511,7 +545,47 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 self.put(o, h.data)?;
             }
         }
+        for (w, &o) in wides.into_iter().zip(outputs) {
+            if let Some(slot) = self.wide.get_mut(o.index()) {
+                *slot = w;
+            }
+        }
         Ok(())
+    }
+
+    /// The f64 values of the outputs that hold tensor-parallel partial sums, where the
+    /// backend carries them wide: computed by the backend, or, for a sum of partial sums, added
+    /// from the operands' f64 values.
+    fn partial_sums(
+        &self,
+        kind: &OpKind,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+        xs: &[&B::Buffer],
+    ) -> Result<Vec<Option<Vec<f64>>>, RuntimeError> {
+        let mut out = Vec::with_capacity(outputs.len());
+        for (j, &o) in outputs.iter().enumerate() {
+            if !self.tpl.buffer(o).is_some_and(|d| d.partial) {
+                out.push(None);
+                continue;
+            }
+            let w = if matches!(kind, OpKind::Add) {
+                let parts: Option<Vec<&Vec<f64>>> = inputs
+                    .iter()
+                    .map(|i| self.wide.get(i.index()).and_then(Option::as_ref))
+                    .collect();
+                parts.and_then(|p| match p[..] {
+                    [a, b] if a.len() == b.len() => {
+                        Some(a.iter().zip(b).map(|(x, y)| x + y).collect())
+                    }
+                    _ => None,
+                })
+            } else {
+                self.backend.partial_sum(kind, xs, j)?
+            };
+            out.push(w);
+        }
+        Ok(out)
     }
 
     fn place(&self) -> Result<dropout::Place, RuntimeError> {

@@ -141,12 +141,18 @@ pub struct Run {
 }
 
 pub fn train(set: &ProgramSet, steps: u64, seed: u64) -> Run {
+    train_with(set, steps, seed, false)
+}
+
+/// [`train`], in reproducible mode or not.
+pub fn train_with(set: &ProgramSet, steps: u64, seed: u64, reproducible: bool) -> Run {
     let opts = TrainOptions {
         steps,
         seed,
         init: Init::Seed(seed),
         timeout: Duration::from_secs(60),
         checkpoint: None,
+        reproducible,
     };
     let outs = train_threads(set, &text(), &opts, &|_, _| {}).unwrap();
     let states: Vec<_> = outs.iter().flat_map(|o| o.states.clone()).collect();
