@@ -63,8 +63,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = DEFAULT_TIMEOUT_S)]
     timeout: u64,
     /// Reproducible arithmetic: matrix products accumulate in f64 and round once, and
-    /// tensor-parallel partial sums cross the all-reduce in f64, so that a tensor-parallel run
-    /// rounds as one device does and trains to the same parameters. Slower (f64 matmuls).
+    /// tensor-parallel partial sums cross the all-reduce in f64, so that a product's rounding
+    /// hardly depends on how tensor parallelism split it and a parallel run trains to one
+    /// device's parameters (not only its losses). Slower (f64 matrix products).
     #[arg(long)]
     reproducible: bool,
 }

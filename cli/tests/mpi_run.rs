@@ -6,10 +6,12 @@
 //! - Hang: SIGSTOP world rank 1 at step 5 (a rank the launcher cannot see fail); the surviving
 //!   rank's default `--timeout` names it, the operation and "died or hung", and ends the job
 //!   within 30 s.
-//! - Equivalence (`--reproducible`): for DP2, TP2 with SP, PP2 1F1B (and TP2×PP2×DP2 with
-//!   ZeRO-1 on 8 ranks), the loss of every step under `mpirun` equals the same plan's threads
-//!   run and a 1-rank run within 1e-5 relative, and the final parameters (from the
-//!   checkpoints) equal the threads run's within 1e-6 and the 1-rank run's within 1e-5.
+//! - Equivalence: for DP2, TP2 with SP, PP2 1F1B (and TP2×PP2×DP2 with ZeRO-1 on 8 ranks), the
+//!   loss of every step under `mpirun` equals the same plan's threads run and a 1-rank run
+//!   within 1e-5 relative, and the final parameters (from the checkpoints) equal the threads
+//!   run's within 1e-6 and the 1-rank run's within 1e-5 — in `--reproducible` mode for the
+//!   tensor-parallel layouts (TP2 with SP also in the default mode, where its parameters are
+//!   within 1e-4 of one rank).
 #![cfg(feature = "mpi")]
 #![allow(clippy::unwrap_used)]
 
@@ -350,10 +352,10 @@ fn weights(ckpt: &Path) -> Loaded {
     runtime::checkpoint::load_latest(ckpt, &params).unwrap()
 }
 
-fn train(d: &Path, plan: &Path, name: &str, ranks: Option<usize>) -> Outcome {
+fn train(d: &Path, plan: &Path, name: &str, ranks: Option<usize>, repro: bool) -> Outcome {
     let log = d.join(format!("{name}.jsonl"));
     let ckpt = d.join(format!("{name}-ckpt"));
-    let args = [
+    let mut args = vec![
         "run",
         plan.to_str().unwrap(),
         "--steps",
@@ -366,8 +368,10 @@ fn train(d: &Path, plan: &Path, name: &str, ranks: Option<usize>) -> Outcome {
         log.to_str().unwrap(),
         "--checkpoint-dir",
         ckpt.to_str().unwrap(),
-        "--reproducible",
     ];
+    if repro {
+        args.push("--reproducible");
+    }
     match ranks {
         Some(n) => {
             let (status, out) = Job::start(n, &args, name).wait(Duration::from_secs(300));
@@ -427,34 +431,43 @@ fn mpi_runs_equal_threads_and_one_rank() {
     let _one = serial();
     let d = dir("equivalence");
     let single = compile(&d, "single", (1, 1, 1), 0, false);
-    let reference = train(&d, &single, "single", None);
-    assert_eq!(reference.losses.len(), 20);
-    // (name, (tp, pp, dp), ZeRO stage, sequence parallelism)
-    type Config = (&'static str, (u32, u32, u32), u8, bool);
-    let configs: [Config; 4] = [
-        ("dp2", (1, 1, 2), 0, false),
-        ("tp2_sp", (2, 1, 1), 0, true),
-        ("pp2_1f1b", (1, 2, 1), 0, false),
-        ("tp2_pp2_dp2_zero1", (2, 2, 2), 1, true),
+    // The one-rank reference in each arithmetic mode.
+    let references = [false, true].map(|repro| {
+        let r = train(&d, &single, &format!("single-{repro}"), None, repro);
+        assert_eq!(r.losses.len(), 20);
+        r
+    });
+    // (name, (tp, pp, dp), ZeRO stage, sequence parallelism, --reproducible)
+    type Config = (&'static str, (u32, u32, u32), u8, bool, bool);
+    let configs: [Config; 5] = [
+        ("dp2", (1, 1, 2), 0, false, false),
+        ("tp2_sp", (2, 1, 1), 0, true, true),
+        ("tp2_sp_default", (2, 1, 1), 0, true, false),
+        ("pp2_1f1b", (1, 2, 1), 0, false, false),
+        ("tp2_pp2_dp2_zero1", (2, 2, 2), 1, true, true),
     ];
     let mut failures = Vec::new();
-    for (name, (tp, pp, dp), zero, sp) in configs {
+    for (name, (tp, pp, dp), zero, sp, repro) in configs {
         let t0 = Instant::now();
         let plan = compile(&d, name, (tp, pp, dp), zero, sp);
         let ranks = (tp * pp * dp) as usize;
-        let mpi = train(&d, &plan, &format!("{name}-mpi"), Some(ranks));
-        let threads = train(&d, &plan, &format!("{name}-threads"), None);
+        let mpi = train(&d, &plan, &format!("{name}-mpi"), Some(ranks), repro);
+        let threads = train(&d, &plan, &format!("{name}-threads"), None, repro);
+        let reference = &references[usize::from(repro)];
         let vs_threads = loss_diff(&mpi.losses, &threads.losses);
         let vs_one = loss_diff(&mpi.losses, &reference.losses);
         let (abs_t, rel_t) = param_diff(&mpi.weights, &threads.weights);
         let (abs_1, rel_1) = param_diff(&mpi.weights, &reference.weights);
         println!(
-            "{name} ({ranks} ranks): loss vs threads {vs_threads:.2e}, vs 1 rank {vs_one:.2e} \
-             (relative, max over 20 steps); parameters vs threads {abs_t:.2e} abs / {rel_t:.2e} \
-             of tensor max, vs 1 rank {abs_1:.2e} abs / {rel_1:.2e} of tensor max ({:.1} s)",
+            "{name} ({ranks} ranks, reproducible {repro}): loss vs threads {vs_threads:.2e}, vs 1 \
+             rank {vs_one:.2e} (relative, max over 20 steps); parameters vs threads {abs_t:.2e} \
+             abs / {rel_t:.2e} of tensor max, vs 1 rank {abs_1:.2e} abs / {rel_1:.2e} of tensor \
+             max ({:.1} s)",
             t0.elapsed().as_secs_f64()
         );
-        if !(vs_threads <= 1e-5 && vs_one <= 1e-5 && abs_t <= 1e-6 && abs_1 <= 1e-5) {
+        // Tensor parallelism's f32 partial sums (default mode) round unlike one device's.
+        let bound_1 = if tp > 1 && !repro { 1e-4 } else { 1e-5 };
+        if !(vs_threads <= 1e-5 && vs_one <= 1e-5 && abs_t <= 1e-6 && abs_1 <= bound_1) {
             failures.push(name);
         }
     }

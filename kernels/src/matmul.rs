@@ -179,16 +179,16 @@ pub(crate) fn linear(
     Ok(out)
 }
 
-/// A row-parallel rank's share of `x[.., K] · w[K, N]` (its slice of K) in f64, unrounded:
-/// the tensor-parallel partial sum before the all-reduce adds the shares (the bias comes after).
+/// `x[.., K] · w[K, N]` in f64, unrounded: products over slices of K added in f64 round, once,
+/// to what the whole product rounds to (tensor parallelism's row-parallel partial sums).
 pub fn linear_partial(x: &Tensor32, w: &Tensor32) -> Result<Vec<f64>, KernelError> {
     let (r, k, n) = linear_dims(x, w, None)?;
     let p = gemm64(Mat::rm(&x.data, 0, r, k), Mat::rm(&w.data, 0, k, n))?;
     Ok(p.iter().copied().collect())
 }
 
-/// The input gradient `G wᵀ` of `x · w` in f64, unrounded: a column-parallel rank's partial sum
-/// (its slice of N) before the all-reduce.
+/// The input gradient `G wᵀ` of `x · w` in f64, unrounded (over slices of N it adds up as
+/// [`linear_partial`]'s products over slices of K do: column-parallel partial sums).
 pub fn linear_input_grad_partial(w: &Tensor32, g: &Tensor32) -> Result<Vec<f64>, KernelError> {
     let (k, n) = match w.shape[..] {
         [k, n] => (k, n),

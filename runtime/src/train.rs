@@ -33,8 +33,9 @@ pub struct TrainOptions {
     /// Deadline of every communicator operation.
     pub timeout: Duration,
     pub checkpoint: Option<CheckpointOptions>,
-    /// Reproducible mode ([`CpuBackend::reproducible`]): a tensor-parallel run rounds as one
-    /// device does.
+    /// Reproducible mode ([`CpuBackend::reproducible`]): a tensor-parallel run trains to one
+    /// device's parameters. Applies to the backend [`TrainOptions::cpu_backend`] builds (as
+    /// [`train_threads`] and `plait run` do); a caller of [`train_rank`] chooses its own.
     pub reproducible: bool,
 }
 

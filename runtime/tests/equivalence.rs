@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{Config, GLOBAL_BATCH, MODEL, loss_diff, param_diff, programs, train_with};
+use common::{Config, GLOBAL_BATCH, LLAMA, MODEL, loss_diff, param_diff, programs, train_with};
 use planner::{Recompute, Schedule};
 
 const STEPS: u64 = 20;
@@ -135,4 +135,33 @@ fn every_layout_equals_one_device() {
 fn every_layout_equals_one_device_in_the_default_mode() {
     let failures = compare(false, TP_PARAM_ABS);
     assert!(failures.is_empty(), "not equal to one device: {failures:?}");
+}
+
+/// Llama's separate q/k/v (and gate/up) projections read one input, so without SP their
+/// column-parallel input gradients are partial sums added together before one all-reduce: in
+/// reproducible mode that sum is taken in f64 too. TP2 without SP, 20 steps.
+#[test]
+fn llama_tensor_parallel_equals_one_device() {
+    let one = programs(LLAMA, &Config::new(1, 1, 1));
+    let tp2 = programs(LLAMA, &Config::new(2, 1, 1));
+    let names: Vec<String> = one.params.iter().map(|p| p.name.clone()).collect();
+    let mut bad = Vec::new();
+    for reproducible in [true, false] {
+        let reference = train_with(&one, STEPS, SEED, reproducible);
+        let run = train_with(&tp2, STEPS, SEED, reproducible);
+        let dl = loss_diff(&run.losses, &reference.losses);
+        let (abs, at) = worst(&names, &run.params, &reference.params);
+        println!(
+            "llama tp2 (reproducible {reproducible}): loss {dl:.2e} relative; parameters \
+             {abs:.2e} absolute at {at}"
+        );
+        let bound = if reproducible { TOL } else { TP_PARAM_ABS };
+        if !(dl <= TOL && abs <= bound) {
+            bad.push(reproducible);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "llama tp2 differs from one device (reproducible: {bad:?})"
+    );
 }

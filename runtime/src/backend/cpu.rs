@@ -20,16 +20,14 @@ impl CpuBackend {
 
     /// Reproducible mode: matrix products accumulate in f64 and round once, and
     /// tensor-parallel partial sums are carried in f64 until their reduction, so that a
-    /// tensor-parallel run rounds as one device does (at some cost in speed).
+    /// product's rounding hardly depends on how tensor parallelism split its contraction and
+    /// a tensor-parallel run trains to one device's parameters (within 1e-5 in
+    /// `runtime/tests/equivalence.rs`; other gradient sums, such as data-parallel ones, stay
+    /// f32 sums in rank order). Slower: f64 matrix products.
     pub fn reproducible() -> CpuBackend {
         CpuBackend {
             accumulate: Accumulate::F64,
         }
-    }
-
-    /// Whether this backend runs in reproducible mode.
-    pub fn is_reproducible(&self) -> bool {
-        self.accumulate == Accumulate::F64
     }
 }
 
@@ -38,7 +36,11 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> String {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        format!("cpu ({threads} threads)")
+        let mode = match self.accumulate {
+            Accumulate::F32 => "",
+            Accumulate::F64 => ", reproducible",
+        };
+        format!("cpu ({threads} threads{mode})")
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Tensor32, RuntimeError> {
@@ -91,6 +93,10 @@ impl Backend for CpuBackend {
         step: u64,
     ) -> Result<(), RuntimeError> {
         kernels::adamw(cfg, param, grad, m, v, step).map_err(RuntimeError::kernel("adamw"))
+    }
+
+    fn wide_partial_sums(&self) -> bool {
+        self.accumulate == Accumulate::F64
     }
 
     fn partial_sum(

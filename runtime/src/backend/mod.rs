@@ -88,10 +88,16 @@ pub trait Backend: std::fmt::Debug {
         step: u64,
     ) -> Result<(), RuntimeError>;
 
-    /// The unrounded (f64) value of result `output` of `kind` on `inputs`, where it is a
-    /// tensor-parallel partial sum and this backend carries those wide (reproducible mode):
-    /// a row-parallel product (`Linear` without bias) or a column-parallel linear's input
-    /// gradient (`Grad{of: Linear}`, operand 0). `None`: partial sums stay at buffer precision.
+    /// Whether this backend carries tensor-parallel partial sums in f64 (reproducible mode):
+    /// then the executor reduces every buffer codegen marks `partial` in f64.
+    fn wide_partial_sums(&self) -> bool {
+        false
+    }
+
+    /// The unrounded (f64) value of result `output` of `kind` on `inputs`, where this backend
+    /// carries partial sums wide and can compute it so: a product `Linear` without bias (a
+    /// row-parallel share) or a linear's input gradient (`Grad{of: Linear}`, operand 0; a
+    /// column-parallel share). `None`: the executor widens the rounded f32 result.
     fn partial_sum(
         &self,
         kind: &OpKind,

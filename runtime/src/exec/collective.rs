@@ -136,9 +136,10 @@ pub fn run<C: Communicator>(
 }
 
 /// [`run`] of an `AllReduce` or `ReduceScatter` whose input is a partial sum carried in f64:
-/// every member's value is gathered at full precision (each f64 sent as two f32s, hi and lo,
-/// exact to 2⁻⁴⁸ relative), summed in rank order in f64 and rounded once, so that the result
-/// rounds as one device's unsplit sum does. Costs an all-gather of twice the input.
+/// the members' values travel at full precision (each f64 as two f32s, hi and lo, exact to
+/// 2⁻⁴⁸ relative), are summed in rank order in f64 and rounded once, so that the result
+/// rounds as an unsplit f64 sum does. An all-reduce all-gathers the pairs (twice the bytes of
+/// an f32 all-gather); a reduce-scatter sends each member only its piece (an all-to-all).
 pub fn run_wide<C: Communicator>(
     g: Members<'_, C>,
     op: CollectiveOp,
@@ -147,35 +148,49 @@ pub fn run_wide<C: Communicator>(
     in_shape: &[usize],
     out_len: usize,
 ) -> Result<Vec<f32>, RuntimeError> {
-    let (size, rank, name) = (g.size(), g.rank(), op.name());
-    let pairs: Vec<f32> = input
-        .iter()
-        .flat_map(|&v| {
-            let hi = v as f32;
-            [hi, (v - f64::from(hi)) as f32]
-        })
-        .collect();
-    let mut all = vec![0.0; pairs.len() * size];
-    match g {
-        Members::Group(c) => c.all_gather(&pairs, &mut all)?,
-        Members::Solo => all.copy_from_slice(&pairs),
-    }
-    let mut sum = vec![0f64; input.len()];
-    for member in all.chunks(pairs.len().max(1)) {
+    let (size, name) = (g.size(), op.name());
+    let (hi, lo): (Vec<f32>, Vec<f32>) = input.iter().map(|&v| hi_lo(v)).unzip();
+    let recv = match op {
+        CollectiveOp::AllReduce => {
+            let pairs = interleave(&hi, &lo);
+            let mut all = vec![0.0; pairs.len() * size];
+            match g {
+                Members::Group(c) => c.all_gather(&pairs, &mut all)?,
+                Members::Solo => all.copy_from_slice(&pairs),
+            }
+            all
+        }
+        CollectiveOp::ReduceScatter => {
+            let mut send = Vec::with_capacity(2 * input.len());
+            for i in 0..size {
+                let piece = |x: &[f32]| match axis {
+                    None => Ok(flat_piece(x, size, i)),
+                    Some(a) => part(x, in_shape, usize::from(a), size, i),
+                };
+                let (h, l) = (piece(&hi), piece(&lo));
+                send.extend(interleave(
+                    &h.map_err(|d| bad(name, d))?,
+                    &l.map_err(|d| bad(name, d))?,
+                ));
+            }
+            let mut recv = vec![0.0; send.len()];
+            match g {
+                Members::Group(c) => c.all_to_all(&send, &mut recv)?,
+                Members::Solo => recv.copy_from_slice(&send),
+            }
+            recv
+        }
+        _ => return Err(bad(name, "only a reduction carries a partial sum".into())),
+    };
+    // `size` chunks, one per member in rank order, of (hi, lo) pairs of this rank's result.
+    let mut sum = vec![0f64; recv.len() / (2 * size.max(1))];
+    for member in recv.chunks(2 * sum.len().max(1)) {
         for (s, p) in sum.iter_mut().zip(member.chunks_exact(2)) {
             *s += f64::from(p[0]) + f64::from(p[1]);
         }
     }
-    let full: Vec<f32> = sum.iter().map(|&v| v as f32).collect();
-    let out = match (op, axis) {
-        (CollectiveOp::AllReduce, _) => full,
-        (CollectiveOp::ReduceScatter, None) => flat_piece(&full, size, rank),
-        (CollectiveOp::ReduceScatter, Some(a)) => {
-            part(&full, in_shape, usize::from(a), size, rank).map_err(|d| bad(name, d))?
-        }
-        _ => return Err(bad(name, "only a reduction carries a partial sum".into())),
-    };
-    if out.len() != out_len {
+    let out: Vec<f32> = sum.iter().map(|&v| v as f32).collect();
+    if out.len() != out_len || (op == CollectiveOp::AllReduce && out.len() != input.len()) {
         return Err(RuntimeError::BadLength {
             op: name,
             what: "output",
@@ -184,6 +199,21 @@ pub fn run_wide<C: Communicator>(
         });
     }
     Ok(out)
+}
+
+/// `v` as hi + lo, two f32s (lo is 0 where hi overflowed, so that ±inf stays ±inf, not NaN).
+fn hi_lo(v: f64) -> (f32, f32) {
+    let hi = v as f32;
+    let lo = if hi.is_finite() {
+        (v - f64::from(hi)) as f32
+    } else {
+        0.0
+    };
+    (hi, lo)
+}
+
+fn interleave(hi: &[f32], lo: &[f32]) -> Vec<f32> {
+    hi.iter().zip(lo).flat_map(|(&h, &l)| [h, l]).collect()
 }
 
 /// `Chunk`: this rank's piece of `src` without communication.

@@ -13,11 +13,13 @@
 //!   source, destination and tag arrive in order, so a fold collision cannot reorder them.
 //! - Dropout masks are drawn on global element indices ([`dropout`]), so every layout draws
 //!   the same masks as one device.
-//! - Buffers marked `partial` get an f64 copy next to their f32 value when the backend
-//!   carries partial sums wide ([`Backend::partial_sum`], the CPU backend's reproducible
-//!   mode): written by the `Compute` that makes the partial sum (sums of partial sums are added
-//!   in f64), read by the tp `AllReduce` / `ReduceScatter` that completes it
-//!   ([`collective::run_wide`]), dropped whenever the buffer is written otherwise or freed.
+//! - Where the backend carries partial sums wide ([`Backend::wide_partial_sums`], the CPU
+//!   backend's reproducible mode), buffers marked `partial` get an f64 copy next to their f32
+//!   value: written by the `Compute` that makes the partial sum ([`Backend::partial_sum`];
+//!   sums of partial sums are added in f64), dropped whenever the buffer is written otherwise,
+//!   allocated or freed. Every tp `AllReduce` / `ReduceScatter` of a `partial` buffer then
+//!   reduces in f64 ([`collective::run_wide`]; from the f32 value where there is no copy), a
+//!   choice made from the program and the backend alone, so all members of a group make it.
 //! - The reported loss is Σ weight × value over the rank's `Loss` instructions, summed over
 //!   the world in rank order in f64 (each share sent as two f32s).
 
@@ -329,6 +331,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         }
         match ins {
             Instr::Alloc { buf } => {
+                if let Some(w) = self.wide.get_mut(buf.index()) {
+                    *w = None;
+                }
                 if !self.skipped(*buf)
                     && let Some(z) = self.zero_on_read.get_mut(buf.index())
                 {
@@ -385,22 +390,26 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             } => {
                 for &(i, o) in pairs {
                     let out_len: usize = self.decl_shape(o)?.iter().product();
-                    let wide = match op {
-                        CollectiveOp::AllReduce | CollectiveOp::ReduceScatter => {
-                            self.wide.get_mut(i.index()).and_then(Option::take)
-                        }
-                        _ => None,
-                    };
+                    let wide = self.backend.wide_partial_sums()
+                        && *group == Slot::Tp
+                        && matches!(op, CollectiveOp::AllReduce | CollectiveOp::ReduceScatter)
+                        && self.tpl.buffer(i).is_some_and(|d| d.partial);
                     let y = match wide {
-                        Some(w) => collective::run_wide(
-                            self.members(*group),
-                            *op,
-                            *axis,
-                            &w,
-                            &self.decl_shape(i)?,
-                            out_len,
-                        )?,
-                        None => {
+                        true => {
+                            let w = match self.wide.get_mut(i.index()).and_then(Option::take) {
+                                Some(w) => w,
+                                None => self.host(i)?.data.iter().map(|&v| f64::from(v)).collect(),
+                            };
+                            collective::run_wide(
+                                self.members(*group),
+                                *op,
+                                *axis,
+                                &w,
+                                &self.decl_shape(i)?,
+                                out_len,
+                            )?
+                        }
+                        false => {
                             let x = self.host(i)?;
                             collective::run(
                                 self.members(*group),
@@ -521,7 +530,23 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 xs.push(self.get(i)?);
             }
             let wides = self.partial_sums(kind, inputs, outputs, &xs)?;
-            (self.backend.forward(kind, &xs, binding)?, wides)
+            // Every result already computed in f64 (a row-parallel product): rounding it is
+            // what the backend's f64 mode computes, without a second product.
+            if !wides.is_empty() && wides.iter().all(Option::is_some) {
+                (None, wides)
+            } else {
+                (Some(self.backend.forward(kind, &xs, binding)?), wides)
+            }
+        };
+        let Some(results) = results else {
+            for (w, &o) in wides.into_iter().zip(outputs) {
+                let w = w.unwrap_or_default();
+                self.put(o, w.iter().map(|&v| v as f32).collect())?;
+                if let Some(slot) = self.wide.get_mut(o.index()) {
+                    *slot = Some(w);
+                }
+            }
+            return Ok(());
         };
         if results.len() != outputs.len() {
             return Err(self.prog(format!(
@@ -563,6 +588,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         outputs: &[BufferId],
         xs: &[&B::Buffer],
     ) -> Result<Vec<Option<Vec<f64>>>, RuntimeError> {
+        if !self.backend.wide_partial_sums() {
+            return Ok(vec![None; outputs.len()]);
+        }
         let mut out = Vec::with_capacity(outputs.len());
         for (j, &o) in outputs.iter().enumerate() {
             if !self.tpl.buffer(o).is_some_and(|d| d.partial) {

@@ -17,6 +17,8 @@ pub const MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/data/tiny-gpt2-nodrop.json"
 );
+/// A 2-layer Llama (grouped-query attention, SwiGLU, separate q/k/v and gate/up projections).
+pub const LLAMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-llama.json");
 pub const GLOBAL_BATCH: u64 = 8;
 pub const SEQ: u64 = 32;
 
