@@ -371,6 +371,10 @@ pub fn backward(
         Source::Param { pos } => env.params.get(pos).copied().flatten().map(|(p, _)| p),
         _ => None,
     };
+    let param_buf = |v: SVal| match seg.vals[v].source {
+        Source::Param { pos } => env.params.get(pos).copied().flatten().map(|(_, w)| w),
+        _ => None,
+    };
     let gname = |v: SVal| format!("{}.d{}", env.tag, seg.vals[v].name);
     for (i, s) in seg.steps.iter().enumerate().rev() {
         // Regather what this step's backward reads.
@@ -476,7 +480,16 @@ pub fn backward(
                             Some(p) => Role::GradPart(p),
                             None => Role::ActGrad,
                         };
-                        let dx = b.alloc(gname(v), val.elem, val.shape.clone(), role);
+                        // A parameter's gradient is named after this instance's parameter
+                        // buffer (the segment's values carry layer 0's names).
+                        let name = match param_buf(v).and_then(|w| b.buffers.get(w.index())) {
+                            Some(w) => {
+                                let n = w.name.strip_prefix("w.").unwrap_or(&w.name);
+                                format!("{}.d{n}", env.tag)
+                            }
+                            None => gname(v),
+                        };
+                        let dx = b.alloc(name, val.elem, val.shape.clone(), role);
                         if *partial_input_grads && param_of(v).is_none() {
                             b.mark_partial(dx);
                         }
