@@ -84,6 +84,16 @@ fn bytes_of(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// Makes sure checkpoints can be written into `dir` (creating it), before any training: a
+/// directory that cannot take them fails the run now, not after the first interval's work.
+pub fn check_writable(dir: &Path, rank: u32) -> Result<(), RuntimeError> {
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, format!("cannot create it: {e}")))?;
+    let probe = dir.join(format!(".probe-rank{rank}"));
+    std::fs::write(&probe, b"plait")
+        .map_err(|e| err(dir, format!("cannot write checkpoints into it: {e}")))?;
+    std::fs::remove_file(&probe).map_err(|e| err(&probe, e))
+}
+
 /// Writes this rank's pieces of step `step`.
 pub fn save_rank(
     dir: &Path,
@@ -176,7 +186,17 @@ fn floats(path: &Path, t: &TensorView<'_>) -> Result<Vec<f32>, RuntimeError> {
 /// Loads the latest checkpoint in `dir` as full tensors for the parameter table `params`.
 pub fn load_latest(dir: &Path, params: &[ParamInfo]) -> Result<Loaded, RuntimeError> {
     let latest = dir.join("latest");
-    let name = std::fs::read_to_string(&latest).map_err(|e| err(&latest, e))?;
+    let name = std::fs::read_to_string(&latest).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            err(
+                dir,
+                "no checkpoint here (no `latest` file): point --checkpoint-dir at the directory \
+                 a run with --checkpoint-dir wrote, or start without --resume",
+            )
+        } else {
+            err(&latest, e)
+        }
+    })?;
     let sd = dir.join(name.trim());
     let ip = sd.join("index.json");
     let text = std::fs::read_to_string(&ip).map_err(|e| err(&ip, e))?;

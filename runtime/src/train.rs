@@ -85,6 +85,9 @@ pub fn train_rank<B: Backend, C: Communicator>(
     on_step: &(dyn Fn(u32, StepLog) + Sync),
 ) -> Result<RankOutcome, RuntimeError> {
     let mut ex = Executor::new(set, backend, comm)?;
+    if let Some(c) = &opts.checkpoint {
+        checkpoint::check_writable(&c.dir, ex.rank())?;
+    }
     match &opts.checkpoint {
         Some(c) if c.resume => {
             let l = checkpoint::load_latest(&c.dir, &set.params)?;

@@ -80,3 +80,62 @@ fn a_dp2_checkpoint_resumes_under_tp2_pp2() {
     assert_eq!(two.len(), 20);
     assert!(diff <= 1e-5, "{two:?} vs {straight:?}");
 }
+
+/// Trains with `ckpt` and returns the error and how many steps ran before it.
+fn failing(set: &ProgramSet, ckpt: CheckpointOptions) -> (String, usize) {
+    let opts = TrainOptions {
+        steps: 3,
+        seed: 7,
+        init: Init::Seed(7),
+        timeout: Duration::from_secs(60),
+        checkpoint: Some(ckpt),
+        reproducible: false,
+    };
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    let on_step = |_: u32, _: runtime::train::StepLog| {
+        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    };
+    let e = train_threads(set, &text(), &opts, &on_step).unwrap_err();
+    (e.to_string(), ran.into_inner())
+}
+
+#[test]
+fn an_unwritable_checkpoint_directory_fails_before_training() {
+    let set = programs(MODEL, &Config::new(1, 1, 2));
+    // A directory inside a regular file cannot be created.
+    let file = dir("not-a-dir");
+    std::fs::write(&file, b"a file").unwrap();
+    let (e, ran) = failing(
+        &set,
+        CheckpointOptions {
+            dir: file.join("ckpt"),
+            every: 1,
+            resume: false,
+        },
+    );
+    std::fs::remove_file(&file).ok();
+    println!("{e}");
+    assert_eq!(ran, 0, "steps ran before the failure");
+    assert!(
+        e.contains("cannot create it") && e.contains("not-a-dir"),
+        "{e}"
+    );
+}
+
+#[test]
+fn resuming_from_an_empty_directory_says_there_is_no_checkpoint() {
+    let set = programs(MODEL, &Config::new(1, 1, 2));
+    let d = dir("empty");
+    let (e, ran) = failing(
+        &set,
+        CheckpointOptions {
+            dir: d.clone(),
+            every: 1,
+            resume: true,
+        },
+    );
+    std::fs::remove_dir_all(&d).ok();
+    println!("{e}");
+    assert_eq!(ran, 0);
+    assert!(e.contains("no checkpoint here"), "{e}");
+}
