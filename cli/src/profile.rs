@@ -20,7 +20,22 @@ pub struct ProfileArgs {
 }
 
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
-    let p = measure(&ProfileOptions { quick: args.quick })?;
+    // A path that cannot be written fails now, not after the measurements.
+    let existed = args.output.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&args.output)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    let p = match measure(&ProfileOptions { quick: args.quick }) {
+        Ok(p) => p,
+        Err(e) => {
+            if !existed {
+                let _ = std::fs::remove_file(&args.output);
+            }
+            return Err(e.into());
+        }
+    };
     let text = p.to_cluster_toml(&args.name);
     std::fs::write(&args.output, &text)
         .with_context(|| format!("cannot write {}", args.output.display()))?;

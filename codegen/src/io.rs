@@ -60,7 +60,16 @@ pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), CodegenError> {
 /// Reads a set written by [`write`].
 pub fn read(dir: &Path) -> Result<ProgramSet, CodegenError> {
     let p = dir.join("index.json");
-    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+    let text = std::fs::read_to_string(&p).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            io(
+                dir,
+                "not a program directory (no index.json); write one with `plait codegen PLAN -o DIR`",
+            )
+        } else {
+            io(&p, e)
+        }
+    })?;
     let index: Index = serde_json::from_str(&text).map_err(|e| CodegenError::Format {
         path: p.clone(),
         message: e.to_string(),

@@ -181,9 +181,18 @@ impl Cluster {
 
     /// Parses and validates a cluster description; `origin` names it in messages.
     pub fn from_toml(src: &str, origin: &str) -> Result<Cluster, PlanError> {
-        let c: Cluster = toml::from_str(src).map_err(|e| PlanError::ClusterFile {
-            file: origin.into(),
-            message: e.to_string().trim().replace('\n', " "),
+        let c: Cluster = toml::from_str(src).map_err(|e| {
+            // toml's own text draws a caret diagram over several lines; one line reads better.
+            let at = e.span().map_or(String::new(), |sp| {
+                let before = src.get(..sp.start).unwrap_or("");
+                let line = before.matches('\n').count() + 1;
+                let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                format!("line {line}, column {col}: ")
+            });
+            PlanError::ClusterFile {
+                file: origin.into(),
+                message: format!("{at}{}", e.message().trim()),
+            }
         })?;
         c.validate(origin)?;
         Ok(c)
