@@ -253,3 +253,26 @@ fn a_broken_cluster_file_names_the_field() {
         "{err}"
     );
 }
+
+#[test]
+fn a_cluster_file_that_is_not_toml_says_where_on_one_line() {
+    let dir = std::env::temp_dir().join(format!("plait-cluster-syntax-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("syntax.toml");
+    std::fs::write(&p, "name = \"x\"\ngpus_per_node = = 8\n").unwrap();
+    let ps = p.to_string_lossy().to_string();
+    let (code, _, err) = plait(&[
+        "compile",
+        "gpt2",
+        "--cluster",
+        &ps,
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(code, 2);
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+    assert!(line.contains("syntax.toml: line 2, column 17"), "{err}");
+}
