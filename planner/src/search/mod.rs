@@ -296,11 +296,22 @@ pub fn search(
     let start = Instant::now();
     let all = candidates(info, cluster, req);
     if all.is_empty() {
-        return Err(PlanError::invalid(format!(
-            "no strategy satisfies the pins for {} GPUs and global batch {} (check that tp x pp x dp = \
-             --gpus, that tp divides the {} heads, and that dp divides the batch)",
-            req.gpus, req.global_batch, info.heads
-        )));
+        let p = &req.pins;
+        let pinned = p.tp.is_some() || p.pp.is_some() || p.dp.is_some() || p.micro_batch.is_some();
+        return Err(PlanError::invalid(if pinned {
+            format!(
+                "no strategy satisfies the pins for {} GPUs and global batch {} (check that tp x \
+                 pp x dp = --gpus, that tp divides the {} heads, and that dp divides the batch)",
+                req.gpus, req.global_batch, info.heads
+            )
+        } else {
+            format!(
+                "{} GPUs cannot be split as tp x pp x dp for this model and global batch {}: tp \
+                 must divide the {} attention heads, pp be at most the {} layers, and dp divide \
+                 the global batch; use fewer GPUs or a larger --global-batch",
+                req.gpus, req.global_batch, info.heads, info.layers
+            )
+        }));
     }
     let capacity = cluster.memory_bytes();
     let total = all.len() as u64;
