@@ -326,6 +326,20 @@ impl Emitter<'_> {
         self.lines.push(s);
     }
 
+    /// `%vN = rhs`: a new value of type `ty`.
+    fn define(&mut self, rhs: String, ty: Ty) -> Val {
+        let name = self.fresh();
+        self.line(format!("{name} = {rhs}"));
+        Val { name, ty }
+    }
+
+    /// `  %vN = rhs` inside a region: a new scalar's name.
+    fn define_scalar(&mut self, rhs: String) -> String {
+        let name = self.fresh();
+        self.line(format!("  {name} = {rhs}"));
+        name
+    }
+
     fn ty(&self, b: BufferId) -> Res<Ty> {
         self.t
             .buffer(b)
@@ -550,14 +564,13 @@ impl Emitter<'_> {
             Instr::Recv { buf, peer, tag } => {
                 let x = self.val_or_empty(*buf)?;
                 let stage = self.peer_stage(*peer);
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = shard.recv {} on @mesh grid_axes = [0] source = [{stage}] {{plait.tag = {tag} : i64}} : ({}) -> {}",
+                let r = self.define(format!(
+                    "shard.recv {} on @mesh grid_axes = [0] source = [{stage}] {{plait.tag = {tag} : i64}} : ({}) -> {}",
                     x.name,
                     x.ty.mlir(),
                     x.ty.mlir()
-                ));
-                self.set(*buf, Val { name: r, ty: x.ty });
+                ), x.ty);
+                self.set(*buf, r);
             }
             Instr::AdamW {
                 config,
@@ -628,12 +641,7 @@ impl Emitter<'_> {
     // ---- small tensor helpers ----
 
     fn empty(&mut self, ty: &Ty) -> Val {
-        let r = self.fresh();
-        self.line(format!("{r} = tensor.empty() : {}", ty.mlir()));
-        Val {
-            name: r,
-            ty: ty.clone(),
-        }
+        self.define(format!("tensor.empty() : {}", ty.mlir()), ty.clone())
     }
 
     fn scalar(&mut self, value: f64, e: Elem) -> String {
@@ -651,18 +659,16 @@ impl Emitter<'_> {
 
     fn fill(&mut self, target: &Val, value: f64) -> Val {
         let c = self.scalar(value, target.ty.elem);
-        let r = self.fresh();
-        self.line(format!(
-            "{r} = linalg.fill ins({c} : {}) outs({} : {}) -> {}",
-            elem(target.ty.elem),
-            target.name,
-            target.ty.mlir(),
-            target.ty.mlir()
-        ));
-        Val {
-            name: r,
-            ty: target.ty.clone(),
-        }
+        self.define(
+            format!(
+                "linalg.fill ins({c} : {}) outs({} : {}) -> {}",
+                elem(target.ty.elem),
+                target.name,
+                target.ty.mlir(),
+                target.ty.mlir()
+            ),
+            target.ty.clone(),
+        )
     }
 
     fn zeros(&mut self, ty: &Ty) -> Val {
@@ -689,63 +695,51 @@ impl Emitter<'_> {
         match cur.ty.shape.len() {
             1 => {}
             0 => {
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = tensor.expand_shape {} [] output_shape [1] : {} into {}",
-                    cur.name,
-                    cur.ty.mlir(),
-                    flat.mlir()
-                ));
-                cur = Val {
-                    name: r,
-                    ty: flat.clone(),
-                };
+                cur = self.define(
+                    format!(
+                        "tensor.expand_shape {} [] output_shape [1] : {} into {}",
+                        cur.name,
+                        cur.ty.mlir(),
+                        flat.mlir()
+                    ),
+                    flat.clone(),
+                );
             }
             k => {
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = tensor.collapse_shape {} [[{}]] : {} into {}",
-                    cur.name,
-                    list(0..k),
-                    cur.ty.mlir(),
-                    flat.mlir()
-                ));
-                cur = Val {
-                    name: r,
-                    ty: flat.clone(),
-                };
+                cur = self.define(
+                    format!(
+                        "tensor.collapse_shape {} [[{}]] : {} into {}",
+                        cur.name,
+                        list(0..k),
+                        cur.ty.mlir(),
+                        flat.mlir()
+                    ),
+                    flat.clone(),
+                );
             }
         }
         match shape.len() {
             1 => Ok(cur),
-            0 => {
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = tensor.collapse_shape {} [] : {} into {}",
+            0 => Ok(self.define(
+                format!(
+                    "tensor.collapse_shape {} [] : {} into {}",
                     cur.name,
                     cur.ty.mlir(),
                     target.mlir()
-                ));
-                Ok(Val {
-                    name: r,
-                    ty: target,
-                })
-            }
-            k => {
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = tensor.expand_shape {} [[{}]] output_shape [{}] : {} into {}",
+                ),
+                target,
+            )),
+            k => Ok(self.define(
+                format!(
+                    "tensor.expand_shape {} [[{}]] output_shape [{}] : {} into {}",
                     cur.name,
                     list(0..k),
                     list(shape),
                     cur.ty.mlir(),
                     target.mlir()
-                ));
-                Ok(Val {
-                    name: r,
-                    ty: target,
-                })
-            }
+                ),
+                target,
+            )),
         }
     }
 
@@ -760,14 +754,15 @@ impl Emitter<'_> {
     /// A contiguous slice `[0, n)` of a 1-D value.
     fn prefix(&mut self, v: &Val, n: u64) -> Val {
         let ty = Ty::new(vec![n], v.ty.elem);
-        let r = self.fresh();
-        self.line(format!(
-            "{r} = tensor.extract_slice {}[0] [{n}] [1] : {} to {}",
-            v.name,
-            v.ty.mlir(),
-            ty.mlir()
-        ));
-        Val { name: r, ty }
+        self.define(
+            format!(
+                "tensor.extract_slice {}[0] [{n}] [1] : {} to {}",
+                v.name,
+                v.ty.mlir(),
+                ty.mlir()
+            ),
+            ty,
+        )
     }
 
     /// A 1-D value zero-padded to `n` elements.
@@ -777,15 +772,16 @@ impl Emitter<'_> {
             return v.clone();
         }
         let z = self.zeros(&Ty::new(vec![n], v.ty.elem));
-        let r = self.fresh();
-        self.line(format!(
-            "{r} = tensor.insert_slice {} into {}[0] [{len}] [1] : {} into {}",
-            v.name,
-            z.name,
-            v.ty.mlir(),
-            z.ty.mlir()
-        ));
-        Val { name: r, ty: z.ty }
+        self.define(
+            format!(
+                "tensor.insert_slice {} into {}[0] [{len}] [1] : {} into {}",
+                v.name,
+                z.name,
+                v.ty.mlir(),
+                z.ty.mlir()
+            ),
+            z.ty,
+        )
     }
 
     // ---- scalar code inside linalg regions ----
@@ -797,9 +793,7 @@ impl Emitter<'_> {
             Elem::I64 => ("arith.sitofp", "i64"),
             Elem::U8 => ("arith.uitofp", "i8"),
         };
-        let r = self.fresh();
-        self.line(format!("  {r} = {op} {x} : {from} to f32"));
-        r
+        self.define_scalar(format!("{op} {x} : {from} to f32"))
     }
 
     fn narrow(&mut self, x: &str, e: Elem) -> String {
@@ -809,24 +803,15 @@ impl Emitter<'_> {
             Elem::I64 => "arith.fptosi",
             Elem::U8 => "arith.fptoui",
         };
-        let r = self.fresh();
-        self.line(format!("  {r} = {op} {x} : f32 to {}", elem(e)));
-        r
+        self.define_scalar(format!("{op} {x} : f32 to {}", elem(e)))
     }
 
     fn f32_op(&mut self, op: &str, args: &[&str]) -> String {
-        let r = self.fresh();
-        self.line(format!("  {r} = {op} {} : f32", args.join(", ")));
-        r
+        self.define_scalar(format!("{op} {} : f32", args.join(", ")))
     }
 
     fn f32_const(&mut self, v: f64) -> String {
-        let r = self.fresh();
-        self.line(format!(
-            "  {r} = arith.constant {} : f32",
-            float_lit(v, Elem::F32)
-        ));
-        r
+        self.define_scalar(format!("arith.constant {} : f32", float_lit(v, Elem::F32)))
     }
 
     fn sigmoid(&mut self, x: &str) -> String {
@@ -1014,21 +999,19 @@ impl Emitter<'_> {
 
     fn matmul(&mut self, op: &str, a: &Val, b: &Val, out: &Ty) -> Val {
         let init = self.zeros(out);
-        let r = self.fresh();
-        self.line(format!(
-            "{r} = {op} ins({}, {} : {}, {}) outs({} : {}) -> {}",
-            a.name,
-            b.name,
-            a.ty.mlir(),
-            b.ty.mlir(),
-            init.name,
-            out.mlir(),
-            out.mlir()
-        ));
-        Val {
-            name: r,
-            ty: out.clone(),
-        }
+        self.define(
+            format!(
+                "{op} ins({}, {} : {}, {}) outs({} : {}) -> {}",
+                a.name,
+                b.name,
+                a.ty.mlir(),
+                b.ty.mlir(),
+                init.name,
+                out.mlir(),
+                out.mlir()
+            ),
+            out.clone(),
+        )
     }
 
     /// Lowers a compute op to linalg/tensor ops; `None` when it has no such form here.
@@ -1138,20 +1121,18 @@ impl Emitter<'_> {
                     return Ok(None);
                 }
                 let init = self.empty(out);
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = linalg.softmax dimension({}) ins({} : {}) outs({} : {}) -> {}",
-                    out.shape.len() - 1,
-                    x.name,
-                    x.ty.mlir(),
-                    init.name,
-                    out.mlir(),
-                    out.mlir()
-                ));
-                Ok(Some(vec![Val {
-                    name: r,
-                    ty: out.clone(),
-                }]))
+                Ok(Some(vec![self.define(
+                    format!(
+                        "linalg.softmax dimension({}) ins({} : {}) outs({} : {}) -> {}",
+                        out.shape.len() - 1,
+                        x.name,
+                        x.ty.mlir(),
+                        init.name,
+                        out.mlir(),
+                        out.mlir()
+                    ),
+                    out.clone(),
+                )]))
             }
             OpKind::Transpose { perm } if ins.len() == 1 => {
                 let x = &ins[0];
@@ -1164,19 +1145,17 @@ impl Emitter<'_> {
                     return Ok(None);
                 }
                 let init = self.empty(out);
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = linalg.transpose ins({} : {}) outs({} : {}) permutation = [{}]",
-                    x.name,
-                    x.ty.mlir(),
-                    init.name,
-                    out.mlir(),
-                    list(perm)
-                ));
-                Ok(Some(vec![Val {
-                    name: r,
-                    ty: out.clone(),
-                }]))
+                Ok(Some(vec![self.define(
+                    format!(
+                        "linalg.transpose ins({} : {}) outs({} : {}) permutation = [{}]",
+                        x.name,
+                        x.ty.mlir(),
+                        init.name,
+                        out.mlir(),
+                        list(perm)
+                    ),
+                    out.clone(),
+                )]))
             }
             OpKind::Reshape { .. } if ins.len() == 1 && ins[0].ty.numel() == out.numel() => {
                 let y = self.reshape(&ins[0], &out.shape)?;
@@ -1201,17 +1180,15 @@ impl Emitter<'_> {
                 if !same || total != out.shape.get(a).copied() {
                     return Ok(None);
                 }
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = tensor.concat dim({a}) {} : ({}) -> {}",
-                    list(ins.iter().map(|v| v.name.clone())),
-                    list(ins.iter().map(|v| v.ty.mlir())),
-                    out.mlir()
-                ));
-                Ok(Some(vec![Val {
-                    name: r,
-                    ty: out.clone(),
-                }]))
+                Ok(Some(vec![self.define(
+                    format!(
+                        "tensor.concat dim({a}) {} : ({}) -> {}",
+                        list(ins.iter().map(|v| v.name.clone())),
+                        list(ins.iter().map(|v| v.ty.mlir())),
+                        out.mlir()
+                    ),
+                    out.clone(),
+                )]))
             }
             _ => Ok(None),
         }
@@ -1224,16 +1201,17 @@ impl Emitter<'_> {
             .collect();
         let out = Ty::new(shape, x.ty.elem);
         let init = self.empty(&out);
-        let r = self.fresh();
-        self.line(format!(
-            "{r} = linalg.transpose ins({} : {}) outs({} : {}) permutation = [{}]",
-            x.name,
-            x.ty.mlir(),
-            init.name,
-            out.mlir(),
-            list(perm)
-        ));
-        Val { name: r, ty: out }
+        self.define(
+            format!(
+                "linalg.transpose ins({} : {}) outs({} : {}) permutation = [{}]",
+                x.name,
+                x.ty.mlir(),
+                init.name,
+                out.mlir(),
+                list(perm)
+            ),
+            out,
+        )
     }
 
     /// Backward of `Linear` and `MatMul` as matmuls: dx = dy·wᵀ, dw = xᵀ·dy, db = Σ_rows dy.
@@ -1400,17 +1378,19 @@ impl Emitter<'_> {
             return Ok(None);
         }
         let offsets = (0..sizes.len()).map(|i| if i == axis { start } else { 0 });
-        let r = self.fresh();
-        self.line(format!(
-            "{r} = tensor.extract_slice {}[{}] [{}] [{}] : {} to {}",
-            x.name,
-            list(offsets),
-            list(&sizes),
-            list(sizes.iter().map(|_| 1)),
-            x.ty.mlir(),
-            ty.mlir()
-        ));
-        let y = self.reshape(&Val { name: r, ty }, &out.shape)?;
+        let r = self.define(
+            format!(
+                "tensor.extract_slice {}[{}] [{}] [{}] : {} to {}",
+                x.name,
+                list(offsets),
+                list(&sizes),
+                list(sizes.iter().map(|_| 1)),
+                x.ty.mlir(),
+                ty.mlir()
+            ),
+            ty,
+        );
+        let y = self.reshape(&r, &out.shape)?;
         Ok(Some(self.convert(&y, out.elem)?))
     }
 
@@ -1530,17 +1510,15 @@ impl Emitter<'_> {
         match op {
             CollectiveOp::AllReduce => {
                 let x = self.reshape(x, &out.shape)?;
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = shard.all_reduce {} {on} reduction = sum {attrs} : {} -> {}",
-                    x.name,
-                    x.ty.mlir(),
-                    out.mlir()
-                ));
-                Ok(Val {
-                    name: r,
-                    ty: out.clone(),
-                })
+                Ok(self.define(
+                    format!(
+                        "shard.all_reduce {} {on} reduction = sum {attrs} : {} -> {}",
+                        x.name,
+                        x.ty.mlir(),
+                        out.mlir()
+                    ),
+                    out.clone(),
+                ))
             }
             CollectiveOp::AllGather => {
                 let x = self.convert(x, out.elem)?;
@@ -1555,14 +1533,15 @@ impl Emitter<'_> {
                 let mut shape = x.ty.shape.clone();
                 shape[a] *= size;
                 let ty = Ty::new(shape, out.elem);
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = shard.all_gather {} {on} gather_axis = {a} {attrs} : {} -> {}",
-                    x.name,
-                    x.ty.mlir(),
-                    ty.mlir()
-                ));
-                let mut y = Val { name: r, ty };
+                let mut y = self.define(
+                    format!(
+                        "shard.all_gather {} {on} gather_axis = {a} {attrs} : {} -> {}",
+                        x.name,
+                        x.ty.mlir(),
+                        ty.mlir()
+                    ),
+                    ty,
+                );
                 if axis.is_none() && y.ty.numel() > out.numel() {
                     y = self.prefix(&y, out.numel());
                 }
@@ -1583,30 +1562,26 @@ impl Emitter<'_> {
                 if x.ty.shape[a] % size != 0 {
                     return Err(format!("all-to-all of {} over {size} ranks", x.ty.mlir()));
                 }
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = shard.all_to_all {} {on} split_axis = {a} concat_axis = {a} {attrs} : {} -> {}",
+                let y = self.define(format!(
+                    "shard.all_to_all {} {on} split_axis = {a} concat_axis = {a} {attrs} : {} -> {}",
                     x.name,
                     x.ty.mlir(),
                     x.ty.mlir()
-                ));
-                let y = Val { name: r, ty: x.ty };
+                ), x.ty);
                 self.reshape(&y, &out.shape)
             }
             CollectiveOp::Broadcast { root } => {
                 let x = self.convert(x, out.elem)?;
                 let x = self.reshape(&x, &out.shape)?;
-                let r = self.fresh();
-                self.line(format!(
-                    "{r} = shard.broadcast {} {on} root = [{root}] {attrs} : ({}) -> {}",
-                    x.name,
-                    x.ty.mlir(),
-                    out.mlir()
-                ));
-                Ok(Val {
-                    name: r,
-                    ty: out.clone(),
-                })
+                Ok(self.define(
+                    format!(
+                        "shard.broadcast {} {on} root = [{root}] {attrs} : ({}) -> {}",
+                        x.name,
+                        x.ty.mlir(),
+                        out.mlir()
+                    ),
+                    out.clone(),
+                ))
             }
         }
     }
@@ -1653,13 +1628,15 @@ impl Emitter<'_> {
         } else {
             "scatter_axis"
         };
-        let r = self.fresh();
-        self.line(format!(
-            "{r} = shard.{op} {} on @{grid} grid_axes = [{gaxis}] {what} = {a} {attrs} : {} -> {}",
-            x.name,
-            x.ty.mlir(),
-            ty.mlir()
-        ));
-        self.reshape(&Val { name: r, ty }, &out.shape)
+        let r = self.define(
+            format!(
+                "shard.{op} {} on @{grid} grid_axes = [{gaxis}] {what} = {a} {attrs} : {} -> {}",
+                x.name,
+                x.ty.mlir(),
+                ty.mlir()
+            ),
+            ty,
+        );
+        self.reshape(&r, &out.shape)
     }
 }
