@@ -1144,18 +1144,7 @@ impl Emitter<'_> {
                 {
                     return Ok(None);
                 }
-                let init = self.empty(out);
-                Ok(Some(vec![self.define(
-                    format!(
-                        "linalg.transpose ins({} : {}) outs({} : {}) permutation = [{}]",
-                        x.name,
-                        x.ty.mlir(),
-                        init.name,
-                        out.mlir(),
-                        list(perm)
-                    ),
-                    out.clone(),
-                )]))
+                Ok(Some(vec![self.transpose(x, perm)]))
             }
             OpKind::Reshape { .. } if ins.len() == 1 && ins[0].ty.numel() == out.numel() => {
                 let y = self.reshape(&ins[0], &out.shape)?;
