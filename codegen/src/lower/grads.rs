@@ -1,0 +1,241 @@
+//! Parameters and gradients by ZeRO stage: gathering a layer's weights, contributing and
+//! reducing its gradients in buckets, and the AdamW step on the rank's own state.
+
+use super::*;
+
+impl<'a> Stage<'a> {
+    /// Parameter buffers of a segment instance (gathered first at ZeRO-3).
+    pub(super) fn gather(
+        &mut self,
+        w: Which,
+        l: u32,
+        bucket: BucketId,
+    ) -> Vec<Option<(ParamId, BufferId)>> {
+        let pids: Vec<Option<ParamId>> = self.pids(w, l).to_vec();
+        let mut pairs = Vec::new();
+        let mut seen = BTreeSet::new();
+        let out = pids
+            .iter()
+            .map(|p| {
+                let p = (*p)?;
+                let st = self.ps.get(&p)?;
+                if self.zero >= 3 && seen.insert(p) {
+                    self.b.push(Instr::Alloc { buf: st.param });
+                    pairs.push((st.slice.unwrap_or(st.param), st.param));
+                }
+                Some((p, st.param))
+            })
+            .collect();
+        if !pairs.is_empty() {
+            self.b.push(Instr::Collective {
+                op: CollectiveOp::AllGather,
+                group: Slot::Dp,
+                algorithm: Algorithm::Ring,
+                axis: None,
+                pairs,
+                purpose: Purpose::ParamGather,
+                bucket: Some(bucket),
+            });
+        }
+        out
+    }
+
+    pub(super) fn release(&mut self, env: &[Option<(ParamId, BufferId)>]) {
+        if self.zero < 3 {
+            return;
+        }
+        let mut seen = BTreeSet::new();
+        for (p, b) in env.iter().flatten() {
+            if seen.insert(*p) {
+                self.b.free(*b);
+            }
+        }
+    }
+
+    /// Accumulates a segment instance's parameter gradients; reduces them across the
+    /// data-parallel group per ZeRO stage.
+    pub(super) fn contribute(
+        &mut self,
+        contribs: &[Contribution],
+        bucket: BucketId,
+        last: bool,
+        env: &[Option<(ParamId, BufferId)>],
+        later: &BTreeSet<ParamId>,
+    ) {
+        let partial: Vec<(BufferId, BufferId)> = contribs
+            .iter()
+            .filter(|c| c.partial)
+            .map(|c| (c.buf, c.buf))
+            .collect();
+        if !partial.is_empty() {
+            self.b.push(Instr::Collective {
+                op: CollectiveOp::AllReduce,
+                group: Slot::Tp,
+                algorithm: Algorithm::Ring,
+                axis: None,
+                pairs: partial,
+                purpose: Purpose::TpGradReduce,
+                bucket: Some(bucket),
+            });
+        }
+        if self.zero >= 2 {
+            let mut pairs = Vec::new();
+            let mut adds = Vec::new();
+            for c in contribs {
+                let Some(st) = self.ps.get(&c.param).copied() else {
+                    continue;
+                };
+                let w = self.cx.weight;
+                let sl = self.b.alloc(
+                    format!("g.{}.part", self.pname(c.param)),
+                    w,
+                    vec![st.per],
+                    Role::Temp,
+                );
+                pairs.push((c.buf, sl));
+                adds.push((c.buf, sl, st.grad));
+            }
+            if !pairs.is_empty() {
+                self.b.push(Instr::Collective {
+                    op: CollectiveOp::ReduceScatter,
+                    group: Slot::Dp,
+                    algorithm: Algorithm::Ring,
+                    axis: None,
+                    pairs,
+                    purpose: Purpose::GradReduce,
+                    bucket: Some(bucket),
+                });
+            }
+            for (full, sl, acc) in adds {
+                self.b.free(full);
+                self.b.push(Instr::Compute {
+                    kind: OpKind::Add,
+                    inputs: vec![acc, sl],
+                    outputs: vec![acc],
+                    saves: vec![],
+                    layer: None,
+                });
+                self.b.free(sl);
+            }
+            return;
+        }
+        for c in contribs {
+            let Some(st) = self.ps.get(&c.param).copied() else {
+                continue;
+            };
+            self.b.push(Instr::Compute {
+                kind: OpKind::Add,
+                inputs: vec![st.grad, c.buf],
+                outputs: vec![st.grad],
+                saves: vec![],
+                layer: None,
+            });
+            self.b.free(c.buf);
+        }
+        if !last || self.plan.strategy.dp < 2 {
+            return;
+        }
+        // The last micro-batch of this chunk: this segment's gradient bucket is complete.
+        let mut seen = BTreeSet::new();
+        let mut pairs = Vec::new();
+        for (p, _) in env.iter().flatten() {
+            if later.contains(p) || !seen.insert(*p) {
+                continue;
+            }
+            let Some(st) = self.ps.get(p).copied() else {
+                continue;
+            };
+            if self.zero == 0 {
+                pairs.push((st.grad, st.grad));
+            } else {
+                let sl = self.b.alloc(
+                    format!("g.{}.slice", self.pname(*p)),
+                    self.cx.weight,
+                    vec![st.per],
+                    Role::GradSlice(*p),
+                );
+                self.reduced.insert(*p, sl);
+                pairs.push((st.grad, sl));
+            }
+        }
+        if !pairs.is_empty() {
+            let op = if self.zero == 0 {
+                CollectiveOp::AllReduce
+            } else {
+                CollectiveOp::ReduceScatter
+            };
+            self.b.push(Instr::Collective {
+                op,
+                group: Slot::Dp,
+                algorithm: Algorithm::Ring,
+                axis: None,
+                pairs,
+                purpose: Purpose::GradReduce,
+                bucket: Some(bucket),
+            });
+        }
+    }
+
+    pub(super) fn optimizer(&mut self) {
+        let states: Vec<(ParamId, PState)> = self.ps.iter().map(|(a, b)| (*a, *b)).collect();
+        for (pid, st) in states {
+            let grad = self.reduced.get(&pid).copied().unwrap_or(st.grad);
+            match self.zero {
+                0 => self.adamw(&st, grad, st.param),
+                1 | 2 => {
+                    let w = self.cx.weight;
+                    let tmp = self.b.alloc(
+                        format!("w.{}.new", self.pname(pid)),
+                        w,
+                        vec![st.per],
+                        Role::ParamSlice(pid),
+                    );
+                    if st.master.is_none() {
+                        // This rank's slice of the replicated weights, updated in place.
+                        self.b.push(Instr::Chunk {
+                            src: st.param,
+                            dst: tmp,
+                            axis: None,
+                            group: Slot::Dp,
+                        });
+                    }
+                    self.adamw(&st, grad, tmp);
+                    self.b.push(Instr::Collective {
+                        op: CollectiveOp::AllGather,
+                        group: Slot::Dp,
+                        algorithm: Algorithm::Ring,
+                        axis: None,
+                        pairs: vec![(tmp, st.param)],
+                        purpose: Purpose::ParamGather,
+                        bucket: None,
+                    });
+                    self.b.free(tmp);
+                    if self.zero == 1 && grad != st.grad {
+                        self.b.free(grad);
+                    }
+                }
+                _ => self.adamw(&st, grad, st.slice.unwrap_or(st.param)),
+            }
+        }
+        self.reduced.clear();
+    }
+
+    /// AdamW on `weights`, or with mixed precision on the fp32 master copy, then copied into
+    /// `weights`.
+    pub(super) fn adamw(&mut self, st: &PState, grad: BufferId, weights: BufferId) {
+        let config = self.opts.adamw;
+        self.b.push(Instr::AdamW {
+            config,
+            param: st.master.unwrap_or(weights),
+            grad,
+            m: st.m,
+            v: st.v,
+        });
+        if let Some(master) = st.master {
+            self.b.push(Instr::Copy {
+                src: master,
+                dst: weights,
+            });
+        }
+    }
+}
