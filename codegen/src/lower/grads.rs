@@ -26,17 +26,13 @@ impl<'a> Stage<'a> {
                 Some((p, st.param))
             })
             .collect();
-        if !pairs.is_empty() {
-            self.b.push(Instr::Collective {
-                op: CollectiveOp::AllGather,
-                group: Slot::Dp,
-                algorithm: Algorithm::Ring,
-                axis: None,
-                pairs,
-                purpose: Purpose::ParamGather,
-                bucket: Some(bucket),
-            });
-        }
+        self.flat_collective(
+            CollectiveOp::AllGather,
+            Slot::Dp,
+            pairs,
+            Purpose::ParamGather,
+            Some(bucket),
+        );
         out
     }
 
@@ -67,17 +63,13 @@ impl<'a> Stage<'a> {
             .filter(|c| c.partial)
             .map(|c| (c.buf, c.buf))
             .collect();
-        if !partial.is_empty() {
-            self.b.push(Instr::Collective {
-                op: CollectiveOp::AllReduce,
-                group: Slot::Tp,
-                algorithm: Algorithm::Ring,
-                axis: None,
-                pairs: partial,
-                purpose: Purpose::TpGradReduce,
-                bucket: Some(bucket),
-            });
-        }
+        self.flat_collective(
+            CollectiveOp::AllReduce,
+            Slot::Tp,
+            partial,
+            Purpose::TpGradReduce,
+            Some(bucket),
+        );
         if self.zero >= 2 {
             let mut pairs = Vec::new();
             let mut adds = Vec::new();
@@ -95,17 +87,13 @@ impl<'a> Stage<'a> {
                 pairs.push((c.buf, sl));
                 adds.push((c.buf, sl, st.grad));
             }
-            if !pairs.is_empty() {
-                self.b.push(Instr::Collective {
-                    op: CollectiveOp::ReduceScatter,
-                    group: Slot::Dp,
-                    algorithm: Algorithm::Ring,
-                    axis: None,
-                    pairs,
-                    purpose: Purpose::GradReduce,
-                    bucket: Some(bucket),
-                });
-            }
+            self.flat_collective(
+                CollectiveOp::ReduceScatter,
+                Slot::Dp,
+                pairs,
+                Purpose::GradReduce,
+                Some(bucket),
+            );
             for (full, sl, acc) in adds {
                 self.b.free(full);
                 self.b.push(Instr::Compute {
@@ -164,15 +152,7 @@ impl<'a> Stage<'a> {
             } else {
                 CollectiveOp::ReduceScatter
             };
-            self.b.push(Instr::Collective {
-                op,
-                group: Slot::Dp,
-                algorithm: Algorithm::Ring,
-                axis: None,
-                pairs,
-                purpose: Purpose::GradReduce,
-                bucket: Some(bucket),
-            });
+            self.flat_collective(op, Slot::Dp, pairs, Purpose::GradReduce, Some(bucket));
         }
     }
 
@@ -200,15 +180,13 @@ impl<'a> Stage<'a> {
                         });
                     }
                     self.adamw(&st, grad, tmp);
-                    self.b.push(Instr::Collective {
-                        op: CollectiveOp::AllGather,
-                        group: Slot::Dp,
-                        algorithm: Algorithm::Ring,
-                        axis: None,
-                        pairs: vec![(tmp, st.param)],
-                        purpose: Purpose::ParamGather,
-                        bucket: None,
-                    });
+                    self.flat_collective(
+                        CollectiveOp::AllGather,
+                        Slot::Dp,
+                        vec![(tmp, st.param)],
+                        Purpose::ParamGather,
+                        None,
+                    );
                     self.b.free(tmp);
                     if self.zero == 1 && grad != st.grad {
                         self.b.free(grad);
@@ -237,5 +215,28 @@ impl<'a> Stage<'a> {
                 dst: weights,
             });
         }
+    }
+
+    /// A ring collective on flat buffers over `group`; none when `pairs` is empty.
+    pub(super) fn flat_collective(
+        &mut self,
+        op: CollectiveOp,
+        group: Slot,
+        pairs: Vec<(BufferId, BufferId)>,
+        purpose: Purpose,
+        bucket: Option<BucketId>,
+    ) {
+        if pairs.is_empty() {
+            return;
+        }
+        self.b.push(Instr::Collective {
+            op,
+            group,
+            algorithm: Algorithm::Ring,
+            axis: None,
+            pairs,
+            purpose,
+            bucket,
+        });
     }
 }

@@ -232,15 +232,13 @@ impl<'a> Stage<'a> {
                         (g, g)
                     })
                     .collect();
-                self.b.push(Instr::Collective {
-                    op: CollectiveOp::AllReduce,
-                    group: Slot::Tied,
-                    algorithm: Algorithm::Ring,
-                    axis: None,
+                self.flat_collective(
+                    CollectiveOp::AllReduce,
+                    Slot::Tied,
                     pairs,
-                    purpose: Purpose::TiedGrad,
-                    bucket: None,
-                });
+                    Purpose::TiedGrad,
+                    None,
+                );
             }
         }
         self.optimizer();
