@@ -62,6 +62,11 @@ pub struct RunArgs {
     /// longer than this between messages (large models, long pipeline stages).
     #[arg(long, default_value_t = DEFAULT_TIMEOUT_S)]
     timeout: u64,
+    /// After training, print where a step's time goes: wall time per instruction kind
+    /// (computes by op, collectives by communicator) on the first rank of each pipeline
+    /// stage, the first step left out as a warm-up.
+    #[arg(long)]
+    op_times: bool,
     /// Reproducible arithmetic: matrix products accumulate in f64 and round once, and
     /// tensor-parallel partial sums cross the all-reduce in f64, so that a product's rounding
     /// hardly depends on how tensor parallelism split it and a parallel run trains to one
@@ -145,6 +150,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         init,
         timeout: Duration::from_secs(args.timeout.max(1)),
         reproducible: args.reproducible,
+        op_times: args.op_times,
         checkpoint: args
             .checkpoint_dir
             .as_ref()
@@ -225,10 +231,16 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
     };
     let result = match &world {
-        Some(w) => w.train(&set, &tokens, &opts, &on_step),
-        None => runtime::train::train_threads(&set, &tokens, &opts, &on_step).map(|_| ()),
+        Some(w) => w
+            .train(&set, &tokens, &opts, &on_step)
+            .map(|o| vec![(w.rank, o)]),
+        None => runtime::train::train_threads(&set, &tokens, &opts, &on_step)
+            .map(|outs| outs.into_iter().enumerate().collect()),
     };
     bar.finish_and_clear();
+    if let Ok(outs) = &result {
+        print_op_times(&set, outs);
+    }
     if let Err(e) = result {
         let e = explain(e, args.timeout.max(1));
         match &world {
@@ -244,6 +256,27 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         return Err(e).context("cannot write the JSON log");
     }
     Ok(())
+}
+
+/// Each pipeline stage's first rank's time per instruction kind (ranks of a stage run one
+/// template and spend their time alike).
+fn print_op_times(set: &ProgramSet, outs: &[(usize, runtime::train::RankOutcome)]) {
+    let mut seen = std::collections::BTreeSet::new();
+    for (rank, o) in outs {
+        let Some(t) = &o.op_times else { continue };
+        let Some(info) = set.rank(*rank as u32) else {
+            continue;
+        };
+        if !seen.insert(info.template) {
+            continue;
+        }
+        println!(
+            "\nrank {rank} (stage {}), {} steps:\n{}",
+            info.coords.pp,
+            t.steps,
+            t.table()
+        );
+    }
 }
 
 /// The error, with what a timeout means: the rank that did not arrive died or hung.
@@ -292,10 +325,10 @@ impl MpiRun {
         tokens: &Tokens,
         opts: &TrainOptions,
         on_step: &(dyn Fn(u32, StepLog) + Sync),
-    ) -> Result<(), runtime::RuntimeError> {
+    ) -> Result<runtime::train::RankOutcome, runtime::RuntimeError> {
         let mut comm = self.world.communicator();
         runtime::Communicator::set_timeout(&mut comm, opts.timeout);
-        runtime::train::train_rank(set, opts.cpu_backend(), comm, tokens, opts, on_step).map(|_| ())
+        runtime::train::train_rank(set, opts.cpu_backend(), comm, tokens, opts, on_step)
     }
 
     /// Reports this rank's failure and ends the whole job (`MPI_Abort`, exit code 2).
@@ -318,9 +351,14 @@ impl MpiRun {
         _: &Tokens,
         _: &TrainOptions,
         _: &(dyn Fn(u32, StepLog) + Sync),
-    ) -> Result<(), runtime::RuntimeError> {
+    ) -> Result<runtime::train::RankOutcome, runtime::RuntimeError> {
+        // Never called: without the feature there is no MPI world.
         let _ = self.rank;
-        Ok(())
+        Ok(runtime::train::RankOutcome {
+            losses: Vec::new(),
+            states: Vec::new(),
+            op_times: None,
+        })
     }
 
     fn abort(&self, e: &anyhow::Error) -> ! {

@@ -122,6 +122,7 @@ pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
             timeout: Duration::from_secs(120),
             checkpoint: None,
             reproducible: false,
+            op_times: false,
         };
         train_threads(&set, &tokens, &opts, &on_step)?;
         let measured = crate::bench::median(times.into_inner().unwrap_or_default());

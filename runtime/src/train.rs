@@ -9,7 +9,7 @@ use codegen::ProgramSet;
 
 use crate::checkpoint;
 use crate::data::Tokens;
-use crate::exec::{Executor, Init, ShardState};
+use crate::exec::{Executor, Init, OpTimes, ShardState};
 use crate::{Backend, Communicator, CpuBackend, RuntimeError, ThreadComm};
 
 /// Where and how often to checkpoint.
@@ -33,6 +33,9 @@ pub struct TrainOptions {
     /// Deadline of every communicator operation.
     pub timeout: Duration,
     pub checkpoint: Option<CheckpointOptions>,
+    /// Record each rank's wall time per instruction kind (after the first step, a warm-up;
+    /// [`RankOutcome::op_times`]).
+    pub op_times: bool,
     /// Reproducible mode ([`CpuBackend::reproducible`]): a tensor-parallel run trains to one
     /// device's parameters. Applies to the backend [`TrainOptions::cpu_backend`] builds (as
     /// [`train_threads`] and `plait run` do); a caller of [`train_rank`] chooses its own.
@@ -68,6 +71,8 @@ pub struct RankOutcome {
     pub losses: Vec<f64>,
     /// Final parameter and optimizer state of this rank.
     pub states: Vec<ShardState>,
+    /// Wall time per instruction kind, when [`TrainOptions::op_times`] asked for it.
+    pub op_times: Option<OpTimes>,
 }
 
 /// Global batch size (sequences) of the programs.
@@ -100,8 +105,13 @@ pub fn train_rank<B: Backend, C: Communicator>(
     let rows = global_rows(set);
     let seq = set.mesh.seq as usize;
     let mut losses = Vec::new();
+    let first = ex.steps() + 1;
     while ex.steps() < opts.steps {
         let step = ex.steps() + 1;
+        // The first step is a warm-up (first touches of memory), unless it is the only one.
+        if opts.op_times && (step > first || opts.steps == step) {
+            ex.record_op_times();
+        }
         let batch = data.batch(opts.seed, step, rows, seq)?;
         let t0 = Instant::now();
         let loss = ex.step(&batch)?;
@@ -125,6 +135,7 @@ pub fn train_rank<B: Backend, C: Communicator>(
     Ok(RankOutcome {
         losses,
         states: ex.shard_states()?,
+        op_times: ex.op_times().cloned(),
     })
 }
 

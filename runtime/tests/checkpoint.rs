@@ -27,6 +27,7 @@ fn losses(set: &ProgramSet, steps: u64, ckpt: Option<CheckpointOptions>) -> Vec<
         timeout: Duration::from_secs(60),
         checkpoint: ckpt,
         reproducible: false,
+        op_times: false,
     };
     train_threads(set, &text(), &opts, &|_, _| {}).unwrap()[0]
         .losses
@@ -90,6 +91,7 @@ fn failing(set: &ProgramSet, ckpt: CheckpointOptions) -> (String, usize) {
         timeout: Duration::from_secs(60),
         checkpoint: Some(ckpt),
         reproducible: false,
+        op_times: false,
     };
     let ran = std::sync::atomic::AtomicUsize::new(0);
     let on_step = |_: u32, _: runtime::train::StepLog| {

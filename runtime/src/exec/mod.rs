@@ -27,6 +27,7 @@ pub mod collective;
 pub mod dropout;
 pub mod init;
 pub mod layout;
+pub mod op_times;
 mod state;
 
 use codegen::program::{CollectiveOp, Elem, Instr, Role, Slot, Template};
@@ -38,6 +39,7 @@ use self::collective::Members;
 use crate::{Backend, Communicator, MAX_TAG, RuntimeError};
 
 pub use init::Init;
+pub use op_times::OpTimes;
 pub use state::{Field, Piece, ShardState, assemble};
 
 /// One iteration's tokens: the global batch, `rows` sequences of `seq` token ids.
@@ -74,6 +76,8 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     steps: u64,
     /// The current pipeline task's micro-batch.
     micro_batch: u32,
+    /// Wall time per instruction kind, when recording ([`Executor::record_op_times`]).
+    op_times: Option<OpTimes>,
 }
 
 fn instr_name(i: &Instr) -> &'static str {
@@ -145,6 +149,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .collect(),
             steps: 0,
             micro_batch: 0,
+            op_times: None,
         })
     }
 
@@ -177,15 +182,31 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.zero_all_pending()
     }
 
+    /// Records the wall time of every instruction of the steps from now on.
+    pub fn record_op_times(&mut self) {
+        self.op_times.get_or_insert_with(OpTimes::default);
+    }
+
+    /// What [`Executor::record_op_times`] recorded.
+    pub fn op_times(&self) -> Option<&OpTimes> {
+        self.op_times.as_ref()
+    }
+
     /// Runs one iteration on the global batch; returns the iteration's loss (all ranks).
     pub fn step(&mut self, batch: &Batch) -> Result<f64, RuntimeError> {
         self.steps += 1;
         let tpl = self.tpl;
         let mut loss = 0.0;
         let reads = std::mem::take(&mut self.step_reads);
+        let step_start = std::time::Instant::now();
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
-            match self.exec(ins, r, None, Some(batch)) {
+            let t0 = self.op_times.is_some().then(std::time::Instant::now);
+            let result = self.exec(ins, r, None, Some(batch));
+            if let (Some(t0), Some(ot)) = (t0, self.op_times.as_mut()) {
+                ot.add(op_times::kind(ins), t0.elapsed());
+            }
+            match result {
                 Ok(Some(l)) => loss += l,
                 Ok(None) => {}
                 Err(e) => {
@@ -196,7 +217,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         }
         self.step_reads = reads;
         self.zero_all_pending()?;
-        self.sum_loss(loss)
+        let loss = self.sum_loss(loss)?;
+        if let Some(ot) = self.op_times.as_mut() {
+            ot.end_step(step_start.elapsed());
+        }
+        Ok(loss)
     }
 
     fn at(&self, phase: &'static str, index: usize, ins: &Instr, e: RuntimeError) -> RuntimeError {

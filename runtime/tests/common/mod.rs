@@ -155,6 +155,7 @@ pub fn train_with(set: &ProgramSet, steps: u64, seed: u64, reproducible: bool) -
         timeout: Duration::from_secs(60),
         checkpoint: None,
         reproducible,
+        op_times: false,
     };
     let outs = train_threads(set, &text(), &opts, &|_, _| {}).unwrap();
     let states: Vec<_> = outs.iter().flat_map(|o| o.states.clone()).collect();

@@ -1,0 +1,109 @@
+//! Where a rank's step time goes: wall time per kind of instruction (`plait run --op-times`).
+//!
+//! Collectives and receives include the time spent waiting for the other ranks, so on a
+//! pipeline or a loaded machine they also measure imbalance, not only transfer.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use codegen::program::Instr;
+use ir::OpKind;
+
+/// Calls and wall time per instruction kind, over the steps recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OpTimes {
+    /// Kind → (calls, seconds).
+    pub by_kind: BTreeMap<String, (u64, f64)>,
+    /// Steps recorded.
+    pub steps: u64,
+    /// Wall time of those steps.
+    pub total_s: f64,
+}
+
+/// The kind an instruction is counted under: the op's name for computes (`grad.` prefixed for
+/// backward ops), the operation and communicator role for collectives.
+pub fn kind(i: &Instr) -> String {
+    match i {
+        Instr::Compute {
+            kind: OpKind::Grad { of, .. },
+            ..
+        } => format!("grad.{}", of.mnemonic()),
+        Instr::Compute { kind, .. } => kind.mnemonic().to_string(),
+        Instr::Collective { op, group, .. } => format!("{} ({})", op.name(), group.name()),
+        Instr::Alloc { .. } => "alloc".into(),
+        Instr::Free { .. } => "free".into(),
+        Instr::Task { .. } => "task".into(),
+        Instr::InitParams { .. } => "init_params".into(),
+        Instr::LoadTokens { .. } => "load_tokens".into(),
+        Instr::Fill { .. } => "fill".into(),
+        Instr::Copy { .. } => "copy".into(),
+        Instr::Chunk { .. } => "chunk".into(),
+        Instr::Send { .. } => "send".into(),
+        Instr::Recv { .. } => "recv".into(),
+        Instr::RecomputeBegin { .. } | Instr::RecomputeEnd { .. } => "recompute marker".into(),
+        Instr::AdamW { .. } => "adamw".into(),
+        Instr::Loss { .. } => "loss".into(),
+    }
+}
+
+impl OpTimes {
+    pub(crate) fn add(&mut self, kind: String, took: Duration) {
+        let e = self.by_kind.entry(kind).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += took.as_secs_f64();
+    }
+
+    pub(crate) fn end_step(&mut self, took: Duration) {
+        self.steps += 1;
+        self.total_s += took.as_secs_f64();
+    }
+
+    /// A table: kind, calls per step, milliseconds per step and share of the step, largest
+    /// first; the kinds below 0.5 % of the step are summed into one line.
+    pub fn table(&self) -> String {
+        let steps = self.steps.max(1) as f64;
+        let total = self.total_s.max(1e-12);
+        let mut rows: Vec<(&String, &(u64, f64))> = self.by_kind.iter().collect();
+        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        let mut out = format!(
+            "{:<28} {:>10} {:>12} {:>7}\n",
+            "instruction", "calls/step", "ms/step", "share"
+        );
+        let (mut rest_calls, mut rest_s, mut rest_n) = (0u64, 0.0, 0usize);
+        let mut counted = 0.0;
+        for (k, &(calls, s)) in rows {
+            counted += s;
+            if s / total < 0.005 {
+                (rest_calls, rest_s, rest_n) = (rest_calls + calls, rest_s + s, rest_n + 1);
+                continue;
+            }
+            out += &format!(
+                "{k:<28} {:>10.1} {:>12.2} {:>6.1}%\n",
+                calls as f64 / steps,
+                1e3 * s / steps,
+                100.0 * s / total
+            );
+        }
+        if rest_n > 0 {
+            out += &format!(
+                "{:<28} {:>10.1} {:>12.2} {:>6.1}%\n",
+                format!("({rest_n} more kinds)"),
+                rest_calls as f64 / steps,
+                1e3 * rest_s / steps,
+                100.0 * rest_s / total
+            );
+        }
+        let other = (total - counted).max(0.0);
+        out += &format!(
+            "{:<28} {:>10} {:>12.2} {:>6.1}%\n{:<28} {:>10} {:>12.2}",
+            "(between instructions)",
+            "",
+            1e3 * other / steps,
+            100.0 * other / total,
+            "step",
+            "",
+            1e3 * total / steps
+        );
+        out
+    }
+}
