@@ -238,8 +238,11 @@ fn estimate_impl(
         } else {
             1.0
         };
-        let f = layer_fwd.max(ag);
-        let bw = layer_bwd.max(regathers * ag + rs);
+        let (f, bw) = if cluster.comm_overlaps_compute {
+            (layer_fwd.max(ag), layer_bwd.max(regathers * ag + rs))
+        } else {
+            (layer_fwd + ag, layer_bwd + regathers * ag + rs)
+        };
         zero3_exposed_per_layer = (f - layer_fwd) + (bw - layer_bwd);
         layer_fwd = f;
         layer_bwd = bw;
@@ -308,7 +311,8 @@ fn estimate_impl(
         let states = state_bytes(local, dp as f64, s.zero, s.precision);
         let grad_bytes = local * s.precision.grad_bytes();
         // Data-parallel gradient synchronisation, bucketed and overlapped with the backward of
-        // the last micro-batch (all but its first layer's worth can hide behind it).
+        // the last micro-batch (all but its first layer's worth can hide behind it) where the
+        // cluster runs communication beside compute; in full where it does not.
         let mut dp_time = 0.0;
         if dp > 1 {
             dp_time = match s.zero {
@@ -328,7 +332,7 @@ fn estimate_impl(
             };
         }
         let last_bwd: f64 = my_chunks.iter().map(|&c| chunks[c].bwd).sum();
-        let hidden_window = if layers > 0 {
+        let hidden_window = if layers > 0 && cluster.comm_overlaps_compute {
             let per_mb = if s.zero == 2 {
                 micro_batches as f64
             } else {

@@ -123,6 +123,17 @@ pub struct Cluster {
     pub gpu: Gpu,
     #[serde(rename = "link")]
     pub links: Vec<Link>,
+    /// Whether collectives run alongside compute, as on GPUs, where NCCL has its own stream
+    /// (the default): data-parallel gradient reductions then hide behind the remaining
+    /// backward and ZeRO-3 gathers behind the previous layer. plait's CPU runtime runs a
+    /// collective on the rank's one thread, between its computations, so a `cpu` cluster says
+    /// false and pays them in full.
+    #[serde(default = "overlap_default")]
+    pub comm_overlaps_compute: bool,
+}
+
+fn overlap_default() -> bool {
+    true
 }
 
 const PRESETS: [(&str, &str); 9] = [

@@ -64,6 +64,11 @@ pub(super) fn cluster_toml(p: &MachineProfile, name: &str) -> String {
     );
     let _ = writeln!(s, "gpus_per_node = {}", p.threads.max(1));
     let _ = writeln!(s, "max_nodes = 1");
+    let _ = writeln!(
+        s,
+        "# plait's CPU runtime runs a collective on the rank's own thread, between computations."
+    );
+    let _ = writeln!(s, "comm_overlaps_compute = false");
     let _ = writeln!(s);
     let _ = writeln!(s, "[gpu]");
     let _ = writeln!(s, "name = \"cpu-thread\"");
