@@ -21,7 +21,8 @@ pub struct OpTimes {
 }
 
 /// The kind an instruction is counted under: the op's name for computes (`grad.` prefixed for
-/// backward ops), the operation and communicator role for collectives.
+/// backward ops), the operation and communicator role for collectives, else the
+/// instruction's name (as errors give it).
 pub fn kind(i: &Instr) -> String {
     match i {
         Instr::Compute {
@@ -30,19 +31,7 @@ pub fn kind(i: &Instr) -> String {
         } => format!("grad.{}", of.mnemonic()),
         Instr::Compute { kind, .. } => kind.mnemonic().to_string(),
         Instr::Collective { op, group, .. } => format!("{} ({})", op.name(), group.name()),
-        Instr::Alloc { .. } => "alloc".into(),
-        Instr::Free { .. } => "free".into(),
-        Instr::Task { .. } => "task".into(),
-        Instr::InitParams { .. } => "init_params".into(),
-        Instr::LoadTokens { .. } => "load_tokens".into(),
-        Instr::Fill { .. } => "fill".into(),
-        Instr::Copy { .. } => "copy".into(),
-        Instr::Chunk { .. } => "chunk".into(),
-        Instr::Send { .. } => "send".into(),
-        Instr::Recv { .. } => "recv".into(),
-        Instr::RecomputeBegin { .. } | Instr::RecomputeEnd { .. } => "recompute marker".into(),
-        Instr::AdamW { .. } => "adamw".into(),
-        Instr::Loss { .. } => "loss".into(),
+        _ => super::instr_name(i).to_string(),
     }
 }
 
