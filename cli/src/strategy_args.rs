@@ -58,8 +58,9 @@ pub struct StrategyArgs {
     /// Numeric precision: fp32, bf16, fp16 or fp8 [default: bf16].
     #[arg(long)]
     pub precision: Option<Precision>,
-    /// Attention kernel: materialized (scores in memory, as plait's kernels do) or fused
-    /// (FlashAttention) [default: materialized].
+    /// Attention kernel: fused (FlashAttention, what GPU training stacks run) or materialized
+    /// (scores in memory: Megatron-LM 2021-22, plait's CPU kernels) [default: the cluster's;
+    /// fused on A100/H100/H200, materialized on V100 and `cpu`].
     #[arg(long)]
     pub attention: Option<planner::cost::compute::AttentionKernel>,
     /// Element-wise kernels of the runtime: eager (one kernel per op, as plait's CPU runtime)
@@ -120,7 +121,9 @@ impl StrategyArgs {
             sequence_parallel: self.sequence_parallel == Some(Switch::On),
             precision: self.precision.unwrap_or(Precision::Bf16),
             stage_layers: self.stage_layers.clone(),
-            attention: self.attention.unwrap_or_default(),
+            attention: self
+                .attention
+                .unwrap_or_else(|| cluster.default_attention()),
             kernels: self.kernels.unwrap_or_else(|| cluster.default_kernels()),
         })
     }

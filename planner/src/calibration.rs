@@ -1,7 +1,7 @@
 //! The published runs plait's cost model is checked against (never fitted to): Megatron-LM
 //! SC'21 (Narayanan et al. 2021), Tables 1 and 2, shipped in `data/megatron_sc21_runs.csv`.
 
-use crate::cost::compute::Kernels;
+use crate::cost::compute::{AttentionKernel, Kernels};
 use crate::error::PlanError;
 use crate::estimate::estimate;
 use crate::hardware::Cluster;
@@ -174,7 +174,8 @@ pub fn predict_row(
                 virtual_stages: v,
                 sequence_parallel: false,
                 precision: Precision::Fp16,
-                attention: Default::default(),
+                // Megatron-LM in 2021 materialized the attention scores.
+                attention: AttentionKernel::Materialized,
                 // The rows are Megatron-LM runs, which use its fused kernels (SC'21 §4.2).
                 kernels: Kernels::Fused,
                 stage_layers: None,

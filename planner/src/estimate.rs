@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::comm::{Collective, Mesh, collective_time, mesh, p2p_time};
 use crate::cost::compute::{Device, Kernels, TpLayout, tp_layout};
-use crate::cost::memory::{LayerShape, layer_activation_bytes, state_bytes};
+use crate::cost::memory::{ActivationPolicy, LayerShape, layer_activation_bytes, state_bytes};
 use crate::cost::pipeline::{ChunkCost, Timeline, simulate_with};
 use crate::error::PlanError;
 use crate::hardware::Cluster;
@@ -250,15 +250,14 @@ fn estimate_impl(
 
     let shape = layer_shape(g, info);
     let rep = if s.sequence_parallel { tp as f64 } else { 1.0 };
-    let act_layer = layer_activation_bytes(
-        &shape,
-        b.seq as f64,
-        b.batch as f64,
-        tp as f64,
-        s.sequence_parallel,
-        s.recompute,
-        s.precision,
-    );
+    let policy = ActivationPolicy {
+        tp: tp as f64,
+        sequence_parallel: s.sequence_parallel,
+        recompute: s.recompute,
+        precision: s.precision,
+        attention: s.attention,
+    };
+    let act_layer = layer_activation_bytes(&shape, b.seq as f64, b.batch as f64, &policy);
     let chunk_layers = s.chunk_layers(info.layers);
     let n_chunks = chunk_layers.len();
     let p2p = p2p_time(cluster, act_bytes / rep, m.pp_cross_node, m.pp_sharing);
@@ -368,15 +367,11 @@ fn estimate_impl(
         // gradient; the first the embedding output.
         let mut activations = timeline.device_peak_activations[d];
         if s.recompute == Recompute::Full {
-            activations += layer_activation_bytes(
-                &shape,
-                b.seq as f64,
-                b.batch as f64,
-                tp as f64,
-                s.sequence_parallel,
-                Recompute::None,
-                s.precision,
-            );
+            let rebuilt = ActivationPolicy {
+                recompute: Recompute::None,
+                ..policy
+            };
+            activations += layer_activation_bytes(&shape, b.seq as f64, b.batch as f64, &rebuilt);
         }
         let mut other = RESERVE_BYTES;
         if my_chunks.contains(&(n_chunks - 1)) {

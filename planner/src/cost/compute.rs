@@ -285,6 +285,11 @@ pub struct Device<'c> {
     pub score_dropout: bool,
     pub matmul_peak: f64,
     pub vector_peak: f64,
+    /// FLOP/s of a fused attention kernel, forward and backward: the 16-bit dense peak times
+    /// the GPU's FlashAttention rates (attention stays in 16 bits under FP8 training, as
+    /// Transformer Engine runs it), or the matmul rate where the GPU has no measured rate.
+    pub flash_fwd: f64,
+    pub flash_bwd: f64,
     pub hbm: f64,
     pub launch: f64,
 }
@@ -297,20 +302,35 @@ impl<'c> Device<'c> {
         kernels: Kernels,
         score_dropout: bool,
     ) -> Option<Device<'c>> {
+        let matmul_peak = cluster.peak_flops(precision)?
+            * cluster.gpu.matmul_efficiency
+            * if cluster.gpu.matmul_packs_operands {
+                1.0
+            } else {
+                TRANSFORMER_GEMM_FRACTION
+            };
+        let sixteen_bit = match precision {
+            Precision::Fp8 => cluster
+                .peak_flops(Precision::Bf16)
+                .or(cluster.peak_flops(Precision::Fp16)),
+            p => cluster.peak_flops(p),
+        };
+        let (flash_fwd, flash_bwd) = match (cluster.gpu.flash_attention, sixteen_bit) {
+            (Some(fa), Some(peak)) if precision != Precision::Fp32 => {
+                (peak * fa.forward, peak * fa.backward)
+            }
+            _ => (matmul_peak, matmul_peak),
+        };
         Some(Device {
             cluster,
+            flash_fwd,
+            flash_bwd,
             attention,
             kernels,
             score_dropout,
             // A measured CPU rate (`plait profile`) is the library's own at n³; its shape
             // effects are the packing passes (`op_time`), not the H200's GEMM mix.
-            matmul_peak: cluster.peak_flops(precision)?
-                * cluster.gpu.matmul_efficiency
-                * if cluster.gpu.matmul_packs_operands {
-                    1.0
-                } else {
-                    TRANSFORMER_GEMM_FRACTION
-                },
+            matmul_peak,
             vector_peak: cluster.peak_flops(Precision::Fp32)?,
             hbm: cluster.hbm_bytes_per_s(),
             launch: cluster.gpu.launch_overhead_us * 1e-6,
@@ -411,6 +431,11 @@ impl<'c> Device<'c> {
             t.fwd += 2.0 * (x + w) / self.hbm;
             t.bwd += 2.0 * (x + w + 2.0 * y) / self.hbm;
         }
+        if let (OpKind::Attention { causal, .. }, AttentionKernel::Fused) =
+            (&op.kind, self.attention)
+        {
+            return self.flash_attention_time(g, o, b, split, *causal, eff.unwrap_or(1.0));
+        }
         if let (OpKind::Attention { heads, .. }, AttentionKernel::Materialized) =
             (&op.kind, self.attention)
         {
@@ -442,6 +467,40 @@ impl<'c> Device<'c> {
             t.bwd += 2.0 * scores * secs + 3.0 * self.launch;
         }
         t
+    }
+
+    /// A fused attention kernel (FlashAttention, Dao et al. 2022; FlashAttention-2, Dao 2023):
+    /// scores never leave on-chip memory, so its time is its products at the kernel's measured
+    /// rate. A causal kernel skips the blocks above the diagonal (it does the visible fraction of
+    /// the 4·B·Sq·Sk·heads·d products); the backward recomputes the scores and runs five
+    /// products to the forward's two, 2.5 × the forward's FLOPs (FlashAttention-2 §4.1). The
+    /// products' tile and wave quantization (`shape`) applies as to any GEMM.
+    fn flash_attention_time(
+        &self,
+        g: &Graph,
+        o: OpId,
+        b: Binding,
+        split: f64,
+        causal: bool,
+        shape: f64,
+    ) -> OpTime {
+        let op = g.op(o);
+        let q = g.ty(op.inputs[0]).shape.eval(b);
+        let k = g.ty(op.inputs[1]).shape.eval(b);
+        let visible = if causal {
+            causal_visible_fraction(q[1], k[1])
+        } else {
+            1.0
+        };
+        let products = 4.0 * (q[0] * q[1] * k[1] * q[2]) as f64 * visible / split;
+        let fwd_flops = products;
+        let bwd_flops = 2.5 * products;
+        OpTime {
+            fwd: fwd_flops / (self.flash_fwd * shape) + self.launch,
+            bwd: bwd_flops / (self.flash_bwd * shape) + self.launch,
+            fwd_flops,
+            bwd_flops,
+        }
     }
 
     /// Time of a group of point-wise ops fused into one kernel (see [`fuse_pointwise`]): it

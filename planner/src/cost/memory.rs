@@ -12,6 +12,7 @@
 
 use serde::Serialize;
 
+use crate::cost::compute::AttentionKernel;
 use crate::precision::Precision;
 use crate::strategy::Recompute;
 
@@ -32,16 +33,26 @@ pub struct LayerShape {
     pub dropout: bool,
 }
 
+/// How a layer's activations are kept: the parallel split of the tensors and what the run
+/// recomputes or never stores.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ActivationPolicy {
+    pub tp: f64,
+    pub sequence_parallel: bool,
+    pub recompute: Recompute,
+    pub precision: Precision,
+    pub attention: AttentionKernel,
+}
+
 /// Activation bytes one layer keeps for one micro-batch of `b` sequences of length `s`.
-pub fn layer_activation_bytes(
-    l: &LayerShape,
-    s: f64,
-    b: f64,
-    tp: f64,
-    sequence_parallel: bool,
-    recompute: Recompute,
-    precision: Precision,
-) -> f64 {
+///
+/// A materialized attention keeps Korthikanti's score terms; a fused one (FlashAttention)
+/// never stores the scores: it keeps its output (the projection input, counted already) and the
+/// softmax statistics, one fp32 log-sum-exp per query row and head (Dao et al. 2022, §3.1), and
+/// regenerates its dropout mask from the random state.
+pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPolicy) -> f64 {
+    let (tp, sequence_parallel, recompute) = (a.tp, a.sequence_parallel, a.recompute);
+    let precision = a.precision;
     let e = precision.activation_bytes();
     let sbh = s * b * l.hidden;
     // Tensors on the residual stream: replicated across TP ranks unless sequence-parallel.
@@ -57,8 +68,13 @@ pub fn layer_activation_bytes(
     // Attention core: softmax output, dropout mask and dropout output per head (5·a·s²·b);
     // selective recompute drops it.
     if recompute == Recompute::None {
-        let per_score = if l.dropout { 2.0 * e + 1.0 } else { e };
-        bytes += per_score * l.heads * s * s * b / tp;
+        bytes += match a.attention {
+            AttentionKernel::Materialized => {
+                let per_score = if l.dropout { 2.0 * e + 1.0 } else { e };
+                per_score * l.heads * s * s * b / tp
+            }
+            AttentionKernel::Fused => LSE_BYTES * l.heads * s * b / tp,
+        };
     }
     // MLP block: LN input, first-linear input, dropout mask; inner activations split by TP.
     bytes += (e * sbh + e * sbh + mask * sbh) / rep;
@@ -66,6 +82,9 @@ pub fn layer_activation_bytes(
     bytes += inner * e * s * b * l.ffn * l.experts_per_token / tp;
     bytes
 }
+
+/// Bytes of one softmax statistic a fused attention keeps per query row and head (fp32).
+pub const LSE_BYTES: f64 = 4.0;
 
 /// Model-state bytes on one rank holding `params` parameters (already divided by TP).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -100,6 +119,36 @@ mod tests {
         }
     }
 
+    fn policy(tp: f64, sp: bool, recompute: Recompute, precision: Precision) -> ActivationPolicy {
+        ActivationPolicy {
+            tp,
+            sequence_parallel: sp,
+            recompute,
+            precision,
+            attention: AttentionKernel::Materialized,
+        }
+    }
+
+    #[test]
+    fn fused_attention_keeps_softmax_statistics_not_scores() {
+        let (s, b, h, a, t) = (8192.0, 1.0, 4096.0, 32.0, 1.0);
+        let l = LayerShape {
+            dropout: false,
+            ..gpt(h, a)
+        };
+        let mut p = policy(t, false, Recompute::None, Precision::Bf16);
+        let materialized = layer_activation_bytes(&l, s, b, &p);
+        p.attention = AttentionKernel::Fused;
+        let fused = layer_activation_bytes(&l, s, b, &p);
+        // Without dropout the materialized scores are 2·a·s²·b bytes; fused keeps 4·a·s·b.
+        let scores = 2.0 * a * s * s * b;
+        let lse = 4.0 * a * s * b;
+        assert!(((materialized - fused) - (scores - lse)).abs() < 1.0);
+        // Selective recompute keeps neither.
+        p.recompute = Recompute::Selective;
+        assert!((layer_activation_bytes(&l, s, b, &p) - (fused - lse)).abs() < 1.0);
+    }
+
     /// Korthikanti et al. 2022, Table 2, with s, b, h, a, t of GPT-3 175B.
     #[test]
     fn gpt_layer_matches_korthikanti_in_every_mode() {
@@ -111,35 +160,35 @@ mod tests {
             |got: f64, want: f64| assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
         // No parallelism: sbh(34 + 5as/h).
         close(
-            layer_activation_bytes(&l, s, b, 1.0, false, Recompute::None, p),
+            layer_activation_bytes(&l, s, b, &policy(1.0, false, Recompute::None, p)),
             sbh * (34.0 + 5.0 * a * s / h),
         );
         // Tensor parallel without SP: sbh(10 + 24/t + 5as/(ht)).
         close(
-            layer_activation_bytes(&l, s, b, t, false, Recompute::None, p),
+            layer_activation_bytes(&l, s, b, &policy(t, false, Recompute::None, p)),
             sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)),
         );
         // Tensor + sequence parallel: sbh(34 + 5as/h)/t.
         close(
-            layer_activation_bytes(&l, s, b, t, true, Recompute::None, p),
+            layer_activation_bytes(&l, s, b, &policy(t, true, Recompute::None, p)),
             sbh * (34.0 + 5.0 * a * s / h) / t,
         );
         // Selective recompute with SP: 34 sbh / t; without SP: sbh(10 + 24/t).
         close(
-            layer_activation_bytes(&l, s, b, t, true, Recompute::Selective, p),
+            layer_activation_bytes(&l, s, b, &policy(t, true, Recompute::Selective, p)),
             34.0 * sbh / t,
         );
         close(
-            layer_activation_bytes(&l, s, b, t, false, Recompute::Selective, p),
+            layer_activation_bytes(&l, s, b, &policy(t, false, Recompute::Selective, p)),
             sbh * (10.0 + 24.0 / t),
         );
         // Full recompute: 2sbh, divided by t with SP.
         close(
-            layer_activation_bytes(&l, s, b, t, false, Recompute::Full, p),
+            layer_activation_bytes(&l, s, b, &policy(t, false, Recompute::Full, p)),
             2.0 * sbh,
         );
         close(
-            layer_activation_bytes(&l, s, b, t, true, Recompute::Full, p),
+            layer_activation_bytes(&l, s, b, &policy(t, true, Recompute::Full, p)),
             2.0 * sbh / t,
         );
     }

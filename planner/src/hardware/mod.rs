@@ -55,6 +55,25 @@ pub struct Gpu {
     /// a class left out uses plait's H200 measurement (docs/cost-model.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_fractions: Option<KernelFractions>,
+    /// Achieved throughput of the fused attention kernel the GPU's training stacks run
+    /// (FlashAttention-2 on Ampere, FlashAttention-3 / cuDNN on Hopper), as fractions of the
+    /// 16-bit dense peak. Present = the GPU runs fused attention by default; absent (V100, the
+    /// CPU runtime) = attention materializes its scores unless `--attention fused` says
+    /// otherwise, costed then at the GPU's matmul efficiency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_attention: Option<FlashAttentionRate>,
+    /// Board power at full load, watts (the datasheet's maximum TDP): the energy a plan uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub board_power_w: Option<f64>,
+}
+
+/// Achieved FlashAttention throughput over the 16-bit dense peak, forward and backward (the
+/// backward's FLOPs counted as FlashAttention counts them: 2.5 × the forward's).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlashAttentionRate {
+    pub forward: f64,
+    pub backward: f64,
 }
 
 /// Measured bandwidth fractions per class of memory-bound kernel (see
@@ -130,7 +149,18 @@ pub struct Cluster {
     /// false and pays them in full.
     #[serde(default = "overlap_default")]
     pub comm_overlaps_compute: bool,
+    /// Power usage effectiveness of the data center (facility power over IT power); absent =
+    /// [`DEFAULT_PUE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pue: Option<f64>,
+    /// Price of one GPU-hour, in the user's currency (optional: the cost of a training run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_per_gpu_hour: Option<f64>,
 }
+
+/// PUE when the cluster file gives none: the 2020 average of US data centers, 1.59 (Patterson
+/// et al. 2021, "Carbon Emissions and Large Neural Network Training", Table 1).
+pub const DEFAULT_PUE: f64 = 1.59;
 
 fn overlap_default() -> bool {
     true
@@ -252,6 +282,25 @@ impl Cluster {
                 }
             }
         }
+        if let Some(fa) = &self.gpu.flash_attention {
+            for (field, v) in [("forward", fa.forward), ("backward", fa.backward)] {
+                if !fraction(v) {
+                    return bad(&format!("gpu.flash_attention.{field}"), "must be in (0, 1]");
+                }
+            }
+        }
+        if self.gpu.board_power_w.is_some_and(|w| !positive(w)) {
+            return bad("gpu.board_power_w", "must be positive (watts)");
+        }
+        if self.pue.is_some_and(|p| !(p.is_finite() && p >= 1.0)) {
+            return bad("pue", "must be at least 1 (facility power over IT power)");
+        }
+        if self
+            .price_per_gpu_hour
+            .is_some_and(|p| !(p.is_finite() && p >= 0.0))
+        {
+            return bad("price_per_gpu_hour", "must be a non-negative number");
+        }
         if !fraction(self.gpu.memory_efficiency) {
             return bad("gpu.memory_efficiency", "must be in (0, 1]");
         }
@@ -313,6 +362,23 @@ impl Cluster {
         self.gpu
             .kernels
             .unwrap_or(crate::cost::compute::Kernels::Fused)
+    }
+
+    /// The attention kernel the cluster's training stacks run unless a strategy says
+    /// otherwise: fused (FlashAttention) where the GPU has a measured FlashAttention rate,
+    /// materialized elsewhere (V100, plait's CPU kernels).
+    pub fn default_attention(&self) -> crate::cost::compute::AttentionKernel {
+        use crate::cost::compute::AttentionKernel;
+        if self.gpu.flash_attention.is_some() {
+            AttentionKernel::Fused
+        } else {
+            AttentionKernel::Materialized
+        }
+    }
+
+    /// The data center's power usage effectiveness ([`DEFAULT_PUE`] unless the file says).
+    pub fn pue(&self) -> f64 {
+        self.pue.unwrap_or(DEFAULT_PUE)
     }
 
     pub fn memory_bytes(&self) -> f64 {

@@ -101,6 +101,7 @@ pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
     let p = &req.pins;
     let precision = p.precision.unwrap_or_else(|| default_precision(cluster));
     let kernels = p.kernels.unwrap_or_else(|| cluster.default_kernels());
+    let attention = p.attention.unwrap_or_else(|| cluster.default_attention());
     let gpn = u64::from(cluster.gpus_per_node);
     let mut out = Vec::new();
     for tp in divisors(req.gpus) {
@@ -173,7 +174,7 @@ pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
                                     virtual_stages: v,
                                     sequence_parallel,
                                     precision,
-                                    attention: p.attention.unwrap_or_default(),
+                                    attention,
                                     kernels,
                                     stage_layers: p.stage_layers.clone(),
                                 });
