@@ -161,6 +161,9 @@ fn estimate_speed() -> anyhow::Result<()> {
         stage_layers: None,
         attention: Default::default(),
         kernels: Default::default(),
+        cp: 1,
+        engine: planner::engine::Engine::Megatron,
+        overlap: planner::engine::Overlap::LEGACY,
     };
     let runs = 200;
     let mut times = Vec::with_capacity(runs);

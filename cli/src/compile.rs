@@ -83,6 +83,8 @@ pub fn compile(
             stage_layers: p.stage_layers.clone(),
             attention: p.attention,
             kernels: p.kernels,
+            cp: p.cp,
+            engine: p.engine,
         },
         top_k: top,
     };

@@ -98,6 +98,8 @@ fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
         precision: Some(planner::Precision::Fp32),
         attention: None,
         kernels: None,
+        cp: None,
+        engine: None,
         stage_layers: None,
     };
     Ok(compile(&path.display().to_string(), &cluster, &pins, 0)?.plan)

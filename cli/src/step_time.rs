@@ -60,6 +60,8 @@ fn pins(tp: u32, pp: u32, dp: u32) -> StrategyArgs {
         attention: None,
         // What the cluster file says (eager: plait's CPU runtime launches one kernel per op).
         kernels: None,
+        cp: None,
+        engine: None,
         stage_layers: None,
     }
 }

@@ -68,6 +68,16 @@ pub struct StrategyArgs {
     /// cluster's; fused on GPU clusters, eager on `cpu`].
     #[arg(long)]
     pub kernels: Option<planner::cost::compute::Kernels>,
+    /// Context-parallel degree: the sequence split over N ranks, attention as Megatron's ring
+    /// (KV passed around, overlapped with the attention blocks) [default: 1; the search tries
+    /// 2, 4 and 8 for sequences of 8192 tokens and more].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cp: Option<u32>,
+    /// The engine that runs the plan, which decides what is fused and overlapped: megatron
+    /// (Megatron-Core as NeMo runs it), torchtitan (FSDP2) or deepspeed (ZeRO)
+    /// [default: megatron].
+    #[arg(long)]
+    pub engine: Option<planner::engine::Engine>,
     /// Decoder layers per pipeline stage, comma-separated (default: as even as possible).
     #[arg(long, value_delimiter = ',')]
     pub stage_layers: Option<Vec<u32>>,
@@ -101,6 +111,8 @@ impl StrategyArgs {
             );
         }
         let schedule = self.schedule.unwrap_or(Schedule::OneFOneB);
+        let engine = self.engine.unwrap_or_default();
+        let zero = self.zero.unwrap_or(0);
         Ok(Strategy {
             tp: self.tp.unwrap_or(1),
             pp: self.pp.unwrap_or(1),
@@ -108,7 +120,7 @@ impl StrategyArgs {
             micro_batch: self.micro_batch.unwrap_or(1),
             global_batch,
             seq,
-            zero: self.zero.unwrap_or(0),
+            zero,
             recompute: self.recompute.unwrap_or(Recompute::None),
             schedule,
             virtual_stages: self
@@ -124,7 +136,12 @@ impl StrategyArgs {
             attention: self
                 .attention
                 .unwrap_or_else(|| cluster.default_attention()),
-            kernels: self.kernels.unwrap_or_else(|| cluster.default_kernels()),
+            kernels: self
+                .kernels
+                .unwrap_or_else(|| cluster.engine_kernels(engine)),
+            cp: self.cp.unwrap_or(1),
+            engine,
+            overlap: engine.overlap(zero),
         })
     }
 }

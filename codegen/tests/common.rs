@@ -61,6 +61,9 @@ pub fn plan(model: &str, seq: u64, c: Case) -> (Plan, Graph) {
         precision: c.precision,
         attention: Default::default(),
         kernels: cluster.default_kernels(),
+        cp: 1,
+        engine: planner::engine::Engine::Megatron,
+        overlap: planner::engine::Overlap::LEGACY,
         stage_layers: None,
     };
     let gpus = s.gpus();

@@ -178,6 +178,9 @@ pub fn predict_row(
                 attention: AttentionKernel::Materialized,
                 // The rows are Megatron-LM runs, which use its fused kernels (SC'21 §4.2).
                 kernels: Kernels::Fused,
+                cp: 1,
+                engine: crate::engine::Engine::Megatron,
+                overlap: crate::engine::Overlap::LEGACY,
                 stage_layers: None,
             };
             let Ok(e) = estimate(&info, cluster, row.gpus, &s) else {

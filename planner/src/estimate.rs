@@ -4,7 +4,7 @@
 use ir::{Binding, Graph, OpId, OpKind, cost};
 use serde::{Deserialize, Serialize};
 
-use crate::cost::comm::{Collective, Mesh, collective_time, mesh, p2p_time};
+use crate::cost::comm::{Collective, Mesh, collective_time, mesh_cp, p2p_time};
 use crate::cost::compute::{Device, Kernels, TpLayout, tp_layout};
 use crate::cost::memory::{ActivationPolicy, LayerShape, layer_activation_bytes, state_bytes};
 use crate::cost::pipeline::{ChunkCost, Timeline, simulate_with};
@@ -103,11 +103,19 @@ pub struct Estimate {
 struct Work {
     fwd: f64,
     bwd: f64,
+    /// Of `fwd` and `bwd`: the GEMMs next to the TP collectives (linear layers, experts).
+    gemm_fwd: f64,
+    gemm_bwd: f64,
+    /// Of `fwd` and `bwd`: the attention core, behind which the context-parallel ring hides.
+    attn_fwd: f64,
+    attn_bwd: f64,
     tp_fwd: f64,
     tp_bwd: f64,
     recompute: f64,
     fwd_flops: f64,
     recompute_flops: f64,
+    /// Exposed context-parallel ring time (forward + backward), included in `fwd`/`bwd`.
+    cp_comm: f64,
 }
 
 impl Work {
@@ -151,7 +159,7 @@ fn estimate_impl(
         .layer_ops
         .iter()
         .any(|&o| matches!(info.graph.op(o).kind, OpKind::Dropout { p, .. } if p > 0.0));
-    let device = Device::new(cluster, s.precision, s.attention, s.kernels, score_dropout)
+    let mut device = Device::new(cluster, s.precision, s.attention, s.kernels, score_dropout)
         .ok_or_else(|| {
             PlanError::invalid(format!(
                 "{} has no {} support (its cluster file lists no peak for it)",
@@ -159,12 +167,20 @@ fn estimate_impl(
             ))
         })?;
     let g = info.graph;
-    let (tp, pp, dp) = (u64::from(s.tp), u64::from(s.pp), u64::from(s.dp));
-    let m = mesh(cluster, tp, dp, pp);
+    let (tp, pp, dp, cp) = (
+        u64::from(s.tp),
+        u64::from(s.pp),
+        u64::from(s.dp),
+        u64::from(s.cp),
+    );
+    device.cp = cp;
+    let m = mesh_cp(cluster, tp, cp, dp, pp);
+    // Every op but attention sees the rank's share of the sequence.
     let b = Binding {
         batch: s.micro_batch,
-        seq: s.seq,
+        seq: s.local_seq(),
     };
+    let overlaps = |on: bool| on && cluster.comm_overlaps_compute;
     let graph_elem = g.ty(g.op(info.layer_ops[0]).results[0]).dtype.size_bytes() as f64;
     let act_scale = s.precision.activation_bytes() / graph_elem;
     let act_bytes = (b.batch * b.seq * info.hidden) as f64 * s.precision.activation_bytes();
@@ -179,6 +195,35 @@ fn estimate_impl(
             collective_time(cluster, &m.tp, Collective::AllReduce, act_bytes)
         };
         n as f64 * one
+    };
+
+    // Context parallelism (Megatron-Core / Transformer Engine's ring attention, `cp_comm_type
+    // p2p`): each of the cp − 1 steps passes a K and V chunk to the next rank while the current
+    // block's attention runs; the backward passes K, V and their gradients (twice the bytes).
+    // Only a ring slower than the attention shows.
+    let kv_width = layer_shape(g, info).kv_width;
+    let kv_bytes =
+        2.0 * (b.batch * b.seq) as f64 * kv_width / tp as f64 * s.precision.activation_bytes();
+    let cp_cross = m.cp.nodes > 1;
+    let cp_step = p2p_time(
+        cluster,
+        kv_bytes,
+        cp_cross,
+        if cp_cross {
+            m.cp.sharing * m.cp.per_node
+        } else {
+            1
+        },
+    );
+    let cp_ring = |attn_fwd: f64, attn_bwd: f64| -> (f64, f64) {
+        if cp <= 1 || attn_fwd <= 0.0 {
+            return (0.0, 0.0);
+        }
+        let steps = (cp - 1) as f64;
+        (
+            (steps * cp_step - attn_fwd).max(0.0),
+            (2.0 * steps * cp_step - attn_bwd).max(0.0),
+        )
     };
 
     // One representative layer, the embedding side and the head side; with fused kernels each
@@ -202,6 +247,17 @@ fn estimate_impl(
             w.bwd += t.bwd;
             w.fwd_flops += t.fwd_flops;
             let attention_core = matches!(g.op(o).kind, OpKind::Attention { .. });
+            if attention_core {
+                w.attn_fwd += t.fwd;
+                w.attn_bwd += t.bwd;
+            }
+            if matches!(
+                g.op(o).kind,
+                OpKind::Linear { .. } | OpKind::MoeExperts { .. }
+            ) {
+                w.gemm_fwd += t.fwd;
+                w.gemm_bwd += t.bwd;
+            }
             if s.recompute == Recompute::Full
                 || (s.recompute == Recompute::Selective && attention_core)
             {
@@ -212,6 +268,17 @@ fn estimate_impl(
         let n = row_parallel_ops(g, ops, info.hidden);
         w.tp_fwd = tp_collective(n);
         w.tp_bwd = tp_collective(n);
+        if overlaps(s.overlap.tp_comm) {
+            // Transformer Engine's userbuffer overlap pipelines each TP all-gather and
+            // reduce-scatter with the GEMM that consumes or produces it: only communication
+            // longer than those GEMMs shows.
+            w.tp_fwd = (w.tp_fwd - w.gemm_fwd).max(0.0);
+            w.tp_bwd = (w.tp_bwd - w.gemm_bwd).max(0.0);
+        }
+        let (ring_fwd, ring_bwd) = cp_ring(w.attn_fwd, w.attn_bwd);
+        w.fwd += ring_fwd;
+        w.bwd += ring_bwd;
+        w.cp_comm = ring_fwd + ring_bwd;
         if s.recompute == Recompute::Full {
             w.recompute += w.tp_fwd;
         }
@@ -228,7 +295,7 @@ fn estimate_impl(
     let layer_param_bytes = info.params_per_layer as f64 / tp as f64 * wbytes;
     let (mut layer_fwd, mut layer_bwd) = (layer.fwd_total(), layer.bwd_total());
     let mut zero3_exposed_per_layer = 0.0;
-    if s.zero == 3 && dp > 1 {
+    if s.zero == 3 && dp * cp > 1 {
         // A layer's parameters are gathered (and its gradients reduce-scattered) as one flat
         // buffer, as FSDP's flat parameters and DeepSpeed's coalesced gathers do.
         let ag = collective_time(cluster, &m.dp, Collective::AllGather, layer_param_bytes);
@@ -307,31 +374,38 @@ fn estimate_impl(
             }
         }
         let local = params / tp as f64;
-        let states = state_bytes(local, dp as f64, s.zero, s.precision);
+        let replicas = (dp * cp) as f64;
+        let mut states = state_bytes(local, replicas, s.zero, s.precision);
+        if s.precision == crate::precision::Precision::Fp8 {
+            // Transformer Engine keeps an FP8 copy of each weight beside the 16-bit one (its
+            // transpose is rebuilt when needed: `--keep-fp8-transpose-cache` is off by default).
+            states.weights += local / if s.zero >= 3 { replicas } else { 1.0 };
+        }
         let grad_bytes = local * s.precision.grad_bytes();
         // Data-parallel gradient synchronisation, bucketed and overlapped with the backward of
         // the last micro-batch (all but its first layer's worth can hide behind it) where the
         // cluster runs communication beside compute; in full where it does not.
         let mut dp_time = 0.0;
-        if dp > 1 {
+        let mut gather_time = 0.0;
+        if dp * cp > 1 {
             dp_time = match s.zero {
                 0 => collective_time(cluster, &m.dp, Collective::AllReduce, grad_bytes),
                 // Reduce-scatter the gradients, all-gather the updated weights.
-                1 => {
-                    collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes)
-                        + collective_time(cluster, &m.dp, Collective::AllGather, local * wbytes)
-                }
+                1 => collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes),
                 // Gradients are reduce-scattered every micro-batch (they are never held whole).
                 2 => {
                     micro_batches as f64
                         * collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes)
-                        + collective_time(cluster, &m.dp, Collective::AllGather, local * wbytes)
                 }
                 _ => 0.0,
             };
+            if s.zero == 1 || s.zero == 2 {
+                gather_time =
+                    collective_time(cluster, &m.dp, Collective::AllGather, local * wbytes);
+            }
         }
         let last_bwd: f64 = my_chunks.iter().map(|&c| chunks[c].bwd).sum();
-        let hidden_window = if layers > 0 && cluster.comm_overlaps_compute {
+        let hidden_window = if layers > 0 && overlaps(s.overlap.grad_reduce) {
             let per_mb = if s.zero == 2 {
                 micro_batches as f64
             } else {
@@ -341,7 +415,20 @@ fn estimate_impl(
         } else {
             0.0
         };
-        let exposed = (dp_time - hidden_window).max(0.0);
+        // The updated weights' all-gather: behind the next iteration's first forward with
+        // `--overlap-param-gather` (bucket by bucket, all but the first layer's worth), else
+        // after the optimizer step; without overlap it adds to the gradient reduction.
+        let first_fwd: f64 = my_chunks.iter().map(|&c| chunks[c].fwd).sum();
+        let gather_exposed = if layers > 0 && overlaps(s.overlap.param_gather) {
+            (gather_time - first_fwd * (f64::from(layers) - 1.0) / f64::from(layers)).max(0.0)
+        } else {
+            gather_time
+        };
+        let exposed = if overlaps(s.overlap.param_gather) {
+            (dp_time - hidden_window).max(0.0) + gather_exposed
+        } else {
+            (dp_time + gather_time - hidden_window).max(0.0)
+        };
         // Tied embedding gradients are summed between the first and last stage.
         let tied_sync = if pp > 1 && info.tied_params > 0 && (d == 0 || d + 1 == s.pp as usize) {
             let bytes = info.tied_params as f64 / tp as f64 * s.precision.grad_bytes();
@@ -349,11 +436,7 @@ fn estimate_impl(
         } else {
             0.0
         };
-        let owned = if s.zero >= 1 {
-            local / dp as f64
-        } else {
-            local
-        };
+        let owned = if s.zero >= 1 { local / replicas } else { local };
         let opt = owned * OPTIMIZER_BYTES_PER_PARAM / device.hbm + device.launch;
         let end = timeline.device_finish[d] + exposed + tied_sync + opt;
         dp_exposed[d] = exposed + tied_sync;

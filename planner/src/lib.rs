@@ -5,6 +5,7 @@
 
 pub mod calibration;
 pub mod cost;
+pub mod engine;
 pub mod error;
 pub mod estimate;
 pub mod hardware;

@@ -90,11 +90,78 @@ pub struct Strategy {
     /// Decoder layers per pipeline stage (per virtual stage when interleaved), if not even.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_layers: Option<Vec<u32>>,
+    /// Context-parallel degree: the sequence split over `cp` ranks, attention as Megatron's
+    /// ring over them (1 = off; plans written before it existed).
+    #[serde(default = "one")]
+    pub cp: u32,
+    /// The engine that runs the plan (what it fuses and overlaps).
+    #[serde(default)]
+    pub engine: crate::engine::Engine,
+    /// What runs beside compute: the engine's profile unless set otherwise (plans written
+    /// before engines were modelled read as [`crate::engine::Overlap::LEGACY`]).
+    #[serde(default)]
+    pub overlap: crate::engine::Overlap,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Strategy {
+    /// Context parallelism's own constraints (Megatron-Core's ring attention).
+    fn validate_cp(&self, model: &ModelInfo) -> Result<(), PlanError> {
+        if self.cp <= 1 {
+            return Ok(());
+        }
+        let err = |c: String| Err(PlanError::invalid(c));
+        // The load-balanced causal split gives each rank two of 2·cp sequence chunks.
+        if !self.seq.is_multiple_of(2 * u64::from(self.cp)) {
+            return err(format!(
+                "context parallelism needs seq {} divisible by 2 x cp = {}",
+                self.seq,
+                2 * self.cp
+            ));
+        }
+        if self.sequence_parallel
+            && !(self.seq / u64::from(self.cp)).is_multiple_of(u64::from(self.tp))
+        {
+            return err(format!(
+                "sequence parallelism with cp {} needs seq / cp = {} divisible by tp {}",
+                self.cp,
+                self.seq / u64::from(self.cp),
+                self.tp
+            ));
+        }
+        if self.attention != crate::cost::compute::AttentionKernel::Fused {
+            return err(
+                "context parallelism runs fused (flash) attention blocks around the ring: use \
+                 --attention fused"
+                    .into(),
+            );
+        }
+        if model.static_seq {
+            return err(
+                "context parallelism needs a model with a symbolic sequence length; this one is \
+                 static-shaped (an ONNX import): use --cp 1, or plan the model's config.json"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     pub fn gpus(&self) -> u64 {
-        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.dp)
+        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.dp) * u64::from(self.cp)
+    }
+
+    /// Ranks that hold the same weights and reduce their gradients together: the data- and
+    /// context-parallel ranks (Megatron reduces gradients over dp × cp).
+    pub fn grad_replicas(&self) -> u64 {
+        u64::from(self.dp) * u64::from(self.cp)
+    }
+
+    /// Tokens of one sequence on one rank (the sequence split over the context-parallel group).
+    pub fn local_seq(&self) -> u64 {
+        self.seq / u64::from(self.cp.max(1))
     }
 
     /// Micro-batches per iteration per pipeline.
@@ -121,18 +188,25 @@ impl Strategy {
     /// Checks every constraint, naming the first one that fails.
     pub fn validate(&self, model: &ModelInfo, gpus: u64) -> Result<(), PlanError> {
         let err = |c: String| Err(PlanError::invalid(c));
-        if self.tp == 0 || self.pp == 0 || self.dp == 0 {
-            return err("tp, pp and dp must each be at least 1".into());
+        if self.tp == 0 || self.pp == 0 || self.dp == 0 || self.cp == 0 {
+            return err("tp, pp, dp and cp must each be at least 1".into());
         }
         if self.gpus() != gpus {
+            let cp = if self.cp > 1 {
+                format!(" x cp {}", self.cp)
+            } else {
+                String::new()
+            };
             return err(format!(
-                "tp x pp x dp = {} x {} x {} = {} must equal --gpus {gpus}",
+                "tp x pp x dp{} = {} x {} x {}{cp} = {} must equal --gpus {gpus}",
+                if self.cp > 1 { " x cp" } else { "" },
                 self.tp,
                 self.pp,
                 self.dp,
                 self.gpus()
             ));
         }
+        self.validate_cp(model)?;
         if self.micro_batch == 0 || self.global_batch == 0 || self.seq == 0 {
             return err("micro-batch, global batch and sequence length must be positive".into());
         }

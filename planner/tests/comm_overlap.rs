@@ -22,6 +22,9 @@ fn strategy(dp: u32, zero: u8) -> Strategy {
         precision: Precision::Fp32,
         attention: Default::default(),
         kernels: Default::default(),
+        cp: 1,
+        engine: planner::engine::Engine::Megatron,
+        overlap: planner::engine::Overlap::LEGACY,
         stage_layers: None,
     }
 }

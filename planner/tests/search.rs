@@ -256,6 +256,8 @@ fn pinning_every_knob_gives_the_estimate() {
         stage_layers: Some(vec![2, 2]),
         attention: None,
         kernels: None,
+        cp: None,
+        engine: None,
     };
     let req = SearchRequest {
         gpus: 8,

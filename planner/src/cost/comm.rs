@@ -138,14 +138,28 @@ pub fn p2p_time(c: &Cluster, bytes: f64, cross_node: bool, sharing: u64) -> f64 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Mesh {
     pub tp: Group,
+    /// The ranks that reduce gradients together (data × context parallel).
     pub dp: Group,
+    /// The context-parallel ring.
+    #[serde(skip_serializing_if = "is_single")]
+    pub cp: Group,
     /// Whether consecutive pipeline stages sit on different nodes.
     pub pp_cross_node: bool,
     /// GPUs of a node sending pipeline traffic at once.
     pub pp_sharing: u64,
 }
 
+fn is_single(g: &Group) -> bool {
+    g.size <= 1
+}
+
 pub fn mesh(c: &Cluster, tp: u64, dp: u64, pp: u64) -> Mesh {
+    mesh_cp(c, tp, 1, dp, pp)
+}
+
+/// The groups of a (tp, cp, dp, pp) mesh in Megatron-Core's order (tp fastest, then cp, dp,
+/// pp): gradients reduce over the dp × cp ranks that hold the same weights.
+pub fn mesh_cp(c: &Cluster, tp: u64, cp: u64, dp: u64, pp: u64) -> Mesh {
     let gpn = u64::from(c.gpus_per_node);
     let span = |stride: u64, size: u64| -> Group {
         if size <= 1 {
@@ -172,11 +186,13 @@ pub fn mesh(c: &Cluster, tp: u64, dp: u64, pp: u64) -> Mesh {
         }
     };
     let tpg = span(1, tp);
-    let dpg = span(tp, dp);
-    let stage = tp * dp;
+    let dpg = span(tp, dp * cp);
+    let cpg = span(tp, cp);
+    let stage = tp * dp * cp;
     Mesh {
         tp: tpg,
         dp: dpg,
+        cp: cpg,
         pp_cross_node: pp > 1 && stage >= gpn,
         pp_sharing: if stage >= gpn { gpn } else { stage.max(1) },
     }

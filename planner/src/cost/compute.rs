@@ -85,6 +85,14 @@ pub fn kernel_class(kind: &OpKind) -> KernelClass {
 /// so this factor converts them to what a layer's GEMM mix sustains.
 pub const TRANSFORMER_GEMM_FRACTION: f64 = 712.0 / 812.0;
 
+/// Speed of Transformer Engine's FP8 linear layers over the same layers in BF16, with the
+/// casts to FP8 (input, weight and output gradient, each with its transpose) included:
+/// 1.69 × for the default delayed-scaling recipe, measured by NVIDIA on the linear GEMMs of a
+/// 5B model on H200 (Transformer Engine docs, "GEMM Speedups Across Precisions"; current
+/// scaling 1.58 ×). Well below the 2 × of the datasheet peaks: the casts and FP8's lower
+/// achieved fraction of its peak.
+pub const FP8_GEMM_SPEEDUP: f64 = 1.69;
+
 /// GELU-tanh 3.49 TB/s over copy 4.17 TB/s (H200 measurement above).
 const GELU_FRACTION: f64 = 3.49 / 4.17;
 /// LayerNorm 2.37 / 4.17.
@@ -290,6 +298,11 @@ pub struct Device<'c> {
     /// Transformer Engine runs it), or the matmul rate where the GPU has no measured rate.
     pub flash_fwd: f64,
     pub flash_bwd: f64,
+    /// Context-parallel degree: each rank holds 1/cp of the queries (two load-balanced chunks)
+    /// and attends to the whole sequence's keys passed around the ring.
+    pub cp: u64,
+    /// FP8 GEMMs as Transformer Engine runs them (see [`FP8_GEMM_SPEEDUP`]).
+    pub fp8: bool,
     pub hbm: f64,
     pub launch: f64,
 }
@@ -302,7 +315,15 @@ impl<'c> Device<'c> {
         kernels: Kernels,
         score_dropout: bool,
     ) -> Option<Device<'c>> {
-        let matmul_peak = cluster.peak_flops(precision)?
+        // FP8 training runs its GEMMs at Transformer Engine's measured speed-up over the same
+        // GEMMs in 16 bits, casts included; everything else stays in 16 bits.
+        let (gemm_precision, gemm_speedup) = match precision {
+            Precision::Fp8 => (Precision::Bf16, FP8_GEMM_SPEEDUP),
+            p => (p, 1.0),
+        };
+        cluster.peak_flops(precision)?;
+        let matmul_peak = cluster.peak_flops(gemm_precision)?
+            * gemm_speedup
             * cluster.gpu.matmul_efficiency
             * if cluster.gpu.matmul_packs_operands {
                 1.0
@@ -325,6 +346,8 @@ impl<'c> Device<'c> {
             cluster,
             flash_fwd,
             flash_bwd,
+            cp: 1,
+            fp8: precision == Precision::Fp8,
             attention,
             kernels,
             score_dropout,
@@ -486,13 +509,16 @@ impl<'c> Device<'c> {
     ) -> OpTime {
         let op = g.op(o);
         let q = g.ty(op.inputs[0]).shape.eval(b);
-        let k = g.ty(op.inputs[1]).shape.eval(b);
+        // With context parallelism the rank's queries meet every key of the sequence; the
+        // load-balanced split (chunks r and 2·cp − 1 − r) gives each rank an equal share of the
+        // causal work, the whole sequence's visible fraction.
+        let sk = g.ty(op.inputs[1]).shape.eval(b)[1] * self.cp.max(1);
         let visible = if causal {
-            causal_visible_fraction(q[1], k[1])
+            causal_visible_fraction(sk, sk)
         } else {
             1.0
         };
-        let products = 4.0 * (q[0] * q[1] * k[1] * q[2]) as f64 * visible / split;
+        let products = 4.0 * (q[0] * q[1] * sk * q[2]) as f64 * visible / split;
         let fwd_flops = products;
         let bwd_flops = 2.5 * products;
         OpTime {

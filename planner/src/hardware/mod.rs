@@ -381,6 +381,15 @@ impl Cluster {
         self.pue.unwrap_or(DEFAULT_PUE)
     }
 
+    /// The element-wise kernels `engine` runs on this cluster: the cluster's own where its
+    /// runtime says eager (plait's CPU runtime), else the engine's.
+    pub fn engine_kernels(&self, engine: crate::engine::Engine) -> crate::cost::compute::Kernels {
+        match self.gpu.kernels {
+            Some(k) => k,
+            None => engine.kernels(),
+        }
+    }
+
     pub fn memory_bytes(&self) -> f64 {
         self.gpu.memory_gib * (1u64 << 30) as f64
     }

@@ -291,6 +291,9 @@ mod tests {
             precision: Precision::Bf16,
             attention: Default::default(),
             kernels: Default::default(),
+            cp: 1,
+            engine: crate::engine::Engine::Megatron,
+            overlap: crate::engine::Overlap::LEGACY,
             stage_layers: None,
         }
     }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::compute::{AttentionKernel, Kernels};
 use crate::cost::memory::state_bytes;
+use crate::engine::Engine;
 use crate::error::PlanError;
 use crate::estimate::{Estimate, RESERVE_BYTES, estimate};
 use crate::hardware::Cluster;
@@ -37,6 +38,32 @@ pub struct Pins {
     /// Element-wise kernel fusion (default: the cluster's, [`Cluster::default_kernels`]).
     #[serde(default)]
     pub kernels: Option<Kernels>,
+    /// Context-parallel degree (default: searched for sequences of 8192 tokens and more).
+    #[serde(default)]
+    pub cp: Option<u32>,
+    /// The engine that will run the plan (default: megatron).
+    #[serde(default)]
+    pub engine: Option<Engine>,
+}
+
+/// The shortest sequence for which the search tries context parallelism: Megatron-Core's
+/// guide recommends it for long contexts, where activations (∝ s) and attention (∝ s²) grow
+/// past what tensor parallelism alone splits well (docs/source/api-guide/context_parallel.rst);
+/// below it, cp only adds ring traffic and the search skips it to stay fast.
+pub const CP_MIN_SEQ: u64 = 8192;
+
+/// The context-parallel degrees to try for `seq` on `gpus` GPUs.
+fn cp_options(p: &Pins, seq: u64, gpus: u64) -> Vec<u64> {
+    if let Some(cp) = p.cp {
+        return vec![u64::from(cp)];
+    }
+    if seq < CP_MIN_SEQ {
+        return vec![1];
+    }
+    [1u64, 2, 4, 8]
+        .into_iter()
+        .filter(|&cp| gpus.is_multiple_of(cp) && seq.is_multiple_of(2 * cp))
+        .collect()
 }
 
 /// What to search for.
@@ -100,84 +127,125 @@ pub fn default_precision(cluster: &Cluster) -> Precision {
 pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) -> Vec<Strategy> {
     let p = &req.pins;
     let precision = p.precision.unwrap_or_else(|| default_precision(cluster));
-    let kernels = p.kernels.unwrap_or_else(|| cluster.default_kernels());
+    let engine = p.engine.unwrap_or_default();
+    let kernels = p.kernels.unwrap_or_else(|| cluster.engine_kernels(engine));
     let attention = p.attention.unwrap_or_else(|| cluster.default_attention());
-    let gpn = u64::from(cluster.gpus_per_node);
     let mut out = Vec::new();
-    for tp in divisors(req.gpus) {
-        // Tensor parallelism stays inside a node: its collectives run on every layer.
-        if p.tp.map_or(tp > gpn, |t| u64::from(t) != tp) {
-            continue;
-        }
-        if !info.heads.is_multiple_of(tp) {
-            continue;
-        }
-        for pp in divisors(req.gpus / tp) {
-            if p.pp.is_some_and(|x| u64::from(x) != pp) || pp > u64::from(info.layers) {
+    for cp in cp_options(p, req.seq, req.gpus) {
+        let mesh = MeshCandidates {
+            gpus: req.gpus / cp,
+            cp: cp as u32,
+            engine,
+            kernels,
+            attention,
+            precision,
+        };
+        mesh.push_all(info, cluster, req, &mut out);
+    }
+    out
+}
+
+/// The candidates of one context-parallel degree: every (tp, pp, dp) over the remaining GPUs.
+struct MeshCandidates {
+    gpus: u64,
+    cp: u32,
+    engine: Engine,
+    kernels: Kernels,
+    attention: AttentionKernel,
+    precision: Precision,
+}
+
+impl MeshCandidates {
+    fn push_all(
+        &self,
+        info: &ModelInfo<'_>,
+        cluster: &Cluster,
+        req: &SearchRequest,
+        out: &mut Vec<Strategy>,
+    ) {
+        let p = &req.pins;
+        let (precision, kernels, attention) = (self.precision, self.kernels, self.attention);
+        let gpn = u64::from(cluster.gpus_per_node);
+        for tp in divisors(self.gpus) {
+            // Tensor parallelism stays inside a node: its collectives run on every layer.
+            if p.tp.map_or(tp > gpn, |t| u64::from(t) != tp) {
                 continue;
             }
-            let dp = req.gpus / tp / pp;
-            if p.dp.is_some_and(|x| u64::from(x) != dp) || !req.global_batch.is_multiple_of(dp) {
+            if !info.heads.is_multiple_of(tp) {
                 continue;
             }
-            let per_replica = req.global_batch / dp;
-            let mbs: Vec<u64> = match p.micro_batch {
-                Some(m) => vec![m],
-                None => divisors(per_replica)
-                    .into_iter()
-                    .filter(|m| *m <= 64)
-                    .collect(),
-            };
-            let mut schedules: Vec<(Schedule, u32)> = Vec::new();
-            if pp == 1 {
-                schedules.push((Schedule::OneFOneB, 1));
-            } else {
-                schedules.push((Schedule::OneFOneB, 1));
-                schedules.push((Schedule::Gpipe, 1));
-                for v in [2u32, 3, 4, 6, 8] {
-                    if pp * u64::from(v) <= u64::from(info.layers) {
-                        schedules.push((Schedule::Interleaved, v));
+            for pp in divisors(self.gpus / tp) {
+                if p.pp.is_some_and(|x| u64::from(x) != pp) || pp > u64::from(info.layers) {
+                    continue;
+                }
+                let dp = self.gpus / tp / pp;
+                if p.dp.is_some_and(|x| u64::from(x) != dp) || !req.global_batch.is_multiple_of(dp)
+                {
+                    continue;
+                }
+                let per_replica = req.global_batch / dp;
+                let mbs: Vec<u64> = match p.micro_batch {
+                    Some(m) => vec![m],
+                    None => divisors(per_replica)
+                        .into_iter()
+                        .filter(|m| *m <= 64)
+                        .collect(),
+                };
+                let mut schedules: Vec<(Schedule, u32)> = Vec::new();
+                if pp == 1 {
+                    schedules.push((Schedule::OneFOneB, 1));
+                } else {
+                    schedules.push((Schedule::OneFOneB, 1));
+                    schedules.push((Schedule::Gpipe, 1));
+                    let pinned_v = p.virtual_stages.filter(|v| ![2, 3, 4, 6, 8].contains(v));
+                    for v in [2u32, 3, 4, 6, 8].into_iter().chain(pinned_v) {
+                        if pp * u64::from(v) <= u64::from(info.layers) {
+                            schedules.push((Schedule::Interleaved, v));
+                        }
                     }
                 }
-            }
-            schedules.retain(|(s, v)| {
-                p.schedule.is_none_or(|x| x == *s) && p.virtual_stages.is_none_or(|x| x == *v)
-            });
-            let zeros: Vec<u8> = p.zero.map_or(vec![0, 1, 2, 3], |z| vec![z]);
-            let recomputes = p.recompute.map_or(
-                vec![Recompute::None, Recompute::Selective, Recompute::Full],
-                |r| vec![r],
-            );
-            let sps: Vec<bool> = match p.sequence_parallel {
-                Some(x) => vec![x],
-                None if tp > 1 => vec![false, true],
-                None => vec![false],
-            };
-            for &mb in &mbs {
-                for &(schedule, v) in &schedules {
-                    for &zero in &zeros {
-                        if dp == 1 && zero > 0 && p.zero.is_none() {
-                            continue;
-                        }
-                        for &recompute in &recomputes {
-                            for &sequence_parallel in &sps {
-                                out.push(Strategy {
-                                    tp: tp as u32,
-                                    pp: pp as u32,
-                                    dp: dp as u32,
-                                    micro_batch: mb,
-                                    global_batch: req.global_batch,
-                                    seq: req.seq,
-                                    zero,
-                                    recompute,
-                                    schedule,
-                                    virtual_stages: v,
-                                    sequence_parallel,
-                                    precision,
-                                    attention,
-                                    kernels,
-                                    stage_layers: p.stage_layers.clone(),
-                                });
+                schedules.retain(|(s, v)| {
+                    p.schedule.is_none_or(|x| x == *s) && p.virtual_stages.is_none_or(|x| x == *v)
+                });
+                let zeros: Vec<u8> = p.zero.map_or(vec![0, 1, 2, 3], |z| vec![z]);
+                let recomputes = p.recompute.map_or(
+                    vec![Recompute::None, Recompute::Selective, Recompute::Full],
+                    |r| vec![r],
+                );
+                let sps: Vec<bool> = match p.sequence_parallel {
+                    Some(x) => vec![x],
+                    None if tp > 1 => vec![false, true],
+                    None => vec![false],
+                };
+                for &mb in &mbs {
+                    for &(schedule, v) in &schedules {
+                        for &zero in &zeros {
+                            if dp == 1 && zero > 0 && p.zero.is_none() {
+                                continue;
+                            }
+                            for &recompute in &recomputes {
+                                for &sequence_parallel in &sps {
+                                    out.push(Strategy {
+                                        tp: tp as u32,
+                                        pp: pp as u32,
+                                        dp: dp as u32,
+                                        micro_batch: mb,
+                                        global_batch: req.global_batch,
+                                        seq: req.seq,
+                                        zero,
+                                        recompute,
+                                        schedule,
+                                        virtual_stages: v,
+                                        sequence_parallel,
+                                        precision,
+                                        attention,
+                                        kernels,
+                                        stage_layers: p.stage_layers.clone(),
+                                        cp: self.cp,
+                                        engine: self.engine,
+                                        overlap: self.engine.overlap(zero),
+                                    });
+                                }
                             }
                         }
                     }
@@ -185,7 +253,6 @@ pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
             }
         }
     }
-    out
 }
 
 /// A lower bound on the fullest stage's memory: the model states of an average stage (the

@@ -82,6 +82,8 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
             stage_layers: None,
             attention: None,
             kernels: None,
+            cp: None,
+            engine: None,
         },
         top_k: 0,
     };

@@ -1,0 +1,129 @@
+//! Training engines: what the software that runs a plan fuses and overlaps.
+//!
+//! Two plans with the same mesh run at different speeds on different engines: whether the
+//! data-parallel gradient reduction hides behind the backward, whether the distributed
+//! optimizer's weight all-gather hides behind the next forward, whether tensor-parallel
+//! collectives are pipelined with their GEMMs, which element-wise kernels are fused. Each
+//! engine's profile is the engine's default behaviour in the configuration its own recipes
+//! use, with the flags cited in docs/cost-model.md ("Engine profiles"). `plait export` writes
+//! the same profile out as the engine's flags.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::compute::Kernels;
+
+/// The engine a plan is run on (`--engine`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// Megatron-Core as NeMo and Megatron-Bridge run it.
+    #[default]
+    Megatron,
+    /// torchtitan (FSDP2, PyTorch-native tensor and pipeline parallelism).
+    Torchtitan,
+    /// DeepSpeed (ZeRO).
+    Deepspeed,
+}
+
+impl Engine {
+    pub const ALL: [Engine; 3] = [Engine::Megatron, Engine::Torchtitan, Engine::Deepspeed];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Megatron => "megatron",
+            Engine::Torchtitan => "torchtitan",
+            Engine::Deepspeed => "deepspeed",
+        }
+    }
+
+    /// What the engine overlaps, for a plan at ZeRO stage `zero`.
+    pub fn overlap(self, zero: u8) -> Overlap {
+        match self {
+            // `--overlap-grad-reduce`, `--overlap-param-gather` (with the distributed
+            // optimizer) and `--tp-comm-overlap` (Transformer Engine userbuffers), as the
+            // NeMo / Megatron-Bridge performance recipes set them; p2p overlap is on by default
+            // (`--no-overlap-p2p-communication` turns it off).
+            Engine::Megatron => Overlap {
+                grad_reduce: true,
+                param_gather: true,
+                tp_comm: true,
+            },
+            // FSDP2 overlaps its reduce-scatter with the backward and prefetches the next
+            // layer's all-gather; async tensor parallelism is off by default
+            // (`compile.enable_async_tensor_parallel = false` in torchtitan 0.3.0).
+            Engine::Torchtitan => Overlap {
+                grad_reduce: true,
+                param_gather: zero >= 3,
+                tp_comm: false,
+            },
+            // `overlap_comm` defaults to true for stage 3 and false otherwise
+            // (deepspeed/runtime/zero/config.py); DeepSpeed has no tensor-parallel overlap.
+            Engine::Deepspeed => Overlap {
+                grad_reduce: zero >= 3,
+                param_gather: zero >= 3,
+                tp_comm: false,
+            },
+        }
+    }
+
+    /// The element-wise kernels the engine runs by default: Megatron-Core's fused kernels
+    /// (Transformer Engine); torchtitan and DeepSpeed run PyTorch eager unless compiled
+    /// (`compile.enable = false` by default in torchtitan 0.3.0).
+    pub fn kernels(self) -> Kernels {
+        match self {
+            Engine::Megatron => Kernels::Fused,
+            Engine::Torchtitan | Engine::Deepspeed => Kernels::Eager,
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Engine {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Engine::ALL
+            .into_iter()
+            .find(|e| e.name() == s.to_ascii_lowercase())
+            .ok_or_else(|| {
+                format!("unknown engine `{s}`; expected megatron, torchtitan or deepspeed")
+            })
+    }
+}
+
+/// Which communication runs beside compute (on a cluster whose collectives can: NCCL's own
+/// stream, `comm_overlaps_compute`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Overlap {
+    /// Data-parallel gradient reduction, bucketed, behind the last micro-batch's backward.
+    pub grad_reduce: bool,
+    /// The distributed optimizer's weight all-gather behind the next iteration's forward
+    /// (ZeRO-1/2); ZeRO-3 gathers prefetched a layer ahead.
+    pub param_gather: bool,
+    /// Tensor-parallel all-gathers and reduce-scatters pipelined with the GEMMs next to them.
+    pub tp_comm: bool,
+}
+
+impl Overlap {
+    /// What plait costed before engines were modelled (and what Megatron-LM ran in 2021, the
+    /// SC'21 runs): the gradient reduction overlapped, ZeRO-3 gathers prefetched, nothing else.
+    pub const LEGACY: Overlap = Overlap {
+        grad_reduce: true,
+        param_gather: false,
+        tp_comm: false,
+    };
+}
+
+impl Default for Overlap {
+    fn default() -> Self {
+        Overlap::LEGACY
+    }
+}
