@@ -103,7 +103,7 @@ pub fn compile(
     };
     let result = search(&info, &cluster, &req, &mut progress)?;
     bar.finish_and_clear();
-    let r = match result {
+    let mut r = match result {
         Ok(r) => r,
         Err(inf) => {
             let gib = inf.smallest_shortfall_bytes / (1u64 << 30) as f64;
@@ -127,6 +127,7 @@ pub fn compile(
             );
         }
     };
+    r.best = r.best.with_training(&cluster, cluster_args.train_tokens);
     let model_ref = ModelRef {
         source: model_source(model_arg).into(),
         reference: model_arg.to_string(),
@@ -214,10 +215,15 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         for a in &r.alternatives {
             let s = &a.strategy;
             println!(
-                "  tp {} pp {} dp {} mb {} {}{} ZeRO-{} recompute {}{}: {}",
+                "  tp {} pp {} dp {}{} mb {} {}{} ZeRO-{} recompute {}{}: {}{}",
                 s.tp,
                 s.pp,
                 s.dp,
+                if s.cp > 1 {
+                    format!(" cp {}", s.cp)
+                } else {
+                    String::new()
+                },
                 s.micro_batch,
                 s.schedule,
                 if s.virtual_stages > 1 {
@@ -228,7 +234,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
                 s.zero,
                 s.recompute,
                 if s.sequence_parallel { " SP" } else { "" },
-                a.reason
+                a.reason,
+                alternative_days(&r.best, a)
             );
         }
     }
@@ -240,4 +247,15 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// ", N days" for an alternative that fits, when the plan carries a training run.
+fn alternative_days(best: &planner::Estimate, a: &planner::search::Alternative) -> String {
+    match &best.predicted.training {
+        Some(t) if a.fits && a.iteration_time_s > 0.0 => {
+            let days = t.days * a.iteration_time_s / best.predicted.iteration_time_s;
+            format!(" ({days:.1} days vs {:.1})", t.days)
+        }
+        _ => String::new(),
+    }
 }

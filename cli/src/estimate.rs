@@ -27,7 +27,8 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         .strategy
         .complete(&cluster, args.cluster.global_batch, m.binding.seq)?;
     let info = ModelInfo::new(&m.graph)?;
-    let e = planner::estimate(&info, &cluster, args.cluster.gpus, &strategy)?;
+    let e = planner::estimate(&info, &cluster, args.cluster.gpus, &strategy)?
+        .with_training(&cluster, args.cluster.train_tokens);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&e)?);
     } else {
@@ -45,22 +46,27 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
     let p = &e.predicted;
     println!(
         "{model} on {} x {} ({})",
-        s.tp * s.pp * s.dp,
+        s.gpus(),
         cluster.gpu.name,
         cluster.name
     );
     println!(
-        "strategy    tp {} x pp {} x dp {}, micro-batch {} ({} per iteration), global batch {}, seq {}",
+        "strategy    tp {} x pp {} x dp {}{}, micro-batch {} ({} per iteration), global batch {}, seq {}",
         s.tp,
         s.pp,
         s.dp,
+        if s.cp > 1 {
+            format!(" x cp {}", s.cp)
+        } else {
+            String::new()
+        },
         s.micro_batch,
         s.micro_batches(),
         s.global_batch,
         s.seq
     );
     println!(
-        "            ZeRO-{}, recompute {}, schedule {}{}, sequence parallel {}, {}",
+        "            ZeRO-{}, recompute {}, schedule {}{}, sequence parallel {}, {}, {} attention, engine {}",
         s.zero,
         s.recompute,
         s.schedule,
@@ -70,7 +76,12 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
             String::new()
         },
         if s.sequence_parallel { "on" } else { "off" },
-        s.precision
+        s.precision,
+        match s.attention {
+            planner::cost::compute::AttentionKernel::Fused => "fused",
+            planner::cost::compute::AttentionKernel::Materialized => "materialized",
+        },
+        s.engine
     );
     println!();
     println!(
@@ -110,6 +121,9 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
         gib(mm.activations),
         gib(mm.other)
     );
+    if let Some(t) = &p.training {
+        print_training(t);
+    }
     if p.stages.len() > 1 {
         println!("stages      (stage: layers, busy, peak memory, micro-batches in flight)");
         for st in &p.stages {
@@ -123,4 +137,18 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
             );
         }
     }
+}
+
+/// The training-run line: days, GPU-hours, energy and cost.
+pub fn print_training(t: &planner::training::TrainingRun) {
+    let energy = t
+        .energy_kwh
+        .map_or(String::from("energy unknown (no board power)"), |k| {
+            format!("{:.0} MWh at PUE {:.2}", k / 1000.0, t.pue)
+        });
+    let cost = t.cost.map_or(String::new(), |c| format!(", cost {c:.0}"));
+    println!(
+        "training    {:.3e} tokens: {:.1} days, {:.0} GPU-hours, {energy}{cost}",
+        t.tokens, t.days, t.gpu_hours
+    );
 }

@@ -84,6 +84,7 @@ fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
         gpus: 2,
         global_batch: 8,
         seq: Some(64),
+        train_tokens: None,
     };
     let pins = StrategyArgs {
         tp: None,

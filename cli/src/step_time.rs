@@ -102,6 +102,7 @@ pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
                 gpus: 2,
                 global_batch: GLOBAL_BATCH,
                 seq: Some(SEQ),
+                train_tokens: None,
             },
             &pins(tp, pp, dp),
             0,

@@ -10,6 +10,16 @@ pub enum Switch {
     Off,
 }
 
+/// A positive token count, in plain or scientific notation (`300e9`).
+fn parse_tokens(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t >= 1.0 => Ok(t),
+        _ => Err(format!(
+            "`{s}` is not a token count (a positive number such as 300e9)"
+        )),
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
     /// A cluster preset (see `plait clusters`) or a cluster TOML file (docs/hardware.md).
@@ -21,6 +31,10 @@ pub struct ClusterArgs {
     /// Sequences per iteration, over all data-parallel replicas.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub global_batch: u64,
+    /// Tokens to train on (e.g. 300e9): adds days, GPU-hours, energy (board power x GPUs x
+    /// time x the cluster's PUE) and, with a price in the cluster file, cost.
+    #[arg(long, value_parser = parse_tokens)]
+    pub train_tokens: Option<f64>,
     /// Sequence length (default: the model's context length, at most 4096).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub seq: Option<u64>,

@@ -73,6 +73,9 @@ pub struct Predicted {
     pub time: TimeBreakdown,
     pub bubble_fraction: f64,
     pub stages: Vec<StageEstimate>,
+    /// Days, GPU-hours, energy and cost to train on `--train-tokens` tokens (when asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<crate::training::TrainingRun>,
 }
 
 /// Per-micro-batch seconds of one layer and of the ops before and after the layers: what the
@@ -96,6 +99,22 @@ pub struct Estimate {
     pub timeline: Timeline,
     #[serde(skip)]
     pub mesh: Option<Mesh>,
+}
+
+impl Estimate {
+    /// Adds what training on `tokens` tokens takes with this plan on `cluster`.
+    pub fn with_training(mut self, cluster: &Cluster, tokens: Option<f64>) -> Estimate {
+        self.predicted.training = tokens.map(|t| {
+            crate::training::training_run(
+                cluster,
+                self.strategy.gpus(),
+                self.predicted.tokens_per_s,
+                self.predicted.iteration_time_s,
+                t,
+            )
+        });
+        self
+    }
 }
 
 /// Per-micro-batch work of one group of ops (a layer, or the embedding/head).
@@ -574,6 +593,7 @@ fn estimate_impl(
                 0.0
             },
             stages,
+            training: None,
         },
         timeline,
         mesh: Some(m),

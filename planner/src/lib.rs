@@ -17,6 +17,7 @@ pub mod search;
 pub mod sharding;
 pub mod sharding_costs;
 pub mod strategy;
+pub mod training;
 
 pub use error::PlanError;
 pub use estimate::{Estimate, estimate};
