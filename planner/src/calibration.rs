@@ -179,8 +179,18 @@ pub fn predict_row(
                 // The rows are Megatron-LM runs, which use its fused kernels (SC'21 §4.2).
                 kernels: Kernels::Fused,
                 cp: 1,
-                engine: crate::engine::Engine::Megatron,
-                overlap: crate::engine::Overlap::LEGACY,
+                // Megatron-LM as of 2021 (no distributed optimizer, no TP overlap); the ZeRO-3
+                // rows ran DeepSpeed's ZeRO-3 of that time (SC'21 §5.2).
+                engine: if row.zero == 3 {
+                    crate::engine::Engine::Deepspeed
+                } else {
+                    crate::engine::Engine::Megatron
+                },
+                overlap: if row.zero == 3 {
+                    crate::engine::Overlap::DEEPSPEED_2021
+                } else {
+                    crate::engine::Overlap::LEGACY
+                },
                 stage_layers: None,
             };
             let Ok(e) = estimate(&info, cluster, row.gpus, &s) else {

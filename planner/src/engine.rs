@@ -50,6 +50,8 @@ impl Engine {
                 grad_reduce: true,
                 param_gather: true,
                 tp_comm: true,
+                zero3_prefetch: true,
+                zero3_gb_per_s: None,
             },
             // FSDP2 overlaps its reduce-scatter with the backward and prefetches the next
             // layer's all-gather; async tensor parallelism is off by default
@@ -58,6 +60,8 @@ impl Engine {
                 grad_reduce: true,
                 param_gather: zero >= 3,
                 tp_comm: false,
+                zero3_prefetch: true,
+                zero3_gb_per_s: None,
             },
             // `overlap_comm` defaults to true for stage 3 and false otherwise
             // (deepspeed/runtime/zero/config.py); DeepSpeed has no tensor-parallel overlap.
@@ -65,6 +69,8 @@ impl Engine {
                 grad_reduce: zero >= 3,
                 param_gather: zero >= 3,
                 tp_comm: false,
+                zero3_prefetch: true,
+                zero3_gb_per_s: None,
             },
         }
     }
@@ -99,9 +105,18 @@ impl FromStr for Engine {
     }
 }
 
+/// The rate at which DeepSpeed's ZeRO-3 of early 2021 gathered parameters, bytes of gathered
+/// 16-bit parameters per GPU per second: on one 8×A100 NVLink node (p4d), a 5.1B-parameter BERT
+/// took 480 ms per forward under ZeRO-3 against 60 ms under ZeRO-2 (DeepSpeed 0.3.16,
+/// deepspeedai/DeepSpeed #1174): 10.2 GB gathered in the 420 ms difference, 24.3 GB/s, an eighth
+/// of what NCCL reaches on that NVLink. The cause was the implementation: each all-gather
+/// synchronized the device and copied its result out (#1188, which halved the overhead in
+/// June 2021). The SC'21 ZeRO-3 runs (Narayanan et al., Table 2) used that DeepSpeed.
+pub const DEEPSPEED_2021_ZERO3_GATHER_GB_PER_S: f64 = 10.2 / 0.42;
+
 /// Which communication runs beside compute (on a cluster whose collectives can: NCCL's own
 /// stream, `comm_overlaps_compute`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Overlap {
     /// Data-parallel gradient reduction, bucketed, behind the last micro-batch's backward.
     pub grad_reduce: bool,
@@ -110,6 +125,15 @@ pub struct Overlap {
     pub param_gather: bool,
     /// Tensor-parallel all-gathers and reduce-scatters pipelined with the GEMMs next to them.
     pub tp_comm: bool,
+    /// ZeRO-3 gathers prefetched a layer ahead, behind the previous layer's compute (FSDP's
+    /// and DeepSpeed's prefetch); without it a layer waits for its gathers.
+    #[serde(default = "yes")]
+    pub zero3_prefetch: bool,
+    /// A measured ceiling on the engine's ZeRO-3 parameter gathers and gradient
+    /// reduce-scatters, GB/s of parameters per GPU, where the engine's own implementation and
+    /// not the network sets their speed (absent: NCCL's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero3_gb_per_s: Option<f64>,
 }
 
 impl Overlap {
@@ -119,7 +143,23 @@ impl Overlap {
         grad_reduce: true,
         param_gather: false,
         tp_comm: false,
+        zero3_prefetch: true,
+        zero3_gb_per_s: None,
     };
+
+    /// DeepSpeed's ZeRO-3 as the SC'21 runs used it (early 2021): gathers at
+    /// [`DEEPSPEED_2021_ZERO3_GATHER_GB_PER_S`], each one synchronous ("the async version is not
+    /// async at all, because each all_gather calls torch.cuda.synchronize()", #1188), so no
+    /// prefetch.
+    pub const DEEPSPEED_2021: Overlap = Overlap {
+        zero3_prefetch: false,
+        zero3_gb_per_s: Some(DEEPSPEED_2021_ZERO3_GATHER_GB_PER_S),
+        ..Overlap::LEGACY
+    };
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for Overlap {

@@ -317,15 +317,25 @@ fn estimate_impl(
     if s.zero == 3 && dp * cp > 1 {
         // A layer's parameters are gathered (and its gradients reduce-scattered) as one flat
         // buffer, as FSDP's flat parameters and DeepSpeed's coalesced gathers do.
-        let ag = collective_time(cluster, &m.dp, Collective::AllGather, layer_param_bytes);
-        let rs = collective_time(cluster, &m.dp, Collective::ReduceScatter, layer_param_bytes);
+        let ceiling = s
+            .overlap
+            .zero3_gb_per_s
+            .map_or(0.0, |bw| layer_param_bytes / (bw * 1e9));
+        let ag =
+            collective_time(cluster, &m.dp, Collective::AllGather, layer_param_bytes).max(ceiling);
+        let rs = collective_time(cluster, &m.dp, Collective::ReduceScatter, layer_param_bytes)
+            .max(ceiling);
         let regathers = if s.recompute == Recompute::Full {
             2.0
         } else {
             1.0
         };
-        let (f, bw) = if cluster.comm_overlaps_compute {
+        let (f, bw) = if overlaps(s.overlap.zero3_prefetch) {
             (layer_fwd.max(ag), layer_bwd.max(regathers * ag + rs))
+        } else if overlaps(s.overlap.grad_reduce) {
+            // Synchronous gathers, but the gradients' reduce-scatter on its own stream
+            // (DeepSpeed's `overlap_comm`, on by default at stage 3).
+            (layer_fwd + ag, layer_bwd.max(rs) + regathers * ag)
         } else {
             (layer_fwd + ag, layer_bwd + regathers * ag + rs)
         };

@@ -1,13 +1,18 @@
-//! Collective communication under the α–β model, per topology level.
+//! Collective communication as NCCL runs it, under the α–β model per topology level.
 //!
-//! A group of `n` ranks spans `nodes` nodes with `per_node` members in each. Its cost comes from
-//! the levels it crosses: inside a node the NVLink/NVSwitch bandwidth per GPU; across nodes the
-//! node's NICs, shared by every GPU of the node that communicates at the same time (`sharing`).
-//! Ring algorithms (Patarasuk & Yuan 2009; NCCL): all-reduce moves 2(n−1)/n·S bytes per rank in
-//! 2(n−1) steps, reduce-scatter and all-gather (n−1)/n·S in n−1 steps; all-reduce may also use a
-//! tree (2·S per rank, 2·log₂ n latency steps, NCCL's double binary tree), whichever is cheaper.
-//! A group that spans nodes runs at the bandwidth of its slowest hop, the network, where every
-//! GPU of a node that communicates at the same time gets an equal share of the node's NICs.
+//! A group of `n` ranks spans `nodes` nodes with `per_node` members in each. Ring algorithms
+//! (Patarasuk & Yuan 2009; NCCL): all-reduce moves 2(n−1)/n·S bytes per rank in 2(n−1) steps,
+//! reduce-scatter and all-gather (n−1)/n·S in n−1 steps; all-reduce may also use a tree
+//! (2·S per rank, 2·log₂ n latency steps, NCCL's double binary tree), whichever is cheaper.
+//!
+//! Inside a node the rings run over NVLink at the link's measured NCCL efficiency; an
+//! all-reduce on an NVSwitch with NVLink SHARP (NVLS) instead sends and receives the buffer once
+//! per GPU while the switch reduces. Across nodes NCCL runs one ring per channel, channels
+//! spread over the node's NICs: a ring crosses each node boundary once per channel, so a group's
+//! inter-node traffic uses all of the node's NICs, shared only among the groups of that node
+//! that communicate at the same time (`sharing`) — not 1/per_node of them per member. When
+//! every node holds one member (data parallelism across nodes at tp = GPUs per node) each of
+//! the node's groups has one NIC's share.
 
 use serde::Serialize;
 
@@ -41,6 +46,8 @@ impl Group {
 struct Levels {
     intra_bw: f64,
     intra_lat: f64,
+    /// NVLink SHARP all-reduce algorithm bandwidth inside a node, if the switch has it.
+    nvls_bw: Option<f64>,
     inter_bw: f64,
     inter_lat: f64,
 }
@@ -60,14 +67,20 @@ fn levels(c: &Cluster, g: &Group) -> Levels {
         .map(|l| {
             let node_bw =
                 f64::from(l.nics_per_node.unwrap_or(1)) * l.nic_gb_per_s.unwrap_or(0.0) * 1e9;
-            // GPUs of a node that talk across the network at once split the node's NICs.
-            let users = (g.per_node * g.sharing).clamp(1, u64::from(c.gpus_per_node)) as f64;
+            // The groups of a node that cross the network at once split the node's NICs; one
+            // group's channels use them all.
+            let users = g.sharing.clamp(1, u64::from(c.gpus_per_node)) as f64;
             (node_bw * l.efficiency / users, l.latency_us * 1e-6)
         })
         .unwrap_or((intra_bw, intra_lat));
+    let nvls_bw = c.node_link().and_then(|l| {
+        l.nvls_efficiency
+            .map(|e| l.gb_per_s.unwrap_or(0.0) * 1e9 * e)
+    });
     Levels {
         intra_bw,
         intra_lat,
+        nvls_bw,
         inter_bw,
         inter_lat,
     }
@@ -91,14 +104,29 @@ pub fn collective_time(c: &Cluster, g: &Group, kind: Collective, bytes: f64) -> 
     let lv = levels(c, g);
     let nf = n as f64;
     if g.nodes <= 1 {
-        return single_level(kind, nf, bytes, lv.intra_bw, lv.intra_lat);
+        let ring = single_level(kind, nf, bytes, lv.intra_bw, lv.intra_lat);
+        return match (kind, lv.nvls_bw) {
+            // The switch reduces: each GPU sends its buffer once and receives the sum once.
+            (Collective::AllReduce, Some(bw)) if n > 2 => ring.min(bytes / bw + 2.0 * lv.intra_lat),
+            _ => ring,
+        };
     }
-    // A ring that spans nodes runs at the pace of its slowest hop: the network hop, where each
-    // GPU has its share of the node's NICs. Multi-channel and hierarchical algorithms can beat
-    // this; plait does not assume them (see docs/cost-model.md for why).
+    // Each channel's ring crosses the node boundary once: the bytes a ring moves per rank cross
+    // every node's NICs, shared among the node's concurrent groups, and its NVLink hops.
     let bw = lv.inter_bw.min(lv.intra_bw);
-    let _ = nf;
-    single_level(kind, g.size as f64, bytes, bw, lv.inter_lat)
+    single_level(kind, nf, bytes, bw, lv.inter_lat)
+}
+
+/// The bus bandwidth nccl-tests would report for `kind` over `bytes` in group `g` (GB/s):
+/// algorithm bandwidth × 2(n−1)/n for all-reduce, × (n−1)/n for the others.
+pub fn bus_bandwidth_gb_per_s(c: &Cluster, g: &Group, kind: Collective, bytes: f64) -> f64 {
+    let n = g.size as f64;
+    let t = collective_time(c, g, kind, bytes);
+    let factor = match kind {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        _ => (n - 1.0) / n,
+    };
+    bytes / t * factor / 1e9
 }
 
 fn single_level(kind: Collective, n: f64, bytes: f64, bw: f64, lat: f64) -> f64 {

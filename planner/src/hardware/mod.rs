@@ -126,6 +126,11 @@ pub struct Link {
     pub latency_us: f64,
     /// Fraction of the bandwidth that NCCL collectives sustain (measured bus bandwidth).
     pub efficiency: f64,
+    /// Node links with NVLink SHARP (NVSwitch 3, H100/H200): the all-reduce's algorithm
+    /// bandwidth over the link bandwidth (the switch reduces: each GPU sends and receives the
+    /// buffer once). Absent = no NVLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvls_efficiency: Option<f64>,
 }
 
 /// A cluster type: identical nodes of identical GPUs.
@@ -331,6 +336,9 @@ impl Cluster {
         for (i, l) in self.links.iter().enumerate() {
             if !fraction(l.efficiency) {
                 return bad(&format!("link[{i}].efficiency"), "must be in (0, 1]");
+            }
+            if l.nvls_efficiency.is_some_and(|x| !fraction(x)) {
+                return bad(&format!("link[{i}].nvls_efficiency"), "must be in (0, 1]");
             }
             if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
                 return bad(&format!("link[{i}].latency_us"), "must be non-negative");
