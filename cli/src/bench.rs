@@ -24,6 +24,9 @@ pub struct BenchArgs {
 enum BenchKind {
     /// Predicted vs published TFLOP/s per GPU for the 22 Megatron-LM SC'21 runs.
     CostModel,
+    /// plait's collective model against the NCCL bus bandwidths NCCL's maintainers and
+    /// nccl-tests users report (shared data `nccl_busbw.md`).
+    Collectives,
     /// Time one strategy estimate of GPT-3 175B on 1024 A100s (the search's inner loop).
     EstimateSpeed,
     /// Search time (GPT-3 175B on 1024 GPUs, the 1T model on 3072) and plan quality against the
@@ -37,6 +40,7 @@ enum BenchKind {
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     match &args.which {
         BenchKind::CostModel => cost_model(),
+        BenchKind::Collectives => collectives(),
         BenchKind::EstimateSpeed => estimate_speed(),
         BenchKind::Search => search_bench(),
         BenchKind::StepTime(a) => crate::step_time::run(a),
@@ -134,6 +138,88 @@ fn cost_model() -> anyhow::Result<()> {
     let mape = 100.0 * errors.iter().sum::<f64>() / errors.len().max(1) as f64;
     println!(
         "\n{within}/{} rows within ±10 %, mean absolute percentage error {mape:.1} %",
+        errors.len()
+    );
+    println!();
+    modern_set()
+}
+
+/// A modern row's model: NeMo's GPT-3 (learned positions, GELU MLP, LayerNorm, tied
+/// embeddings, dropout 0.1 as GPT2Config defaults) or the published Llama architecture.
+fn modern_spec(r: &planner::modern_runs::ModernRow) -> ModelSpec {
+    let gpt = r.arch == "gpt";
+    ModelSpec {
+        name: r.model.clone(),
+        family: if gpt { Family::Gpt2 } else { Family::Llama },
+        layers: r.layers,
+        hidden: r.hidden,
+        heads: r.heads,
+        kv_heads: r.kv_heads,
+        ffn: r.ffn,
+        vocab: r.vocab,
+        max_positions: r.seq,
+        tied_embeddings: gpt,
+        norm_eps: 1e-5,
+        rope_theta: if gpt { 0.0 } else { 500_000.0 },
+        experts: 0,
+        experts_per_token: 0,
+        default_seq: r.seq,
+        dropout: if gpt { 0.1 } else { 0.0 },
+    }
+}
+
+/// The modern public set: every row pinned as published on `dgx-h100`, `--engine megatron`.
+fn modern_set() -> anyhow::Result<()> {
+    use planner::modern_runs::{MODERN_CSV, modern_rows};
+    let cluster = Cluster::load("dgx-h100")?;
+    println!(
+        "{:<22} {:<16} {:>5} {:>14} {:>9} {:>10} {:>10} {:>7}",
+        "source", "model", "gpus", "tp/pp/cp/dp", "mb", "published", "predicted", "error"
+    );
+    let mut errors = Vec::new();
+    let mut refused = 0;
+    for r in modern_rows(MODERN_CSV)? {
+        let graph = build_forward(&modern_spec(&r), DType::F32)?;
+        let info = ModelInfo::new(&graph)?;
+        let s = r.strategy();
+        let mesh = format!("{}/{}/{}/{}", s.tp, s.pp, s.cp, s.dp);
+        match planner::estimate(&info, &cluster, r.gpus, &s) {
+            Ok(e) => {
+                let p = &e.predicted;
+                let err = (p.iteration_time_s - r.iteration_s) / r.iteration_s;
+                errors.push(err.abs());
+                refused += usize::from(!p.fits);
+                println!(
+                    "{:<22} {:<16} {:>5} {:>14} {:>9} {:>9.3}s {:>9.3}s {:>+6.1}%{}",
+                    r.source,
+                    r.model,
+                    r.gpus,
+                    mesh,
+                    r.micro_batch,
+                    r.iteration_s,
+                    p.iteration_time_s,
+                    100.0 * err,
+                    if p.fits {
+                        ""
+                    } else {
+                        "  (predicted not to fit)"
+                    }
+                );
+            }
+            Err(e) => {
+                errors.push(1.0);
+                refused += 1;
+                println!(
+                    "{:<22} {:<16} {:>5} {mesh:>14} refused: {e}",
+                    r.source, r.model, r.gpus
+                );
+            }
+        }
+    }
+    let within = errors.iter().filter(|e| **e <= 0.20).count();
+    let mape = 100.0 * errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+    println!(
+        "\nmodern set: {within}/{} rows within ±20 %, MAPE {mape:.1} %, {refused} refused or predicted not to fit",
         errors.len()
     );
     Ok(())
@@ -284,6 +370,41 @@ fn search_bench() -> anyhow::Result<()> {
     }
     println!(
         "\nworst ratio {worst:.3} (>= 1.000 means the search is never slower than the published configuration)"
+    );
+    Ok(())
+}
+
+fn collectives() -> anyhow::Result<()> {
+    use planner::nccl_reference::{BUFFER_BYTES, rows};
+    println!(
+        "{:<38} {:<14} {:>10} {:>10} {:>7}  source",
+        "system", "collective", "published", "predicted", "error"
+    );
+    let mut within = 0;
+    let all = rows();
+    for r in &all {
+        let p = r.predicted_gb_per_s()?;
+        let err = (p - r.published_gb_per_s) / r.published_gb_per_s;
+        within += usize::from(err.abs() <= 0.15);
+        println!(
+            "{:<38} {:<14} {:>10.1} {:>10.1} {:>+6.1}%  {}",
+            r.system,
+            format!("{:?}", r.collective),
+            r.published_gb_per_s,
+            p,
+            100.0 * err,
+            r.source
+        );
+    }
+    println!(
+        "\n{within}/{} figures within 15 % (bus bandwidth, GB/s, {:.0} GiB buffers)",
+        all.len(),
+        BUFFER_BYTES / (1u64 << 30) as f64
+    );
+    println!(
+        "not priced: NCCL's tree all-reduce on 2 nodes, which can exceed the NIC limit \
+         (NVIDIA/nccl#946); plait prices 2-node all-reduce as a ring, as the measured 2-node \
+         figure above (86 GB/s, below its 96 GB/s NIC limit) shows it ran"
     );
     Ok(())
 }

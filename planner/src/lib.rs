@@ -10,6 +10,8 @@ pub mod error;
 pub mod estimate;
 pub mod hardware;
 pub mod model;
+pub mod modern_runs;
+pub mod nccl_reference;
 pub mod plan;
 pub mod precision;
 pub mod report;
