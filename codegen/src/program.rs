@@ -519,6 +519,15 @@ pub struct MeshInfo {
     pub recompute: String,
     pub sequence_parallel: bool,
     pub precision: String,
+    /// `fused` (FlashAttention-style: the backward rebuilds the scores from the saved
+    /// log-sum-exp) or `materialized` (the scores are saved). Programs written before this
+    /// field read as `materialized`.
+    #[serde(default = "materialized")]
+    pub attention: String,
+}
+
+fn materialized() -> String {
+    "materialized".into()
 }
 
 /// What the plan predicted per stage, for the verifier's memory comparison.

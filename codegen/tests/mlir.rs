@@ -116,6 +116,7 @@ impl Synth {
                 recompute: "none".into(),
                 sequence_parallel: false,
                 precision: "bf16".into(),
+                attention: "materialized".into(),
             },
             params: vec![
                 ParamInfo {

@@ -24,6 +24,9 @@ pub struct Plan {
     pub keep: Vec<bool>,
     /// Values the backward gathers again from their kept shard.
     pub regather: Vec<bool>,
+    /// Values the backward recomputes from their kept operand ([`rebuilt_activation`]), with
+    /// the forward step that defines them.
+    pub rebuild: Vec<Option<usize>>,
     /// Per value, the step (forward order) of its first backward read, or `usize::MAX`.
     pub last_bwd_read: Vec<usize>,
     pub keep_scores: bool,
@@ -47,7 +50,9 @@ pub fn bwd_reads(seg: &Segment, step: &Step) -> Vec<SVal> {
             | OpKind::Dropout { .. }
             | OpKind::Scale { .. }
             | OpKind::Transpose { .. }
-            | OpKind::Reshape { .. } => vec![],
+            | OpKind::Reshape { .. }
+            // A rotation's adjoint is the inverse rotation of the output gradient.
+            | OpKind::Rotary { .. } => vec![],
             _ => ins.clone(),
         },
         _ => vec![],
@@ -92,6 +97,13 @@ pub fn plan(seg: &Segment, recompute: Recompute) -> Plan {
             None => keep[v] = true,
         }
     }
+    let mut rebuild = vec![None; n];
+    for (i, st) in seg.steps.iter().enumerate() {
+        if let Some(v) = rebuilt_activation(seg, st, &reads) {
+            keep[v] = false;
+            rebuild[v] = Some(i);
+        }
+    }
     // A regathered value's shard is read (by the gather) just before the value.
     for v in 0..n {
         if regather[v]
@@ -104,6 +116,7 @@ pub fn plan(seg: &Segment, recompute: Recompute) -> Plan {
     Plan {
         keep,
         regather,
+        rebuild,
         last_bwd_read: last,
         keep_scores: recompute != Recompute::Selective,
         full: recompute == Recompute::Full,
@@ -337,6 +350,27 @@ fn step_ins(s: &Step) -> Vec<SVal> {
     }
 }
 
+/// The output of `step` if the backward rebuilds it instead of keeping it: a SiLU whose
+/// operand the backward reads anyway (SiLU's own gradient needs it). SwiGLU's gate is then kept
+/// once, as the planner counts it (gate, up and their product), and SiLU runs again before the
+/// product's backward, as Megatron-LM's fused SwiGLU backward does (`bias_swiglu_back`).
+fn rebuilt_activation(seg: &Segment, step: &Step, reads: &[bool]) -> Option<SVal> {
+    let Step::Compute {
+        kind: OpKind::Silu,
+        ins,
+        outs,
+        ..
+    } = step
+    else {
+        return None;
+    };
+    let (&[x], &[y]) = (ins.as_slice(), outs.as_slice()) else {
+        return None;
+    };
+    let owned = |v: SVal| matches!(seg.vals[v].source, Source::Step | Source::Input);
+    (owned(x) && owned(y) && reads[x] && reads[y]).then_some(y)
+}
+
 fn step_outs(s: &Step) -> Vec<SVal> {
     match s {
         Step::Compute { outs, .. } => outs.clone(),
@@ -376,6 +410,8 @@ pub fn backward(
         _ => None,
     };
     let gname = |v: SVal| format!("{}.d{}", env.tag, seg.vals[v].name);
+    // The forward freed these after their last use; the backward runs their step again.
+    let mut rebuilt = vec![false; n];
     for (i, s) in seg.steps.iter().enumerate().rev() {
         // Regather what this step's backward reads.
         for v in bwd_reads(seg, s) {
@@ -401,6 +437,14 @@ pub fn backward(
                     ));
                     inst.bufs[v] = Some(y);
                 }
+            }
+        }
+        for v in bwd_reads(seg, s) {
+            if let Some(j) = p.rebuild[v]
+                && !rebuilt[v]
+            {
+                rebuild_value(b, seg, env, inst, v, j);
+                rebuilt[v] = true;
             }
         }
         let get = |inst: &Inst, v: SVal| inst.bufs[v].unwrap_or(BufferId(u32::MAX));
@@ -443,8 +487,9 @@ pub fn backward(
                     .filter(|&k| seg.vals[ins[k]].needs_grad)
                     .collect();
                 // Selective recompute: rebuild the attention scores.
-                let scores =
-                    matches!(kind, OpKind::Attention { .. }) && !p.keep_scores && !saves.is_empty();
+                let scores = matches!(kind, OpKind::Attention { .. })
+                    && !p.keep_scores
+                    && saves.iter().any(|d| d.scores);
                 let mut temp_saves = Vec::new();
                 if scores {
                     b.push(Instr::RecomputeBegin {
@@ -652,7 +697,7 @@ pub fn backward(
             if p.last_bwd_read[v] == i
                 && matches!(seg.vals[v].source, Source::Step | Source::Input)
                 && let Some(bb) = inst.bufs[v].take()
-                && (p.keep[v] || p.regather[v])
+                && (p.keep[v] || p.regather[v] || p.rebuild[v].is_some())
             {
                 b.free(bb);
             }
@@ -674,6 +719,39 @@ pub fn backward(
         })
     });
     (dx, contribs)
+}
+
+/// Runs forward step `j` again to rebuild value `v` (its only output) from its kept operands.
+fn rebuild_value(
+    b: &mut Builder,
+    seg: &Segment,
+    env: &Env<'_>,
+    inst: &mut Inst,
+    v: SVal,
+    j: usize,
+) {
+    let Some(Step::Compute { kind, ins, .. }) = seg.steps.get(j) else {
+        return;
+    };
+    let val = &seg.vals[v];
+    let y = b.alloc(
+        format!("{}.{}.re", env.tag, val.name),
+        val.elem,
+        val.shape.clone(),
+        Role::Activation,
+    );
+    let inputs = ins
+        .iter()
+        .map(|&x| inst.bufs[x].unwrap_or(BufferId(u32::MAX)))
+        .collect();
+    b.push(Instr::Compute {
+        kind: instance_kind(seg, j, kind, env),
+        inputs,
+        outputs: vec![y],
+        saves: vec![],
+        layer: env.layer,
+    });
+    inst.bufs[v] = Some(y);
 }
 
 fn gathered_source(seg: &Segment, v: SVal) -> Option<SVal> {

@@ -24,6 +24,7 @@ mod tasks;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ir::{Graph, OpId, OpKind};
+use planner::cost::compute::AttentionKernel;
 use planner::cost::pipeline::device_order;
 use planner::plan::Plan;
 use planner::{ModelInfo, Precision, Recompute};
@@ -90,6 +91,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         act,
         weight,
         seq_shard: false,
+        fused_attention: s.attention == AttentionKernel::Fused,
     };
     let pre = segment::lower(&cx, &info.pre_ops, Kind::Pre)?;
     let layer = segment::lower(&cx, &info.layer_ops, Kind::Layer)?;
@@ -248,6 +250,12 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
             recompute: s.recompute.name().into(),
             sequence_parallel: cx.sp,
             precision: s.precision.name().into(),
+            attention: if cx.fused_attention {
+                "fused"
+            } else {
+                "materialized"
+            }
+            .into(),
         },
         params,
         groups,

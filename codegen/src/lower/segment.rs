@@ -118,6 +118,9 @@ pub struct Ctx<'a> {
     /// The head runs on this rank's sequence shard (sequence parallelism): its parameters'
     /// gradients are partial sums over the tensor-parallel group.
     pub seq_shard: bool,
+    /// Fused (FlashAttention-style) attention keeps only its softmax statistics; a
+    /// materialized one keeps the scores.
+    pub fused_attention: bool,
 }
 
 impl Ctx<'_> {
@@ -608,7 +611,9 @@ fn check_local(
 
 /// Memory-only state kept for the backward, sized as the planner counts it (Korthikanti):
 /// a dropout mask (1 byte per element); the attention scores of a materialized kernel (softmax
-/// output, and with dropout its mask and output: 2e + 1 bytes per score, else e).
+/// output, and with dropout its mask and output: 2e + 1 bytes per score, else e). A fused
+/// kernel keeps one fp32 log-sum-exp per query row and head instead and rebuilds the scores
+/// tile by tile in its backward (Dao et al. 2022, §3.1), regenerating dropout from its seed.
 fn saves_of(cx: &Ctx<'_>, seg: &Segment, kind: &OpKind, outs: &[SVal]) -> Vec<SaveDecl> {
     let Some(&out) = outs.first() else {
         return vec![];
@@ -619,6 +624,12 @@ fn saves_of(cx: &Ctx<'_>, seg: &Segment, kind: &OpKind, outs: &[SVal]) -> Vec<Sa
             name: "mask".into(),
             shape,
             elem: Elem::U8,
+            scores: false,
+        }],
+        OpKind::Attention { heads, .. } if cx.fused_attention => vec![SaveDecl {
+            name: "lse".into(),
+            shape: vec![cx.batch, *heads, cx.seq],
+            elem: Elem::F32,
             scores: false,
         }],
         OpKind::Attention { heads, .. } => {
