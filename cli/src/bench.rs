@@ -27,6 +27,8 @@ enum BenchKind {
     /// plait's collective model against the NCCL bus bandwidths NCCL's maintainers and
     /// nccl-tests users report (shared data `nccl_busbw.md`).
     Collectives,
+    /// The planner's per-stage peak memory against the programs' liveness on 20 pinned plans.
+    Memory,
     /// Time one strategy estimate of GPT-3 175B on 1024 A100s (the search's inner loop).
     EstimateSpeed,
     /// Search time (GPT-3 175B on 1024 GPUs, the 1T model on 3072) and plan quality against the
@@ -41,6 +43,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     match &args.which {
         BenchKind::CostModel => cost_model(),
         BenchKind::Collectives => collectives(),
+        BenchKind::Memory => crate::bench_memory::run(),
         BenchKind::EstimateSpeed => estimate_speed(),
         BenchKind::Search => search_bench(),
         BenchKind::StepTime(a) => crate::step_time::run(a),

@@ -3,6 +3,7 @@
 
 use codegen::ProgramSet;
 use ir::Graph;
+use planner::cost::compute::AttentionKernel;
 use planner::plan::{ModelRef, Plan, SearchSummary};
 use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy};
 
@@ -21,6 +22,7 @@ pub struct Case {
     pub schedule: Schedule,
     pub recompute: Recompute,
     pub precision: Precision,
+    pub attention: AttentionKernel,
 }
 
 impl Case {
@@ -37,6 +39,7 @@ impl Case {
             schedule: Schedule::OneFOneB,
             recompute: Recompute::None,
             precision: Precision::Fp32,
+            attention: AttentionKernel::Materialized,
         }
     }
 }
@@ -59,7 +62,7 @@ pub fn plan(model: &str, seq: u64, c: Case) -> (Plan, Graph) {
         virtual_stages: c.v,
         sequence_parallel: c.sp,
         precision: c.precision,
-        attention: Default::default(),
+        attention: c.attention,
         kernels: cluster.default_kernels(),
         cp: 1,
         engine: planner::engine::Engine::Megatron,

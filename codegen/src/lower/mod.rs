@@ -64,6 +64,15 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     let s = &plan.strategy;
     let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
     let (tp, dp, pp) = (s.tp, s.dp, s.pp);
+    if s.cp > 1 {
+        return Err(CodegenError::plan(
+            "strategy.cp",
+            format!(
+                "context parallelism (cp {}) is priced by the planner but not lowered to programs yet; compile with --cp 1 to get a plan codegen can lower",
+                s.cp
+            ),
+        ));
+    }
     if u64::from(tp) * u64::from(dp) * u64::from(pp) != plan.gpus {
         return Err(CodegenError::plan(
             "strategy",
