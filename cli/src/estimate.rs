@@ -141,14 +141,19 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
 
 /// The training-run line: days, GPU-hours, energy and cost.
 pub fn print_training(t: &planner::training::TrainingRun) {
+    println!("{}", training_line(t));
+}
+
+/// `training    N tokens: D days, H GPU-hours, E MWh at PUE p[, cost C]`.
+pub fn training_line(t: &planner::training::TrainingRun) -> String {
     let energy = t
         .energy_kwh
         .map_or(String::from("energy unknown (no board power)"), |k| {
             format!("{:.0} MWh at PUE {:.2}", k / 1000.0, t.pue)
         });
     let cost = t.cost.map_or(String::new(), |c| format!(", cost {c:.0}"));
-    println!(
+    format!(
         "training    {:.3e} tokens: {:.1} days, {:.0} GPU-hours, {energy}{cost}",
         t.tokens, t.days, t.gpu_hours
-    );
+    )
 }

@@ -11,7 +11,7 @@ pub enum Switch {
 }
 
 /// A positive token count, in plain or scientific notation (`300e9`).
-fn parse_tokens(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_tokens(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(t) if t.is_finite() && t >= 1.0 => Ok(t),
         _ => Err(format!(

@@ -28,10 +28,14 @@ pub struct ReportArgs {
     /// Write a self-contained HTML page (timeline and memory bars) to this file.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+    /// Tokens to train on (e.g. 300e9): days, GPU-hours, energy and cost of the run at this
+    /// plan's speed (replaces the plan's own `--train-tokens`).
+    #[arg(long, value_parser = crate::strategy_args::parse_tokens)]
+    train_tokens: Option<f64>,
 }
 
-/// Reads a plan file and explains it.
-pub fn load(path: &std::path::Path) -> anyhow::Result<Report> {
+/// Reads a plan file and explains it; `train_tokens` replaces the plan's training run.
+pub fn load(path: &std::path::Path, train_tokens: Option<f64>) -> anyhow::Result<Report> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {file}"))?;
     let plan = Plan::from_json(&text, &file)?;
@@ -41,11 +45,22 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<Report> {
     let info = ModelInfo::new(&m.graph).with_context(|| format!("{file}: model"))?;
     let traced = estimate_traced(&info, &plan.cluster, plan.gpus, s)
         .with_context(|| format!("{file}: cannot re-estimate its strategy"))?;
-    Ok(report::build(&plan, &info, &traced))
+    let mut r = report::build(&plan, &info, &traced);
+    if let Some(tokens) = train_tokens {
+        let p = &r.predicted;
+        r.predicted.training = Some(planner::training::training_run(
+            &plan.cluster,
+            plan.gpus,
+            p.tokens_per_s,
+            p.iteration_time_s,
+            tokens,
+        ));
+    }
+    Ok(r)
 }
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
-    let r = load(&args.plan)?;
+    let r = load(&args.plan, args.train_tokens)?;
     if r.stale {
         eprintln!(
             "warning: {} is stale: it predicts {:.6} s per iteration, the current cost model {:.6} s; \

@@ -62,6 +62,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         p.hardware_tflops_per_gpu,
         100.0 * p.mfu
     )?;
+    if let Some(t) = &p.training {
+        writeln!(o, "{}", crate::estimate::training_line(t))?;
+    }
     writeln!(
         o,
         "            bubble {:.1} % of the iteration; peak memory {} of {}",

@@ -38,6 +38,10 @@ pub struct Summary {
     pub bubble_fraction: f64,
     /// The critical stage's breakdown.
     pub time: TimeBreakdown,
+    /// Days, GPU-hours, energy and cost of a training run (the plan's `--train-tokens`, or
+    /// `plait report --train-tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<crate::training::TrainingRun>,
 }
 
 /// A contiguous range of layers on a stage.
@@ -225,6 +229,7 @@ pub fn build(plan: &Plan, info: &ModelInfo<'_>, traced: &Estimate) -> Report {
             fits: p.fits,
             bubble_fraction: p.bubble_fraction,
             time: p.time.clone(),
+            training: p.training.clone(),
         },
         recomputed_iteration_time_s: recomputed,
         stale: differs(p.iteration_time_s, recomputed),
