@@ -475,7 +475,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         }
         // Local type check.
         check_local(&b, o, &kind_local, &ins, &outs)?;
-        let saves = saves_of(cx, &b.seg, &kind_local, &outs);
+        let saves = saves_of(cx, &b.seg, &kind_local, &ins, &outs);
         b.seg.steps.push(Step::Compute {
             kind: kind_local,
             ins,
@@ -539,6 +539,39 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
     }
     // With SP, the layer output is split along the sequence like its input.
     Ok(b.seg)
+}
+
+/// What a grouped-GEMM expert layer keeps for its backward (Megatron-Core's MoE): for each of
+/// the `k` routed copies of a token, the gate and up projections and their SwiGLU product
+/// (`3 · ffn` elements), as the planner counts them. plait's CPU kernel rebuilds them from its
+/// operands instead; the declaration sizes the program for the GPU engines it stands for.
+fn expert_saves(cx: &Ctx<'_>, seg: &Segment, ins: &[SVal]) -> Vec<SaveDecl> {
+    let (Some(&x), Some(&gates), Some(&w_gate)) = (ins.first(), ins.get(1), ins.get(2)) else {
+        return vec![];
+    };
+    let x_shape = &seg.vals[x].shape;
+    let hidden = x_shape.last().copied().unwrap_or(1).max(1);
+    let tokens = x_shape.iter().product::<u64>() / hidden;
+    let ffn = seg.vals[w_gate].shape.last().copied().unwrap_or(0);
+    let k = routed_experts(seg, gates).unwrap_or(1);
+    vec![SaveDecl {
+        name: "expert_inner".into(),
+        shape: vec![tokens * k, 3 * ffn],
+        elem: cx.act,
+        scores: false,
+    }]
+}
+
+/// The `k` of the `topk_router` step that defines `gates`.
+fn routed_experts(seg: &Segment, gates: SVal) -> Option<u64> {
+    seg.steps.iter().find_map(|s| match s {
+        Step::Compute {
+            kind: OpKind::TopKRouter { k, .. },
+            outs,
+            ..
+        } if outs.contains(&gates) => Some(*k),
+        _ => None,
+    })
 }
 
 /// Fixes the symbolic sizes in an op's attributes (`iota`, `reshape`, `expand`).
@@ -614,7 +647,13 @@ fn check_local(
 /// output, and with dropout its mask and output: 2e + 1 bytes per score, else e). A fused
 /// kernel keeps one fp32 log-sum-exp per query row and head instead and rebuilds the scores
 /// tile by tile in its backward (Dao et al. 2022, §3.1), regenerating dropout from its seed.
-fn saves_of(cx: &Ctx<'_>, seg: &Segment, kind: &OpKind, outs: &[SVal]) -> Vec<SaveDecl> {
+fn saves_of(
+    cx: &Ctx<'_>,
+    seg: &Segment,
+    kind: &OpKind,
+    ins: &[SVal],
+    outs: &[SVal],
+) -> Vec<SaveDecl> {
     let Some(&out) = outs.first() else {
         return vec![];
     };
@@ -626,6 +665,7 @@ fn saves_of(cx: &Ctx<'_>, seg: &Segment, kind: &OpKind, outs: &[SVal]) -> Vec<Sa
             elem: Elem::U8,
             scores: false,
         }],
+        OpKind::MoeExperts { .. } => expert_saves(cx, seg, ins),
         OpKind::Attention { heads, .. } if cx.fused_attention => vec![SaveDecl {
             name: "lse".into(),
             shape: vec![cx.batch, *heads, cx.seq],
