@@ -77,6 +77,18 @@ pub fn instr(t: &Template, i: &Instr) -> String {
             b(t, *dst),
             group.name()
         ),
+        Instr::Vocab {
+            op,
+            group,
+            inputs,
+            outputs,
+        } => format!(
+            "{} {} -> {} over {}",
+            op.name(),
+            list(t, inputs),
+            list(t, outputs),
+            group.name()
+        ),
         Instr::Compute {
             kind,
             inputs,

@@ -28,6 +28,17 @@
 //!   `AllReduce` / `ReduceScatter` over the tp group that completes it. A runtime may carry it
 //!   in wider precision than its `elem` there (so that the completed sum is rounded once, as
 //!   one device's product is); everything else reads it at `elem`.
+//! - `Vocab` runs on this rank's shard of the vocabulary (Megatron-LM's vocabulary-parallel
+//!   embedding): member `i` of `group` holds table rows `i·n .. (i+1)·n`, `n` the local rows.
+//!   `Embedding` (table, ids → out) writes the rows of the tokens in the shard and zeros for
+//!   the others (a partial sum over the group); `EmbeddingGrad` (ids, dy → dtable) writes the
+//!   shard's gradient, the sum of `dy` over the positions of each of its tokens. The
+//!   cross-entropy over logits split by vocabulary column blocks (Megatron's
+//!   `vocab_parallel_cross_entropy`): `LossStats` (logits, targets → stats `[1, N, 3]`: per
+//!   position the shard's max logit, its sum of exp(logit − max), and the target's logit if
+//!   the shard holds it, else 0), an all-gather of the stats over the group along axis 0,
+//!   `LossCombine` (stats `[size, N, 3]` → the mean loss `[]` and the log-sum-exp `[N]`), and
+//!   `LossGrad` (logits, targets, lse, dloss → dlogits = dloss/N · (exp(logit − lse) − onehot)).
 //! - `Send` is buffered (it does not wait for the receiver); `Recv` blocks until the peer's
 //!   send with the same tag arrives. Tags are [`tag`]s of (chunk, micro-batch, direction).
 //! - `LoadTokens` fills the micro-batch's rows: replica `dp` of `dp_size`, micro-batch `i` of
@@ -239,6 +250,34 @@ pub fn tag(chunk: u32, micro_batch: u32, pass: Pass) -> u64 {
     (u64::from(chunk) << 33) | (u64::from(micro_batch) << 1) | u64::from(pass == Pass::Backward)
 }
 
+/// The ops of a vocabulary-parallel embedding ([`Instr::Vocab`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VocabOp {
+    /// (table shard [n, h], ids [..]) → out [.., h].
+    Embedding,
+    /// (ids [..], dy [.., h]) → dtable shard [n, h].
+    EmbeddingGrad,
+    /// (logits [.., n], targets [..]) → stats [1, N, 3].
+    LossStats,
+    /// (stats [size, N, 3]) → (loss [], lse [N]).
+    LossCombine,
+    /// (logits [.., n], targets [..], lse [N], dloss []) → dlogits [.., n].
+    LossGrad,
+}
+
+impl VocabOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            VocabOp::Embedding => "vocab_embedding",
+            VocabOp::EmbeddingGrad => "vocab_embedding_grad",
+            VocabOp::LossStats => "vocab_loss_stats",
+            VocabOp::LossCombine => "vocab_loss_combine",
+            VocabOp::LossGrad => "vocab_loss_grad",
+        }
+    }
+}
+
 /// One instruction.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "instr")]
@@ -296,6 +335,13 @@ pub enum Instr {
         purpose: Purpose,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bucket: Option<BucketId>,
+    },
+    /// An op on this rank's vocabulary shard of `group` (see the module docs).
+    Vocab {
+        op: VocabOp,
+        group: Slot,
+        inputs: Vec<BufferId>,
+        outputs: Vec<BufferId>,
     },
     /// Copies this rank's piece of `src` along `axis` (the group index of `size` equal parts)
     /// into `dst`; no communication.

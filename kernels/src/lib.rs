@@ -41,6 +41,7 @@ mod rotary;
 mod shape;
 mod softmax;
 mod tensor;
+mod vocab;
 
 pub use accumulate::Accumulate;
 pub use backward::backward;
@@ -49,6 +50,9 @@ pub use forward::forward;
 pub use matmul::{linear_input_grad_partial, linear_partial};
 pub use optim::adamw;
 pub use tensor::Tensor32;
+pub use vocab::{
+    shard_embedding, shard_embedding_grad, shard_loss_combine, shard_loss_grad, shard_loss_stats,
+};
 
 /// `c[m,n] = a[m,k] · b[k,n]`, all row-major and contiguous: the fast matmul on its own, for
 /// benchmarks and callers outside the op set.

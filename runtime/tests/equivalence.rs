@@ -165,3 +165,30 @@ fn llama_tensor_parallel_equals_one_device() {
         "llama tp2 differs from one device (reproducible: {bad:?})"
     );
 }
+
+/// The vocabulary-parallel embedding and head under sequence parallelism, across a pipeline
+/// and with ZeRO-1 (tp 2 × pp 2 × dp 2): the head gathers the sequence before its
+/// column-parallel logits, the cross-entropy combines the shards' statistics, and training
+/// matches one device's losses.
+#[test]
+fn llama_vocab_parallel_with_sp_pp_and_zero_equals_one_device() {
+    let one = programs(LLAMA, &Config::new(1, 1, 1));
+    let mut c = Config::new(2, 2, 2);
+    c.sp = true;
+    c.zero = 1;
+    let mixed = programs(LLAMA, &c);
+    let vocab_ops = mixed
+        .templates
+        .iter()
+        .flat_map(|t| &t.instrs)
+        .filter(|i| matches!(i, codegen::program::Instr::Vocab { .. }))
+        .count();
+    assert!(vocab_ops > 0, "no vocabulary-parallel instructions");
+    let reference = train_with(&one, STEPS, SEED, true);
+    let run = train_with(&mixed, STEPS, SEED, true);
+    let dl = loss_diff(&run.losses, &reference.losses);
+    assert!(
+        dl <= TOL,
+        "llama tp2 pp2 dp2 SP ZeRO-1: loss {dl:.2e} relative"
+    );
+}

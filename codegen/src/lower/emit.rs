@@ -14,7 +14,7 @@ use ir::OpKind;
 use super::builder::Builder;
 use super::segment::{Lay, SVal, Segment, Source, Step};
 use crate::ids::{BufferId, ParamId};
-use crate::program::{Algorithm, CollectiveOp, Instr, Purpose, Role, Slot};
+use crate::program::{Algorithm, CollectiveOp, Elem, Instr, Purpose, Role, Slot, VocabOp};
 use planner::Recompute;
 
 /// What the backward needs of a segment, computed once per segment.
@@ -286,6 +286,7 @@ pub fn forward(
                 ins,
                 outs,
                 saves: sd,
+                vocab_parallel,
                 ..
             } => {
                 let sv: Vec<BufferId> = sd
@@ -299,13 +300,19 @@ pub fn forward(
                         )
                     })
                     .collect();
-                b.push(Instr::Compute {
-                    kind: instance_kind(seg, i, kind, env),
-                    inputs: ins.iter().map(|&v| get(v)).collect(),
-                    outputs: outs.iter().map(|&v| get(v)).collect(),
-                    saves: sv.clone(),
-                    layer: env.layer,
-                });
+                if *vocab_parallel {
+                    let inputs = ins.iter().map(|&v| get(v)).collect();
+                    let outputs = outs.iter().map(|&v| get(v)).collect();
+                    vocab_forward(b, env, seg.tp, kind, inputs, outputs, &sv);
+                } else {
+                    b.push(Instr::Compute {
+                        kind: instance_kind(seg, i, kind, env),
+                        inputs: ins.iter().map(|&v| get(v)).collect(),
+                        outputs: outs.iter().map(|&v| get(v)).collect(),
+                        saves: sv.clone(),
+                        layer: env.layer,
+                    });
+                }
                 for (d, &buf) in sd.iter().zip(&sv) {
                     if (d.scores && !keep_scores) || !keep_saves {
                         b.free(buf);
@@ -456,6 +463,7 @@ pub fn backward(
                 saves,
                 partial_param_grads,
                 partial_input_grads,
+                vocab_parallel,
             } => {
                 // Output gradients, reduced if partial.
                 let mut dys = Vec::new();
@@ -552,6 +560,28 @@ pub fn backward(
                         dx
                     };
                     match kind {
+                        OpKind::CrossEntropy if *vocab_parallel => {
+                            let dx = alloc_dx(b, 0);
+                            let lse = inst.saves[i].first().copied().unwrap_or(BufferId(u32::MAX));
+                            b.push(Instr::Vocab {
+                                op: VocabOp::LossGrad,
+                                group: Slot::Tp,
+                                inputs: vec![get(inst, ins[0]), get(inst, ins[1]), lse, dys[0]],
+                                outputs: vec![dx],
+                            });
+                            dxs.push((0, dx));
+                        }
+                        OpKind::Embedding if *vocab_parallel => {
+                            // The table shard's gradient from the ids and the whole dy.
+                            let dx = alloc_dx(b, 0);
+                            b.push(Instr::Vocab {
+                                op: VocabOp::EmbeddingGrad,
+                                group: Slot::Tp,
+                                inputs: vec![get(inst, ins[1]), dys[0]],
+                                outputs: vec![dx],
+                            });
+                            dxs.push((0, dx));
+                        }
                         OpKind::Add | OpKind::Sub
                             if wrt
                                 .iter()
@@ -719,6 +749,68 @@ pub fn backward(
         })
     });
     (dx, contribs)
+}
+
+/// The forward of a vocabulary-parallel step: the embedding's lookup on the rank's rows, or the
+/// cross-entropy's statistics, their all-gather over the group and the combined loss (whose
+/// log-sum-exp goes to the step's save).
+fn vocab_forward(
+    b: &mut Builder,
+    env: &Env<'_>,
+    tp: u32,
+    kind: &OpKind,
+    inputs: Vec<BufferId>,
+    outputs: Vec<BufferId>,
+    saves: &[BufferId],
+) {
+    if !matches!(kind, OpKind::CrossEntropy) {
+        b.push(Instr::Vocab {
+            op: VocabOp::Embedding,
+            group: Slot::Tp,
+            inputs,
+            outputs,
+        });
+        return;
+    }
+    let positions = saves
+        .first()
+        .and_then(|&l| b.buffers.get(l.index()))
+        .map_or(0, |d| d.shape.iter().product::<u64>());
+    let stats = b.alloc(
+        format!("{}.ce_stats", env.tag),
+        Elem::F32,
+        vec![1, positions, 3],
+        Role::Temp,
+    );
+    b.push(Instr::Vocab {
+        op: VocabOp::LossStats,
+        group: Slot::Tp,
+        inputs,
+        outputs: vec![stats],
+    });
+    let size = u64::from(tp);
+    let gathered = b.alloc(
+        format!("{}.ce_stats_all", env.tag),
+        Elem::F32,
+        vec![size, positions, 3],
+        Role::Temp,
+    );
+    b.push(coll(
+        CollectiveOp::AllGather,
+        Slot::Tp,
+        Some(0),
+        stats,
+        gathered,
+        Purpose::Activation,
+    ));
+    b.free(stats);
+    b.push(Instr::Vocab {
+        op: VocabOp::LossCombine,
+        group: Slot::Tp,
+        inputs: vec![gathered],
+        outputs: outputs.into_iter().chain(saves.iter().copied()).collect(),
+    });
+    b.free(gathered);
 }
 
 /// Runs forward step `j` again to rebuild value `v` (its only output) from its kept operands.

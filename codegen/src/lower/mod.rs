@@ -59,6 +59,34 @@ pub fn load_graph(plan: &Plan) -> Result<Graph, CodegenError> {
     Ok(m.graph)
 }
 
+/// Whether the embedding and head lower vocabulary-parallel (Megatron-LM): an untied token
+/// embedding read by `input_ids`, a head whose `linear` logits feed the cross-entropy directly,
+/// and a vocabulary that divides by `tp`. Other shapes (a tied table, an ONNX head with a
+/// reshape) keep both whole on every tensor-parallel rank.
+fn vocab_parallel_fits(graph: &Graph, info: &ModelInfo<'_>, tp: u32) -> bool {
+    let def = |v: ir::ValueId| graph.op(graph.def_op(v));
+    let embedding = info.pre_ops.iter().any(|&o| {
+        let op = graph.op(o);
+        matches!(op.kind, OpKind::Embedding)
+            && op.inputs.get(1).is_some_and(
+                |&i| matches!(&def(i).kind, OpKind::Input { name } if name == "input_ids"),
+            )
+    });
+    let head = info.post_ops.iter().any(|&o| {
+        let op = graph.op(o);
+        matches!(op.kind, OpKind::CrossEntropy)
+            && op.inputs.first().is_some_and(|&l| {
+                let lin = def(l);
+                matches!(lin.kind, OpKind::Linear { bias: false })
+                    && lin
+                        .inputs
+                        .get(1)
+                        .is_some_and(|&w| matches!(def(w).kind, OpKind::Param { .. }))
+            })
+    });
+    info.tied_params == 0 && info.vocab.is_multiple_of(u64::from(tp)) && embedding && head
+}
+
 /// Generates every rank's program for `plan` on the model's forward `graph`.
 pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, CodegenError> {
     let s = &plan.strategy;
@@ -101,14 +129,22 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         weight,
         seq_shard: false,
         fused_attention: s.attention == AttentionKernel::Fused,
+        vocab_parallel: tp > 1 && vocab_parallel_fits(graph, &info, tp),
     };
     let pre = segment::lower(&cx, &info.pre_ops, Kind::Pre)?;
     let layer = segment::lower(&cx, &info.layer_ops, Kind::Layer)?;
     // With sequence parallelism the head and loss run on the rank's sequence shard: the
     // logits are [b, s/tp, V] and the loss is the mean of the shards' means.
+    // (With a vocabulary-parallel head the head runs on the whole sequence, gathered before
+    // its column-parallel product.)
+    let seq_shard = cx.sp && !cx.vocab_parallel;
     let post_cx = Ctx {
-        seq: if cx.sp { s.seq / u64::from(tp) } else { s.seq },
-        seq_shard: cx.sp,
+        seq: if seq_shard {
+            s.seq / u64::from(tp)
+        } else {
+            s.seq
+        },
+        seq_shard,
         ..cx
     };
     let post = segment::lower(&post_cx, &info.post_ops, Kind::Post)?;

@@ -77,6 +77,9 @@ pub enum Step {
         partial_param_grads: Vec<usize>,
         /// Whether the gradients of its activation operands are partial sums.
         partial_input_grads: bool,
+        /// A token embedding on this rank's row block of the table (its output a partial sum
+        /// over the tensor-parallel group): [`crate::program::Instr::Vocab`].
+        vocab_parallel: bool,
     },
     Coll {
         op: CollectiveOp,
@@ -96,6 +99,8 @@ pub struct Segment {
     pub loss: Option<SVal>,
     /// The IR ops, by position (params are looked up per layer by position).
     pub ops: Vec<OpId>,
+    /// The tensor-parallel group's size.
+    pub tp: u32,
 }
 
 /// What a segment is.
@@ -121,6 +126,9 @@ pub struct Ctx<'a> {
     /// Fused (FlashAttention-style) attention keeps only its softmax statistics; a
     /// materialized one keeps the scores.
     pub fused_attention: bool,
+    /// The token embedding's table is split by rows over the tensor-parallel group (Megatron's
+    /// vocabulary-parallel embedding).
+    pub vocab_parallel: bool,
 }
 
 impl Ctx<'_> {
@@ -201,7 +209,9 @@ impl B<'_, '_> {
 /// Lowers `ops` (in order) into a segment.
 pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenError> {
     let g = cx.graph;
-    let tp_on = cx.tp > 1 && kind == Kind::Layer;
+    // The head runs tensor-parallel too when the vocabulary is split (column-parallel logits,
+    // vocabulary-parallel cross-entropy).
+    let tp_on = cx.tp > 1 && (kind == Kind::Layer || (kind == Kind::Post && cx.vocab_parallel));
     let mut b = B {
         cx,
         seg: Segment {
@@ -211,6 +221,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             output: 0,
             loss: None,
             ops: ops.to_vec(),
+            tp: cx.tp,
         },
         map: std::collections::HashMap::new(),
     };
@@ -336,6 +347,22 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         let mut partial_inputs = false;
         let mut post_bias: Option<SVal> = None;
         let mut reduce_after = false;
+        let mut vocab_parallel = kind == Kind::Pre
+            && cx.vocab_parallel
+            && matches!(op.kind, OpKind::Embedding)
+            && ins
+                .get(1)
+                .is_some_and(|&i| b.seg.vals[i].source == Source::Tokens { targets: false })
+            && ins.first().is_some_and(|&w| {
+                let rows = b.seg.vals[w].shape.first().copied().unwrap_or(0);
+                rows.is_multiple_of(u64::from(cx.tp))
+            });
+        if vocab_parallel {
+            // The table's rows over the group; each rank looks up the tokens it holds and the
+            // all-reduce after the step sums the shards' rows.
+            set_split(&mut b, ins[0], 0, 1, u64::from(cx.tp)).map_err(|m| b.err(o, m))?;
+            out_lay = Lay::Partial;
+        }
         if tp_on {
             let lay_of = |b: &B, v: SVal| b.seg.vals[v].lay;
             let is_param = |b: &B, v: SVal| matches!(b.seg.vals[v].source, Source::Param { .. });
@@ -415,6 +442,15 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 OpKind::MoeExperts { .. } | OpKind::TopKRouter { .. } => {
                     return Err(b.err(o, "expert parallelism is not lowered yet; use tp 1"));
                 }
+                OpKind::CrossEntropy
+                    if kind == Kind::Post
+                        && matches!(lay_of(&b, ins[0]), Lay::Split { axis, .. }
+                            if usize::from(axis) + 1 == b.seg.vals[ins[0]].shape.len()) =>
+                {
+                    // Logits split by vocabulary column blocks: Megatron's vocabulary-parallel
+                    // cross-entropy, whose loss every rank of the group ends with.
+                    vocab_parallel = true;
+                }
                 OpKind::Reshape { .. }
                 | OpKind::Transpose { .. }
                 | OpKind::Expand { .. }
@@ -475,7 +511,19 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         }
         // Local type check.
         check_local(&b, o, &kind_local, &ins, &outs)?;
-        let saves = saves_of(cx, &b.seg, &kind_local, &ins, &outs);
+        let mut saves = saves_of(cx, &b.seg, &kind_local, &ins, &outs);
+        if vocab_parallel && matches!(op.kind, OpKind::CrossEntropy) {
+            // The log-sum-exp of every position, for the backward.
+            let positions = ins
+                .get(1)
+                .map_or(0, |&t| b.seg.vals[t].shape.iter().product());
+            saves.push(SaveDecl {
+                name: "lse".into(),
+                shape: vec![positions],
+                elem: Elem::F32,
+                scores: false,
+            });
+        }
         b.seg.steps.push(Step::Compute {
             kind: kind_local,
             ins,
@@ -483,8 +531,21 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             saves,
             partial_param_grads: partial_params,
             partial_input_grads: partial_inputs,
+            vocab_parallel,
         });
         let mut result = outs.first().copied().unwrap_or(0);
+        if vocab_parallel && kind == Kind::Pre {
+            // All-reduced even with sequence parallelism: the first layer's input is cut from
+            // the whole output at the segment boundary.
+            let y = b.derived(result, Lay::Rep, "ar");
+            b.seg.steps.push(Step::Coll {
+                op: CollectiveOp::AllReduce,
+                axis: 1,
+                x: result,
+                y,
+            });
+            result = y;
+        }
         if reduce_after {
             let (op_c, lay) = if cx.sp {
                 (
@@ -511,6 +572,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     saves: vec![],
                     partial_param_grads: if cx.sp { vec![1] } else { vec![] },
                     partial_input_grads: false,
+                    vocab_parallel: false,
                 });
                 result = z;
             }

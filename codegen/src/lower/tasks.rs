@@ -107,7 +107,11 @@ impl<'a> Stage<'a> {
             st.layers.push(inst);
         }
         if ch.head {
-            if sp && let Some(t) = st.targets {
+            // A sequence-sharded head reads its shard of the targets.
+            if sp
+                && !self.cx.vocab_parallel
+                && let Some(t) = st.targets
+            {
                 let ts = self.b.alloc(
                     format!("c{c}.m{mb}.targets.s"),
                     Elem::I64,
@@ -167,7 +171,11 @@ impl<'a> Stage<'a> {
         let s = &self.plan.strategy;
         // d(mean loss)/d(this micro-batch's loss): the mean over micro-batches and replicas,
         // and with a sequence-sharded head over the tensor-parallel group's shard means.
-        let shards = if sp { f64::from(s.tp) } else { 1.0 };
+        let shards = if sp && !self.cx.vocab_parallel {
+            f64::from(s.tp)
+        } else {
+            1.0
+        };
         let scale = 1.0 / (f64::from(self.m) * f64::from(s.dp) * shards);
         let mut dy = if let Some(mut inst) = st.post.take() {
             let seed = self.b.alloc(

@@ -87,6 +87,24 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                     }
                 }
             }
+            Instr::Vocab { outputs, .. } => {
+                // The embedding's gradient on this rank's rows is a contribution like a
+                // compute's; the loss ops carry none.
+                for &b in outputs {
+                    let t2 = match role(b) {
+                        Some(Role::GradPart(p)) => Some(Taint {
+                            param: Some(p),
+                            unreduced: 1,
+                            reduced: 0,
+                            origin: k,
+                        }),
+                        _ => None,
+                    };
+                    if let Some(x) = taint.get_mut(b.index()) {
+                        *x = t2;
+                    }
+                }
+            }
             Instr::Fill { buf, .. } => {
                 if let Some(x) = taint.get_mut(buf.index()) {
                     *x = None;

@@ -202,6 +202,9 @@ pub fn operands(i: &Instr) -> (Vec<crate::ids::BufferId>, Vec<crate::ids::Buffer
         } => (vec![], input_ids.iter().chain(targets).copied().collect()),
         Instr::Fill { buf, .. } => (vec![], vec![*buf]),
         Instr::Copy { src, dst } | Instr::Chunk { src, dst, .. } => (vec![*src], vec![*dst]),
+        Instr::Vocab {
+            inputs, outputs, ..
+        } => (inputs.clone(), outputs.clone()),
         Instr::Compute {
             inputs,
             outputs,

@@ -117,7 +117,7 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) -> usize {
                         ev.push((k, Ev::Coll { slot, sig: s }));
                     }
                 }
-                Instr::Chunk { group, .. }
+                Instr::Chunk { group, .. } | Instr::Vocab { group, .. }
                     if info.group(*group).is_none() && needs_group(set, *group) =>
                 {
                     out.push(Violation {
@@ -125,7 +125,7 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) -> usize {
                         rank: r,
                         at: Loc::Step(k),
                         message: format!(
-                            "chunk over its {} group, which it does not have",
+                            "chunk or vocabulary op over its {} group, which it does not have",
                             group.name()
                         ),
                     });

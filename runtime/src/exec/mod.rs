@@ -30,7 +30,7 @@ pub mod layout;
 pub mod op_times;
 mod state;
 
-use codegen::program::{CollectiveOp, Elem, Instr, Role, Slot, Template};
+use codegen::program::{CollectiveOp, Elem, Instr, Role, Slot, Template, VocabOp};
 use codegen::{BufferId, ProgramSet};
 use ir::OpKind;
 use kernels::Tensor32;
@@ -92,6 +92,7 @@ fn instr_name(i: &Instr) -> &'static str {
         Instr::Compute { kind, .. } => kind.mnemonic(),
         Instr::Collective { op, .. } => op.name(),
         Instr::Chunk { .. } => "chunk",
+        Instr::Vocab { op, .. } => op.name(),
         Instr::Send { .. } => "send",
         Instr::Recv { .. } => "recv",
         Instr::RecomputeBegin { .. } => "recompute_begin",
@@ -449,6 +450,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                     self.put(o, y)?;
                 }
             }
+            Instr::Vocab {
+                op,
+                group,
+                inputs,
+                outputs,
+            } => self.vocab(*op, *group, inputs, outputs)?,
             Instr::Chunk {
                 src,
                 dst,
@@ -516,6 +523,75 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.set
             .rank(self.rank)
             .ok_or_else(|| self.prog("no rank info"))
+    }
+
+    /// A vocabulary-parallel op on this rank's block of the vocabulary: the block of member
+    /// `i` of `group` starts at row (logit column) `i · n`, `n` the local block size.
+    fn vocab(
+        &mut self,
+        op: VocabOp,
+        group: Slot,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+    ) -> Result<(), RuntimeError> {
+        let pos = self.members(group).rank();
+        let kernel = RuntimeError::kernel(op.name());
+        let arity = |n_in: usize, n_out: usize| {
+            if inputs.len() == n_in && outputs.len() == n_out {
+                Ok(())
+            } else {
+                Err(self.prog(format!(
+                    "{}: expects {n_in} input(s) and {n_out} output(s)",
+                    op.name()
+                )))
+            }
+        };
+        match op {
+            VocabOp::Embedding => {
+                arity(2, 1)?;
+                let table = self.host(inputs[0])?;
+                let start = pos * table.shape.first().copied().unwrap_or(0);
+                let y = kernels::shard_embedding(&table, &self.host(inputs[1])?, start)
+                    .map_err(kernel)?;
+                self.put(outputs[0], y.data)
+            }
+            VocabOp::EmbeddingGrad => {
+                arity(2, 1)?;
+                let shape = self.decl_shape(outputs[0])?;
+                let start = pos * shape.first().copied().unwrap_or(0);
+                let (ids, dy) = (self.host(inputs[0])?, self.host(inputs[1])?);
+                let y = kernels::shard_embedding_grad(&ids, &dy, &shape, start).map_err(kernel)?;
+                self.put(outputs[0], y.data)
+            }
+            VocabOp::LossStats => {
+                arity(2, 1)?;
+                let logits = self.host(inputs[0])?;
+                let start = pos * logits.shape.last().copied().unwrap_or(0);
+                let y = kernels::shard_loss_stats(&logits, &self.host(inputs[1])?, start)
+                    .map_err(kernel)?;
+                self.put(outputs[0], y.data)
+            }
+            VocabOp::LossCombine => {
+                arity(1, 2)?;
+                let (loss, lse) =
+                    kernels::shard_loss_combine(&self.host(inputs[0])?).map_err(kernel)?;
+                self.put(outputs[0], loss.data)?;
+                self.put(outputs[1], lse.data)
+            }
+            VocabOp::LossGrad => {
+                arity(4, 1)?;
+                let logits = self.host(inputs[0])?;
+                let start = pos * logits.shape.last().copied().unwrap_or(0);
+                let (targets, lse, dloss) = (
+                    self.host(inputs[1])?,
+                    self.host(inputs[2])?,
+                    self.host(inputs[3])?,
+                );
+                let y = kernels::shard_loss_grad(&logits, &targets, &lse, &dloss, start)
+                    .map_err(kernel)?;
+                self.put(outputs[0], y.data)
+            }
+        }
     }
 
     fn compute(

@@ -265,6 +265,9 @@ fn refs(i: &Instr) -> Vec<BufferId> {
             .collect(),
         Instr::Collective { pairs, .. } => pairs.iter().flat_map(|&(a, b)| [a, b]).collect(),
         Instr::Chunk { src, dst, .. } => vec![*src, *dst],
+        Instr::Vocab {
+            inputs, outputs, ..
+        } => inputs.iter().chain(outputs).copied().collect(),
         Instr::Send { buf, .. } | Instr::Recv { buf, .. } => vec![*buf],
         Instr::AdamW {
             param, grad, m, v, ..
@@ -472,6 +475,28 @@ impl Emitter<'_> {
                 saves,
                 layer,
             } => self.compute(kind, inputs, outputs, saves, *layer)?,
+            Instr::Vocab {
+                op,
+                group,
+                inputs,
+                outputs,
+            } => {
+                // The rank's row block comes from its position in the group at run time: an
+                // external kernel, told which group.
+                let ins = inputs
+                    .iter()
+                    .map(|&b| self.val(b))
+                    .collect::<Res<Vec<_>>>()?;
+                let outs = outputs
+                    .iter()
+                    .map(|&b| self.ty(b))
+                    .collect::<Res<Vec<_>>>()?;
+                let attrs = format!("{{plait.group = {}}}", str_lit(group.name()));
+                let r = self.kernel(op.name(), &ins, &outs, &attrs);
+                for (&b, v) in outputs.iter().zip(r) {
+                    self.set(b, v);
+                }
+            }
             Instr::Collective {
                 op,
                 group,
