@@ -25,8 +25,11 @@ const STEPS: u64 = 20;
 const SEED: u64 = 7;
 const TOL: f64 = 1e-5;
 /// Bound on any parameter's absolute difference where tensor parallelism reorders matmul
-/// sums (a tenth of the learning rate).
-const TP_PARAM_ABS: f64 = 1e-4;
+/// sums in f32 (a fifth of the learning rate: AdamW turns a rounding difference in a tiny
+/// gradient element into up to a step's worth). The vocabulary-parallel head added one such
+/// sum (its input gradient over the vocabulary shards): the worst element went from ~0.9e-4 to
+/// 1.4e-4, while the reproducible mode (sums in f64) still matches within 1e-5.
+const TP_PARAM_ABS: f64 = 2e-4;
 
 fn configs() -> Vec<(&'static str, Config)> {
     let mut v = Vec::new();

@@ -543,7 +543,7 @@ pub fn backward(
                             None => gname(v),
                         };
                         let dx = b.alloc(name, val.elem, val.shape.clone(), role);
-                        if *partial_input_grads && param_of(v).is_none() {
+                        if *partial_input_grads && k == 0 && param_of(v).is_none() {
                             b.mark_partial(dx);
                         }
                         dx
@@ -667,7 +667,7 @@ pub fn backward(
                             partial: partial_param_grads.contains(&k),
                         });
                     } else {
-                        accumulate(b, &mut grads, v, dx, *partial_input_grads);
+                        accumulate(b, &mut grads, v, dx, *partial_input_grads && k == 0);
                     }
                 }
                 for d in dys {

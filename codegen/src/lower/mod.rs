@@ -59,10 +59,10 @@ pub fn load_graph(plan: &Plan) -> Result<Graph, CodegenError> {
     Ok(m.graph)
 }
 
-/// Whether the embedding and head lower vocabulary-parallel (Megatron-LM): an untied token
-/// embedding read by `input_ids`, a head whose `linear` logits feed the cross-entropy directly,
-/// and a vocabulary that divides by `tp`. Other shapes (a tied table, an ONNX head with a
-/// reshape) keep both whole on every tensor-parallel rank.
+/// Whether the embedding and head lower vocabulary-parallel (Megatron-LM): a token embedding
+/// read by `input_ids`, a head whose `linear` logits feed the cross-entropy directly with a
+/// weight that is a parameter or (tied) the transposed table, and a vocabulary that divides by
+/// `tp`. Other shapes (an ONNX head with a reshape) keep both whole on every rank.
 fn vocab_parallel_fits(graph: &Graph, info: &ModelInfo<'_>, tp: u32) -> bool {
     let def = |v: ir::ValueId| graph.op(graph.def_op(v));
     let embedding = info.pre_ops.iter().any(|&o| {
@@ -78,13 +78,22 @@ fn vocab_parallel_fits(graph: &Graph, info: &ModelInfo<'_>, tp: u32) -> bool {
             && op.inputs.first().is_some_and(|&l| {
                 let lin = def(l);
                 matches!(lin.kind, OpKind::Linear { bias: false })
-                    && lin
-                        .inputs
-                        .get(1)
-                        .is_some_and(|&w| matches!(def(w).kind, OpKind::Param { .. }))
+                    && lin.inputs.get(1).is_some_and(|&w| {
+                        let w = def(w);
+                        match &w.kind {
+                            OpKind::Param { .. } => info.tied_params == 0,
+                            OpKind::Transpose { perm } => {
+                                perm.as_slice() == [1, 0]
+                                    && w.inputs.first().is_some_and(|&t| {
+                                        matches!(def(t).kind, OpKind::Param { .. })
+                                    })
+                            }
+                            _ => false,
+                        }
+                    })
             })
     });
-    info.tied_params == 0 && info.vocab.is_multiple_of(u64::from(tp)) && embedding && head
+    info.vocab.is_multiple_of(u64::from(tp)) && embedding && head
 }
 
 /// Generates every rank's program for `plan` on the model's forward `graph`.

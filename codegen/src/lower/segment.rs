@@ -75,7 +75,9 @@ pub enum Step {
         /// Replicated parameters (operand index) whose gradient is a partial sum over the
         /// tensor-parallel group (their activation operand is split along the sequence).
         partial_param_grads: Vec<usize>,
-        /// Whether the gradients of its activation operands are partial sums.
+        /// Whether the gradient of its activation operand (operand 0, a column-parallel
+        /// product's input) is a partial sum. A tied head's transposed weight, also a computed
+        /// value, gets its own shard's gradient.
         partial_input_grads: bool,
         /// A token embedding on this rank's row block of the table (its output a partial sum
         /// over the tensor-parallel group): [`crate::program::Instr::Vocab`].
@@ -393,7 +395,10 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                             };
                             let _ = x;
                             let blocks = blocks_of.get(&o).copied().unwrap_or(1);
-                            set_split(&mut b, ins[1], 1, blocks, t).map_err(|m| b.err(o, m))?;
+                            // A tied head's weight arrives split already (the transposed table).
+                            if lay_of(&b, ins[1]) == Lay::Rep {
+                                set_split(&mut b, ins[1], 1, blocks, t).map_err(|m| b.err(o, m))?;
+                            }
                             if *bias {
                                 set_split(&mut b, ins[2], 0, blocks, t).map_err(|m| b.err(o, m))?;
                             }
@@ -441,6 +446,17 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 }
                 OpKind::MoeExperts { .. } | OpKind::TopKRouter { .. } => {
                     return Err(b.err(o, "expert parallelism is not lowered yet; use tp 1"));
+                }
+                OpKind::Transpose { perm }
+                    if kind == Kind::Post && perm.as_slice() == [1, 0] && is_param(&b, ins[0]) =>
+                {
+                    // A tied head reads the embedding table [V, h] transposed: the table's rows
+                    // (the vocabulary) are split as the embedding splits them, so the
+                    // transposed weight is split along its columns.
+                    if lay_of(&b, ins[0]) == Lay::Rep {
+                        set_split(&mut b, ins[0], 0, 1, t).map_err(|m| b.err(o, m))?;
+                    }
+                    out_lay = Lay::Split { axis: 1, blocks: 1 };
                 }
                 OpKind::CrossEntropy
                     if kind == Kind::Post
