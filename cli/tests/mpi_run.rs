@@ -11,7 +11,7 @@
 //!   within 1e-5 relative, and the final parameters (from the checkpoints) equal the threads
 //!   run's within 1e-6 and the 1-rank run's within 1e-5 — in `--reproducible` mode for the
 //!   tensor-parallel layouts (TP2 with SP also in the default mode, where its parameters are
-//!   within 1e-4 of one rank).
+//!   within 2e-4 of one rank: the bound of runtime/tests/equivalence.rs's `TP_PARAM_ABS`).
 #![cfg(feature = "mpi")]
 #![allow(clippy::unwrap_used)]
 
@@ -465,8 +465,9 @@ fn mpi_runs_equal_threads_and_one_rank() {
              max ({:.1} s)",
             t0.elapsed().as_secs_f64()
         );
-        // Tensor parallelism's f32 partial sums (default mode) round unlike one device's.
-        let bound_1 = if tp > 1 && !repro { 1e-4 } else { 1e-5 };
+        // Tensor parallelism's f32 partial sums (default mode) round unlike one device's
+        // (the vocabulary-parallel head's input gradient is one of them: 1.4e-4 at worst).
+        let bound_1 = if tp > 1 && !repro { 2e-4 } else { 1e-5 };
         if !(vs_threads <= 1e-5 && vs_one <= 1e-5 && abs_t <= 1e-6 && abs_1 <= bound_1) {
             failures.push(name);
         }

@@ -11,7 +11,7 @@
 //! same bound; tensor parallelism splits matmul reductions into f32 partial products that
 //! are rounded before the all-reduce adds them, and over 20 AdamW steps a few elements whose
 //! gradients are sums that cancel (Adam normalizes them to steps of order `lr`) drift
-//! further: the bound there is 1e-4. Each mode prints the noise floor: the single-rank run
+//! further: the bound there is 2e-4. Each mode prints the noise floor: the single-rank run
 //! compared with itself at micro-batch 8 instead of 1, the same arithmetic summed in another
 //! order.
 #![allow(clippy::unwrap_used)]
