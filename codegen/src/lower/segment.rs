@@ -79,8 +79,9 @@ pub enum Step {
         /// product's input) is a partial sum. A tied head's transposed weight, also a computed
         /// value, gets its own shard's gradient.
         partial_input_grads: bool,
-        /// A token embedding on this rank's row block of the table (its output a partial sum
-        /// over the tensor-parallel group): [`crate::program::Instr::Vocab`].
+        /// Runs on this rank's block of the vocabulary ([`crate::program::Instr::Vocab`]): a
+        /// token embedding on its rows of the table (the output a partial sum over the
+        /// tensor-parallel group), or the cross-entropy of logits split by columns.
         vocab_parallel: bool,
     },
     Coll {
