@@ -31,6 +31,19 @@ fn merge(a: Option<Taint>, b: Option<Taint>) -> Option<Taint> {
     }
 }
 
+/// A new, unreduced contribution where instruction `k` writes a `grad_part` buffer.
+fn contribution(role: Option<Role>, k: usize) -> Option<Taint> {
+    match role {
+        Some(Role::GradPart(p)) => Some(Taint {
+            param: Some(p),
+            unreduced: 1,
+            reduced: 0,
+            origin: k,
+        }),
+        _ => None,
+    }
+}
+
 pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>) {
     let dp = set.rank(rank).and_then(|r| r.group(Slot::Dp)).is_some();
     let name = |p: ParamId| set.params.get(p.index()).map_or("?", |i| i.name.as_str());
@@ -58,18 +71,7 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                         .iter()
                         .any(|&b| matches!(role(b), Some(Role::GradPart(_)))) =>
                     {
-                        outputs
-                            .iter()
-                            .map(|&b| match role(b) {
-                                Some(Role::GradPart(p)) => Some(Taint {
-                                    param: Some(p),
-                                    unreduced: 1,
-                                    reduced: 0,
-                                    origin: k,
-                                }),
-                                _ => None,
-                            })
-                            .collect()
+                        outputs.iter().map(|&b| contribution(role(b), k)).collect()
                     }
                     ir::OpKind::Add => {
                         let get = |j: usize| {
@@ -91,17 +93,8 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                 // The embedding's gradient on this rank's rows is a contribution like a
                 // compute's; the loss ops carry none.
                 for &b in outputs {
-                    let t2 = match role(b) {
-                        Some(Role::GradPart(p)) => Some(Taint {
-                            param: Some(p),
-                            unreduced: 1,
-                            reduced: 0,
-                            origin: k,
-                        }),
-                        _ => None,
-                    };
                     if let Some(x) = taint.get_mut(b.index()) {
-                        *x = t2;
+                        *x = contribution(role(b), k);
                     }
                 }
             }
