@@ -483,14 +483,8 @@ impl Emitter<'_> {
             } => {
                 // The rank's row block comes from its position in the group at run time: an
                 // external kernel, told which group.
-                let ins = inputs
-                    .iter()
-                    .map(|&b| self.val(b))
-                    .collect::<Res<Vec<_>>>()?;
-                let outs = outputs
-                    .iter()
-                    .map(|&b| self.ty(b))
-                    .collect::<Res<Vec<_>>>()?;
+                let ins = self.vals(inputs)?;
+                let outs = self.tys(outputs)?;
                 let attrs = format!("{{plait.group = {}}}", str_lit(group.name()));
                 let r = self.kernel(op.name(), &ins, &outs, &attrs);
                 for (&b, v) in outputs.iter().zip(r) {

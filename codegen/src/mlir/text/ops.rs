@@ -389,6 +389,16 @@ impl Emitter<'_> {
         Ok(Some(self.convert(&y, out.elem)?))
     }
 
+    /// The values of `bufs`, in order.
+    pub(super) fn vals(&self, bufs: &[BufferId]) -> Res<Vec<Val>> {
+        bufs.iter().map(|&b| self.val(b)).collect()
+    }
+
+    /// The declared types of `bufs`, in order.
+    pub(super) fn tys(&self, bufs: &[BufferId]) -> Res<Vec<Ty>> {
+        bufs.iter().map(|&b| self.ty(b)).collect()
+    }
+
     pub(super) fn compute(
         &mut self,
         kind: &OpKind,
@@ -397,14 +407,8 @@ impl Emitter<'_> {
         saves: &[BufferId],
         layer: Option<u32>,
     ) -> Res<()> {
-        let ins = inputs
-            .iter()
-            .map(|&b| self.val(b))
-            .collect::<Res<Vec<_>>>()?;
-        let outs = outputs
-            .iter()
-            .map(|&b| self.ty(b))
-            .collect::<Res<Vec<_>>>()?;
+        let ins = self.vals(inputs)?;
+        let outs = self.tys(outputs)?;
         let lowered = match kind {
             OpKind::Grad { of, wrt } => self.lower_grad(of, wrt, &ins, &outs)?,
             _ => self.lower_compute(kind, &ins, &outs)?,
