@@ -50,7 +50,27 @@ fn print_report(r: &Report) {
             m.predicted_peak_bytes / (1u64 << 30) as f64,
             (m.ratio() - 1.0) * 100.0
         );
+        println!("            at the peak: {}", peak_roles(m));
     }
+}
+
+/// The program's live bytes at its peak by buffer role, largest first (GiB, two decimals;
+/// roles under 0.01 GiB left out).
+fn peak_roles(m: &codegen::verify::MemoryRow) -> String {
+    let gib = (1u64 << 30) as f64;
+    let mut roles: Vec<(&str, u64)> = m
+        .program_peak_by_role
+        .iter()
+        .map(|(r, b)| (*r, *b))
+        .filter(|(_, b)| *b as f64 >= 0.01 * gib)
+        .collect();
+    roles.sort_by_key(|r| std::cmp::Reverse(r.1));
+    roles
+        .iter()
+        .map(|(r, b)| format!("{r} {:.2}", *b as f64 / gib))
+        .collect::<Vec<_>>()
+        .join(", ")
+        + " GiB"
 }
 
 fn check(r: &Report) -> anyhow::Result<()> {

@@ -119,6 +119,27 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role's name without its parameter, as listings and memory breakdowns print it.
+    pub fn class(self) -> &'static str {
+        match self {
+            Role::Param(_) => "param",
+            Role::ParamSlice(_) => "param_slice",
+            Role::Master(_) => "master",
+            Role::OptM(_) => "opt_m",
+            Role::OptV(_) => "opt_v",
+            Role::Grad(_) => "grad",
+            Role::GradSlice(_) => "grad_slice",
+            Role::GradPart(_) => "grad_part",
+            Role::Activation => "activation",
+            Role::ActGrad => "act_grad",
+            Role::Saved => "saved",
+            Role::Tokens => "tokens",
+            Role::Loss => "loss",
+            Role::Reserve => "reserve",
+            Role::Temp => "temp",
+        }
+    }
+
     pub fn param(self) -> Option<ParamId> {
         match self {
             Role::Param(p)

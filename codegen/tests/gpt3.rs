@@ -25,7 +25,7 @@ fn gpt3_175b_on_1024_gpus_verifies_and_fits_the_planners_memory() {
     let r = verify_with(
         &set,
         Options {
-            memory_tolerance: Some(0.10),
+            memory_tolerance: Some(0.03),
         },
     );
     println!(

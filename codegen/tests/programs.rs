@@ -14,7 +14,7 @@ fn every_snapshot_case_verifies_and_fits_the_planners_memory() {
         let r = verify_with(
             &set,
             Options {
-                memory_tolerance: Some(0.10),
+                memory_tolerance: Some(0.03),
             },
         );
         assert!(r.violations.is_empty(), "{name}: {:#?}", r.violations);
@@ -95,7 +95,7 @@ fn memory_matches_the_planner_on_a_real_model() {
         let r = verify_with(
             &set,
             Options {
-                memory_tolerance: Some(0.10),
+                memory_tolerance: Some(0.03),
             },
         );
         assert!(

@@ -39,6 +39,22 @@ impl Engine {
         }
     }
 
+    /// Parameters whose 16-bit copies (gathered weights, then their whole gradients) are live
+    /// at once under ZeRO-3 while a layer of `layer_params` parameters runs: FSDP2
+    /// (torchtitan wraps each transformer block) and Megatron-FSDP gather and reduce-scatter a
+    /// whole layer; DeepSpeed gathers submodule by submodule up to `stage3_max_live_parameters`
+    /// and reduces gradients in buckets of `reduce_bucket_size` elements (defaults 1e9 and 5e8,
+    /// DeepSpeed's ZeRO configuration docs).
+    pub fn zero3_working_params(self, layer_params: f64) -> (f64, f64) {
+        match self {
+            Engine::Megatron | Engine::Torchtitan => (layer_params, layer_params),
+            Engine::Deepspeed => (
+                layer_params.min(DEEPSPEED_MAX_LIVE_PARAMETERS),
+                layer_params.min(DEEPSPEED_REDUCE_BUCKET_SIZE),
+            ),
+        }
+    }
+
     /// What the engine overlaps, for a plan at ZeRO stage `zero`.
     pub fn overlap(self, zero: u8) -> Overlap {
         match self {
@@ -104,6 +120,11 @@ impl FromStr for Engine {
             })
     }
 }
+
+/// DeepSpeed's `stage3_max_live_parameters` default: parameters gathered at once under ZeRO-3.
+pub const DEEPSPEED_MAX_LIVE_PARAMETERS: f64 = 1e9;
+/// DeepSpeed's `reduce_bucket_size` default: gradient elements reduced at a time.
+pub const DEEPSPEED_REDUCE_BUCKET_SIZE: f64 = 5e8;
 
 /// The rate at which DeepSpeed's ZeRO-3 of early 2021 gathered parameters, bytes of gathered
 /// 16-bit parameters per GPU per second: on one 8×A100 NVLink node (p4d), a 5.1B-parameter BERT

@@ -486,6 +486,15 @@ fn estimate_impl(
             activations += layer_activation_bytes(&shape, b.seq as f64, b.batch as f64, &rebuilt);
         }
         let mut other = RESERVE_BYTES;
+        if s.zero >= 3 && replicas > 1.0 && layers > 0 {
+            // ZeRO-3's working set: the layer being computed holds its gathered parameters
+            // and, in its backward, its gradient until the reduce-scatter (the engine decides
+            // how much of a layer is live at once).
+            let (gathered, reduced) = s
+                .engine
+                .zero3_working_params(info.params_per_layer as f64 / tp as f64);
+            other += gathered * wbytes + reduced * s.precision.grad_bytes();
+        }
         if my_chunks.contains(&(n_chunks - 1)) {
             other += 2.0 * 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp as f64;
         }

@@ -9,6 +9,8 @@
 //! alive between them are Korthikanti et al.'s saved activations; with sequence parallelism a
 //! gathered input is kept as its shard and gathered again in the backward (Megatron-LM).
 
+use std::collections::BTreeMap;
+
 use ir::OpKind;
 
 use super::builder::Builder;
@@ -143,6 +145,10 @@ pub struct Env<'a> {
     /// The seeds of this instance's dropout ops, in segment order (a layer's own: the segment
     /// is lowered from layer 0). Empty: the segment's seeds.
     pub seeds: &'a [u64],
+    /// Gradient accumulators a backward adds each whole (not tensor-parallel partial)
+    /// parameter gradient into as soon as it is computed, so no layer's gradients wait
+    /// together (Megatron's gradient-accumulation fusion). Empty: returned as contributions.
+    pub accumulators: BTreeMap<ParamId, BufferId>,
 }
 
 impl<'a> Env<'a> {
@@ -160,6 +166,7 @@ impl<'a> Env<'a> {
             layer: None,
             tag,
             seeds: &[],
+            accumulators: BTreeMap::new(),
         }
     }
 
@@ -177,6 +184,7 @@ impl<'a> Env<'a> {
             layer: Some(layer),
             tag,
             seeds,
+            accumulators: BTreeMap::new(),
         }
     }
 }
@@ -361,21 +369,30 @@ fn step_ins(s: &Step) -> Vec<SVal> {
 /// operand the backward reads anyway (SiLU's own gradient needs it). SwiGLU's gate is then kept
 /// once, as the planner counts it (gate, up and their product), and SiLU runs again before the
 /// product's backward, as Megatron-LM's fused SwiGLU backward does (`bias_swiglu_back`).
+///
+/// Likewise a look-up in a parameter table by indices the backward keeps anyway (a learned
+/// position embedding): a broadcast add's backward reads the look-up's output only for its
+/// shape, and PyTorch's add keeps nothing, so the engines hold no `[s, h]` copy per micro-batch.
 fn rebuilt_activation(seg: &Segment, step: &Step, reads: &[bool]) -> Option<SVal> {
     let Step::Compute {
-        kind: OpKind::Silu,
+        kind,
         ins,
         outs,
+        vocab_parallel,
         ..
     } = step
     else {
         return None;
     };
-    let (&[x], &[y]) = (ins.as_slice(), outs.as_slice()) else {
-        return None;
-    };
     let owned = |v: SVal| matches!(seg.vals[v].source, Source::Step | Source::Input);
-    (owned(x) && owned(y) && reads[x] && reads[y]).then_some(y)
+    let param = |v: SVal| matches!(seg.vals[v].source, Source::Param { .. });
+    match (kind, ins.as_slice(), outs.as_slice()) {
+        (OpKind::Silu, &[x], &[y]) => (owned(x) && owned(y) && reads[x] && reads[y]).then_some(y),
+        (OpKind::Embedding, &[table, idx], &[y]) if !vocab_parallel => {
+            (param(table) && owned(idx) && owned(y) && reads[idx] && reads[y]).then_some(y)
+        }
+        _ => None,
+    }
 }
 
 fn step_outs(s: &Step) -> Vec<SVal> {
@@ -661,11 +678,24 @@ pub fn backward(
                 for (k, dx) in dxs {
                     let v = ins[k];
                     if let Some(param) = param_of(v) {
-                        contribs.push(Contribution {
-                            param,
-                            buf: dx,
-                            partial: partial_param_grads.contains(&k),
-                        });
+                        let partial = partial_param_grads.contains(&k);
+                        match env.accumulators.get(&param) {
+                            Some(&acc) if !partial => {
+                                b.push(Instr::Compute {
+                                    kind: OpKind::Add,
+                                    inputs: vec![acc, dx],
+                                    outputs: vec![acc],
+                                    saves: vec![],
+                                    layer: None,
+                                });
+                                b.free(dx);
+                            }
+                            _ => contribs.push(Contribution {
+                                param,
+                                buf: dx,
+                                partial,
+                            }),
+                        }
                     } else {
                         accumulate(b, &mut grads, v, dx, *partial_input_grads && k == 0);
                     }

@@ -48,6 +48,21 @@ impl<'a> Stage<'a> {
         }
     }
 
+    /// Where a backward adds its parameters' whole gradients as it computes them: the local
+    /// accumulators below ZeRO-2 (above it each gradient is reduce-scattered first).
+    pub(super) fn accumulators(
+        &self,
+        env: &[Option<(ParamId, BufferId)>],
+    ) -> BTreeMap<ParamId, BufferId> {
+        if self.zero >= 2 {
+            return BTreeMap::new();
+        }
+        env.iter()
+            .flatten()
+            .filter_map(|(p, _)| self.ps.get(p).map(|st| (*p, st.grad)))
+            .collect()
+    }
+
     /// Accumulates a segment instance's parameter gradients; reduces them across the
     /// data-parallel group per ZeRO stage.
     pub(super) fn contribute(

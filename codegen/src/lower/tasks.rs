@@ -190,7 +190,8 @@ impl<'a> Stage<'a> {
             });
             let bucket = self.bucket(Which::Post, 0);
             let params = self.gather(Which::Post, 0, bucket);
-            let env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.head"));
+            let mut env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.head"));
+            env.accumulators = self.accumulators(&params);
             let (dx, contribs) =
                 emit::backward(&mut self.b, post, &self.plans[2], &env, &mut inst, seed);
             // The embedding's own backward reduces a tied parameter when it runs on this stage.
@@ -222,7 +223,8 @@ impl<'a> Stage<'a> {
                 .ok_or_else(|| CodegenError::plan("schedule", "missing layer state"))?;
             let bucket = self.bucket(Which::Layer, l);
             let params = self.gather(Which::Layer, l, bucket);
-            let env = Env::layer(&params, l, self.seeds(l), format!("l{l}.m{mb}"));
+            let mut env = Env::layer(&params, l, self.seeds(l), format!("l{l}.m{mb}"));
+            env.accumulators = self.accumulators(&params);
             if full {
                 self.b.push(Instr::RecomputeBegin { layer: l });
                 let input = layer.input.and_then(|i| inst.bufs[i]);
@@ -270,7 +272,8 @@ impl<'a> Stage<'a> {
             }
             let bucket = self.bucket(Which::Pre, 0);
             let params = self.gather(Which::Pre, 0, bucket);
-            let env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.emb"));
+            let mut env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.emb"));
+            env.accumulators = self.accumulators(&params);
             let (_, contribs) =
                 emit::backward(&mut self.b, pre, &self.plans[0], &env, &mut inst, dy);
             self.contribute(&contribs, bucket, last, &params, &BTreeSet::new());

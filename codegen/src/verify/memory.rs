@@ -1,14 +1,25 @@
 //! Invariant 1 (well-formed buffers) and 7 (peak live bytes) of one template.
 
+use std::collections::BTreeMap;
+
 use super::{Check, Loc, Violation, operands};
 use crate::program::{Instr, Template};
 
+/// The most bytes live at once in a template, and what held them at that moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peak {
+    pub bytes: u64,
+    /// Live bytes at the peak by buffer role ([`crate::program::Role::class`]).
+    pub by_role: BTreeMap<&'static str, u64>,
+}
+
 /// Checks buffer lifetimes and returns the peak live bytes (init, then one iteration).
-pub fn check(t: &Template, rank: u32, out: &mut Vec<Violation>) -> u64 {
+pub fn check(t: &Template, rank: u32, out: &mut Vec<Violation>) -> Peak {
     let n = t.buffers.len();
     let mut live = vec![false; n];
     let mut bytes = 0u64;
-    let mut peak = 0u64;
+    let mut peak = Peak::default();
+    let mut by_role: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut at_step_start = Vec::new();
     let mut v = |at: Loc, message: String| {
         out.push(Violation {
@@ -34,7 +45,11 @@ pub fn check(t: &Template, rank: u32, out: &mut Vec<Violation>) -> u64 {
                         } else {
                             live[buf.index()] = true;
                             bytes += d.bytes();
-                            peak = peak.max(bytes);
+                            *by_role.entry(d.role.class()).or_default() += d.bytes();
+                            if bytes > peak.bytes {
+                                peak.bytes = bytes;
+                                peak.by_role.clone_from(&by_role);
+                            }
                         }
                     }
                 },
@@ -44,6 +59,7 @@ pub fn check(t: &Template, rank: u32, out: &mut Vec<Violation>) -> u64 {
                         if live[buf.index()] {
                             live[buf.index()] = false;
                             bytes -= d.bytes();
+                            *by_role.entry(d.role.class()).or_default() -= d.bytes();
                         } else {
                             v(at, format!("frees {buf} ({}), which is not live", d.name));
                         }

@@ -91,6 +91,8 @@ pub struct MemoryRow {
     pub stage: u32,
     pub ranks: usize,
     pub program_peak_bytes: u64,
+    /// What the program holds at its peak, by buffer role.
+    pub program_peak_by_role: std::collections::BTreeMap<&'static str, u64>,
     pub predicted_peak_bytes: f64,
 }
 
@@ -165,7 +167,8 @@ pub fn verify_with(set: &ProgramSet, opts: Options) -> Report {
             template: t.id.0,
             stage: t.stage,
             ranks: set.ranks.iter().filter(|i| i.template == t.id).count(),
-            program_peak_bytes: peak,
+            program_peak_bytes: peak.bytes,
+            program_peak_by_role: peak.by_role,
             predicted_peak_bytes: predicted,
         };
         if let Some(tol) = opts.memory_tolerance
