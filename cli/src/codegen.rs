@@ -89,10 +89,7 @@ fn check(r: &Report) -> anyhow::Result<()> {
 
 pub fn run_codegen(args: &CodegenArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let file = args.plan.display().to_string();
-    let text =
-        std::fs::read_to_string(&args.plan).with_context(|| format!("cannot read {file}"))?;
-    let plan = planner::plan::Plan::from_json(&text, &file)?;
+    let plan = crate::plan_file::read(&args.plan)?;
     let graph = codegen::load_graph(&plan)?;
     let set = codegen::lower(&plan, &graph, codegen::Options::default())?;
     let report = verify_with(

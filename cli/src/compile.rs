@@ -128,17 +128,7 @@ pub fn compile(
         }
     };
     r.best = r.best.with_training(&cluster, cluster_args.train_tokens);
-    let model_ref = ModelRef {
-        source: model_source(model_arg).into(),
-        reference: model_arg.to_string(),
-        name: m.graph.name.clone(),
-        params: info.params(),
-        layers: info.layers,
-        hidden: info.hidden,
-        heads: info.heads,
-        kv_heads: info.kv_heads,
-        vocab: info.vocab,
-    };
+    let model_ref = ModelRef::of(model_source(model_arg), model_arg, &info);
     let plan = Plan::new(
         model_ref,
         &info,

@@ -9,6 +9,7 @@ mod estimate;
 mod inspect;
 mod model;
 mod models;
+mod plan_file;
 mod profile;
 mod report;
 mod run;

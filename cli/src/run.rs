@@ -111,11 +111,7 @@ fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
     let seeded = Init::Seed(args.seed);
     let plan = match &args.plan {
         Some(p) if p.is_dir() => return Ok((codegen::io::read(p)?, seeded, None)),
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read {}", p.display()))?;
-            planner::plan::Plan::from_json(&text, &p.display().to_string())?
-        }
+        Some(p) => crate::plan_file::read(p)?,
         None => demo_plan()?,
     };
     let (set, _) = codegen::generate(&plan)?;

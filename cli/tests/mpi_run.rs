@@ -11,7 +11,7 @@
 //!   within 1e-5 relative, and the final parameters (from the checkpoints) equal the threads
 //!   run's within 1e-6 and the 1-rank run's within 1e-5 — in `--reproducible` mode for the
 //!   tensor-parallel layouts (TP2 with SP also in the default mode, where its parameters are
-//!   within 2e-4 of one rank: the bound of runtime/tests/equivalence.rs's `TP_PARAM_ABS`).
+//!   within 2e-4 of one rank: the bound of tests/tests/equivalence.rs's `TP_PARAM_ABS`).
 #![cfg(feature = "mpi")]
 #![allow(clippy::unwrap_used)]
 
@@ -26,7 +26,7 @@ use runtime::checkpoint::Loaded;
 
 const MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../runtime/tests/data/tiny-gpt2-nodrop.json"
+    "/../tests/tests/data/tiny-gpt2-nodrop.json"
 );
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/tiny.txt");
 const PLAIT: &str = env!("CARGO_BIN_EXE_plait");

@@ -1,14 +1,15 @@
 //! Why programs could not be generated, read or written.
 
-use std::path::PathBuf;
-
 /// A codegen error, with the plan field, op or file it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum CodegenError {
     #[error("plan: {field}: {message}")]
     Plan { field: String, message: String },
-    #[error("cannot load the plan's model `{reference}`: {message}")]
-    Model { reference: String, message: String },
+    #[error("plan: model.ir: the model's graph does not parse: {source}")]
+    ModelIr {
+        #[source]
+        source: ir::text::ParseError,
+    },
     #[error("layer {}, op {op} ({mnemonic}): {message}", layer.map_or("-".to_string(), |l| l.to_string()))]
     Unsupported {
         layer: Option<u32>,
@@ -22,10 +23,8 @@ pub enum CodegenError {
         mnemonic: String,
         message: String,
     },
-    #[error("{}: {message}", path.display())]
-    Io { path: PathBuf, message: String },
-    #[error("{}: not a valid program file: {message}", path.display())]
-    Format { path: PathBuf, message: String },
+    #[error(transparent)]
+    Program(#[from] program::ProgramError),
     #[error("the programs do not verify ({count} violation(s)); first: {first}")]
     Verify { count: usize, first: String },
 }

@@ -71,17 +71,7 @@ pub fn plan(model: &str, seq: u64, c: Case) -> (Plan, Graph) {
     };
     let gpus = s.gpus();
     let est = planner::estimate(&info, &cluster, gpus, &s).unwrap();
-    let r = ModelRef {
-        source: "config".into(),
-        reference: model.into(),
-        name: m.graph.name.clone(),
-        params: info.params(),
-        layers: info.layers,
-        hidden: info.hidden,
-        heads: info.heads,
-        kv_heads: info.kv_heads,
-        vocab: info.vocab,
-    };
+    let r = ModelRef::of("config", model, &info);
     let plan = Plan::new(
         r,
         &info,

@@ -29,6 +29,30 @@ pub struct ModelRef {
     pub heads: u64,
     pub kv_heads: u64,
     pub vocab: u64,
+    /// The forward graph the plan was made for, in plait's IR text form: codegen lowers it
+    /// without reopening the model file, so a plan moved to another directory still lowers and
+    /// runs. Absent in plans written before it was recorded (the CLI then loads `reference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ir: Option<String>,
+}
+
+impl ModelRef {
+    /// The reference to the model `info` describes, loaded from `reference` (a `source`: `zoo`,
+    /// `config` or `onnx`), with its forward graph's IR text.
+    pub fn of(source: &str, reference: &str, info: &ModelInfo<'_>) -> ModelRef {
+        ModelRef {
+            source: source.into(),
+            reference: reference.into(),
+            name: info.graph.name.clone(),
+            params: info.params(),
+            layers: info.layers,
+            hidden: info.hidden,
+            heads: info.heads,
+            kv_heads: info.kv_heads,
+            vocab: info.vocab,
+            ir: Some(ir::text::print(info.graph)),
+        }
+    }
 }
 
 /// One model chunk: a contiguous range of decoder layers on one pipeline stage.

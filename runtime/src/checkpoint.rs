@@ -18,9 +18,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use codegen::ParamId;
-use codegen::program::{ParamInfo, Slice};
 use kernels::Tensor32;
+use program::ParamId;
+use program::{ParamInfo, Slice};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 

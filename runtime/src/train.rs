@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use codegen::ProgramSet;
+use program::ProgramSet;
 
 use crate::checkpoint;
 use crate::data::Tokens;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use codegen::program::CollectiveOp;
+use program::CollectiveOp;
 use runtime::exec::collective::{Members, run, run_wide};
 use runtime::{Communicator, ThreadComm};
 

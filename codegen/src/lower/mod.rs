@@ -45,18 +45,19 @@ pub struct Options {
     pub adamw: ir::AdamWConfig,
 }
 
-/// Loads the plan's model (`import::load_model`) at the plan's micro-batch and sequence.
+/// The plan's model graph, parsed from the IR text the plan carries (`model.ir`).
 pub fn load_graph(plan: &Plan) -> Result<Graph, CodegenError> {
-    let m = import::load_model(
-        &plan.model.reference,
-        plan.strategy.micro_batch,
-        Some(plan.strategy.seq),
-    )
-    .map_err(|e| CodegenError::Model {
-        reference: plan.model.reference.clone(),
-        message: e.to_string(),
+    let text = plan.model.ir.as_deref().ok_or_else(|| {
+        CodegenError::plan(
+            "model.ir",
+            format!(
+                "the plan does not carry its model's graph (plans written before it was \
+                 recorded); load `{}` and set it, or compile the model again",
+                plan.model.reference
+            ),
+        )
     })?;
-    Ok(m.graph)
+    ir::text::parse(text).map_err(|source| CodegenError::ModelIr { source })
 }
 
 /// Whether the embedding and head lower vocabulary-parallel (Megatron-LM): a token embedding

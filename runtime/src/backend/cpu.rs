@@ -22,7 +22,7 @@ impl CpuBackend {
     /// tensor-parallel partial sums are carried in f64 until their reduction, so that a
     /// product's rounding hardly depends on how tensor parallelism split its contraction and
     /// a tensor-parallel run trains to one device's parameters (within 1e-5 in
-    /// `runtime/tests/equivalence.rs`; other gradient sums, such as data-parallel ones, stay
+    /// `tests/tests/equivalence.rs`; other gradient sums, such as data-parallel ones, stay
     /// f32 sums in rank order). Slower: f64 matrix products.
     pub fn reproducible() -> CpuBackend {
         CpuBackend {

@@ -2,7 +2,7 @@
 //! rank, where codegen made no group): flat ones split the row-major flattening into `size`
 //! pieces of ⌈n / size⌉ elements (zero-padded), axis ones into equal parts along the axis.
 
-use codegen::program::CollectiveOp;
+use program::CollectiveOp;
 
 use super::layout::{concat, flat_piece, part};
 use crate::{Communicator, RuntimeError};

@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use codegen::program::ParamInfo;
 use ir::testing::Rng;
 use kernels::Tensor32;
+use program::ParamInfo;
 
 use crate::RuntimeError;
 

@@ -1,7 +1,7 @@
 //! Host-side layout helpers: equal parts along an axis, boxes of a full tensor, flat pieces.
 //! Pure index arithmetic on row-major `f32` data; every size is checked, nothing panics.
 
-use codegen::program::Slice;
+use program::Slice;
 
 /// `(outer, dim, inner)` of `shape` around `axis`.
 fn around(shape: &[usize], axis: usize) -> Option<(usize, usize, usize)> {
@@ -182,7 +182,7 @@ fn join(pieces: &[(Vec<usize>, Vec<f32>)], axis: usize) -> Vec<f32> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use codegen::program::{ParamShard, TpSplit};
+    use program::{ParamShard, TpSplit};
 
     #[test]
     fn parts_concat_back() {
@@ -199,14 +199,14 @@ mod tests {
         let shape = [4usize, 6];
         let full: Vec<f32> = (0..24).map(|x| x as f32).collect();
         let sh = ParamShard {
-            param: codegen::ParamId(0),
+            param: program::ParamId(0),
             tp: Some(TpSplit {
                 axis: 1,
                 blocks: 3,
                 part: None,
             }),
             zero: false,
-            init: codegen::BufferId(0),
+            init: program::BufferId(0),
         };
         let mut back = vec![0.0; 24];
         for r in 0..2 {

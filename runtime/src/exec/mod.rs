@@ -1,5 +1,5 @@
 //! The executor: runs one rank's `plait-program/1` template exactly as codegen wrote it (see
-//! `codegen::program` for the semantics) on a [`Backend`] and a [`Communicator`].
+//! `program::format` for the semantics) on a [`Backend`] and a [`Communicator`].
 //!
 //! [`Executor::new`] resolves the rank's groups (every rank creates the program set's groups
 //! it belongs to, in the set's order); [`Executor::init`] runs the template's `init` list once
@@ -30,10 +30,10 @@ pub mod layout;
 pub mod op_times;
 mod state;
 
-use codegen::program::{CollectiveOp, Elem, Instr, Role, Slot, Template, VocabOp};
-use codegen::{BufferId, ProgramSet};
 use ir::OpKind;
 use kernels::Tensor32;
+use program::{BufferId, ProgramSet};
+use program::{CollectiveOp, Elem, Instr, Role, Slot, Template, VocabOp};
 
 use self::collective::Members;
 use crate::{Backend, Communicator, MAX_TAG, RuntimeError};
@@ -69,7 +69,7 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// whole by their first instruction, and zero-filling them first would cost a pass over
     /// memory each.
     zero_on_read: Vec<bool>,
-    /// The buffers each step instruction reads (`codegen::verify::operands`), computed once:
+    /// The buffers each step instruction reads (`program::verify::operands`), computed once:
     /// the step loop checks them for pending zero-fills.
     step_reads: Vec<Vec<BufferId>>,
     /// Completed optimizer steps.
@@ -146,7 +146,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             step_reads: tpl
                 .instrs
                 .iter()
-                .map(|i| codegen::verify::operands(i).0)
+                .map(|i| program::verify::operands(i).0)
                 .collect(),
             steps: 0,
             micro_batch: 0,
@@ -176,7 +176,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     pub fn init(&mut self, init: &Init) -> Result<(), RuntimeError> {
         let tpl = self.tpl;
         for (k, ins) in tpl.init.iter().enumerate() {
-            let reads = codegen::verify::operands(ins).0;
+            let reads = program::verify::operands(ins).0;
             self.exec(ins, &reads, Some(init), None)
                 .map_err(|e| self.at("init", k, ins, e))?;
         }
@@ -519,7 +519,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         Ok(None)
     }
 
-    fn info(&self) -> Result<&'s codegen::program::RankInfo, RuntimeError> {
+    fn info(&self) -> Result<&'s program::RankInfo, RuntimeError> {
         self.set
             .rank(self.rank)
             .ok_or_else(|| self.prog("no rank info"))

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use codegen::program::Instr;
 use ir::OpKind;
+use program::Instr;
 
 /// Calls and wall time per instruction kind, over the steps recorded.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -1,9 +1,9 @@
 //! A rank's parameter state as pieces of global tensors, and their assembly: what the
 //! equivalence tests compare and what checkpoints store.
 
-use codegen::ParamId;
-use codegen::program::{ParamInfo, Role, Slice};
 use kernels::Tensor32;
+use program::ParamId;
+use program::{ParamInfo, Role, Slice};
 
 use super::{Executor, layout};
 use crate::{Backend, Communicator, RuntimeError};
@@ -53,12 +53,12 @@ fn piece(local_len: usize, owned: (u64, u64), t: Tensor32) -> Piece {
 }
 
 impl<B: Backend, C: Communicator> Executor<'_, B, C> {
-    fn role_buffer(&self, role: Role) -> Option<codegen::BufferId> {
+    fn role_buffer(&self, role: Role) -> Option<program::BufferId> {
         let (_, tpl, _) = self.parts();
         tpl.buffers
             .iter()
             .position(|d| d.role == role)
-            .map(|i| codegen::BufferId(i as u32))
+            .map(|i| program::BufferId(i as u32))
     }
 
     /// Every parameter shard this rank holds, with its optimizer state.

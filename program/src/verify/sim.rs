@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::{Check, Loc, Violation};
 use crate::ids::GroupId;
-use crate::program::{CollectiveOp, Elem, Instr, ProgramSet, Purpose, Slot, Template};
+use crate::{CollectiveOp, Elem, Instr, ProgramSet, Purpose, Slot, Template};
 
 /// (from, to) → messages in flight: (tag, bytes, sender's step).
 type Mailboxes = HashMap<(u32, u32), VecDeque<(u64, u64, usize)>>;

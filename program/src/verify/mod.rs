@@ -35,7 +35,7 @@ mod sim;
 
 use std::fmt;
 
-use crate::program::{Instr, ProgramSet};
+use crate::{Instr, ProgramSet};
 
 /// Where an instruction sits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Check, Loc, Violation};
-use crate::program::{Box, ProgramSet};
+use crate::{Box, ProgramSet};
 
 type Key = Vec<(u32, usize, u32)>;
 /// (rank, template, shard index, coordinate).

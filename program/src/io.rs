@@ -5,10 +5,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::CodegenError;
-use crate::program::{
-    FORMAT, Group, MeshInfo, ParamInfo, Predicted, ProgramSet, RankInfo, Template,
-};
+use crate::error::ProgramError;
+use crate::{FORMAT, Group, MeshInfo, ParamInfo, Predicted, ProgramSet, RankInfo, Template};
 
 #[derive(Serialize, Deserialize)]
 struct Index {
@@ -22,15 +20,15 @@ struct Index {
     templates: Vec<String>,
 }
 
-fn io(path: &Path, e: impl ToString) -> CodegenError {
-    CodegenError::Io {
+fn io(path: &Path, e: impl ToString) -> ProgramError {
+    ProgramError::Io {
         path: path.into(),
         message: e.to_string(),
     }
 }
 
 /// Writes the set into `dir` (created if needed).
-pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), CodegenError> {
+pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), ProgramError> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let names: Vec<String> = set
         .templates
@@ -58,7 +56,7 @@ pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), CodegenError> {
 }
 
 /// Reads a set written by [`write`].
-pub fn read(dir: &Path) -> Result<ProgramSet, CodegenError> {
+pub fn read(dir: &Path) -> Result<ProgramSet, ProgramError> {
     let p = dir.join("index.json");
     let text = std::fs::read_to_string(&p).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -70,12 +68,12 @@ pub fn read(dir: &Path) -> Result<ProgramSet, CodegenError> {
             io(&p, e)
         }
     })?;
-    let index: Index = serde_json::from_str(&text).map_err(|e| CodegenError::Format {
+    let index: Index = serde_json::from_str(&text).map_err(|e| ProgramError::Format {
         path: p.clone(),
         message: e.to_string(),
     })?;
     if index.format != FORMAT {
-        return Err(CodegenError::Format {
+        return Err(ProgramError::Format {
             path: p,
             message: format!("format `{}`; this plait reads `{FORMAT}`", index.format),
         });
@@ -83,14 +81,14 @@ pub fn read(dir: &Path) -> Result<ProgramSet, CodegenError> {
     let mut templates = Vec::new();
     for name in &index.templates {
         if name.contains('/') || name.contains("..") {
-            return Err(CodegenError::Format {
+            return Err(ProgramError::Format {
                 path: p.clone(),
                 message: format!("template name `{name}`"),
             });
         }
         let tp = dir.join(name);
         let text = std::fs::read_to_string(&tp).map_err(|e| io(&tp, e))?;
-        let t: Template = serde_json::from_str(&text).map_err(|e| CodegenError::Format {
+        let t: Template = serde_json::from_str(&text).map_err(|e| ProgramError::Format {
             path: tp.clone(),
             message: e.to_string(),
         })?;

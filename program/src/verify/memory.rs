@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 
 use super::{Check, Loc, Violation, operands};
-use crate::program::{Instr, Template};
+use crate::{Instr, Template};
 
 /// The most bytes live at once in a template, and what held them at that moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Peak {
     pub bytes: u64,
-    /// Live bytes at the peak by buffer role ([`crate::program::Role::class`]).
+    /// Live bytes at the peak by buffer role ([`crate::Role::class`]).
     pub by_role: BTreeMap<&'static str, u64>,
 }
 

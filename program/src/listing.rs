@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::ids::BufferId;
-use crate::program::{Instr, ProgramSet, Template};
+use crate::{Instr, ProgramSet, Template};
 
 fn b(t: &Template, x: BufferId) -> String {
     t.buffer(x)
@@ -14,7 +14,7 @@ fn list(t: &Template, xs: &[BufferId]) -> String {
     xs.iter().map(|&x| b(t, x)).collect::<Vec<_>>().join(", ")
 }
 
-fn role(r: crate::program::Role) -> String {
+fn role(r: crate::Role) -> String {
     let name = format!("{r:?}");
     let head = name.split('(').next().unwrap_or("").to_lowercase();
     match r.param() {
@@ -198,7 +198,7 @@ pub fn show(set: &ProgramSet, r: u32) -> Option<String> {
         if m.sequence_parallel { " SP" } else { "" },
         m.precision
     );
-    let groups: Vec<String> = crate::program::Slot::ALL
+    let groups: Vec<String> = crate::Slot::ALL
         .iter()
         .filter_map(|&sl| {
             let g = info.group(sl)?;

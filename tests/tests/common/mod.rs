@@ -90,17 +90,7 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
     let r = search(&info, &cluster, &req, &mut |_, _| {})
         .unwrap()
         .unwrap_or_else(|_| panic!("{c:?} does not fit"));
-    let model_ref = ModelRef {
-        source: "config".into(),
-        reference: model.into(),
-        name: m.graph.name.clone(),
-        params: info.params(),
-        layers: info.layers,
-        hidden: info.hidden,
-        heads: info.heads,
-        kv_heads: info.kv_heads,
-        vocab: info.vocab,
-    };
+    let model_ref = ModelRef::of("config", model, &info);
     Plan::new(
         model_ref,
         &info,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use super::{Check, Loc, Violation};
 use crate::ids::ParamId;
-use crate::program::{Instr, ProgramSet, Purpose, Role, Slot, Template};
+use crate::{Instr, ProgramSet, Purpose, Role, Slot, Template};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Taint {
