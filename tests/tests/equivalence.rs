@@ -195,3 +195,48 @@ fn llama_vocab_parallel_with_sp_pp_and_zero_equals_one_device() {
         "llama tp2 pp2 dp2 SP ZeRO-1: loss {dl:.2e} relative"
     );
 }
+
+/// Fewer key/value heads than tensor-parallel ranks (Megatron requires them to divide): every
+/// rank computes K and V whole and attends with the one KV head its query heads share, and the
+/// K/V gradients of all ranks' query heads are gathered back. Multi-query attention at tp 2, and
+/// two KV heads at tp 4 with sequence parallelism: losses and every final parameter element
+/// equal one device's (reproducible mode).
+#[test]
+fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
+    let mut tp4 = Config::new(4, 1, 1);
+    tp4.sp = true;
+    let mut bad = Vec::new();
+    for (name, model, c) in [
+        ("mqa tp2", common::LLAMA_MQA, Config::new(2, 1, 1)),
+        ("kv2 tp4 sp", LLAMA, tp4),
+    ] {
+        let one = programs(model, &Config::new(1, 1, 1));
+        let set = programs(model, &c);
+        let local_kv: Vec<u64> = set
+            .templates
+            .iter()
+            .flat_map(|t| &t.instrs)
+            .filter_map(|i| match i {
+                codegen::program::Instr::Compute {
+                    kind: ir::OpKind::Attention { kv_heads, .. },
+                    ..
+                } => Some(*kv_heads),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !local_kv.is_empty() && local_kv.iter().all(|&k| k == 1),
+            "{name}: each rank attends with one KV head, got {local_kv:?}"
+        );
+        let names: Vec<String> = one.params.iter().map(|p| p.name.clone()).collect();
+        let reference = train_with(&one, STEPS, SEED, true);
+        let run = train_with(&set, STEPS, SEED, true);
+        let dl = loss_diff(&run.losses, &reference.losses);
+        let (abs, at) = worst(&names, &run.params, &reference.params);
+        println!("{name}: loss {dl:.2e} relative; parameters {abs:.2e} absolute at {at}");
+        if !(dl <= TOL && abs <= TOL) {
+            bad.push(name);
+        }
+    }
+    assert!(bad.is_empty(), "differ from one device: {bad:?}");
+}

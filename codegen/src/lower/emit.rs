@@ -339,6 +339,12 @@ pub fn forward(
                     Purpose::Activation,
                 ));
             }
+            Step::Chunk { axis, x, y } => b.push(Instr::Chunk {
+                src: get(*x),
+                dst: get(*y),
+                axis: Some(*axis),
+                group: Slot::Tp,
+            }),
         }
         for v in step_ins(s) {
             if last_fwd[v] == Some(i)
@@ -361,7 +367,7 @@ pub fn forward(
 fn step_ins(s: &Step) -> Vec<SVal> {
     match s {
         Step::Compute { ins, .. } => ins.clone(),
-        Step::Coll { x, .. } => vec![*x],
+        Step::Coll { x, .. } | Step::Chunk { x, .. } => vec![*x],
     }
 }
 
@@ -398,7 +404,7 @@ fn rebuilt_activation(seg: &Segment, step: &Step, reads: &[bool]) -> Option<SVal
 fn step_outs(s: &Step) -> Vec<SVal> {
     match s {
         Step::Compute { outs, .. } => outs.clone(),
-        Step::Coll { y, .. } => vec![*y],
+        Step::Coll { y, .. } | Step::Chunk { y, .. } => vec![*y],
     }
 }
 
@@ -749,6 +755,23 @@ pub fn backward(
                         _ => (d, partial),
                     };
                     accumulate(b, &mut grads, *x, dx, dx_partial);
+                }
+            }
+            Step::Chunk { axis, x, y } => {
+                // Every rank's piece of the gradient, gathered: the whole value's gradient.
+                if let Some((d, _)) = grads[*y].take() {
+                    let val = &seg.vals[*x];
+                    let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
+                    b.push(coll(
+                        CollectiveOp::AllGather,
+                        Slot::Tp,
+                        Some(*axis),
+                        d,
+                        dx,
+                        Purpose::Activation,
+                    ));
+                    b.free(d);
+                    accumulate(b, &mut grads, *x, dx, false);
                 }
             }
         }

@@ -90,6 +90,9 @@ pub enum Step {
         x: SVal,
         y: SVal,
     },
+    /// This rank's piece of a replicated value along `axis` (`Instr::Chunk`); its backward
+    /// all-gathers the pieces' gradients.
+    Chunk { axis: u8, x: SVal, y: SVal },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -239,6 +242,11 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             blocks_of.insert(g.def_op(x), sizes.len() as u32);
         }
     }
+    let replicated_kv = if tp_on {
+        replicated_kv_projections(g, ops, cx.tp)
+    } else {
+        std::collections::HashSet::new()
+    };
     let float = |cx: &Ctx<'_>, v: ValueId| {
         if g.ty(v).dtype == ir::DType::I64 {
             Elem::I64
@@ -371,6 +379,13 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             let is_param = |b: &B, v: SVal| matches!(b.seg.vals[v].source, Source::Param { .. });
             let t = u64::from(cx.tp);
             match &op.kind {
+                OpKind::Linear { .. } if replicated_kv.contains(&o) => {
+                    // The K or V projection of an attention with fewer KV heads than ranks:
+                    // every rank computes it whole (on the whole sequence).
+                    if let Lay::Split { axis: 1, .. } = lay_of(&b, ins[0]) {
+                        ins[0] = b.gather_seq(ins[0]);
+                    }
+                }
                 OpKind::Linear { bias } => {
                     let x = ins[0];
                     let last = (b.seg.vals[x].shape.len() - 1) as u8;
@@ -424,26 +439,40 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     scale,
                     causal,
                 } => {
-                    if !heads.is_multiple_of(t) || !kv_heads.is_multiple_of(t) {
+                    // Fewer key/value heads than ranks: K and V are computed whole and each
+                    // rank takes the one head its query heads share.
+                    let replicated_kv = *kv_heads < t
+                        && t.is_multiple_of(*kv_heads)
+                        && lay_of(&b, ins[1]) == Lay::Rep
+                        && lay_of(&b, ins[2]) == Lay::Rep;
+                    if !heads.is_multiple_of(t) || !(kv_heads.is_multiple_of(t) || replicated_kv)
+                    {
                         return Err(b.err(
                             o,
                             format!("heads {heads}/{kv_heads} not divisible by tp {t}"),
                         ));
                     }
+                    if replicated_kv {
+                        for k in [1, 2] {
+                            ins[k] = select_kv_head(&mut b, o, ins[k], *kv_heads, t)?;
+                        }
+                    }
                     kind_local = OpKind::Attention {
                         heads: heads / t,
-                        kv_heads: kv_heads / t,
+                        kv_heads: if replicated_kv { 1 } else { kv_heads / t },
                         scale: *scale,
                         causal: *causal,
                     };
                     out_lay = lay_of(&b, ins[0]);
                 }
                 OpKind::Rotary { heads, theta } => {
-                    kind_local = OpKind::Rotary {
-                        heads: heads / t,
-                        theta: *theta,
-                    };
                     out_lay = lay_of(&b, ins[0]);
+                    if out_lay != Lay::Rep {
+                        kind_local = OpKind::Rotary {
+                            heads: heads / t,
+                            theta: *theta,
+                        };
+                    }
                 }
                 OpKind::MoeExperts { .. } | OpKind::TopKRouter { .. } => {
                     return Err(b.err(o, "expert parallelism is not lowered yet; use tp 1"));
@@ -618,6 +647,95 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
     }
     // With SP, the layer output is split along the sequence like its input.
     Ok(b.seg)
+}
+
+/// The linears that compute the keys and values (through a rotary, for keys) of attentions
+/// with fewer key/value heads than `tp` ranks, where `tp` is a multiple of them: those stay
+/// whole on every rank (vLLM's replicated KV heads; Megatron requires the heads to divide).
+fn replicated_kv_projections(
+    g: &ir::Graph,
+    ops: &[OpId],
+    tp: u32,
+) -> std::collections::HashSet<OpId> {
+    let t = u64::from(tp);
+    let mut out = std::collections::HashSet::new();
+    for &o in ops {
+        let op = g.op(o);
+        let OpKind::Attention { kv_heads, .. } = op.kind else {
+            continue;
+        };
+        if kv_heads >= t || !t.is_multiple_of(kv_heads) {
+            continue;
+        }
+        for &x in op.inputs.iter().skip(1).take(2) {
+            let mut d = g.def_op(x);
+            if let OpKind::Rotary { .. } = g.op(d).kind
+                && let Some(&i) = g.op(d).inputs.first()
+            {
+                d = g.def_op(i);
+            }
+            if matches!(g.op(d).kind, OpKind::Linear { .. }) && ops.contains(&d) {
+                out.insert(d);
+            }
+        }
+    }
+    out
+}
+
+/// This rank's key/value head of a whole `[b, s, kv·d]` K or V for `t` ranks (`t` a multiple
+/// of `kv`): the heads repeated `t / kv` times (`[b, s, t·d]`, rank `r`'s query heads share
+/// head `r / (t / kv)`), then the rank's piece along the last axis.
+fn select_kv_head(
+    b: &mut B,
+    o: OpId,
+    x: SVal,
+    kv: u64,
+    t: u64,
+) -> Result<SVal, CodegenError> {
+    let shape = b.seg.vals[x].shape.clone();
+    let (Some(&width), true) = (shape.last(), shape.len() == 3) else {
+        return Err(b.err(o, format!("keys/values of shape {shape:?}, not [b, s, kv·d]")));
+    };
+    let (bs, d) = (&shape[..2], width / kv);
+    let fixed = |dims: &[u64]| dims.iter().map(|&n| ir::Dim::Fixed(n)).collect::<Vec<_>>();
+    let heads5 = [bs, &[kv, 1, d]].concat();
+    let repeated5 = [bs, &[kv, t / kv, d]].concat();
+    let repeated = [bs, &[t * d]].concat();
+    let chain = [
+        (OpKind::Reshape { shape: fixed(&heads5) }, heads5, "kvheads"),
+        (OpKind::Expand { shape: fixed(&repeated5) }, repeated5, "kvrepeat"),
+        (OpKind::Reshape { shape: fixed(&repeated) }, repeated, "kvrepeated"),
+    ];
+    let mut v = x;
+    for (kind, out_shape, suffix) in chain {
+        let y = b.val(Val {
+            shape: out_shape,
+            source: Source::Step,
+            name: format!("{}.{suffix}", b.seg.vals[v].name),
+            ..b.seg.vals[v].clone()
+        });
+        check_local(b, o, &kind, &[v], &[y])?;
+        b.seg.steps.push(Step::Compute {
+            kind,
+            ins: vec![v],
+            outs: vec![y],
+            saves: vec![],
+            partial_param_grads: vec![],
+            partial_input_grads: false,
+            vocab_parallel: false,
+        });
+        v = y;
+    }
+    let local = [bs, &[d]].concat();
+    let y = b.val(Val {
+        shape: local,
+        lay: Lay::Split { axis: 2, blocks: 1 },
+        source: Source::Step,
+        name: format!("{}.kvhead", b.seg.vals[v].name),
+        ..b.seg.vals[v].clone()
+    });
+    b.seg.steps.push(Step::Chunk { axis: 2, x: v, y });
+    Ok(y)
 }
 
 /// What a grouped-GEMM expert layer keeps for its backward (Megatron-Core's MoE): for each of

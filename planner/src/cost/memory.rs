@@ -64,7 +64,9 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
     let mask = if l.dropout { 1.0 } else { 0.0 };
     // Attention block: LN input, QKV input, Q, K, V, projection input, output dropout mask.
     let mut bytes = (e * sbh + e * sbh + mask * sbh) / rep;
-    bytes += (e * sbh + 2.0 * e * s * b * l.kv_width + e * sbh) / tp;
+    // K and V split by head; with fewer KV heads than ranks each rank keeps one whole head.
+    let kv_heads = (l.kv_width * l.heads / l.hidden).max(1.0);
+    bytes += (e * sbh + e * sbh) / tp + 2.0 * e * s * b * l.kv_width / tp.min(kv_heads);
     // Attention core: softmax output, dropout mask and dropout output per head (5·a·s²·b);
     // selective recompute drops it.
     if recompute == Recompute::None {
