@@ -6,6 +6,7 @@ mod clusters;
 mod codegen;
 mod compile;
 mod estimate;
+mod export;
 mod inspect;
 mod model;
 mod models;
@@ -53,6 +54,8 @@ enum Command {
     Report(report::ReportArgs),
     /// Generate and verify one program per rank from a plan.json.
     Codegen(codegen::CodegenArgs),
+    /// Write a plan as the launch of an engine you already run (Megatron-LM).
+    Export(export::ExportArgs),
     /// Print one rank's program listing.
     Show(codegen::ShowArgs),
     /// Run the static verifier over a program directory.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Command::Profile(args) => profile::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Codegen(args) => codegen::run_codegen(&args),
+        Command::Export(args) => export::run(&args),
         Command::Show(args) => codegen::run_show(&args),
         Command::Verify(args) => codegen::run_verify(&args),
     };

@@ -17,6 +17,13 @@ pub enum PlanError {
     NoLayers,
     #[error("sharding extraction failed: {message}")]
     Sharding { message: String },
+    /// The target engine cannot run what the plan asks for.
+    #[error("{engine} cannot run this plan: {feature} ({limit})")]
+    Unexportable {
+        engine: &'static str,
+        feature: String,
+        limit: String,
+    },
 }
 
 impl PlanError {

@@ -8,6 +8,7 @@ pub mod cost;
 pub mod engine;
 pub mod error;
 pub mod estimate;
+pub mod export;
 pub mod hardware;
 pub mod model;
 pub mod modern_runs;

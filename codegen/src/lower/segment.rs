@@ -445,8 +445,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         && t.is_multiple_of(*kv_heads)
                         && lay_of(&b, ins[1]) == Lay::Rep
                         && lay_of(&b, ins[2]) == Lay::Rep;
-                    if !heads.is_multiple_of(t) || !(kv_heads.is_multiple_of(t) || replicated_kv)
-                    {
+                    if !heads.is_multiple_of(t) || !(kv_heads.is_multiple_of(t) || replicated_kv) {
                         return Err(b.err(
                             o,
                             format!("heads {heads}/{kv_heads} not divisible by tp {t}"),
@@ -685,16 +684,13 @@ fn replicated_kv_projections(
 /// This rank's key/value head of a whole `[b, s, kv·d]` K or V for `t` ranks (`t` a multiple
 /// of `kv`): the heads repeated `t / kv` times (`[b, s, t·d]`, rank `r`'s query heads share
 /// head `r / (t / kv)`), then the rank's piece along the last axis.
-fn select_kv_head(
-    b: &mut B,
-    o: OpId,
-    x: SVal,
-    kv: u64,
-    t: u64,
-) -> Result<SVal, CodegenError> {
+fn select_kv_head(b: &mut B, o: OpId, x: SVal, kv: u64, t: u64) -> Result<SVal, CodegenError> {
     let shape = b.seg.vals[x].shape.clone();
     let (Some(&width), true) = (shape.last(), shape.len() == 3) else {
-        return Err(b.err(o, format!("keys/values of shape {shape:?}, not [b, s, kv·d]")));
+        return Err(b.err(
+            o,
+            format!("keys/values of shape {shape:?}, not [b, s, kv·d]"),
+        ));
     };
     let (bs, d) = (&shape[..2], width / kv);
     let fixed = |dims: &[u64]| dims.iter().map(|&n| ir::Dim::Fixed(n)).collect::<Vec<_>>();
@@ -702,9 +698,27 @@ fn select_kv_head(
     let repeated5 = [bs, &[kv, t / kv, d]].concat();
     let repeated = [bs, &[t * d]].concat();
     let chain = [
-        (OpKind::Reshape { shape: fixed(&heads5) }, heads5, "kvheads"),
-        (OpKind::Expand { shape: fixed(&repeated5) }, repeated5, "kvrepeat"),
-        (OpKind::Reshape { shape: fixed(&repeated) }, repeated, "kvrepeated"),
+        (
+            OpKind::Reshape {
+                shape: fixed(&heads5),
+            },
+            heads5,
+            "kvheads",
+        ),
+        (
+            OpKind::Expand {
+                shape: fixed(&repeated5),
+            },
+            repeated5,
+            "kvrepeat",
+        ),
+        (
+            OpKind::Reshape {
+                shape: fixed(&repeated),
+            },
+            repeated,
+            "kvrepeated",
+        ),
     ];
     let mut v = x;
     for (kind, out_shape, suffix) in chain {

@@ -20,7 +20,10 @@ pub const MODEL: &str = concat!(
 /// A 2-layer Llama (grouped-query attention, SwiGLU, separate q/k/v and gate/up projections).
 pub const LLAMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-llama.json");
 /// The same Llama with one key/value head (multi-query attention).
-pub const LLAMA_MQA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-llama-mqa.json");
+pub const LLAMA_MQA: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/tiny-llama-mqa.json"
+);
 pub const GLOBAL_BATCH: u64 = 8;
 pub const SEQ: u64 = 32;
 

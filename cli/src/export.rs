@@ -1,0 +1,57 @@
+//! `plait export`: a plan as an engine's launch.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use planner::engine::Engine;
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// A plan written by `plait compile -o`
+    plan: PathBuf,
+    /// The engine to launch the plan with: megatron (Megatron-LM core_v0.15.0's
+    /// pretrain_gpt.py under torchrun); torchtitan and deepspeed are not written yet
+    #[arg(long = "to", value_name = "ENGINE")]
+    to: Engine,
+    /// Write the launch script to this file (made executable) instead of printing it
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Print one JSON object: {"engine", "version", "args": [...], "launch"}
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
+    let plan = crate::plan_file::read(&args.plan)?;
+    let export = planner::export::export(&plan, args.to)
+        .with_context(|| format!("cannot export {}", args.plan.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&export)?);
+        return Ok(());
+    }
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, &export.launch)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            make_executable(path)?;
+            println!(
+                "{} launch ({} {}) written to {}",
+                export.engine,
+                export.engine,
+                export.version,
+                path.display()
+            );
+        }
+        None => print!("{}", export.launch),
+    }
+    Ok(())
+}
+
+fn make_executable(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut perms = std::fs::metadata(path)?.permissions();
+    perms.set_mode(perms.mode() | 0o111);
+    std::fs::set_permissions(path, perms)
+        .with_context(|| format!("cannot chmod {}", path.display()))
+}

@@ -1,0 +1,43 @@
+//! `plait export`: a compiled plan becomes a Megatron-LM launch script, as text, as a file and
+//! as JSON; an engine plait does not write yet is refused with exit 2 and the reason.
+
+mod common;
+
+use common::{PINNED_PIPELINE, compile, dir, plait};
+
+#[test]
+fn a_compiled_plan_exports_to_a_megatron_launch() {
+    let plan = compile("export", "plan.json", &PINNED_PIPELINE);
+    let p = plan.to_string_lossy().to_string();
+    let (code, out, err) = plait(&["export", &p, "--to", "megatron"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("#!/usr/bin/env bash"), "{out}");
+    for want in [
+        "pretrain_gpt.py",
+        "--tensor-model-parallel-size 2",
+        "--pipeline-model-parallel-size 2",
+    ] {
+        assert!(out.contains(want), "{want} missing from:\n{out}");
+    }
+    let script = dir("export").join("launch.sh");
+    let s = script.to_string_lossy().to_string();
+    let (code, _, err) = plait(&["export", &p, "--to", "megatron", "-o", &s]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(&script).unwrap_or_default(), out);
+    let (code, json, err) = plait(&["export", &p, "--to", "megatron", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("one JSON object");
+    assert_eq!(v["engine"], "megatron");
+    assert_eq!(v["version"], "core_v0.15.0");
+    assert!(v["args"].as_array().is_some_and(|a| !a.is_empty()));
+}
+
+#[test]
+fn an_engine_not_written_yet_is_refused_with_the_reason() {
+    let plan = compile("export-refused", "plan.json", &PINNED_PIPELINE);
+    let p = plan.to_string_lossy().to_string();
+    let (code, out, err) = plait(&["export", &p, "--to", "torchtitan"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("torchtitan"), "{err}");
+    assert!(out.is_empty(), "nothing written on refusal: {out}");
+}

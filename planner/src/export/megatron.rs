@@ -1,0 +1,222 @@
+//! Megatron-LM (`pretrain_gpt.py`, core_v0.15.0): the argument list that builds the plan's
+//! model and runs its strategy with the overlap the `megatron` engine profile prices.
+//!
+//! Every flag and choice is one of `megatron/training/arguments.py` at that tag (the list in
+//! `data/engines/megatron-lm-core_v0.15.0-arguments.tsv`, checked by `planner/tests/export.rs`).
+
+use super::arch::{Architecture, Positions};
+use crate::error::PlanError;
+use crate::plan::Plan;
+use crate::precision::Precision;
+use crate::strategy::{Recompute, Schedule};
+
+pub const VERSION: &str = "core_v0.15.0";
+const ENGINE: &str = "Megatron-LM";
+
+fn refuse(feature: impl Into<String>, limit: &str) -> PlanError {
+    PlanError::Unexportable {
+        engine: ENGINE,
+        feature: feature.into(),
+        limit: limit.into(),
+    }
+}
+
+fn push(args: &mut Vec<String>, flag: &str, value: impl ToString) {
+    args.push(flag.into());
+    args.push(value.to_string());
+}
+
+fn flag(args: &mut Vec<String>, flag: &str) {
+    args.push(flag.into());
+}
+
+/// The model's arguments: layers, widths, heads, positions, norm, MLP, vocabulary, dropout.
+fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) {
+    push(args, "--num-layers", a.layers);
+    push(args, "--hidden-size", a.hidden);
+    push(args, "--ffn-hidden-size", a.ffn);
+    push(args, "--num-attention-heads", a.heads);
+    if a.kv_heads != a.heads {
+        flag(args, "--group-query-attention");
+        push(args, "--num-query-groups", a.kv_heads);
+    }
+    push(args, "--seq-length", seq);
+    match a.positions {
+        Positions::Learned { rows } => {
+            push(args, "--position-embedding-type", "learned_absolute");
+            push(args, "--max-position-embeddings", rows);
+        }
+        Positions::Rotary { theta } => {
+            push(args, "--position-embedding-type", "rope");
+            push(args, "--rotary-base", theta.round() as u64);
+            push(args, "--max-position-embeddings", seq);
+        }
+    }
+    push(
+        args,
+        "--normalization",
+        if a.rms_norm { "RMSNorm" } else { "LayerNorm" },
+    );
+    push(args, "--norm-epsilon", a.norm_eps);
+    if a.swiglu {
+        flag(args, "--swiglu");
+    }
+    if !a.linear_bias {
+        flag(args, "--disable-bias-linear");
+    }
+    if !a.tied {
+        flag(args, "--untie-embeddings-and-output-weights");
+    }
+    push(args, "--attention-dropout", a.dropout);
+    push(args, "--hidden-dropout", a.dropout);
+    // The exact vocabulary: Megatron pads it to a multiple of this × tp, which plait's
+    // vocabulary-parallel split also needs.
+    // Megatron's NullTokenizer reserves one id past `--vocab-size` for end-of-document.
+    push(args, "--tokenizer-type", "NullTokenizer");
+    push(args, "--vocab-size", a.vocab.saturating_sub(1));
+    push(args, "--make-vocab-size-divisible-by", 1);
+    if a.experts > 0 {
+        push(args, "--num-experts", a.experts);
+        push(args, "--moe-router-topk", a.experts_per_token);
+        push(args, "--expert-model-parallel-size", 1);
+    }
+}
+
+/// The pipeline's stage split: even, or with only the first and last stage different
+/// (`--decoder-first/last-pipeline-num-layers`).
+fn pipeline_args(plan: &Plan, args: &mut Vec<String>) -> Result<(), PlanError> {
+    let s = &plan.strategy;
+    push(args, "--pipeline-model-parallel-size", s.pp);
+    let layers: Vec<u32> = plan
+        .chunks
+        .iter()
+        .map(|c| c.layers[1] - c.layers[0])
+        .collect();
+    let n = layers.len();
+    let inner = if n > 2 {
+        &layers[1..n - 1]
+    } else {
+        &layers[..]
+    };
+    let even = inner.first().copied().unwrap_or(0);
+    let uneven = |feature: String| refuse(feature, "only the first and last stage may differ");
+    if inner.iter().any(|&l| l != even) && n > 2 {
+        return Err(uneven(format!("pipeline chunks of {layers:?} layers")));
+    }
+    let (first, last) = (layers[0], layers[n - 1]);
+    if s.pp > 1 && (first != even || last != even) {
+        if s.virtual_stages > 1 {
+            return Err(uneven(format!(
+                "interleaved chunks of {layers:?} layers (uneven first or last)"
+            )));
+        }
+        push(args, "--decoder-first-pipeline-num-layers", first);
+        push(args, "--decoder-last-pipeline-num-layers", last);
+    }
+    match s.schedule {
+        Schedule::Gpipe if s.pp > 1 => {
+            return Err(refuse(
+                "the GPipe schedule",
+                "it runs 1F1B and interleaved 1F1B",
+            ));
+        }
+        Schedule::Interleaved if s.virtual_stages > 1 => {
+            push(args, "--num-layers-per-virtual-pipeline-stage", even);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Data-parallel sharding: the distributed optimizer (ZeRO-1) or Megatron-FSDP (ZeRO-2/3,
+/// without pipelining), with the overlap the engine profile assumes.
+fn sharding_args(plan: &Plan, args: &mut Vec<String>) -> Result<(), PlanError> {
+    let s = &plan.strategy;
+    match s.zero {
+        0 => {}
+        1 => flag(args, "--use-distributed-optimizer"),
+        z if s.pp > 1 => {
+            return Err(refuse(
+                format!("ZeRO-{z} with a pipeline of {} stages", s.pp),
+                "Megatron-FSDP does not run with pipeline parallelism",
+            ));
+        }
+        z => {
+            // As Megatron-Bridge's FSDP recipes set it: Megatron-FSDP over the distributed
+            // optimizer.
+            flag(args, "--use-distributed-optimizer");
+            flag(args, "--use-megatron-fsdp");
+            push(
+                args,
+                "--data-parallel-sharding-strategy",
+                if z == 2 {
+                    "optim_grads"
+                } else {
+                    "optim_grads_params"
+                },
+            );
+        }
+    }
+    if s.dp * s.cp > 1 {
+        flag(args, "--overlap-grad-reduce");
+        if s.zero == 1 {
+            flag(args, "--overlap-param-gather");
+        }
+    }
+    Ok(())
+}
+
+fn precision_args(p: Precision, args: &mut Vec<String>) {
+    match p {
+        Precision::Fp32 => {}
+        Precision::Fp16 => flag(args, "--fp16"),
+        Precision::Bf16 => flag(args, "--bf16"),
+        // Transformer Engine's hybrid (E4M3 forward, E5M2 backward) delayed scaling, as plait's
+        // fp8 prices it.
+        Precision::Fp8 => {
+            flag(args, "--bf16");
+            push(args, "--fp8-format", "hybrid");
+            push(args, "--fp8-recipe", "delayed");
+        }
+    }
+}
+
+/// The argument list of `pretrain_gpt.py` for `plan`, whose model is `arch`.
+pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> {
+    let s = &plan.strategy;
+    let mut args = Vec::new();
+    model_args(arch, s.seq, &mut args);
+    push(&mut args, "--tensor-model-parallel-size", s.tp);
+    if s.sequence_parallel && s.tp > 1 {
+        flag(&mut args, "--sequence-parallel");
+        // Transformer Engine's userbuffer overlap needs sequence parallelism.
+        flag(&mut args, "--tp-comm-overlap");
+    }
+    pipeline_args(plan, &mut args)?;
+    if s.cp > 1 {
+        push(&mut args, "--context-parallel-size", s.cp);
+    }
+    push(&mut args, "--micro-batch-size", s.micro_batch);
+    push(&mut args, "--global-batch-size", s.global_batch);
+    sharding_args(plan, &mut args)?;
+    match s.recompute {
+        Recompute::None => {}
+        Recompute::Selective => push(&mut args, "--recompute-granularity", "selective"),
+        Recompute::Full => {
+            push(&mut args, "--recompute-granularity", "full");
+            push(&mut args, "--recompute-method", "uniform");
+            push(&mut args, "--recompute-num-layers", 1);
+        }
+    }
+    precision_args(s.precision, &mut args);
+    push(&mut args, "--transformer-impl", "transformer_engine");
+    push(
+        &mut args,
+        "--attention-backend",
+        match s.attention {
+            crate::cost::compute::AttentionKernel::Fused => "flash",
+            crate::cost::compute::AttentionKernel::Materialized => "unfused",
+        },
+    );
+    Ok(args)
+}

@@ -1,0 +1,242 @@
+//! `plait export --to megatron` against Megatron-LM's own argument list (core_v0.15.0's
+//! `arguments.py`, `data/engines/`): every flag exists and takes a valid value, the degrees are
+//! the plan's, the architecture gives the model's parameter count by Megatron's own formula,
+//! and what Megatron cannot run is refused.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+
+use ir::DType;
+use planner::engine::{Engine, Overlap};
+use planner::plan::{ModelRef, Plan, SearchSummary};
+use planner::{Cluster, ModelInfo, PlanError, Precision, Recompute, Schedule, Strategy};
+
+const ARGUMENTS: &str = include_str!("../../data/engines/megatron-lm-core_v0.15.0-arguments.tsv");
+
+/// One row of the argument list: type, action and choices.
+struct Flag {
+    ty: String,
+    action: String,
+    choices: Vec<String>,
+}
+
+fn megatron_flags() -> HashMap<String, Flag> {
+    ARGUMENTS
+        .lines()
+        .filter(|l| l.starts_with("--"))
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            let choices = f.get(3).map_or(Vec::new(), |c| {
+                c.split(',')
+                    .map(|x| x.trim().trim_matches('\'').to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            });
+            (
+                f[0].to_string(),
+                Flag {
+                    ty: f.get(1).unwrap_or(&"").to_string(),
+                    action: f.get(2).unwrap_or(&"").to_string(),
+                    choices,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Checks `args` against the list; returns each flag's value ("" for switches).
+fn check_args(args: &[String]) -> HashMap<String, String> {
+    let flags = megatron_flags();
+    assert!(flags.len() > 500, "the argument list is read");
+    let mut values = HashMap::new();
+    let mut i = 0;
+    while i < args.len() {
+        let name = &args[i];
+        let f = flags
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not an argument of Megatron-LM core_v0.15.0"));
+        let switch = f.action.starts_with("store_");
+        let value = if switch {
+            String::new()
+        } else {
+            i += 1;
+            args.get(i)
+                .unwrap_or_else(|| panic!("{name} needs a value"))
+                .clone()
+        };
+        match f.ty.as_str() {
+            "int" => assert!(value.parse::<i64>().is_ok(), "{name} {value}: not an int"),
+            "float" => assert!(value.parse::<f64>().is_ok(), "{name} {value}: not a float"),
+            _ => {}
+        }
+        if !f.choices.is_empty() {
+            assert!(
+                f.choices.contains(&value),
+                "{name} {value}: not one of {:?}",
+                f.choices
+            );
+        }
+        assert!(
+            values.insert(name.clone(), value).is_none(),
+            "{name} given twice"
+        );
+        i += 1;
+    }
+    values
+}
+
+fn strategy(tp: u32, pp: u32, dp: u32, mb: u64, gbs: u64, seq: u64) -> Strategy {
+    Strategy {
+        tp,
+        pp,
+        dp,
+        micro_batch: mb,
+        global_batch: gbs,
+        seq,
+        zero: 1,
+        recompute: Recompute::None,
+        schedule: Schedule::OneFOneB,
+        virtual_stages: 1,
+        sequence_parallel: tp > 1,
+        precision: Precision::Bf16,
+        attention: Default::default(),
+        kernels: Default::default(),
+        cp: 1,
+        engine: Engine::Megatron,
+        overlap: Overlap::LEGACY,
+        stage_layers: None,
+    }
+}
+
+fn plan(model: &str, cluster: &str, s: &Strategy) -> Plan {
+    let spec = import::zoo::find(model).unwrap();
+    let g = import::build_forward(&spec, DType::F32).unwrap();
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load(cluster).unwrap();
+    let est = planner::estimate(&info, &cluster, s.gpus(), s).unwrap();
+    Plan::new(
+        ModelRef::of("zoo", model, &info),
+        &info,
+        &cluster,
+        s.gpus(),
+        &est,
+        SearchSummary {
+            candidates_evaluated: 1,
+            candidates_pruned: 0,
+        },
+        vec![],
+    )
+}
+
+fn int(v: &HashMap<String, String>, flag: &str) -> u64 {
+    v.get(flag)
+        .unwrap_or_else(|| panic!("{flag} missing"))
+        .parse()
+        .unwrap()
+}
+
+/// Megatron-LM's own parameter count from its arguments (`compute_weight_and_optimizer_memory`
+/// in `megatron/training/theoretical_memory_usage.py`): attention and MLP weights, two norms
+/// per layer and the final norm at 2·h each (LayerNorm with its bias), the embedding (twice
+/// when untied). It leaves out linear biases, routers and a learned position table and counts
+/// an RMSNorm as a LayerNorm with its bias: within a few 1e-4 of the whole count.
+fn megatron_parameters(v: &HashMap<String, String>) -> f64 {
+    let (l, h) = (
+        int(v, "--num-layers") as f64,
+        int(v, "--hidden-size") as f64,
+    );
+    let heads = int(v, "--num-attention-heads") as f64;
+    let groups = v
+        .get("--num-query-groups")
+        .map_or(heads, |g| g.parse::<f64>().unwrap());
+    let ffn = int(v, "--ffn-hidden-size") as f64;
+    let experts = v
+        .get("--num-experts")
+        .map_or(1.0, |e| e.parse::<f64>().unwrap());
+    let gated = if v.contains_key("--swiglu") { 1.5 } else { 1.0 };
+    let layers = 2.0
+        * l
+        * h
+        * h
+        * ((1.0 + groups / heads) + ffn / h * experts * gated + 2.0 / h + 1.0 / (l * h));
+    // NullTokenizer's vocabulary is --vocab-size + 1 (its end-of-document id).
+    let vocab = (int(v, "--vocab-size") + 1) as f64;
+    let tables = if v.contains_key("--untie-embeddings-and-output-weights") {
+        2.0
+    } else {
+        1.0
+    };
+    layers + tables * h * vocab
+}
+
+#[test]
+fn published_plans_export_to_megatron_arguments_it_accepts() {
+    let mut gpt3_h100 = strategy(4, 8, 4, 1, 256, 2048);
+    (gpt3_h100.schedule, gpt3_h100.virtual_stages) = (Schedule::Interleaved, 6);
+    gpt3_h100.precision = Precision::Fp8;
+    let mut gpt3_a100 = strategy(8, 8, 16, 1, 1536, 2048);
+    (gpt3_a100.schedule, gpt3_a100.virtual_stages) = (Schedule::Interleaved, 2);
+    gpt3_a100.recompute = Recompute::Full;
+    let cases = [
+        ("gpt3-175b", "dgx-a100-80gb", gpt3_a100),
+        ("llama3-8b", "dgx-h100", strategy(1, 1, 8, 1, 128, 8192)),
+        ("llama3-70b", "dgx-h100", strategy(8, 4, 2, 1, 128, 8192)),
+        ("gpt3-175b", "dgx-h100", gpt3_h100),
+        ("mixtral-8x7b", "dgx-h100", strategy(1, 4, 8, 1, 64, 4096)),
+    ];
+    for (model, cluster, s) in cases {
+        let p = plan(model, cluster, &s);
+        let e = planner::export::export(&p, Engine::Megatron).unwrap();
+        let v = check_args(&e.args);
+        assert_eq!(int(&v, "--tensor-model-parallel-size"), u64::from(s.tp));
+        assert_eq!(int(&v, "--pipeline-model-parallel-size"), u64::from(s.pp));
+        assert_eq!(int(&v, "--micro-batch-size"), s.micro_batch);
+        assert_eq!(int(&v, "--global-batch-size"), s.global_batch);
+        assert_eq!(int(&v, "--seq-length"), s.seq);
+        assert_eq!(v.contains_key("--sequence-parallel"), s.sequence_parallel);
+        if s.virtual_stages > 1 {
+            let per_chunk = int(&v, "--num-layers-per-virtual-pipeline-stage");
+            let layers = int(&v, "--num-layers");
+            assert_eq!(
+                layers / per_chunk / u64::from(s.pp),
+                u64::from(s.virtual_stages)
+            );
+        }
+        assert_eq!(
+            v.contains_key("--use-distributed-optimizer"),
+            s.zero >= 1,
+            "{model}: ZeRO-{}",
+            s.zero
+        );
+        let ours = p.model.params as f64;
+        let theirs = megatron_parameters(&v);
+        let gap = (ours - theirs) / ours;
+        println!(
+            "{model} on {cluster}: {} arguments; parameters {ours:.4e} plait, {theirs:.4e} Megatron ({:+.2e})",
+            e.args.len(),
+            gap
+        );
+        assert!(
+            gap.abs() < 1e-3,
+            "{model}: Megatron builds {theirs:.6e} parameters, plait counts {ours:.6e}"
+        );
+        assert!(e.launch.contains("pretrain_gpt.py"), "{}", e.launch);
+    }
+}
+
+#[test]
+fn what_megatron_cannot_run_is_refused_by_name() {
+    let mut gpipe = strategy(1, 4, 2, 1, 64, 2048);
+    gpipe.schedule = Schedule::Gpipe;
+    let mut zero3_pp = strategy(1, 4, 2, 1, 64, 2048);
+    zero3_pp.zero = 3;
+    for (s, feature) in [(gpipe, "GPipe"), (zero3_pp, "ZeRO-3 with a pipeline")] {
+        let p = plan("gpt-1.7b", "dgx-a100-80gb", &s);
+        match planner::export::export(&p, Engine::Megatron) {
+            Err(PlanError::Unexportable { feature: f, .. }) => {
+                assert!(f.contains(feature), "{f}")
+            }
+            other => panic!("{feature}: {other:?}"),
+        }
+    }
+}
