@@ -58,7 +58,7 @@ enum Outcome {
 
 fn measure(line: &str) -> anyhow::Result<Outcome> {
     let p = PlanLine::try_parse_from(line.split_whitespace())?;
-    let compiled = compile(&p.model, &p.cluster, &p.pins, 0)?;
+    let compiled = compile(&p.model, &p.cluster, &p.pins, 0, None)?;
     let graph = codegen::load_graph(&compiled.plan)?;
     let set = match codegen::lower(&compiled.plan, &graph, codegen::Options::default()) {
         Ok(set) => set,

@@ -32,6 +32,11 @@ pub struct CompileArgs {
     /// How many rejected alternatives to keep.
     #[arg(long, default_value_t = 5)]
     top: usize,
+    /// Search only what this engine can run (megatron, torchtitan or deepspeed: no GPipe or
+    /// ZeRO-2/3 with pipelining on Megatron-LM, no ZeRO-1 on torchtitan, ZeRO ≤ 1 with
+    /// pipelining on DeepSpeed), priced with its profile, for `plait export --to` it
+    #[arg(long, value_name = "ENGINE")]
+    target: Option<planner::engine::Engine>,
 }
 
 /// Where MODEL comes from, for the plan's model reference.
@@ -59,7 +64,15 @@ pub fn compile(
     cluster_args: &ClusterArgs,
     pins: &StrategyArgs,
     top: usize,
+    target: Option<planner::engine::Engine>,
 ) -> anyhow::Result<Compiled> {
+    if let (Some(t), Some(e)) = (target, pins.engine)
+        && t != e
+    {
+        anyhow::bail!(
+            "--target {t} searches what {t} runs and prices it with {t}'s profile; drop --engine {e} or make it --engine {t}"
+        );
+    }
     let cluster = Cluster::load(&cluster_args.cluster)?;
     let batch_for_import = pins.micro_batch.unwrap_or(1);
     let m = model::load(model_arg, batch_for_import, cluster_args.seq)?;
@@ -84,7 +97,8 @@ pub fn compile(
             attention: p.attention,
             kernels: p.kernels,
             cp: p.cp,
-            engine: p.engine,
+            engine: target.or(p.engine),
+            target: target.is_some(),
         },
         top_k: top,
     };
@@ -138,6 +152,7 @@ pub fn compile(
         SearchSummary {
             candidates_evaluated: r.candidates_evaluated,
             candidates_pruned: r.candidates_pruned,
+            target,
         },
         r.alternatives.clone(),
     );
@@ -178,7 +193,13 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         result: r,
         cluster,
         name,
-    } = compile(&args.model, &args.cluster, &args.pins, args.top)?;
+    } = compile(
+        &args.model,
+        &args.cluster,
+        &args.pins,
+        args.top,
+        args.target,
+    )?;
     if let Some(path) = &args.output {
         std::fs::write(path, plan.to_json() + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -197,8 +218,13 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     print_text(&name, &cluster, &r.best);
     println!();
     println!(
-        "search      {} candidates evaluated, {} pruned by the memory bound, {:.2} s",
-        r.candidates_evaluated, r.candidates_pruned, r.time_s
+        "search      {} candidates evaluated, {} pruned by the memory bound, {:.2} s{}",
+        r.candidates_evaluated,
+        r.candidates_pruned,
+        r.time_s,
+        plan.search
+            .target
+            .map_or(String::new(), |t| format!(", within what {t} runs"))
     );
     if !r.alternatives.is_empty() {
         println!("alternatives");

@@ -103,7 +103,7 @@ fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
         engine: None,
         stage_layers: None,
     };
-    Ok(compile(&path.display().to_string(), &cluster, &pins, 0)?.plan)
+    Ok(compile(&path.display().to_string(), &cluster, &pins, 0, None)?.plan)
 }
 
 /// The programs and where initial weights come from.

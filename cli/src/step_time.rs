@@ -106,6 +106,7 @@ pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
             },
             &pins(tp, pp, dp),
             0,
+            None,
         )?;
         let predicted = c.plan.predicted.iteration_time_s;
         let (set, _) = codegen::generate(&c.plan)?;

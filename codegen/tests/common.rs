@@ -81,6 +81,7 @@ pub fn plan(model: &str, seq: u64, c: Case) -> (Plan, Graph) {
         SearchSummary {
             candidates_evaluated: 1,
             candidates_pruned: 0,
+            target: None,
         },
         vec![],
     );

@@ -14,6 +14,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::compute::Kernels;
+use crate::strategy::{Schedule, Strategy};
 
 /// The engine a plan is run on (`--engine`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -52,6 +53,48 @@ impl Engine {
                 layer_params.min(DEEPSPEED_MAX_LIVE_PARAMETERS),
                 layer_params.min(DEEPSPEED_REDUCE_BUCKET_SIZE),
             ),
+        }
+    }
+
+    /// Whether the engine can run `s`, or the rule it breaks. The rules, each from the engine:
+    /// - Megatron-LM (core_v0.15.0): pipelines run 1F1B or interleaved 1F1B only
+    ///   (`forward_backward_pipelining_{without,with}_interleaving` in
+    ///   `megatron/core/pipeline_parallel/schedules.py`); ZeRO-1 is the distributed optimizer
+    ///   and ZeRO-2/3 are Megatron-FSDP (`--data-parallel-sharding-strategy optim_grads` /
+    ///   `optim_grads_params`), which does not combine with pipeline parallelism.
+    /// - torchtitan (0.3.0): data parallelism is DDP (`data_parallel_replicate_degree`) or
+    ///   FSDP2 (`data_parallel_shard_degree`), i.e. ZeRO-0, ZeRO-3, or ZeRO-2 with
+    ///   `fsdp_reshard_after_forward never`; there is no optimizer-only sharding (ZeRO-1).
+    /// - DeepSpeed: ZeRO-2 and ZeRO-3 do not run with its pipeline engine, which has one
+    ///   1F1B-style schedule (`TrainSchedule`); it has no Megatron-style sequence or context
+    ///   parallelism.
+    pub fn runs(self, s: &Strategy) -> Result<(), String> {
+        let pipelined = s.pp > 1;
+        match self {
+            Engine::Megatron if pipelined && s.schedule == Schedule::Gpipe => {
+                Err("Megatron-LM has no GPipe schedule (1F1B and interleaved 1F1B)".into())
+            }
+            Engine::Megatron if pipelined && s.zero >= 2 => Err(format!(
+                "Megatron-FSDP (ZeRO-{}) does not run with pipeline parallelism",
+                s.zero
+            )),
+            Engine::Torchtitan if s.zero == 1 && s.dp * s.cp > 1 => {
+                Err("torchtitan has no optimizer-only sharding (ZeRO-1): DDP or FSDP2".into())
+            }
+            Engine::Deepspeed if pipelined && s.zero >= 2 => Err(format!(
+                "DeepSpeed's pipeline engine runs ZeRO-0 or ZeRO-1, not ZeRO-{}",
+                s.zero
+            )),
+            Engine::Deepspeed if pipelined && s.schedule != Schedule::OneFOneB => {
+                Err("DeepSpeed's pipeline engine has one 1F1B-style schedule".into())
+            }
+            Engine::Deepspeed if s.sequence_parallel && s.tp > 1 => {
+                Err("DeepSpeed has no Megatron-style sequence parallelism".into())
+            }
+            Engine::Deepspeed if s.cp > 1 => {
+                Err("DeepSpeed has no ring-attention context parallelism".into())
+            }
+            _ => Ok(()),
         }
     }
 

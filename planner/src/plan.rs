@@ -97,6 +97,9 @@ pub struct BlockSharding {
 pub struct SearchSummary {
     pub candidates_evaluated: u64,
     pub candidates_pruned: u64,
+    /// The engine the search kept to (`plait compile --target`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<crate::engine::Engine>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

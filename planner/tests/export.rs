@@ -123,6 +123,7 @@ fn plan(model: &str, cluster: &str, s: &Strategy) -> Plan {
         SearchSummary {
             candidates_evaluated: 1,
             candidates_pruned: 0,
+            target: None,
         },
         vec![],
     )
@@ -239,4 +240,78 @@ fn what_megatron_cannot_run_is_refused_by_name() {
             other => panic!("{feature}: {other:?}"),
         }
     }
+}
+
+/// `compile --target X` over a grid of models, GPU counts and global batches: the plan found
+/// is one X runs (`Engine::runs`, whose rules cite the engines), and a Megatron target's plan
+/// exports. Without a target the same grid finds plans some engine refuses (so the rules bite).
+#[test]
+fn a_targeted_search_finds_only_what_the_engine_runs() {
+    use planner::search::{Pins, SearchRequest, search};
+    let cluster = Cluster::load("dgx-h100").unwrap();
+    let mut refused_untargeted = 0;
+    let mut compiles = 0;
+    for model in ["gpt-1.7b", "llama3-8b", "mixtral-8x7b"] {
+        let spec = import::zoo::find(model).unwrap();
+        let g = import::build_forward(&spec, DType::F32).unwrap();
+        let info = ModelInfo::new(&g).unwrap();
+        for (gpus, batch) in [(8u64, 64u64), (16, 128), (32, 256), (64, 256)] {
+            for target in [
+                None,
+                Some(Engine::Megatron),
+                Some(Engine::Torchtitan),
+                Some(Engine::Deepspeed),
+            ] {
+                let req = SearchRequest {
+                    gpus,
+                    global_batch: batch,
+                    seq: 2048,
+                    pins: Pins {
+                        engine: target,
+                        target: target.is_some(),
+                        ..Pins::default()
+                    },
+                    top_k: 0,
+                };
+                let Ok(best) = search(&info, &cluster, &req, &mut |_, _| {}).unwrap() else {
+                    continue;
+                };
+                compiles += 1;
+                let s = &best.best.strategy;
+                match target {
+                    Some(e) => {
+                        assert!(e.runs(s).is_ok(), "{model} on {gpus} --target {e}: {s:?}");
+                        if e == Engine::Megatron {
+                            let p = Plan::new(
+                                ModelRef::of("zoo", model, &info),
+                                &info,
+                                &cluster,
+                                gpus,
+                                &best.best,
+                                SearchSummary {
+                                    candidates_evaluated: 0,
+                                    candidates_pruned: 0,
+                                    target: None,
+                                },
+                                vec![],
+                            );
+                            check_args(&planner::export::export(&p, e).unwrap().args);
+                        }
+                    }
+                    None => {
+                        refused_untargeted +=
+                            Engine::ALL.iter().filter(|e| e.runs(s).is_err()).count();
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "{compiles} compiles; untargeted plans refused by {refused_untargeted} engine(s) in all"
+    );
+    assert!(compiles >= 40, "{compiles} compiles");
+    assert!(
+        refused_untargeted > 0,
+        "no untargeted plan breaks an engine rule: the test proves nothing"
+    );
 }

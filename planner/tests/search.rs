@@ -258,6 +258,7 @@ fn pinning_every_knob_gives_the_estimate() {
         kernels: None,
         cp: None,
         engine: None,
+        target: false,
     };
     let req = SearchRequest {
         gpus: 8,

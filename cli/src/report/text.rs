@@ -39,6 +39,12 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         r.gpus_per_node
     )?;
     writeln!(o, "plan        {}", r.strategy_summary)?;
+    if let Some(t) = r.target {
+        writeln!(
+            o,
+            "target      {t}: the search kept to what {t} runs (`compile --target`)"
+        )?;
+    }
     writeln!(
         o,
         "            global batch {} x seq {}, {} per pipeline, {}, {} attention, {} kernels",

@@ -93,6 +93,9 @@ pub struct Report {
     pub strategy: Strategy,
     /// One line: `tp 2 pp 2 dp 2, micro-batch 8, ...`.
     pub strategy_summary: String,
+    /// The engine the search kept to (`compile --target`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<crate::engine::Engine>,
     /// As stored in the plan.
     pub predicted: Summary,
     /// The iteration time the current cost model predicts for the plan's strategy.
@@ -218,6 +221,7 @@ pub fn build(plan: &Plan, info: &ModelInfo<'_>, traced: &Estimate) -> Report {
         gpus_per_node: cluster.gpus_per_node,
         strategy: s.clone(),
         strategy_summary: strategy_summary(s),
+        target: plan.search.target,
         predicted: Summary {
             iteration_time_s: p.iteration_time_s,
             tokens_per_s: p.tokens_per_s,

@@ -44,6 +44,10 @@ pub struct Pins {
     /// The engine that will run the plan (default: megatron).
     #[serde(default)]
     pub engine: Option<Engine>,
+    /// Keep to what the engine can run ([`Engine::runs`]; `plait compile --target`). Off:
+    /// plait's whole space, priced with the engine's profile.
+    #[serde(default)]
+    pub target: bool,
 }
 
 /// The shortest sequence for which the search tries context parallelism: Megatron-Core's
@@ -141,6 +145,9 @@ pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
             precision,
         };
         mesh.push_all(info, cluster, req, &mut out);
+    }
+    if p.target {
+        out.retain(|s| engine.runs(s).is_ok());
     }
     out
 }

@@ -89,6 +89,7 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
             kernels: None,
             cp: None,
             engine: None,
+            target: false,
         },
         top_k: 0,
     };
@@ -105,6 +106,7 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
         SearchSummary {
             candidates_evaluated: r.candidates_evaluated,
             candidates_pruned: r.candidates_pruned,
+            target: None,
         },
         vec![],
     )
