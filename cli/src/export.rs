@@ -11,13 +11,15 @@ pub struct ExportArgs {
     /// A plan written by `plait compile -o`
     plan: PathBuf,
     /// The engine to launch the plan with: megatron (Megatron-LM core_v0.15.0's
-    /// pretrain_gpt.py under torchrun); torchtitan and deepspeed are not written yet
+    /// pretrain_gpt.py under torchrun) or deepspeed (its ds_config.json); torchtitan is not
+    /// written yet
     #[arg(long = "to", value_name = "ENGINE")]
     to: Engine,
-    /// Write the launch script to this file (made executable) instead of printing it
+    /// Write the launch script to this file (made executable; for deepspeed, the
+    /// ds_config.json) instead of printing it
     #[arg(short, long)]
     output: Option<PathBuf>,
-    /// Print one JSON object: {"engine", "version", "args": [...], "launch"}
+    /// Print one JSON object: {"engine", "version", "args": [...] or "config": {...}, "launch"}
     #[arg(long)]
     json: bool,
 }
@@ -31,6 +33,20 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     match &args.output {
+        // DeepSpeed's artifact is its configuration file.
+        Some(path) if export.config.is_some() => {
+            let text = serde_json::to_string_pretty(&export.config)? + "\n";
+            std::fs::write(path, text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            println!(
+                "{} {} configuration written to {}; start your training script with \
+                 `deepspeed ... train.py --deepspeed --deepspeed_config {}`",
+                export.engine,
+                export.version,
+                path.display(),
+                path.display()
+            );
+        }
         Some(path) => {
             std::fs::write(path, &export.launch)
                 .with_context(|| format!("cannot write {}", path.display()))?;

@@ -66,8 +66,9 @@ impl Engine {
     ///   FSDP2 (`data_parallel_shard_degree`), i.e. ZeRO-0, ZeRO-3, or ZeRO-2 with
     ///   `fsdp_reshard_after_forward never`; there is no optimizer-only sharding (ZeRO-1).
     /// - DeepSpeed: ZeRO-2 and ZeRO-3 do not run with its pipeline engine, which has one
-    ///   1F1B-style schedule (`TrainSchedule`); it has no Megatron-style sequence or context
-    ///   parallelism.
+    ///   1F1B-style schedule (`TrainSchedule`); its configuration has no Megatron-style tensor,
+    ///   sequence or context parallelism, no Transformer Engine FP8, and its activation
+    ///   checkpointing is per layer (no selective recomputation).
     pub fn runs(self, s: &Strategy) -> Result<(), String> {
         let pipelined = s.pp > 1;
         match self {
@@ -93,6 +94,15 @@ impl Engine {
             }
             Engine::Deepspeed if s.cp > 1 => {
                 Err("DeepSpeed has no ring-attention context parallelism".into())
+            }
+            Engine::Deepspeed if s.tp > 1 => {
+                Err("DeepSpeed's configuration has no Megatron tensor parallelism".into())
+            }
+            Engine::Deepspeed if s.precision == crate::precision::Precision::Fp8 => {
+                Err("DeepSpeed's configuration has no Transformer Engine FP8".into())
+            }
+            Engine::Deepspeed if s.recompute == crate::strategy::Recompute::Selective => {
+                Err("DeepSpeed checkpoints whole layers (no selective recomputation)".into())
             }
             _ => Ok(()),
         }

@@ -315,3 +315,58 @@ fn a_targeted_search_finds_only_what_the_engine_runs() {
         "no untargeted plan breaks an engine rule: the test proves nothing"
     );
 }
+
+/// DeepSpeed's configuration: its batch arithmetic closes over the plan's data-parallel degree
+/// (DeepSpeed derives dp from the world size), the ZeRO stage and precision are the plan's, and
+/// what its configuration cannot say (Megatron tensor parallelism, FP8, ZeRO-3 with a pipeline)
+/// is refused.
+#[test]
+fn deepspeed_configs_close_their_batch_arithmetic_and_refuse_what_they_cannot_say() {
+    let mut cases = Vec::new();
+    for zero in 0..=3 {
+        let mut s = strategy(1, 1, 16, 4, 256, 2048);
+        s.zero = zero;
+        cases.push(s);
+    }
+    let mut piped = strategy(1, 4, 4, 1, 64, 2048);
+    piped.recompute = Recompute::Full;
+    cases.push(piped);
+    for s in cases {
+        let p = plan("gpt-1.7b", "dgx-a100-80gb", &s);
+        let e = planner::export::export(&p, Engine::Deepspeed).unwrap();
+        let c = e.config.unwrap();
+        let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
+        assert_eq!(
+            n("train_batch_size"),
+            n("train_micro_batch_size_per_gpu")
+                * n("gradient_accumulation_steps")
+                * u64::from(s.dp)
+        );
+        assert_eq!(n("train_batch_size"), s.global_batch);
+        assert_eq!(c["zero_optimization"]["stage"], u64::from(s.zero));
+        assert_eq!(c["bf16"]["enabled"], true);
+        assert_eq!(
+            c.get("activation_checkpointing").is_some(),
+            s.recompute == Recompute::Full
+        );
+    }
+    let mut tp2 = strategy(2, 1, 8, 1, 64, 2048);
+    tp2.sequence_parallel = false;
+    let mut fp8 = strategy(1, 1, 8, 1, 64, 2048);
+    fp8.precision = Precision::Fp8;
+    let mut zero3_pp = strategy(1, 2, 4, 1, 64, 2048);
+    zero3_pp.zero = 3;
+    for (s, cluster, what) in [
+        (tp2, "dgx-a100-80gb", "tensor parallelism"),
+        (fp8, "dgx-h100", "FP8"),
+        (zero3_pp, "dgx-a100-80gb", "ZeRO-3"),
+    ] {
+        let p = plan("gpt-1.7b", cluster, &s);
+        match planner::export::export(&p, Engine::Deepspeed) {
+            Err(PlanError::Unexportable { feature, .. }) => {
+                assert!(feature.contains(what), "{feature}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! wrong launch.
 
 pub mod arch;
+pub mod deepspeed;
 pub mod megatron;
 
 use serde::Serialize;
@@ -21,7 +22,12 @@ pub struct Export {
     pub engine: &'static str,
     /// The engine version whose arguments these are.
     pub version: &'static str,
+    /// The engine's command-line arguments (Megatron-LM, torchtitan).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
+    /// The engine's configuration file (DeepSpeed's `ds_config.json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
     /// The launch script (text).
     pub launch: String,
 }
@@ -58,12 +64,23 @@ pub fn export(plan: &Plan, engine: Engine) -> Result<Export, PlanError> {
                 version: megatron::VERSION,
                 launch: megatron_launch(plan, &args),
                 args,
+                config: None,
+            })
+        }
+        Engine::Deepspeed => {
+            let config = deepspeed::config(plan)?;
+            Ok(Export {
+                engine: "deepspeed",
+                version: deepspeed::VERSION,
+                launch: deepspeed::launch(plan, &config),
+                args: Vec::new(),
+                config: Some(config),
             })
         }
         other => Err(PlanError::Unexportable {
             engine: other.name(),
             feature: "export".into(),
-            limit: "plait exports to megatron so far; torchtitan and deepspeed are not written yet"
+            limit: "plait exports to megatron and deepspeed so far; torchtitan is not written yet"
                 .into(),
         }),
     }
