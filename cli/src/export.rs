@@ -11,8 +11,8 @@ pub struct ExportArgs {
     /// A plan written by `plait compile -o`
     plan: PathBuf,
     /// The engine to launch the plan with: megatron (Megatron-LM core_v0.15.0's
-    /// pretrain_gpt.py under torchrun) or deepspeed (its ds_config.json); torchtitan is not
-    /// written yet
+    /// pretrain_gpt.py under torchrun), torchtitan (0.3.0's torchtitan.train with a registered
+    /// llama3 config) or deepspeed (its ds_config.json)
     #[arg(long = "to", value_name = "ENGINE")]
     to: Engine,
     /// Write the launch script to this file (made executable; for deepspeed, the

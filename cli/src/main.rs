@@ -54,7 +54,7 @@ enum Command {
     Report(report::ReportArgs),
     /// Generate and verify one program per rank from a plan.json.
     Codegen(codegen::CodegenArgs),
-    /// Write a plan as the launch of an engine you already run (Megatron-LM).
+    /// Write a plan as the launch of an engine you already run (Megatron-LM, torchtitan, DeepSpeed).
     Export(export::ExportArgs),
     /// Print one rank's program listing.
     Show(codegen::ShowArgs),

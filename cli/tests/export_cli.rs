@@ -1,5 +1,5 @@
 //! `plait export`: a compiled plan becomes a Megatron-LM launch script, as text, as a file and
-//! as JSON; an engine plait does not write yet is refused with exit 2 and the reason.
+//! as JSON; a plan an engine cannot run is refused with exit 2 and the reason.
 
 mod common;
 
@@ -33,9 +33,10 @@ fn a_compiled_plan_exports_to_a_megatron_launch() {
 }
 
 #[test]
-fn an_engine_not_written_yet_is_refused_with_the_reason() {
+fn a_plan_the_engine_cannot_run_is_refused_with_the_reason() {
     let plan = compile("export-refused", "plan.json", &PINNED_PIPELINE);
     let p = plan.to_string_lossy().to_string();
+    // GPT-2 is none of torchtitan's registered models.
     let (code, out, err) = plait(&["export", &p, "--to", "torchtitan"]);
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("torchtitan"), "{err}");

@@ -64,7 +64,8 @@ impl Engine {
     ///   `optim_grads_params`), which does not combine with pipeline parallelism.
     /// - torchtitan (0.3.0): data parallelism is DDP (`data_parallel_replicate_degree`) or
     ///   FSDP2 (`data_parallel_shard_degree`), i.e. ZeRO-0, ZeRO-3, or ZeRO-2 with
-    ///   `fsdp_reshard_after_forward never`; there is no optimizer-only sharding (ZeRO-1).
+    ///   `fsdp_reshard_after_forward never`; there is no optimizer-only sharding (ZeRO-1), and
+    ///   training runs in bfloat16 or float32 (`--training.mixed-precision-param`).
     /// - DeepSpeed: ZeRO-2 and ZeRO-3 do not run with its pipeline engine, which has one
     ///   1F1B-style schedule (`TrainSchedule`); its configuration has no Megatron-style tensor,
     ///   sequence or context parallelism, no Transformer Engine FP8, and its activation
@@ -81,6 +82,18 @@ impl Engine {
             )),
             Engine::Torchtitan if s.zero == 1 && s.dp * s.cp > 1 => {
                 Err("torchtitan has no optimizer-only sharding (ZeRO-1): DDP or FSDP2".into())
+            }
+            Engine::Torchtitan
+                if matches!(
+                    s.precision,
+                    crate::precision::Precision::Fp16 | crate::precision::Precision::Fp8
+                ) =>
+            {
+                Err(format!(
+                    "torchtitan trains in bfloat16 or float32 ({} is Transformer Engine's or \
+                     fp16 mixed precision)",
+                    s.precision
+                ))
             }
             Engine::Deepspeed if pipelined && s.zero >= 2 => Err(format!(
                 "DeepSpeed's pipeline engine runs ZeRO-0 or ZeRO-1, not ZeRO-{}",

@@ -370,3 +370,140 @@ fn deepspeed_configs_close_their_batch_arithmetic_and_refuse_what_they_cannot_sa
         }
     }
 }
+
+const TORCHTITAN_HELP: &str = include_str!("../../data/engines/torchtitan-0.3.0-llama3-help.txt");
+const TORCHTITAN_FIELDS: &str =
+    include_str!("../../data/engines/torchtitan-0.3.0-config-fields.tsv");
+
+/// torchtitan's options from its own `--help`: each spelling (`--a.b-c`, and `--a.no-b-c` for
+/// booleans) with its value form (`INT`, `{x,y}` choices, `STR`, or none for a switch).
+fn torchtitan_options() -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for line in TORCHTITAN_HELP.lines() {
+        let l = line.trim_start();
+        if !l.starts_with("--") || line.starts_with("     ") {
+            continue;
+        }
+        for spelling in l.split(", ") {
+            let mut parts = spelling.splitn(2, ' ');
+            let name = parts.next().unwrap_or("").to_string();
+            let form = parts.next().unwrap_or("").trim().to_string();
+            out.insert(name, form);
+        }
+    }
+    out
+}
+
+/// Checks a torchtitan argument list against its help and field list.
+fn check_torchtitan(args: &[String]) -> HashMap<String, String> {
+    let options = torchtitan_options();
+    assert!(
+        options.len() > 100,
+        "the help is read ({} options)",
+        options.len()
+    );
+    let schedules: Vec<&str> = TORCHTITAN_FIELDS
+        .lines()
+        .find(|l| l.contains("Pipeline schedule names"))
+        .and_then(|l| l.split(": ").nth(1))
+        .map(|l| l.trim_end_matches('.').split(", ").collect())
+        .unwrap();
+    let mut values = HashMap::new();
+    let mut i = 0;
+    while i < args.len() {
+        let name = &args[i];
+        if let Some(mode) = name.strip_prefix("activation-checkpoint:") {
+            assert!(
+                ["selective", "full", "memory-budget", "none"].contains(&mode),
+                "{name}"
+            );
+            assert_eq!(i + 1, args.len(), "the subcommand comes last");
+            values.insert("activation-checkpoint".into(), mode.into());
+            break;
+        }
+        let value = if name == "--module" || name == "--config" {
+            i += 1;
+            args[i].clone()
+        } else {
+            let form = options
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is not an option of torchtitan 0.3.0"));
+            if form.is_empty() {
+                String::new()
+            } else {
+                i += 1;
+                let v = args[i].clone();
+                if form.ends_with("INT") {
+                    assert!(v.parse::<i64>().is_ok(), "{name} {v}: not an int");
+                } else if let Some(choices) =
+                    form.strip_prefix('{').and_then(|f| f.strip_suffix('}'))
+                {
+                    assert!(
+                        choices.split(',').any(|c| c == v),
+                        "{name} {v}: not in {form}"
+                    );
+                }
+                v
+            }
+        };
+        if name == "--parallelism.pipeline-parallel-schedule" {
+            assert!(
+                schedules.contains(&value.as_str()),
+                "{value}: not in {schedules:?}"
+            );
+        }
+        values.insert(name.clone(), value);
+        i += 1;
+    }
+    values
+}
+
+#[test]
+fn llama_plans_export_to_torchtitan_options_it_accepts() {
+    let mut fsdp = strategy(1, 1, 8, 1, 128, 8192);
+    fsdp.zero = 3;
+    let mut tp_pp = strategy(8, 4, 2, 1, 128, 8192);
+    (tp_pp.zero, tp_pp.schedule, tp_pp.virtual_stages) = (3, Schedule::Interleaved, 5);
+    tp_pp.recompute = Recompute::Full;
+    for (model, s, config) in [
+        ("llama3-8b", fsdp, "llama3_8b"),
+        ("llama3-70b", tp_pp, "llama3_70b"),
+    ] {
+        let p = plan(model, "dgx-h100", &s);
+        let e = planner::export::export(&p, Engine::Torchtitan).unwrap();
+        let v = check_torchtitan(&e.args);
+        assert_eq!(v["--config"], config);
+        let n = |k: &str| v[k].parse::<u64>().unwrap_or_else(|_| panic!("{k}"));
+        let dp = n("--parallelism.data-parallel-replicate-degree")
+            * n("--parallelism.data-parallel-shard-degree");
+        assert_eq!(dp, u64::from(s.dp));
+        assert_eq!(n("--parallelism.tensor-parallel-degree"), u64::from(s.tp));
+        assert_eq!(n("--training.global-batch-size"), s.global_batch);
+        if s.pp > 1 {
+            assert_eq!(n("--parallelism.pipeline-parallel-degree"), u64::from(s.pp));
+            assert_eq!(
+                n("--parallelism.pipeline-parallel-layers-per-stage")
+                    * u64::from(s.pp * s.virtual_stages),
+                u64::from(p.model.layers)
+            );
+            assert!(v.contains_key("--training.disable-cuda-graphs"));
+        }
+        assert!(e.launch.contains("-m torchtitan.train"));
+    }
+    // A model torchtitan has no configuration for, and ZeRO-1, are refused by name.
+    let mut ddp = strategy(1, 1, 8, 1, 64, 2048);
+    ddp.zero = 0;
+    let zero1 = strategy(1, 1, 8, 1, 128, 8192);
+    for (model, s, what) in [
+        ("gpt-1.7b", ddp, "24 layers"),
+        ("llama3-8b", zero1, "ZeRO-1"),
+    ] {
+        let p = plan(model, "dgx-h100", &s);
+        match planner::export::export(&p, Engine::Torchtitan) {
+            Err(PlanError::Unexportable { feature, .. }) => {
+                assert!(feature.contains(what), "{feature}")
+            }
+            other => panic!("{model}: {other:?}"),
+        }
+    }
+}

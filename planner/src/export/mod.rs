@@ -8,6 +8,7 @@
 pub mod arch;
 pub mod deepspeed;
 pub mod megatron;
+pub mod torchtitan;
 
 use serde::Serialize;
 
@@ -77,12 +78,17 @@ pub fn export(plan: &Plan, engine: Engine) -> Result<Export, PlanError> {
                 config: Some(config),
             })
         }
-        other => Err(PlanError::Unexportable {
-            engine: other.name(),
-            feature: "export".into(),
-            limit: "plait exports to megatron and deepspeed so far; torchtitan is not written yet"
-                .into(),
-        }),
+        Engine::Torchtitan => {
+            let arch = arch::read(&info, "torchtitan")?;
+            let args = torchtitan::args(plan, &arch)?;
+            Ok(Export {
+                engine: "torchtitan",
+                version: torchtitan::VERSION,
+                launch: torchtitan::launch(plan, &args),
+                args,
+                config: None,
+            })
+        }
     }
 }
 
