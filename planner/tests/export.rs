@@ -430,6 +430,18 @@ fn check_torchtitan(args: &[String]) -> HashMap<String, String> {
                 .unwrap_or_else(|| panic!("{name} is not an option of torchtitan 0.3.0"));
             if form.is_empty() {
                 String::new()
+            } else if form.contains("[A,B,C,... [A,B,C,...") {
+                // A list of lists: one comma-separated argument per inner list.
+                let mut parts = Vec::new();
+                while args
+                    .get(i + 1)
+                    .is_some_and(|a| !a.starts_with("--") && !a.contains(':'))
+                {
+                    i += 1;
+                    parts.push(args[i].clone());
+                }
+                assert!(!parts.is_empty(), "{name} needs its lists");
+                parts.join(" ")
             } else {
                 i += 1;
                 let v = args[i].clone();
@@ -465,9 +477,13 @@ fn llama_plans_export_to_torchtitan_options_it_accepts() {
     let mut tp_pp = strategy(8, 4, 2, 1, 128, 8192);
     (tp_pp.zero, tp_pp.schedule, tp_pp.virtual_stages) = (3, Schedule::Interleaved, 5);
     tp_pp.recompute = Recompute::Full;
+    let mut uneven = strategy(8, 4, 2, 1, 128, 8192);
+    uneven.zero = 3;
+    uneven.stage_layers = Some(vec![19, 21, 21, 19]);
     for (model, s, config) in [
         ("llama3-8b", fsdp, "llama3_8b"),
         ("llama3-70b", tp_pp, "llama3_70b"),
+        ("llama3-70b", uneven, "llama3_70b"),
     ] {
         let p = plan(model, "dgx-h100", &s);
         let e = planner::export::export(&p, Engine::Torchtitan).unwrap();
@@ -481,11 +497,19 @@ fn llama_plans_export_to_torchtitan_options_it_accepts() {
         assert_eq!(n("--training.global-batch-size"), s.global_batch);
         if s.pp > 1 {
             assert_eq!(n("--parallelism.pipeline-parallel-degree"), u64::from(s.pp));
-            assert_eq!(
-                n("--parallelism.pipeline-parallel-layers-per-stage")
-                    * u64::from(s.pp * s.virtual_stages),
-                u64::from(p.model.layers)
-            );
+            // Every layer in exactly one model chunk.
+            let parts: Vec<u64> = match v.get("--parallelism.module-fqns-per-model-part") {
+                Some(fqns) => fqns
+                    .split(' ')
+                    .map(|part| part.split(',').filter(|m| m.starts_with("layers.")).count() as u64)
+                    .collect(),
+                None => vec![
+                    n("--parallelism.pipeline-parallel-layers-per-stage");
+                    (s.pp * s.virtual_stages) as usize
+                ],
+            };
+            assert_eq!(parts.len() as u32, s.pp * s.virtual_stages);
+            assert_eq!(parts.iter().sum::<u64>(), u64::from(p.model.layers));
             assert!(v.contains_key("--training.disable-cuda-graphs"));
         }
         assert!(e.launch.contains("-m torchtitan.train"));

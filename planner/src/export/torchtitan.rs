@@ -139,8 +139,9 @@ pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> 
     Ok(args)
 }
 
-/// Degree, schedule and an even split of the layers over the (virtual) stages; torchtitan's
-/// own default takes one layer off the first and last stage, which plait's split does not.
+/// Degree, schedule and plait's split of the layers over the (virtual) stages: an even split
+/// as layers per stage (torchtitan's own default takes one layer off the first and last stage,
+/// which plait's does not), an uneven one as each chunk's module names.
 fn pipeline_args(plan: &Plan, args: &mut Vec<String>) -> Result<(), PlanError> {
     let s = &plan.strategy;
     if s.pp == 1 {
@@ -159,26 +160,38 @@ fn pipeline_args(plan: &Plan, args: &mut Vec<String>) -> Result<(), PlanError> {
         .map(|c| c.layers[1] - c.layers[0])
         .collect();
     if layers.windows(2).any(|w| w[0] != w[1]) {
-        return Err(refuse(
-            format!("pipeline chunks of {layers:?} layers"),
-            "plait writes torchtitan's even split (layers per stage) only",
-        ));
+        // An uneven split: each model chunk's modules by name, the embedding in the first and
+        // the final norm and output in the last (torchtitan's Llama 3 module names).
+        args.push("--parallelism.module-fqns-per-model-part".into());
+        let last = plan.chunks.len().saturating_sub(1);
+        for (i, c) in plan.chunks.iter().enumerate() {
+            let mut part: Vec<String> = Vec::new();
+            if i == 0 {
+                part.push("tok_embeddings".into());
+            }
+            part.extend((c.layers[0]..c.layers[1]).map(|l| format!("layers.{l}")));
+            if i == last {
+                part.extend(["norm".to_string(), "output".to_string()]);
+            }
+            args.push(part.join(","));
+        }
+    } else {
+        push(
+            args,
+            "--parallelism.pipeline-parallel-layers-per-stage",
+            layers[0],
+        );
+        push(
+            args,
+            "--parallelism.pipeline-parallel-first-stage-less-layers",
+            0,
+        );
+        push(
+            args,
+            "--parallelism.pipeline-parallel-last-stage-less-layers",
+            0,
+        );
     }
-    push(
-        args,
-        "--parallelism.pipeline-parallel-layers-per-stage",
-        layers[0],
-    );
-    push(
-        args,
-        "--parallelism.pipeline-parallel-first-stage-less-layers",
-        0,
-    );
-    push(
-        args,
-        "--parallelism.pipeline-parallel-last-stage-less-layers",
-        0,
-    );
     // torchtitan's parser refuses CUDA graphs with pipelining.
     args.push("--training.disable-cuda-graphs".into());
     Ok(())
