@@ -73,6 +73,10 @@ pub struct RunArgs {
     /// device's parameters (not only its losses). Slower (f64 matrix products).
     #[arg(long)]
     reproducible: bool,
+    /// Run a plan made for a GPU cluster on this machine's CPU threads anyway: to check its
+    /// programs train as one device does; their speed and memory are not the plan's.
+    #[arg(long)]
+    on_cpu: bool,
 }
 
 fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
@@ -111,7 +115,11 @@ fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
     let seeded = Init::Seed(args.seed);
     let plan = match &args.plan {
         Some(p) if p.is_dir() => return Ok((codegen::io::read(p)?, seeded, None)),
-        Some(p) => crate::plan_file::read(p)?,
+        Some(p) => {
+            let plan = crate::plan_file::read(p)?;
+            refuse_gpu_plan(&plan, p, args.on_cpu)?;
+            plan
+        }
         None => demo_plan()?,
     };
     let (set, _) = codegen::generate(&plan)?;
@@ -135,6 +143,30 @@ fn data(args: &RunArgs) -> anyhow::Result<Tokens> {
         Some(p) => Tokens::load(p)?,
         None => Tokens::from_bytes("built-in text".into(), DEMO_TEXT.as_bytes()),
     })
+}
+
+/// A plan for GPUs is never trained silently on CPU threads: `plait run` has only the CPU
+/// runtime (the CUDA runtime is not wired into it yet), so it says so unless asked with
+/// `--on-cpu`.
+fn refuse_gpu_plan(
+    plan: &planner::plan::Plan,
+    path: &std::path::Path,
+    on_cpu: bool,
+) -> anyhow::Result<()> {
+    if on_cpu || plan.cluster.runs_on_cpu_threads() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} is a plan for {} x {} ({}), and `plait run` trains on this machine's CPU threads \
+         only: it has no CUDA GPU runtime yet. To train here, compile for `--cluster cpu`; to \
+         train on the GPUs, export the plan to an engine (`plait export {} --to megatron`); to \
+         check its programs on CPU threads anyway, add --on-cpu",
+        path.display(),
+        plan.gpus,
+        plan.cluster.gpu.name,
+        plan.cluster.name,
+        path.display()
+    )
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {

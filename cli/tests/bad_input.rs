@@ -276,3 +276,17 @@ fn onnx_seq_longer_than_positions() {
         ],
     );
 }
+
+/// A config claiming 2^31 layers is refused at once, naming the field and the limit, instead of
+/// building a graph of tens of GB.
+#[test]
+fn absurd_layer_count() {
+    let p = file("layers", "config.json", br#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2147483648, "num_attention_heads": 4, "vocab_size": 100}"#);
+    let ps = p.to_string_lossy().to_string();
+    let t = std::time::Instant::now();
+    expect_error(
+        &["inspect", &ps],
+        &[&ps, "num_hidden_layers = 2147483648", "at most 100000"],
+    );
+    assert!(t.elapsed().as_secs_f64() < 5.0, "took {:?}", t.elapsed());
+}

@@ -166,11 +166,21 @@ fn llama(f: Fields<'_>, name: String, family: Family) -> Result<ModelSpec, Confi
     })
 }
 
+/// The most layers a config may ask for. plait's IR holds every layer (a verifier checks
+/// each against layer 0), so a config of 2^31 layers would build a graph of tens of GB before
+/// anything could say it is absurd; the deepest published transformers have a few hundred.
+pub const MAX_LAYERS: u64 = 100_000;
+
 /// Checks the divisibility rules a transformer's shapes must obey.
 fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
-    let (heads_f, hidden_f, kv_f) = match s.family {
-        Family::Gpt2 => ("n_head", "n_embd", "n_head"),
-        _ => ("num_attention_heads", "hidden_size", "num_key_value_heads"),
+    let (heads_f, hidden_f, kv_f, layers_f) = match s.family {
+        Family::Gpt2 => ("n_head", "n_embd", "n_head", "n_layer"),
+        _ => (
+            "num_attention_heads",
+            "hidden_size",
+            "num_key_value_heads",
+            "num_hidden_layers",
+        ),
     };
     let fail = |reason: String| {
         Err(ConfigError::Inconsistent {
@@ -178,6 +188,13 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
             reason,
         })
     };
+    if s.layers > MAX_LAYERS {
+        return fail(format!(
+            "{layers_f} = {} is more layers than plait builds (at most {MAX_LAYERS}); check the \
+             field",
+            s.layers
+        ));
+    }
     if !s.hidden.is_multiple_of(s.heads) {
         return fail(format!(
             "{heads_f} = {} does not divide {hidden_f} = {}: the hidden size must be a multiple of the head count",

@@ -206,6 +206,18 @@ pub fn presets() -> Result<Vec<Cluster>, PlanError> {
 }
 
 impl Cluster {
+    /// The name the `cpu` preset and `plait profile`'s cluster files give their device: plait's
+    /// own CPU runtime, one rank per hardware thread.
+    pub const CPU_THREAD: &'static str = "cpu-thread";
+
+    /// Whether the cluster describes plait's CPU runtime (ranks as threads of this machine)
+    /// rather than GPUs.
+    pub fn runs_on_cpu_threads(&self) -> bool {
+        self.gpu.name == Self::CPU_THREAD
+    }
+}
+
+impl Cluster {
     /// A preset by name, or a TOML file by path.
     pub fn load(name_or_path: &str) -> Result<Cluster, PlanError> {
         if let Some((n, src)) = PRESETS.iter().find(|(n, _)| *n == name_or_path) {
