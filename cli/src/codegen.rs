@@ -29,6 +29,8 @@ pub struct CodegenArgs {
 pub struct ShowArgs {
     /// A directory written by `plait codegen`.
     dir: PathBuf,
+    /// The global rank whose program to print (0 to gpus − 1; ranks of one pipeline stage
+    /// share a template and differ only in their groups and shards)
     #[arg(long)]
     rank: u32,
 }

@@ -37,6 +37,16 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A per-GPU FLOP rate at a readable scale: TFLOP/s on GPUs, GFLOP/s for CPU ranks (whose
+/// rates print as 0.0 TFLOP/s otherwise).
+pub fn flop_rate(tflops: f64) -> (f64, &'static str) {
+    if tflops >= 1.0 || tflops == 0.0 {
+        (tflops, "TFLOP/s")
+    } else {
+        (tflops * 1e3, "GFLOP/s")
+    }
+}
+
 fn gib(b: f64) -> String {
     format!("{:.2} GiB", b / (1u64 << 30) as f64)
 }
@@ -88,10 +98,12 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
         "iteration   {:.4} s   ({:.0} tokens/s)",
         p.iteration_time_s, p.tokens_per_s
     );
+    let ((model, unit), (hardware, _)) = (
+        flop_rate(p.model_tflops_per_gpu),
+        flop_rate(p.hardware_tflops_per_gpu),
+    );
     println!(
-        "throughput  {:.1} model TFLOP/s per GPU ({:.1} with recompute), MFU {:.1} %",
-        p.model_tflops_per_gpu,
-        p.hardware_tflops_per_gpu,
+        "throughput  {model:.1} model {unit} per GPU ({hardware:.1} with recompute), MFU {:.1} %",
         100.0 * p.mfu
     );
     let t = &p.time;

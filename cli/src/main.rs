@@ -30,8 +30,11 @@ const EXIT_BAD_INPUT: u8 = 2;
     version,
     about = "Plan, compile and run parallel training of large models",
     long_about = "plait imports a model (a Hugging Face config.json, an ONNX file, or a built-in zoo \
-name), lowers it to a typed tensor-graph IR with autodiff, and (in later stages) searches the \
-fastest way to train it on a cluster.\n\nStart with `plait models` and `plait inspect gpt2`."
+name), lowers it to a typed tensor-graph IR with autodiff, searches the fastest way to train it on \
+a cluster that fits in memory (`compile`), explains the plan (`report`), generates and verifies one \
+program per rank (`codegen`), trains it on CPU ranks (`run`) or writes it as the launch of \
+Megatron-LM, torchtitan or DeepSpeed (`export`).\n\nStart with `plait models`, `plait inspect \
+gpt2` and `plait compile llama3-8b --cluster dgx-h100 --gpus 8 --global-batch 128`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -68,7 +71,27 @@ enum Command {
     Profile(profile::ProfileArgs),
 }
 
+/// A reader that stops early (`plait compile … | head`) closes stdout, and what is left to
+/// print has nowhere to go: not an error (`println!` would panic on it), so plait ends quietly,
+/// as `head`'s other writers do.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.contains("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),

@@ -10,6 +10,15 @@ pub enum Switch {
     Off,
 }
 
+/// A count of at least one (`--gpus 0` says so, not clap's `not in 1..18446744073709551615`).
+fn at_least_one(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a whole number")),
+    }
+}
+
 /// A positive token count, in plain or scientific notation (`300e9`).
 pub(crate) fn parse_tokens(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -26,17 +35,17 @@ pub struct ClusterArgs {
     #[arg(long)]
     pub cluster: String,
     /// Number of GPUs to use.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = at_least_one)]
     pub gpus: u64,
     /// Sequences per iteration, over all data-parallel replicas.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = at_least_one)]
     pub global_batch: u64,
     /// Tokens to train on (e.g. 300e9): adds days, GPU-hours, energy (board power x GPUs x
     /// time x the cluster's PUE) and, with a price in the cluster file, cost.
     #[arg(long, value_parser = parse_tokens)]
     pub train_tokens: Option<f64>,
     /// Sequence length (default: the model's context length, at most 4096).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = at_least_one)]
     pub seq: Option<u64>,
 }
 
@@ -54,22 +63,26 @@ pub struct StrategyArgs {
     /// Sequences per micro-batch.
     #[arg(long)]
     pub micro_batch: Option<u64>,
-    /// ZeRO stage 0-3 [default: 0].
+    /// ZeRO stage 0-3 (compile: searched unless given; estimate: 0 unless given).
     #[arg(long)]
     pub zero: Option<u8>,
-    /// Activation recomputation: none, selective or full [default: none].
+    /// Activation recomputation: none, selective or full (compile: searched unless given;
+    /// estimate: none unless given).
     #[arg(long)]
     pub recompute: Option<Recompute>,
-    /// Pipeline schedule: gpipe, 1f1b or interleaved [default: 1f1b].
+    /// Pipeline schedule: gpipe, 1f1b or interleaved (compile: searched unless given;
+    /// estimate: 1f1b unless given).
     #[arg(long)]
     pub schedule: Option<Schedule>,
-    /// Model chunks per device for the interleaved schedule [default: 1, or 2 when interleaved].
+    /// Model chunks per device for the interleaved schedule (compile: searched unless given;
+    /// estimate: 2 when interleaved).
     #[arg(long)]
     pub virtual_stages: Option<u32>,
-    /// Sequence parallelism (with tensor parallelism) [default: off].
+    /// Sequence parallelism (with tensor parallelism) (compile: searched unless given;
+    /// estimate: off unless given).
     #[arg(long)]
     pub sequence_parallel: Option<Switch>,
-    /// Numeric precision: fp32, bf16, fp16 or fp8 [default: bf16].
+    /// Numeric precision: fp32, bf16, fp16 or fp8 (default: bf16 on GPUs that have it).
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Attention kernel: fused (FlashAttention, what GPU training stacks run) or materialized

@@ -290,3 +290,24 @@ fn absurd_layer_count() {
     );
     assert!(t.elapsed().as_secs_f64() < 5.0, "took {:?}", t.elapsed());
 }
+
+/// `--gpus 0` names the rule, not clap's range of a u64.
+#[test]
+fn zero_gpus() {
+    let (code, err) = plait(&[
+        "compile",
+        "gpt2",
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "0",
+        "--global-batch",
+        "8",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--gpus") && err.contains("must be at least 1"),
+        "{err}"
+    );
+    assert!(!err.contains("18446744073709551615"), "{err}");
+}

@@ -82,10 +82,11 @@ fn write_page(o: &mut String, r: &Report) -> std::fmt::Result {
     )?;
     writeln!(
         o,
-        "<p>Predicted {} per iteration ({:.0} tokens/s), {:.1} model TFLOP/s per GPU, MFU {:.1} %, bubble {:.1} %, peak memory {} of {}.</p>",
+        "<p>Predicted {} per iteration ({:.0} tokens/s), {:.1} model {} per GPU, MFU {:.1} %, bubble {:.1} %, peak memory {} of {}.</p>",
         secs(p.iteration_time_s),
         p.tokens_per_s,
-        p.model_tflops_per_gpu,
+        crate::estimate::flop_rate(p.model_tflops_per_gpu).0,
+        crate::estimate::flop_rate(p.model_tflops_per_gpu).1,
         100.0 * p.mfu,
         100.0 * p.bubble_fraction,
         size(p.peak_memory_bytes),

@@ -61,11 +61,13 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         secs(p.iteration_time_s),
         p.tokens_per_s
     )?;
+    let ((model, unit), (hardware, _)) = (
+        crate::estimate::flop_rate(p.model_tflops_per_gpu),
+        crate::estimate::flop_rate(p.hardware_tflops_per_gpu),
+    );
     writeln!(
         o,
-        "            {:.1} model TFLOP/s per GPU ({:.1} with recompute), MFU {:.1} %",
-        p.model_tflops_per_gpu,
-        p.hardware_tflops_per_gpu,
+        "            {model:.1} model {unit} per GPU ({hardware:.1} with recompute), MFU {:.1} %",
         100.0 * p.mfu
     )?;
     if let Some(t) = &p.training {
