@@ -311,3 +311,68 @@ fn zero_gpus() {
     );
     assert!(!err.contains("18446744073709551615"), "{err}");
 }
+
+/// A pin no strategy can satisfy names the rule it breaks and the flags involved.
+#[test]
+fn impossible_pins_name_the_rule() {
+    for (pins, want) in [
+        (&["--tp", "3"][..], "--tp 3 does not divide --gpus 8"),
+        (
+            &["--tp", "8", "--pp", "1"][..],
+            "--tp 8 does not divide the model's 12 attention heads",
+        ),
+        (
+            &["--dp", "8", "--micro-batch", "1", "--global-batch", "100"][..],
+            "--global-batch 100 is not divisible by dp 8",
+        ),
+        (&["--pp", "13"][..], "--pp 13 exceeds the model's 12 layers"),
+    ] {
+        let mut args = vec![
+            "compile",
+            "gpt2",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            "8",
+        ];
+        if !pins.contains(&"--global-batch") {
+            args.extend(["--global-batch", "64"]);
+        }
+        args.extend(pins);
+        expect_error(&args, &[want]);
+    }
+}
+
+/// Out of memory, the advice is the smallest GPU count that does fit (a search, not the model
+/// states' bound): Mixtral 8x7B does not fit on 8 H100 and the advice is 16, on which it fits.
+#[test]
+fn out_of_memory_advises_a_count_that_fits() {
+    let args = [
+        "compile",
+        "mixtral-8x7b",
+        "--cluster",
+        "dgx-h100",
+        "--global-batch",
+        "64",
+        "--gpus",
+    ];
+    let (code, err) = plait(&[&args[..], &["8"]].concat());
+    assert_eq!(code, 2, "{err}");
+    let advised = err
+        .split("use ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no GPU count advised: {err}"));
+    assert!(advised > 8, "{err}");
+    let n = advised.to_string();
+    let fits = Command::new(env!("CARGO_BIN_EXE_plait"))
+        .args([&args[..], &[n.as_str()]].concat())
+        .output()
+        .expect("plait runs");
+    assert!(
+        fits.status.success(),
+        "{advised} GPUs do not fit: {}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
+}

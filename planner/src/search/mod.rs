@@ -361,12 +361,75 @@ fn gib(b: f64) -> f64 {
     b / (1u64 << 30) as f64
 }
 
-/// Searches the space; `Err(Infeasible)` when no candidate fits.
+/// The first rule the pinned degrees break, named with the flags that break it.
+fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
+    let p = &req.pins;
+    let (gpus, batch) = (req.gpus, req.global_batch);
+    let tp = p.tp.map(u64::from);
+    let pp = p.pp.map(u64::from);
+    if let Some(t) = tp {
+        if !gpus.is_multiple_of(t) {
+            return Some(format!("--tp {t} does not divide --gpus {gpus}"));
+        }
+        if !info.heads.is_multiple_of(t) {
+            return Some(format!(
+                "--tp {t} does not divide the model's {} attention heads",
+                info.heads
+            ));
+        }
+    }
+    if let Some(q) = pp {
+        if q > u64::from(info.layers) {
+            return Some(format!(
+                "--pp {q} exceeds the model's {} layers",
+                info.layers
+            ));
+        }
+        if !(gpus / tp.unwrap_or(1)).is_multiple_of(q) {
+            return Some(format!(
+                "--pp {q} does not divide the {} GPUs left by tp {}",
+                gpus / tp.unwrap_or(1),
+                tp.unwrap_or(1)
+            ));
+        }
+    }
+    if let (Some(t), Some(q), Some(d)) = (tp, pp, p.dp.map(u64::from))
+        && t * q * d != gpus
+    {
+        return Some(format!(
+            "--tp {t} x --pp {q} x --dp {d} = {} GPUs, not --gpus {gpus}",
+            t * q * d
+        ));
+    }
+    if let Some(d) = p.dp.map(u64::from)
+        && !batch.is_multiple_of(d * p.micro_batch.unwrap_or(1))
+    {
+        return Some(format!(
+            "--global-batch {batch} is not divisible by dp {d} x micro-batch {} = {}",
+            p.micro_batch.unwrap_or(1),
+            d * p.micro_batch.unwrap_or(1)
+        ));
+    }
+    None
+}
+
+/// Searches the space; `Err(Infeasible)` when no candidate fits, with advice that includes
+/// the smallest GPU count that does.
 pub fn search(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
     req: &SearchRequest,
     progress: Progress<'_>,
+) -> Result<Result<SearchResult, Infeasible>, PlanError> {
+    search_with(info, cluster, req, progress, true)
+}
+
+fn search_with(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    req: &SearchRequest,
+    progress: Progress<'_>,
+    advise_gpus: bool,
 ) -> Result<Result<SearchResult, Infeasible>, PlanError> {
     let start = Instant::now();
     let all = candidates(info, cluster, req);
@@ -374,11 +437,14 @@ pub fn search(
         let p = &req.pins;
         let pinned = p.tp.is_some() || p.pp.is_some() || p.dp.is_some() || p.micro_batch.is_some();
         return Err(PlanError::invalid(if pinned {
-            format!(
-                "no strategy satisfies the pins for {} GPUs and global batch {} (check that tp x \
-                 pp x dp = --gpus, that tp divides the {} heads, and that dp divides the batch)",
-                req.gpus, req.global_batch, info.heads
-            )
+            broken_pin(info, req).unwrap_or_else(|| {
+                format!(
+                    "no strategy satisfies the pins for {} GPUs and global batch {} (check that \
+                     tp x pp x dp = --gpus, that tp divides the {} heads, and that dp divides \
+                     the batch)",
+                    req.gpus, req.global_batch, info.heads
+                )
+            })
         } else {
             format!(
                 "{} GPUs cannot be split as tp x pp x dp for this model and global batch {}: tp \
@@ -425,7 +491,29 @@ pub fn search(
         {
             return Err(err);
         }
-        return Ok(Err(infeasible(info, cluster, req, closest)));
+        let mut inf = infeasible(info, cluster, req, closest);
+        if let Some((gpus, best)) = advise_gpus
+            .then(|| smallest_fitting_cluster(info, cluster, req))
+            .flatten()
+        {
+            let st = &best.strategy;
+            inf.suggestions[0] = format!(
+                "use {gpus} GPUs: the smallest count plait finds a plan for (tp {} pp {} dp {}{}, \
+                 ZeRO-{}, recompute {}, {:.2} s per iteration)",
+                st.tp,
+                st.pp,
+                st.dp,
+                if st.cp > 1 {
+                    format!(" cp {}", st.cp)
+                } else {
+                    String::new()
+                },
+                st.zero,
+                st.recompute,
+                best.predicted.iteration_time_s
+            );
+        }
+        return Ok(Err(inf));
     }
     // Rebalance the stage split of the most promising candidates, then rank.
     fitting.sort_by(|a, b| {
@@ -563,6 +651,43 @@ fn differs(a: &Strategy, b: &Strategy) -> String {
 }
 
 /// What would make a model fit, given the closest candidate.
+/// The smallest GPU count that fits, tried in whole nodes from what the model states need
+/// (then doubling, six counts at most): real advice, where the states bound alone ignores
+/// activations and how the degrees must divide.
+fn smallest_fitting_cluster(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    req: &SearchRequest,
+) -> Option<(u64, Estimate)> {
+    let precision = req
+        .pins
+        .precision
+        .unwrap_or_else(|| default_precision(cluster));
+    let per_param = precision.weight_bytes() + precision.grad_bytes() + precision.optimizer_bytes();
+    let usable = (cluster.memory_bytes() - RESERVE_BYTES).max(1.0);
+    let states = (info.params() as f64 * per_param / usable).ceil() as u64;
+    let node = u64::from(cluster.gpus_per_node).max(1);
+    let mut gpus = states.max(req.gpus + 1).div_ceil(node) * node;
+    for _ in 0..6 {
+        if cluster
+            .max_nodes
+            .is_some_and(|m| gpus > u64::from(m) * node)
+        {
+            return None;
+        }
+        let larger = SearchRequest {
+            gpus,
+            top_k: 0,
+            ..req.clone()
+        };
+        if let Ok(Ok(r)) = search_with(info, cluster, &larger, &mut |_, _| {}, false) {
+            return Some((gpus, r.best));
+        }
+        gpus *= 2;
+    }
+    None
+}
+
 fn infeasible(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
