@@ -235,15 +235,31 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         if rank != 0 {
             return;
         }
-        let line = format!(
+        let mut lines = Vec::new();
+        if let (Some((from, secs)), Some(dir)) = (s.resumed, &args.checkpoint_dir) {
+            lines.push(format!(
+                "resumed     from step {from} of the latest checkpoint in {} ({secs:.2} s to load)",
+                dir.display()
+            ));
+        }
+        lines.push(format!(
             "step {:>5}  loss {:.6}  {:>9.0} tokens/s  {:.3} s",
             s.step, s.loss, s.tokens_per_s, s.seconds
-        );
+        ));
+        if let (Some(secs), Some(dir)) = (s.checkpoint_s, &args.checkpoint_dir) {
+            lines.push(format!(
+                "checkpoint  step {} written to {} ({secs:.2} s)",
+                s.step,
+                dir.display()
+            ));
+        }
         // A bar not drawn (no terminal) prints nothing; the steps still go to stdout.
-        if bar.is_hidden() {
-            println!("{line}");
-        } else {
-            bar.println(line);
+        for line in lines {
+            if bar.is_hidden() {
+                println!("{line}");
+            } else {
+                bar.println(line);
+            }
         }
         bar.inc(1);
         if let Some(f) = &log {

@@ -62,6 +62,11 @@ pub struct StepLog {
     pub seconds: f64,
     /// Tokens of the global batch per second.
     pub tokens_per_s: f64,
+    /// Seconds spent writing the checkpoint taken after this step, if one was.
+    pub checkpoint_s: Option<f64>,
+    /// On a resumed run's first step: the step its checkpoint was taken at and the seconds
+    /// loading it took.
+    pub resumed: Option<(u64, f64)>,
 }
 
 /// One rank's result.
@@ -93,12 +98,15 @@ pub fn train_rank<B: Backend, C: Communicator>(
     if let Some(c) = &opts.checkpoint {
         checkpoint::check_writable(&c.dir, ex.rank())?;
     }
+    let mut resumed = None;
     match &opts.checkpoint {
         Some(c) if c.resume => {
+            let t0 = Instant::now();
             let l = checkpoint::load_latest(&c.dir, &set.params)?;
             ex.init(&Init::Weights(l.weights))?;
             ex.load_moments(&l.m, &l.v)?;
             ex.set_steps(l.step);
+            resumed = Some((l.step, t0.elapsed().as_secs_f64()));
         }
         _ => ex.init(&opts.init)?,
     }
@@ -117,6 +125,14 @@ pub fn train_rank<B: Backend, C: Communicator>(
         let loss = ex.step(&batch)?;
         let seconds = t0.elapsed().as_secs_f64();
         losses.push(loss);
+        let mut checkpoint_s = None;
+        if let Some(c) = &opts.checkpoint
+            && ((c.every > 0 && step.is_multiple_of(c.every)) || step == opts.steps)
+        {
+            let t0 = Instant::now();
+            save(&ex, set, &c.dir, step)?;
+            checkpoint_s = Some(t0.elapsed().as_secs_f64());
+        }
         on_step(
             ex.rank(),
             StepLog {
@@ -124,13 +140,10 @@ pub fn train_rank<B: Backend, C: Communicator>(
                 loss,
                 seconds,
                 tokens_per_s: (rows * seq) as f64 / seconds.max(1e-9),
+                checkpoint_s,
+                resumed: resumed.take(),
             },
         );
-        if let Some(c) = &opts.checkpoint
-            && ((c.every > 0 && step.is_multiple_of(c.every)) || step == opts.steps)
-        {
-            save(&ex, set, &c.dir, step)?;
-        }
     }
     Ok(RankOutcome {
         losses,

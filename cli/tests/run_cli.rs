@@ -1,5 +1,6 @@
-//! A plan for a GPU cluster is never trained silently on CPU threads: `plait run` exits 2 with
-//! a message naming the GPUs and what to do, unless `--on-cpu` asks for exactly that.
+//! `plait run` says what it does: a plan for a GPU cluster is never trained silently on CPU
+//! threads (exit 2 naming the GPUs, unless `--on-cpu`), and checkpoints report what they wrote
+//! and loaded.
 
 mod common;
 
@@ -41,4 +42,31 @@ fn a_gpu_plan_is_refused_on_cpu_threads_unless_asked() {
     let (code, out, err) = plait(&["run", &p, "--steps", "1", "--on-cpu"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.lines().any(|l| l.starts_with("step ")), "{out}");
+}
+
+/// Checkpoints say what was written and loaded, and how long it took.
+#[test]
+fn checkpoints_say_what_they_wrote_and_loaded() {
+    let d = dir("run-checkpoint");
+    let ckpt = d.join("ckpt");
+    let c = ckpt.to_string_lossy().to_string();
+    let (code, out, err) = plait(&[
+        "run",
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        &c,
+        "--checkpoint-every",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for step in [1, 2] {
+        let want = format!("checkpoint  step {step} written to {c}");
+        assert!(out.contains(&want), "{want} missing:\n{out}");
+    }
+    let (code, out, err) = plait(&["run", "--steps", "3", "--checkpoint-dir", &c, "--resume"]);
+    assert_eq!(code, 0, "{err}");
+    let want = format!("resumed     from step 2 of the latest checkpoint in {c}");
+    assert!(out.contains(&want), "{want} missing:\n{out}");
+    assert!(out.contains("step     3"), "{out}");
 }
