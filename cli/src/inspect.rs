@@ -35,7 +35,11 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
         let s = summarize(&m.graph, m.binding);
         serde_json::to_string_pretty(&s)? + "\n"
     } else {
-        summary_text(&m.graph, m.binding)
+        let mut t = summary_text(&m.graph, m.binding);
+        for note in &m.notes {
+            t += &format!("note             {note}\n");
+        }
+        t
     };
     emit(&text)
 }

@@ -100,7 +100,7 @@ fn unsupported_model_type() {
         &[
             &ps,
             "model_type \"bert\" is not supported",
-            "gpt2, llama, mixtral",
+            "gpt2, llama, mistral, mixtral",
         ],
     );
 }

@@ -117,3 +117,23 @@ fn ir_flag_prints_the_text_form() {
     let g = ir::text::parse(&text).expect("--ir output parses");
     assert_eq!(g.param_count(), 124_439_808);
 }
+
+/// A Mistral config inspects as the Llama architecture it is, and says that its sliding window
+/// is modelled as full attention.
+#[test]
+fn mistral_says_what_it_approximates() {
+    let dir = std::env::temp_dir().join(format!("plait-inspect-mistral-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let p = dir.join("config.json");
+    std::fs::write(
+        &p,
+        r#"{"model_type":"mistral","hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":32000,"sliding_window":4096}"#,
+    )
+    .expect("write");
+    let out = plait(&["inspect", &p.to_string_lossy()]);
+    assert!(out.contains("7241732096"), "{out}");
+    assert!(
+        out.contains("note             sliding_window 4096 is modelled as full causal attention"),
+        "{out}"
+    );
+}

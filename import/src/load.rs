@@ -52,6 +52,8 @@ pub struct LoadedModel {
     /// `None` for configs and the zoo, which describe shapes only.
     pub weights: Option<Weights>,
     pub source: Source,
+    /// What the file asks for that plait models more simply ([`hf::approximations`]).
+    pub notes: Vec<String>,
 }
 
 /// Why a model could not be loaded.
@@ -158,7 +160,11 @@ fn load_config(path: &Path, batch: u64, seq: Option<u64>) -> Result<LoadedModel,
     let source = Source::Config {
         path: path.to_path_buf(),
     };
-    from_spec(&spec, batch, seq, source)
+    let mut m = from_spec(&spec, batch, seq, source)?;
+    m.notes = std::fs::read_to_string(path)
+        .map(|t| hf::approximations(&t))
+        .unwrap_or_default();
+    Ok(m)
 }
 
 fn from_spec(
@@ -189,6 +195,7 @@ fn from_spec(
         binding: Binding { batch, seq },
         weights: None,
         source,
+        notes: Vec::new(),
     })
 }
 
@@ -226,6 +233,7 @@ fn load_onnx(path: &Path, batch: u64, seq: Option<u64>) -> Result<LoadedModel, E
             path: path.to_path_buf(),
             opset: imported.opset,
         },
+        notes: Vec::new(),
     })
 }
 

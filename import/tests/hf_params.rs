@@ -76,3 +76,34 @@ fn every_zoo_graph_builds_with_tagged_layers() {
         assert_eq!(g.param_count(), spec.param_count(), "{}", spec.name);
     }
 }
+
+#[test]
+fn mistral_7b_has_7_24b_parameters() {
+    // mistralai/Mistral-7B-v0.1: 7,241,732,096 parameters (its safetensors index: 14,483,464,192
+    // bytes of bf16). Llama's architecture with grouped-query attention and a sliding window.
+    let text = r#"{"model_type":"mistral","hidden_size":4096,"intermediate_size":14336,
+        "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,
+        "vocab_size":32000,"max_position_embeddings":32768,"rms_norm_eps":1e-05,
+        "rope_theta":10000.0,"sliding_window":4096,"tie_word_embeddings":false}"#;
+    let spec = parse(text);
+    assert_eq!(graph_params(&spec), 7_241_732_096);
+    let notes = hf::approximations(text);
+    assert!(
+        notes.iter().any(|n| n.contains("sliding_window 4096")),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn an_explicit_head_size_that_differs_is_refused_by_name() {
+    // Mistral-Nemo: head_dim 128 with hidden 5120 and 32 heads (5120 / 32 = 160).
+    let e = hf::parse_config(
+        r#"{"model_type":"mistral","hidden_size":5120,"intermediate_size":14336,
+            "num_hidden_layers":40,"num_attention_heads":32,"num_key_value_heads":8,
+            "head_dim":128,"vocab_size":131072}"#,
+        Path::new("config.json"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("head_dim = 128") && e.contains("160"), "{e}");
+}

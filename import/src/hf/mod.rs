@@ -13,7 +13,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, ModelSpec};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 3] = ["gpt2", "llama", "mixtral"];
+pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["gpt2", "llama", "mistral", "mixtral"];
 
 /// Reads and interprets a `config.json` file.
 pub fn read_config(path: &Path) -> Result<ModelSpec, ConfigError> {
@@ -84,6 +84,17 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
             name,
             Family::Llama,
         )?,
+        // Mistral is Llama's architecture (its sliding window is modelled as full attention:
+        // `approximations`).
+        "mistral" => llama(
+            Fields {
+                model_type: "mistral",
+                required: "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size",
+                ..fields
+            },
+            name,
+            Family::Llama,
+        )?,
         "mixtral" => llama(
             Fields {
                 model_type: "mixtral",
@@ -131,14 +142,32 @@ fn gpt2(f: Fields<'_>, name: String) -> Result<ModelSpec, ConfigError> {
 fn llama(f: Fields<'_>, name: String, family: Family) -> Result<ModelSpec, ConfigError> {
     let heads = f.positive("num_attention_heads")?;
     let mixtral = family == Family::Mixtral;
+    // transformers' defaults: LlamaConfig 2048, MixtralConfig 4096 × 32, MistralConfig 4096 × 32.
     let max_positions = f
         .opt_positive("max_position_embeddings")?
-        .unwrap_or(if mixtral { 32768 } else { 2048 });
+        .unwrap_or(match f.model_type {
+            "mixtral" | "mistral" => 4096 * 32,
+            _ => 2048,
+        });
+    let hidden = f.positive("hidden_size")?;
+    if let Some(d) = f.opt_positive("head_dim")?
+        && d * heads != hidden
+    {
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!(
+                "head_dim = {d} differs from hidden_size / num_attention_heads = {}: plait's \
+                 attention takes its head size from those two (an explicit head size is not \
+                 supported yet)",
+                hidden / heads
+            ),
+        });
+    }
     Ok(ModelSpec {
         name,
         family,
         layers: f.positive("num_hidden_layers")?,
-        hidden: f.positive("hidden_size")?,
+        hidden,
         heads,
         kv_heads: f.opt_positive("num_key_value_heads")?.unwrap_or(heads),
         ffn: f.positive("intermediate_size")?,
@@ -164,6 +193,28 @@ fn llama(f: Fields<'_>, name: String, family: Family) -> Result<ModelSpec, Confi
         default_seq: max_positions.min(4096),
         dropout: 0.0,
     })
+}
+
+/// What a config asks for that plait models more simply, one sentence each (`plait inspect`
+/// prints them): a sliding attention window is modelled as full causal attention, rope scaling
+/// as plain rotary embeddings.
+pub fn approximations(text: &str) -> Vec<String> {
+    let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text) else {
+        return Vec::new();
+    };
+    let mut notes = Vec::new();
+    if let Some(w) = obj.get("sliding_window").filter(|v| !v.is_null()) {
+        notes.push(format!(
+            "sliding_window {w} is modelled as full causal attention (an upper bound on its \
+             attention time and memory)"
+        ));
+    }
+    if let Some(r) = obj.get("rope_scaling").filter(|v| !v.is_null()) {
+        notes.push(format!(
+            "rope_scaling {r} is modelled as plain rotary embeddings (the same shapes and FLOPs)"
+        ));
+    }
+    notes
 }
 
 /// The most layers a config may ask for. plait's IR holds every layer (a verifier checks
