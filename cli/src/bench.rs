@@ -64,6 +64,7 @@ fn spec(r: &Sc21Row) -> ModelSpec {
     ModelSpec {
         name: r.model.clone(),
         family: Family::Gpt2,
+        variant: Default::default(),
         layers: r.layers,
         hidden: r.hidden,
         heads: r.heads,
@@ -154,6 +155,7 @@ fn modern_spec(r: &planner::modern_runs::ModernRow) -> ModelSpec {
     ModelSpec {
         name: r.model.clone(),
         family: if gpt { Family::Gpt2 } else { Family::Llama },
+        variant: Default::default(),
         layers: r.layers,
         hidden: r.hidden,
         heads: r.heads,

@@ -89,6 +89,16 @@ fn check(r: &Report) -> anyhow::Result<()> {
     )
 }
 
+/// [`check`], printing the memory rows first when it fails, so a memory violation shows what
+/// the program holds at its peak.
+fn check_showing_memory(r: &Report) -> anyhow::Result<()> {
+    if r.violations.is_empty() {
+        return Ok(());
+    }
+    print_report(r);
+    check(r)
+}
+
 pub fn run_codegen(args: &CodegenArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let plan = crate::plan_file::read(&args.plan)?;
@@ -100,7 +110,7 @@ pub fn run_codegen(args: &CodegenArgs) -> anyhow::Result<()> {
             memory_tolerance: Some(MEMORY_TOLERANCE),
         },
     );
-    check(&report)?;
+    check_showing_memory(&report)?;
     // Exported (and verified) before anything is written, so a build without MLIR fails early.
     let modules = if args.mlir {
         Some(codegen::mlir::export(&set)?)

@@ -53,6 +53,11 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
         x = b.op(OpKind::Add, vec![x, pe])?;
         x = b.dropout(spec, x)?;
     }
+    if spec.variant.embed_scale {
+        // Gemma multiplies the embedding by sqrt(hidden) (its `normalizer`).
+        let factor = (h as f64).sqrt();
+        x = b.op(OpKind::Scale { factor }, vec![x])?;
+    }
     for layer in 0..spec.layers {
         b.layer = Some(layer as u32);
         x = match spec.family {
@@ -70,7 +75,13 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
     } else {
         b.param(head_name, &[h, v])
     };
-    let logits = b.op(OpKind::Linear { bias: false }, vec![x, head])?;
+    let mut logits = b.op(OpKind::Linear { bias: false }, vec![x, head])?;
+    if let Some(cap) = spec.variant.final_softcap {
+        // Gemma 2: cap · tanh(logits / cap).
+        let scaled = b.op(OpKind::Scale { factor: 1.0 / cap }, vec![logits])?;
+        let squashed = b.op(OpKind::Tanh, vec![scaled])?;
+        logits = b.op(OpKind::Scale { factor: cap }, vec![squashed])?;
+    }
     let loss = b.op(OpKind::CrossEntropy, vec![logits, targets])?;
     b.g.add_output("logits", logits);
     b.g.add_output("loss", loss);
@@ -180,63 +191,158 @@ impl Builder {
     }
 
     fn llama_layer(&mut self, spec: &ModelSpec, i: u64, x: ValueId) -> Result<ValueId, BuildError> {
-        let (h, f) = (spec.hidden, spec.ffn);
-        let kv = spec.kv_heads * spec.head_dim();
+        let h = spec.hidden;
+        let var = &spec.variant;
         let p = format!("model.layers.{i}");
         let a = self.rmsnorm(&format!("{p}.input_layernorm.weight"), spec, x)?;
-        let q = self.linear(&format!("{p}.self_attn.q_proj"), a, h, h, false)?;
-        let k = self.linear(&format!("{p}.self_attn.k_proj"), a, h, kv, false)?;
-        let v = self.linear(&format!("{p}.self_attn.v_proj"), a, h, kv, false)?;
-        let q = self.op(
-            OpKind::Rotary {
-                heads: spec.heads,
-                theta: spec.rope_theta,
-            },
-            vec![q],
-        )?;
-        let k = self.op(
-            OpKind::Rotary {
-                heads: spec.kv_heads,
-                theta: spec.rope_theta,
-            },
-            vec![k],
-        )?;
+        let (q, k, v) = self.qkv(spec, &p, a)?;
+        let (q, k) = if var.qk_norm {
+            let q = self.head_norm(&format!("{p}.self_attn.q_norm.weight"), spec, q, spec.heads)?;
+            let k = self.head_norm(
+                &format!("{p}.self_attn.k_norm.weight"),
+                spec,
+                k,
+                spec.kv_heads,
+            )?;
+            (q, k)
+        } else {
+            (q, k)
+        };
+        let q = self.rotary(spec, q, spec.heads)?;
+        let k = self.rotary(spec, k, spec.kv_heads)?;
+        let scale_base = var.query_scale.unwrap_or(spec.head_dim() as f64);
         let attn = self.op(
             OpKind::Attention {
                 heads: spec.heads,
                 kv_heads: spec.kv_heads,
-                scale: 1.0 / (spec.head_dim() as f64).sqrt(),
+                scale: 1.0 / scale_base.sqrt(),
                 causal: true,
             },
             vec![q, k, v],
         )?;
-        let o = self.linear(&format!("{p}.self_attn.o_proj"), attn, h, h, false)?;
+        let mut o = self.linear(
+            &format!("{p}.self_attn.o_proj"),
+            attn,
+            spec.q_width(),
+            h,
+            false,
+        )?;
+        if var.sandwich_norms {
+            o = self.rmsnorm(&format!("{p}.post_attention_layernorm.weight"), spec, o)?;
+        }
         let x = self.op(OpKind::Add, vec![x, o])?;
-        let m = self.rmsnorm(&format!("{p}.post_attention_layernorm.weight"), spec, x)?;
-        let y = if spec.family == Family::Mixtral {
-            let e = spec.experts;
-            let router = self.param(&format!("{p}.block_sparse_moe.gate.weight"), &[h, e]);
-            let gates = self.op(
-                OpKind::TopKRouter {
-                    experts: e,
-                    k: spec.experts_per_token,
-                },
-                vec![m, router],
-            )?;
-            let w1 = self.param(&format!("{p}.block_sparse_moe.experts.w1"), &[e, h, f]);
-            let w3 = self.param(&format!("{p}.block_sparse_moe.experts.w3"), &[e, h, f]);
-            let w2 = self.param(&format!("{p}.block_sparse_moe.experts.w2"), &[e, f, h]);
-            self.op(
-                OpKind::MoeExperts { experts: e },
-                vec![m, gates, w1, w3, w2],
-            )?
+        let pre_mlp = if var.sandwich_norms {
+            "pre_feedforward_layernorm"
         } else {
-            let gate = self.linear(&format!("{p}.mlp.gate_proj"), m, h, f, false)?;
-            let up = self.linear(&format!("{p}.mlp.up_proj"), m, h, f, false)?;
-            let act = self.op(OpKind::Silu, vec![gate])?;
-            let prod = self.op(OpKind::Mul, vec![act, up])?;
-            self.linear(&format!("{p}.mlp.down_proj"), prod, f, h, false)?
+            "post_attention_layernorm"
         };
+        let m = self.rmsnorm(&format!("{p}.{pre_mlp}.weight"), spec, x)?;
+        let mut y = if spec.family == Family::Mixtral {
+            self.moe(spec, &p, m)?
+        } else {
+            self.gated_mlp(spec, &format!("{p}.mlp"), m, spec.ffn)?
+        };
+        if var.sandwich_norms {
+            y = self.rmsnorm(&format!("{p}.post_feedforward_layernorm.weight"), spec, y)?;
+        }
         self.op(OpKind::Add, vec![x, y])
+    }
+
+    /// The query, key and value projections (with biases in Qwen2).
+    fn qkv(
+        &mut self,
+        spec: &ModelSpec,
+        p: &str,
+        a: ValueId,
+    ) -> Result<(ValueId, ValueId, ValueId), BuildError> {
+        let (h, q_w) = (spec.hidden, spec.q_width());
+        let kv = spec.kv_heads * spec.head_dim();
+        let bias = spec.variant.qkv_bias;
+        let q = self.linear(&format!("{p}.self_attn.q_proj"), a, h, q_w, bias)?;
+        let k = self.linear(&format!("{p}.self_attn.k_proj"), a, h, kv, bias)?;
+        let v = self.linear(&format!("{p}.self_attn.v_proj"), a, h, kv, bias)?;
+        Ok((q, k, v))
+    }
+
+    fn rotary(&mut self, spec: &ModelSpec, x: ValueId, heads: u64) -> Result<ValueId, BuildError> {
+        self.op(
+            OpKind::Rotary {
+                heads,
+                theta: spec.rope_theta,
+            },
+            vec![x],
+        )
+    }
+
+    /// RMSNorm over each head of `x[B, S, heads·d]` with one weight of size d (Qwen3's q_norm
+    /// and k_norm): viewed as `[B, S, heads, d]`, normalized along d, viewed back.
+    fn head_norm(
+        &mut self,
+        name: &str,
+        spec: &ModelSpec,
+        x: ValueId,
+        heads: u64,
+    ) -> Result<ValueId, BuildError> {
+        let d = spec.head_dim();
+        let (b, s) = (Dim::Sym(Sym::Batch), Dim::Sym(Sym::Seq));
+        let split = vec![b, s, Dim::Fixed(heads), Dim::Fixed(d)];
+        let heads_view = self.op(OpKind::Reshape { shape: split }, vec![x])?;
+        let g = self.param(name, &[d]);
+        let normed = self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![heads_view, g])?;
+        let flat = vec![b, s, Dim::Fixed(heads * d)];
+        self.op(OpKind::Reshape { shape: flat }, vec![normed])
+    }
+
+    /// A gated MLP: act(x·gate) ⊙ (x·up), then ·down; the gate's activation is SiLU (SwiGLU)
+    /// or GELU-tanh (GeGLU).
+    fn gated_mlp(
+        &mut self,
+        spec: &ModelSpec,
+        p: &str,
+        m: ValueId,
+        f: u64,
+    ) -> Result<ValueId, BuildError> {
+        let h = spec.hidden;
+        let gate = self.linear(&format!("{p}.gate_proj"), m, h, f, false)?;
+        let up = self.linear(&format!("{p}.up_proj"), m, h, f, false)?;
+        let act = if spec.variant.gelu_gate {
+            self.op(OpKind::Gelu { tanh: true }, vec![gate])?
+        } else {
+            self.op(OpKind::Silu, vec![gate])?
+        };
+        let prod = self.op(OpKind::Mul, vec![act, up])?;
+        self.linear(&format!("{p}.down_proj"), prod, f, h, false)
+    }
+
+    /// Top-k routed SwiGLU experts (Mixtral, Qwen-MoE), plus Qwen2-MoE's gated shared expert.
+    fn moe(&mut self, spec: &ModelSpec, p: &str, m: ValueId) -> Result<ValueId, BuildError> {
+        let (h, f, e) = (spec.hidden, spec.ffn, spec.experts);
+        let moe = match spec.model_type() {
+            "mixtral" => "block_sparse_moe",
+            _ => "mlp",
+        };
+        let router = self.param(&format!("{p}.{moe}.gate.weight"), &[h, e]);
+        let gates = self.op(
+            OpKind::TopKRouter {
+                experts: e,
+                k: spec.experts_per_token,
+            },
+            vec![m, router],
+        )?;
+        let w1 = self.param(&format!("{p}.{moe}.experts.w1"), &[e, h, f]);
+        let w3 = self.param(&format!("{p}.{moe}.experts.w3"), &[e, h, f]);
+        let w2 = self.param(&format!("{p}.{moe}.experts.w2"), &[e, f, h]);
+        let routed = self.op(
+            OpKind::MoeExperts { experts: e },
+            vec![m, gates, w1, w3, w2],
+        )?;
+        let Some(shared) = spec.variant.shared_expert_ffn else {
+            return Ok(routed);
+        };
+        let dense = self.gated_mlp(spec, &format!("{p}.{moe}.shared_expert"), m, shared)?;
+        let logit = self.linear(&format!("{p}.{moe}.shared_expert_gate"), m, h, 1, false)?;
+        let weight = self.op(OpKind::Sigmoid, vec![logit])?;
+        let gated = self.op(OpKind::Mul, vec![dense, weight])?;
+        self.op(OpKind::Add, vec![routed, gated])
     }
 }

@@ -15,6 +15,35 @@ pub enum Family {
     Mixtral,
 }
 
+/// What a Llama-structured family changes in the block ([`Variant::default`] is Llama itself).
+/// Each field names the families that set it; `hf` reads them from the config.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Variant {
+    /// The config's `model_type` when it is not the family's own (qwen2, gemma, ...).
+    pub model_type: Option<String>,
+    /// Head size when it differs from hidden / heads (Qwen3, Gemma: an explicit `head_dim`).
+    pub head_dim: Option<u64>,
+    /// Biases on the q, k and v projections (Qwen2, Qwen2-MoE).
+    pub qkv_bias: bool,
+    /// RMSNorm over each head of q and of k before the rotary embedding (Qwen3).
+    pub qk_norm: bool,
+    /// The gate's activation: SiLU (SwiGLU) or GELU-tanh (GeGLU: Gemma).
+    pub gelu_gate: bool,
+    /// Embedding output multiplied by sqrt(hidden) (Gemma).
+    pub embed_scale: bool,
+    /// A norm on the attention output and on the MLP output before each residual add, and a
+    /// separate norm before the MLP (Gemma 2: four norms per layer).
+    pub sandwich_norms: bool,
+    /// Logits soft-capped as cap · tanh(logits / cap) (Gemma 2's `final_logit_softcapping`).
+    pub final_softcap: Option<f64>,
+    /// The attention scale's denominator squared, when it is not the head size (Gemma 2's
+    /// `query_pre_attn_scalar`).
+    pub query_scale: Option<f64>,
+    /// A dense SwiGLU expert every token visits, of this width, scaled by a sigmoid gate
+    /// (Qwen2-MoE's `shared_expert`).
+    pub shared_expert_ffn: Option<u64>,
+}
+
 impl Family {
     pub fn model_type(self) -> &'static str {
         match self {
@@ -49,11 +78,28 @@ pub struct ModelSpec {
     /// Dropout probability on the embedding output and after each attention and MLP block
     /// (GPT-2's embd_pdrop / resid_pdrop); 0 disables it. Llama-family models train without.
     pub dropout: f64,
+    /// Departures from the family's block (Llama-structured families only).
+    pub variant: Variant,
 }
 
 impl ModelSpec {
     pub fn head_dim(&self) -> u64 {
-        self.hidden / self.heads
+        self.variant
+            .head_dim
+            .unwrap_or(self.hidden / self.heads.max(1))
+    }
+
+    /// Width of the query projection (and of the attention output): heads × head size.
+    pub fn q_width(&self) -> u64 {
+        self.heads * self.head_dim()
+    }
+
+    /// The config's `model_type`.
+    pub fn model_type(&self) -> &str {
+        self.variant
+            .model_type
+            .as_deref()
+            .unwrap_or(self.family.model_type())
     }
 
     /// Exact trainable parameter count, by formula (the graph's own count must agree).
@@ -68,13 +114,18 @@ impl ModelSpec {
                 embed + self.max_positions * h + self.layers * layer + 2 * h + head
             }
             Family::Llama | Family::Mixtral => {
-                let attn = h * h + 2 * h * kv + h * h;
+                let (q, hd, var) = (self.q_width(), self.head_dim(), &self.variant);
+                let bias = if var.qkv_bias { q + 2 * kv } else { 0 };
+                let qk_norm = if var.qk_norm { 2 * hd } else { 0 };
+                let attn = h * q + 2 * h * kv + q * h + bias + qk_norm;
+                let shared = var.shared_expert_ffn.map_or(0, |s| 3 * h * s + h);
                 let mlp = if self.family == Family::Mixtral {
-                    h * self.experts + self.experts * 3 * h * f
+                    h * self.experts + self.experts * 3 * h * f + shared
                 } else {
                     3 * h * f
                 };
-                embed + self.layers * (attn + mlp + 2 * h) + h + head
+                let norms = if var.sandwich_norms { 4 * h } else { 2 * h };
+                embed + self.layers * (attn + mlp + norms) + h + head
             }
         }
     }

@@ -11,6 +11,7 @@ fn gpt(name: &str, layers: u64, hidden: u64, heads: u64, vocab: u64, positions: 
     ModelSpec {
         name: name.into(),
         family: Family::Gpt2,
+        variant: Default::default(),
         layers,
         hidden,
         heads,
@@ -45,6 +46,7 @@ fn llama(
     ModelSpec {
         name: name.into(),
         family: Family::Llama,
+        variant: Default::default(),
         layers,
         hidden,
         heads,

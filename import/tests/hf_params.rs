@@ -95,15 +95,161 @@ fn mistral_7b_has_7_24b_parameters() {
 }
 
 #[test]
-fn an_explicit_head_size_that_differs_is_refused_by_name() {
-    // Mistral-Nemo: head_dim 128 with hidden 5120 and 32 heads (5120 / 32 = 160).
-    let e = hf::parse_config(
+fn mistral_nemo_has_an_explicit_head_size() {
+    // mistralai/Mistral-Nemo-Base-2407: 12,247,782,400 parameters; head_dim 128 with hidden
+    // 5120 and 32 heads (5120 / 32 = 160), so q is 4096 wide.
+    let spec = parse(
         r#"{"model_type":"mistral","hidden_size":5120,"intermediate_size":14336,
             "num_hidden_layers":40,"num_attention_heads":32,"num_key_value_heads":8,
-            "head_dim":128,"vocab_size":131072}"#,
+            "head_dim":128,"vocab_size":131072,"max_position_embeddings":1024000,
+            "rope_theta":1000000.0,"tie_word_embeddings":false}"#,
+    );
+    assert_eq!(spec.q_width(), 4096);
+    assert_eq!(graph_params(&spec), 12_247_782_400);
+    assert_eq!(spec.param_count(), 12_247_782_400);
+}
+
+/// Published parameter counts of today's open models (the model cards' safetensors totals),
+/// from configs with their published fields.
+fn assert_published(text: &str, published: u64) {
+    let spec = parse(text);
+    assert_eq!(graph_params(&spec), published, "{}", spec.model_type());
+    assert_eq!(spec.param_count(), published, "{}", spec.model_type());
+}
+
+#[test]
+fn qwen2_has_qkv_biases_and_ties_its_small_models() {
+    // Qwen/Qwen2.5-0.5B: 494,032,768 parameters (tied embeddings).
+    assert_published(
+        r#"{"model_type":"qwen2","hidden_size":896,"intermediate_size":4864,
+            "num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,
+            "vocab_size":151936,"max_position_embeddings":32768,"rope_theta":1000000.0,
+            "rms_norm_eps":1e-06,"sliding_window":32768,"use_sliding_window":false,
+            "tie_word_embeddings":true}"#,
+        494_032_768,
+    );
+    // Qwen/Qwen2.5-7B: 7,615,616,512.
+    let seven_b = r#"{"model_type":"qwen2","hidden_size":3584,"intermediate_size":18944,
+            "num_hidden_layers":28,"num_attention_heads":28,"num_key_value_heads":4,
+            "vocab_size":152064,"max_position_embeddings":131072,"rope_theta":1000000.0,
+            "sliding_window":131072,"use_sliding_window":false,"tie_word_embeddings":false}"#;
+    assert_published(seven_b, 7_615_616_512);
+    // The window is off: nothing to say about it.
+    assert!(hf::approximations(seven_b).is_empty());
+}
+
+#[test]
+fn qwen3_normalizes_q_and_k_per_head() {
+    // Qwen/Qwen3-0.6B: 596,049,920 (head_dim 128 with hidden 1024 and 16 heads; tied).
+    assert_published(
+        r#"{"model_type":"qwen3","hidden_size":1024,"intermediate_size":3072,
+            "num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,
+            "head_dim":128,"vocab_size":151936,"max_position_embeddings":40960,
+            "rope_theta":1000000,"attention_bias":false,"tie_word_embeddings":true}"#,
+        596_049_920,
+    );
+    // Qwen/Qwen3-8B: 8,190,735,360.
+    assert_published(
+        r#"{"model_type":"qwen3","hidden_size":4096,"intermediate_size":12288,
+            "num_hidden_layers":36,"num_attention_heads":32,"num_key_value_heads":8,
+            "head_dim":128,"vocab_size":151936,"max_position_embeddings":40960,
+            "rope_theta":1000000,"tie_word_embeddings":false}"#,
+        8_190_735_360,
+    );
+}
+
+#[test]
+fn phi3_counts_its_fused_projections() {
+    // microsoft/Phi-3-mini-4k-instruct: 3,821,079,552.
+    let text = r#"{"model_type":"phi3","hidden_size":3072,"intermediate_size":8192,
+            "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":32,
+            "vocab_size":32064,"max_position_embeddings":4096,"rms_norm_eps":1e-05,
+            "sliding_window":2047,"tie_word_embeddings":false}"#;
+    assert_published(text, 3_821_079_552);
+    let notes = hf::approximations(text);
+    assert!(notes.iter().any(|n| n.contains("qkv_proj")), "{notes:?}");
+}
+
+#[test]
+fn phi3_partial_rotary_is_refused_by_name() {
+    let e = hf::parse_config(
+        r#"{"model_type":"phi3","hidden_size":3072,"intermediate_size":8192,
+            "num_hidden_layers":32,"num_attention_heads":24,"num_key_value_heads":8,
+            "vocab_size":200064,"partial_rotary_factor":0.75}"#,
         Path::new("config.json"),
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("head_dim = 128") && e.contains("160"), "{e}");
+    assert!(e.contains("partial_rotary_factor = 0.75"), "{e}");
+}
+
+#[test]
+fn gemma_has_256_wide_heads_and_geglu() {
+    // google/gemma-7b: 8,537,680,896 (hidden 3072, 16 heads of 256: q is 4096 wide; tied).
+    assert_published(
+        r#"{"model_type":"gemma","hidden_size":3072,"intermediate_size":24576,
+            "num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":16,
+            "head_dim":256,"vocab_size":256000,"max_position_embeddings":8192,
+            "hidden_act":"gelu","hidden_activation":"gelu_pytorch_tanh"}"#,
+        8_537_680_896,
+    );
+    // google/gemma-2b: 2,506,172,416 (one KV head).
+    assert_published(
+        r#"{"model_type":"gemma","hidden_size":2048,"intermediate_size":16384,
+            "num_hidden_layers":18,"num_attention_heads":8,"num_key_value_heads":1,
+            "head_dim":256,"vocab_size":256000}"#,
+        2_506_172_416,
+    );
+}
+
+#[test]
+fn gemma2_has_four_norms_per_layer_and_soft_caps() {
+    // google/gemma-2-9b: 9,241,705,984; google/gemma-2-2b: 2,614,341,888.
+    let nine_b = r#"{"model_type":"gemma2","hidden_size":3584,"intermediate_size":14336,
+            "num_hidden_layers":42,"num_attention_heads":16,"num_key_value_heads":8,
+            "head_dim":256,"vocab_size":256000,"query_pre_attn_scalar":256,
+            "final_logit_softcapping":30.0,"attn_logit_softcapping":50.0,
+            "sliding_window":4096}"#;
+    assert_published(nine_b, 9_241_705_984);
+    assert_published(
+        r#"{"model_type":"gemma2","hidden_size":2304,"intermediate_size":9216,
+            "num_hidden_layers":26,"num_attention_heads":8,"num_key_value_heads":4,
+            "head_dim":256,"vocab_size":256000,"final_logit_softcapping":30.0}"#,
+        2_614_341_888,
+    );
+    let notes = hf::approximations(nine_b);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("attn_logit_softcapping 50"))
+            && notes.iter().any(|n| n.contains("sliding_window 4096")),
+        "{notes:?}"
+    );
+    let spec = parse(nine_b);
+    assert_eq!(spec.variant.final_softcap, Some(30.0));
+}
+
+#[test]
+fn qwen_moe_families_have_many_small_experts() {
+    // Qwen/Qwen3-30B-A3B: 30,532,122,624 (128 experts of 768, top 8, q/k norms).
+    assert_published(
+        r#"{"model_type":"qwen3_moe","hidden_size":2048,"intermediate_size":6144,
+            "moe_intermediate_size":768,"num_hidden_layers":48,"num_attention_heads":32,
+            "num_key_value_heads":4,"head_dim":128,"num_experts":128,"num_experts_per_tok":8,
+            "norm_topk_prob":true,"vocab_size":151936,"tie_word_embeddings":false}"#,
+        30_532_122_624,
+    );
+    // Qwen/Qwen1.5-MoE-A2.7B: 14,315,784,192 (60 experts of 1408, top 4, a shared expert of
+    // 5632 behind a sigmoid gate, q/k/v biases).
+    let qwen2_moe = r#"{"model_type":"qwen2_moe","hidden_size":2048,"intermediate_size":5632,
+            "moe_intermediate_size":1408,"shared_expert_intermediate_size":5632,
+            "num_hidden_layers":24,"num_attention_heads":16,"num_key_value_heads":16,
+            "num_experts":60,"num_experts_per_tok":4,"norm_topk_prob":false,
+            "vocab_size":151936,"tie_word_embeddings":false}"#;
+    assert_published(qwen2_moe, 14_315_784_192);
+    let notes = hf::approximations(qwen2_moe);
+    assert!(
+        notes.iter().any(|n| n.contains("norm_topk_prob")),
+        "{notes:?}"
+    );
 }

@@ -496,7 +496,10 @@ fn estimate_impl(
             other += gathered * wbytes + reduced * s.precision.grad_bytes();
         }
         if my_chunks.contains(&(n_chunks - 1)) {
-            other += 2.0 * 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp as f64;
+            // The fp32 logits and their gradient, and the input of each op on the logits
+            // whose backward reads it (Gemma 2's soft-capping tanh).
+            let logit_copies = 2.0 + logit_ops_keeping_input(g, info) as f64;
+            other += logit_copies * 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp as f64;
         }
         if my_chunks.contains(&0) {
             other += act_bytes / rep;
@@ -653,29 +656,77 @@ pub fn row_parallel_ops(g: &Graph, ops: &[OpId], hidden: u64) -> usize {
 }
 
 /// Reads the activation formula's parameters off the representative layer.
+/// Element-wise ops after the head on vocabulary-wide tensors whose backward reads their
+/// operand (a tanh, GELU, ...), each keeping one more logits-sized tensor; scales and adds keep
+/// nothing.
+fn logit_ops_keeping_input(g: &Graph, info: &ModelInfo<'_>) -> usize {
+    let vocab_wide =
+        |v: ir::ValueId| g.ty(v).shape.last().and_then(|d| d.fixed()) == Some(info.vocab);
+    info.post_ops
+        .iter()
+        .filter(|&&o| {
+            let op = g.op(o);
+            op.kind.is_pointwise()
+                && !matches!(
+                    op.kind,
+                    OpKind::Scale { .. } | OpKind::Add | OpKind::Sub | OpKind::Neg
+                )
+                && op.results.first().is_some_and(|&r| vocab_wide(r))
+        })
+        .count()
+}
+
+/// The widths of one layer as the activation formula needs them, read off the graph: q and kv
+/// widths from the attention's operands, the MLP's inner width from the input of its last
+/// projection back to the hidden size, a gated MLP from a product of two inner-wide tensors,
+/// dropout from its ops.
 fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
     let h = info.hidden;
-    let mut kv_width = h as f64;
-    let mut ffn = 4.0 * h as f64;
-    let mut gated = false;
-    let mut experts_per_token = 1.0;
-    let mut dropout = false;
+    let width = |v: ir::ValueId| g.ty(v).shape.last().and_then(|d| d.fixed());
+    let mut shape = LayerShape {
+        hidden: h as f64,
+        heads: info.heads as f64,
+        q_width: h as f64,
+        kv_width: h as f64,
+        ffn: 4.0 * h as f64,
+        gated: false,
+        experts_per_token: 1.0,
+        dropout: false,
+        extra_norms: 0.0,
+        qk_norm: false,
+        shared_ffn: 0.0,
+    };
+    let mut residual_norms = 0.0f64;
+    let mut inner_widths = Vec::new();
     for &o in &info.layer_ops {
         let op = g.op(o);
         match &op.kind {
-            OpKind::Attention {
-                heads, kv_heads, ..
-            } => {
-                kv_width = (h / heads * kv_heads) as f64;
+            OpKind::Attention { .. } => {
+                shape.q_width = width(op.inputs[0]).unwrap_or(h) as f64;
+                shape.kv_width = width(op.inputs[1]).unwrap_or(h) as f64;
             }
-            OpKind::Silu => gated = true,
-            OpKind::LayerNorm { .. } => dropout = true,
+            OpKind::Dropout { p, .. } if *p > 0.0 => shape.dropout = true,
+            OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => {
+                if width(op.inputs[0]) == Some(h) {
+                    residual_norms += 1.0;
+                } else {
+                    shape.qk_norm = true;
+                }
+            }
             OpKind::Linear { .. } => {
-                if let Some(w) = g.ty(op.results[0]).shape.last().and_then(|d| d.fixed()) {
-                    let input = g.ty(op.inputs[0]).shape.last().and_then(|d| d.fixed());
-                    if input == Some(h) && w != h && w != 3 * h && w as f64 != kv_width {
-                        ffn = w as f64;
-                    }
+                let (k, n) = (width(op.inputs[0]), width(op.results[0]));
+                if n == Some(h)
+                    && let Some(k) = k
+                    && k as f64 != shape.q_width
+                {
+                    inner_widths.push(k as f64);
+                }
+            }
+            OpKind::Mul => {
+                let w = width(op.results[0]);
+                let both = op.inputs.iter().all(|&v| width(v) == w);
+                if both && w.is_some_and(|w| w != h) {
+                    shape.gated = true;
                 }
             }
             OpKind::MoeExperts { .. } => {
@@ -686,23 +737,24 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                     .get(2)
                     .and_then(|d| d.fixed())
                 {
-                    ffn = f as f64;
+                    shape.ffn = f as f64;
                 }
-                gated = true;
+                shape.gated = true;
             }
-            OpKind::TopKRouter { k, .. } => experts_per_token = *k as f64,
+            OpKind::TopKRouter { k, .. } => shape.experts_per_token = *k as f64,
             _ => {}
         }
     }
-    LayerShape {
-        hidden: h as f64,
-        heads: info.heads as f64,
-        kv_width,
-        ffn,
-        gated,
-        experts_per_token,
-        // GPT-family layers (LayerNorm, GELU) train with dropout in Megatron-LM; Llama-family
-        // layers (RMSNorm, SwiGLU) do not.
-        dropout,
+    let moe = info
+        .layer_ops
+        .iter()
+        .any(|&o| matches!(g.op(o).kind, OpKind::MoeExperts { .. }));
+    match (moe, inner_widths.first()) {
+        // A dense MLP's inner width; beside routed experts, a shared expert's.
+        (false, Some(&f)) => shape.ffn = f,
+        (true, Some(&f)) => shape.shared_ffn = f,
+        _ => {}
     }
+    shape.extra_norms = (residual_norms - 2.0).max(0.0);
+    shape
 }

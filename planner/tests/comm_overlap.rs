@@ -34,6 +34,7 @@ fn only_gpu_clusters_hide_data_parallel_communication() {
     let spec = ModelSpec {
         name: "gpt-4x256".into(),
         family: Family::Gpt2,
+        variant: Default::default(),
         layers: 4,
         hidden: 256,
         heads: 8,

@@ -11,6 +11,7 @@ fn gpt(layers: u64, hidden: u64, heads: u64, vocab: u64, seq: u64) -> Graph {
     let spec = ModelSpec {
         name: format!("gpt-{layers}x{hidden}"),
         family: Family::Gpt2,
+        variant: Default::default(),
         layers,
         hidden,
         heads,
@@ -136,6 +137,7 @@ fn fused_kernels_group_swiglu() {
     let spec = ModelSpec {
         name: "llama-tiny".into(),
         family: Family::Llama,
+        variant: Default::default(),
         layers: 2,
         hidden: 512,
         heads: 8,

@@ -13,6 +13,7 @@ fn llama() -> ir::Graph {
     let spec = ModelSpec {
         name: "llama-4x4096".into(),
         family: Family::Llama,
+        variant: Default::default(),
         layers: 4,
         hidden: 4096,
         heads: 32,

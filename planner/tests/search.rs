@@ -18,6 +18,7 @@ fn spec(
     let s = ModelSpec {
         name: "small".into(),
         family,
+        variant: Default::default(),
         layers,
         hidden,
         heads,

@@ -374,7 +374,8 @@ fn step_ins(s: &Step) -> Vec<SVal> {
 /// The output of `step` if the backward rebuilds it instead of keeping it: a SiLU whose
 /// operand the backward reads anyway (SiLU's own gradient needs it). SwiGLU's gate is then kept
 /// once, as the planner counts it (gate, up and their product), and SiLU runs again before the
-/// product's backward, as Megatron-LM's fused SwiGLU backward does (`bias_swiglu_back`).
+/// product's backward, as Megatron-LM's fused SwiGLU backward does (`bias_swiglu_back`); a
+/// GELU gate (GeGLU: Gemma) likewise, as its fused GeGLU backward does (`geglu_back`).
 ///
 /// Likewise a look-up in a parameter table by indices the backward keeps anyway (a learned
 /// position embedding): a broadcast add's backward reads the look-up's output only for its
@@ -394,11 +395,30 @@ fn rebuilt_activation(seg: &Segment, step: &Step, reads: &[bool]) -> Option<SVal
     let param = |v: SVal| matches!(seg.vals[v].source, Source::Param { .. });
     match (kind, ins.as_slice(), outs.as_slice()) {
         (OpKind::Silu, &[x], &[y]) => (owned(x) && owned(y) && reads[x] && reads[y]).then_some(y),
+        // Only a gate: GPT's GELU output is the second linear's input, which Megatron keeps
+        // (Korthikanti's two 4h tensors).
+        (OpKind::Gelu { .. }, &[x], &[y]) if gates_a_product(seg, y) => {
+            (owned(x) && owned(y) && reads[x] && reads[y]).then_some(y)
+        }
         (OpKind::Embedding, &[table, idx], &[y]) if !vocab_parallel => {
             (param(table) && owned(idx) && owned(y) && reads[idx] && reads[y]).then_some(y)
         }
         _ => None,
     }
+}
+
+/// Whether every step that reads `v` is a product (the gate of a GLU).
+fn gates_a_product(seg: &Segment, v: SVal) -> bool {
+    let mut readers = seg.steps.iter().filter(|s| step_ins(s).contains(&v));
+    readers.all(|s| {
+        matches!(
+            s,
+            Step::Compute {
+                kind: OpKind::Mul,
+                ..
+            }
+        )
+    })
 }
 
 fn step_outs(s: &Step) -> Vec<SVal> {

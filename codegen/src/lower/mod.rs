@@ -61,7 +61,8 @@ pub fn load_graph(plan: &Plan) -> Result<Graph, CodegenError> {
 }
 
 /// Whether the embedding and head lower vocabulary-parallel (Megatron-LM): a token embedding
-/// read by `input_ids`, a head whose `linear` logits feed the cross-entropy directly with a
+/// read by `input_ids`, a head whose `linear` logits feed the cross-entropy (directly or through
+/// element-wise ops of one operand) with a
 /// weight that is a parameter or (tied) the transposed table, and a vocabulary that divides by
 /// `tp`. Other shapes (an ONNX head with a reshape) keep both whole on every rank.
 fn vocab_parallel_fits(graph: &Graph, info: &ModelInfo<'_>, tp: u32) -> bool {
@@ -77,7 +78,7 @@ fn vocab_parallel_fits(graph: &Graph, info: &ModelInfo<'_>, tp: u32) -> bool {
         let op = graph.op(o);
         matches!(op.kind, OpKind::CrossEntropy)
             && op.inputs.first().is_some_and(|&l| {
-                let lin = def(l);
+                let lin = head_product(graph, l);
                 matches!(lin.kind, OpKind::Linear { bias: false })
                     && lin.inputs.get(1).is_some_and(|&w| {
                         let w = def(w);
@@ -95,6 +96,19 @@ fn vocab_parallel_fits(graph: &Graph, info: &ModelInfo<'_>, tp: u32) -> bool {
             })
     });
     info.vocab.is_multiple_of(u64::from(tp)) && embedding && head
+}
+
+/// The op that makes the logits `l` the cross-entropy reads, looking through element-wise ops
+/// of one operand between them (Gemma 2's soft-capping: scale, tanh, scale), which run on
+/// vocabulary shards as they are.
+fn head_product(graph: &Graph, mut l: ir::ValueId) -> &ir::OpData {
+    loop {
+        let op = graph.op(graph.def_op(l));
+        match op.inputs.as_slice() {
+            [x] if op.kind.is_pointwise() => l = *x,
+            _ => return op,
+        }
+    }
 }
 
 /// Generates every rank's program for `plan` on the model's forward `graph`.

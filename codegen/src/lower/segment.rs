@@ -497,6 +497,15 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     vocab_parallel = true;
                 }
                 OpKind::Reshape { .. }
+                    if let Some((axis, local_kind)) =
+                        head_view(&b.seg.vals[ins[0]], &kind_local, t) =>
+                {
+                    // A view between [.., heads·d] and [.., heads, d] of a tensor split by
+                    // heads (Qwen3's per-head q/k norms): each rank views its own heads.
+                    kind_local = local_kind;
+                    out_lay = Lay::Split { axis, blocks: 1 };
+                }
+                OpKind::Reshape { .. }
                 | OpKind::Transpose { .. }
                 | OpKind::Expand { .. }
                 | OpKind::Concat { .. }
@@ -522,7 +531,13 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     if acts.iter().any(|&l| l != out_lay) {
                         return Err(b.err(o, format!("operands in different layouts {acts:?}")));
                     }
-                    if let Lay::Split { axis: 1, .. } = out_lay {
+                    // Split along an axis the parameters broadcast over (the sequence with
+                    // SP, the heads of a per-head norm): each rank's weight gradient is a
+                    // partial sum.
+                    let rank = ins.first().map_or(0, |&v| b.seg.vals[v].shape.len());
+                    if let Lay::Split { axis, .. } = out_lay
+                        && usize::from(axis) + 1 < rank
+                    {
                         partial_params = (0..ins.len()).filter(|&i| is_param(&b, ins[i])).collect();
                     }
                 }
@@ -786,6 +801,49 @@ fn routed_experts(seg: &Segment, gates: SVal) -> Option<u64> {
 }
 
 /// Fixes the symbolic sizes in an op's attributes (`iota`, `reshape`, `expand`).
+/// For a reshape of `x` (split along its last axis in whole heads) that only splits that axis
+/// into [heads, d], or of `x` split along its heads axis that merges [heads, d] back, the split
+/// axis of the result and the rank-local reshape; `None` for any other reshape or layout.
+fn head_view(x: &Val, bound: &OpKind, t: u64) -> Option<(u8, OpKind)> {
+    let OpKind::Reshape { shape } = bound else {
+        return None;
+    };
+    let Lay::Split { axis, blocks: 1 } = x.lay else {
+        return None;
+    };
+    let to: Vec<u64> = shape.iter().map(|d| d.fixed()).collect::<Option<_>>()?;
+    let from = &x.shape;
+    let axis = usize::from(axis);
+    let (r, n) = (from.len(), to.len());
+    if n == r + 1 && axis + 1 == r && from[..r - 1] == to[..r - 1] {
+        // [.., w/t] → [.., heads/t, d]
+        let (heads, d) = (to[r - 1], to[r]);
+        let local = heads
+            .checked_div(t)
+            .filter(|h| h * t == heads && h * d == from[r - 1])?;
+        let mut out = to.clone();
+        out[r - 1] = local;
+        let kind = OpKind::Reshape {
+            shape: out.into_iter().map(ir::Dim::Fixed).collect(),
+        };
+        return Some((u8::try_from(r - 1).ok()?, kind));
+    }
+    if n + 1 == r && axis + 2 == r && from[..r - 2] == to[..n - 1] {
+        // [.., heads/t, d] → [.., w/t]
+        let local = from[r - 2] * from[r - 1];
+        if local * t != to[n - 1] {
+            return None;
+        }
+        let mut out = to.clone();
+        out[n - 1] = local;
+        let kind = OpKind::Reshape {
+            shape: out.into_iter().map(ir::Dim::Fixed).collect(),
+        };
+        return Some((u8::try_from(n - 1).ok()?, kind));
+    }
+    None
+}
+
 fn bind(kind: &OpKind, batch: u64, seq: u64) -> OpKind {
     let bd = ir::Binding { batch, seq };
     let fix = |d: &ir::Dim| ir::Dim::Fixed(d.eval(bd));
@@ -885,11 +943,13 @@ fn saves_of(
         }],
         OpKind::Attention { heads, .. } => {
             let (b, s) = (cx.batch, cx.seq);
+            // Models that train with dropout drop attention probabilities too (the planner's
+            // rule: a dropout op in the graph).
             let dropout = cx
                 .graph
                 .order()
                 .iter()
-                .any(|&o| matches!(cx.graph.op(o).kind, OpKind::LayerNorm { .. }));
+                .any(|&o| matches!(cx.graph.op(o).kind, OpKind::Dropout { p, .. } if p > 0.0));
             let mut v = vec![SaveDecl {
                 name: "softmax".into(),
                 shape: vec![b, *heads, s, s],

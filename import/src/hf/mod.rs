@@ -10,10 +10,142 @@ use serde_json::{Map, Value};
 
 pub use error::ConfigError;
 
-use crate::spec::{Family, ModelSpec};
+use crate::spec::{Family, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["gpt2", "llama", "mistral", "mixtral"];
+pub const SUPPORTED_MODEL_TYPES: [&str; 11] = [
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "qwen2_moe",
+    "qwen3_moe",
+];
+
+const DENSE_REQUIRED: &str =
+    "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size";
+
+/// A family built on Llama's block: its defaults (transformers' `<Name>Config`) and what it
+/// changes.
+struct LlamaLike {
+    model_type: &'static str,
+    family: Family,
+    required: &'static str,
+    /// transformers' default `max_position_embeddings`.
+    positions: u64,
+    rms_eps: f64,
+    rope_theta: f64,
+    tied: bool,
+    /// The config fields of the expert count, experts per token and expert width.
+    experts: Option<(&'static str, &'static str, &'static str)>,
+}
+
+impl LlamaLike {
+    fn of(model_type: &str) -> Option<LlamaLike> {
+        let dense = |model_type, positions, rms_eps, rope_theta, tied| LlamaLike {
+            model_type,
+            family: Family::Llama,
+            required: DENSE_REQUIRED,
+            positions,
+            rms_eps,
+            rope_theta,
+            tied,
+            experts: None,
+        };
+        let moe_required = "hidden_size, moe_intermediate_size, num_hidden_layers, \
+                            num_attention_heads, vocab_size, num_experts, num_experts_per_tok";
+        let qwen_moe = |model_type| LlamaLike {
+            model_type,
+            family: Family::Mixtral,
+            required: moe_required,
+            positions: 32768,
+            rms_eps: 1e-6,
+            rope_theta: 10000.0,
+            tied: false,
+            experts: Some((
+                "num_experts",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+            )),
+        };
+        Some(match model_type {
+            "llama" => dense("llama", 2048, 1e-6, 10000.0, false),
+            // Mistral is Llama's architecture (its sliding window is modelled as full
+            // attention: `approximations`).
+            "mistral" => dense("mistral", 4096 * 32, 1e-6, 10000.0, false),
+            "qwen2" => dense("qwen2", 32768, 1e-6, 10000.0, false),
+            "qwen3" => dense("qwen3", 32768, 1e-6, 10000.0, false),
+            "phi3" => dense("phi3", 4096, 1e-5, 10000.0, false),
+            "gemma" => dense("gemma", 8192, 1e-6, 10000.0, true),
+            "gemma2" => dense("gemma2", 8192, 1e-6, 10000.0, true),
+            "mixtral" => LlamaLike {
+                model_type: "mixtral",
+                family: Family::Mixtral,
+                required: "hidden_size, intermediate_size, num_hidden_layers, \
+                           num_attention_heads, vocab_size, num_local_experts, num_experts_per_tok",
+                positions: 4096 * 32,
+                rms_eps: 1e-5,
+                rope_theta: 1e6,
+                tied: false,
+                experts: Some((
+                    "num_local_experts",
+                    "num_experts_per_tok",
+                    "intermediate_size",
+                )),
+            },
+            "qwen2_moe" => qwen_moe("qwen2_moe"),
+            "qwen3_moe" => qwen_moe("qwen3_moe"),
+            _ => return None,
+        })
+    }
+
+    /// How the family's block departs from Llama's, read from the config where it is a field.
+    fn variant(&self, f: &Fields<'_>) -> Result<Variant, ConfigError> {
+        let t = self.model_type;
+        let qwen3 = matches!(t, "qwen3" | "qwen3_moe");
+        let gemma = matches!(t, "gemma" | "gemma2");
+        // transformers' configs honour an explicit `head_dim` (Mistral-Nemo: 128 with hidden
+        // 5120 and 32 heads); plait records it where it is not hidden / heads.
+        let implied = f.positive("hidden_size")? / f.positive("num_attention_heads")?.max(1);
+        let head_dim = match f.opt_positive("head_dim")? {
+            Some(d) => Some(d),
+            // transformers' defaults: Qwen3 128, Gemma 256.
+            None if qwen3 => Some(128),
+            None if gemma => Some(256),
+            None => None,
+        };
+        Ok(Variant {
+            model_type: (!matches!(t, "llama" | "mixtral")).then(|| t.to_string()),
+            head_dim: head_dim.filter(|&d| d != implied),
+            qkv_bias: matches!(t, "qwen2" | "qwen2_moe")
+                || f.opt_bool("attention_bias")?.unwrap_or(false),
+            qk_norm: qwen3,
+            gelu_gate: gemma,
+            embed_scale: gemma,
+            sandwich_norms: t == "gemma2",
+            final_softcap: if t == "gemma2" {
+                f.opt_float("final_logit_softcapping")?.or(Some(30.0))
+            } else {
+                None
+            },
+            query_scale: if t == "gemma2" {
+                f.opt_float("query_pre_attn_scalar")?.or(Some(256.0))
+            } else {
+                None
+            },
+            shared_expert_ffn: if t == "qwen2_moe" {
+                f.opt_positive("shared_expert_intermediate_size")?
+            } else {
+                None
+            },
+        })
+    }
+}
 
 /// Reads and interprets a `config.json` file.
 pub fn read_config(path: &Path) -> Result<ModelSpec, ConfigError> {
@@ -75,42 +207,24 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
             },
             name,
         )?,
-        "llama" => llama(
-            Fields {
-                model_type: "llama",
-                required: "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size",
-                ..fields
-            },
-            name,
-            Family::Llama,
-        )?,
-        // Mistral is Llama's architecture (its sliding window is modelled as full attention:
-        // `approximations`).
-        "mistral" => llama(
-            Fields {
-                model_type: "mistral",
-                required: "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size",
-                ..fields
-            },
-            name,
-            Family::Llama,
-        )?,
-        "mixtral" => llama(
-            Fields {
-                model_type: "mixtral",
-                required: "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size, num_local_experts, num_experts_per_tok",
-                ..fields
-            },
-            name,
-            Family::Mixtral,
-        )?,
-        _ => {
-            return Err(ConfigError::UnsupportedModelType {
-                file: file.to_path_buf(),
-                model_type,
-                supported,
-            });
-        }
+        other => match LlamaLike::of(other) {
+            Some(kind) => llama(
+                Fields {
+                    model_type: kind.model_type,
+                    required: kind.required,
+                    ..fields
+                },
+                name,
+                &kind,
+            )?,
+            None => {
+                return Err(ConfigError::UnsupportedModelType {
+                    file: file.to_path_buf(),
+                    model_type,
+                    supported,
+                });
+            }
+        },
     };
     check_consistent(&spec, file)?;
     Ok(spec)
@@ -136,62 +250,55 @@ fn gpt2(f: Fields<'_>, name: String) -> Result<ModelSpec, ConfigError> {
         default_seq: f.positive("n_positions")?,
         // GPT2Config defaults: embd_pdrop = resid_pdrop = 0.1.
         dropout: f.opt_probability("resid_pdrop")?.unwrap_or(0.1),
+        variant: Variant::default(),
     })
 }
 
-fn llama(f: Fields<'_>, name: String, family: Family) -> Result<ModelSpec, ConfigError> {
+fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, ConfigError> {
     let heads = f.positive("num_attention_heads")?;
-    let mixtral = family == Family::Mixtral;
-    // transformers' defaults: LlamaConfig 2048, MixtralConfig 4096 × 32, MistralConfig 4096 × 32.
     let max_positions = f
         .opt_positive("max_position_embeddings")?
-        .unwrap_or(match f.model_type {
-            "mixtral" | "mistral" => 4096 * 32,
-            _ => 2048,
-        });
+        .unwrap_or(kind.positions);
     let hidden = f.positive("hidden_size")?;
-    if let Some(d) = f.opt_positive("head_dim")?
-        && d * heads != hidden
+    let variant = kind.variant(&f)?;
+    let (experts, experts_per_token, ffn) = match kind.experts {
+        Some((count, per_token, width)) => (
+            f.positive(count)?,
+            f.positive(per_token)?,
+            f.positive(width)?,
+        ),
+        None => (0, 0, f.positive("intermediate_size")?),
+    };
+    if kind.model_type == "phi3"
+        && let Some(r) = f.opt_float("partial_rotary_factor")?
+        && r != 1.0
     {
         return Err(ConfigError::Inconsistent {
             file: f.file.clone(),
             reason: format!(
-                "head_dim = {d} differs from hidden_size / num_attention_heads = {}: plait's \
-                 attention takes its head size from those two (an explicit head size is not \
-                 supported yet)",
-                hidden / heads
+                "partial_rotary_factor = {r}: plait's rotary embedding covers the whole head \
+                 (partial rotary is not supported yet)"
             ),
         });
     }
     Ok(ModelSpec {
         name,
-        family,
+        family: kind.family,
         layers: f.positive("num_hidden_layers")?,
         hidden,
         heads,
         kv_heads: f.opt_positive("num_key_value_heads")?.unwrap_or(heads),
-        ffn: f.positive("intermediate_size")?,
+        ffn,
         vocab: f.positive("vocab_size")?,
         max_positions,
-        tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-        norm_eps: f
-            .opt_float("rms_norm_eps")?
-            .unwrap_or(if mixtral { 1e-5 } else { 1e-6 }),
-        rope_theta: f
-            .opt_float("rope_theta")?
-            .unwrap_or(if mixtral { 1e6 } else { 10000.0 }),
-        experts: if mixtral {
-            f.positive("num_local_experts")?
-        } else {
-            0
-        },
-        experts_per_token: if mixtral {
-            f.positive("num_experts_per_tok")?
-        } else {
-            0
-        },
+        tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(kind.tied),
+        norm_eps: f.opt_float("rms_norm_eps")?.unwrap_or(kind.rms_eps),
+        rope_theta: f.opt_float("rope_theta")?.unwrap_or(kind.rope_theta),
+        experts,
+        experts_per_token,
         default_seq: max_positions.min(4096),
         dropout: 0.0,
+        variant,
     })
 }
 
@@ -203,11 +310,36 @@ pub fn approximations(text: &str) -> Vec<String> {
         return Vec::new();
     };
     let mut notes = Vec::new();
-    if let Some(w) = obj.get("sliding_window").filter(|v| !v.is_null()) {
+    // Qwen2's configs carry a `sliding_window` that `use_sliding_window: false` turns off.
+    let window_off = obj.get("use_sliding_window") == Some(&Value::Bool(false));
+    if let Some(w) = obj
+        .get("sliding_window")
+        .filter(|v| !v.is_null() && !window_off)
+    {
         notes.push(format!(
             "sliding_window {w} is modelled as full causal attention (an upper bound on its \
              attention time and memory)"
         ));
+    }
+    if obj.get("model_type") == Some(&Value::String("phi3".into())) {
+        notes.push(
+            "Phi-3's fused qkv_proj and gate_up_proj are built as separate projections (the \
+             same parameters and FLOPs, three and two GEMMs instead of one each)"
+                .to_string(),
+        );
+    }
+    if let Some(cap) = obj.get("attn_logit_softcapping").filter(|v| !v.is_null()) {
+        notes.push(format!(
+            "attn_logit_softcapping {cap} is not applied: attention scores are not soft-capped \
+             (the same shapes and FLOPs, up to the cap's tanh)"
+        ));
+    }
+    if obj.get("norm_topk_prob") == Some(&Value::Bool(false)) {
+        notes.push(
+            "norm_topk_prob false is modelled as renormalized top-k routing weights (the same \
+             shapes and FLOPs)"
+                .to_string(),
+        );
     }
     if let Some(r) = obj.get("rope_scaling").filter(|v| !v.is_null()) {
         notes.push(format!(
@@ -246,7 +378,7 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
             s.layers
         ));
     }
-    if !s.hidden.is_multiple_of(s.heads) {
+    if s.variant.head_dim.is_none() && !s.hidden.is_multiple_of(s.heads) {
         return fail(format!(
             "{heads_f} = {} does not divide {hidden_f} = {}: the hidden size must be a multiple of the head count",
             s.heads, s.hidden

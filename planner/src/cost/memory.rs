@@ -21,6 +21,9 @@ use crate::strategy::Recompute;
 pub struct LayerShape {
     pub hidden: f64,
     pub heads: f64,
+    /// Width of the query projection and of the attention output: heads × head size (the
+    /// hidden size unless the model sets its own head size: Qwen3, Gemma).
+    pub q_width: f64,
     /// Width of the key (and of the value) projection: kv_heads × head size.
     pub kv_width: f64,
     /// Inner width of the MLP (per expert).
@@ -31,6 +34,14 @@ pub struct LayerShape {
     pub experts_per_token: f64,
     /// Dropout after attention probabilities, attention output and MLP output (GPT, Megatron).
     pub dropout: bool,
+    /// Norms on the residual stream beyond the two of a pre-norm block (Gemma 2's norms on
+    /// the attention and MLP outputs): each keeps its hidden-wide input.
+    pub extra_norms: f64,
+    /// Per-head norms of q and k (Qwen3): they keep the q and k projections' outputs.
+    pub qk_norm: bool,
+    /// Width of a dense expert every token visits beside the routed ones (Qwen2-MoE's shared
+    /// expert; 0 without): it keeps its gate, up and product like a gated MLP.
+    pub shared_ffn: f64,
 }
 
 /// How a layer's activations are kept: the parallel split of the tensors and what the run
@@ -65,8 +76,15 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
     // Attention block: LN input, QKV input, Q, K, V, projection input, output dropout mask.
     let mut bytes = (e * sbh + e * sbh + mask * sbh) / rep;
     // K and V split by head; with fewer KV heads than ranks each rank keeps one whole head.
-    let kv_heads = (l.kv_width * l.heads / l.hidden).max(1.0);
-    bytes += (e * sbh + e * sbh) / tp + 2.0 * e * s * b * l.kv_width / tp.min(kv_heads);
+    let kv_heads = (l.kv_width * l.heads / l.q_width).max(1.0);
+    let kv_split = tp.min(kv_heads);
+    let sbq = s * b * l.q_width;
+    bytes += 2.0 * e * sbq / tp + 2.0 * e * s * b * l.kv_width / kv_split;
+    if l.qk_norm {
+        // The norms' inputs: q and k as projected, before the norm and the rotation.
+        bytes += e * sbq / tp + e * s * b * l.kv_width / kv_split;
+    }
+    bytes += l.extra_norms * e * sbh / rep;
     // Attention core: softmax output, dropout mask and dropout output per head (5·a·s²·b);
     // selective recompute drops it.
     if recompute == Recompute::None {
@@ -82,6 +100,7 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
     bytes += (e * sbh + e * sbh + mask * sbh) / rep;
     let inner = if l.gated { 3.0 } else { 2.0 };
     bytes += inner * e * s * b * l.ffn * l.experts_per_token / tp;
+    bytes += 3.0 * e * s * b * l.shared_ffn / tp;
     bytes
 }
 
@@ -113,6 +132,10 @@ mod tests {
         LayerShape {
             hidden: h,
             heads: a,
+            q_width: h,
+            extra_norms: 0.0,
+            qk_norm: false,
+            shared_ffn: 0.0,
             kv_width: h,
             ffn: 4.0 * h,
             gated: false,
