@@ -16,6 +16,7 @@ mod report;
 mod run;
 mod step_time;
 mod strategy_args;
+mod tokenize;
 
 use std::process::ExitCode;
 
@@ -69,6 +70,8 @@ enum Command {
     Run(run::RunArgs),
     /// Measure this machine (matmul, memory, threads communicator) and write a cluster file.
     Profile(profile::ProfileArgs),
+    /// Tokenize a text with a model's tokenizer.json into a `.bin` of token ids for `run --data`.
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 /// A reader that stops early (`plait compile … | head`) closes stdout, and what is left to
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Profile(args) => profile::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Tokenize(args) => tokenize::run(&args),
         Command::Codegen(args) => codegen::run_codegen(&args),
         Command::Export(args) => export::run(&args),
         Command::Show(args) => codegen::run_show(&args),

@@ -37,10 +37,19 @@ pub struct RunArgs {
     /// Training steps.
     #[arg(long, default_value_t = 20)]
     steps: u64,
-    /// Token data: a nanoGPT `.bin` (u16 token ids) or any file read as bytes (vocabulary
-    /// 256) [default: a built-in text].
+    /// Token data: a nanoGPT `.bin` of token ids (`--data-width`), a text tokenized with
+    /// `--tokenizer`, or any other file read as bytes (vocabulary 256) [default: a built-in
+    /// text].
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Width of the ids in a `.bin` file: u16 (nanoGPT) or u32 (vocabularies above 65,535;
+    /// what `plait tokenize` writes for them).
+    #[arg(long, default_value = "u16")]
+    data_width: runtime::data::TokenWidth,
+    /// A Hugging Face tokenizer.json: `--data` is a text, tokenized with it (the model's own
+    /// tokenizer, for a real vocabulary).
+    #[arg(long, requires = "data")]
+    tokenizer: Option<PathBuf>,
     /// Seed of the initial parameters, the data order and dropout.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -139,9 +148,22 @@ fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
 }
 
 fn data(args: &RunArgs) -> anyhow::Result<Tokens> {
-    Ok(match &args.data {
-        Some(p) => Tokens::load(p)?,
-        None => Tokens::from_bytes("built-in text".into(), DEMO_TEXT.as_bytes()),
+    Ok(match (&args.data, &args.tokenizer) {
+        (Some(text), Some(tokenizer)) => crate::tokenize::tokenize_file(text, tokenizer)?.0,
+        (Some(p), None) => {
+            let tokens = Tokens::load_as(p, args.data_width)?;
+            if args.data_width == runtime::data::TokenWidth::U16
+                && tokens.look_like_u32_read_as_u16()
+            {
+                eprintln!(
+                    "note: {} looks like u32 token ids read as u16 (every second id is 0-3); \
+                     pass --data-width u32 if it was written so",
+                    p.display()
+                );
+            }
+            tokens
+        }
+        (None, _) => Tokens::from_bytes("built-in text".into(), DEMO_TEXT.as_bytes()),
     })
 }
 
