@@ -235,21 +235,34 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
     assert!(bad.is_empty(), "differ from one device: {bad:?}");
 }
 
-/// Today's Llama-structured families at tp 2 with sequence parallelism equal one device
-/// (losses and every final parameter element, reproducible mode): Qwen2's q/k/v biases and
+/// Today's Llama-structured families at tp 2 with sequence parallelism (the MoE ones at dp 2)
+/// equal one device (losses and every final parameter element, reproducible mode): Qwen2's
+/// q/k/v biases and
 /// tied head, Qwen3's per-head q/k norms with an explicit head size (q wider than hidden),
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
-/// layer, query scale and soft-capped logits (vocabulary-parallel through the cap).
+/// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Phi-3, and
+/// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert).
 #[test]
 fn llama_structured_families_equal_one_device() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
     let mut tp2 = Config::new(2, 1, 1);
     tp2.sp = true;
+    // Routed experts lower without tensor parallelism (expert parallelism is not lowered
+    // yet): data parallelism splits their tokens.
+    let dp2 = Config::new(1, 1, 2);
     let mut bad = Vec::new();
-    for family in ["qwen2", "qwen3", "gemma", "gemma2"] {
+    for (family, c) in [
+        ("qwen2", &tp2),
+        ("qwen3", &tp2),
+        ("phi3", &tp2),
+        ("gemma", &tp2),
+        ("gemma2", &tp2),
+        ("qwen2_moe", &dp2),
+        ("qwen3_moe", &dp2),
+    ] {
         let model = format!("{data}tiny-{family}.json");
         let one = programs(&model, &Config::new(1, 1, 1));
-        let set = programs(&model, &tp2);
+        let set = programs(&model, c);
         if !equals_one_device(family, &one, &set) {
             bad.push(family);
         }

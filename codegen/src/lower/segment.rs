@@ -553,9 +553,15 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         for &r in &op.results {
             let full = cx.global_shape(r);
             let mut elem = float(cx, r);
-            if kind == Kind::Post && matches!(op.kind, OpKind::Linear { .. } | OpKind::CrossEntropy)
+            let vocab_wide = kind == Kind::Post && op.kind.is_pointwise() && {
+                let w = cx.graph.ty(r).shape.last().and_then(|d| d.fixed());
+                w.is_some() && w == logits_width(cx.graph)
+            };
+            if kind == Kind::Post
+                && (matches!(op.kind, OpKind::Linear { .. } | OpKind::CrossEntropy) || vocab_wide)
             {
-                // The planner counts the logits (and their gradient) in fp32.
+                // The planner counts the logits (and their gradient) in fp32, and so what
+                // element-wise ops make of them (Gemma 2's soft-cap).
                 elem = Elem::F32;
             }
             let name = format!("{}{}", op.kind.mnemonic(), b.seg.vals.len());
@@ -842,6 +848,17 @@ fn head_view(x: &Val, bound: &OpKind, t: u64) -> Option<(u8, OpKind)> {
         return Some((u8::try_from(n - 1).ok()?, kind));
     }
     None
+}
+
+/// The width of the logits the cross-entropy reads (the vocabulary), if the graph has a loss.
+fn logits_width(g: &Graph) -> Option<u64> {
+    g.order().iter().find_map(|&o| {
+        let op = g.op(o);
+        match op.kind {
+            OpKind::CrossEntropy => g.ty(*op.inputs.first()?).shape.last()?.fixed(),
+            _ => None,
+        }
+    })
 }
 
 fn bind(kind: &OpKind, batch: u64, seq: u64) -> OpKind {

@@ -1,0 +1,70 @@
+//! Today's open model families from their published config.json files (`fixtures/hf/`, with
+//! the fields transformers does not read left in, as published): `inspect` gives the parameter
+//! count of the released checkpoint exactly, `compile` plans each on 8 H100 at seq 4096, and
+//! codegen of the dense plans confirms the planner's memory (the verifier's tolerance).
+
+mod common;
+
+use common::{dir, plait};
+
+/// (fixture, published parameters: the checkpoint's safetensors total, dense).
+const FAMILIES: [(&str, u64, bool); 8] = [
+    ("qwen2.5-7b", 7_615_616_512, true),
+    ("qwen3-8b", 8_190_735_360, true),
+    ("phi-3-mini-4k", 3_821_079_552, true),
+    ("gemma-7b", 8_537_680_896, true),
+    ("gemma-2-9b", 9_241_705_984, true),
+    ("mistral-nemo-base", 12_247_782_400, true),
+    ("qwen1.5-moe-a2.7b", 14_315_784_192, false),
+    ("qwen3-30b-a3b", 30_532_122_624, false),
+];
+
+fn config(name: &str) -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/hf/").to_string() + name + "/config.json"
+}
+
+#[test]
+fn published_configs_count_their_parameters_and_plan_on_8_h100() {
+    let d = dir("families");
+    let mut failures = Vec::new();
+    for (name, published, dense) in FAMILIES {
+        let cfg = config(name);
+        let (code, out, err) = plait(&["inspect", &cfg, "--json"]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("inspect JSON");
+        if v["params"].as_u64() != Some(published) {
+            failures.push(format!(
+                "{name}: {} parameters, published {published}",
+                v["params"]
+            ));
+        }
+        let plan = d.join(format!("{name}.json"));
+        let p = plan.to_string_lossy();
+        let (code, out, err) = plait(&[
+            "compile",
+            &cfg,
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "32",
+            "--seq",
+            "4096",
+            "-o",
+            &p,
+        ]);
+        if code != 0 || !out.contains("fits") {
+            failures.push(format!("{name}: compile exit {code}: {out}{err}"));
+            continue;
+        }
+        if dense {
+            let progs = d.join(format!("{name}-programs"));
+            let (code, out, err) = plait(&["codegen", &p, "-o", &progs.to_string_lossy()]);
+            if code != 0 {
+                failures.push(format!("{name}: codegen exit {code}: {out}{err}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
