@@ -12,7 +12,7 @@ use crate::models::human;
 pub struct InspectArgs {
     /// A zoo name (see `plait models`), a Hugging Face config.json, or an ONNX file.
     model: String,
-    /// Sequence length (default: a config's context length, at most 4096; for ONNX the length
+    /// Sequence length (default: a config's or zoo model's context length, at most 8192; for ONNX the length
     /// the file fixes, else 128 capped by a learned position table).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     seq: Option<u64>,

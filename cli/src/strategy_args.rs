@@ -44,7 +44,7 @@ pub struct ClusterArgs {
     /// time x the cluster's PUE) and, with a price in the cluster file, cost.
     #[arg(long, value_parser = parse_tokens)]
     pub train_tokens: Option<f64>,
-    /// Sequence length (default: the model's context length, at most 4096).
+    /// Sequence length (default: the model's context length, at most 8192).
     #[arg(long, value_parser = at_least_one)]
     pub seq: Option<u64>,
 }

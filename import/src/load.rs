@@ -10,7 +10,7 @@
 //! 4. otherwise a zoo name ([`crate::zoo::find`], case-insensitive).
 //!
 //! The sequence length, when not given: a config's or zoo entry's `default_seq` (its context
-//! length, at most 4096); for ONNX, the length the file fixes for its token-id input, else
+//! length, at most 8192: `spec::default_seq`); for ONNX, the length the file fixes for its token-id input, else
 //! [`DEFAULT_ONNX_SEQ`], lowered to the number of rows of a learned position embedding when the
 //! model has a smaller one (found by a two-token import first, so giving `seq` saves an import).
 //! A sequence longer than a learned position embedding is an error ([`Error::SeqTooLong`]), for

@@ -82,6 +82,17 @@ pub struct ModelSpec {
     pub variant: Variant,
 }
 
+/// The longest sequence plait trains at when none is given: today's engines' default for the
+/// dense models they train (torchtitan's and Megatron-LM's Llama 3 recipes train at 8192),
+/// or the model's own context if shorter. Configs and the zoo share this rule, so a zoo name
+/// and its published config.json plan the same run.
+pub const DEFAULT_SEQ_CAP: u64 = 8192;
+
+/// [`DEFAULT_SEQ_CAP`] applied to a model whose position range is `max_positions`.
+pub fn default_seq(max_positions: u64) -> u64 {
+    max_positions.min(DEFAULT_SEQ_CAP)
+}
+
 impl ModelSpec {
     pub fn head_dim(&self) -> u64 {
         self.variant

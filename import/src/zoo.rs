@@ -24,7 +24,7 @@ fn gpt(name: &str, layers: u64, hidden: u64, heads: u64, vocab: u64, positions: 
         rope_theta: 0.0,
         experts: 0,
         experts_per_token: 0,
-        default_seq: positions,
+        default_seq: crate::spec::default_seq(positions),
         // GPT-2 (Radford et al. 2019) and Megatron-LM's GPT train with dropout 0.1.
         dropout: 0.1,
     }
@@ -41,7 +41,6 @@ fn llama(
     vocab: u64,
     positions: u64,
     theta: f64,
-    seq: u64,
 ) -> ModelSpec {
     ModelSpec {
         name: name.into(),
@@ -59,7 +58,7 @@ fn llama(
         rope_theta: theta,
         experts: 0,
         experts_per_token: 0,
-        default_seq: seq,
+        default_seq: crate::spec::default_seq(positions),
         dropout: 0.0,
     }
 }
@@ -80,42 +79,9 @@ pub fn zoo() -> Vec<ModelSpec> {
         gpt("gpt-310.1b", 96, 16384, 128, 51200, 2048),
         gpt("gpt-529.6b", 105, 20480, 128, 51200, 2048),
         gpt("gpt-1t", 128, 25600, 160, 51200, 2048),
-        llama(
-            "llama2-7b",
-            32,
-            4096,
-            11008,
-            32,
-            32,
-            32000,
-            4096,
-            10000.0,
-            4096,
-        ),
-        llama(
-            "llama3-8b",
-            32,
-            4096,
-            14336,
-            32,
-            8,
-            128256,
-            8192,
-            500000.0,
-            8192,
-        ),
-        llama(
-            "llama3-70b",
-            80,
-            8192,
-            28672,
-            64,
-            8,
-            128256,
-            8192,
-            500000.0,
-            8192,
-        ),
+        llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000, 4096, 10000.0),
+        llama("llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, 500000.0),
+        llama("llama3-70b", 80, 8192, 28672, 64, 8, 128256, 8192, 500000.0),
         llama(
             "llama3-405b",
             126,
@@ -126,21 +92,9 @@ pub fn zoo() -> Vec<ModelSpec> {
             128256,
             8192,
             500000.0,
-            8192,
         ),
     ];
-    let mut mixtral = llama(
-        "mixtral-8x7b",
-        32,
-        4096,
-        14336,
-        32,
-        8,
-        32000,
-        32768,
-        1e6,
-        4096,
-    );
+    let mut mixtral = llama("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, 32768, 1e6);
     mixtral.family = Family::Mixtral;
     mixtral.experts = 8;
     mixtral.experts_per_token = 2;

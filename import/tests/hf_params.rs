@@ -253,3 +253,25 @@ fn qwen_moe_families_have_many_small_experts() {
         "{notes:?}"
     );
 }
+
+#[test]
+fn a_zoo_name_and_its_published_config_default_to_the_same_sequence() {
+    // meta-llama/Meta-Llama-3-8B's config.json: trained and published at 8192 positions.
+    let config = parse(
+        r#"{"model_type":"llama","hidden_size":4096,"intermediate_size":14336,
+            "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,
+            "vocab_size":128256,"max_position_embeddings":8192,"rope_theta":500000.0}"#,
+    );
+    let zoo = zoo::find("llama3-8b").expect("in zoo");
+    assert_eq!(config.param_count(), zoo.param_count());
+    assert_eq!((config.default_seq, zoo.default_seq), (8192, 8192));
+    // Every zoo entry follows the configs' rule.
+    for m in zoo::zoo() {
+        assert_eq!(
+            m.default_seq,
+            import::spec::default_seq(m.max_positions),
+            "{}",
+            m.name
+        );
+    }
+}

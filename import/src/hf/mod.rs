@@ -247,7 +247,7 @@ fn gpt2(f: Fields<'_>, name: String) -> Result<ModelSpec, ConfigError> {
         rope_theta: 0.0,
         experts: 0,
         experts_per_token: 0,
-        default_seq: f.positive("n_positions")?,
+        default_seq: crate::spec::default_seq(f.positive("n_positions")?),
         // GPT2Config defaults: embd_pdrop = resid_pdrop = 0.1.
         dropout: f.opt_probability("resid_pdrop")?.unwrap_or(0.1),
         variant: Variant::default(),
@@ -296,7 +296,7 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         rope_theta: f.opt_float("rope_theta")?.unwrap_or(kind.rope_theta),
         experts,
         experts_per_token,
-        default_seq: max_positions.min(4096),
+        default_seq: crate::spec::default_seq(max_positions),
         dropout: 0.0,
         variant,
     })
