@@ -5,7 +5,6 @@ use std::io::Write;
 use clap::Args;
 use import::summary::summarize;
 
-use crate::model;
 use crate::models::human;
 
 #[derive(Args, Debug)]
@@ -16,9 +15,10 @@ pub struct InspectArgs {
     /// the file fixes, else 128 capped by a learned position table).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     seq: Option<u64>,
-    /// Batch size in sequences (ONNX imports are folded to this batch).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    batch: u64,
+    /// Batch size in sequences (ONNX imports are folded to this batch) [default: the batch an
+    /// ONNX file fixes, else 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    batch: Option<u64>,
     /// Print one JSON object instead of text.
     #[arg(long, conflicts_with = "ir")]
     json: bool,
@@ -28,7 +28,7 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
-    let m = model::load(&args.model, args.batch, args.seq)?;
+    let m = import::load_model_at(&args.model, args.batch, args.seq)?;
     let text = if args.ir {
         ir::text::print(&m.graph)
     } else if args.json {

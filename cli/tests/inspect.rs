@@ -137,3 +137,39 @@ fn mistral_says_what_it_approximates() {
         "{out}"
     );
 }
+
+/// An ONNX export whose token ids are fixed at [2, 8] (exported without dynamic axes) inspects
+/// at that batch and sequence when neither is given, rather than failing on the default batch 1.
+#[test]
+fn an_onnx_file_that_fixes_its_batch_is_inspected_at_that_batch() {
+    use import::onnx::proto::{Dimension, ModelProto};
+    use prost::Message;
+    let bytes = std::fs::read(repo("fixtures/onnx/gpt2_tiny/model.onnx")).expect("fixture");
+    let mut m = ModelProto::decode(bytes.as_slice()).expect("fixture decodes");
+    let graph = m.graph.as_mut().expect("a graph");
+    let input = graph
+        .input
+        .iter_mut()
+        .find(|i| i.name.as_deref() == Some("input_ids"))
+        .expect("input_ids");
+    let shape = input
+        .r#type
+        .as_mut()
+        .and_then(|t| t.tensor_type.as_mut())
+        .and_then(|t| t.shape.as_mut())
+        .expect("a shape");
+    shape.dim = [2, 8]
+        .into_iter()
+        .map(|n| Dimension {
+            dim_value: Some(n),
+            ..Default::default()
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("plait-inspect-{}-fixed", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("model.onnx");
+    std::fs::write(&path, m.encode_to_vec()).expect("write");
+    let p = path.to_string_lossy();
+    let v = json(&["inspect", &p]);
+    assert_eq!((int(&v, "batch"), int(&v, "seq")), (2, 8));
+}

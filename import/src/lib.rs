@@ -15,6 +15,6 @@ pub mod zoo;
 pub use build::build_forward;
 pub use error::ImportError;
 pub use hf::ConfigError;
-pub use load::{DEFAULT_ONNX_SEQ, Error, LoadedModel, Source, load_model};
+pub use load::{DEFAULT_ONNX_SEQ, Error, LoadedModel, Source, load_model, load_model_at};
 pub use onnx::{Imported, import_onnx};
 pub use spec::{Family, ModelSpec};

@@ -113,17 +113,28 @@ impl From<ImportError> for Error {
 /// Loads MODEL (see the module doc for how it is resolved) at `batch` sequences of `seq` tokens
 /// (`None`: the model's default, see the module doc).
 pub fn load_model(model: &str, batch: u64, seq: Option<u64>) -> Result<LoadedModel, Error> {
-    if batch == 0 || seq == Some(0) {
+    load_model_at(model, Some(batch), seq)
+}
+
+/// [`load_model`] with the batch too left to the model when `None`: the batch an ONNX file
+/// fixes for its token ids, else 1.
+pub fn load_model_at(
+    model: &str,
+    batch: Option<u64>,
+    seq: Option<u64>,
+) -> Result<LoadedModel, Error> {
+    if batch == Some(0) || seq == Some(0) {
         return Err(Error::BadBinding {
             model: model.to_string(),
-            batch,
-            seq: seq.unwrap_or(0),
+            batch: batch.unwrap_or(1),
+            seq: seq.unwrap_or(1),
         });
     }
     let path = Path::new(model);
     if has_extension(path, "onnx") {
         return load_onnx(path, batch, seq);
     }
+    let one = batch.unwrap_or(1);
     if path.is_dir() {
         let onnx_file = path.join("model.onnx");
         if onnx_file.is_file() {
@@ -131,14 +142,14 @@ pub fn load_model(model: &str, batch: u64, seq: Option<u64>) -> Result<LoadedMod
         }
         let config = path.join("config.json");
         if config.is_file() {
-            return load_config(&config, batch, seq);
+            return load_config(&config, one, seq);
         }
         return Err(Error::EmptyDir {
             dir: path.to_path_buf(),
         });
     }
     if path.exists() || has_extension(path, "json") {
-        return load_config(path, batch, seq);
+        return load_config(path, one, seq);
     }
     let Some(spec) = zoo::find(model) else {
         return Err(Error::UnknownModel {
@@ -147,7 +158,7 @@ pub fn load_model(model: &str, batch: u64, seq: Option<u64>) -> Result<LoadedMod
         });
     };
     let name = spec.name.clone();
-    from_spec(&spec, batch, seq, Source::Zoo { name })
+    from_spec(&spec, one, seq, Source::Zoo { name })
 }
 
 fn has_extension(path: &Path, ext: &str) -> bool {
@@ -199,9 +210,10 @@ fn from_spec(
     })
 }
 
-fn load_onnx(path: &Path, batch: u64, seq: Option<u64>) -> Result<LoadedModel, Error> {
+fn load_onnx(path: &Path, batch: Option<u64>, seq: Option<u64>) -> Result<LoadedModel, Error> {
     let proto = onnx::read_model(path)?;
-    let (_, declared_seq) = onnx::declared_input_dims(&proto);
+    let (declared_batch, declared_seq) = onnx::declared_input_dims(&proto);
+    let batch = batch.or(declared_batch).unwrap_or(1);
     let at = match seq.or(declared_seq) {
         Some(at) => at,
         None => {
