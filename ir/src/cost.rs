@@ -70,6 +70,7 @@ pub fn elementwise_flops(kind: &OpKind) -> f64 {
         OpKind::Exp | OpKind::Sqrt | OpKind::Rsqrt | OpKind::Tanh | OpKind::Pow { .. } => 2.0,
         OpKind::Sigmoid => 4.0,
         OpKind::Silu => 5.0,
+        OpKind::Relu => 1.0,
         OpKind::Gelu { .. } => 10.0,
         OpKind::ReduceMean | OpKind::ReduceSum => 1.0,
         OpKind::LayerNorm { .. } => 8.0,

@@ -8,7 +8,7 @@
 //! - `MatMul(a[.., M, K], b[.., K, N])` → `[.., M, N]`, batch dims broadcast.
 //! - `Linear(x[.., K], w[K, N], bias[N]?)` → `[.., N]` (weights stored input-major).
 //! - Elementwise: `Add`, `Sub`, `Mul`, `Div` (broadcasting); `Neg`, `Exp`, `Sqrt`, `Rsqrt`,
-//!   `Tanh`, `Sigmoid`, `Pow{exponent}`, `Scale{factor}`, `Gelu{tanh}`, `Silu`.
+//!   `Tanh`, `Sigmoid`, `Pow{exponent}`, `Scale{factor}`, `Gelu{tanh}`, `Silu`, `Relu`.
 //! - `ReduceMean`/`ReduceSum` over the last axis, keeping it as size 1.
 //! - `LayerNorm{eps}(x[.., H], gamma[H], beta[H])`, `RmsNorm{eps}(x[.., H], gamma[H])`.
 //! - `Softmax{causal}` over the last axis of `[.., Sq, Sk]`; causal masks key `j > i + Sk - Sq`.
@@ -101,6 +101,7 @@ pub enum OpKind {
         tanh: bool,
     },
     Silu,
+    Relu,
     ReduceMean,
     ReduceSum,
     LayerNorm {
@@ -198,6 +199,7 @@ impl OpKind {
             OpKind::Scale { .. } => "scale",
             OpKind::Gelu { .. } => "gelu",
             OpKind::Silu => "silu",
+            OpKind::Relu => "relu",
             OpKind::ReduceMean => "reduce_mean",
             OpKind::ReduceSum => "reduce_sum",
             OpKind::LayerNorm { .. } => "layernorm",
@@ -258,6 +260,7 @@ impl OpKind {
                 | OpKind::Scale { .. }
                 | OpKind::Gelu { .. }
                 | OpKind::Silu
+                | OpKind::Relu
                 | OpKind::Dropout { .. }
         )
     }
@@ -293,6 +296,7 @@ impl OpKind {
             | OpKind::Scale { .. }
             | OpKind::Gelu { .. }
             | OpKind::Silu
+            | OpKind::Relu
             | OpKind::ReduceMean
             | OpKind::ReduceSum
             | OpKind::Softmax { .. }
@@ -451,6 +455,7 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
         | OpKind::Scale { .. }
         | OpKind::Gelu { .. }
         | OpKind::Silu
+        | OpKind::Relu
         | OpKind::Dropout { .. } => {
             float(inputs[0])?;
             one(inputs[0].clone())

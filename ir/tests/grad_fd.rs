@@ -95,7 +95,7 @@ fn fd_broadcasting_binary() {
 }
 
 #[test]
-fn fd_neg_exp_tanh_sigmoid_scale_silu() {
+fn fd_neg_exp_tanh_sigmoid_scale_silu_relu() {
     let mut r = Rng::new(5);
     unary("neg", OpKind::Neg, t(&mut r, &[3, 4]), 50);
     unary("exp", OpKind::Exp, t(&mut r, &[3, 4]), 51);
@@ -108,6 +108,7 @@ fn fd_neg_exp_tanh_sigmoid_scale_silu() {
         54,
     );
     unary("silu", OpKind::Silu, t(&mut r, &[3, 4]), 55);
+    unary("relu", OpKind::Relu, t(&mut r, &[3, 4]), 56);
 }
 
 #[test]

@@ -24,6 +24,7 @@ pub(crate) enum Unary {
     Scale(f64),
     Gelu { tanh: bool },
     Silu,
+    Relu,
 }
 
 /// √(2/π), the constant of GPT-2's tanh approximation of GELU.
@@ -53,6 +54,7 @@ impl Unary {
             OpKind::Scale { factor } => Unary::Scale(*factor),
             OpKind::Gelu { tanh } => Unary::Gelu { tanh: *tanh },
             OpKind::Silu => Unary::Silu,
+            OpKind::Relu => Unary::Relu,
             _ => return None,
         })
     }
@@ -73,6 +75,7 @@ impl Unary {
                 0.5 * x * (1.0 + u.tanh())
             }
             Unary::Silu => x * sigmoid(x),
+            Unary::Relu => x.max(0.0),
         }
     }
 
@@ -106,6 +109,14 @@ impl Unary {
             Unary::Silu => {
                 let s = sigmoid(x);
                 s * (1.0 + x * (1.0 - s))
+            }
+            // The subgradient 0 at x = 0, as PyTorch's relu backward.
+            Unary::Relu => {
+                if x > 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
             }
         }
     }

@@ -31,6 +31,7 @@ fn unary() {
         OpKind::Gelu { tanh: false },
         OpKind::Gelu { tanh: true },
         OpKind::Silu,
+        OpKind::Relu,
     ];
     for kind in kinds {
         each_seed(kind.mnemonic(), |rng| {

@@ -33,6 +33,7 @@ pub const LOWERABLE: &[&str] = &[
     "Reciprocal",
     "ReduceMean",
     "ReduceSum",
+    "Relu",
     "Reshape",
     "Shape",
     "Sigmoid",
@@ -189,9 +190,10 @@ pub fn lower(imp: &mut Importer<'_>, n: &NodeRef<'_>) -> Result<Vec<Val>, Import
         }
         "Gemm" => gemm(imp, n),
         "Add" | "Sub" | "Mul" | "Div" => binary(imp, n),
-        "Neg" | "Sqrt" | "Tanh" | "Sigmoid" | "Exp" => {
+        "Neg" | "Sqrt" | "Tanh" | "Sigmoid" | "Exp" | "Relu" => {
             let kind = match n.op() {
                 "Neg" => OpKind::Neg,
+                "Relu" => OpKind::Relu,
                 "Sqrt" => OpKind::Sqrt,
                 "Tanh" => OpKind::Tanh,
                 "Sigmoid" => OpKind::Sigmoid,

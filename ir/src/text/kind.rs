@@ -137,6 +137,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
         | OpKind::Tanh
         | OpKind::Sigmoid
         | OpKind::Silu
+        | OpKind::Relu
         | OpKind::ReduceMean
         | OpKind::ReduceSum
         | OpKind::CrossEntropy => vec![],
@@ -358,6 +359,7 @@ pub(crate) fn build_kind(
             tanh: a.bool(m, "tanh")?,
         },
         "silu" => OpKind::Silu,
+        "relu" => OpKind::Relu,
         "reduce_mean" => OpKind::ReduceMean,
         "reduce_sum" => OpKind::ReduceSum,
         "layernorm" => OpKind::LayerNorm {

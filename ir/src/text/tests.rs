@@ -38,6 +38,7 @@ fn every_kind() -> Vec<OpKind> {
         OpKind::Scale { factor: 1e300 },
         OpKind::Gelu { tanh: false },
         OpKind::Silu,
+        OpKind::Relu,
         OpKind::ReduceMean,
         OpKind::ReduceSum,
         OpKind::LayerNorm { eps: 1e-5 },

@@ -20,6 +20,7 @@ pub(super) enum Ew {
     Scale(f64),
     Gelu { tanh: bool },
     Silu,
+    Relu,
 }
 
 impl Ew {
@@ -39,6 +40,7 @@ impl Ew {
             OpKind::Scale { factor } => Ew::Scale(*factor),
             OpKind::Gelu { tanh } => Ew::Gelu { tanh: *tanh },
             OpKind::Silu => Ew::Silu,
+            OpKind::Relu => Ew::Relu,
             OpKind::Expand { .. } => Ew::Identity,
             _ => return None,
         })
@@ -138,6 +140,10 @@ impl Emitter<'_> {
             Ew::Silu => {
                 let s = self.sigmoid(&a);
                 self.f32_op("arith.mulf", &[&a, &s])
+            }
+            Ew::Relu => {
+                let zero = self.f32_const(0.0);
+                self.f32_op("arith.maximumf", &[&a, &zero])
             }
         })
     }
