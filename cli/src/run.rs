@@ -53,7 +53,9 @@ pub struct RunArgs {
     /// Seed of the initial parameters, the data order and dropout.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Append one JSON object per step (`step`, `loss`, `tokens_per_s`, `step_time_s`).
+    /// Append one JSON object per step (`step`, `loss`, `tokens_per_s`, `step_time_s`,
+    /// `comm_bytes`: the bytes the first rank sent in the step over all its communicators, as
+    /// ring collectives send them).
     #[arg(long)]
     log_json: Option<PathBuf>,
     /// Write a checkpoint into this directory every `--checkpoint-every` steps and at the end.
@@ -290,6 +292,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
                 "loss": s.loss,
                 "tokens_per_s": s.tokens_per_s,
                 "step_time_s": s.seconds,
+                "comm_bytes": s.comm_bytes,
             });
             let mut f = f.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Err(e) = writeln!(f, "{line}")

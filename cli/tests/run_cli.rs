@@ -70,3 +70,69 @@ fn checkpoints_say_what_they_wrote_and_loaded() {
     assert!(out.contains(&want), "{want} missing:\n{out}");
     assert!(out.contains("step     3"), "{out}");
 }
+
+/// `--log-json` records `comm_bytes`, what the first rank sent in the step: for data
+/// parallelism over 2 ranks, the ring all-reduce of every f32 gradient sends each element
+/// once (2·(n−1)/n = 1), plus the loss's all-gather of two f32 words; one rank sends nothing.
+#[test]
+fn the_step_log_counts_the_bytes_a_rank_sends() {
+    let d = dir("run-comm-bytes");
+    let model = d.join("m.json");
+    std::fs::write(
+        &model,
+        r#"{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":4,"vocab_size":256,"n_positions":64}"#,
+    )
+    .expect("config written");
+    let m = model.to_string_lossy().into_owned();
+    let (code, out, err) = plait(&["inspect", &m, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let params = serde_json::from_str::<serde_json::Value>(&out).expect("JSON")["params"]
+        .as_u64()
+        .expect("a parameter count");
+    for (dp, want) in [(2, 4 * params + 8), (1, 0)] {
+        let plan = d.join(format!("dp{dp}.json"));
+        let p = plan.to_string_lossy().into_owned();
+        let (code, _, err) = plait(&[
+            "compile",
+            &m,
+            "--cluster",
+            "cpu",
+            "--gpus",
+            &dp.to_string(),
+            "--global-batch",
+            "8",
+            "--seq",
+            "64",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--dp",
+            &dp.to_string(),
+            "--micro-batch",
+            "4",
+            "--precision",
+            "fp32",
+            "-o",
+            &p,
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let log = d.join(format!("dp{dp}.jsonl"));
+        let (code, out, err) = plait(&[
+            "run",
+            &p,
+            "--steps",
+            "2",
+            "--log-json",
+            &log.to_string_lossy(),
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        let text = std::fs::read_to_string(&log).expect("log written");
+        let bytes: Vec<u64> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+            .map(|v| v["comm_bytes"].as_u64().expect("comm_bytes"))
+            .collect();
+        assert_eq!(bytes, vec![want, want], "dp {dp}");
+    }
+}

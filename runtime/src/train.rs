@@ -67,6 +67,9 @@ pub struct StepLog {
     /// On a resumed run's first step: the step its checkpoint was taken at and the seconds
     /// loading it took.
     pub resumed: Option<(u64, f64)>,
+    /// Bytes this rank sent during the step, over all its communicators, as the ring
+    /// algorithms send them ([`crate::comm::Counted`]).
+    pub comm_bytes: u64,
 }
 
 /// One rank's result.
@@ -94,6 +97,8 @@ pub fn train_rank<B: Backend, C: Communicator>(
     opts: &TrainOptions,
     on_step: &(dyn Fn(u32, StepLog) + Sync),
 ) -> Result<RankOutcome, RuntimeError> {
+    let comm = crate::comm::Counted::new(comm);
+    let sent = comm.sent_bytes_handle();
     let mut ex = Executor::new(set, backend, comm)?;
     if let Some(c) = &opts.checkpoint {
         checkpoint::check_writable(&c.dir, ex.rank())?;
@@ -122,7 +127,9 @@ pub fn train_rank<B: Backend, C: Communicator>(
         }
         let batch = data.batch(opts.seed, step, rows, seq)?;
         let t0 = Instant::now();
+        let sent_before = sent.load(std::sync::atomic::Ordering::Relaxed);
         let loss = ex.step(&batch)?;
+        let comm_bytes = sent.load(std::sync::atomic::Ordering::Relaxed) - sent_before;
         let seconds = t0.elapsed().as_secs_f64();
         losses.push(loss);
         let mut checkpoint_s = None;
@@ -142,6 +149,7 @@ pub fn train_rank<B: Backend, C: Communicator>(
                 tokens_per_s: (rows * seq) as f64 / seconds.max(1e-9),
                 checkpoint_s,
                 resumed: resumed.take(),
+                comm_bytes,
             },
         );
     }

@@ -22,6 +22,7 @@
 //! behind the `mpi` feature, `MpiComm` (one process per rank under `mpirun`).
 
 pub mod conformance;
+mod counted;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub(crate) mod reduce;
@@ -31,6 +32,7 @@ use std::time::Duration;
 
 use crate::RuntimeError;
 
+pub use counted::Counted;
 pub use threads::ThreadComm;
 
 /// The deadline of every communicator operation unless set otherwise.
