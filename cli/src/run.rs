@@ -46,6 +46,16 @@ pub struct RunArgs {
     /// what `plait tokenize` writes for them).
     #[arg(long, default_value = "u16")]
     data_width: runtime::data::TokenWidth,
+    /// The data-parallel gradient exchange: none (f32), bf16, int8 (a scale per 256 elements)
+    /// or topk:FRACTION (the largest entries, the rest carried to the next step). Every rank
+    /// still applies the same update; what the smaller exchange does to convergence is the
+    /// user's trade.
+    #[arg(long, default_value = "none")]
+    grad_compression: runtime::exec::dp_comm::GradCompression,
+    /// When data-parallel ranks synchronise: sync (every step) or local-sgd:H (no gradient
+    /// exchange; parameters averaged every H steps; needs ZeRO-0).
+    #[arg(long, default_value = "sync")]
+    dp_sync: runtime::exec::dp_comm::DpSync,
     /// A Hugging Face tokenizer.json: `--data` is a text, tokenized with it (the model's own
     /// tokenizer, for a real vocabulary).
     #[arg(long, requires = "data")]
@@ -121,6 +131,29 @@ fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
     Ok(compile(&path.display().to_string(), &cluster, &pins, 0, None)?.plan)
 }
 
+/// Compressed exchanges and local SGD replace the whole data-parallel gradient all-reduce, so a
+/// plan with ZeRO runs at ZeRO-0, and plait says so: local SGD's replicas each step with their
+/// own whole optimizer state (DiLoCo's inner optimizers), which ZeRO shards; a compressed
+/// exchange is a compressed all-reduce (its reduce-scatter and all-gather both carry the small
+/// form, as DeepSpeed's 1-bit Adam runs without ZeRO's partitioning), where ZeRO's exact
+/// parameter all-gather would send the full size again.
+fn unsharded_for_dp_comm(
+    mut plan: planner::plan::Plan,
+    d: runtime::exec::dp_comm::DpComm,
+) -> planner::plan::Plan {
+    if !d.is_plain() && plan.strategy.zero > 0 && plan.strategy.dp > 1 {
+        eprintln!(
+            "note: {} exchanges the whole gradient each replica holds, so this ZeRO-{} plan runs \
+             at ZeRO-0 (each rank holds the whole optimizer state; compile with --zero 0 to plan \
+             its memory so)",
+            d.describe(),
+            plan.strategy.zero
+        );
+        plan.strategy.zero = 0;
+    }
+    plan
+}
+
 /// The programs and where initial weights come from.
 fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
     let seeded = Init::Seed(args.seed);
@@ -133,6 +166,7 @@ fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
         }
         None => demo_plan()?,
     };
+    let plan = unsharded_for_dp_comm(plan, dp_comm(args));
     let (set, _) = codegen::generate(&plan)?;
     let init = if plan.model.source == "onnx" {
         let m = import::load_model(
@@ -147,6 +181,13 @@ fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
         seeded
     };
     Ok((set, init, Some(plan.model.vocab)))
+}
+
+fn dp_comm(args: &RunArgs) -> runtime::exec::dp_comm::DpComm {
+    runtime::exec::dp_comm::DpComm {
+        compression: args.grad_compression,
+        sync: args.dp_sync,
+    }
 }
 
 fn data(args: &RunArgs) -> anyhow::Result<Tokens> {
@@ -205,6 +246,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         init,
         timeout: Duration::from_secs(args.timeout.max(1)),
         reproducible: args.reproducible,
+        dp_comm: dp_comm(args),
         op_times: args.op_times,
         checkpoint: args
             .checkpoint_dir

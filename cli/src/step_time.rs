@@ -126,6 +126,7 @@ pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
             timeout: Duration::from_secs(120),
             checkpoint: None,
             reproducible: false,
+            dp_comm: Default::default(),
             op_times: false,
         };
         train_threads(&set, &tokens, &opts, &on_step)?;

@@ -98,6 +98,9 @@ pub enum RuntimeError {
         #[source]
         source: Box<RuntimeError>,
     },
+    /// A data-parallel exchange mode the program's layout cannot run.
+    #[error("{mode} cannot run this program: {reason}")]
+    DpComm { mode: String, reason: String },
     /// Training data that cannot be read or used.
     #[error("{path}: {message}")]
     Data { path: String, message: String },

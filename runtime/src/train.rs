@@ -40,6 +40,9 @@ pub struct TrainOptions {
     /// device's parameters. Applies to the backend [`TrainOptions::cpu_backend`] builds (as
     /// [`train_threads`] and `plait run` do); a caller of [`train_rank`] chooses its own.
     pub reproducible: bool,
+    /// How data-parallel gradients are exchanged: compressed, or local SGD
+    /// ([`crate::exec::dp_comm`]).
+    pub dp_comm: crate::exec::dp_comm::DpComm,
 }
 
 impl TrainOptions {
@@ -100,6 +103,7 @@ pub fn train_rank<B: Backend, C: Communicator>(
     let comm = crate::comm::Counted::new(comm);
     let sent = comm.sent_bytes_handle();
     let mut ex = Executor::new(set, backend, comm)?;
+    ex.set_dp_comm(opts.dp_comm)?;
     if let Some(c) = &opts.checkpoint {
         checkpoint::check_writable(&c.dir, ex.rank())?;
     }

@@ -27,6 +27,7 @@ fn losses(set: &ProgramSet, steps: u64, ckpt: Option<CheckpointOptions>) -> Vec<
         timeout: Duration::from_secs(60),
         checkpoint: ckpt,
         reproducible: false,
+        dp_comm: Default::default(),
         op_times: false,
     };
     train_threads(set, &text(), &opts, &|_, _| {}).unwrap()[0]
@@ -91,6 +92,7 @@ fn failing(set: &ProgramSet, ckpt: CheckpointOptions) -> (String, usize) {
         timeout: Duration::from_secs(60),
         checkpoint: Some(ckpt),
         reproducible: false,
+        dp_comm: Default::default(),
         op_times: false,
     };
     let ran = std::sync::atomic::AtomicUsize::new(0);

@@ -24,6 +24,7 @@
 //!   the world in rank order in f64 (each share sent as two f32s).
 
 pub mod collective;
+pub mod dp_comm;
 pub mod dropout;
 pub mod init;
 pub mod layout;
@@ -33,7 +34,7 @@ mod state;
 use ir::OpKind;
 use kernels::Tensor32;
 use program::{BufferId, ProgramSet};
-use program::{CollectiveOp, Elem, Instr, Role, Slot, Template, VocabOp};
+use program::{CollectiveOp, Elem, Instr, Purpose, Role, Slot, Template, VocabOp};
 
 use self::collective::Members;
 use crate::{Backend, Communicator, MAX_TAG, RuntimeError};
@@ -78,6 +79,11 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     micro_batch: u32,
     /// Wall time per instruction kind, when recording ([`Executor::record_op_times`]).
     op_times: Option<OpTimes>,
+    /// How data-parallel gradients are exchanged ([`Executor::set_dp_comm`]).
+    dp_comm: dp_comm::DpComm,
+    /// Top-k's error feedback: what each gradient buffer did not send yet, in the exchange's
+    /// reduce-scatter (0) and in its all-gather of the summed pieces (1).
+    residuals: std::collections::HashMap<(BufferId, u8), Vec<f32>>,
 }
 
 fn instr_name(i: &Instr) -> &'static str {
@@ -151,6 +157,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             steps: 0,
             micro_batch: 0,
             op_times: None,
+            dp_comm: dp_comm::DpComm::default(),
+            residuals: std::collections::HashMap::new(),
         })
     }
 
@@ -218,6 +226,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         }
         self.step_reads = reads;
         self.zero_all_pending()?;
+        if let dp_comm::DpSync::LocalSgd { every } = self.dp_comm.sync
+            && self.steps.is_multiple_of(every)
+        {
+            self.average_parameters()?;
+        }
         let loss = self.sum_loss(loss)?;
         if let Some(ot) = self.op_times.as_mut() {
             ot.end_step(step_start.elapsed());
@@ -412,9 +425,13 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 group,
                 axis,
                 pairs,
+                purpose,
                 ..
             } => {
-                for &(i, o) in pairs {
+                let changed = *purpose == Purpose::GradReduce
+                    && *group == Slot::Dp
+                    && self.dp_exchange(*op, *axis, pairs)?;
+                for &(i, o) in pairs.iter().filter(|_| !changed) {
                     let out_len: usize = self.decl_shape(o)?.iter().product();
                     let wide = self.backend.wide_partial_sums()
                         && *group == Slot::Tp

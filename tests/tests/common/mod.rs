@@ -154,6 +154,7 @@ pub fn train_with(set: &ProgramSet, steps: u64, seed: u64, reproducible: bool) -
         timeout: Duration::from_secs(60),
         checkpoint: None,
         reproducible,
+        dp_comm: Default::default(),
         op_times: false,
     };
     let outs = train_threads(set, &text(), &opts, &|_, _| {}).unwrap();
