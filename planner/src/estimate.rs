@@ -474,33 +474,40 @@ fn estimate_impl(
             worst_end = end;
             critical = d;
         }
-        // Activations: the in-flight micro-batches, plus under full recompute one layer's whole
-        // activations rebuilt during its backward; the last stage holds the fp32 logits and their
-        // gradient; the first the embedding output.
+        // Activations: the in-flight micro-batches, plus two working sets that are never live
+        // at once: a layer's, during its backward (under full recompute its whole activations
+        // rebuilt; under ZeRO-3 its gathered parameters and its gradient until the
+        // reduce-scatter), and on the last stage the head's (the fp32 logits and their
+        // gradient, which die before the last layer's backward starts). The first stage also
+        // holds the embedding output.
         let mut activations = timeline.device_peak_activations[d];
-        if s.recompute == Recompute::Full {
+        let rebuilt = if s.recompute == Recompute::Full {
             let rebuilt = ActivationPolicy {
                 recompute: Recompute::None,
                 ..policy
             };
-            activations += layer_activation_bytes(&shape, b.seq as f64, b.batch as f64, &rebuilt);
-        }
-        let mut other = RESERVE_BYTES;
+            layer_activation_bytes(&shape, b.seq as f64, b.batch as f64, &rebuilt)
+        } else {
+            0.0
+        };
+        activations += rebuilt;
+        let mut layer_working_set = 0.0;
         if s.zero >= 3 && replicas > 1.0 && layers > 0 {
-            // ZeRO-3's working set: the layer being computed holds its gathered parameters
-            // and, in its backward, its gradient until the reduce-scatter (the engine decides
-            // how much of a layer is live at once).
+            // The engine decides how much of a layer is live at once.
             let (gathered, reduced) = s
                 .engine
                 .zero3_working_params(info.params_per_layer as f64 / tp as f64);
-            other += gathered * wbytes + reduced * s.precision.grad_bytes();
+            layer_working_set = gathered * wbytes + reduced * s.precision.grad_bytes();
         }
-        if my_chunks.contains(&(n_chunks - 1)) {
+        let head_working_set = if my_chunks.contains(&(n_chunks - 1)) {
             // The fp32 logits and their gradient, and the input of each op on the logits
             // whose backward reads it (Gemma 2's soft-capping tanh).
             let logit_copies = 2.0 + logit_ops_keeping_input(g, info) as f64;
-            other += logit_copies * 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp as f64;
-        }
+            logit_copies * 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp as f64
+        } else {
+            0.0
+        };
+        let mut other = RESERVE_BYTES + layer_working_set.max(head_working_set - rebuilt);
         if my_chunks.contains(&0) {
             other += act_bytes / rep;
         }

@@ -167,7 +167,13 @@ impl<'a> Stage<'a> {
             } else {
                 CollectiveOp::ReduceScatter
             };
+            let whole: Vec<BufferId> = pairs.iter().map(|(g, _)| *g).collect();
             self.flat_collective(op, Slot::Dp, pairs, Purpose::GradReduce, Some(bucket));
+            if self.grads_per_step() {
+                for g in whole {
+                    self.b.free(g);
+                }
+            }
         }
     }
 

@@ -200,6 +200,13 @@ impl B<'_, '_> {
         })
     }
 
+    /// This rank's piece of a whole value along the sequence.
+    fn scatter_seq(&mut self, x: SVal) -> SVal {
+        let y = self.derived(x, Lay::Split { axis: 1, blocks: 1 }, "sp");
+        self.seg.steps.push(Step::Chunk { axis: 1, x, y });
+        y
+    }
+
     fn gather_seq(&mut self, x: SVal) -> SVal {
         let y = self.derived(x, Lay::Rep, "ag");
         self.seg.steps.push(Step::Coll {
@@ -542,6 +549,23 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     }
                 }
             }
+        }
+        if kind == Kind::Pre
+            && cx.sp
+            && matches!(op.kind, OpKind::Dropout { .. })
+            && Some(&o) == ops.iter().rev().find(|&&q| !g.op(q).kind.is_source())
+            && b.seg.vals[ins[0]].lay == Lay::Rep
+            && b.seg.vals[ins[0]]
+                .shape
+                .get(1)
+                .is_some_and(|s| s.is_multiple_of(u64::from(cx.tp)))
+        {
+            // The embedding's closing dropout runs on this rank's sequence piece, as
+            // Megatron-LM scatters the embeddings to the sequence-parallel region before its
+            // dropout: its mask is 1/tp of the whole one (the runtime draws it on global
+            // indices, so the masks are one device's).
+            ins[0] = b.scatter_seq(ins[0]);
+            out_lay = Lay::Split { axis: 1, blocks: 1 };
         }
         if kind == Kind::Post && cx.seq_shard {
             partial_params = (0..ins.len())

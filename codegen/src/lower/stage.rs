@@ -110,6 +110,10 @@ impl<'a> Stage<'a> {
                     vec![per],
                     Role::GradSlice(pid),
                 )
+            } else if self.grads_per_step() {
+                // Allocated at each step's start and freed once reduce-scattered (below).
+                self.b
+                    .declare(format!("g.{name}"), w, shape.clone(), Role::Grad(pid))
             } else {
                 self.b
                     .alloc(format!("g.{name}"), w, shape.clone(), Role::Grad(pid))
@@ -167,6 +171,9 @@ impl<'a> Stage<'a> {
         }
         let step_start = self.b.instrs.len();
         for (_, st) in &states {
+            if self.grads_per_step() {
+                self.b.push(Instr::Alloc { buf: st.grad });
+            }
             self.b.push(Instr::Fill {
                 buf: st.grad,
                 value: 0.0,
@@ -254,6 +261,15 @@ impl<'a> Stage<'a> {
             init: instrs,
             instrs: step,
         })
+    }
+
+    /// Whether the full gradient accumulators live only from the step's start to their
+    /// reduce-scatter: ZeRO-1 over two or more replicas, where the optimizer reads this rank's
+    /// reduced slice. Megatron's distributed optimizer reduce-scatters in place in its
+    /// gradient buffer, so it never holds a second copy of the slice beside the whole
+    /// gradient; freeing the whole gradient keeps the program's peak the same.
+    pub(super) fn grads_per_step(&self) -> bool {
+        self.zero == 1 && self.plan.strategy.dp >= 2
     }
 
     pub(super) fn pids(&self, w: Which, l: u32) -> &[Option<ParamId>] {

@@ -55,7 +55,11 @@ impl<'a> Stage<'a> {
             self.release(&params);
             let out = inst.bufs[pre.output].unwrap_or(BufferId(u32::MAX));
             st.pre = Some(inst);
-            if sp && let Some(li) = &layer_in {
+            let scattered = matches!(pre.vals[pre.output].lay, Lay::Split { axis: 1, .. });
+            if sp
+                && !scattered
+                && let Some(li) = &layer_in
+            {
                 let xs = self.b.alloc(
                     format!("c{c}.m{mb}.x"),
                     li.elem,
