@@ -122,3 +122,38 @@ fn overlapping_shards_are_rejected() {
     assert!(v.rank == 1 || v.rank == 0);
     assert_eq!(v.at, Loc::Shard(k));
 }
+
+#[test]
+fn an_all_gather_into_a_buffer_of_its_input_size_is_rejected() {
+    let mut set = mixed();
+    let t = set.detach(1).unwrap();
+    // The tensor-parallel gather of a sequence-split activation, written back into its input:
+    // one piece where the group's two belong.
+    let k = t
+        .instrs
+        .iter()
+        .position(|i| {
+            matches!(
+                i,
+                Instr::Collective {
+                    op: CollectiveOp::AllGather,
+                    purpose: Purpose::Activation,
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    if let Instr::Collective { pairs, .. } = &mut t.instrs[k] {
+        pairs[0].1 = pairs[0].0;
+    }
+    let r = verify(&set);
+    let v = r
+        .violations
+        .iter()
+        .find(|v| v.message.contains("all_gather over 2 ranks"))
+        .unwrap();
+    println!("{v}");
+    assert_eq!(v.check, Check::WellFormed);
+    assert_eq!(v.rank, 1);
+    assert_eq!(v.at, Loc::Step(k));
+}

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::cost::comm::{Collective, Mesh, collective_time, mesh_cp, p2p_time};
 use crate::cost::compute::{Device, Kernels, TpLayout, tp_layout};
 use crate::cost::memory::{ActivationPolicy, LayerShape, layer_activation_bytes, state_bytes};
-use crate::cost::pipeline::{ChunkCost, Timeline, simulate_with};
+use crate::cost::pipeline::{ChunkCost, Timeline, WorkingSet, simulate_with};
 use crate::error::PlanError;
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
@@ -357,16 +357,22 @@ fn estimate_impl(
     let chunk_layers = s.chunk_layers(info.layers);
     let n_chunks = chunk_layers.len();
     let p2p = p2p_time(cluster, act_bytes / rep, m.pp_cross_node, m.pp_sharing);
+    let transients = Transients::new(g, info, s, &shape, &policy, b);
     let chunks: Vec<ChunkCost> = chunk_layers
         .iter()
         .enumerate()
         .map(|(c, &l)| {
-            let l = f64::from(l);
+            let layers = f64::from(l);
             let mut cc = ChunkCost {
-                fwd: l * layer_fwd,
-                bwd: l * layer_bwd,
+                fwd: layers * layer_fwd,
+                bwd: layers * layer_bwd,
                 p2p: if c + 1 < n_chunks { p2p } else { 0.0 },
-                activation_bytes: l * act_layer,
+                activation_bytes: layers * act_layer,
+                working: if l > 0 {
+                    transients.layer
+                } else {
+                    WorkingSet::default()
+                },
             };
             if c == 0 {
                 cc.fwd += pre.fwd_total();
@@ -375,6 +381,8 @@ fn estimate_impl(
             if c + 1 == n_chunks {
                 cc.fwd += post.fwd_total();
                 cc.bwd += post.bwd_total();
+                cc.activation_bytes += transients.logits_kept;
+                cc.working = transients.head_chunk(cc.working);
             }
             cc
         })
@@ -474,40 +482,13 @@ fn estimate_impl(
             worst_end = end;
             critical = d;
         }
-        // Activations: the in-flight micro-batches, plus two working sets that are never live
-        // at once: a layer's, during its backward (under full recompute its whole activations
-        // rebuilt; under ZeRO-3 its gathered parameters and its gradient until the
-        // reduce-scatter), and on the last stage the head's (the fp32 logits and their
-        // gradient, which die before the last layer's backward starts). The first stage also
+        // Activations: the in-flight micro-batches and the working set of the task running
+        // at the device's peak (the pipeline simulation finds which); the states part of that
+        // working set (ZeRO-3's gathered layer) is shown as `other`. The first stage also
         // holds the embedding output.
-        let mut activations = timeline.device_peak_activations[d];
-        let rebuilt = if s.recompute == Recompute::Full {
-            let rebuilt = ActivationPolicy {
-                recompute: Recompute::None,
-                ..policy
-            };
-            layer_activation_bytes(&shape, b.seq as f64, b.batch as f64, &rebuilt)
-        } else {
-            0.0
-        };
-        activations += rebuilt;
-        let mut layer_working_set = 0.0;
-        if s.zero >= 3 && replicas > 1.0 && layers > 0 {
-            // The engine decides how much of a layer is live at once.
-            let (gathered, reduced) = s
-                .engine
-                .zero3_working_params(info.params_per_layer as f64 / tp as f64);
-            layer_working_set = gathered * wbytes + reduced * s.precision.grad_bytes();
-        }
-        let head_working_set = if my_chunks.contains(&(n_chunks - 1)) {
-            // The fp32 logits and their gradient, and the input of each op on the logits
-            // whose backward reads it (Gemma 2's soft-capping tanh).
-            let logit_copies = 2.0 + logit_ops_keeping_input(g, info) as f64;
-            logit_copies * 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp as f64
-        } else {
-            0.0
-        };
-        let mut other = RESERVE_BYTES + layer_working_set.max(head_working_set - rebuilt);
+        let working_states = timeline.device_peak_working_states[d];
+        let activations = timeline.device_peak_activations[d] - working_states;
+        let mut other = RESERVE_BYTES + working_states;
         if my_chunks.contains(&0) {
             other += act_bytes / rep;
         }
@@ -764,4 +745,74 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
     }
     shape.extra_norms = (residual_norms - 2.0).max(0.0);
     shape
+}
+
+/// The transient bytes of a backward task beside what is in flight, and what the head keeps.
+struct Transients {
+    /// A layer's backward: under full recompute its whole activations rebuilt; under ZeRO-3
+    /// its gathered parameters and its gradient until the reduce-scatter (the engine decides
+    /// how much of a layer is live at once).
+    layer: WorkingSet,
+    /// What the head keeps from its forward to its backward: the fp32 logits, and the input
+    /// of each element-wise op on them whose backward reads it (Gemma 2's soft-capping tanh).
+    logits_kept: f64,
+    /// The fp32 gradient of the logits, live during the head's backward only.
+    logits_grad: f64,
+}
+
+impl Transients {
+    /// The working set of the chunk that ends in the head, whose layers' working set is
+    /// `layers` (in flight counts the kept logits). Its backward runs the head first (the
+    /// logits' gradient beside the kept logits), then its layers, after the kept logits died.
+    fn head_chunk(&self, layers: WorkingSet) -> WorkingSet {
+        let layer_phase = layers.activations + layers.states - self.logits_kept;
+        if self.logits_grad >= layer_phase {
+            return WorkingSet {
+                activations: self.logits_grad,
+                states: 0.0,
+            };
+        }
+        let from_activations = self.logits_kept.min(layers.activations);
+        WorkingSet {
+            activations: layers.activations - from_activations,
+            states: layers.states - (self.logits_kept - from_activations),
+        }
+    }
+
+    fn new(
+        g: &Graph,
+        info: &ModelInfo<'_>,
+        s: &Strategy,
+        shape: &LayerShape,
+        policy: &ActivationPolicy,
+        b: Binding,
+    ) -> Transients {
+        let tp = s.tp as f64;
+        let rebuilt = if s.recompute == Recompute::Full {
+            let whole = ActivationPolicy {
+                recompute: Recompute::None,
+                ..*policy
+            };
+            layer_activation_bytes(shape, b.seq as f64, b.batch as f64, &whole)
+        } else {
+            0.0
+        };
+        let states = if s.zero >= 3 && s.dp * s.cp > 1 {
+            let (gathered, reduced) = s
+                .engine
+                .zero3_working_params(info.params_per_layer as f64 / tp);
+            gathered * s.precision.weight_bytes() + reduced * s.precision.grad_bytes()
+        } else {
+            0.0
+        };
+        let logits = 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp;
+        Transients {
+            layer: WorkingSet {
+                activations: rebuilt,
+                states,
+            },
+            logits_kept: (1 + logit_ops_keeping_input(g, info)) as f64 * logits,
+            logits_grad: logits,
+        }
+    }
 }

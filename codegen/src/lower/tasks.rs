@@ -255,7 +255,12 @@ impl<'a> Stage<'a> {
                 dx.ok_or_else(|| CodegenError::plan("model", "a layer's input gets no gradient"))?;
         }
         if let Some(mut inst) = st.pre.take() {
-            if sp && let Some(pi) = pre.vals.get(pre.output) {
+            // A pre segment that ends sequence-split (its dropout after the scatter) takes
+            // the first layer's input gradient as it is.
+            if sp
+                && let Some(pi) = pre.vals.get(pre.output)
+                && !matches!(pi.lay, Lay::Split { axis: 1, .. })
+            {
                 let df = self.b.alloc(
                     format!("c{c}.m{mb}.dxf"),
                     pi.elem,

@@ -22,6 +22,17 @@ pub struct ChunkCost {
     pub p2p: f64,
     /// Activation bytes one micro-batch leaves on the device until its backward.
     pub activation_bytes: f64,
+    /// Bytes the chunk's backward holds besides what is in flight, live only while it runs:
+    /// activations (a layer rebuilt under full recompute, the logits' gradient) and model
+    /// states (a ZeRO-3 layer's gathered parameters and unreduced gradient).
+    pub working: WorkingSet,
+}
+
+/// Transient bytes of one chunk's backward (see [`ChunkCost::working`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WorkingSet {
+    pub activations: f64,
+    pub states: f64,
 }
 
 /// What the simulation found.
@@ -31,8 +42,12 @@ pub struct Timeline {
     pub device_finish: Vec<f64>,
     /// Busy seconds of each device.
     pub device_busy: Vec<f64>,
-    /// Peak activation bytes held by each device.
+    /// Peak bytes each device holds for activations: in flight plus the working set of the
+    /// task running at that moment.
     pub device_peak_activations: Vec<f64>,
+    /// The model-state part of the working set at each device's peak (counted in
+    /// `device_peak_activations`).
+    pub device_peak_working_states: Vec<f64>,
     /// Most micro-batch chunks in flight on each device.
     pub device_peak_in_flight: Vec<u32>,
     /// Every task: (device, chunk, micro-batch, is_forward, start, end).
@@ -110,6 +125,7 @@ pub fn simulate_with(
     let mut busy = vec![0.0f64; p as usize];
     let mut held = vec![0.0f64; p as usize];
     let mut peak = vec![0.0f64; p as usize];
+    let mut peak_states = vec![0.0f64; p as usize];
     let mut in_flight = vec![0u32; p as usize];
     let mut peak_in_flight = vec![0u32; p as usize];
     let mut tasks = Vec::with_capacity(if record {
@@ -148,10 +164,17 @@ pub fn simulate_with(
                     fwd_done[idx(c, mb)] = end;
                     held[d] += cost.activation_bytes;
                     in_flight[d] += 1;
-                    peak[d] = peak[d].max(held[d]);
+                    if held[d] > peak[d] {
+                        (peak[d], peak_states[d]) = (held[d], 0.0);
+                    }
                     peak_in_flight[d] = peak_in_flight[d].max(in_flight[d]);
                 } else {
                     bwd_done[idx(c, mb)] = end;
+                    let w = cost.working;
+                    let during = held[d] + w.activations + w.states;
+                    if during > peak[d] {
+                        (peak[d], peak_states[d]) = (during, w.states);
+                    }
                     held[d] -= cost.activation_bytes;
                     in_flight[d] = in_flight[d].saturating_sub(1);
                 }
@@ -177,6 +200,7 @@ pub fn simulate_with(
         device_finish: free,
         device_busy: busy,
         device_peak_activations: peak,
+        device_peak_working_states: peak_states,
         device_peak_in_flight: peak_in_flight,
         tasks,
     }
@@ -193,6 +217,7 @@ mod tests {
                 bwd: b,
                 p2p: 0.0,
                 activation_bytes: 1.0,
+                working: WorkingSet::default(),
             })
             .collect()
     }

@@ -308,6 +308,7 @@ mod tests {
                 bwd: 2.0,
                 p2p: if c < 3 { 1.5 } else { 0.0 },
                 activation_bytes: 1.0,
+                ..Default::default()
             })
             .collect();
         let t = simulate_with(s.schedule, 2, 4, &chunks, true);

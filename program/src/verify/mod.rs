@@ -5,7 +5,9 @@
 //! 1. **Well-formed** (per template): buffer ids exist; a buffer is allocated before use, not
 //!    allocated twice while live, freed only while live; a step leaves allocated exactly what it
 //!    found (no leak across iterations); every collective's slot names a group of the rank and
-//!    every pair's input and output exist.
+//!    every pair's input and output exist; each collective's and chunk's output has the
+//!    element count its op makes of the input over the group (an all-gather n pieces, a
+//!    reduce-scatter or chunk one; axis-less ones padded to a multiple of n).
 //! 2. **Collectives match**: the members of each group issue the same sequence of collectives
 //!    on it, with the same op, axis, purpose, bucket and per-pair element counts and types.
 //! 3. **Point to point**: every send has its recv (same peer pair, order, tag and bytes) and
@@ -32,6 +34,7 @@ mod grads;
 mod memory;
 mod shards;
 mod sim;
+mod sizes;
 
 use std::fmt;
 
@@ -157,6 +160,7 @@ pub fn verify_with(set: &ProgramSet, opts: Options) -> Report {
         let Some(rank) = *rank else { continue };
         let peak = memory::check(t, rank, &mut r.violations);
         grads::check(set, t, rank, &mut r.violations);
+        sizes::check(set, t, rank, &mut r.violations);
         let stage_rank = set.rank(rank);
         let predicted = set
             .predicted
