@@ -9,8 +9,9 @@ use clap::Args;
 use codegen::verify::{Options, Report, verify_with};
 
 /// Relative difference between the programs' and the planner's peak memory that `codegen` and
-/// `verify` accept.
-const MEMORY_TOLERANCE: f64 = 0.10;
+/// `verify` accept: the goal of one memory model, met by the 19 plans of `plait bench
+/// memory` that lower (worst 2.5 %).
+const MEMORY_TOLERANCE: f64 = 0.03;
 
 #[derive(Args, Debug)]
 pub struct CodegenArgs {

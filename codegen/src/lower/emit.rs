@@ -214,6 +214,23 @@ fn instance_kind(seg: &Segment, i: usize, kind: &OpKind, env: &Env<'_>) -> OpKin
     }
 }
 
+/// Splits an op's gradient operands into those computed together and the weight matrices
+/// computed one at a time, each added into its accumulator before the next is computed: an op
+/// with several weight matrices (an expert layer's gate, up and down projections) holds one
+/// weight gradient at a time, as an engine's grouped GEMM writes each weight gradient into the
+/// main gradient buffer (Megatron's gradient-accumulation fusion) instead of holding them all.
+fn one_weight_gradient_at_a_time(
+    wrt: &[usize],
+    accumulated_matrix: impl Fn(usize) -> bool,
+) -> (Vec<usize>, Vec<usize>) {
+    let (alone, together): (Vec<usize>, Vec<usize>) =
+        wrt.iter().partition(|&&k| accumulated_matrix(k));
+    if alone.len() < 2 {
+        return (wrt.to_vec(), vec![]);
+    }
+    (together, alone)
+}
+
 fn coll(
     op: CollectiveOp,
     group: Slot,
@@ -682,19 +699,50 @@ pub fn backward(
                                 })
                                 .collect();
                             inputs.extend(dys.iter().copied());
-                            let outs_b: Vec<BufferId> =
-                                wrt.iter().map(|&k| alloc_dx(b, k)).collect();
-                            b.push(Instr::Compute {
-                                kind: OpKind::Grad {
-                                    of: Box::new(kind.clone()),
-                                    wrt: wrt.clone(),
-                                },
-                                inputs,
-                                outputs: outs_b.clone(),
-                                saves: vec![],
-                                layer: env.layer,
+                            let accumulated = |k: usize| {
+                                param_of(ins[k])
+                                    .filter(|_| !partial_param_grads.contains(&k))
+                                    .and_then(|p| env.accumulators.get(&p).copied())
+                            };
+                            let (together, alone) = one_weight_gradient_at_a_time(&wrt, |k| {
+                                accumulated(k).is_some() && seg.vals[ins[k]].shape.len() >= 2
                             });
-                            dxs.extend(wrt.iter().copied().zip(outs_b));
+                            let grad = |wrt: Vec<usize>| OpKind::Grad {
+                                of: Box::new(kind.clone()),
+                                wrt,
+                            };
+                            if !together.is_empty() {
+                                let outs_b: Vec<BufferId> =
+                                    together.iter().map(|&k| alloc_dx(b, k)).collect();
+                                b.push(Instr::Compute {
+                                    kind: grad(together.clone()),
+                                    inputs: inputs.clone(),
+                                    outputs: outs_b.clone(),
+                                    saves: vec![],
+                                    layer: env.layer,
+                                });
+                                dxs.extend(together.iter().copied().zip(outs_b));
+                            }
+                            for k in alone {
+                                let (dx, acc) = (alloc_dx(b, k), accumulated(k));
+                                b.push(Instr::Compute {
+                                    kind: grad(vec![k]),
+                                    inputs: inputs.clone(),
+                                    outputs: vec![dx],
+                                    saves: vec![],
+                                    layer: env.layer,
+                                });
+                                if let Some(acc) = acc {
+                                    b.push(Instr::Compute {
+                                        kind: OpKind::Add,
+                                        inputs: vec![acc, dx],
+                                        outputs: vec![acc],
+                                        saves: vec![],
+                                        layer: None,
+                                    });
+                                    b.free(dx);
+                                }
+                            }
                         }
                     }
                 }
