@@ -6,7 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::comm::{Collective, Mesh, collective_time, mesh_cp, p2p_time};
 use crate::cost::compute::{Device, Kernels, TpLayout, tp_layout};
-use crate::cost::memory::{ActivationPolicy, LayerShape, layer_activation_bytes, state_bytes};
+use crate::cost::memory::{
+    ActivationPolicy, LayerShape, layer_activation_bytes, layer_backward_gradient_bytes,
+    state_bytes,
+};
 use crate::cost::pipeline::{ChunkCost, Timeline, WorkingSet, simulate_with};
 use crate::error::PlanError;
 use crate::hardware::Cluster;
@@ -749,7 +752,8 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
 
 /// The transient bytes of a backward task beside what is in flight, and what the head keeps.
 struct Transients {
-    /// A layer's backward: under full recompute its whole activations rebuilt; under ZeRO-3
+    /// A layer's backward: its activation gradients at their widest; under full recompute its
+    /// whole activations rebuilt; under ZeRO-3
     /// its gathered parameters and its gradient until the reduce-scatter (the engine decides
     /// how much of a layer is live at once).
     layer: WorkingSet,
@@ -788,15 +792,17 @@ impl Transients {
         b: Binding,
     ) -> Transients {
         let tp = s.tp as f64;
+        let (seq, batch) = (b.seq as f64, b.batch as f64);
         let rebuilt = if s.recompute == Recompute::Full {
             let whole = ActivationPolicy {
                 recompute: Recompute::None,
                 ..*policy
             };
-            layer_activation_bytes(shape, b.seq as f64, b.batch as f64, &whole)
+            layer_activation_bytes(shape, seq, batch, &whole)
         } else {
             0.0
         };
+        let gradients = layer_backward_gradient_bytes(shape, seq, batch, policy);
         let states = if s.zero >= 3 && s.dp * s.cp > 1 {
             let (gathered, reduced) = s
                 .engine
@@ -808,7 +814,7 @@ impl Transients {
         let logits = 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp;
         Transients {
             layer: WorkingSet {
-                activations: rebuilt,
+                activations: rebuilt + gradients,
                 states,
             },
             logits_kept: (1 + logit_ops_keeping_input(g, info)) as f64 * logits,

@@ -699,6 +699,18 @@ pub fn backward(
                                 })
                                 .collect();
                             inputs.extend(dys.iter().copied());
+                            // A grouped-GEMM expert layer's backward holds the gradients of its
+                            // inner activations (the product's, then the gate's and the up
+                            // projection's: as wide as what it saved) beside the saved ones;
+                            // plait's CPU kernel holds them inside, so the program sizes them.
+                            let workspace = match (kind, inst.saves[i].first()) {
+                                (OpKind::MoeExperts { .. }, Some(&saved)) => Some(b.alloc_like(
+                                    saved,
+                                    format!("{}.expert_grads", env.tag),
+                                    Role::Temp,
+                                )),
+                                _ => None,
+                            };
                             let accumulated = |k: usize| {
                                 param_of(ins[k])
                                     .filter(|_| !partial_param_grads.contains(&k))
@@ -742,6 +754,9 @@ pub fn backward(
                                     });
                                     b.free(dx);
                                 }
+                            }
+                            if let Some(w) = workspace {
+                                b.free(w);
                             }
                         }
                     }

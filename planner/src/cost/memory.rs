@@ -104,6 +104,25 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
     bytes
 }
 
+/// Activation-gradient bytes one layer's backward holds at once, beyond what the layer keeps.
+///
+/// Korthikanti's terms count what the forward stores; the backward also holds gradients. At its
+/// widest point: a column-parallel projection's output gradient (`[s, b, f/t]` per routed copy
+/// of a token) beside its input gradient on the whole sequence (`[s, b, h]`, gathered under SP,
+/// before its reduce-scatter); a gated MLP's product splits one inner-wide gradient into two
+/// (three at once); a materialized attention the scores' gradient beside the softmax's
+/// (`2·a·s²·b/t`).
+pub fn layer_backward_gradient_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPolicy) -> f64 {
+    let inner = s * b * l.ffn * l.experts_per_token / a.tp;
+    let projection = s * b * l.hidden + inner;
+    let pointwise = if l.gated { 3.0 } else { 2.0 } * inner;
+    let scores = match a.attention {
+        AttentionKernel::Materialized => 2.0 * l.heads * s * s * b / a.tp,
+        AttentionKernel::Fused => 0.0,
+    };
+    a.precision.activation_bytes() * projection.max(pointwise).max(scores)
+}
+
 /// Bytes of one softmax statistic a fused attention keeps per query row and head (fp32).
 pub const LSE_BYTES: f64 = 4.0;
 
@@ -215,6 +234,31 @@ mod tests {
         close(
             layer_activation_bytes(&l, s, b, &policy(t, true, Recompute::Full, p)),
             2.0 * sbh / t,
+        );
+    }
+
+    #[test]
+    fn the_widest_backward_gradients_are_the_mlp_pair_or_the_scores() {
+        let l = gpt(12288.0, 96.0);
+        let fused = ActivationPolicy {
+            attention: AttentionKernel::Fused,
+            ..policy(8.0, true, Recompute::None, Precision::Bf16)
+        };
+        // GPT-3's MLP: the up projection's output gradient [s, b, 4h/8] beside its
+        // whole-sequence input gradient [s, b, h].
+        let (s, b) = (2048.0, 1.0);
+        let mlp = 2.0 * (s * b * 12288.0 + s * b * 4.0 * 12288.0 / 8.0);
+        assert_eq!(layer_backward_gradient_bytes(&l, s, b, &fused), mlp);
+        // Materialized scores at 8k tokens outgrow it: two [a/t, s, s] gradients.
+        let materialized = ActivationPolicy {
+            attention: AttentionKernel::Materialized,
+            ..fused
+        };
+        let s = 8192.0;
+        let scores = 2.0 * 2.0 * 96.0 * s * s / 8.0;
+        assert_eq!(
+            layer_backward_gradient_bytes(&l, s, b, &materialized),
+            scores
         );
     }
 
