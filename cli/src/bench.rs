@@ -255,6 +255,7 @@ fn estimate_speed() -> anyhow::Result<()> {
         cp: 1,
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,
+        dp_comm: Default::default(),
     };
     let runs = 200;
     let mut times = Vec::with_capacity(runs);

@@ -73,6 +73,14 @@ pub fn compile(
             "--target {t} searches what {t} runs and prices it with {t}'s profile; drop --engine {e} or make it --engine {t}"
         );
     }
+    let dp_comm = pins.dp_comm();
+    if let Some(z) = pins.zero.filter(|&z| z > 0 && !dp_comm.is_plain()) {
+        anyhow::bail!(
+            "--grad-compression {} --dp-sync {} run at ZeRO-0 (a compressed exchange is an all-reduce; local SGD keeps each replica's whole optimizer state), not with --zero {z}: pass --zero 0 or drop it",
+            dp_comm.grad_compression,
+            dp_comm.dp_sync
+        );
+    }
     let cluster = Cluster::load(&cluster_args.cluster)?;
     let batch_for_import = pins.micro_batch.unwrap_or(1);
     let m = model::load(model_arg, batch_for_import, cluster_args.seq)?;
@@ -99,6 +107,7 @@ pub fn compile(
             cp: p.cp,
             engine: target.or(p.engine),
             target: target.is_some(),
+            dp_comm: p.dp_comm(),
         },
         top_k: top,
     };

@@ -111,6 +111,9 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
         "time        compute {:.4} s, TP comm {:.4} s, PP comm {:.4} s, DP comm {:.4} s, bubble {:.4} s, optimizer {:.4} s",
         t.compute, t.tp_comm, t.pp_comm, t.dp_comm, t.bubble, t.optimizer
     );
+    if let Some(x) = &p.dp_exchange {
+        print_dp_exchange(x);
+    }
     let mm = &p.memory;
     println!(
         "memory      peak {} of {} -> {}",
@@ -168,4 +171,23 @@ pub fn training_line(t: &planner::training::TrainingRun) -> String {
         "training    {:.3e} tokens: {:.1} days, {:.0} GPU-hours, {energy}{cost}",
         t.tokens, t.days, t.gpu_hours
     )
+}
+
+/// The compressed or local-SGD exchange beside the plain one, and whose trade it is.
+fn print_dp_exchange(x: &planner::estimate::DpExchange) {
+    let mb = |b: f64| b / 1e6;
+    println!(
+        "dp exchange --grad-compression {} --dp-sync {}: {:.1} MB sent per rank per step, {:.4} s (plain: {:.1} MB, {:.4} s; {:.1}x less data, {:.1}x less time before overlap)",
+        x.grad_compression,
+        x.dp_sync,
+        mb(x.bytes_per_step),
+        x.exchange_s,
+        mb(x.plain_bytes_per_step),
+        x.plain_exchange_s,
+        x.plain_bytes_per_step / x.bytes_per_step.max(f64::MIN_POSITIVE),
+        x.plain_exchange_s / x.exchange_s.max(f64::MIN_POSITIVE),
+    );
+    println!(
+        "            what the smaller exchange does to convergence is your trade: plait prices it and never picks it by itself"
+    );
 }

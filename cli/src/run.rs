@@ -50,12 +50,14 @@ pub struct RunArgs {
     /// or topk:FRACTION (the largest entries, the rest carried to the next step). Every rank
     /// still applies the same update; what the smaller exchange does to convergence is the
     /// user's trade.
-    #[arg(long, default_value = "none")]
-    grad_compression: runtime::exec::dp_comm::GradCompression,
+    /// [default: the plan's (`compile --grad-compression`), else none]
+    #[arg(long)]
+    grad_compression: Option<planner::dp_comm::GradCompression>,
     /// When data-parallel ranks synchronise: sync (every step) or local-sgd:H (no gradient
     /// exchange; parameters averaged every H steps; needs ZeRO-0).
-    #[arg(long, default_value = "sync")]
-    dp_sync: runtime::exec::dp_comm::DpSync,
+    /// [default: the plan's (`compile --dp-sync`), else sync]
+    #[arg(long)]
+    dp_sync: Option<planner::dp_comm::DpSync>,
     /// A Hugging Face tokenizer.json: `--data` is a text, tokenized with it (the model's own
     /// tokenizer, for a real vocabulary).
     #[arg(long, requires = "data")]
@@ -127,6 +129,8 @@ fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
         cp: None,
         engine: None,
         stage_layers: None,
+        grad_compression: None,
+        dp_sync: None,
     };
     Ok(compile(&path.display().to_string(), &cluster, &pins, 0, None)?.plan)
 }
@@ -154,11 +158,21 @@ fn unsharded_for_dp_comm(
     plan
 }
 
-/// The programs and where initial weights come from.
-fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
+/// The programs, where initial weights come from, the vocabulary and the data-parallel
+/// exchange (the flags', else the plan's).
+fn programs(
+    args: &RunArgs,
+) -> anyhow::Result<(
+    ProgramSet,
+    Init,
+    Option<u64>,
+    runtime::exec::dp_comm::DpComm,
+)> {
     let seeded = Init::Seed(args.seed);
     let plan = match &args.plan {
-        Some(p) if p.is_dir() => return Ok((codegen::io::read(p)?, seeded, None)),
+        Some(p) if p.is_dir() => {
+            return Ok((codegen::io::read(p)?, seeded, None, dp_comm(args, None)));
+        }
         Some(p) => {
             let plan = crate::plan_file::read(p)?;
             refuse_gpu_plan(&plan, p, args.on_cpu)?;
@@ -166,7 +180,8 @@ fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
         }
         None => demo_plan()?,
     };
-    let plan = unsharded_for_dp_comm(plan, dp_comm(args));
+    let dp = dp_comm(args, Some(plan.strategy.dp_comm));
+    let plan = unsharded_for_dp_comm(plan, dp);
     let (set, _) = codegen::generate(&plan)?;
     let init = if plan.model.source == "onnx" {
         let m = import::load_model(
@@ -180,14 +195,30 @@ fn programs(args: &RunArgs) -> anyhow::Result<(ProgramSet, Init, Option<u64>)> {
     } else {
         seeded
     };
-    Ok((set, init, Some(plan.model.vocab)))
+    Ok((set, init, Some(plan.model.vocab), dp))
 }
 
-fn dp_comm(args: &RunArgs) -> runtime::exec::dp_comm::DpComm {
-    runtime::exec::dp_comm::DpComm {
-        compression: args.grad_compression,
-        sync: args.dp_sync,
-    }
+/// The exchange the flags ask for, each flag falling back to what the plan was priced with.
+fn dp_comm(
+    args: &RunArgs,
+    planned: Option<planner::dp_comm::DpComm>,
+) -> runtime::exec::dp_comm::DpComm {
+    use planner::dp_comm::{DpSync as P, GradCompression as G};
+    use runtime::exec::dp_comm::{DpSync, GradCompression};
+    let planned = planned.unwrap_or_default();
+    let compression = match args.grad_compression.unwrap_or(planned.grad_compression) {
+        G::None => GradCompression::None,
+        G::Bf16 => GradCompression::Bf16,
+        G::Int8 => GradCompression::Int8,
+        G::TopK(f) => GradCompression::TopK(f),
+    };
+    let sync = match args.dp_sync.unwrap_or(planned.dp_sync) {
+        P::Sync => DpSync::Sync,
+        P::LocalSgd { every } => DpSync::LocalSgd {
+            every: u64::from(every),
+        },
+    };
+    runtime::exec::dp_comm::DpComm { compression, sync }
 }
 
 fn data(args: &RunArgs) -> anyhow::Result<Tokens> {
@@ -235,7 +266,7 @@ fn refuse_gpu_plan(
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let (set, init, vocab) = programs(args)?;
+    let (set, init, vocab, dp) = programs(args)?;
     let tokens = data(args)?;
     if let Some(v) = vocab {
         tokens.check_vocab(v)?;
@@ -246,7 +277,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         init,
         timeout: Duration::from_secs(args.timeout.max(1)),
         reproducible: args.reproducible,
-        dp_comm: dp_comm(args),
+        dp_comm: dp,
         op_times: args.op_times,
         checkpoint: args
             .checkpoint_dir

@@ -63,6 +63,8 @@ fn pins(tp: u32, pp: u32, dp: u32) -> StrategyArgs {
         cp: None,
         engine: None,
         stage_layers: None,
+        grad_compression: None,
+        dp_sync: None,
     }
 }
 

@@ -108,9 +108,28 @@ pub struct StrategyArgs {
     /// Decoder layers per pipeline stage, comma-separated (default: as even as possible).
     #[arg(long, value_delimiter = ',')]
     pub stage_layers: Option<Vec<u32>>,
+    /// Price the data-parallel gradient exchange compressed, as `plait run` runs it: none,
+    /// bf16, int8 (a scale per 256 elements) or topk:FRACTION (index and value of the largest
+    /// entries); none unless given. Needs ZeRO-0; never searched: what it does to convergence is
+    /// the user's trade.
+    #[arg(long)]
+    pub grad_compression: Option<planner::dp_comm::GradCompression>,
+    /// Price data-parallel synchronisation as sync (every step) or local-sgd:H (no gradient
+    /// exchange; parameters averaged every H steps); sync unless given. Needs ZeRO-0; never
+    /// searched.
+    #[arg(long)]
+    pub dp_sync: Option<planner::dp_comm::DpSync>,
 }
 
 impl StrategyArgs {
+    /// The data-parallel exchange the flags ask for.
+    pub fn dp_comm(&self) -> planner::dp_comm::DpComm {
+        planner::dp_comm::DpComm {
+            grad_compression: self.grad_compression.unwrap_or_default(),
+            dp_sync: self.dp_sync.unwrap_or_default(),
+        }
+    }
+
     /// A complete strategy on `cluster`; every missing required knob is named in the error.
     pub fn complete(
         &self,
@@ -158,7 +177,9 @@ impl StrategyArgs {
                     1
                 }),
             sequence_parallel: self.sequence_parallel == Some(Switch::On),
-            precision: self.precision.unwrap_or(Precision::Bf16),
+            precision: self
+                .precision
+                .unwrap_or_else(|| planner::search::default_precision(cluster)),
             stage_layers: self.stage_layers.clone(),
             attention: self
                 .attention
@@ -169,6 +190,7 @@ impl StrategyArgs {
             cp: self.cp.unwrap_or(1),
             engine,
             overlap: engine.overlap(zero),
+            dp_comm: self.dp_comm(),
         })
     }
 }

@@ -68,6 +68,7 @@ pub fn plan(model: &str, seq: u64, c: Case) -> (Plan, Graph) {
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,
         stage_layers: None,
+        dp_comm: Default::default(),
     };
     let gpus = s.gpus();
     let est = planner::estimate(&info, &cluster, gpus, &s).unwrap();

@@ -192,6 +192,7 @@ pub fn predict_row(
                     crate::engine::Overlap::LEGACY
                 },
                 stage_layers: None,
+                dp_comm: Default::default(),
             };
             let Ok(e) = estimate(&info, cluster, row.gpus, &s) else {
                 continue;

@@ -79,6 +79,24 @@ pub struct Predicted {
     /// Days, GPU-hours, energy and cost to train on `--train-tokens` tokens (when asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training: Option<crate::training::TrainingRun>,
+    /// A compressed or local-SGD exchange against the plain one, on the critical stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_exchange: Option<DpExchange>,
+}
+
+/// What one rank of the critical stage exchanges with its data-parallel group per step, as
+/// the plan asks and as the plain (uncompressed, synchronous) exchange would.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DpExchange {
+    pub grad_compression: crate::dp_comm::GradCompression,
+    pub dp_sync: crate::dp_comm::DpSync,
+    /// Bytes the rank sends per step (ring all-reduce: 2(n − 1)/n of the buffer; local SGD:
+    /// the parameter average's, over its period).
+    pub bytes_per_step: f64,
+    pub plain_bytes_per_step: f64,
+    /// Seconds of the exchange per step before any overlap (compression kernels included).
+    pub exchange_s: f64,
+    pub plain_exchange_s: f64,
 }
 
 /// Per-micro-batch seconds of one layer and of the ops before and after the layers: what the
@@ -398,6 +416,7 @@ fn estimate_impl(
     let mut worst_end = 0.0f64;
     let mut critical = 0usize;
     let mut dp_exposed = vec![0.0; s.pp as usize];
+    let mut exchanges: Vec<Option<DpExchange>> = vec![None; s.pp as usize];
     let mut optimizer_time = vec![0.0; s.pp as usize];
     for d in 0..s.pp as usize {
         let my_chunks: Vec<usize> = (0..n_chunks).filter(|c| c % s.pp as usize == d).collect();
@@ -427,8 +446,20 @@ fn estimate_impl(
         // cluster runs communication beside compute; in full where it does not.
         let mut dp_time = 0.0;
         let mut gather_time = 0.0;
+        let mut average_time = 0.0;
         if dp * cp > 1 {
             dp_time = match s.zero {
+                0 if !s.dp_comm.is_plain() => {
+                    let x = dp_exchange(cluster, &m.dp, &s.dp_comm, local, s.precision);
+                    exchanges[d] = Some(x);
+                    match s.dp_comm.dp_sync {
+                        crate::dp_comm::DpSync::Sync => x.exchange_s,
+                        crate::dp_comm::DpSync::LocalSgd { .. } => {
+                            average_time = x.exchange_s;
+                            0.0
+                        }
+                    }
+                }
                 0 => collective_time(cluster, &m.dp, Collective::AllReduce, grad_bytes),
                 // Reduce-scatter the gradients, all-gather the updated weights.
                 1 => collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes),
@@ -478,8 +509,8 @@ fn estimate_impl(
         };
         let owned = if s.zero >= 1 { local / replicas } else { local };
         let opt = owned * OPTIMIZER_BYTES_PER_PARAM / device.hbm + device.launch;
-        let end = timeline.device_finish[d] + exposed + tied_sync + opt;
-        dp_exposed[d] = exposed + tied_sync;
+        let end = timeline.device_finish[d] + exposed + tied_sync + opt + average_time;
+        dp_exposed[d] = exposed + tied_sync + average_time;
         optimizer_time[d] = opt;
         if end > worst_end {
             worst_end = end;
@@ -607,6 +638,7 @@ fn estimate_impl(
             },
             stages,
             training: None,
+            dp_exchange: exchanges[critical],
         },
         timeline,
         mesh: Some(m),
@@ -820,5 +852,45 @@ impl Transients {
             logits_kept: (1 + logit_ops_keeping_input(g, info)) as f64 * logits,
             logits_grad: logits,
         }
+    }
+}
+
+/// A non-plain data-parallel exchange of `local` parameters' gradients beside the plain one:
+/// the compressed all-reduce with its encode and decode passes (overlapped with the backward
+/// like the plain one), or local SGD's parameter average amortised over its period (after the
+/// optimizer step, with nothing to hide it behind). See [`crate::dp_comm`].
+fn dp_exchange(
+    cluster: &Cluster,
+    group: &crate::cost::comm::Group,
+    dp_comm: &crate::dp_comm::DpComm,
+    local: f64,
+    precision: crate::precision::Precision,
+) -> DpExchange {
+    use crate::dp_comm::DpSync;
+    let ring = 2.0 * (group.size as f64 - 1.0) / group.size as f64;
+    let grad = precision.grad_bytes();
+    let plain_bytes = local * grad;
+    let (bytes, exchange_s) = match dp_comm.dp_sync {
+        DpSync::LocalSgd { every } => {
+            let weights = local * precision.weight_bytes();
+            let average = collective_time(cluster, group, Collective::AllReduce, weights);
+            (weights / f64::from(every), average / f64::from(every))
+        }
+        DpSync::Sync => {
+            let wire = local * dp_comm.wire_bytes(grad);
+            let kernels = dp_comm.kernel_passes() * plain_bytes / cluster.hbm_bytes_per_s();
+            (
+                wire,
+                collective_time(cluster, group, Collective::AllReduce, wire) + kernels,
+            )
+        }
+    };
+    DpExchange {
+        grad_compression: dp_comm.grad_compression,
+        dp_sync: dp_comm.dp_sync,
+        bytes_per_step: ring * bytes,
+        plain_bytes_per_step: ring * plain_bytes,
+        exchange_s,
+        plain_exchange_s: collective_time(cluster, group, Collective::AllReduce, plain_bytes),
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod calibration;
 pub mod cost;
+pub mod dp_comm;
 pub mod engine;
 pub mod error;
 pub mod estimate;

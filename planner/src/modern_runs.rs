@@ -121,6 +121,7 @@ impl ModernRow {
             cp: self.cp,
             engine: Engine::Megatron,
             overlap: Engine::Megatron.overlap(zero),
+            dp_comm: Default::default(),
         }
     }
 }

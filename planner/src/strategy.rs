@@ -101,6 +101,10 @@ pub struct Strategy {
     /// before engines were modelled read as [`crate::engine::Overlap::LEGACY`]).
     #[serde(default)]
     pub overlap: crate::engine::Overlap,
+    /// How data-parallel replicas exchange gradients (compressed, or local SGD): the user's
+    /// convergence trade, never searched (plain unless set).
+    #[serde(default, skip_serializing_if = "crate::dp_comm::DpComm::is_plain")]
+    pub dp_comm: crate::dp_comm::DpComm,
 }
 
 fn one() -> u32 {
@@ -207,6 +211,12 @@ impl Strategy {
             ));
         }
         self.validate_cp(model)?;
+        if !self.dp_comm.is_plain() && self.zero > 0 {
+            return err(format!(
+                "--grad-compression {} --dp-sync {} run at ZeRO-0 (a compressed exchange is an all-reduce; local SGD keeps each replica's whole optimizer state), not at ZeRO-{}: pass --zero 0",
+                self.dp_comm.grad_compression, self.dp_comm.dp_sync, self.zero
+            ));
+        }
         if self.micro_batch == 0 || self.global_batch == 0 || self.seq == 0 {
             return err("micro-batch, global batch and sequence length must be positive".into());
         }

@@ -26,6 +26,7 @@ fn strategy(dp: u32, zero: u8) -> Strategy {
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,
         stage_layers: None,
+        dp_comm: Default::default(),
     }
 }
 

@@ -50,6 +50,7 @@ fn strategy(tp: u32, pp: u32, dp: u32, mb: u64, batch: u64) -> Strategy {
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,
         stage_layers: None,
+        dp_comm: Default::default(),
     }
 }
 

@@ -105,6 +105,7 @@ fn strategy(tp: u32, pp: u32, dp: u32, mb: u64, gbs: u64, seq: u64) -> Strategy 
         engine: Engine::Megatron,
         overlap: Overlap::LEGACY,
         stage_layers: None,
+        dp_comm: Default::default(),
     }
 }
 

@@ -52,6 +52,7 @@ fn strategy(dp: u32, cp: u32, precision: Precision, attention: AttentionKernel) 
         cp,
         engine: Engine::Megatron,
         overlap: Engine::Megatron.overlap(1),
+        dp_comm: Default::default(),
     }
 }
 

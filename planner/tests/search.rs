@@ -260,6 +260,7 @@ fn pinning_every_knob_gives_the_estimate() {
         cp: None,
         engine: None,
         target: false,
+        dp_comm: Default::default(),
     };
     let req = SearchRequest {
         gpus: 8,

@@ -295,6 +295,7 @@ mod tests {
             engine: crate::engine::Engine::Megatron,
             overlap: crate::engine::Overlap::LEGACY,
             stage_layers: None,
+            dp_comm: Default::default(),
         }
     }
 

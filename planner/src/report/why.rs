@@ -353,6 +353,18 @@ pub fn why(
             secs(t),
             secs(p.time.dp_comm)
         ));
+        if let Some(x) = &p.dp_exchange {
+            out.push(format!(
+                "The exchange runs as --grad-compression {} --dp-sync {}: {} per GPU per step instead of the plain {} ({:.1}x less), {} instead of {} before overlap; what it does to convergence is the user's trade (plait prices it and never picks it by itself).",
+                x.grad_compression,
+                x.dp_sync,
+                size(x.bytes_per_step),
+                size(x.plain_bytes_per_step),
+                x.plain_bytes_per_step / x.bytes_per_step.max(f64::MIN_POSITIVE),
+                secs(x.exchange_s),
+                secs(x.plain_exchange_s)
+            ));
+        }
         let local = stage_local_params(info, s, peak.stage);
         let none = state_bytes(local, f64::from(s.dp), 0, s.precision);
         let total = |x: &crate::cost::memory::StateBytes| x.weights + x.grads + x.optimizer;

@@ -48,6 +48,10 @@ pub struct Pins {
     /// plait's whole space, priced with the engine's profile.
     #[serde(default)]
     pub target: bool,
+    /// The data-parallel exchange every candidate uses (never searched: compression and
+    /// local SGD trade convergence, which is the user's choice); not plain: ZeRO-0 only.
+    #[serde(default)]
+    pub dp_comm: crate::dp_comm::DpComm,
 }
 
 /// The shortest sequence for which the search tries context parallelism: Megatron-Core's
@@ -214,7 +218,12 @@ impl MeshCandidates {
                 schedules.retain(|(s, v)| {
                     p.schedule.is_none_or(|x| x == *s) && p.virtual_stages.is_none_or(|x| x == *v)
                 });
-                let zeros: Vec<u8> = p.zero.map_or(vec![0, 1, 2, 3], |z| vec![z]);
+                let searched_zeros = if p.dp_comm.is_plain() {
+                    vec![0, 1, 2, 3]
+                } else {
+                    vec![0]
+                };
+                let zeros: Vec<u8> = p.zero.map_or(searched_zeros, |z| vec![z]);
                 let recomputes = p.recompute.map_or(
                     vec![Recompute::None, Recompute::Selective, Recompute::Full],
                     |r| vec![r],
@@ -251,6 +260,7 @@ impl MeshCandidates {
                                         cp: self.cp,
                                         engine: self.engine,
                                         overlap: self.engine.overlap(zero),
+                                        dp_comm: p.dp_comm,
                                     });
                                 }
                             }

@@ -14,8 +14,6 @@
 //! gradient exchange: each rank steps on its own micro-batches' mean gradient, and every H steps
 //! the ranks average their parameters (plain averaging, the outer optimizer of Lin et al.).
 
-use std::str::FromStr;
-
 use super::layout::flat_piece;
 use crate::{Communicator, RuntimeError};
 
@@ -37,27 +35,6 @@ pub enum GradCompression {
 /// Elements per int8 scale.
 pub const INT8_BUCKET: usize = 256;
 
-impl FromStr for GradCompression {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "none" => Ok(GradCompression::None),
-            "bf16" => Ok(GradCompression::Bf16),
-            "int8" => Ok(GradCompression::Int8),
-            _ => match s.strip_prefix("topk:").map(str::parse::<f64>) {
-                Some(Ok(f)) if f > 0.0 && f <= 1.0 => Ok(GradCompression::TopK(f)),
-                Some(_) => Err(format!(
-                    "`{s}`: the top-k fraction must be a number in (0, 1], e.g. topk:0.01"
-                )),
-                None => Err(format!(
-                    "unknown gradient compression `{s}`; expected none, bf16, int8 or topk:FRACTION"
-                )),
-            },
-        }
-    }
-}
-
 /// When data-parallel ranks synchronise.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DpSync {
@@ -66,25 +43,6 @@ pub enum DpSync {
     Sync,
     /// Local SGD: no gradient exchange; parameters averaged every `every` steps.
     LocalSgd { every: u64 },
-}
-
-impl FromStr for DpSync {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "sync" {
-            return Ok(DpSync::Sync);
-        }
-        match s.strip_prefix("local-sgd:").map(str::parse::<u64>) {
-            Some(Ok(every)) if every >= 1 => Ok(DpSync::LocalSgd { every }),
-            Some(_) => Err(format!(
-                "`{s}`: local SGD averages every H steps, H a whole number ≥ 1 (local-sgd:8)"
-            )),
-            None => Err(format!(
-                "unknown data-parallel synchronisation `{s}`; expected sync or local-sgd:H"
-            )),
-        }
-    }
 }
 
 /// The data-parallel exchange of a run.
@@ -499,16 +457,5 @@ mod tests {
         let next = vec![0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.0];
         let words = encode(&next, GradCompression::TopK(0.125), &mut residual);
         assert_eq!(decode(&words, 8, GradCompression::TopK(0.125))[6], 1.5);
-    }
-
-    #[test]
-    fn flags_parse_and_bad_ones_say_what_is_expected() {
-        assert_eq!("topk:0.01".parse(), Ok(GradCompression::TopK(0.01)));
-        assert_eq!("local-sgd:8".parse(), Ok(DpSync::LocalSgd { every: 8 }));
-        let e = "topk:2".parse::<GradCompression>().unwrap_err();
-        assert!(e.contains("(0, 1]"), "{e}");
-        let e = "gzip".parse::<GradCompression>().unwrap_err();
-        assert!(e.contains("bf16, int8 or topk"), "{e}");
-        assert!("local-sgd:0".parse::<DpSync>().is_err());
     }
 }

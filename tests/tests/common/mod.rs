@@ -90,6 +90,7 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
             cp: None,
             engine: None,
             target: false,
+            dp_comm: Default::default(),
         },
         top_k: 0,
     };
