@@ -82,7 +82,8 @@ pub struct StrategyArgs {
     /// estimate: off unless given).
     #[arg(long)]
     pub sequence_parallel: Option<Switch>,
-    /// Numeric precision: fp32, bf16, fp16 or fp8 (default: bf16 on GPUs that have it).
+    /// Numeric precision: fp32, bf16, fp16, fp8 (Transformer Engine, delayed scaling) or
+    /// fp8-tensorwise (per-tensor current scaling) (default: bf16 on GPUs that have it).
     #[arg(long)]
     pub precision: Option<Precision>,
     /// Attention kernel: fused (FlashAttention, what GPU training stacks run) or materialized

@@ -86,7 +86,9 @@ impl Engine {
             Engine::Torchtitan
                 if matches!(
                     s.precision,
-                    crate::precision::Precision::Fp16 | crate::precision::Precision::Fp8
+                    crate::precision::Precision::Fp16
+                        | crate::precision::Precision::Fp8
+                        | crate::precision::Precision::Fp8Tensorwise
                 ) =>
             {
                 Err(format!(
@@ -111,7 +113,7 @@ impl Engine {
             Engine::Deepspeed if s.tp > 1 => {
                 Err("DeepSpeed's configuration has no Megatron tensor parallelism".into())
             }
-            Engine::Deepspeed if s.precision == crate::precision::Precision::Fp8 => {
+            Engine::Deepspeed if s.precision.is_fp8() => {
                 Err("DeepSpeed's configuration has no Transformer Engine FP8".into())
             }
             Engine::Deepspeed if s.recompute == crate::strategy::Recompute::Selective => {

@@ -435,7 +435,7 @@ fn estimate_impl(
         let local = params / tp as f64;
         let replicas = (dp * cp) as f64;
         let mut states = state_bytes(local, replicas, s.zero, s.precision);
-        if s.precision == crate::precision::Precision::Fp8 {
+        if s.precision.is_fp8() {
             // Transformer Engine keeps an FP8 copy of each weight beside the 16-bit one (its
             // transpose is rebuilt when needed: `--keep-fp8-transpose-cache` is off by default).
             states.weights += local / if s.zero >= 3 { replicas } else { 1.0 };

@@ -32,6 +32,8 @@ pub struct ModernRow {
     pub virtual_stages: Option<u32>,
     /// Megatron-FSDP (ZeRO-3) rather than the distributed optimizer (ZeRO-1).
     pub fsdp: bool,
+    /// `fp8` (delayed scaling) or `fp8 current scaling` (per-tensor current scaling).
+    pub precision: Precision,
     pub iteration_s: f64,
 }
 
@@ -83,6 +85,11 @@ pub fn modern_rows(csv: &str) -> Result<Vec<ModernRow>, PlanError> {
                 Some(small(16)?)
             },
             fsdp: sharding.contains("FSDP"),
+            precision: match right[0].trim() {
+                "fp8" => Precision::Fp8,
+                "fp8 current scaling" => Precision::Fp8Tensorwise,
+                other => return Err(bad(i + 1, format!("precision `{other}`"))),
+            },
             iteration_s: right[2]
                 .trim()
                 .parse()
@@ -114,7 +121,7 @@ impl ModernRow {
             schedule,
             virtual_stages,
             sequence_parallel: self.tp > 1,
-            precision: Precision::Fp8,
+            precision: self.precision,
             attention: AttentionKernel::Fused,
             kernels: Kernels::Fused,
             stage_layers: None,

@@ -15,17 +15,28 @@ pub enum Precision {
     Bf16,
     /// fp16 compute, fp32 master weights and Adam moments (mixed precision, loss scaling).
     Fp16,
-    /// fp8 matmuls (Transformer-Engine style) with bf16 weights/activations and fp32 states.
+    /// fp8 matmuls (Transformer-Engine style) with bf16 weights/activations and fp32 states:
+    /// TE's default delayed scaling (scales from an amax history).
     Fp8,
+    /// The same with per-tensor current scaling (Megatron's `--fp8-recipe tensorwise`): each
+    /// scale from the tensor's own amax, an extra pass before each cast.
+    #[serde(rename = "fp8-tensorwise")]
+    Fp8Tensorwise,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 4] = [
+    pub const ALL: [Precision; 5] = [
         Precision::Fp32,
         Precision::Bf16,
         Precision::Fp16,
         Precision::Fp8,
+        Precision::Fp8Tensorwise,
     ];
+
+    /// Whether the GEMMs run in FP8 (either scaling recipe).
+    pub fn is_fp8(self) -> bool {
+        matches!(self, Precision::Fp8 | Precision::Fp8Tensorwise)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -33,6 +44,7 @@ impl Precision {
             Precision::Bf16 => "bf16",
             Precision::Fp16 => "fp16",
             Precision::Fp8 => "fp8",
+            Precision::Fp8Tensorwise => "fp8-tensorwise",
         }
     }
 
@@ -80,6 +92,8 @@ impl FromStr for Precision {
         Precision::ALL
             .into_iter()
             .find(|p| p.name() == s.to_ascii_lowercase())
-            .ok_or_else(|| format!("unknown precision `{s}`; expected fp32, bf16, fp16 or fp8"))
+            .ok_or_else(|| {
+                format!("unknown precision `{s}`; expected fp32, bf16, fp16, fp8 or fp8-tensorwise")
+            })
     }
 }

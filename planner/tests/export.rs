@@ -185,11 +185,26 @@ fn published_plans_export_to_megatron_arguments_it_accepts() {
         ("llama3-70b", "dgx-h100", strategy(8, 4, 2, 1, 128, 8192)),
         ("gpt3-175b", "dgx-h100", gpt3_h100),
         ("mixtral-8x7b", "dgx-h100", strategy(1, 4, 8, 1, 64, 4096)),
+        ("llama3-70b", "dgx-h100", {
+            // Megatron-Bridge's Llama-3 70B recipe: FP8 with per-tensor current scaling.
+            let mut s = strategy(4, 8, 2, 1, 128, 8192);
+            (s.schedule, s.virtual_stages) = (Schedule::Interleaved, 5);
+            s.precision = Precision::Fp8Tensorwise;
+            s
+        }),
     ];
     for (model, cluster, s) in cases {
         let p = plan(model, cluster, &s);
         let e = planner::export::export(&p, Engine::Megatron).unwrap();
         let v = check_args(&e.args);
+        if s.precision.is_fp8() {
+            let recipe = if s.precision == Precision::Fp8 {
+                "delayed"
+            } else {
+                "tensorwise"
+            };
+            assert_eq!(v.get("--fp8-recipe").map(String::as_str), Some(recipe));
+        }
         assert_eq!(int(&v, "--tensor-model-parallel-size"), u64::from(s.tp));
         assert_eq!(int(&v, "--pipeline-model-parallel-size"), u64::from(s.pp));
         assert_eq!(int(&v, "--micro-batch-size"), s.micro_batch);

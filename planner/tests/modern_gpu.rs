@@ -176,15 +176,30 @@ fn fp8_speeds_up_the_gemms_only_and_needs_fp8_hardware() {
         speedup > 1.2 && speedup < planner::cost::compute::FP8_GEMM_SPEEDUP,
         "{speedup}"
     );
-    let a100 = Cluster::load("dgx-a100-80gb").unwrap();
-    let e = estimate(
+    // Per-tensor current scaling: between delayed scaling and BF16, and only its GEMMs differ
+    // (their time in the ratio of the two measured speed-ups).
+    let tensorwise = estimate(
         &info,
-        &a100,
+        &h100,
         8,
-        &strategy(8, 1, Precision::Fp8, AttentionKernel::Fused),
+        &strategy(8, 1, Precision::Fp8Tensorwise, AttentionKernel::Fused),
     )
-    .unwrap_err();
-    assert!(e.to_string().contains("fp8"), "{e}");
+    .unwrap();
+    let (t, d, b) = (
+        tensorwise.predicted.time.compute,
+        fp8.predicted.time.compute,
+        bf16.predicted.time.compute,
+    );
+    assert!(d < t && t < b, "{d} < {t} < {b}");
+    assert_eq!(
+        tensorwise.predicted.peak_memory_bytes,
+        fp8.predicted.peak_memory_bytes
+    );
+    let a100 = Cluster::load("dgx-a100-80gb").unwrap();
+    for p in [Precision::Fp8, Precision::Fp8Tensorwise] {
+        let e = estimate(&info, &a100, 8, &strategy(8, 1, p, AttentionKernel::Fused)).unwrap_err();
+        assert!(e.to_string().contains("fp8"), "{e}");
+    }
 }
 
 #[test]

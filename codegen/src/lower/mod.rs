@@ -140,7 +140,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     let (act, weight) = match s.precision {
         Precision::Fp32 => (Elem::F32, Elem::F32),
         Precision::Fp16 => (Elem::F16, Elem::F16),
-        Precision::Bf16 | Precision::Fp8 => (Elem::Bf16, Elem::Bf16),
+        Precision::Bf16 | Precision::Fp8 | Precision::Fp8Tensorwise => (Elem::Bf16, Elem::Bf16),
     };
     let mixed = s.precision != Precision::Fp32;
     let cx = Ctx {

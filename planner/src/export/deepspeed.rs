@@ -55,7 +55,9 @@ pub fn config(plan: &Plan) -> Result<Value, PlanError> {
         Precision::Bf16 => c["bf16"] = json!({ "enabled": true }),
         Precision::Fp16 => c["fp16"] = json!({ "enabled": true }),
         Precision::Fp32 => {}
-        Precision::Fp8 => return Err(refuse("FP8", "no Transformer Engine FP8 in its config")),
+        Precision::Fp8 | Precision::Fp8Tensorwise => {
+            return Err(refuse("FP8", "no Transformer Engine FP8 in its config"));
+        }
     }
     if s.recompute == Recompute::Full {
         c["activation_checkpointing"] = json!({

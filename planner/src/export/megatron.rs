@@ -178,6 +178,11 @@ fn precision_args(p: Precision, args: &mut Vec<String>) {
             push(args, "--fp8-format", "hybrid");
             push(args, "--fp8-recipe", "delayed");
         }
+        Precision::Fp8Tensorwise => {
+            flag(args, "--bf16");
+            push(args, "--fp8-format", "hybrid");
+            push(args, "--fp8-recipe", "tensorwise");
+        }
     }
 }
 

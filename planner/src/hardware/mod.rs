@@ -421,7 +421,7 @@ impl Cluster {
             Precision::Fp32 => t.fp32,
             Precision::Bf16 => t.bf16,
             Precision::Fp16 => t.fp16,
-            Precision::Fp8 => t.fp8,
+            Precision::Fp8 | Precision::Fp8Tensorwise => t.fp8,
         };
         tflops.map(|x| x * 1e12)
     }
