@@ -440,41 +440,12 @@ fn estimate_impl(
             // transpose is rebuilt when needed: `--keep-fp8-transpose-cache` is off by default).
             states.weights += local / if s.zero >= 3 { replicas } else { 1.0 };
         }
-        let grad_bytes = local * s.precision.grad_bytes();
         // Data-parallel gradient synchronisation, bucketed and overlapped with the backward of
         // the last micro-batch (all but its first layer's worth can hide behind it) where the
         // cluster runs communication beside compute; in full where it does not.
-        let mut dp_time = 0.0;
-        let mut gather_time = 0.0;
-        let mut average_time = 0.0;
-        if dp * cp > 1 {
-            dp_time = match s.zero {
-                0 if !s.dp_comm.is_plain() => {
-                    let x = dp_exchange(cluster, &m.dp, &s.dp_comm, local, s.precision);
-                    exchanges[d] = Some(x);
-                    match s.dp_comm.dp_sync {
-                        crate::dp_comm::DpSync::Sync => x.exchange_s,
-                        crate::dp_comm::DpSync::LocalSgd { .. } => {
-                            average_time = x.exchange_s;
-                            0.0
-                        }
-                    }
-                }
-                0 => collective_time(cluster, &m.dp, Collective::AllReduce, grad_bytes),
-                // Reduce-scatter the gradients, all-gather the updated weights.
-                1 => collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes),
-                // Gradients are reduce-scattered every micro-batch (they are never held whole).
-                2 => {
-                    micro_batches as f64
-                        * collective_time(cluster, &m.dp, Collective::ReduceScatter, grad_bytes)
-                }
-                _ => 0.0,
-            };
-            if s.zero == 1 || s.zero == 2 {
-                gather_time =
-                    collective_time(cluster, &m.dp, Collective::AllGather, local * wbytes);
-            }
-        }
+        let sync = dp_sync_times(cluster, &m.dp, s, local, micro_batches);
+        let (dp_time, gather_time, average_time) = (sync.reduce, sync.gather, sync.average);
+        exchanges[d] = sync.exchange;
         let last_bwd: f64 = my_chunks.iter().map(|&c| chunks[c].bwd).sum();
         let hidden_window = if layers > 0 && overlaps(s.overlap.grad_reduce) {
             let per_mb = if s.zero == 2 {
@@ -562,36 +533,9 @@ fn estimate_impl(
         .filter(|c| c % s.pp as usize == critical)
         .collect();
     let mb = micro_batches as f64;
-    let mut compute = 0.0;
-    let mut tp_time = 0.0;
-    for &c in &my_chunks {
-        let l = f64::from(chunk_layers[c]);
-        compute += mb
-            * l
-            * (layer.fwd + layer.bwd + layer.recompute
-                - if s.recompute == Recompute::Full {
-                    layer.tp_fwd
-                } else {
-                    0.0
-                });
-        tp_time += mb
-            * l
-            * (layer.tp_fwd
-                + layer.tp_bwd
-                + if s.recompute == Recompute::Full {
-                    layer.tp_fwd
-                } else {
-                    0.0
-                });
-        if c == 0 {
-            compute += mb * (pre.fwd + pre.bwd + pre.recompute);
-            tp_time += mb * (pre.tp_fwd + pre.tp_bwd);
-        }
-        if c + 1 == n_chunks {
-            compute += mb * (post.fwd + post.bwd + post.recompute);
-            tp_time += mb * (post.tp_fwd + post.tp_bwd);
-        }
-    }
+    let full = s.recompute == Recompute::Full;
+    let (compute, tp_time) =
+        device_work([&pre, &layer, &post], &chunk_layers, &my_chunks, mb, full);
     let zero3: f64 = my_chunks
         .iter()
         .map(|&c| f64::from(chunk_layers[c]))
@@ -893,4 +837,89 @@ fn dp_exchange(
         exchange_s,
         plain_exchange_s: collective_time(cluster, group, Collective::AllReduce, plain_bytes),
     }
+}
+
+/// The data-parallel collectives of one stage holding `local` parameters, before overlap.
+struct DpSyncTimes {
+    /// The gradients' reduction (every micro-batch's under ZeRO-2).
+    reduce: f64,
+    /// ZeRO-1/2's all-gather of the updated weights.
+    gather: f64,
+    /// Local SGD's parameter average per step, after the optimizer step.
+    average: f64,
+    /// A compressed or local-SGD exchange beside the plain one.
+    exchange: Option<DpExchange>,
+}
+
+fn dp_sync_times(
+    cluster: &Cluster,
+    group: &crate::cost::comm::Group,
+    s: &Strategy,
+    local: f64,
+    micro_batches: u64,
+) -> DpSyncTimes {
+    let mut t = DpSyncTimes {
+        reduce: 0.0,
+        gather: 0.0,
+        average: 0.0,
+        exchange: None,
+    };
+    if group.size <= 1 {
+        return t;
+    }
+    let grad_bytes = local * s.precision.grad_bytes();
+    let collective = |kind, bytes| collective_time(cluster, group, kind, bytes);
+    t.reduce = match s.zero {
+        0 if !s.dp_comm.is_plain() => {
+            let x = dp_exchange(cluster, group, &s.dp_comm, local, s.precision);
+            t.exchange = Some(x);
+            match s.dp_comm.dp_sync {
+                crate::dp_comm::DpSync::Sync => x.exchange_s,
+                crate::dp_comm::DpSync::LocalSgd { .. } => {
+                    t.average = x.exchange_s;
+                    0.0
+                }
+            }
+        }
+        0 => collective(Collective::AllReduce, grad_bytes),
+        // Reduce-scatter the gradients, all-gather the updated weights.
+        1 => collective(Collective::ReduceScatter, grad_bytes),
+        // Gradients are reduce-scattered every micro-batch (they are never held whole).
+        2 => micro_batches as f64 * collective(Collective::ReduceScatter, grad_bytes),
+        _ => 0.0,
+    };
+    if s.zero == 1 || s.zero == 2 {
+        t.gather = collective(Collective::AllGather, local * s.precision.weight_bytes());
+    }
+    t
+}
+
+/// Compute and tensor-parallel seconds of the device holding `my_chunks` (of
+/// `chunk_layers.len()`) over `mb` micro-batches: its layers, plus the embedding on the first
+/// chunk and the head on the last; full recompute repeats each layer's forward TP
+/// communication, which `Work::recompute` counts as compute.
+fn device_work(
+    [pre, layer, post]: [&Work; 3],
+    chunk_layers: &[u32],
+    my_chunks: &[usize],
+    mb: f64,
+    full: bool,
+) -> (f64, f64) {
+    let n_chunks = chunk_layers.len();
+    let repeated_tp = if full { layer.tp_fwd } else { 0.0 };
+    let (mut compute, mut tp) = (0.0, 0.0);
+    for &c in my_chunks {
+        let l = f64::from(chunk_layers[c]);
+        compute += mb * l * (layer.fwd + layer.bwd + layer.recompute - repeated_tp);
+        tp += mb * l * (layer.tp_fwd + layer.tp_bwd + repeated_tp);
+        if c == 0 {
+            compute += mb * (pre.fwd + pre.bwd + pre.recompute);
+            tp += mb * (pre.tp_fwd + pre.tp_bwd);
+        }
+        if c + 1 == n_chunks {
+            compute += mb * (post.fwd + post.bwd + post.recompute);
+            tp += mb * (post.tp_fwd + post.tp_bwd);
+        }
+    }
+    (compute, tp)
 }
