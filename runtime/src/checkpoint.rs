@@ -10,10 +10,15 @@
 //! DIR/step-00000010/rank-00003.safetensors
 //!     "<param>/weight", "<param>/m", "<param>/v": f32 pieces (the rank's flat range of its
 //!     tensor-parallel shard); metadata "plait": where each piece sits in the global tensor
+//! DIR/step-00000010/rank-00003.local.safetensors
+//!     "residual/<buffer>/<phase>": the rank's own top-k error-feedback residuals (compressed
+//!     runs only)
 //! ```
 //!
 //! Loading reads every rank file and assembles full tensors, so a checkpoint resumes under
-//! any layout (resharding).
+//! any layout (resharding). A compressed or local-SGD run resumes on the mesh that wrote it:
+//! each rank reads its own residuals and its own data-parallel replica's pieces (under local
+//! SGD the replicas differ between averages).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -53,6 +58,9 @@ struct PieceMeta {
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub step: u64,
+    /// The mesh (tp, pp, dp) and the number of ranks that wrote it.
+    pub mesh: [u32; 3],
+    pub ranks: usize,
     pub weights: BTreeMap<String, Tensor32>,
     pub m: Vec<Tensor32>,
     pub v: Vec<Tensor32>,
@@ -183,8 +191,70 @@ fn floats(path: &Path, t: &TensorView<'_>) -> Result<Vec<f32>, RuntimeError> {
         .collect())
 }
 
+/// Writes rank `rank`'s own state of step `step` beside its pieces (before [`commit`]): what
+/// no other layout could use, such as top-k's error-feedback residuals.
+pub fn save_local(
+    dir: &Path,
+    step: u64,
+    rank: u32,
+    named: &[(String, Vec<f32>)],
+) -> Result<(), RuntimeError> {
+    let path = step_dir(dir, step).join(local_file(rank));
+    let blobs: Vec<(&String, Vec<u8>, usize)> = named
+        .iter()
+        .map(|(n, v)| (n, bytes_of(v), v.len()))
+        .collect();
+    let mut views = Vec::new();
+    for (n, b, len) in &blobs {
+        views.push((
+            (*n).clone(),
+            TensorView::new(Dtype::F32, vec![*len], b).map_err(|e| err(&path, e))?,
+        ));
+    }
+    let bytes = safetensors::serialize(views, None).map_err(|e| err(&path, e))?;
+    atomic_write(&path, &bytes)
+}
+
+/// Rank `rank`'s own state in the latest checkpoint (none if it wrote none).
+pub fn load_local(dir: &Path, rank: u32) -> Result<Vec<(String, Vec<f32>)>, RuntimeError> {
+    let sd = latest_dir(dir)?;
+    let path = sd.join(local_file(rank));
+    if !path.exists() {
+        return Ok(vec![]);
+    }
+    let bytes = std::fs::read(&path).map_err(|e| err(&path, e))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| err(&path, e))?;
+    let mut out = Vec::new();
+    for (name, t) in st.tensors() {
+        out.push((name, floats(&path, &t)?));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+fn local_file(r: u32) -> String {
+    format!("rank-{r:05}.local.safetensors")
+}
+
+/// The directory `latest` points at.
+fn latest_dir(dir: &Path) -> Result<PathBuf, RuntimeError> {
+    let latest = dir.join("latest");
+    let name = std::fs::read_to_string(&latest).map_err(|e| err(&latest, e))?;
+    Ok(dir.join(name.trim()))
+}
+
 /// Loads the latest checkpoint in `dir` as full tensors for the parameter table `params`.
 pub fn load_latest(dir: &Path, params: &[ParamInfo]) -> Result<Loaded, RuntimeError> {
+    load_latest_of(dir, params, None)
+}
+
+/// [`load_latest`] from the files of `only` these ranks (one data-parallel replica, whose
+/// state may differ from the others' under local SGD); all ranks' when `None`.
+pub fn load_latest_of(
+    dir: &Path,
+    params: &[ParamInfo],
+    only: Option<&[u32]>,
+) -> Result<Loaded, RuntimeError> {
     let latest = dir.join("latest");
     let name = std::fs::read_to_string(&latest).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -214,7 +284,10 @@ pub fn load_latest(dir: &Path, params: &[ParamInfo]) -> Result<Loaded, RuntimeEr
         .map(|(i, p)| (p.name.as_str(), i))
         .collect();
     let mut states = Vec::new();
-    for f in &index.files {
+    for (r, f) in index.files.iter().enumerate() {
+        if only.is_some_and(|o| !o.contains(&(r as u32))) {
+            continue;
+        }
         let path = sd.join(f);
         let bytes = std::fs::read(&path).map_err(|e| err(&path, e))?;
         let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(&path, e))?;
@@ -255,6 +328,8 @@ pub fn load_latest(dir: &Path, params: &[ParamInfo]) -> Result<Loaded, RuntimeEr
     let (w, m, v) = (full(Field::Weight), full(Field::M), full(Field::V));
     let mut out = Loaded {
         step: index.step,
+        mesh: index.mesh,
+        ranks: index.files.len(),
         weights: BTreeMap::new(),
         m: Vec::new(),
         v: Vec::new(),

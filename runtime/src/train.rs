@@ -111,10 +111,18 @@ pub fn train_rank<B: Backend, C: Communicator>(
     match &opts.checkpoint {
         Some(c) if c.resume => {
             let t0 = Instant::now();
-            let l = checkpoint::load_latest(&c.dir, &set.params)?;
+            let l = load_for_resume(set, ex.rank(), &c.dir, opts)?;
             ex.init(&Init::Weights(l.weights))?;
             ex.load_moments(&l.m, &l.v)?;
             ex.set_steps(l.step);
+            if !opts.dp_comm.is_plain() {
+                let named = checkpoint::load_local(&c.dir, ex.rank())?;
+                ex.set_dp_residuals(named)
+                    .map_err(|message| RuntimeError::Checkpoint {
+                        path: c.dir.display().to_string(),
+                        message,
+                    })?;
+            }
             resumed = Some((l.step, t0.elapsed().as_secs_f64()));
         }
         _ => ex.init(&opts.init)?,
@@ -164,7 +172,50 @@ pub fn train_rank<B: Backend, C: Communicator>(
     })
 }
 
-/// Every rank writes its pieces; once all have, rank 0 commits the checkpoint.
+/// The checkpoint to resume from. A plain run reads every rank's pieces (any layout resumes).
+/// A compressed or local-SGD run keeps per-rank state (top-k's residuals; under local SGD
+/// each replica's own weights and moments between averages), so it resumes on the mesh that
+/// wrote it, each rank from its own replica's pieces.
+fn load_for_resume(
+    set: &ProgramSet,
+    rank: u32,
+    dir: &std::path::Path,
+    opts: &TrainOptions,
+) -> Result<checkpoint::Loaded, RuntimeError> {
+    if opts.dp_comm.is_plain() {
+        return checkpoint::load_latest(dir, &set.params);
+    }
+    let my_dp = set.rank(rank).map(|r| r.coords.dp);
+    let replica: Vec<u32> = set
+        .ranks
+        .iter()
+        .filter(|r| Some(r.coords.dp) == my_dp)
+        .map(|r| r.rank)
+        .collect();
+    let l = checkpoint::load_latest_of(dir, &set.params, Some(&replica))?;
+    let m = &set.mesh;
+    if l.mesh != [m.tp, m.pp, m.dp] || l.ranks != set.ranks.len() {
+        return Err(RuntimeError::Checkpoint {
+            path: dir.display().to_string(),
+            message: format!(
+                "written by tp {} pp {} dp {} ({} ranks); {} keeps per-rank state (error-feedback \
+                 residuals, local SGD's replicas), so it resumes on the same mesh (tp {} pp {} dp {})",
+                l.mesh[0],
+                l.mesh[1],
+                l.mesh[2],
+                l.ranks,
+                opts.dp_comm.describe(),
+                m.tp,
+                m.pp,
+                m.dp
+            ),
+        });
+    }
+    Ok(l)
+}
+
+/// Every rank writes its pieces (and, compressed, its residuals); once all have, rank 0
+/// commits the checkpoint.
 fn save<B: Backend, C: Communicator>(
     ex: &Executor<'_, B, C>,
     set: &ProgramSet,
@@ -172,6 +223,10 @@ fn save<B: Backend, C: Communicator>(
     step: u64,
 ) -> Result<(), RuntimeError> {
     checkpoint::save_rank(dir, step, ex.rank(), &set.params, &ex.shard_states()?)?;
+    let residuals = ex.dp_residuals();
+    if !residuals.is_empty() {
+        checkpoint::save_local(dir, step, ex.rank(), &residuals)?;
+    }
     ex.world().barrier()?;
     if ex.rank() == 0 {
         let m = &set.mesh;

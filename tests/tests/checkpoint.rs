@@ -1,6 +1,7 @@
 //! Checkpoints: 10 steps, a checkpoint, then a resumed run of 10 more gives the same loss
 //! trajectory bit for bit as 20 straight steps; and a checkpoint written under DP2 resumes
-//! under TP2 x PP2 (resharding) with the losses of an uninterrupted DP2 run.
+//! under TP2 x PP2 (resharding) with the losses of an uninterrupted DP2 run; compressed and
+//! local-SGD runs resume bit for bit on their own mesh.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use codegen::ProgramSet;
 use common::{Config, MODEL, loss_diff, programs, text};
 use runtime::exec::Init;
+use runtime::exec::dp_comm::{DpComm, DpSync, GradCompression};
 use runtime::train::{CheckpointOptions, TrainOptions, train_threads};
 
 fn dir(name: &str) -> PathBuf {
@@ -20,6 +22,15 @@ fn dir(name: &str) -> PathBuf {
 }
 
 fn losses(set: &ProgramSet, steps: u64, ckpt: Option<CheckpointOptions>) -> Vec<f64> {
+    losses_with(set, steps, ckpt, DpComm::default())
+}
+
+fn losses_with(
+    set: &ProgramSet,
+    steps: u64,
+    ckpt: Option<CheckpointOptions>,
+    dp_comm: DpComm,
+) -> Vec<f64> {
     let opts = TrainOptions {
         steps,
         seed: 7,
@@ -27,7 +38,7 @@ fn losses(set: &ProgramSet, steps: u64, ckpt: Option<CheckpointOptions>) -> Vec<
         timeout: Duration::from_secs(60),
         checkpoint: ckpt,
         reproducible: false,
-        dp_comm: Default::default(),
+        dp_comm,
         op_times: false,
     };
     train_threads(set, &text(), &opts, &|_, _| {}).unwrap()[0]
@@ -55,6 +66,46 @@ fn resume_continues_bit_identically() {
     std::fs::remove_dir_all(&d).ok();
     assert_eq!(two.len(), 20);
     assert_eq!(two, straight, "resumed trajectory differs");
+}
+
+/// Top-k's residuals and local SGD's diverged replicas are checkpointed too: a resume in the
+/// middle of either (step 5 of 10; local SGD averages at 4 and 8) continues bit for bit.
+#[test]
+fn compressed_and_local_sgd_runs_resume_bit_identically() {
+    let set = programs(MODEL, &Config::new(1, 1, 2));
+    let modes = [
+        DpComm {
+            compression: GradCompression::TopK(0.01),
+            sync: DpSync::Sync,
+        },
+        DpComm {
+            compression: GradCompression::None,
+            sync: DpSync::LocalSgd { every: 4 },
+        },
+    ];
+    for dp_comm in modes {
+        let straight = losses_with(&set, 10, None, dp_comm);
+        let d = dir(&format!(
+            "resume-{}",
+            dp_comm.describe().replace([' ', ':', '-'], "_")
+        ));
+        let ck = |resume| {
+            Some(CheckpointOptions {
+                dir: d.clone(),
+                every: 5,
+                resume,
+            })
+        };
+        let mut two = losses_with(&set, 5, ck(false), dp_comm);
+        two.extend(losses_with(&set, 10, ck(true), dp_comm));
+        std::fs::remove_dir_all(&d).ok();
+        assert_eq!(
+            two,
+            straight,
+            "{}: resumed trajectory differs",
+            dp_comm.describe()
+        );
+    }
 }
 
 #[test]

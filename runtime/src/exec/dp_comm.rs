@@ -291,6 +291,32 @@ pub fn reduce_scatter<C: Communicator>(
 const DP_SLOT: usize = 1;
 
 impl<B: crate::Backend, C: Communicator> super::Executor<'_, B, C> {
+    /// Top-k's error-feedback residuals, named for a checkpoint (`residual/<buffer>/<phase>`:
+    /// phase 0 the reduce-scatter's, 1 the summed pieces'), in name order.
+    pub fn dp_residuals(&self) -> Vec<(String, Vec<f32>)> {
+        let mut out: Vec<(String, Vec<f32>)> = self
+            .residuals
+            .iter()
+            .map(|(&(b, phase), r)| (format!("residual/{}/{phase}", b.0), r.clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Restores what [`Self::dp_residuals`] returned (the same programs' buffers).
+    pub fn set_dp_residuals(&mut self, named: Vec<(String, Vec<f32>)>) -> Result<(), String> {
+        for (name, r) in named {
+            let key = name
+                .strip_prefix("residual/")
+                .and_then(|k| k.split_once('/'))
+                .and_then(|(b, p)| Some((b.parse::<u32>().ok()?, p.parse::<u8>().ok()?)))
+                .filter(|&(b, p)| (b as usize) < self.tpl.buffers.len() && p <= 1)
+                .ok_or_else(|| format!("`{name}` names no gradient buffer of these programs"))?;
+            self.residuals.insert((program::BufferId(key.0), key.1), r);
+        }
+        Ok(())
+    }
+
     /// Sets how data-parallel gradients are exchanged; a mode the program cannot run is
     /// refused before any step (local SGD keeps whole optimizer state on every rank, so it
     /// needs ZeRO-0, where the gradient reduction is an all-reduce).
