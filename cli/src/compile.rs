@@ -170,18 +170,9 @@ pub fn compile(
         // The sharding the e-graph extraction chooses for the winning TP degree, recorded in the
         // plan for codegen; a failure falls back to Megatron's rules, which the plan says.
         match planner::sharding_costs::block_plan(&info, &cluster, &r.best.strategy) {
-            Ok(bp) if bp.solve.optimal => {
-                plan.sharding.method = format!("e-graph + ILP ({}, optimal)", bp.solve.solver);
+            Ok(bp) => {
+                plan.sharding.method = format!("e-graph + {}", bp.solve.solver);
                 plan.block_plan = Some(bp);
-            }
-            // A program the solver could not prove optimal is not trusted over Megatron's rules.
-            // What it reached by then depends on the machine's speed and load, so the plan says
-            // only that (compiles stay byte-identical).
-            Ok(_) => {
-                plan.sharding.method = format!(
-                    "megatron-rules (e-graph extraction not proven optimal within {} s)",
-                    planner::sharding_costs::BLOCK_PLAN_TIME_LIMIT_S
-                )
             }
             Err(e) => {
                 plan.sharding.method = format!("megatron-rules (e-graph extraction failed: {e})")

@@ -55,14 +55,8 @@ impl CostOracle for ClusterCosts<'_> {
     }
 }
 
-/// The ILP's time limit when `plait compile` extracts the winning block's sharding. How far a
-/// solver gets in it depends on the machine and its load, so past it the plan records only
-/// that optimality was not proven (never the solver's partial state): compiles stay
-/// byte-identical.
-pub const BLOCK_PLAN_TIME_LIMIT_S: f64 = 2.0;
-
-/// Extracts the sharding of the strategy's block by equality saturation + ILP. Solver timings
-/// are cleared so that plans stay byte-identical across runs.
+/// Extracts the sharding of the strategy's block by equality saturation + exact extraction.
+/// Solver timings are cleared so that plans stay byte-identical across runs.
 pub fn block_plan(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
@@ -81,7 +75,7 @@ pub fn block_plan(
                 cluster.gpu.name, s.precision
             ))
         })?;
-    let mut opts = ShardOptions::new(
+    let opts = ShardOptions::new(
         s.tp,
         s.sequence_parallel,
         Binding {
@@ -89,7 +83,6 @@ pub fn block_plan(
             seq: s.seq,
         },
     );
-    opts.time_limit_s = BLOCK_PLAN_TIME_LIMIT_S;
     let mut plan =
         plan_block(g, &info.layer_ops, &opts, &costs).map_err(|e| PlanError::Sharding {
             message: e.to_string(),

@@ -67,7 +67,7 @@ const SOLVER: &str = "highs";
 const SOLVER: &str = "microlp";
 
 /// Strongly connected components of the class graph (Tarjan), as a component index per class.
-fn sccs(p: &Problem) -> (Vec<usize>, Vec<usize>) {
+pub(super) fn sccs(p: &Problem) -> (Vec<usize>, Vec<usize>) {
     let n = p.classes.len();
     let succ: Vec<Vec<usize>> = p
         .classes

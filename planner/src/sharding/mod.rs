@@ -21,6 +21,7 @@ pub mod build;
 pub mod candidates;
 pub mod cost;
 pub mod error;
+pub mod exact;
 pub mod ilp;
 pub mod lang;
 pub mod plan;
@@ -35,6 +36,16 @@ pub use error::ShardError;
 pub use ilp::SolveReport;
 pub use plan::{BlockPlan, CollectivePlan, Formula, Layout, OpPlan, Totals};
 
+/// How the extraction problem is solved.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Extraction {
+    /// Dynamic programming over frontiers ([`exact`]): the optimum, deterministically.
+    Exact,
+    /// The 0-1 ILP ([`ilp`]) with good_lp; past the time limit the best solution found is
+    /// returned with `optimal: false`.
+    Ilp { time_limit_s: f64 },
+}
+
 /// What to plan for.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShardOptions {
@@ -48,8 +59,9 @@ pub struct ShardOptions {
     /// Resident bytes per rank allowed for this block (parameters as the oracle counts them +
     /// activations kept for the backward pass). `None`: unlimited.
     pub memory_limit_bytes: Option<f64>,
-    /// Solver time limit; past it the best solution found is returned with `optimal: false`.
-    pub time_limit_s: f64,
+    /// How the extraction is solved: exactly (the default), or as the ILP, the independent
+    /// check the tests compare it with.
+    pub extraction: Extraction,
     /// Also consider splitting the batch inside the TP group (data parallelism). Off by
     /// default: data parallelism belongs to the outer search.
     pub allow_batch_split: bool,
@@ -62,7 +74,7 @@ impl ShardOptions {
             sequence_parallel,
             binding,
             memory_limit_bytes: None,
-            time_limit_s: 10.0,
+            extraction: Extraction::Exact,
             allow_batch_split: false,
         }
     }
@@ -112,7 +124,12 @@ pub fn plan_ops(
             .unwrap_or_default();
         ShardError::NoProgram { value }
     })?;
-    let selection = ilp::solve(&problem, opts.memory_limit_bytes, opts.time_limit_s)?;
+    let selection = match opts.extraction {
+        Extraction::Exact => exact::solve(&problem, opts.memory_limit_bytes)?,
+        Extraction::Ilp { time_limit_s } => {
+            ilp::solve(&problem, opts.memory_limit_bytes, time_limit_s)?
+        }
+    };
     Ok(plan::assemble(
         graph,
         &built,
