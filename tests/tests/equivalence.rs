@@ -235,8 +235,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
     assert!(bad.is_empty(), "differ from one device: {bad:?}");
 }
 
-/// Today's Llama-structured families at tp 2 with sequence parallelism (the MoE ones at dp 2)
-/// equal one device (losses and every final parameter element, reproducible mode): Qwen2's
+/// Today's Llama-structured families at tp 2 with sequence parallelism (the MoE ones also at
+/// dp 2, and at tp 2 without SP) equal one device (losses and every final parameter element, reproducible mode): Qwen2's
 /// q/k/v biases and
 /// tied head, Qwen3's per-head q/k norms with an explicit head size (q wider than hidden),
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
@@ -247,9 +247,8 @@ fn llama_structured_families_equal_one_device() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
     let mut tp2 = Config::new(2, 1, 1);
     tp2.sp = true;
-    // Routed experts lower without tensor parallelism (expert parallelism is not lowered
-    // yet): data parallelism splits their tokens.
     let dp2 = Config::new(1, 1, 2);
+    let tp2_no_sp = Config::new(2, 1, 1);
     let mut bad = Vec::new();
     for (family, c) in [
         ("qwen2", &tp2),
@@ -259,6 +258,9 @@ fn llama_structured_families_equal_one_device() {
         ("gemma2", &tp2),
         ("qwen2_moe", &dp2),
         ("qwen3_moe", &dp2),
+        // Expert tensor parallelism: every expert's FFN split over the group.
+        ("qwen2_moe", &tp2),
+        ("qwen3_moe", &tp2_no_sp),
     ] {
         let model = format!("{data}tiny-{family}.json");
         let one = programs(&model, &Config::new(1, 1, 1));

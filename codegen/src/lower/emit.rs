@@ -603,7 +603,7 @@ pub fn backward(
                             None => gname(v),
                         };
                         let dx = b.alloc(name, val.elem, val.shape.clone(), role);
-                        if *partial_input_grads && k == 0 && param_of(v).is_none() {
+                        if partial_input_grads.contains(&k) && param_of(v).is_none() {
                             b.mark_partial(dx);
                         }
                         dx
@@ -786,7 +786,7 @@ pub fn backward(
                             }),
                         }
                     } else {
-                        accumulate(b, &mut grads, v, dx, *partial_input_grads && k == 0);
+                        accumulate(b, &mut grads, v, dx, partial_input_grads.contains(&k));
                     }
                 }
                 for d in dys {

@@ -75,10 +75,10 @@ pub enum Step {
         /// Replicated parameters (operand index) whose gradient is a partial sum over the
         /// tensor-parallel group (their activation operand is split along the sequence).
         partial_param_grads: Vec<usize>,
-        /// Whether the gradient of its activation operand (operand 0, a column-parallel
-        /// product's input) is a partial sum. A tied head's transposed weight, also a computed
-        /// value, gets its own shard's gradient.
-        partial_input_grads: bool,
+        /// Activation operands (operand index) whose gradient is a partial sum: a
+        /// column-parallel product's input (operand 0), an expert layer's input and gates. A
+        /// tied head's transposed weight, also a computed value, gets its own shard's gradient.
+        partial_input_grads: Vec<usize>,
         /// Runs on this rank's block of the vocabulary ([`crate::program::Instr::Vocab`]): a
         /// token embedding on its rows of the table (the output a partial sum over the
         /// tensor-parallel group), or the cross-entropy of logits split by columns.
@@ -362,7 +362,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         let mut kind_local = bind(&op.kind, cx.batch, cx.seq);
         let mut out_lay = Lay::Rep;
         let mut partial_params = Vec::new();
-        let mut partial_inputs = false;
+        let mut partial_inputs: Vec<usize> = Vec::new();
         let mut post_bias: Option<SVal> = None;
         let mut reduce_after = false;
         let mut vocab_parallel = kind == Kind::Pre
@@ -408,6 +408,16 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                             out_lay = Lay::Partial;
                             reduce_after = true;
                         }
+                        lay if too_narrow_to_split(&b, ins[1], blocks_of.get(&o), t) => {
+                            // A projection too narrow to split (Qwen2-MoE's one-column gate of
+                            // its shared expert): every rank computes it whole on the tokens it
+                            // holds; on a piece of the sequence (SP) its weight gradient is a
+                            // partial sum.
+                            out_lay = lay;
+                            if let Lay::Split { axis: 1, .. } = lay {
+                                partial_params = (1..ins.len()).collect();
+                            }
+                        }
                         lay => {
                             let x = if let Lay::Split { axis: 1, .. } = lay {
                                 let y = b.gather_seq(x);
@@ -426,7 +436,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                                 set_split(&mut b, ins[2], 0, blocks, t).map_err(|m| b.err(o, m))?;
                             }
                             out_lay = Lay::Split { axis: last, blocks };
-                            partial_inputs = true;
+                            partial_inputs = vec![0];
                         }
                     }
                 }
@@ -480,8 +490,40 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         };
                     }
                 }
-                OpKind::MoeExperts { .. } | OpKind::TopKRouter { .. } => {
-                    return Err(b.err(o, "expert parallelism is not lowered yet; use tp 1"));
+                OpKind::TopKRouter { .. } => {
+                    // Every rank routes the tokens it holds (all of them, or its piece of the
+                    // sequence with SP) with the whole router.
+                    if lay_of(&b, ins[1]) != Lay::Rep {
+                        return Err(b.err(o, "the router weight must be replicated"));
+                    }
+                    out_lay = lay_of(&b, ins[0]);
+                    match out_lay {
+                        Lay::Rep => {}
+                        Lay::Split { axis: 1, .. } => partial_params = vec![1],
+                        l => return Err(b.err(o, format!("no router rule for tokens laid {l:?}"))),
+                    }
+                }
+                OpKind::MoeExperts { .. } => {
+                    // Expert tensor parallelism (Megatron-Core's `expert_tensor_parallel_size`):
+                    // each expert's FFN is split as the dense MLP is, gate and up projections
+                    // by columns and the down projection by rows, so every rank runs every
+                    // expert on its slice of the FFN for all tokens; the partial sums are
+                    // all-reduced (reduce-scattered with SP), and the gradients of the tokens
+                    // and of their gates are partial sums in turn.
+                    for k in [0, 1] {
+                        if let Lay::Split { axis: 1, .. } = lay_of(&b, ins[k]) {
+                            ins[k] = b.gather_seq(ins[k]);
+                        }
+                        if lay_of(&b, ins[k]) != Lay::Rep {
+                            return Err(b.err(o, "expert layer operands must be whole tokens"));
+                        }
+                    }
+                    for (k, axis) in [(2, 2), (3, 2), (4, 1)] {
+                        set_split(&mut b, ins[k], axis, 1, t).map_err(|m| b.err(o, m))?;
+                    }
+                    out_lay = Lay::Partial;
+                    reduce_after = true;
+                    partial_inputs = vec![0, 1];
                 }
                 OpKind::Transpose { perm }
                     if kind == Kind::Post && perm.as_slice() == [1, 0] && is_param(&b, ins[0]) =>
@@ -661,7 +703,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     outs: vec![z],
                     saves: vec![],
                     partial_param_grads: if cx.sp { vec![1] } else { vec![] },
-                    partial_input_grads: false,
+                    partial_input_grads: vec![],
                     vocab_parallel: false,
                 });
                 result = z;
@@ -780,7 +822,7 @@ fn select_kv_head(b: &mut B, o: OpId, x: SVal, kv: u64, t: u64) -> Result<SVal, 
             outs: vec![y],
             saves: vec![],
             partial_param_grads: vec![],
-            partial_input_grads: false,
+            partial_input_grads: vec![],
             vocab_parallel: false,
         });
         v = y;
@@ -818,7 +860,8 @@ fn expert_saves(cx: &Ctx<'_>, seg: &Segment, ins: &[SVal]) -> Vec<SaveDecl> {
     }]
 }
 
-/// The `k` of the `topk_router` step that defines `gates`.
+/// The `k` of the `topk_router` step that defines `gates` (through the all-gather of the
+/// gates a sequence-parallel router's pieces need).
 fn routed_experts(seg: &Segment, gates: SVal) -> Option<u64> {
     seg.steps.iter().find_map(|s| match s {
         Step::Compute {
@@ -826,6 +869,7 @@ fn routed_experts(seg: &Segment, gates: SVal) -> Option<u64> {
             outs,
             ..
         } if outs.contains(&gates) => Some(*k),
+        Step::Coll { x, y, .. } if *y == gates => routed_experts(seg, *x),
         _ => None,
     })
 }
@@ -898,6 +942,13 @@ fn bind(kind: &OpKind, batch: u64, seq: u64) -> OpKind {
         },
         k => k.clone(),
     }
+}
+
+/// Whether a replicated weight `[in, out]` has too few columns to split `blocks × t` ways.
+fn too_narrow_to_split(b: &B, w: SVal, blocks: Option<&u32>, t: u64) -> bool {
+    let val = &b.seg.vals[w];
+    let cols = val.shape.get(1).copied().unwrap_or(0);
+    val.lay == Lay::Rep && !cols.is_multiple_of(u64::from(blocks.copied().unwrap_or(1)) * t)
 }
 
 fn set_split(b: &mut B, v: SVal, axis: u8, blocks: u32, t: u64) -> Result<(), String> {
