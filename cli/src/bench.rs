@@ -296,12 +296,48 @@ fn run_search(
         .map_err(|inf| anyhow::anyhow!("nothing fits: {:?}", inf.suggestions))
 }
 
+/// Search time against depth: a Llama of hidden 1024 with 100 and 1,000 layers on 512 H100
+/// (identical layers should cost one block: goal, 1,000 layers within 2x of 100).
+fn depth_bench() -> anyhow::Result<()> {
+    let cluster = Cluster::load("dgx-h100")?;
+    let base =
+        import::zoo::find("llama3-8b").ok_or_else(|| anyhow::anyhow!("llama3-8b missing"))?;
+    let mut times = Vec::new();
+    for layers in [100u64, 1000] {
+        let spec = import::ModelSpec {
+            name: format!("llama-h1024-l{layers}"),
+            layers,
+            hidden: 1024,
+            heads: 16,
+            kv_heads: 16,
+            ffn: 2816,
+            vocab: 32000,
+            ..base.clone()
+        };
+        let graph = build_forward(&spec, DType::F32)?;
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            run_search(&graph, &cluster, 512, 512, Pins::default())?;
+            runs.push(t0.elapsed().as_secs_f64());
+        }
+        times.push(median(runs));
+    }
+    println!(
+        "  depth      Llama h1024 on 512 H100: 100 layers {:.3} s, 1,000 layers {:.3} s, ratio {:.1} (goal <= 2)",
+        times[0],
+        times[1],
+        times[1] / times[0]
+    );
+    Ok(())
+}
+
 fn search_bench() -> anyhow::Result<()> {
     let cluster = Cluster::load("dgx-a100-80gb")?;
     println!("search time (wall clock, median of 3, this machine):");
     for (name, gpus, batch, limit) in [
-        ("gpt3-175b", 1024u64, 1536u64, 5.0),
-        ("gpt-1t", 3072, 3072, 10.0),
+        ("gpt3-175b", 1024u64, 1536u64, 2.0),
+        ("gpt-1t", 3072, 3072, 5.0),
     ] {
         let spec = import::zoo::find(name).ok_or_else(|| anyhow::anyhow!("{name} missing"))?;
         let graph = build_forward(&spec, DType::F32)?;
@@ -316,9 +352,10 @@ fn search_bench() -> anyhow::Result<()> {
         if let Some(r) = last {
             let s = &r.best.strategy;
             println!(
-                "  {name:<10} {gpus:>5} GPUs, batch {batch:>5}: {:.2} s (goal <= {limit} s), {} candidates -> tp {} pp {} dp {} mb {} {} ZeRO-{} recompute {}",
+                "  {name:<10} {gpus:>5} GPUs, batch {batch:>5}: {:.2} s (goal <= {limit} s), {} candidates simulated, {} skipped by the time bound -> tp {} pp {} dp {} mb {} {} ZeRO-{} recompute {}",
                 median(times.clone()),
                 r.candidates_evaluated,
+                r.candidates_bounded,
                 s.tp,
                 s.pp,
                 s.dp,
@@ -329,6 +366,7 @@ fn search_bench() -> anyhow::Result<()> {
             );
         }
     }
+    depth_bench()?;
     println!(
         "\nquality against SC'21 Table 1 (same model, GPUs, batch; fp16; published tp/pp/dp with full recompute vs free):"
     );

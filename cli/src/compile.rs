@@ -210,6 +210,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             "time_s": r.time_s,
             "candidates_evaluated": r.candidates_evaluated,
             "candidates_pruned": r.candidates_pruned,
+            "candidates_bounded": r.candidates_bounded,
         });
         v["alternatives"] = serde_json::to_value(&r.alternatives)?;
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -218,9 +219,10 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     print_text(&name, &cluster, &r.best);
     println!();
     println!(
-        "search      {} candidates evaluated, {} pruned by the memory bound, {:.2} s{}",
+        "search      {} candidates evaluated, {} pruned by the memory bound, {} by the time bound, {:.2} s{}",
         r.candidates_evaluated,
         r.candidates_pruned,
+        r.candidates_bounded,
         r.time_s,
         plan.search
             .target

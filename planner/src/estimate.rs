@@ -10,7 +10,7 @@ use crate::cost::memory::{
     ActivationPolicy, LayerShape, layer_activation_bytes, layer_backward_gradient_bytes,
     state_bytes,
 };
-use crate::cost::pipeline::{ChunkCost, Timeline, WorkingSet, simulate_with};
+use crate::cost::pipeline::{ChunkCost, Timeline, WorkingSet, finish_lower_bound, simulate_with};
 use crate::error::PlanError;
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
@@ -174,7 +174,46 @@ pub fn estimate(
     gpus: u64,
     s: &Strategy,
 ) -> Result<Estimate, PlanError> {
-    estimate_impl(info, cluster, gpus, s, false)
+    estimate_impl(info, cluster, gpus, s, Mode::default()).and_then(unbounded)
+}
+
+/// Like [`estimate`], but `Ok(None)` without simulating the pipeline when its lower bound
+/// ([`crate::cost::pipeline::finish_lower_bound`]) already exceeds `cutoff` seconds: the
+/// iteration cannot be faster than that (the search skips such candidates).
+pub fn estimate_within(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    gpus: u64,
+    s: &Strategy,
+    cutoff: f64,
+) -> Result<Option<Estimate>, PlanError> {
+    let mode = Mode {
+        record: false,
+        cutoff,
+    };
+    estimate_impl(info, cluster, gpus, s, mode)
+}
+
+/// The estimate of a run without a cutoff, which always has one.
+fn unbounded(e: Option<Estimate>) -> Result<Estimate, PlanError> {
+    e.ok_or_else(|| PlanError::invalid("the pipeline bound exceeded an infinite cutoff"))
+}
+
+/// How [`estimate_impl`] runs: whether it records the simulated tasks, and the iteration time
+/// past which it stops at the pipeline's lower bound.
+#[derive(Clone, Copy, Debug)]
+struct Mode {
+    record: bool,
+    cutoff: f64,
+}
+
+impl Default for Mode {
+    fn default() -> Mode {
+        Mode {
+            record: false,
+            cutoff: f64::INFINITY,
+        }
+    }
 }
 
 /// Like [`estimate`], and keeps every simulated task in `timeline.tasks` (for traces).
@@ -184,7 +223,11 @@ pub fn estimate_traced(
     gpus: u64,
     s: &Strategy,
 ) -> Result<Estimate, PlanError> {
-    estimate_impl(info, cluster, gpus, s, true)
+    let mode = Mode {
+        record: true,
+        ..Mode::default()
+    };
+    estimate_impl(info, cluster, gpus, s, mode).and_then(unbounded)
 }
 
 fn estimate_impl(
@@ -192,8 +235,8 @@ fn estimate_impl(
     cluster: &Cluster,
     gpus: u64,
     s: &Strategy,
-    record: bool,
-) -> Result<Estimate, PlanError> {
+    mode: Mode,
+) -> Result<Option<Estimate>, PlanError> {
     s.validate(info, gpus)?;
     let score_dropout = info
         .layer_ops
@@ -409,7 +452,10 @@ fn estimate_impl(
         })
         .collect();
     let micro_batches = s.micro_batches();
-    let timeline = simulate_with(s.schedule, s.pp, micro_batches as u32, &chunks, record);
+    if finish_lower_bound(s.pp, micro_batches as u32, &chunks) > mode.cutoff {
+        return Ok(None);
+    }
+    let timeline = simulate_with(s.schedule, s.pp, micro_batches as u32, &chunks, mode.record);
 
     // Per-device parameters, states, DP communication and optimizer step.
     let mut stages = Vec::with_capacity(s.pp as usize);
@@ -517,7 +563,7 @@ fn estimate_impl(
 
     let iteration = worst_end;
     let tokens = (s.global_batch * s.seq) as f64;
-    let model_flops = cost::training_flops_per_token(g, b) * tokens;
+    let model_flops = training_flops_per_token(info, b) * tokens;
     let recompute_flops = (f64::from(info.layers) * layer.recompute_flops
         + pre.recompute_flops
         + post.recompute_flops)
@@ -555,7 +601,7 @@ fn estimate_impl(
         .unwrap_or_default();
     let capacity = cluster.memory_bytes();
     let ideal = timeline.device_busy.iter().cloned().fold(0.0, f64::max);
-    Ok(Estimate {
+    Ok(Some(Estimate {
         strategy: s.clone(),
         predicted: Predicted {
             iteration_time_s: iteration,
@@ -592,7 +638,7 @@ fn estimate_impl(
             post_s: post.fwd_total() + post.bwd_total(),
             layer_activation_bytes: act_layer,
         },
-    })
+    }))
 }
 
 /// Row-parallel products in `ops`: each needs one all-reduce of the hidden-sized output in the
@@ -922,4 +968,22 @@ fn device_work(
         }
     }
     (compute, tp)
+}
+
+/// Training FLOPs per token (forward + backward, no recompute) from the block structure: the
+/// embedding side, `layers` times one layer (every layer is structurally identical) and the head
+/// side. Equal to [`cost::training_flops_per_token`] over the whole graph, without walking
+/// every layer on each estimate (the search's cost stays flat in depth).
+pub fn training_flops_per_token(info: &ModelInfo<'_>, b: Binding) -> f64 {
+    let sum = |ops: &[OpId]| -> f64 {
+        ops.iter()
+            .map(|&o| {
+                let c = cost::op_cost(info.graph, o, b);
+                c.fwd_flops + c.bwd_flops
+            })
+            .sum()
+    };
+    let total =
+        sum(&info.pre_ops) + f64::from(info.layers) * sum(&info.layer_ops) + sum(&info.post_ops);
+    total / (b.batch * b.seq) as f64
 }

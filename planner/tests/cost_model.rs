@@ -317,3 +317,24 @@ fn a_precision_the_gpu_lacks_is_refused() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Model FLOPs from the block structure (embedding side + layers × one layer + head side), as
+/// every estimate computes them, equal the sum over every op of the whole graph, for each zoo
+/// model at two sequence lengths.
+#[test]
+fn block_structured_model_flops_equal_the_whole_graph() {
+    for spec in import::zoo::zoo() {
+        let g = build_forward(&spec, DType::F32).unwrap();
+        let info = ModelInfo::new(&g).unwrap();
+        for seq in [128, 2048] {
+            let b = ir::Binding { batch: 2, seq };
+            let whole = ir::cost::training_flops_per_token(&g, b);
+            let blocks = planner::estimate::training_flops_per_token(&info, b);
+            assert!(
+                (whole - blocks).abs() <= 1e-9 * whole,
+                "{} seq {seq}: whole graph {whole:e}, by blocks {blocks:e}",
+                spec.name
+            );
+        }
+    }
+}

@@ -285,3 +285,45 @@ fn pinning_every_knob_gives_the_estimate() {
         planner::cost::compute::Kernels::Fused
     );
 }
+
+/// The time-bounded search (candidates whose pipeline lower bound exceeds every plan that
+/// could be reported are not simulated) gives the answer of simulating every candidate: the
+/// same winner, the same alternatives with the same reasons, on zoo models and a deep model
+/// whose pipelines reach 64 stages.
+#[test]
+fn time_bounded_search_equals_the_exhaustive_one() {
+    let deep = spec(Family::Llama, 64, 512, 8, 4, 32000, 2048);
+    let zoo = |name: &str| build_forward(&import::zoo::find(name).unwrap(), DType::F32).unwrap();
+    let cases: Vec<(Graph, &str, u64, u64, u64)> = vec![
+        (zoo("llama3-8b"), "dgx-h100", 16, 64, 4096),
+        (zoo("gpt-7.5b"), "dgx-a100-80gb", 64, 512, 2048),
+        (deep, "dgx-h100", 128, 256, 1024),
+    ];
+    let mut skipped = 0;
+    for (g, cluster, gpus, batch, seq) in cases {
+        let cluster = Cluster::load(cluster).unwrap();
+        let info = ModelInfo::new(&g).unwrap();
+        let req = SearchRequest {
+            gpus,
+            global_batch: batch,
+            seq,
+            pins: Pins::default(),
+            top_k: 3,
+        };
+        let fast = search(&info, &cluster, &req, &mut |_, _| {})
+            .unwrap()
+            .unwrap();
+        let full = planner::search::search_exhaustive(&info, &cluster, &req)
+            .unwrap()
+            .unwrap();
+        assert_eq!(fast.best.strategy, full.best.strategy, "{}", g.name);
+        assert_eq!(
+            fast.best.predicted.iteration_time_s,
+            full.best.predicted.iteration_time_s
+        );
+        assert_eq!(fast.alternatives, full.alternatives, "{}", g.name);
+        assert_eq!(full.candidates_bounded, 0);
+        skipped += fast.candidates_bounded;
+    }
+    assert!(skipped > 0, "the bound skipped nothing");
+}

@@ -4,6 +4,7 @@
 //! that cannot fit whatever else is chosen; the best plan and the best rejected alternatives
 //! are kept with the reason they lost.
 
+pub mod cutoff;
 pub mod split;
 
 use std::time::Instant;
@@ -14,7 +15,7 @@ use crate::cost::compute::{AttentionKernel, Kernels};
 use crate::cost::memory::state_bytes;
 use crate::engine::Engine;
 use crate::error::PlanError;
-use crate::estimate::{Estimate, RESERVE_BYTES, estimate};
+use crate::estimate::{Estimate, RESERVE_BYTES, estimate, estimate_within};
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::precision::Precision;
@@ -105,6 +106,9 @@ pub struct SearchResult {
     pub alternatives: Vec<Alternative>,
     pub candidates_evaluated: u64,
     pub candidates_pruned: u64,
+    /// Candidates skipped because their pipeline's lower bound proves them slower than every
+    /// plan that could be reported ([`cutoff`]).
+    pub candidates_bounded: u64,
     pub time_s: f64,
 }
 
@@ -431,7 +435,17 @@ pub fn search(
     req: &SearchRequest,
     progress: Progress<'_>,
 ) -> Result<Result<SearchResult, Infeasible>, PlanError> {
-    search_with(info, cluster, req, progress, true)
+    search_with(info, cluster, req, progress, true, true)
+}
+
+/// [`search`] simulating every candidate's pipeline (no time bound): the same answer, slower;
+/// the reference the bounded search is tested against.
+pub fn search_exhaustive(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    req: &SearchRequest,
+) -> Result<Result<SearchResult, Infeasible>, PlanError> {
+    search_with(info, cluster, req, &mut |_, _| {}, true, false)
 }
 
 fn search_with(
@@ -440,6 +454,7 @@ fn search_with(
     req: &SearchRequest,
     progress: Progress<'_>,
     advise_gpus: bool,
+    bounded_by_time: bool,
 ) -> Result<Result<SearchResult, Infeasible>, PlanError> {
     let start = Instant::now();
     let all = candidates(info, cluster, req);
@@ -468,8 +483,13 @@ fn search_with(
     let total = all.len() as u64;
     let mut evaluated = 0u64;
     let mut pruned = 0u64;
+    let mut bounded = 0u64;
+    let mut cutoffs = cutoff::Cutoffs::new(req.top_k);
     let mut fitting: Vec<Estimate> = Vec::new();
     let mut closest: Option<Estimate> = None;
+    // Plans that do not fit but were faster than every fitting plan seen when they came:
+    // the report's "would have won" alternative is the nearest of those faster than the winner.
+    let mut faster_oom: Vec<Estimate> = Vec::new();
     let mut first_error: Option<PlanError> = None;
     for (i, s) in all.iter().enumerate() {
         if i % 256 == 0 {
@@ -479,8 +499,18 @@ fn search_with(
             pruned += 1;
             continue;
         }
-        let e = match estimate(info, cluster, req.gpus, s) {
-            Ok(e) => e,
+        let cutoff = if bounded_by_time {
+            cutoffs.cutoff()
+        } else {
+            f64::INFINITY
+        };
+        let e = match estimate_within(info, cluster, req.gpus, s, cutoff) {
+            Ok(Some(e)) => e,
+            Ok(None) => {
+                bounded += 1;
+                cutoffs.skip(i, s);
+                continue;
+            }
             Err(err) => {
                 first_error.get_or_insert(err);
                 continue;
@@ -488,9 +518,15 @@ fn search_with(
         };
         evaluated += 1;
         if e.predicted.fits {
+            cutoffs.record(&e);
             fitting.push(e);
-        } else if closest.as_ref().is_none_or(|c| better(&e, c)) {
-            closest = Some(e);
+        } else {
+            if e.predicted.iteration_time_s < cutoffs.fastest_fitting() {
+                faster_oom.push(e.clone());
+            }
+            if closest.as_ref().is_none_or(|c| better(&e, c)) {
+                closest = Some(e);
+            }
         }
     }
     progress(total, total);
@@ -531,7 +567,7 @@ fn search_with(
             .iteration_time_s
             .total_cmp(&b.predicted.iteration_time_s)
     });
-    let n = fitting.len().min(32);
+    let n = fitting.len().min(cutoff::REBALANCED);
     for e in fitting.iter_mut().take(n) {
         let balanced = rebalance(info, cluster, req.gpus, e.clone());
         evaluated += 1;
@@ -553,19 +589,43 @@ fn search_with(
                 .total_cmp(&b.predicted.iteration_time_s)
         });
     }
+    // The winner's mesh shape in full, for the runner-up the report compares it with.
+    for &i in cutoffs.skipped_of(&fitting[0].strategy) {
+        if let Ok(e) = estimate(info, cluster, req.gpus, &all[i]) {
+            evaluated += 1;
+            bounded -= 1;
+            if e.predicted.fits {
+                fitting.push(e);
+            }
+        }
+    }
+    fitting[1..].sort_by(|a, b| {
+        a.predicted
+            .iteration_time_s
+            .total_cmp(&b.predicted.iteration_time_s)
+    });
     let best = fitting.remove(0);
-    let alternatives = alternatives(&best, &fitting, closest.as_ref(), req.top_k);
+    let t0 = best.predicted.iteration_time_s;
+    let nearest_faster_oom = faster_oom
+        .into_iter()
+        .filter(|e| e.predicted.iteration_time_s < t0)
+        .fold(None::<Estimate>, |acc, e| match acc {
+            Some(a) if !better(&e, &a) => Some(a),
+            _ => Some(e),
+        });
+    let alternatives = alternatives(&best, &fitting, nearest_faster_oom.as_ref(), req.top_k);
     Ok(Ok(SearchResult {
         best,
         alternatives,
         candidates_evaluated: evaluated,
         candidates_pruned: pruned,
+        candidates_bounded: bounded,
         time_s: start.elapsed().as_secs_f64(),
     }))
 }
 
-/// The best losers: the fastest plan of each other mesh shape, and the nearest plan that did
-/// not fit when it would have been faster.
+/// The best losers: the fastest plan of each other mesh shape, and `oom`, the nearest plan
+/// that did not fit among those that would have been faster.
 fn alternatives(
     best: &Estimate,
     rest: &[Estimate],
@@ -690,7 +750,7 @@ fn smallest_fitting_cluster(
             top_k: 0,
             ..req.clone()
         };
-        if let Ok(Ok(r)) = search_with(info, cluster, &larger, &mut |_, _| {}, false) {
+        if let Ok(Ok(r)) = search_with(info, cluster, &larger, &mut |_, _| {}, false, true) {
             return Some((gpus, r.best));
         }
         gpus *= 2;
