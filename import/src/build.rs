@@ -68,7 +68,7 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
     b.layer = None;
     x = match spec.family {
         Family::Gpt2 => b.layernorm(final_norm, spec, x)?,
-        Family::Llama | Family::Mixtral => b.rmsnorm(&format!("{final_norm}.weight"), spec, x)?,
+        Family::Llama | Family::Mixtral => b.block_norm(final_norm, spec, x)?,
     };
     let head = if spec.tied_embeddings {
         b.op(OpKind::Transpose { perm: vec![1, 0] }, vec![wte])?
@@ -157,6 +157,21 @@ impl Builder {
         self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![x, g])
     }
 
+    /// A Llama-structured model's norm named `prefix`: RMSNorm (`prefix.weight`), or LayerNorm
+    /// (`prefix.weight`, `prefix.bias`) where the family uses it (Nemotron).
+    fn block_norm(
+        &mut self,
+        prefix: &str,
+        spec: &ModelSpec,
+        x: ValueId,
+    ) -> Result<ValueId, BuildError> {
+        if spec.variant.layer_norm {
+            self.layernorm(prefix, spec, x)
+        } else {
+            self.rmsnorm(&format!("{prefix}.weight"), spec, x)
+        }
+    }
+
     fn gpt2_layer(&mut self, spec: &ModelSpec, i: u64, x: ValueId) -> Result<ValueId, BuildError> {
         let (h, f) = (spec.hidden, spec.ffn);
         let p = format!("h.{i}");
@@ -194,7 +209,7 @@ impl Builder {
         let h = spec.hidden;
         let var = &spec.variant;
         let p = format!("model.layers.{i}");
-        let a = self.rmsnorm(&format!("{p}.input_layernorm.weight"), spec, x)?;
+        let a = self.block_norm(&format!("{p}.input_layernorm"), spec, x)?;
         let (q, k, v) = self.qkv(spec, &p, a)?;
         let (q, k) = if var.qk_norm {
             let q = self.head_norm(&format!("{p}.self_attn.q_norm.weight"), spec, q, spec.heads)?;
@@ -228,7 +243,7 @@ impl Builder {
             false,
         )?;
         if var.sandwich_norms {
-            o = self.rmsnorm(&format!("{p}.post_attention_layernorm.weight"), spec, o)?;
+            o = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, o)?;
         }
         let x = self.op(OpKind::Add, vec![x, o])?;
         let pre_mlp = if var.sandwich_norms {
@@ -236,14 +251,16 @@ impl Builder {
         } else {
             "post_attention_layernorm"
         };
-        let m = self.rmsnorm(&format!("{p}.{pre_mlp}.weight"), spec, x)?;
+        let m = self.block_norm(&format!("{p}.{pre_mlp}"), spec, x)?;
         let mut y = if spec.family == Family::Mixtral {
             self.moe(spec, &p, m)?
+        } else if var.relu2_mlp {
+            self.relu2_mlp(spec, &format!("{p}.mlp"), m)?
         } else {
             self.gated_mlp(spec, &format!("{p}.mlp"), m, spec.ffn)?
         };
         if var.sandwich_norms {
-            y = self.rmsnorm(&format!("{p}.post_feedforward_layernorm.weight"), spec, y)?;
+            y = self.block_norm(&format!("{p}.post_feedforward_layernorm"), spec, y)?;
         }
         self.op(OpKind::Add, vec![x, y])
     }
@@ -265,13 +282,63 @@ impl Builder {
     }
 
     fn rotary(&mut self, spec: &ModelSpec, x: ValueId, heads: u64) -> Result<ValueId, BuildError> {
-        self.op(
+        let Some(r) = spec.variant.rotary_dims else {
+            return self.op(
+                OpKind::Rotary {
+                    heads,
+                    theta: spec.rope_theta,
+                },
+                vec![x],
+            );
+        };
+        // Partial rotary (transformers' Nemotron): each head's first `r` dimensions rotate,
+        // with frequencies over `r`, and the rest pass through.
+        let d = spec.head_dim();
+        let (b, s) = (Dim::Sym(Sym::Batch), Dim::Sym(Sym::Seq));
+        let view = |w: u64| vec![b, s, Dim::Fixed(heads), Dim::Fixed(w)];
+        let per_head = self.op(OpKind::Reshape { shape: view(d) }, vec![x])?;
+        let part = |this: &mut Self, start: u64, end: u64| {
+            this.op(
+                OpKind::Slice {
+                    axis: 3,
+                    start,
+                    end,
+                },
+                vec![per_head],
+            )
+        };
+        let rot = part(self, 0, r)?;
+        let pass = part(self, r, d)?;
+        let flat = self.op(
+            OpKind::Reshape {
+                shape: vec![b, s, Dim::Fixed(heads * r)],
+            },
+            vec![rot],
+        )?;
+        let turned = self.op(
             OpKind::Rotary {
                 heads,
                 theta: spec.rope_theta,
             },
-            vec![x],
+            vec![flat],
+        )?;
+        let back = self.op(OpKind::Reshape { shape: view(r) }, vec![turned])?;
+        let joined = self.op(OpKind::Concat { axis: 3 }, vec![back, pass])?;
+        self.op(
+            OpKind::Reshape {
+                shape: vec![b, s, Dim::Fixed(heads * d)],
+            },
+            vec![joined],
         )
+    }
+
+    /// Nemotron's MLP: relu(x·up)²·down, without a gate.
+    fn relu2_mlp(&mut self, spec: &ModelSpec, p: &str, m: ValueId) -> Result<ValueId, BuildError> {
+        let (h, f) = (spec.hidden, spec.ffn);
+        let up = self.linear(&format!("{p}.up_proj"), m, h, f, false)?;
+        let relu = self.op(OpKind::Relu, vec![up])?;
+        let squared = self.op(OpKind::Pow { exponent: 2.0 }, vec![relu])?;
+        self.linear(&format!("{p}.down_proj"), squared, f, h, false)
     }
 
     /// RMSNorm over each head of `x[B, S, heads·d]` with one weight of size d (Qwen3's q_norm

@@ -42,6 +42,13 @@ pub struct Variant {
     /// A dense SwiGLU expert every token visits, of this width, scaled by a sigmoid gate
     /// (Qwen2-MoE's `shared_expert`).
     pub shared_expert_ffn: Option<u64>,
+    /// An ungated MLP with a squared ReLU, `relu(x·up)²·down` (Nemotron's `relu2`).
+    pub relu2_mlp: bool,
+    /// LayerNorm with weight and bias in place of RMSNorm (Nemotron's `LayerNorm1P`).
+    pub layer_norm: bool,
+    /// Rotary embedding over only the first this many dimensions of each head, the rest
+    /// passed through (Nemotron's `partial_rotary_factor`).
+    pub rotary_dims: Option<u64>,
 }
 
 impl Family {
@@ -132,11 +139,19 @@ impl ModelSpec {
                 let shared = var.shared_expert_ffn.map_or(0, |s| 3 * h * s + h);
                 let mlp = if self.family == Family::Mixtral {
                     h * self.experts + self.experts * 3 * h * f + shared
+                } else if var.relu2_mlp {
+                    2 * h * f
                 } else {
                     3 * h * f
                 };
-                let norms = if var.sandwich_norms { 4 * h } else { 2 * h };
-                embed + self.layers * (attn + mlp + norms) + h + head
+                // A LayerNorm has a bias beside its weight.
+                let norm = if var.layer_norm { 2 * h } else { h };
+                let norms = if var.sandwich_norms {
+                    4 * norm
+                } else {
+                    2 * norm
+                };
+                embed + self.layers * (attn + mlp + norms) + norm + head
             }
         }
     }

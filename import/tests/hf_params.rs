@@ -275,3 +275,31 @@ fn a_zoo_name_and_its_published_config_default_to_the_same_sequence() {
         );
     }
 }
+
+/// Nemotron: the graph builds its LayerNorms (weight and bias), ungated squared-ReLU MLP and
+/// half-head rotary, and counts what the spec's formula counts; what plait does not build is
+/// refused by field.
+#[test]
+fn nemotron_builds_its_block_and_refuses_what_it_does_not_build() {
+    let base = r#""model_type":"nemotron","hidden_size":256,"intermediate_size":768,
+        "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":1000"#;
+    let spec = parse(&format!("{{{base}}}"));
+    assert_eq!(spec.variant.rotary_dims, Some(32), "half of a 64-wide head");
+    assert!(spec.variant.layer_norm && spec.variant.relu2_mlp);
+    // Embedding, head, and per layer q, k, v, o, up, down and two LayerNorms; the final norm.
+    let (h, f, kv) = (256, 768, 2 * 64);
+    let layer = h * h + 2 * h * kv + h * h + 2 * h * f + 4 * h;
+    let want = 2 * 1000 * h + 2 * layer + 2 * h;
+    assert_eq!(spec.param_count(), want);
+    assert_eq!(graph_params(&spec), want);
+    for (extra, field) in [
+        (r#","hidden_act":"silu""#, "hidden_act"),
+        (r#","mlp_bias":true"#, "mlp_bias"),
+        (r#","partial_rotary_factor":0.3"#, "partial_rotary_factor"),
+    ] {
+        let e = hf::parse_config(&format!("{{{base}{extra}}}"), Path::new("config.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{field}: {e}");
+    }
+}

@@ -742,6 +742,11 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                     shape.gated = true;
                 }
             }
+            // A squared ReLU (Nemotron) keeps the projection's output, the ReLU's and the
+            // square's: three inner-wide tensors, as a gated MLP.
+            OpKind::Pow { .. } if width(op.results[0]).is_some_and(|w| w != h) => {
+                shape.gated = true;
+            }
             OpKind::MoeExperts { .. } => {
                 if let Some(f) = g
                     .ty(op.inputs[2])

@@ -241,7 +241,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// tied head, Qwen3's per-head q/k norms with an explicit head size (q wider than hidden),
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
 /// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Phi-3, and
-/// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert).
+/// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
+/// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates).
 #[test]
 fn llama_structured_families_equal_one_device() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
@@ -258,6 +259,8 @@ fn llama_structured_families_equal_one_device() {
         ("gemma2", &tp2),
         ("qwen2_moe", &dp2),
         ("qwen3_moe", &dp2),
+        ("nemotron", &tp2),
+        ("nemotron", &dp2),
         // Expert tensor parallelism: every expert's FFN split over the group.
         ("qwen2_moe", &tp2),
         ("qwen3_moe", &tp2_no_sp),

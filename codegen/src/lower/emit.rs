@@ -53,6 +53,9 @@ pub fn bwd_reads(seg: &Segment, step: &Step) -> Vec<SVal> {
             | OpKind::Scale { .. }
             | OpKind::Transpose { .. }
             | OpKind::Reshape { .. }
+            // Slicing and concatenating move the gradient by shape alone.
+            | OpKind::Slice { .. }
+            | OpKind::Concat { .. }
             // A rotation's adjoint is the inverse rotation of the output gradient.
             | OpKind::Rotary { .. } => vec![],
             _ => ins.clone(),
@@ -663,6 +666,53 @@ pub fn backward(
                         }
                         OpKind::Split { axis, .. } => {
                             dxs.push((0, one(b, 0, OpKind::Concat { axis: *axis }, dys.clone())));
+                        }
+                        OpKind::Concat { axis } => {
+                            // Each input's gradient is its window of the output's.
+                            let mut start = 0;
+                            for (k, &v) in ins.iter().enumerate() {
+                                let width = seg.vals[v].shape[*axis];
+                                if wrt.contains(&k) {
+                                    let window = OpKind::Slice {
+                                        axis: *axis,
+                                        start,
+                                        end: start + width,
+                                    };
+                                    dxs.push((k, one(b, k, window, vec![dys[0]])));
+                                }
+                                start += width;
+                            }
+                        }
+                        OpKind::Slice { axis, start, end } => {
+                            // The output's gradient between zeros (buffers read before any
+                            // write are zero) on either side of the window.
+                            let shape = &seg.vals[ins[0]].shape;
+                            let elem = seg.vals[ins[0]].elem;
+                            let side = |b: &mut Builder, width: u64, at: &str| {
+                                let mut dims = shape.clone();
+                                dims[*axis] = width;
+                                b.alloc(
+                                    format!("{}.{at}", gname(ins[0])),
+                                    elem,
+                                    dims,
+                                    Role::ActGrad,
+                                )
+                            };
+                            let mut parts = Vec::new();
+                            if *start > 0 {
+                                parts.push(side(b, *start, "before"));
+                            }
+                            parts.push(dys[0]);
+                            if *end < shape[*axis] {
+                                parts.push(side(b, shape[*axis] - end, "after"));
+                            }
+                            let zeros: Vec<BufferId> =
+                                parts.iter().copied().filter(|&p| p != dys[0]).collect();
+                            let dx = one(b, 0, OpKind::Concat { axis: *axis }, parts);
+                            for z in zeros {
+                                b.free(z);
+                            }
+                            dxs.push((0, dx));
                         }
                         OpKind::Dropout { .. } | OpKind::Scale { .. } => {
                             let k = instance_kind(seg, i, kind, env);

@@ -554,6 +554,14 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     kind_local = local_kind;
                     out_lay = Lay::Split { axis, blocks: 1 };
                 }
+                OpKind::Slice { axis, .. } | OpKind::Concat { axis }
+                    if let Some(lay) = split_elsewhere(&b, &ins, *axis) =>
+                {
+                    // A slice or concatenation along an axis the group does not split (within
+                    // the heads of a head-split tensor: Nemotron's partial rotary) runs on
+                    // each rank's shard as it is.
+                    out_lay = lay;
+                }
                 OpKind::Reshape { .. }
                 | OpKind::Transpose { .. }
                 | OpKind::Expand { .. }
@@ -942,6 +950,15 @@ fn bind(kind: &OpKind, batch: u64, seq: u64) -> OpKind {
         },
         k => k.clone(),
     }
+}
+
+/// The layout all of `ins` share when it splits an axis other than `axis`.
+fn split_elsewhere(b: &B, ins: &[SVal], axis: usize) -> Option<Lay> {
+    let first = b.seg.vals[*ins.first()?].lay;
+    let Lay::Split { axis: split, .. } = first else {
+        return None;
+    };
+    (usize::from(split) != axis && ins.iter().all(|&v| b.seg.vals[v].lay == first)).then_some(first)
 }
 
 /// Whether a replicated weight `[in, out]` has too few columns to split `blocks × t` ways.

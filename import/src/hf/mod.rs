@@ -1,4 +1,5 @@
-//! Hugging Face `config.json` → [`ModelSpec`], by `model_type` (gpt2, llama, mixtral).
+//! Hugging Face `config.json` → [`ModelSpec`], by `model_type` (gpt2, the Llama-structured
+//! families, mixtral and the Qwen MoE families).
 //!
 //! Field names and defaults follow transformers' `GPT2Config`, `LlamaConfig` and `MixtralConfig`.
 
@@ -13,7 +14,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 11] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 12] = [
     "gpt2",
     "llama",
     "mistral",
@@ -25,6 +26,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 11] = [
     "gemma2",
     "qwen2_moe",
     "qwen3_moe",
+    "nemotron",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -83,6 +85,7 @@ impl LlamaLike {
             "phi3" => dense("phi3", 4096, 1e-5, 10000.0, false),
             "gemma" => dense("gemma", 8192, 1e-6, 10000.0, true),
             "gemma2" => dense("gemma2", 8192, 1e-6, 10000.0, true),
+            "nemotron" => dense("nemotron", 4096, 1e-5, 10000.0, false),
             "mixtral" => LlamaLike {
                 model_type: "mixtral",
                 family: Family::Mixtral,
@@ -143,7 +146,58 @@ impl LlamaLike {
             } else {
                 None
             },
+            relu2_mlp: t == "nemotron",
+            layer_norm: t == "nemotron",
+            rotary_dims: if t == "nemotron" {
+                nemotron_rotary_dims(f, head_dim.unwrap_or(implied))?
+            } else {
+                None
+            },
         })
+    }
+}
+
+/// The rotary width of a Nemotron head: `partial_rotary_factor` (transformers' default 0.5)
+/// of it, `None` when that is the whole head. Also refuses the activations and biases plait
+/// does not build for Nemotron, naming the field.
+fn nemotron_rotary_dims(f: &Fields<'_>, head_dim: u64) -> Result<Option<u64>, ConfigError> {
+    let refuse = |reason: String| ConfigError::Inconsistent {
+        file: f.file.clone(),
+        reason,
+    };
+    match f.obj.get("hidden_act") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(a)) if a == "relu2" => {}
+        Some(other) => {
+            return Err(refuse(format!(
+                "hidden_act = {other}: plait builds Nemotron's MLP with its squared ReLU                  (\"relu2\") only"
+            )));
+        }
+    }
+    if f.opt_bool("mlp_bias")?.unwrap_or(false) {
+        return Err(refuse(
+            "mlp_bias = true: plait builds Nemotron's MLP without biases".into(),
+        ));
+    }
+    let factor = f.opt_float("partial_rotary_factor")?.unwrap_or(0.5);
+    // transformers: int(head_dim * partial_rotary_factor).
+    let dims = (head_dim as f64 * factor) as u64;
+    if dims == 0 || dims > head_dim || !dims.is_multiple_of(2) {
+        return Err(refuse(format!(
+            "partial_rotary_factor = {factor} gives {dims} rotary dimensions of a head of              {head_dim}: it must be an even number from 2 to the head size"
+        )));
+    }
+    Ok((dims < head_dim).then_some(dims))
+}
+
+impl LlamaLike {
+    /// The config field of the norms' epsilon.
+    fn eps_field(&self) -> &'static str {
+        if self.model_type == "nemotron" {
+            "norm_eps"
+        } else {
+            "rms_norm_eps"
+        }
     }
 }
 
@@ -292,7 +346,7 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         vocab: f.positive("vocab_size")?,
         max_positions,
         tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(kind.tied),
-        norm_eps: f.opt_float("rms_norm_eps")?.unwrap_or(kind.rms_eps),
+        norm_eps: f.opt_float(kind.eps_field())?.unwrap_or(kind.rms_eps),
         rope_theta: f.opt_float("rope_theta")?.unwrap_or(kind.rope_theta),
         experts,
         experts_per_token,
@@ -338,6 +392,14 @@ pub fn approximations(text: &str) -> Vec<String> {
         notes.push(
             "norm_topk_prob false is modelled as renormalized top-k routing weights (the same \
              shapes and FLOPs)"
+                .to_string(),
+        );
+    }
+    if obj.get("model_type") == Some(&Value::String("nemotron".into())) {
+        notes.push(
+            "Nemotron's LayerNorm1P (weight + 1) is built as a LayerNorm whose weight starts at \
+             one (the same parameters, FLOPs and gradients; a Hugging Face checkpoint's weights \
+             load with 1 added)"
                 .to_string(),
         );
     }

@@ -28,7 +28,8 @@ pub struct LayerShape {
     pub kv_width: f64,
     /// Inner width of the MLP (per expert).
     pub ffn: f64,
-    /// SwiGLU (gate, up and their product saved) rather than a GELU MLP.
+    /// Three inner-wide tensors saved (SwiGLU's gate, up and product; a squared ReLU's
+    /// projection, ReLU and square) rather than a GELU MLP's two.
     pub gated: bool,
     /// Experts each token visits (1 for a dense MLP).
     pub experts_per_token: f64,
