@@ -253,6 +253,7 @@ fn estimate_speed() -> anyhow::Result<()> {
         attention: Default::default(),
         kernels: Default::default(),
         cp: 1,
+        ep: 1,
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,
         dp_comm: Default::default(),

@@ -105,6 +105,7 @@ pub fn compile(
             attention: p.attention,
             kernels: p.kernels,
             cp: p.cp,
+            ep: p.ep,
             engine: target.or(p.engine),
             target: target.is_some(),
             dp_comm: p.dp_comm(),

@@ -65,10 +65,10 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
         s.tp,
         s.pp,
         s.dp,
-        if s.cp > 1 {
-            format!(" x cp {}", s.cp)
-        } else {
-            String::new()
+        match (s.cp > 1, s.ep > 1) {
+            (true, _) => format!(" x cp {}", s.cp),
+            (false, true) => format!(" (ep {} within dp)", s.ep),
+            _ => String::new(),
         },
         s.micro_batch,
         s.micro_batches(),
@@ -111,6 +111,12 @@ pub fn print_text(model: &str, cluster: &Cluster, e: &Estimate) {
         "time        compute {:.4} s, TP comm {:.4} s, PP comm {:.4} s, DP comm {:.4} s, bubble {:.4} s, optimizer {:.4} s",
         t.compute, t.tp_comm, t.pp_comm, t.dp_comm, t.bubble, t.optimizer
     );
+    if t.ep_comm > 0.0 {
+        println!(
+            "            EP comm {:.4} s (token dispatch and combine over {} ranks)",
+            t.ep_comm, e.strategy.ep
+        );
+    }
     if let Some(x) = &p.dp_exchange {
         print_dp_exchange(x);
     }

@@ -127,6 +127,7 @@ fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
         attention: None,
         kernels: None,
         cp: None,
+        ep: None,
         engine: None,
         stage_layers: None,
         grad_compression: None,

@@ -61,6 +61,7 @@ fn pins(tp: u32, pp: u32, dp: u32) -> StrategyArgs {
         // What the cluster file says (eager: plait's CPU runtime launches one kernel per op).
         kernels: None,
         cp: None,
+        ep: None,
         engine: None,
         stage_layers: None,
         grad_compression: None,

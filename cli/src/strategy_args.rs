@@ -101,6 +101,11 @@ pub struct StrategyArgs {
     /// 2, 4 and 8 for sequences of 8192 tokens and more].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub cp: Option<u32>,
+    /// Expert-parallel degree for mixture-of-experts models: each layer's experts split over N
+    /// of the data-parallel ranks (N divides dp and the expert count), tokens dispatched with
+    /// Megatron-Core's all-gather dispatcher [default: 1; the search tries every such N].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ep: Option<u32>,
     /// The engine that runs the plan, which decides what is fused and overlapped: megatron
     /// (Megatron-Core as NeMo runs it), torchtitan (FSDP2) or deepspeed (ZeRO)
     /// [default: megatron].
@@ -189,6 +194,7 @@ impl StrategyArgs {
                 .kernels
                 .unwrap_or_else(|| cluster.engine_kernels(engine)),
             cp: self.cp.unwrap_or(1),
+            ep: self.ep.unwrap_or(1),
             engine,
             overlap: engine.overlap(zero),
             dp_comm: self.dp_comm(),

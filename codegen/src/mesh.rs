@@ -19,17 +19,17 @@ pub fn coords_of(r: u32, tp: u32, dp: u32) -> Coords {
 }
 
 /// Every group and every rank's resolved roles. `tied`: whether first and last stage sum tied
-/// embedding gradients. `template_of_stage[s]` is the template of stage `s`.
+/// embedding gradients. `template_of_stage[s]` is the template of stage `s`. With `ep` > 1
+/// the data-parallel ranks also form expert-parallel groups (`ep` consecutive dp
+/// coordinates) and expert-data-parallel groups (dp coordinates equal mod ep).
 pub fn build(
-    tp: u32,
-    dp: u32,
-    pp: u32,
+    [tp, dp, pp, ep]: [u32; 4],
     tied: bool,
     template_of_stage: &[TemplateId],
 ) -> (Vec<Group>, Vec<RankInfo>) {
     let mut groups: Vec<Group> = Vec::new();
     let n = tp * dp * pp;
-    let mut slots = vec![[None; 3]; n as usize];
+    let mut slots = vec![[None; Slot::ALL.len()]; n as usize];
     let mut add = |slot: Slot, ranks: Vec<u32>, groups: &mut Vec<Group>| {
         if ranks.len() < 2 {
             return;
@@ -43,60 +43,52 @@ pub fn build(
         }
         groups.push(Group { id, slot, ranks });
     };
+    let at = |t: u32, d: u32, p: u32| {
+        rank_of(
+            Coords {
+                tp: t,
+                dp: d,
+                pp: p,
+            },
+            tp,
+            dp,
+        )
+    };
     for p in 0..pp {
         for d in 0..dp {
-            let ranks = (0..tp)
-                .map(|t| {
-                    rank_of(
-                        Coords {
-                            tp: t,
-                            dp: d,
-                            pp: p,
-                        },
-                        tp,
-                        dp,
-                    )
-                })
-                .collect();
-            add(Slot::Tp, ranks, &mut groups);
+            add(
+                Slot::Tp,
+                (0..tp).map(|t| at(t, d, p)).collect(),
+                &mut groups,
+            );
         }
     }
     for p in 0..pp {
         for t in 0..tp {
-            let ranks = (0..dp)
-                .map(|d| {
-                    rank_of(
-                        Coords {
-                            tp: t,
-                            dp: d,
-                            pp: p,
-                        },
-                        tp,
-                        dp,
-                    )
-                })
-                .collect();
-            add(Slot::Dp, ranks, &mut groups);
+            add(
+                Slot::Dp,
+                (0..dp).map(|d| at(t, d, p)).collect(),
+                &mut groups,
+            );
+        }
+    }
+    let ep = ep.max(1);
+    for p in (0..pp).filter(|_| ep > 1) {
+        for t in 0..tp {
+            for e in 0..dp / ep {
+                let ranks = (0..ep).map(|i| at(t, e * ep + i, p)).collect();
+                add(Slot::Ep, ranks, &mut groups);
+            }
+            for i in 0..ep {
+                let ranks = (0..dp / ep).map(|e| at(t, e * ep + i, p)).collect();
+                add(Slot::Edp, ranks, &mut groups);
+            }
         }
     }
     if tied && pp > 1 {
         for d in 0..dp {
             for t in 0..tp {
-                let ranks = [0, pp - 1]
-                    .iter()
-                    .map(|&p| {
-                        rank_of(
-                            Coords {
-                                tp: t,
-                                dp: d,
-                                pp: p,
-                            },
-                            tp,
-                            dp,
-                        )
-                    })
-                    .collect();
-                add(Slot::Tied, ranks, &mut groups);
+                add(Slot::Tied, vec![at(t, d, 0), at(t, d, pp - 1)], &mut groups);
             }
         }
     }
@@ -136,11 +128,32 @@ mod tests {
             }
         );
         assert_eq!(rank_of(c, 2, 2), 13);
-        let (groups, ranks) = build(2, 2, 2, true, &[TemplateId(0), TemplateId(1)]);
+        let (groups, ranks) = build([2, 2, 2, 1], true, &[TemplateId(0), TemplateId(1)]);
         // 4 tp groups, 4 dp groups, 4 tied groups.
         assert_eq!(groups.len(), 12);
         assert_eq!(ranks[5].next, 1);
         assert_eq!(groups[0].ranks, vec![0, 1]);
         assert_eq!(groups[4].ranks, vec![0, 2]);
+    }
+
+    #[test]
+    fn expert_groups_split_the_data_parallel_ranks() {
+        // tp 1, dp 4, pp 1, ep 2: experts split over dp {0, 1} and {2, 3}; the same experts
+        // on {0, 2} and {1, 3}.
+        let (groups, ranks) = build([1, 4, 1, 2], false, &[TemplateId(0)]);
+        let of = |s: Slot| -> Vec<Vec<u32>> {
+            groups
+                .iter()
+                .filter(|g| g.slot == s)
+                .map(|g| g.ranks.clone())
+                .collect()
+        };
+        assert_eq!(of(Slot::Ep), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(of(Slot::Edp), vec![vec![0, 2], vec![1, 3]]);
+        assert_eq!(of(Slot::Dp), vec![vec![0, 1, 2, 3]]);
+        let ep_of_3 = ranks[3]
+            .group(Slot::Ep)
+            .map(|g| groups[g.index()].ranks.clone());
+        assert_eq!(ep_of_3, Some(vec![2, 3]));
     }
 }

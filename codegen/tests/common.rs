@@ -65,6 +65,7 @@ pub fn plan(model: &str, seq: u64, c: Case) -> (Plan, Graph) {
         attention: c.attention,
         kernels: cluster.default_kernels(),
         cp: 1,
+        ep: 1,
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,
         stage_layers: None,

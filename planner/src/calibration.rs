@@ -179,6 +179,7 @@ pub fn predict_row(
                 // The rows are Megatron-LM runs, which use its fused kernels (SC'21 §4.2).
                 kernels: Kernels::Fused,
                 cp: 1,
+                ep: 1,
                 // Megatron-LM as of 2021 (no distributed optimizer, no TP overlap); the ZeRO-3
                 // rows ran DeepSpeed's ZeRO-3 of that time (SC'21 §5.2).
                 engine: if row.zero == 3 {

@@ -4,7 +4,7 @@
 use ir::{Binding, Graph, OpId, OpKind, cost};
 use serde::{Deserialize, Serialize};
 
-use crate::cost::comm::{Collective, Mesh, collective_time, mesh_cp, p2p_time};
+use crate::cost::comm::{Collective, Mesh, collective_time, mesh_ep, p2p_time};
 use crate::cost::compute::{Device, Kernels, TpLayout, tp_layout};
 use crate::cost::memory::{
     ActivationPolicy, LayerShape, layer_activation_bytes, layer_backward_gradient_bytes,
@@ -48,6 +48,9 @@ pub struct TimeBreakdown {
     pub dp_comm: f64,
     pub bubble: f64,
     pub optimizer: f64,
+    /// Expert parallelism's token dispatch and combine (not overlapped).
+    #[serde(default)]
+    pub ep_comm: f64,
 }
 
 /// One pipeline stage (device row) of the prediction.
@@ -156,6 +159,8 @@ struct Work {
     recompute_flops: f64,
     /// Exposed context-parallel ring time (forward + backward), included in `fwd`/`bwd`.
     cp_comm: f64,
+    /// Expert-parallel dispatch and combine (forward + backward), included in `fwd`/`bwd`.
+    ep_comm: f64,
 }
 
 impl Work {
@@ -257,7 +262,8 @@ fn estimate_impl(
         u64::from(s.cp),
     );
     device.cp = cp;
-    let m = mesh_cp(cluster, tp, cp, dp, pp);
+    let ep = u64::from(s.ep.max(1));
+    let m = mesh_ep(cluster, tp, cp, dp, pp, ep);
     // Every op but attention sees the rank's share of the sequence.
     let b = Binding {
         batch: s.micro_batch,
@@ -308,6 +314,8 @@ fn estimate_impl(
             (2.0 * steps * cp_step - attn_bwd).max(0.0),
         )
     };
+
+    let ep_dispatch = ExpertDispatch::new(g, info, cluster, &m, b, s.precision.activation_bytes());
 
     // One representative layer, the embedding side and the head side; with fused kernels each
     // group of fused point-wise ops is one kernel.
@@ -362,8 +370,12 @@ fn estimate_impl(
         w.fwd += ring_fwd;
         w.bwd += ring_bwd;
         w.cp_comm = ring_fwd + ring_bwd;
+        let (ep_fwd, ep_bwd) = ep_dispatch.times(g, ops);
+        w.fwd += ep_fwd;
+        w.bwd += ep_bwd;
+        w.ep_comm = ep_fwd + ep_bwd;
         if s.recompute == Recompute::Full {
-            w.recompute += w.tp_fwd;
+            w.recompute += w.tp_fwd + ep_fwd;
         }
         w
     };
@@ -375,20 +387,24 @@ fn estimate_impl(
     // and reduce-scatters its gradients, prefetching one layer ahead: the layer takes the
     // longer of its compute and its communication.
     let wbytes = s.precision.weight_bytes();
-    let layer_param_bytes = info.params_per_layer as f64 / tp as f64 * wbytes;
+    let layer_dense_bytes = info.dense_params_per_layer() as f64 / tp as f64 * wbytes;
+    let layer_expert_bytes = info.expert_params_per_layer as f64 / (tp * ep) as f64 * wbytes;
     let (mut layer_fwd, mut layer_bwd) = (layer.fwd_total(), layer.bwd_total());
     let mut zero3_exposed_per_layer = 0.0;
     if s.zero == 3 && dp * cp > 1 {
         // A layer's parameters are gathered (and its gradients reduce-scattered) as one flat
         // buffer, as FSDP's flat parameters and DeepSpeed's coalesced gathers do.
+        let gathered = layer_dense_bytes + layer_expert_bytes;
         let ceiling = s
             .overlap
             .zero3_gb_per_s
-            .map_or(0.0, |bw| layer_param_bytes / (bw * 1e9));
-        let ag =
-            collective_time(cluster, &m.dp, Collective::AllGather, layer_param_bytes).max(ceiling);
-        let rs = collective_time(cluster, &m.dp, Collective::ReduceScatter, layer_param_bytes)
-            .max(ceiling);
+            .map_or(0.0, |bw| gathered / (bw * 1e9));
+        let both = |kind| {
+            collective_time(cluster, &m.dp, kind, layer_dense_bytes)
+                + collective_time(cluster, &m.edp, kind, layer_expert_bytes)
+        };
+        let ag = both(Collective::AllGather).max(ceiling);
+        let rs = both(Collective::ReduceScatter).max(ceiling);
         let regathers = if s.recompute == Recompute::Full {
             2.0
         } else {
@@ -467,7 +483,8 @@ fn estimate_impl(
     for d in 0..s.pp as usize {
         let my_chunks: Vec<usize> = (0..n_chunks).filter(|c| c % s.pp as usize == d).collect();
         let layers: u32 = my_chunks.iter().map(|&c| chunk_layers[c]).sum();
-        let mut params = f64::from(layers) * info.params_per_layer as f64;
+        let expert_params = f64::from(layers) * info.expert_params_per_layer as f64;
+        let mut params = f64::from(layers) * info.dense_params_per_layer() as f64;
         if my_chunks.contains(&0) {
             params += info.pre_params as f64;
         }
@@ -478,18 +495,37 @@ fn estimate_impl(
                 params += info.tied_params as f64;
             }
         }
+        // The dense weights are replicated over dp × cp, the experts (split ep ways) over the
+        // expert-data-parallel ranks only.
         let local = params / tp as f64;
+        let local_experts = expert_params / (tp * ep) as f64;
         let replicas = (dp * cp) as f64;
+        let expert_replicas = replicas / ep as f64;
         let mut states = state_bytes(local, replicas, s.zero, s.precision);
+        states.add(&state_bytes(
+            local_experts,
+            expert_replicas,
+            s.zero,
+            s.precision,
+        ));
         if s.precision.is_fp8() {
             // Transformer Engine keeps an FP8 copy of each weight beside the 16-bit one (its
             // transpose is rebuilt when needed: `--keep-fp8-transpose-cache` is off by default).
-            states.weights += local / if s.zero >= 3 { replicas } else { 1.0 };
+            states.weights += if s.zero >= 3 {
+                local / replicas + local_experts / expert_replicas
+            } else {
+                local + local_experts
+            };
         }
         // Data-parallel gradient synchronisation, bucketed and overlapped with the backward of
         // the last micro-batch (all but its first layer's worth can hide behind it) where the
-        // cluster runs communication beside compute; in full where it does not.
-        let sync = dp_sync_times(cluster, &m.dp, s, local, micro_batches);
+        // cluster runs communication beside compute; in full where it does not. The experts'
+        // gradients reduce over their own replicas, after the dense ones.
+        let mut sync = dp_sync_times(cluster, &m.dp, s, local, micro_batches);
+        let expert_sync = dp_sync_times(cluster, &m.edp, s, local_experts, micro_batches);
+        sync.reduce += expert_sync.reduce;
+        sync.gather += expert_sync.gather;
+        sync.average += expert_sync.average;
         let (dp_time, gather_time, average_time) = (sync.reduce, sync.gather, sync.average);
         exchanges[d] = sync.exchange;
         let last_bwd: f64 = my_chunks.iter().map(|&c| chunks[c].bwd).sum();
@@ -524,7 +560,11 @@ fn estimate_impl(
         } else {
             0.0
         };
-        let owned = if s.zero >= 1 { local / replicas } else { local };
+        let owned = if s.zero >= 1 {
+            local / replicas + local_experts / expert_replicas
+        } else {
+            local + local_experts
+        };
         let opt = owned * OPTIMIZER_BYTES_PER_PARAM / device.hbm + device.launch;
         let end = timeline.device_finish[d] + exposed + tied_sync + opt + average_time;
         dp_exposed[d] = exposed + tied_sync + average_time;
@@ -582,6 +622,9 @@ fn estimate_impl(
     let full = s.recompute == Recompute::Full;
     let (compute, tp_time) =
         device_work([&pre, &layer, &post], &chunk_layers, &my_chunks, mb, full);
+    let my_layers: f64 = my_chunks.iter().map(|&c| f64::from(chunk_layers[c])).sum();
+    let ep_time = my_layers * mb * layer.ep_comm;
+    let compute = compute - ep_time;
     let zero3: f64 = my_chunks
         .iter()
         .map(|&c| f64::from(chunk_layers[c]))
@@ -593,7 +636,7 @@ fn estimate_impl(
     let pp_time = sends * mb * p2p;
     let dp_time = dp_exposed[critical] + zero3;
     let opt = optimizer_time[critical];
-    let bubble = (iteration - compute - tp_time - dp_time - opt).max(0.0);
+    let bubble = (iteration - compute - tp_time - ep_time - dp_time - opt).max(0.0);
     let peak_stage = stages
         .iter()
         .max_by(|a, b| a.peak_memory_bytes.total_cmp(&b.peak_memory_bytes))
@@ -620,6 +663,7 @@ fn estimate_impl(
                 dp_comm: dp_time,
                 bubble: (bubble - pp_time.min(bubble)).max(0.0),
                 optimizer: opt,
+                ep_comm: ep_time,
             },
             bubble_fraction: if iteration > 0.0 {
                 ((iteration - ideal - opt - dp_exposed[critical]) / iteration).max(0.0)
@@ -775,6 +819,64 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
     }
     shape.extra_norms = (residual_norms - 2.0).max(0.0);
     shape
+}
+
+/// Expert parallelism's communication per micro-batch, Megatron-Core's all-gather token
+/// dispatcher (`--moe-token-dispatcher-type allgather`, its default): before each expert
+/// layer the group all-gathers its members' tokens and routing weights, every rank runs its
+/// own experts on all of them, and a reduce-scatter returns each rank's tokens with every
+/// expert's contribution summed. The backward mirrors it (the output gradient gathered, the
+/// input gradient reduce-scattered, the routing weights' gradient gathered by expert). None of
+/// it overlaps compute in that dispatcher.
+struct ExpertDispatch {
+    /// Forward and backward seconds of one expert layer.
+    fwd: f64,
+    bwd: f64,
+}
+
+impl ExpertDispatch {
+    fn new(
+        g: &Graph,
+        info: &ModelInfo<'_>,
+        cluster: &Cluster,
+        m: &Mesh,
+        b: Binding,
+        act_bytes: f64,
+    ) -> ExpertDispatch {
+        let n = m.ep.size;
+        if n <= 1 || info.experts == 0 {
+            return ExpertDispatch { fwd: 0.0, bwd: 0.0 };
+        }
+        // The experts see whole tokens (a sequence-parallel layer gathers them over tp
+        // first): the group's gathered tensors hold n micro-batches of them.
+        let tokens = (b.batch * b.seq) as f64 * n as f64;
+        let width = |v: ir::ValueId| g.ty(v).shape.last().and_then(|d| d.fixed()).unwrap_or(0);
+        let (hidden, experts) = info
+            .layer_ops
+            .iter()
+            .find_map(|&o| match g.op(o).kind {
+                OpKind::MoeExperts { experts } => Some((width(g.op(o).inputs[0]), experts)),
+                _ => None,
+            })
+            .unwrap_or((info.hidden, info.experts));
+        let x = tokens * hidden as f64 * act_bytes;
+        let gates = tokens * experts as f64 * act_bytes;
+        let t = |kind, bytes| collective_time(cluster, &m.ep, kind, bytes);
+        let (ag, rs) = (Collective::AllGather, Collective::ReduceScatter);
+        ExpertDispatch {
+            fwd: t(ag, x) + t(ag, gates) + t(rs, x),
+            bwd: t(ag, x) + t(rs, x) + t(ag, gates),
+        }
+    }
+
+    /// Seconds of the expert layers among `ops`, forward and backward.
+    fn times(&self, g: &Graph, ops: &[OpId]) -> (f64, f64) {
+        let n = ops
+            .iter()
+            .filter(|&&o| matches!(g.op(o).kind, OpKind::MoeExperts { .. }))
+            .count() as f64;
+        (n * self.fwd, n * self.bwd)
+    }
 }
 
 /// The transient bytes of a backward task beside what is in flight, and what the head keeps.

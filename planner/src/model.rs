@@ -23,6 +23,10 @@ pub struct ModelInfo<'g> {
     /// Untagged ops after the last layer (final norm, head, loss).
     pub post_ops: Vec<OpId>,
     pub params_per_layer: u64,
+    /// Of `params_per_layer`: the routed experts' weights (what expert parallelism shards).
+    pub expert_params_per_layer: u64,
+    /// Routed experts of a mixture-of-experts layer (0 for a dense model).
+    pub experts: u64,
     pub pre_params: u64,
     pub post_params: u64,
     /// Parameters used both before and after the block (tied embeddings): a pipeline keeps a
@@ -71,6 +75,7 @@ impl<'g> ModelInfo<'g> {
             .filter(|o| is_param(o))
             .map(|&o| numel(o))
             .sum();
+        let (expert_params_per_layer, experts) = routed_expert_params(graph, &layer_ops);
         let pre_params: u64 = pre_ops
             .iter()
             .filter(|o| is_param(o))
@@ -107,6 +112,8 @@ impl<'g> ModelInfo<'g> {
             pre_ops,
             post_ops,
             params_per_layer,
+            expert_params_per_layer,
+            experts,
             pre_params,
             post_params,
             tied_params,
@@ -150,8 +157,35 @@ impl<'g> ModelInfo<'g> {
         Ok(info)
     }
 
+    /// Parameters of one layer outside the routed experts (what every expert-parallel rank
+    /// holds whole).
+    pub fn dense_params_per_layer(&self) -> u64 {
+        self.params_per_layer - self.expert_params_per_layer
+    }
+
     /// Total trainable parameters.
     pub fn params(&self) -> u64 {
         self.pre_params + self.post_params + u64::from(self.layers) * self.params_per_layer
     }
+}
+
+/// The routed experts' weights in `layer_ops` (the weight operands of its expert ops) and their
+/// expert count.
+fn routed_expert_params(graph: &Graph, layer_ops: &[OpId]) -> (u64, u64) {
+    let mut params = 0;
+    let mut experts = 0;
+    for &o in layer_ops {
+        let op = graph.op(o);
+        if let OpKind::MoeExperts { experts: e } = op.kind {
+            experts = experts.max(e);
+            params += op
+                .inputs
+                .iter()
+                .skip(2)
+                .filter(|&&w| matches!(graph.op(graph.def_op(w)).kind, OpKind::Param { .. }))
+                .map(|&w| graph.ty(w).shape.fixed_numel().unwrap_or(0))
+                .sum::<u64>();
+        }
+    }
+    (params, experts)
 }

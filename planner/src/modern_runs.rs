@@ -126,6 +126,7 @@ impl ModernRow {
             kernels: Kernels::Fused,
             stage_layers: None,
             cp: self.cp,
+            ep: 1,
             engine: Engine::Megatron,
             overlap: Engine::Megatron.overlap(zero),
             dp_comm: Default::default(),

@@ -94,6 +94,11 @@ pub struct Strategy {
     /// ring over them (1 = off; plans written before it existed).
     #[serde(default = "one")]
     pub cp: u32,
+    /// Expert-parallel degree: each routed-expert layer's experts split over `ep` of the
+    /// data-parallel ranks (Megatron-Core's `--expert-model-parallel-size`), tokens dispatched
+    /// to them by its all-gather dispatcher; 1 = off (plans written before it existed).
+    #[serde(default = "one")]
+    pub ep: u32,
     /// The engine that runs the plan (what it fuses and overlaps).
     #[serde(default)]
     pub engine: crate::engine::Engine,
@@ -153,6 +158,46 @@ impl Strategy {
         Ok(())
     }
 
+    /// Expert parallelism's own constraints: the experts and the data-parallel ranks divide
+    /// into `ep` groups.
+    fn validate_ep(&self, model: &ModelInfo) -> Result<(), PlanError> {
+        if self.ep <= 1 {
+            return Ok(());
+        }
+        let err = |c: String| Err(PlanError::invalid(c));
+        if model.experts == 0 {
+            return err(format!(
+                "--ep {} needs a mixture-of-experts model; this one has no routed experts: use --ep 1",
+                self.ep
+            ));
+        }
+        if !model.experts.is_multiple_of(u64::from(self.ep)) {
+            return err(format!(
+                "{} experts do not split evenly over ep {}: pick an ep that divides them",
+                model.experts, self.ep
+            ));
+        }
+        if !self.dp.is_multiple_of(self.ep) {
+            return err(format!(
+                "expert-parallel ranks are data-parallel ranks (Megatron-Core): ep {} must divide dp {}",
+                self.ep, self.dp
+            ));
+        }
+        if self.cp > 1 {
+            return err(
+                "expert parallelism together with context parallelism is not modelled yet: use \
+                 --cp 1 or --ep 1"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Data-parallel ranks holding the same experts (the expert-data-parallel group).
+    pub fn expert_replicas(&self) -> u64 {
+        self.grad_replicas() / u64::from(self.ep.max(1))
+    }
+
     pub fn gpus(&self) -> u64 {
         u64::from(self.tp) * u64::from(self.pp) * u64::from(self.dp) * u64::from(self.cp)
     }
@@ -192,8 +237,8 @@ impl Strategy {
     /// Checks every constraint, naming the first one that fails.
     pub fn validate(&self, model: &ModelInfo, gpus: u64) -> Result<(), PlanError> {
         let err = |c: String| Err(PlanError::invalid(c));
-        if self.tp == 0 || self.pp == 0 || self.dp == 0 || self.cp == 0 {
-            return err("tp, pp, dp and cp must each be at least 1".into());
+        if self.tp == 0 || self.pp == 0 || self.dp == 0 || self.cp == 0 || self.ep == 0 {
+            return err("tp, pp, dp, cp and ep must each be at least 1".into());
         }
         if self.gpus() != gpus {
             let cp = if self.cp > 1 {
@@ -211,6 +256,7 @@ impl Strategy {
             ));
         }
         self.validate_cp(model)?;
+        self.validate_ep(model)?;
         if !self.dp_comm.is_plain() && self.zero > 0 {
             return err(format!(
                 "--grad-compression {} --dp-sync {} run at ZeRO-0 (a compressed exchange is an all-reduce; local SGD keeps each replica's whole optimizer state), not at ZeRO-{}: pass --zero 0",

@@ -23,6 +23,7 @@ fn strategy(dp: u32, zero: u8) -> Strategy {
         attention: Default::default(),
         kernels: Default::default(),
         cp: 1,
+        ep: 1,
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,
         stage_layers: None,

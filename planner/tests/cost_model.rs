@@ -47,6 +47,7 @@ fn strategy(tp: u32, pp: u32, dp: u32, mb: u64, batch: u64) -> Strategy {
         attention: Default::default(),
         kernels: Default::default(),
         cp: 1,
+        ep: 1,
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,
         stage_layers: None,

@@ -102,6 +102,7 @@ fn strategy(tp: u32, pp: u32, dp: u32, mb: u64, gbs: u64, seq: u64) -> Strategy 
         attention: Default::default(),
         kernels: Default::default(),
         cp: 1,
+        ep: 1,
         engine: Engine::Megatron,
         overlap: Overlap::LEGACY,
         stage_layers: None,

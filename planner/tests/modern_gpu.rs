@@ -50,6 +50,7 @@ fn strategy(dp: u32, cp: u32, precision: Precision, attention: AttentionKernel) 
         kernels: planner::cost::compute::Kernels::Fused,
         stage_layers: None,
         cp,
+        ep: 1,
         engine: Engine::Megatron,
         overlap: Engine::Megatron.overlap(1),
         dp_comm: Default::default(),

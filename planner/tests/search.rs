@@ -258,6 +258,7 @@ fn pinning_every_knob_gives_the_estimate() {
         attention: None,
         kernels: None,
         cp: None,
+        ep: None,
         engine: None,
         target: false,
         dp_comm: Default::default(),

@@ -189,16 +189,24 @@ pub enum Slot {
     Dp,
     /// First and last pipeline stage (same tp, dp): tied embedding gradients.
     Tied,
+    /// My expert-parallel group: the `ep` consecutive data-parallel ranks (same tp, pp) that
+    /// split each layer's experts; member `i` is the rank with dp coordinate ≡ i (mod ep).
+    Ep,
+    /// The ranks holding the same experts (dp coordinates equal mod ep): the experts'
+    /// gradients reduce, and their ZeRO slices are cut, over this group instead of `Dp`.
+    Edp,
 }
 
 impl Slot {
-    pub const ALL: [Slot; 3] = [Slot::Tp, Slot::Dp, Slot::Tied];
+    pub const ALL: [Slot; 5] = [Slot::Tp, Slot::Dp, Slot::Tied, Slot::Ep, Slot::Edp];
 
     pub fn name(self) -> &'static str {
         match self {
             Slot::Tp => "tp",
             Slot::Dp => "dp",
             Slot::Tied => "tied",
+            Slot::Ep => "ep",
+            Slot::Edp => "edp",
         }
     }
 }
@@ -443,8 +451,13 @@ pub struct ParamShard {
     /// `None`: replicated across the tensor-parallel group.
     pub tp: Option<TpSplit>,
     /// Optimizer state (and with ZeRO-2/3 the gradient, with ZeRO-3 the weight) is the rank's
-    /// flat slice ⌈n / dp⌉ of the local shard's n elements, at its dp coordinate.
+    /// flat slice ⌈n / dp⌉ of the local shard's n elements, at its dp coordinate (for an
+    /// expert shard: ⌈n / (dp / ep)⌉ at its coordinate in the `Edp` group, dp ÷ ep).
     pub zero: bool,
+    /// A routed-experts weight `[experts, ..]` split along axis 0 over the `Ep` group: the
+    /// rank holds experts `i·E/ep .. (i+1)·E/ep`, `i` its dp coordinate mod ep.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expert: bool,
     /// The buffer the runtime initializes with this shard.
     pub init: BufferId,
 }
@@ -461,16 +474,73 @@ pub struct Slice {
     pub owned: (u64, u64),
 }
 
+/// Where a rank sits in the mesh, as a parameter shard needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardAt {
+    pub tp: u32,
+    pub tp_rank: u32,
+    pub dp: u32,
+    pub dp_rank: u32,
+    /// Expert-parallel degree (1: experts whole on every rank).
+    pub ep: u32,
+}
+
+impl ShardAt {
+    /// The position in `mesh` of the rank at `coords`.
+    pub fn of(mesh: &MeshInfo, coords: Coords) -> ShardAt {
+        ShardAt {
+            tp: mesh.tp,
+            tp_rank: coords.tp,
+            dp: mesh.dp,
+            dp_rank: coords.dp,
+            ep: mesh.ep,
+        }
+    }
+}
+
 impl ParamShard {
     /// The rank's slice at tp coordinate `tp_rank` of `tp`, dp coordinate `dp_rank` of `dp`.
     pub fn slice(&self, full: &[u64], tp: u32, tp_rank: u32, dp: u32, dp_rank: u32) -> Slice {
+        self.slice_at(
+            full,
+            ShardAt {
+                tp,
+                tp_rank,
+                dp,
+                dp_rank,
+                ep: 1,
+            },
+        )
+    }
+
+    /// The rank's slice at `at` (expert shards by its expert-parallel coordinate).
+    pub fn slice_at(&self, full: &[u64], at: ShardAt) -> Slice {
+        let ShardAt {
+            tp,
+            tp_rank,
+            mut dp,
+            mut dp_rank,
+            ep,
+        } = at;
+        let ep = ep.max(1);
+        let mut whole: Box = full.iter().map(|&d| (0, d)).collect();
+        if self.expert {
+            if let Some(r) = whole.first_mut() {
+                let per = r.1 / u64::from(ep);
+                let start = per * u64::from(dp_rank % ep);
+                *r = (start, start + per);
+            }
+            // ZeRO slices over the ranks that hold the same experts.
+            dp = (dp / ep).max(1);
+            dp_rank /= ep;
+        }
         let mut boxes = Vec::new();
-        let whole: Box = full.iter().map(|&d| (0, d)).collect();
         match self.tp {
             None => boxes.push(whole),
             Some(s) => {
                 let axis = usize::from(s.axis);
-                let dim = full.get(axis).copied().unwrap_or(0);
+                let base = whole.get(axis).map_or(0, |r| r.0);
+                let dim = whole.get(axis).map_or(0, |r| r.1 - r.0);
                 let blocks = u64::from(s.blocks.max(1));
                 let block = dim / blocks;
                 let piece = block / u64::from(tp.max(1));
@@ -478,7 +548,7 @@ impl ParamShard {
                 for k in 0..blocks {
                     let mut b = whole.clone();
                     if let Some(r) = b.get_mut(axis) {
-                        let start = k * block + part * piece;
+                        let start = base + k * block + part * piece;
                         *r = (start, start + piece);
                     }
                     boxes.push(b);
@@ -586,11 +656,18 @@ pub struct MeshInfo {
     pub recompute: String,
     pub sequence_parallel: bool,
     pub precision: String,
+    /// Expert-parallel degree (programs written before it existed: 1).
+    #[serde(default = "one")]
+    pub ep: u32,
     /// `fused` (FlashAttention-style: the backward rebuilds the scores from the saved
     /// log-sum-exp) or `materialized` (the scores are saved). Programs written before this
     /// field read as `materialized`.
     #[serde(default = "materialized")]
     pub attention: String,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn materialized() -> String {
@@ -645,5 +722,51 @@ impl ProgramSet {
 impl fmt::Display for Coords {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "tp {} dp {} pp {}", self.tp, self.dp, self.pp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An expert weight [experts 4, in 2, out 6] at ep 2 within dp 4, split by columns over tp
+    /// 2, ZeRO-sliced: each rank holds its two experts' column block, and its ZeRO slice is cut
+    /// over the two ranks holding the same experts.
+    #[test]
+    fn expert_shards_split_the_expert_axis_and_slice_over_their_replicas() {
+        let sh = ParamShard {
+            param: ParamId(0),
+            tp: Some(TpSplit {
+                axis: 2,
+                blocks: 1,
+                part: None,
+            }),
+            zero: true,
+            expert: true,
+            init: BufferId(0),
+        };
+        let at = |tp_rank, dp_rank| ShardAt {
+            tp: 2,
+            tp_rank,
+            dp: 4,
+            dp_rank,
+            ep: 2,
+        };
+        let full = [4, 2, 6];
+        // dp 3: expert block 3 mod 2 = 1 (experts 2..4), tp 1: columns 3..6.
+        let s = sh.slice_at(&full, at(1, 3));
+        assert_eq!(s.boxes, vec![vec![(2, 4), (0, 2), (3, 6)]]);
+        // 12 local elements over dp / ep = 2 replicas; dp 3 is replica 1.
+        assert_eq!(s.owned, (6, 12));
+        // dp 2 holds experts 0..2 again, as replica 1; dp 1 holds experts 2..4 as replica 0.
+        assert_eq!(sh.slice_at(&full, at(0, 2)).boxes[0][0], (0, 2));
+        assert_eq!(sh.slice_at(&full, at(0, 1)).owned, (0, 6));
+        // A dense shard ignores ep.
+        let dense = ParamShard {
+            expert: false,
+            ..sh
+        };
+        assert_eq!(dense.slice_at(&full, at(1, 3)).boxes[0][0], (0, 4));
+        assert_eq!(dense.slice_at(&full, at(1, 3)).owned, (18, 24));
     }
 }

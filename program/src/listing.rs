@@ -216,7 +216,7 @@ pub fn show(set: &ProgramSet, r: u32) -> Option<String> {
     for (k, sh) in t.shards.iter().enumerate() {
         let p = set.params.get(sh.param.index());
         let full = p.map_or(vec![], |p| p.shape.clone());
-        let sl = sh.slice(&full, m.tp, info.coords.tp, m.dp, info.coords.dp);
+        let sl = sh.slice_at(&full, crate::ShardAt::of(m, info.coords));
         let _ = writeln!(
             s,
             "shard #{k} {} {:?}: {:?}{} -> {}",

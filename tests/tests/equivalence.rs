@@ -275,6 +275,58 @@ fn llama_structured_families_equal_one_device() {
     assert!(bad.is_empty(), "differ from one device: {bad:?}");
 }
 
+/// Expert parallelism (Megatron-Core's all-gather dispatcher): each rank holds `E / ep` of every
+/// layer's experts, the group's tokens are gathered before the experts and their partial sums
+/// reduce-scattered back, and the experts' gradients reduce over the ranks holding the same
+/// experts. A Mixtral-style MoE (4 experts, top-2) and Qwen3-MoE (8 small experts) at ep 2
+/// within dp 2, ep 2 within dp 4 under ZeRO-1 and ZeRO-3, and ep 4 within dp 4 under ZeRO-2
+/// with a pipeline of two stages: losses and every final parameter element equal one device's
+/// (reproducible mode).
+#[test]
+fn moe_expert_parallel_equals_one_device() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    let with = |dp: u32, ep: u32, zero: u8, pp: u32| {
+        let mut c = Config::new(1, pp, dp);
+        (c.ep, c.zero) = (ep, zero);
+        c
+    };
+    let mut bad = Vec::new();
+    for (name, family, c) in [
+        ("mixtral dp2 ep2", "mixtral", with(2, 2, 0, 1)),
+        ("qwen3_moe dp2 ep2", "qwen3_moe", with(2, 2, 0, 1)),
+        ("mixtral dp4 ep2 zero1", "mixtral", with(4, 2, 1, 1)),
+        ("qwen3_moe dp4 ep2 zero3", "qwen3_moe", with(4, 2, 3, 1)),
+        ("qwen3_moe dp4 ep4 zero2 pp2", "qwen3_moe", with(4, 4, 2, 2)),
+    ] {
+        let model = format!("{data}tiny-{family}.json");
+        let one = programs(&model, &Config::new(1, 1, 1));
+        let set = programs(&model, &c);
+        let experts_per_rank: Vec<u64> = set
+            .templates
+            .iter()
+            .flat_map(|t| &t.instrs)
+            .filter_map(|i| match i {
+                codegen::program::Instr::Compute {
+                    kind: ir::OpKind::MoeExperts { experts },
+                    ..
+                } => Some(*experts),
+                _ => None,
+            })
+            .collect();
+        let all = if family == "mixtral" { 4 } else { 8 };
+        assert!(
+            !experts_per_rank.is_empty()
+                && experts_per_rank.iter().all(|&e| e == all / u64::from(c.ep)),
+            "{name}: each rank runs its {} experts, got {experts_per_rank:?}",
+            all / u64::from(c.ep)
+        );
+        if !equals_one_device(name, &one, &set) {
+            bad.push(name);
+        }
+    }
+    assert!(bad.is_empty(), "differ from one device: {bad:?}");
+}
+
 /// Whether `set` trains to `one`'s losses and final parameters within [`TOL`] (reproducible
 /// mode), printing both differences under `name`.
 fn equals_one_device(name: &str, one: &codegen::ProgramSet, set: &codegen::ProgramSet) -> bool {

@@ -349,21 +349,27 @@ pub fn forward(
                     }
                 }
             }
-            Step::Coll { op, axis, x, y } => {
+            Step::Coll {
+                op,
+                axis,
+                x,
+                y,
+                group,
+            } => {
                 b.push(coll(
                     *op,
-                    Slot::Tp,
+                    *group,
                     Some(*axis),
                     get(*x),
                     get(*y),
                     Purpose::Activation,
                 ));
             }
-            Step::Chunk { axis, x, y } => b.push(Instr::Chunk {
+            Step::Chunk { axis, x, y, group } => b.push(Instr::Chunk {
                 src: get(*x),
                 dst: get(*y),
                 axis: Some(*axis),
-                group: Slot::Tp,
+                group: *group,
             }),
         }
         for v in step_ins(s) {
@@ -486,7 +492,7 @@ pub fn backward(
         // Regather what this step's backward reads.
         for v in bwd_reads(seg, s) {
             if p.regather[v]
-                && let Some(x) = gathered_source(seg, v)
+                && let Some((x, group, axis)) = gathered_source(seg, v)
             {
                 {
                     let val = &seg.vals[v];
@@ -499,8 +505,8 @@ pub fn backward(
                     let xb = inst.bufs[x].unwrap_or(BufferId(u32::MAX));
                     b.push(coll(
                         CollectiveOp::AllGather,
-                        Slot::Tp,
-                        Some(1),
+                        group,
+                        Some(axis),
                         xb,
                         y,
                         Purpose::Activation,
@@ -846,7 +852,13 @@ pub fn backward(
                     b.free(sv);
                 }
             }
-            Step::Coll { op, axis, x, y } => {
+            Step::Coll {
+                op,
+                axis,
+                x,
+                y,
+                group,
+            } => {
                 if let Some((d, partial)) = grads[*y].take() {
                     let val = &seg.vals[*x];
                     let (dx, dx_partial) = match op {
@@ -855,7 +867,7 @@ pub fn backward(
                             if partial {
                                 b.push(coll(
                                     CollectiveOp::ReduceScatter,
-                                    Slot::Tp,
+                                    *group,
                                     Some(*axis),
                                     d,
                                     dx,
@@ -866,7 +878,7 @@ pub fn backward(
                                     src: d,
                                     dst: dx,
                                     axis: Some(*axis),
-                                    group: Slot::Tp,
+                                    group: *group,
                                 });
                             }
                             b.free(d);
@@ -876,7 +888,7 @@ pub fn backward(
                             let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
                             b.push(coll(
                                 CollectiveOp::AllGather,
-                                Slot::Tp,
+                                *group,
                                 Some(*axis),
                                 d,
                                 dx,
@@ -890,14 +902,14 @@ pub fn backward(
                     accumulate(b, &mut grads, *x, dx, dx_partial);
                 }
             }
-            Step::Chunk { axis, x, y } => {
+            Step::Chunk { axis, x, y, group } => {
                 // Every rank's piece of the gradient, gathered: the whole value's gradient.
                 if let Some((d, _)) = grads[*y].take() {
                     let val = &seg.vals[*x];
                     let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
                     b.push(coll(
                         CollectiveOp::AllGather,
-                        Slot::Tp,
+                        *group,
                         Some(*axis),
                         d,
                         dx,
@@ -1032,14 +1044,16 @@ fn rebuild_value(
     inst.bufs[v] = Some(y);
 }
 
-fn gathered_source(seg: &Segment, v: SVal) -> Option<SVal> {
+/// The value `v` was all-gathered from, over which group and along which axis.
+fn gathered_source(seg: &Segment, v: SVal) -> Option<(SVal, Slot, u8)> {
     seg.steps.iter().find_map(|s| match s {
         Step::Coll {
             op: CollectiveOp::AllGather,
             x,
             y,
-            ..
-        } if *y == v => Some(*x),
+            group,
+            axis,
+        } if *y == v => Some((*x, *group, *axis)),
         _ => None,
     })
 }

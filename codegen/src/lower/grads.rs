@@ -21,14 +21,13 @@ impl<'a> Stage<'a> {
                 let st = self.ps.get(&p)?;
                 if self.zero >= 3 && seen.insert(p) {
                     self.b.push(Instr::Alloc { buf: st.param });
-                    pairs.push((st.slice.unwrap_or(st.param), st.param));
+                    pairs.push((p, st.slice.unwrap_or(st.param), st.param));
                 }
                 Some((p, st.param))
             })
             .collect();
-        self.flat_collective(
+        self.replica_collective(
             CollectiveOp::AllGather,
-            Slot::Dp,
             pairs,
             Purpose::ParamGather,
             Some(bucket),
@@ -99,12 +98,11 @@ impl<'a> Stage<'a> {
                     vec![st.per],
                     Role::Temp,
                 );
-                pairs.push((c.buf, sl));
+                pairs.push((c.param, c.buf, sl));
                 adds.push((c.buf, sl, st.grad));
             }
-            self.flat_collective(
+            self.replica_collective(
                 CollectiveOp::ReduceScatter,
-                Slot::Dp,
                 pairs,
                 Purpose::GradReduce,
                 Some(bucket),
@@ -149,7 +147,7 @@ impl<'a> Stage<'a> {
                 continue;
             };
             if self.zero == 0 {
-                pairs.push((st.grad, st.grad));
+                pairs.push((*p, st.grad, st.grad));
             } else {
                 let sl = self.b.alloc(
                     format!("g.{}.slice", self.pname(*p)),
@@ -158,7 +156,7 @@ impl<'a> Stage<'a> {
                     Role::GradSlice(*p),
                 );
                 self.reduced.insert(*p, sl);
-                pairs.push((st.grad, sl));
+                pairs.push((*p, st.grad, sl));
             }
         }
         if !pairs.is_empty() {
@@ -167,8 +165,8 @@ impl<'a> Stage<'a> {
             } else {
                 CollectiveOp::ReduceScatter
             };
-            let whole: Vec<BufferId> = pairs.iter().map(|(g, _)| *g).collect();
-            self.flat_collective(op, Slot::Dp, pairs, Purpose::GradReduce, Some(bucket));
+            let whole: Vec<BufferId> = pairs.iter().map(|(_, g, _)| *g).collect();
+            self.replica_collective(op, pairs, Purpose::GradReduce, Some(bucket));
             if self.grads_per_step() {
                 for g in whole {
                     self.b.free(g);
@@ -197,14 +195,13 @@ impl<'a> Stage<'a> {
                             src: st.param,
                             dst: tmp,
                             axis: None,
-                            group: Slot::Dp,
+                            group: st.replicas,
                         });
                     }
                     self.adamw(&st, grad, tmp);
-                    self.flat_collective(
+                    self.replica_collective(
                         CollectiveOp::AllGather,
-                        Slot::Dp,
-                        vec![(tmp, st.param)],
+                        vec![(pid, tmp, st.param)],
                         Purpose::ParamGather,
                         None,
                     );
@@ -235,6 +232,32 @@ impl<'a> Stage<'a> {
                 src: master,
                 dst: weights,
             });
+        }
+    }
+
+    /// A data-parallel collective on parameters' flat buffers, each over its own replicas (the
+    /// dense weights' over `Dp`, the experts' over `Edp`); where a group has one member (the
+    /// experts at ep = dp) the collective is the identity: a copy, or nothing in place.
+    pub(super) fn replica_collective(
+        &mut self,
+        op: CollectiveOp,
+        pairs: Vec<(ParamId, BufferId, BufferId)>,
+        purpose: Purpose,
+        bucket: Option<BucketId>,
+    ) {
+        for slot in [Slot::Dp, Slot::Edp] {
+            let mine: Vec<(BufferId, BufferId)> = pairs
+                .iter()
+                .filter(|(p, ..)| self.ps.get(p).map_or(Slot::Dp, |st| st.replicas) == slot)
+                .map(|&(_, x, y)| (x, y))
+                .collect();
+            if self.replica_count(slot) >= 2 {
+                self.flat_collective(op, slot, mine, purpose, bucket);
+                continue;
+            }
+            for (x, y) in mine.into_iter().filter(|(x, y)| x != y) {
+                self.b.push(Instr::Copy { src: x, dst: y });
+            }
         }
     }
 

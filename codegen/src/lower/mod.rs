@@ -154,7 +154,14 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         seq_shard: false,
         fused_attention: s.attention == AttentionKernel::Fused,
         vocab_parallel: tp > 1 && vocab_parallel_fits(graph, &info, tp),
+        ep: s.ep.max(1),
     };
+    if cx.ep > 1 && !dp.is_multiple_of(cx.ep) {
+        return Err(CodegenError::plan(
+            "strategy.ep",
+            format!("ep {} must divide dp {}", cx.ep, dp),
+        ));
+    }
     let pre = segment::lower(&cx, &info.pre_ops, Kind::Pre)?;
     let layer = segment::lower(&cx, &info.layer_ops, Kind::Layer)?;
     // With sequence parallelism the head and loss run on the rank's sequence shard: the
@@ -215,9 +222,9 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         .map(|l| seg_params(&layer, &graph.layer_ops(l)))
         .collect();
     // Local shard shape and split of every parameter.
-    let mut local: HashMap<ParamId, (Vec<u64>, Option<TpSplit>)> = HashMap::new();
+    let mut local: HashMap<ParamId, LocalShard> = HashMap::new();
     let mut note = |seg: &Segment, pids: &[Option<ParamId>]| {
-        for v in &seg.vals {
+        for (k, v) in seg.vals.iter().enumerate() {
             if let Source::Param { pos } = v.source
                 && let Some(Some(p)) = pids.get(pos)
             {
@@ -229,7 +236,14 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
                     }),
                     _ => None,
                 };
-                local.insert(*p, (v.shape.clone(), split));
+                local.insert(
+                    *p,
+                    LocalShard {
+                        shape: v.shape.clone(),
+                        split,
+                        expert: seg.expert_params.contains(&k),
+                    },
+                );
             }
         }
     };
@@ -302,7 +316,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         templates.push(st.build()?);
     }
     let ids: Vec<TemplateId> = (0..pp).map(TemplateId).collect();
-    let (groups, ranks) = crate::mesh::build(tp, dp, pp, !tied.is_empty(), &ids);
+    let (groups, ranks) = crate::mesh::build([tp, dp, pp, cx.ep], !tied.is_empty(), &ids);
     Ok(ProgramSet {
         format: FORMAT.into(),
         model: plan.model.name.clone(),
@@ -319,6 +333,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
             recompute: s.recompute.name().into(),
             sequence_parallel: cx.sp,
             precision: s.precision.name().into(),
+            ep: cx.ep,
             attention: if cx.fused_attention {
                 "fused"
             } else {
@@ -342,6 +357,15 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     })
 }
 
+/// A parameter's shard on its ranks: the local shape, its tensor-parallel split, and whether
+/// its experts are split over the expert-parallel group.
+#[derive(Clone, Debug)]
+struct LocalShard {
+    shape: Vec<u64>,
+    split: Option<TpSplit>,
+    expert: bool,
+}
+
 /// Persistent buffers of one parameter on one stage.
 #[derive(Debug, Clone, Copy)]
 struct PState {
@@ -353,8 +377,11 @@ struct PState {
     v: BufferId,
     /// Gradient accumulator: full local (`Grad`) below ZeRO-2, the slice (`GradSlice`) above.
     grad: BufferId,
-    /// Flat slice length ⌈n / dp⌉.
+    /// Flat slice length ⌈n / replicas⌉.
     per: u64,
+    /// The group its gradient reduces and its ZeRO slices are cut over: `Dp`, or `Edp` for a
+    /// routed expert's weight.
+    replicas: Slot,
 }
 
 struct Stage<'a> {
@@ -367,7 +394,7 @@ struct Stage<'a> {
     layer_pids: &'a [Vec<Option<ParamId>>],
     /// Each layer's dropout seeds in op order.
     layer_seeds: &'a [Vec<u64>],
-    local: &'a HashMap<ParamId, (Vec<u64>, Option<TpSplit>)>,
+    local: &'a HashMap<ParamId, LocalShard>,
     tied: &'a BTreeSet<ParamId>,
     zero: u8,
     mixed: bool,

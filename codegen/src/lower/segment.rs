@@ -15,7 +15,7 @@
 use ir::{Graph, OpId, OpKind, ValueId};
 
 use crate::error::CodegenError;
-use crate::program::{CollectiveOp, Elem};
+use crate::program::{CollectiveOp, Elem, Slot};
 
 /// A value of a segment (local to the segment; instantiated per layer and micro-batch).
 pub type SVal = usize;
@@ -89,10 +89,17 @@ pub enum Step {
         axis: u8,
         x: SVal,
         y: SVal,
+        /// The tensor-parallel group, or the expert-parallel one (expert dispatch).
+        group: Slot,
     },
-    /// This rank's piece of a replicated value along `axis` (`Instr::Chunk`); its backward
-    /// all-gathers the pieces' gradients.
-    Chunk { axis: u8, x: SVal, y: SVal },
+    /// This rank's piece of a replicated value along `axis` over `group` (`Instr::Chunk`);
+    /// its backward all-gathers the pieces' gradients.
+    Chunk {
+        axis: u8,
+        x: SVal,
+        y: SVal,
+        group: Slot,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -107,6 +114,8 @@ pub struct Segment {
     pub ops: Vec<OpId>,
     /// The tensor-parallel group's size.
     pub tp: u32,
+    /// Parameters split over the expert-parallel group along their expert axis (0).
+    pub expert_params: Vec<SVal>,
 }
 
 /// What a segment is.
@@ -135,6 +144,8 @@ pub struct Ctx<'a> {
     /// The token embedding's table is split by rows over the tensor-parallel group (Megatron's
     /// vocabulary-parallel embedding).
     pub vocab_parallel: bool,
+    /// Expert-parallel degree: routed experts split over `ep` data-parallel ranks.
+    pub ep: u32,
 }
 
 impl Ctx<'_> {
@@ -203,8 +214,112 @@ impl B<'_, '_> {
     /// This rank's piece of a whole value along the sequence.
     fn scatter_seq(&mut self, x: SVal) -> SVal {
         let y = self.derived(x, Lay::Split { axis: 1, blocks: 1 }, "sp");
-        self.seg.steps.push(Step::Chunk { axis: 1, x, y });
+        self.seg.steps.push(Step::Chunk {
+            axis: 1,
+            x,
+            y,
+            group: Slot::Tp,
+        });
         y
+    }
+
+    /// `x` (whole tokens) gathered over the expert-parallel group along the batch: the
+    /// group's micro-batches, member `i`'s rows at `i·b`.
+    fn gather_ep(&mut self, x: SVal) -> SVal {
+        let mut v = self.seg.vals[x].clone();
+        if let Some(d) = v.shape.first_mut() {
+            *d *= u64::from(self.cx.ep);
+        }
+        v.source = Source::Step;
+        v.lay = Lay::Rep;
+        v.name = format!("{}.ep", v.name);
+        let y = self.val(v);
+        self.seg.steps.push(Step::Coll {
+            op: CollectiveOp::AllGather,
+            axis: 0,
+            x,
+            y,
+            group: Slot::Ep,
+        });
+        y
+    }
+
+    /// This rank's block of `x` along `axis` over the expert-parallel group.
+    fn chunk_ep(&mut self, x: SVal, axis: u8) -> SVal {
+        let mut v = self.seg.vals[x].clone();
+        if let Some(d) = v.shape.get_mut(usize::from(axis)) {
+            *d /= u64::from(self.cx.ep);
+        }
+        v.source = Source::Step;
+        v.name = format!("{}.mine", v.name);
+        let y = self.val(v);
+        self.seg.steps.push(Step::Chunk {
+            axis,
+            x,
+            y,
+            group: Slot::Ep,
+        });
+        y
+    }
+
+    /// An expert layer under expert parallelism (Megatron-Core's all-gather token
+    /// dispatcher): the group's tokens and routing weights gathered along the batch, this
+    /// rank's experts (a block of the expert axis of each weight and of the weights' columns)
+    /// run on all of them, and their partial sum reduce-scattered back along the batch. The
+    /// input's gradient is then a partial sum over the group; the routing weights' gradient
+    /// of this rank's experts is whole. Returns the local op.
+    fn expert_parallel(&mut self, o: OpId, ins: &mut [SVal]) -> Result<OpKind, CodegenError> {
+        let ep = u64::from(self.cx.ep);
+        let OpKind::MoeExperts { experts } = self.cx.graph.op(o).kind else {
+            return Err(self.err(o, "not an expert layer"));
+        };
+        if !experts.is_multiple_of(ep) {
+            return Err(self.err(o, format!("{experts} experts do not split over ep {ep}")));
+        }
+        if ins
+            .iter()
+            .take(2)
+            .any(|&v| self.seg.vals[v].lay != Lay::Rep)
+        {
+            return Err(self.err(o, "expert parallelism needs whole tokens (tp 1)"));
+        }
+        ins[0] = self.gather_ep(ins[0]);
+        let gates = self.gather_ep(ins[1]);
+        let last = (self.seg.vals[gates].shape.len() - 1) as u8;
+        ins[1] = self.chunk_ep(gates, last);
+        for &k in ins.iter().skip(2) {
+            let w = &mut self.seg.vals[k];
+            if !matches!(w.source, Source::Param { .. }) || w.lay != Lay::Rep {
+                return Err(self.err(o, "expert weights must be parameters"));
+            }
+            if let Some(d) = w.shape.first_mut() {
+                *d /= ep;
+            }
+            self.seg.expert_params.push(k);
+        }
+        Ok(OpKind::MoeExperts {
+            experts: experts / ep,
+        })
+    }
+
+    /// The reduce-scatter that completes an expert-parallel layer's partial output (each
+    /// member's rows back to it, summed over the group's experts).
+    fn combine_ep(&mut self, y: SVal) -> SVal {
+        let mut v = self.seg.vals[y].clone();
+        if let Some(d) = v.shape.first_mut() {
+            *d /= u64::from(self.cx.ep);
+        }
+        v.lay = Lay::Rep;
+        v.name = format!("{}.rs", v.name);
+        let z = self.val(v);
+        self.seg.steps.push(Step::Coll {
+            op: CollectiveOp::ReduceScatter,
+            axis: 0,
+            x: y,
+            y: z,
+            group: Slot::Ep,
+        });
+        z
     }
 
     fn gather_seq(&mut self, x: SVal) -> SVal {
@@ -214,6 +329,7 @@ impl B<'_, '_> {
             axis: 1,
             x,
             y,
+            group: Slot::Tp,
         });
         y
     }
@@ -235,6 +351,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             loss: None,
             ops: ops.to_vec(),
             tp: cx.tp,
+            expert_params: Vec::new(),
         },
         map: std::collections::HashMap::new(),
     };
@@ -600,6 +717,19 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 }
             }
         }
+        let expert_parallel = cx.ep > 1 && matches!(op.kind, OpKind::MoeExperts { .. });
+        if expert_parallel {
+            if tp_on {
+                return Err(b.err(
+                    o,
+                    "expert parallelism together with tensor parallelism is not lowered yet: \
+                     use --tp 1 with --ep, or --ep 1",
+                ));
+            }
+            kind_local = b.expert_parallel(o, &mut ins)?;
+            out_lay = Lay::Partial;
+            partial_inputs = vec![0];
+        }
         if kind == Kind::Pre
             && cx.sp
             && matches!(op.kind, OpKind::Dropout { .. })
@@ -639,8 +769,12 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 elem = Elem::F32;
             }
             let name = format!("{}{}", op.kind.mnemonic(), b.seg.vals.len());
+            let mut shape = local(&full, out_lay, cx.tp);
+            if expert_parallel && let Some(d) = shape.first_mut() {
+                *d *= u64::from(cx.ep);
+            }
             let v = b.val(Val {
-                shape: local(&full, out_lay, cx.tp),
+                shape,
                 elem,
                 lay: out_lay,
                 source: Source::Step,
@@ -674,6 +808,9 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             vocab_parallel,
         });
         let mut result = outs.first().copied().unwrap_or(0);
+        if expert_parallel {
+            result = b.combine_ep(result);
+        }
         if vocab_parallel && kind == Kind::Pre {
             // All-reduced even with sequence parallelism: the first layer's input is cut from
             // the whole output at the segment boundary.
@@ -683,6 +820,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 axis: 1,
                 x: result,
                 y,
+                group: Slot::Tp,
             });
             result = y;
         }
@@ -701,6 +839,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 axis: 1,
                 x: result,
                 y,
+                group: Slot::Tp,
             });
             result = y;
             if let Some(bias) = post_bias {
@@ -843,7 +982,12 @@ fn select_kv_head(b: &mut B, o: OpId, x: SVal, kv: u64, t: u64) -> Result<SVal, 
         name: format!("{}.kvhead", b.seg.vals[v].name),
         ..b.seg.vals[v].clone()
     });
-    b.seg.steps.push(Step::Chunk { axis: 2, x: v, y });
+    b.seg.steps.push(Step::Chunk {
+        axis: 2,
+        x: v,
+        y,
+        group: Slot::Tp,
+    });
     Ok(y)
 }
 
@@ -859,25 +1003,32 @@ fn expert_saves(cx: &Ctx<'_>, seg: &Segment, ins: &[SVal]) -> Vec<SaveDecl> {
     let hidden = x_shape.last().copied().unwrap_or(1).max(1);
     let tokens = x_shape.iter().product::<u64>() / hidden;
     let ffn = seg.vals[w_gate].shape.last().copied().unwrap_or(0);
-    let k = routed_experts(seg, gates).unwrap_or(1);
+    let (k, experts) = routed_experts(seg, gates).unwrap_or((1, 1));
+    // Under expert parallelism the gates are this rank's experts' block: on average its share
+    // of the gathered tokens' routed copies.
+    let mine = seg.vals[gates].shape.last().copied().unwrap_or(experts);
+    let copies = tokens * k * mine / experts.max(1);
     vec![SaveDecl {
         name: "expert_inner".into(),
-        shape: vec![tokens * k, 3 * ffn],
+        shape: vec![copies, 3 * ffn],
         elem: cx.act,
         scores: false,
     }]
 }
 
-/// The `k` of the `topk_router` step that defines `gates` (through the all-gather of the
-/// gates a sequence-parallel router's pieces need).
-fn routed_experts(seg: &Segment, gates: SVal) -> Option<u64> {
+/// The `k` and expert count of the `topk_router` step that defines `gates` (through the
+/// all-gathers of the gates a sequence- or expert-parallel layer needs, and an expert-parallel
+/// rank's block of them).
+fn routed_experts(seg: &Segment, gates: SVal) -> Option<(u64, u64)> {
     seg.steps.iter().find_map(|s| match s {
         Step::Compute {
-            kind: OpKind::TopKRouter { k, .. },
+            kind: OpKind::TopKRouter { k, experts },
             outs,
             ..
-        } if outs.contains(&gates) => Some(*k),
-        Step::Coll { x, y, .. } if *y == gates => routed_experts(seg, *x),
+        } if outs.contains(&gates) => Some((*k, *experts)),
+        Step::Coll { x, y, .. } | Step::Chunk { x, y, .. } if *y == gates => {
+            routed_experts(seg, *x)
+        }
         _ => None,
     })
 }

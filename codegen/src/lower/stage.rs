@@ -46,12 +46,17 @@ impl<'a> Stage<'a> {
         let mut shards = Vec::new();
         let mut init = Vec::new();
         for &pid in &held {
-            let Some((shape, split)) = self.local.get(&pid).cloned() else {
+            let Some(LocalShard {
+                shape,
+                split,
+                expert,
+            }) = self.local.get(&pid).cloned()
+            else {
                 continue;
             };
             let n: u64 = shape.iter().product();
-            let dp = u64::from(s.dp);
-            let per = n.div_ceil(dp);
+            let replicas = if expert { Slot::Edp } else { Slot::Dp };
+            let per = n.div_ceil(u64::from(self.replica_count(replicas)));
             let name = self
                 .names
                 .get(pid.index())
@@ -124,6 +129,7 @@ impl<'a> Stage<'a> {
                 param: pid,
                 tp: split,
                 zero: self.zero >= 1,
+                expert,
                 init: first,
             });
             self.ps.insert(
@@ -136,6 +142,7 @@ impl<'a> Stage<'a> {
                     v: vv,
                     grad,
                     per,
+                    replicas,
                 },
             );
         }
@@ -156,7 +163,7 @@ impl<'a> Stage<'a> {
                         src: st.param,
                         dst: master,
                         axis: None,
-                        group: Slot::Dp,
+                        group: st.replicas,
                     }),
                 }
             }
@@ -270,6 +277,15 @@ impl<'a> Stage<'a> {
     /// gradient; freeing the whole gradient keeps the program's peak the same.
     pub(super) fn grads_per_step(&self) -> bool {
         self.zero == 1 && self.plan.strategy.dp >= 2
+    }
+
+    /// Members of a parameter's replica group (`Dp`: dp; `Edp`: dp ÷ ep).
+    pub(super) fn replica_count(&self, slot: Slot) -> u32 {
+        let dp = self.plan.strategy.dp;
+        match slot {
+            Slot::Edp => dp / self.cx.ep.max(1),
+            _ => dp,
+        }
     }
 
     pub(super) fn pids(&self, w: Which, l: u32) -> &[Option<ParamId>] {

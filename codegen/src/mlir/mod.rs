@@ -156,6 +156,7 @@ mod tests {
                 recompute: "none".into(),
                 sequence_parallel: false,
                 precision: "fp32".into(),
+                ep: 1,
                 attention: "materialized".into(),
             },
             params: vec![],

@@ -171,6 +171,13 @@ pub struct Mesh {
     /// The context-parallel ring.
     #[serde(skip_serializing_if = "is_single")]
     pub cp: Group,
+    /// The expert-parallel group: `ep` consecutive data-parallel ranks (Megatron-Core's order)
+    /// that split each layer's experts and dispatch tokens among them.
+    #[serde(default = "Group::single", skip_serializing_if = "is_single")]
+    pub ep: Group,
+    /// The ranks holding the same experts, which reduce the experts' gradients.
+    #[serde(default = "Group::single", skip_serializing_if = "is_single")]
+    pub edp: Group,
     /// Whether consecutive pipeline stages sit on different nodes.
     pub pp_cross_node: bool,
     /// GPUs of a node sending pipeline traffic at once.
@@ -188,6 +195,12 @@ pub fn mesh(c: &Cluster, tp: u64, dp: u64, pp: u64) -> Mesh {
 /// The groups of a (tp, cp, dp, pp) mesh in Megatron-Core's order (tp fastest, then cp, dp,
 /// pp): gradients reduce over the dp × cp ranks that hold the same weights.
 pub fn mesh_cp(c: &Cluster, tp: u64, cp: u64, dp: u64, pp: u64) -> Mesh {
+    mesh_ep(c, tp, cp, dp, pp, 1)
+}
+
+/// [`mesh_cp`] with `ep` of the data-parallel ranks splitting the experts (consecutive ranks,
+/// as Megatron-Core lays out its expert-parallel groups; `ep` divides dp, cp is 1).
+pub fn mesh_ep(c: &Cluster, tp: u64, cp: u64, dp: u64, pp: u64, ep: u64) -> Mesh {
     let gpn = u64::from(c.gpus_per_node);
     let span = |stride: u64, size: u64| -> Group {
         if size <= 1 {
@@ -217,10 +230,13 @@ pub fn mesh_cp(c: &Cluster, tp: u64, cp: u64, dp: u64, pp: u64) -> Mesh {
     let dpg = span(tp, dp * cp);
     let cpg = span(tp, cp);
     let stage = tp * dp * cp;
+    let ep = ep.max(1);
     Mesh {
         tp: tpg,
         dp: dpg,
         cp: cpg,
+        ep: span(tp, ep),
+        edp: span(tp * ep, dp * cp / ep),
         pp_cross_node: pp > 1 && stage >= gpn,
         pp_sharing: if stage >= gpn { gpn } else { stage.max(1) },
     }

@@ -135,6 +135,15 @@ pub struct StateBytes {
     pub optimizer: f64,
 }
 
+impl StateBytes {
+    /// Adds another set of parameters' states (the experts beside the dense weights).
+    pub fn add(&mut self, other: &StateBytes) {
+        self.weights += other.weights;
+        self.grads += other.grads;
+        self.optimizer += other.optimizer;
+    }
+}
+
 pub fn state_bytes(params: f64, dp: f64, zero: u8, precision: Precision) -> StateBytes {
     let shard = |stage: u8| if zero >= stage { dp } else { 1.0 };
     StateBytes {

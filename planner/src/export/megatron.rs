@@ -78,7 +78,6 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) {
     if a.experts > 0 {
         push(args, "--num-experts", a.experts);
         push(args, "--moe-router-topk", a.experts_per_token);
-        push(args, "--expert-model-parallel-size", 1);
     }
 }
 
@@ -200,6 +199,13 @@ pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> 
     pipeline_args(plan, &mut args)?;
     if s.cp > 1 {
         push(&mut args, "--context-parallel-size", s.cp);
+    }
+    if arch.experts > 0 {
+        // Experts split over ep data-parallel ranks, tokens dispatched by all-gather (what
+        // plait prices and lowers); each expert's FFN split over the tensor-parallel group.
+        push(&mut args, "--expert-model-parallel-size", s.ep);
+        push(&mut args, "--expert-tensor-parallel-size", s.tp);
+        push(&mut args, "--moe-token-dispatcher-type", "allgather");
     }
     push(&mut args, "--micro-batch-size", s.micro_batch);
     push(&mut args, "--global-batch-size", s.global_batch);

@@ -292,6 +292,7 @@ mod tests {
             attention: Default::default(),
             kernels: Default::default(),
             cp: 1,
+            ep: 1,
             engine: crate::engine::Engine::Megatron,
             overlap: crate::engine::Overlap::LEGACY,
             stage_layers: None,

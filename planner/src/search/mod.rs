@@ -42,6 +42,10 @@ pub struct Pins {
     /// Context-parallel degree (default: searched for sequences of 8192 tokens and more).
     #[serde(default)]
     pub cp: Option<u32>,
+    /// Expert-parallel degree (default: searched over the divisors of dp that divide the
+    /// experts, for mixture-of-experts models).
+    #[serde(default)]
+    pub ep: Option<u32>,
     /// The engine that will run the plan (default: megatron).
     #[serde(default)]
     pub engine: Option<Engine>,
@@ -72,6 +76,23 @@ fn cp_options(p: &Pins, seq: u64, gpus: u64) -> Vec<u64> {
     [1u64, 2, 4, 8]
         .into_iter()
         .filter(|&cp| gpus.is_multiple_of(cp) && seq.is_multiple_of(2 * cp))
+        .collect()
+}
+
+/// The expert-parallel degrees to try at data-parallel degree `dp`: the pin, or every divisor
+/// of dp that divides the model's experts (1 for a dense model, and beside context
+/// parallelism, which expert parallelism is not modelled with).
+fn ep_options(p: &Pins, info: &ModelInfo<'_>, cp: u32, dp: u64) -> Vec<u32> {
+    if let Some(ep) = p.ep {
+        return vec![ep];
+    }
+    if info.experts == 0 || cp > 1 {
+        return vec![1];
+    }
+    divisors(dp)
+        .into_iter()
+        .filter(|&e| info.experts.is_multiple_of(e))
+        .map(|e| e as u32)
         .collect()
 }
 
@@ -198,6 +219,7 @@ impl MeshCandidates {
                 {
                     continue;
                 }
+                let eps = ep_options(p, info, self.cp, dp);
                 let per_replica = req.global_batch / dp;
                 let mbs: Vec<u64> = match p.micro_batch {
                     Some(m) => vec![m],
@@ -244,7 +266,9 @@ impl MeshCandidates {
                                 continue;
                             }
                             for &recompute in &recomputes {
-                                for &sequence_parallel in &sps {
+                                for (&sequence_parallel, &ep) in
+                                    sps.iter().flat_map(|sp| eps.iter().map(move |e| (sp, e)))
+                                {
                                     out.push(Strategy {
                                         tp: tp as u32,
                                         pp: pp as u32,
@@ -262,6 +286,7 @@ impl MeshCandidates {
                                         kernels,
                                         stage_layers: p.stage_layers.clone(),
                                         cp: self.cp,
+                                        ep,
                                         engine: self.engine,
                                         overlap: self.engine.overlap(zero),
                                         dp_comm: p.dp_comm,
@@ -279,9 +304,27 @@ impl MeshCandidates {
 /// A lower bound on the fullest stage's memory: the model states of an average stage (the
 /// fullest holds at least the average) plus the reserve.
 fn memory_lower_bound(info: &ModelInfo<'_>, s: &Strategy) -> f64 {
-    let params = info.params() as f64 / f64::from(s.pp) / f64::from(s.tp);
-    let st = state_bytes(params, f64::from(s.dp), s.zero, s.precision);
-    st.weights + st.grads + st.optimizer + RESERVE_BYTES
+    let experts = f64::from(info.layers) * info.expert_params_per_layer as f64;
+    let per_stage = |p: f64| p / f64::from(s.pp) / f64::from(s.tp);
+    let dense = state_bytes(
+        per_stage(info.params() as f64 - experts),
+        f64::from(s.dp),
+        s.zero,
+        s.precision,
+    );
+    let expert = state_bytes(
+        per_stage(experts) / f64::from(s.ep),
+        f64::from(s.dp / s.ep.max(1)),
+        s.zero,
+        s.precision,
+    );
+    dense.weights
+        + dense.grads
+        + dense.optimizer
+        + expert.weights
+        + expert.grads
+        + expert.optimizer
+        + RESERVE_BYTES
 }
 
 fn shortfall(e: &Estimate) -> (f64, u32) {
@@ -551,6 +594,8 @@ fn search_with(
                 st.dp,
                 if st.cp > 1 {
                     format!(" cp {}", st.cp)
+                } else if st.ep > 1 {
+                    format!(" ep {}", st.ep)
                 } else {
                     String::new()
                 },
@@ -709,6 +754,9 @@ fn differs(a: &Strategy, b: &Strategy) -> String {
             "sequence parallel {}",
             if b.sequence_parallel { "on" } else { "off" }
         ));
+    }
+    if a.ep != b.ep {
+        d.push(format!("ep {}", b.ep));
     }
     if a.stage_layers != b.stage_layers {
         d.push("even stage split".into());

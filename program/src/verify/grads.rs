@@ -3,6 +3,8 @@
 //! `grad_part` buffer (one backward's gradient of a parameter) makes a contribution; adds, copies and non-data-parallel collectives carry
 //! it along; a data-parallel gradient reduction marks every contribution it carries reduced
 //! (one that carries none is a second reduction); the optimizer must see only reduced ones.
+//! A routed expert's gradient reduces over the ranks that hold the same experts (`edp`),
+//! every other over the data-parallel group (`dp`).
 
 use std::collections::HashMap;
 
@@ -45,7 +47,15 @@ fn contribution(role: Option<Role>, k: usize) -> Option<Taint> {
 }
 
 pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>) {
-    let dp = set.rank(rank).and_then(|r| r.group(Slot::Dp)).is_some();
+    let expert: HashMap<ParamId, bool> = t.shards.iter().map(|s| (s.param, s.expert)).collect();
+    let slot_of = |p: Option<ParamId>| {
+        if p.is_some_and(|p| expert.get(&p).copied().unwrap_or(false)) {
+            Slot::Edp
+        } else {
+            Slot::Dp
+        }
+    };
+    let has = |s: Slot| set.rank(rank).and_then(|r| r.group(s)).is_some();
     let name = |p: ParamId| set.params.get(p.index()).map_or("?", |i| i.name.as_str());
     let mut taint: Vec<Option<Taint>> = vec![None; t.buffers.len()];
     let mut applied: HashMap<ParamId, usize> = HashMap::new();
@@ -109,9 +119,28 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                     *x = s;
                 }
             }
-            Instr::Collective { pairs, purpose, .. } => {
+            Instr::Collective {
+                pairs,
+                purpose,
+                group,
+                ..
+            } => {
                 for &(x, y) in pairs {
                     let mut s = taint.get(x.index()).copied().flatten();
+                    if *purpose == Purpose::GradReduce
+                        && let Some(tt) = s
+                        && slot_of(tt.param) != *group
+                    {
+                        v(
+                            k,
+                            format!(
+                                "reduces the gradient of {} over the {} group; it belongs to {}",
+                                tt.param.map_or("?", name),
+                                group.name(),
+                                slot_of(tt.param).name()
+                            ),
+                        );
+                    }
                     if *purpose == Purpose::GradReduce {
                         match s {
                             Some(ref mut tt) if tt.unreduced > 0 => {
@@ -144,6 +173,7 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                     continue;
                 };
                 *applied.entry(p).or_default() += 1;
+                let dp = has(slot_of(Some(p)));
                 match g {
                     None => {
                         let pending = taint

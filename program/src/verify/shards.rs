@@ -1,15 +1,18 @@
 //! Invariant 6: parameter shards tile the full tensor exactly once per replica, and ZeRO
-//! slices tile each shard exactly once.
+//! slices tile each shard exactly once. A replica is a tensor-parallel group (for an expert
+//! shard: the tensor- and expert-parallel ranks that split the experts between them); ZeRO
+//! slices a shard over the data-parallel group (an expert shard: over the ranks holding the
+//! same experts).
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Check, Loc, Violation};
 use crate::{Box, ProgramSet};
 
-type Key = Vec<(u32, usize, u32)>;
-/// (rank, template, shard index, coordinate).
-type Member = (u32, u32, usize, u32);
-type Groups = BTreeMap<(u32, u32, u32), Vec<Member>>;
+type Key = Vec<(u32, usize, u32, u32)>;
+/// (rank, template, shard index, tp coordinate, dp coordinate).
+type Member = (u32, u32, usize, u32, u32);
+type Groups = BTreeMap<(u32, u32, u32, u32), Vec<Member>>;
 /// A cached verdict: (rank, shard index, message).
 type Memo = HashMap<(u32, Key), Option<(u32, usize, String)>>;
 
@@ -22,8 +25,16 @@ fn overlap(a: &Box, b: &Box) -> bool {
 }
 
 pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
-    let (tp, dp) = (set.mesh.tp, set.mesh.dp);
-    // (param, dp, pp) → [(rank, template, shard index, tp coord)], and (param, pp, tp) → dp.
+    let ep = set.mesh.ep.max(1);
+    let at = |tp_rank: u32, dp_rank: u32| crate::ShardAt {
+        tp: set.mesh.tp,
+        tp_rank,
+        dp: set.mesh.dp,
+        dp_rank,
+        ep,
+    };
+    // (param, replica, pp, 0) → its members, and (param, pp, tp, expert coord) → the ranks
+    // ZeRO slices over.
     let mut replicas: Groups = BTreeMap::new();
     let mut zero: Groups = BTreeMap::new();
     for info in &set.ranks {
@@ -32,14 +43,20 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
         };
         let c = info.coords;
         for (k, s) in t.shards.iter().enumerate() {
+            let (replica, expert_coord) = if s.expert {
+                (c.dp / ep, c.dp % ep)
+            } else {
+                (c.dp, 0)
+            };
+            let member = (info.rank, t.id.0, k, c.tp, c.dp);
             replicas
-                .entry((s.param.0, c.dp, c.pp))
+                .entry((s.param.0, replica, c.pp, 0))
                 .or_default()
-                .push((info.rank, t.id.0, k, c.tp));
+                .push(member);
             if s.zero {
-                zero.entry((s.param.0, c.pp, c.tp))
+                zero.entry((s.param.0, c.pp, c.tp, expert_coord))
                     .or_default()
-                    .push((info.rank, t.id.0, k, c.dp));
+                    .push(member);
             }
         }
     }
@@ -55,18 +72,18 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
     }
     let shard = |t: u32, k: usize| set.templates.get(t as usize).and_then(|t| t.shards.get(k));
     let mut memo: Memo = HashMap::new();
-    for ((p, d, pp), members) in &replicas {
+    for ((p, d, pp, _), members) in &replicas {
         let full = set
             .params
             .get(*p as usize)
             .map(|i| i.shape.clone())
             .unwrap_or_default();
-        let key: Key = members.iter().map(|m| (m.1, m.2, m.3)).collect();
+        let key: Key = members.iter().map(|m| (m.1, m.2, m.3, m.4)).collect();
         let verdict = memo.entry((*p, key)).or_insert_with(|| {
             // Copies replicated across the tensor-parallel group count once; split shards tile.
             let split: Vec<_> = members
                 .iter()
-                .filter(|m| shard(m.1, m.2).is_some_and(|s| s.tp.is_some()))
+                .filter(|m| shard(m.1, m.2).is_some_and(|s| s.tp.is_some() || s.expert))
                 .collect();
             if split.is_empty() {
                 return None;
@@ -79,9 +96,9 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
                 ));
             }
             let mut boxes: Vec<(u32, usize, Box)> = Vec::new();
-            for &&(rank, t, k, c) in &split {
+            for &&(rank, t, k, c, d) in &split {
                 if let Some(s) = shard(t, k) {
-                    for b in s.slice(&full, tp, c, dp, 0).boxes {
+                    for b in s.slice_at(&full, at(c, d)).boxes {
                         boxes.push((rank, k, b));
                     }
                 }
@@ -121,19 +138,19 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
         }
     }
     let mut memo: Memo = HashMap::new();
-    for ((p, pp, c), members) in &zero {
+    for ((p, pp, c, _), members) in &zero {
         let full = set
             .params
             .get(*p as usize)
             .map(|i| i.shape.clone())
             .unwrap_or_default();
-        let key: Key = members.iter().map(|m| (m.1, m.2, m.3)).collect();
+        let key: Key = members.iter().map(|m| (m.1, m.2, m.3, m.4)).collect();
         let verdict = memo.entry((*p, key)).or_insert_with(|| {
             let mut ranges = Vec::new();
             let mut n = 0;
-            for &(rank, t, k, d) in members {
+            for &(rank, t, k, _, d) in members {
                 if let Some(s) = shard(t, k) {
-                    let sl = s.slice(&full, tp, *c, dp, d);
+                    let sl = s.slice_at(&full, at(*c, d));
                     n = sl.boxes.iter().map(volume).sum();
                     ranges.push((sl.owned, rank, k));
                 }

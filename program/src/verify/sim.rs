@@ -274,6 +274,8 @@ fn needs_group(set: &ProgramSet, slot: Slot) -> bool {
         Slot::Tp => set.mesh.tp > 1,
         Slot::Dp => set.mesh.dp > 1,
         Slot::Tied => set.mesh.pp > 1,
+        Slot::Ep => set.mesh.ep > 1,
+        Slot::Edp => set.mesh.dp / set.mesh.ep.max(1) > 1,
     }
 }
 

@@ -206,6 +206,7 @@ mod tests {
                 part: None,
             }),
             zero: false,
+            expert: false,
             init: program::BufferId(0),
         };
         let mut back = vec![0.0; 24];

@@ -61,7 +61,7 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     backend: B,
     world: C,
     /// Communicator per slot (tp, dp, tied); `None`: a group of one.
-    slots: [Option<C>; 3],
+    slots: [Option<C>; Slot::ALL.len()],
     bufs: Vec<Option<B::Buffer>>,
     /// The f64 value of buffers holding a tensor-parallel partial sum, where the backend
     /// carries those wide.
@@ -126,7 +126,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         let tpl = set
             .template(info.template)
             .ok_or_else(|| prog(format!("template {} is missing", info.template)))?;
-        let mut slots: [Option<C>; 3] = [None, None, None];
+        let mut slots: [Option<C>; Slot::ALL.len()] = std::array::from_fn(|_| None);
         for g in &set.groups {
             if !g.ranks.contains(&rank) {
                 continue;
@@ -796,7 +796,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                     self.prog(format!("parameter {} is not in the table", sh.param))
                 })?;
             let full = init.full(p)?;
-            let slice = sh.slice(&p.shape, mesh.tp, info.coords.tp, mesh.dp, info.coords.dp);
+            let slice = sh.slice_at(&p.shape, program::ShardAt::of(mesh, info.coords));
             let axis = sh.tp.map_or(0, |t| usize::from(t.axis));
             let local = layout::extract(&full.data, &full.shape, &slice, axis);
             let n: usize = self.decl_shape(sh.init)?.iter().product();

@@ -74,7 +74,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
             let Some(p) = set.params.get(sh.param.index()) else {
                 continue;
             };
-            let slice = sh.slice(&p.shape, mesh.tp, info.coords.tp, mesh.dp, info.coords.dp);
+            let slice = sh.slice_at(&p.shape, program::ShardAt::of(mesh, info.coords));
             let n: usize = slice
                 .boxes
                 .iter()

@@ -40,6 +40,8 @@ pub struct Config {
     pub recompute: Recompute,
     /// Sequences per micro-batch.
     pub micro_batch: u64,
+    /// Expert-parallel degree (within dp).
+    pub ep: u32,
 }
 
 impl Config {
@@ -54,6 +56,7 @@ impl Config {
             v: 1,
             recompute: Recompute::None,
             micro_batch: 1,
+            ep: 1,
         }
     }
 }
@@ -88,6 +91,7 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
             attention: None,
             kernels: None,
             cp: None,
+            ep: Some(c.ep),
             engine: None,
             target: false,
             dp_comm: Default::default(),

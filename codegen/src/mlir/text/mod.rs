@@ -141,6 +141,8 @@ struct Emitter<'a> {
     externs: BTreeMap<String, String>,
     extern_syms: HashMap<(String, String), String>,
     uses_tied: bool,
+    /// Whether a collective runs over the expert-parallel or expert-data-parallel ranks.
+    uses_experts: bool,
 }
 
 /// The MLIR module of one template (unverified; see [`super::export`]).
@@ -159,6 +161,7 @@ pub fn emit_template(set: &ProgramSet, t: &Template) -> Result<MlirModule, MlirE
         externs: BTreeMap::new(),
         extern_syms: HashMap::new(),
         uses_tied: false,
+        uses_experts: false,
     };
     let state = live_ins(&t.instrs);
     let init = e
@@ -207,6 +210,17 @@ pub fn emit_template(set: &ProgramSet, t: &Template) -> Result<MlirModule, MlirE
             out,
             "  // first and last pipeline stage (tied embedding gradients)\n  shard.grid @tied(shape = 2x{}x{})",
             m.dp, m.tp
+        );
+    }
+    if e.uses_experts {
+        let ep = m.ep.max(1);
+        let _ = writeln!(
+            out,
+            "  // the data-parallel axis split into (expert data parallel, expert parallel)\n  shard.grid @experts(shape = {}x{}x{}x{})",
+            m.pp,
+            m.dp / ep,
+            ep,
+            m.tp
         );
     }
     for decl in e.externs.values() {
@@ -610,6 +624,14 @@ impl Emitter<'_> {
             Slot::Tied => {
                 self.uses_tied = true;
                 ("tied", 0, 2)
+            }
+            Slot::Ep => {
+                self.uses_experts = true;
+                ("experts", 2, u64::from(m.ep.max(1)))
+            }
+            Slot::Edp => {
+                self.uses_experts = true;
+                ("experts", 1, u64::from(m.dp / m.ep.max(1)))
             }
         }
     }
