@@ -1,6 +1,7 @@
 //! `plait bench memory`: the planner's per-stage peak memory against what codegen's liveness
 //! finds in the programs, on a fixed set of pinned plans (issue 11's acceptance set: GPT-3
-//! 175B, Llama-3 8B/70B, Mixtral, ZeRO 0-3, every recompute mode, 1F1B and interleaved, cp 2).
+//! 175B, Llama-3 8B/70B, Mixtral (also with expert parallelism), ZeRO 0-3, every recompute
+//! mode, 1F1B and interleaved, cp 2).
 //!
 //! Each plan is compiled with every knob pinned (the search only confirms it fits), lowered
 //! and verified without a memory tolerance; every template's ratio is printed, and a plan
@@ -34,8 +35,10 @@ const PLANS: &[&str] = &[
     "llama3-70b --cluster dgx-h100 --gpus 64 --global-batch 128 --tp 8 --pp 4 --cp 1 --micro-batch 1 --zero 1 --recompute none --schedule 1f1b",
     "llama3-70b --cluster dgx-h100 --gpus 64 --global-batch 128 --tp 4 --pp 4 --cp 1 --micro-batch 1 --zero 1 --recompute selective --schedule interleaved --virtual-stages 5",
     "llama3-70b --cluster dgx-h100 --gpus 64 --global-batch 128 --tp 8 --pp 2 --cp 1 --micro-batch 1 --zero 1 --recompute full --schedule 1f1b",
-    "mixtral-8x7b --cluster dgx-h100 --gpus 32 --global-batch 64 --tp 1 --pp 4 --cp 1 --micro-batch 1 --zero 1 --recompute full --schedule 1f1b",
-    "mixtral-8x7b --cluster dgx-h100 --gpus 32 --global-batch 64 --tp 1 --pp 4 --cp 1 --micro-batch 1 --zero 3 --recompute full --schedule 1f1b",
+    "mixtral-8x7b --cluster dgx-h100 --gpus 32 --global-batch 64 --tp 1 --pp 4 --cp 1 --ep 1 --micro-batch 1 --zero 1 --recompute full --schedule 1f1b",
+    "mixtral-8x7b --cluster dgx-h100 --gpus 32 --global-batch 64 --tp 1 --pp 4 --cp 1 --ep 1 --micro-batch 1 --zero 3 --recompute full --schedule 1f1b",
+    "mixtral-8x7b --cluster dgx-h100 --gpus 64 --global-batch 256 --tp 2 --pp 4 --cp 1 --ep 4 --micro-batch 1 --zero 1 --recompute none --sequence-parallel on --schedule interleaved --virtual-stages 8",
+    "mixtral-8x7b --cluster dgx-h100 --gpus 64 --global-batch 256 --tp 1 --pp 1 --cp 1 --ep 4 --micro-batch 1 --zero 3 --recompute none",
 ];
 
 /// One plan line parsed as `plait compile` parses its arguments.

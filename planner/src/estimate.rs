@@ -432,6 +432,7 @@ fn estimate_impl(
         recompute: s.recompute,
         precision: s.precision,
         attention: s.attention,
+        ep: ep as f64,
     };
     let act_layer = layer_activation_bytes(&shape, b.seq as f64, b.batch as f64, &policy);
     let chunk_layers = s.chunk_layers(info.layers);
@@ -933,9 +934,10 @@ impl Transients {
         };
         let gradients = layer_backward_gradient_bytes(shape, seq, batch, policy);
         let states = if s.zero >= 3 && s.dp * s.cp > 1 {
-            let (gathered, reduced) = s
-                .engine
-                .zero3_working_params(info.params_per_layer as f64 / tp);
+            // A layer's gathered weights: the dense ones whole, this rank's experts.
+            let local = info.dense_params_per_layer() as f64
+                + info.expert_params_per_layer as f64 / f64::from(s.ep.max(1));
+            let (gathered, reduced) = s.engine.zero3_working_params(local / tp);
             gathered * s.precision.weight_bytes() + reduced * s.precision.grad_bytes()
         } else {
             0.0

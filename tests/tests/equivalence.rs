@@ -279,15 +279,21 @@ fn llama_structured_families_equal_one_device() {
 /// layer's experts, the group's tokens are gathered before the experts and their partial sums
 /// reduce-scattered back, and the experts' gradients reduce over the ranks holding the same
 /// experts. A Mixtral-style MoE (4 experts, top-2) and Qwen3-MoE (8 small experts) at ep 2
-/// within dp 2, ep 2 within dp 4 under ZeRO-1 and ZeRO-3, and ep 4 within dp 4 under ZeRO-2
-/// with a pipeline of two stages: losses and every final parameter element equal one device's
-/// (reproducible mode).
+/// within dp 2, ep 2 within dp 4 under ZeRO-1 and ZeRO-3, ep 4 within dp 4 under ZeRO-2
+/// with a pipeline of two stages, and with tensor parallelism 2 beside ep 2 (every expert's FFN
+/// also split over tp; with and without SP; Qwen2-MoE's shared expert): losses and every final
+/// parameter element equal one device's (reproducible mode).
 #[test]
 fn moe_expert_parallel_equals_one_device() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
     let with = |dp: u32, ep: u32, zero: u8, pp: u32| {
         let mut c = Config::new(1, pp, dp);
         (c.ep, c.zero) = (ep, zero);
+        c
+    };
+    let with_tp = |sp: bool, zero: u8| {
+        let mut c = Config::new(2, 1, 2);
+        (c.ep, c.zero, c.sp) = (2, zero, sp);
         c
     };
     let mut bad = Vec::new();
@@ -297,6 +303,12 @@ fn moe_expert_parallel_equals_one_device() {
         ("mixtral dp4 ep2 zero1", "mixtral", with(4, 2, 1, 1)),
         ("qwen3_moe dp4 ep2 zero3", "qwen3_moe", with(4, 2, 3, 1)),
         ("qwen3_moe dp4 ep4 zero2 pp2", "qwen3_moe", with(4, 4, 2, 2)),
+        ("mixtral tp2 sp dp2 ep2", "mixtral", with_tp(true, 0)),
+        (
+            "qwen2_moe tp2 dp2 ep2 zero1",
+            "qwen2_moe",
+            with_tp(false, 1),
+        ),
     ] {
         let model = format!("{data}tiny-{family}.json");
         let one = programs(&model, &Config::new(1, 1, 1));

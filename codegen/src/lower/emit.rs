@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use ir::OpKind;
 
 use super::builder::Builder;
+use super::partial::Partial;
 use super::segment::{Lay, SVal, Segment, Source, Step};
 use crate::ids::{BufferId, ParamId};
 use crate::program::{Algorithm, CollectiveOp, Elem, Instr, Purpose, Role, Slot, VocabOp};
@@ -95,8 +96,14 @@ pub fn plan(seg: &Segment, recompute: Recompute) -> Plan {
             continue;
         }
         match gathered_from[v] {
-            Some(x) => {
+            Some(mut x) => {
                 regather[v] = true;
+                // A gather of a gather (an expert layer's tokens over the expert-parallel group
+                // after the sequence-parallel one) is rebuilt from the first one's shard.
+                while let Some(x0) = gathered_from[x].filter(|_| !reads[x]) {
+                    regather[x] = true;
+                    x = x0;
+                }
                 keep[x] = true;
             }
             None => keep[v] = true,
@@ -109,8 +116,9 @@ pub fn plan(seg: &Segment, recompute: Recompute) -> Plan {
             rebuild[v] = Some(i);
         }
     }
-    // A regathered value's shard is read (by the gather) just before the value.
-    for v in 0..n {
+    // A regathered value's shard is read (by the gather) just before the value; later values
+    // first, so that a chain of gathers carries the read back to its first shard.
+    for v in (0..n).rev() {
         if regather[v]
             && let Some(x) = gathered_from[v]
             && (last[x] == usize::MAX || last[v] < last[x])
@@ -474,8 +482,8 @@ pub fn backward(
     dy: BufferId,
 ) -> (Option<BufferId>, Vec<Contribution>) {
     let n = seg.vals.len();
-    let mut grads: Vec<Option<(BufferId, bool)>> = vec![None; n];
-    grads[seg.output] = Some((dy, false));
+    let mut grads: Vec<Option<(BufferId, Partial)>> = vec![None; n];
+    grads[seg.output] = Some((dy, Partial::NONE));
     let mut contribs = Vec::new();
     let param_of = |v: SVal| match seg.vals[v].source {
         Source::Param { pos } => env.params.get(pos).copied().flatten().map(|(p, _)| p),
@@ -488,32 +496,12 @@ pub fn backward(
     let gname = |v: SVal| format!("{}.d{}", env.tag, seg.vals[v].name);
     // The forward freed these after their last use; the backward runs their step again.
     let mut rebuilt = vec![false; n];
+    // Values gathered again for this backward (the forward's copies were freed).
+    let mut regathered = vec![false; n];
     for (i, s) in seg.steps.iter().enumerate().rev() {
         // Regather what this step's backward reads.
         for v in bwd_reads(seg, s) {
-            if p.regather[v]
-                && let Some((x, group, axis)) = gathered_source(seg, v)
-            {
-                {
-                    let val = &seg.vals[v];
-                    let y = b.alloc(
-                        format!("{}.{}", env.tag, val.name),
-                        val.elem,
-                        val.shape.clone(),
-                        Role::Activation,
-                    );
-                    let xb = inst.bufs[x].unwrap_or(BufferId(u32::MAX));
-                    b.push(coll(
-                        CollectiveOp::AllGather,
-                        group,
-                        Some(axis),
-                        xb,
-                        y,
-                        Purpose::Activation,
-                    ));
-                    inst.bufs[v] = Some(y);
-                }
-            }
+            regather(b, seg, (p, env), inst, v, &mut regathered);
         }
         for v in bwd_reads(seg, s) {
             if let Some(j) = p.rebuild[v]
@@ -539,16 +527,7 @@ pub fn backward(
                 for &o in outs {
                     let d = match grads[o].take() {
                         Some((d, partial)) => {
-                            if partial {
-                                b.push(coll(
-                                    CollectiveOp::AllReduce,
-                                    Slot::Tp,
-                                    None,
-                                    d,
-                                    d,
-                                    Purpose::Activation,
-                                ));
-                            }
+                            complete(b, d, partial);
                             d
                         }
                         None => {
@@ -612,7 +591,9 @@ pub fn backward(
                             None => gname(v),
                         };
                         let dx = b.alloc(name, val.elem, val.shape.clone(), role);
-                        if partial_input_grads.contains(&k) && param_of(v).is_none() {
+                        if Partial::of_operand(partial_input_grads, k).any()
+                            && param_of(v).is_none()
+                        {
                             b.mark_partial(dx);
                         }
                         dx
@@ -842,7 +823,8 @@ pub fn backward(
                             }),
                         }
                     } else {
-                        accumulate(b, &mut grads, v, dx, partial_input_grads.contains(&k));
+                        let partial = Partial::of_operand(partial_input_grads, k);
+                        accumulate(b, &mut grads, v, dx, partial);
                     }
                 }
                 for d in dys {
@@ -864,7 +846,7 @@ pub fn backward(
                     let (dx, dx_partial) = match op {
                         CollectiveOp::AllGather => {
                             let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
-                            if partial {
+                            if partial.has(*group) {
                                 b.push(coll(
                                     CollectiveOp::ReduceScatter,
                                     *group,
@@ -882,7 +864,9 @@ pub fn backward(
                                 });
                             }
                             b.free(d);
-                            (dx, false)
+                            // Still partial over any other group (an expert layer's tokens
+                            // under tensor parallelism too).
+                            (dx, partial.minus(Partial::over(*group)))
                         }
                         CollectiveOp::ReduceScatter => {
                             let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
@@ -895,7 +879,7 @@ pub fn backward(
                                 Purpose::Activation,
                             ));
                             b.free(d);
-                            (dx, false)
+                            (dx, partial.minus(Partial::over(*group)))
                         }
                         _ => (d, partial),
                     };
@@ -904,7 +888,7 @@ pub fn backward(
             }
             Step::Chunk { axis, x, y, group } => {
                 // Every rank's piece of the gradient, gathered: the whole value's gradient.
-                if let Some((d, _)) = grads[*y].take() {
+                if let Some((d, partial)) = grads[*y].take() {
                     let val = &seg.vals[*x];
                     let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
                     b.push(coll(
@@ -916,7 +900,7 @@ pub fn backward(
                         Purpose::Activation,
                     ));
                     b.free(d);
-                    accumulate(b, &mut grads, *x, dx, false);
+                    accumulate(b, &mut grads, *x, dx, partial.minus(Partial::over(*group)));
                 }
             }
         }
@@ -933,16 +917,7 @@ pub fn backward(
     }
     let dx = seg.input.and_then(|x| {
         grads[x].take().map(|(d, partial)| {
-            if partial {
-                b.push(coll(
-                    CollectiveOp::AllReduce,
-                    Slot::Tp,
-                    None,
-                    d,
-                    d,
-                    Purpose::Activation,
-                ));
-            }
+            complete(b, d, partial);
             d
         })
     });
@@ -1044,6 +1019,43 @@ fn rebuild_value(
     inst.bufs[v] = Some(y);
 }
 
+/// Gathers `v` again for the backward from the shard it was gathered from (first gathering
+/// that shard, when it was itself gathered and not kept).
+fn regather(
+    b: &mut Builder,
+    seg: &Segment,
+    (p, env): (&Plan, &Env<'_>),
+    inst: &mut Inst,
+    v: SVal,
+    done: &mut [bool],
+) {
+    if !p.regather[v] || done[v] {
+        return;
+    }
+    let Some((x, group, axis)) = gathered_source(seg, v) else {
+        return;
+    };
+    done[v] = true;
+    regather(b, seg, (p, env), inst, x, done);
+    let val = &seg.vals[v];
+    let y = b.alloc(
+        format!("{}.{}", env.tag, val.name),
+        val.elem,
+        val.shape.clone(),
+        Role::Activation,
+    );
+    let xb = inst.bufs[x].unwrap_or(BufferId(u32::MAX));
+    b.push(coll(
+        CollectiveOp::AllGather,
+        group,
+        Some(axis),
+        xb,
+        y,
+        Purpose::Activation,
+    ));
+    inst.bufs[v] = Some(y);
+}
+
 /// The value `v` was all-gathered from, over which group and along which axis.
 fn gathered_source(seg: &Segment, v: SVal) -> Option<(SVal, Slot, u8)> {
     seg.steps.iter().find_map(|s| match s {
@@ -1058,27 +1070,34 @@ fn gathered_source(seg: &Segment, v: SVal) -> Option<(SVal, Slot, u8)> {
     })
 }
 
+/// All-reduces `d` in place over every group it is a partial sum over.
+fn complete(b: &mut Builder, d: BufferId, partial: Partial) {
+    for g in partial.groups() {
+        b.push(coll(
+            CollectiveOp::AllReduce,
+            g,
+            None,
+            d,
+            d,
+            Purpose::Activation,
+        ));
+    }
+}
+
+/// Adds `dx` into `v`'s gradient; the sum stays partial over the groups both are partial
+/// over, each side first completed over the groups only it is partial over.
 fn accumulate(
     b: &mut Builder,
-    grads: &mut [Option<(BufferId, bool)>],
+    grads: &mut [Option<(BufferId, Partial)>],
     v: SVal,
     dx: BufferId,
-    partial: bool,
+    partial: Partial,
 ) {
     grads[v] = Some(match grads[v].take() {
         None => (dx, partial),
         Some((prev, pp)) => {
-            if pp != partial {
-                let p = if pp { prev } else { dx };
-                b.push(coll(
-                    CollectiveOp::AllReduce,
-                    Slot::Tp,
-                    None,
-                    p,
-                    p,
-                    Purpose::Activation,
-                ));
-            }
+            complete(b, prev, pp.minus(partial));
+            complete(b, dx, partial.minus(pp));
             b.push(Instr::Compute {
                 kind: OpKind::Add,
                 inputs: vec![prev, dx],
@@ -1087,7 +1106,7 @@ fn accumulate(
                 layer: None,
             });
             b.free(dx);
-            (prev, pp && partial)
+            (prev, pp.intersection(partial))
         }
     });
 }

@@ -17,6 +17,7 @@
 pub mod builder;
 pub mod emit;
 mod grads;
+pub mod partial;
 pub mod segment;
 mod stage;
 mod tasks;

@@ -75,10 +75,12 @@ pub enum Step {
         /// Replicated parameters (operand index) whose gradient is a partial sum over the
         /// tensor-parallel group (their activation operand is split along the sequence).
         partial_param_grads: Vec<usize>,
-        /// Activation operands (operand index) whose gradient is a partial sum: a
-        /// column-parallel product's input (operand 0), an expert layer's input and gates. A
-        /// tied head's transposed weight, also a computed value, gets its own shard's gradient.
-        partial_input_grads: Vec<usize>,
+        /// Activation operands whose gradient is a partial sum, with the group it sums over:
+        /// a column-parallel product's input (operand 0, tensor-parallel), an expert layer's
+        /// input and gates (tensor-parallel when its FFN is split; the input also
+        /// expert-parallel when its experts are). A tied head's transposed weight, also a
+        /// computed value, gets its own shard's gradient.
+        partial_input_grads: Vec<(usize, Slot)>,
         /// Runs on this rank's block of the vocabulary ([`crate::program::Instr::Vocab`]): a
         /// token embedding on its rows of the table (the output a partial sum over the
         /// tensor-parallel group), or the cross-entropy of logits split by columns.
@@ -281,7 +283,7 @@ impl B<'_, '_> {
             .take(2)
             .any(|&v| self.seg.vals[v].lay != Lay::Rep)
         {
-            return Err(self.err(o, "expert parallelism needs whole tokens (tp 1)"));
+            return Err(self.err(o, "expert parallelism needs the layer's whole tokens"));
         }
         ins[0] = self.gather_ep(ins[0]);
         let gates = self.gather_ep(ins[1]);
@@ -289,7 +291,8 @@ impl B<'_, '_> {
         ins[1] = self.chunk_ep(gates, last);
         for &k in ins.iter().skip(2) {
             let w = &mut self.seg.vals[k];
-            if !matches!(w.source, Source::Param { .. }) || w.lay != Lay::Rep {
+            let expert_axis_whole = !matches!(w.lay, Lay::Split { axis: 0, .. } | Lay::Partial);
+            if !matches!(w.source, Source::Param { .. }) || !expert_axis_whole {
                 return Err(self.err(o, "expert weights must be parameters"));
             }
             if let Some(d) = w.shape.first_mut() {
@@ -303,13 +306,14 @@ impl B<'_, '_> {
     }
 
     /// The reduce-scatter that completes an expert-parallel layer's partial output (each
-    /// member's rows back to it, summed over the group's experts).
-    fn combine_ep(&mut self, y: SVal) -> SVal {
+    /// member's rows back to it, summed over the group's experts); still a partial sum over
+    /// the tensor-parallel group when the experts' FFN is split there too.
+    fn combine_ep(&mut self, y: SVal, tp_partial: bool) -> SVal {
         let mut v = self.seg.vals[y].clone();
         if let Some(d) = v.shape.first_mut() {
             *d /= u64::from(self.cx.ep);
         }
-        v.lay = Lay::Rep;
+        v.lay = if tp_partial { Lay::Partial } else { Lay::Rep };
         v.name = format!("{}.rs", v.name);
         let z = self.val(v);
         self.seg.steps.push(Step::Coll {
@@ -479,7 +483,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         let mut kind_local = bind(&op.kind, cx.batch, cx.seq);
         let mut out_lay = Lay::Rep;
         let mut partial_params = Vec::new();
-        let mut partial_inputs: Vec<usize> = Vec::new();
+        let mut partial_inputs: Vec<(usize, Slot)> = Vec::new();
         let mut post_bias: Option<SVal> = None;
         let mut reduce_after = false;
         let mut vocab_parallel = kind == Kind::Pre
@@ -553,7 +557,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                                 set_split(&mut b, ins[2], 0, blocks, t).map_err(|m| b.err(o, m))?;
                             }
                             out_lay = Lay::Split { axis: last, blocks };
-                            partial_inputs = vec![0];
+                            partial_inputs = vec![(0, Slot::Tp)];
                         }
                     }
                 }
@@ -640,7 +644,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     }
                     out_lay = Lay::Partial;
                     reduce_after = true;
-                    partial_inputs = vec![0, 1];
+                    partial_inputs = vec![(0, Slot::Tp), (1, Slot::Tp)];
                 }
                 OpKind::Transpose { perm }
                     if kind == Kind::Post && perm.as_slice() == [1, 0] && is_param(&b, ins[0]) =>
@@ -719,16 +723,11 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         }
         let expert_parallel = cx.ep > 1 && matches!(op.kind, OpKind::MoeExperts { .. });
         if expert_parallel {
-            if tp_on {
-                return Err(b.err(
-                    o,
-                    "expert parallelism together with tensor parallelism is not lowered yet: \
-                     use --tp 1 with --ep, or --ep 1",
-                ));
-            }
+            // After the tensor-parallel rule (if any) gathered whole tokens and split every
+            // expert's FFN: the experts over the expert-parallel group too.
             kind_local = b.expert_parallel(o, &mut ins)?;
             out_lay = Lay::Partial;
-            partial_inputs = vec![0];
+            partial_inputs.push((0, Slot::Ep));
         }
         if kind == Kind::Pre
             && cx.sp
@@ -809,7 +808,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         });
         let mut result = outs.first().copied().unwrap_or(0);
         if expert_parallel {
-            result = b.combine_ep(result);
+            result = b.combine_ep(result, reduce_after);
         }
         if vocab_parallel && kind == Kind::Pre {
             // All-reduced even with sequence parallelism: the first layer's input is cut from

@@ -54,6 +54,8 @@ pub struct ActivationPolicy {
     pub recompute: Recompute,
     pub precision: Precision,
     pub attention: AttentionKernel,
+    /// Expert-parallel degree (1: off).
+    pub ep: f64,
 }
 
 /// Activation bytes one layer keeps for one micro-batch of `b` sequences of length `s`.
@@ -112,7 +114,10 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
 /// of a token) beside its input gradient on the whole sequence (`[s, b, h]`, gathered under SP,
 /// before its reduce-scatter); a gated MLP's product splits one inner-wide gradient into two
 /// (three at once); a materialized attention the scores' gradient beside the softmax's
-/// (`2·a·s²·b/t`).
+/// (`2·a·s²·b/t`). Under expert parallelism the expert kernel's backward holds its inner
+/// gradients while the group's gathered tokens (regathered for it), their output gradient and
+/// their input gradient are live too: three `[ep·s, b, h]` tensors (and, under SP, the
+/// whole-sequence tokens they were gathered from) beside the inner-wide ones.
 pub fn layer_backward_gradient_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPolicy) -> f64 {
     let inner = s * b * l.ffn * l.experts_per_token / a.tp;
     let projection = s * b * l.hidden + inner;
@@ -121,7 +126,17 @@ pub fn layer_backward_gradient_bytes(l: &LayerShape, s: f64, b: f64, a: &Activat
         AttentionKernel::Materialized => 2.0 * l.heads * s * s * b / a.tp,
         AttentionKernel::Fused => 0.0,
     };
-    a.precision.activation_bytes() * projection.max(pointwise).max(scores)
+    let dispatch = if a.ep > 1.0 {
+        let regathered_whole = if a.sequence_parallel && a.tp > 1.0 {
+            1.0
+        } else {
+            0.0
+        };
+        s * b * l.hidden * (3.0 * a.ep + regathered_whole)
+    } else {
+        0.0
+    };
+    a.precision.activation_bytes() * projection.max(pointwise + dispatch).max(scores)
 }
 
 /// Bytes of one softmax statistic a fused attention keeps per query row and head (fp32).
@@ -180,6 +195,7 @@ mod tests {
             recompute,
             precision,
             attention: AttentionKernel::Materialized,
+            ep: 1.0,
         }
     }
 
