@@ -161,6 +161,8 @@ struct Work {
     cp_comm: f64,
     /// Expert-parallel dispatch and combine (forward + backward), included in `fwd`/`bwd`.
     ep_comm: f64,
+    /// Of `ep_comm`, the forward's (repeated by a full recompute).
+    ep_fwd: f64,
 }
 
 impl Work {
@@ -374,6 +376,7 @@ fn estimate_impl(
         w.fwd += ep_fwd;
         w.bwd += ep_bwd;
         w.ep_comm = ep_fwd + ep_bwd;
+        w.ep_fwd = ep_fwd;
         if s.recompute == Recompute::Full {
             w.recompute += w.tp_fwd + ep_fwd;
         }
@@ -624,7 +627,7 @@ fn estimate_impl(
     let (compute, tp_time) =
         device_work([&pre, &layer, &post], &chunk_layers, &my_chunks, mb, full);
     let my_layers: f64 = my_chunks.iter().map(|&c| f64::from(chunk_layers[c])).sum();
-    let ep_time = my_layers * mb * layer.ep_comm;
+    let ep_time = my_layers * mb * (layer.ep_comm + if full { layer.ep_fwd } else { 0.0 });
     let compute = compute - ep_time;
     let zero3: f64 = my_chunks
         .iter()

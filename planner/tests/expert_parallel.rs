@@ -178,3 +178,43 @@ fn the_search_tries_expert_parallel_degrees() {
     let pinned = search(&info, &h100, &req(Some(1)), &mut |_, _| {}).unwrap();
     assert!(pinned.is_err(), "replicated experts should not fit");
 }
+
+/// The report's communication table counts the dispatch the estimate prices: its
+/// expert-parallel rows (per expert layer and pass, the tokens gathered and reduce-scattered
+/// and the routing weights gathered; written separately from the estimate) add up to the
+/// estimate's `ep_comm`; and the experts' gradients reduce over dp / ep ranks.
+#[test]
+fn the_report_counts_the_dispatch_the_estimate_prices() {
+    let g = mixtral(4);
+    let info = ModelInfo::new(&g).unwrap();
+    let h100 = Cluster::load("dgx-h100").unwrap();
+    let mut s = strategy(2, 8, 4, 1);
+    for recompute in [Recompute::None, Recompute::Full] {
+        s.recompute = recompute;
+        let e = estimate(&info, &h100, 16, &s).unwrap();
+        let v = planner::report::volume::volumes(&info, &h100, &s);
+        let ep: f64 = v[0]
+            .rows
+            .iter()
+            .filter(|r| r.parallelism == "ep")
+            .map(|r| r.seconds)
+            .sum();
+        let priced = e.predicted.time.ep_comm;
+        assert!(
+            (ep - priced).abs() <= 1e-9 * priced,
+            "{recompute}: table {ep:.6} s vs estimate {priced:.6} s"
+        );
+    }
+    let v = planner::report::volume::volumes(&info, &h100, &s);
+    let expert_rows: Vec<u64> = v[0]
+        .rows
+        .iter()
+        .filter(|r| r.payload.starts_with("expert"))
+        .map(|r| r.group_size)
+        .collect();
+    assert_eq!(
+        expert_rows,
+        vec![2, 2],
+        "reduce-scatter and all-gather over dp / ep"
+    );
+}

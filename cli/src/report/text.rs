@@ -91,6 +91,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         secs(t.bubble),
         secs(t.optimizer)
     )?;
+    if t.ep_comm > 0.0 {
+        writeln!(o, "            expert dispatch (EP) {}", secs(t.ep_comm))?;
+    }
     if r.stale {
         writeln!(
             o,

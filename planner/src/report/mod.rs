@@ -125,16 +125,19 @@ pub fn strategy_summary(s: &Strategy) -> String {
     if s.sequence_parallel {
         out += ", SP";
     }
+    if s.ep > 1 {
+        out += &format!(", EP {}", s.ep);
+    }
     out
 }
 
 /// Seconds of stage `d`'s optimizer step (the cost model's memory-bound step).
 pub fn optimizer_seconds(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy, d: u32) -> f64 {
-    let local = volume::stage_local_params(info, s, d);
+    let (dense, experts) = volume::stage_local_split(info, s, d);
     let owned = if s.zero >= 1 {
-        local / f64::from(s.dp)
+        dense / f64::from(s.dp) + experts / f64::from(s.dp / s.ep.max(1))
     } else {
-        local
+        dense + experts
     };
     owned * OPTIMIZER_BYTES_PER_PARAM / cluster.hbm_bytes_per_s()
         + cluster.gpu.launch_overhead_us * 1e-6

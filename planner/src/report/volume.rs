@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::comm::{Collective, Group, Mesh, collective_time, mesh, p2p_time};
+use crate::cost::comm::{Collective, Group, Mesh, collective_time, mesh, mesh_ep, p2p_time};
 use crate::estimate::row_parallel_ops;
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
@@ -46,7 +46,7 @@ impl LinkLevel {
 /// One kind of communication of one GPU in one iteration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VolumeRow {
-    /// `tp`, `pp` or `dp`.
+    /// `tp`, `pp`, `ep` or `dp`.
     pub parallelism: String,
     /// `all-reduce`, `reduce-scatter`, `all-gather` or `p2p`.
     pub collective: String,
@@ -129,13 +129,22 @@ pub fn p2p_seconds(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> f64
 
 /// Parameters held by one GPU of stage `d` (already divided by tp), as the cost model counts them.
 pub fn stage_local_params(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> f64 {
+    let (dense, experts) = stage_local_split(info, s, d);
+    dense + experts
+}
+
+/// [`stage_local_params`] as (the weights replicated over dp, this rank's routed experts:
+/// 1/ep of them, replicated over dp / ep).
+pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f64) {
     let chunk_layers = s.chunk_layers(info.layers);
     let n = chunk_layers.len();
     let mine: Vec<usize> = (0..n)
         .filter(|c| *c % s.pp as usize == d as usize)
         .collect();
     let layers: u32 = mine.iter().map(|&c| chunk_layers[c]).sum();
-    let mut params = f64::from(layers) * info.params_per_layer as f64;
+    let tp = f64::from(s.tp);
+    let experts = f64::from(layers) * info.expert_params_per_layer as f64 / tp / f64::from(s.ep);
+    let mut params = f64::from(layers) * info.dense_params_per_layer() as f64;
     if mine.contains(&0) {
         params += info.pre_params as f64;
     }
@@ -145,7 +154,7 @@ pub fn stage_local_params(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> f64 {
             params += info.tied_params as f64;
         }
     }
-    params / f64::from(s.tp)
+    (params / tp, experts)
 }
 
 struct Builder<'a> {
@@ -201,10 +210,17 @@ impl Builder<'_> {
 /// Per-GPU communication of every pipeline stage for strategy `s`.
 pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<StageVolume> {
     let (tp, dp, pp) = (u64::from(s.tp), u64::from(s.dp), u64::from(s.pp));
-    let m = mesh(cluster, tp, dp, pp);
+    let m = mesh_ep(cluster, tp, 1, dp, pp, u64::from(s.ep));
     let mb = s.micro_batches();
+    let experts_per_layer = info
+        .layer_ops
+        .iter()
+        .filter(|&&o| matches!(info.graph.op(o).kind, ir::OpKind::MoeExperts { .. }))
+        .count() as u64;
     let g = info.graph;
     let act = (s.micro_batch * s.seq * info.hidden) as f64 * s.precision.activation_bytes();
+    // Expert parallelism's all-gather dispatcher: the group's whole-sequence tokens.
+    let gathered = act * s.ep as f64;
     // Forward, backward, and the forward again under full recompute.
     let passes: u64 = if s.recompute == Recompute::Full { 3 } else { 2 };
     let n_layer = row_parallel_ops(g, &info.layer_ops, info.hidden) as u64;
@@ -212,7 +228,6 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
     let n_post = row_parallel_ops(g, &info.post_ops, info.hidden) as u64;
     let chunk_layers = s.chunk_layers(info.layers);
     let n_chunks = chunk_layers.len();
-    let wbytes = s.precision.weight_bytes();
     let gbytes = s.precision.grad_bytes();
     (0..s.pp)
         .map(|d| {
@@ -269,56 +284,35 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
                     b.p2p("tied embedding gradients", &m, 1, tied);
                 }
             }
-            // Data parallelism, by ZeRO stage.
-            let local = stage_local_params(info, s, d);
-            let grads = local * gbytes;
-            let weights = local * wbytes;
-            match s.zero {
-                0 => b.collective("dp", Collective::AllReduce, "gradients", &m.dp, 1, grads),
-                1 => {
-                    b.collective(
-                        "dp",
-                        Collective::ReduceScatter,
-                        "gradients",
-                        &m.dp,
-                        1,
-                        grads,
-                    );
-                    b.collective("dp", Collective::AllGather, "weights", &m.dp, 1, weights);
+            // Expert parallelism: per expert layer and pass, the tokens gathered (the output
+            // gradient in the backward) and the partial sums reduce-scattered (the input
+            // gradient in the backward), and the routing weights gathered (their gradient by
+            // expert in the backward).
+            if s.ep > 1 {
+                let calls = mb * passes * layers * experts_per_layer;
+                let routing = gathered / info.hidden as f64 * info.experts as f64;
+                for (kind, what, bytes) in [
+                    (Collective::AllGather, "dispatch tokens", gathered),
+                    (Collective::ReduceScatter, "combine tokens", gathered),
+                    (Collective::AllGather, "routing weights", routing),
+                ] {
+                    b.collective("ep", kind, what, &m.ep, calls, bytes);
                 }
-                2 => {
-                    b.collective(
-                        "dp",
-                        Collective::ReduceScatter,
-                        "gradients",
-                        &m.dp,
-                        mb,
-                        grads,
-                    );
-                    b.collective("dp", Collective::AllGather, "weights", &m.dp, 1, weights);
-                }
-                _ => {
-                    // ZeRO-3: each layer's parameters as one flat buffer, gathered before its
-                    // forward, its recompute and its backward; its gradients reduce-scattered.
-                    let layer = info.params_per_layer as f64 / tp as f64 * wbytes;
-                    let gathers = mb * layers * (passes);
-                    b.collective(
-                        "dp",
-                        Collective::AllGather,
-                        "layer parameters",
-                        &m.dp,
-                        gathers,
-                        layer,
-                    );
-                    b.collective(
-                        "dp",
-                        Collective::ReduceScatter,
-                        "layer gradients",
-                        &m.dp,
-                        mb * layers,
-                        layer,
-                    );
-                }
+            }
+            // Data parallelism, by ZeRO stage: the dense weights over dp, the experts over the
+            // ranks holding the same ones.
+            let (dense, experts) = stage_local_split(info, s, d);
+            let tp_f = tp as f64;
+            let dense_layer = info.dense_params_per_layer() as f64 / tp_f;
+            let expert_layer = info.expert_params_per_layer as f64 / tp_f / f64::from(s.ep);
+            let counts = (mb, layers, passes);
+            if s.ep > 1 {
+                dp_rows(&mut b, s, &m.dp, (dense, dense_layer, ""), counts);
+                let experts_of = (experts, expert_layer, "expert ");
+                dp_rows(&mut b, s, &m.edp, experts_of, counts);
+            } else {
+                let all = (dense + experts, dense_layer + expert_layer, "");
+                dp_rows(&mut b, s, &m.dp, all, counts);
             }
             StageVolume {
                 stage: d,
@@ -326,6 +320,55 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
             }
         })
         .collect()
+}
+
+/// The data-parallel rows of a stage's `local` parameters over `group`, `layer` of them per
+/// layer (ZeRO-3 gathers layer by layer); `what` prefixes the payload ("expert ").
+fn dp_rows(
+    b: &mut Builder<'_>,
+    s: &Strategy,
+    group: &Group,
+    (local, layer, what): (f64, f64, &str),
+    (mb, layers, passes): (u64, u64, u64),
+) {
+    let (wbytes, gbytes) = (s.precision.weight_bytes(), s.precision.grad_bytes());
+    let (grads, weights) = (local * gbytes, local * wbytes);
+    let mut row = |kind, payload: &str, calls, buffer| {
+        b.collective(
+            "dp",
+            kind,
+            &format!("{what}{payload}"),
+            group,
+            calls,
+            buffer,
+        );
+    };
+    match s.zero {
+        0 => row(Collective::AllReduce, "gradients", 1, grads),
+        1 | 2 => {
+            // ZeRO-2 reduce-scatters every micro-batch's gradients.
+            let reductions = if s.zero == 2 { mb } else { 1 };
+            row(Collective::ReduceScatter, "gradients", reductions, grads);
+            row(Collective::AllGather, "weights", 1, weights);
+        }
+        _ => {
+            // ZeRO-3: each layer's parameters as one flat buffer, gathered before its
+            // forward, its recompute and its backward; its gradients reduce-scattered.
+            let flat = layer * wbytes;
+            row(
+                Collective::AllGather,
+                "layer parameters",
+                mb * layers * passes,
+                flat,
+            );
+            row(
+                Collective::ReduceScatter,
+                "layer gradients",
+                mb * layers,
+                flat,
+            );
+        }
+    }
 }
 
 #[cfg(test)]

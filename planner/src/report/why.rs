@@ -10,7 +10,7 @@ use crate::model::ModelInfo;
 use crate::plan::Plan;
 use crate::strategy::{Recompute, Schedule, Strategy};
 
-use super::volume::{StageVolume, stage_local_params};
+use super::volume::{StageVolume, stage_local_split};
 
 /// `1.23 GiB`, `456.7 MiB`, `12.0 KiB`.
 pub fn size(bytes: f64) -> String {
@@ -123,6 +123,33 @@ fn rows_of<'a>(
     v.rows.iter().filter(move |r| r.parallelism == par)
 }
 
+/// What expert parallelism does in the plan and what the plan would be without it.
+fn expert_parallel_line(cx: &Ctx<'_, '_>, s: &crate::strategy::Strategy) -> Option<String> {
+    if s.ep <= 1 {
+        return None;
+    }
+    let experts = cx.info.experts;
+    let saved = f64::from(cx.info.layers) * cx.info.expert_params_per_layer as f64
+        / f64::from(s.tp * s.pp)
+        * (1.0 - 1.0 / f64::from(s.ep))
+        * cx.base.strategy.precision.weight_bytes();
+    let mut line = format!(
+        "EP {}: each layer's {experts} experts split over {} of the data-parallel ranks ({} per GPU; {} less of expert weights per GPU), tokens gathered to them and their outputs reduce-scattered back ({} of dispatch per iteration on the critical stage, not overlapped).",
+        s.ep,
+        s.ep,
+        experts / u64::from(s.ep),
+        size(saved),
+        secs(cx.base.predicted.time.ep_comm)
+    );
+    if let Some(e) = cx.variant(|t| t.ep = 1) {
+        line += &format!(
+            " Without EP (experts on every rank), all else equal, the plan {}.",
+            cx.outcome(&e)
+        );
+    }
+    Some(line)
+}
+
 /// The explanation, one sentence per decision.
 pub fn why(
     plan: &Plan,
@@ -229,6 +256,10 @@ pub fn why(
                 kept(plan, base, 2, s.pp)
             );
         }
+        out.push(line);
+    }
+
+    if let Some(line) = expert_parallel_line(&cx, s) {
         out.push(line);
     }
 
@@ -365,11 +396,17 @@ pub fn why(
                 secs(x.plain_exchange_s)
             ));
         }
-        let local = stage_local_params(info, s, peak.stage);
-        let none = state_bytes(local, f64::from(s.dp), 0, s.precision);
+        let (dense, experts) = stage_local_split(info, s, peak.stage);
+        let states = |zero: u8| {
+            let mut x = state_bytes(dense, f64::from(s.dp), zero, s.precision);
+            let expert_replicas = f64::from(s.dp / s.ep.max(1));
+            x.add(&state_bytes(experts, expert_replicas, zero, s.precision));
+            x
+        };
+        let none = states(0);
         let total = |x: &crate::cost::memory::StateBytes| x.weights + x.grads + x.optimizer;
         if s.zero >= 1 {
-            let now = state_bytes(local, f64::from(s.dp), s.zero, s.precision);
+            let now = states(s.zero);
             let what = match s.zero {
                 1 => "optimizer states",
                 2 => "optimizer states and gradients",
@@ -387,7 +424,7 @@ pub fn why(
             }
             out.push(line);
         } else {
-            let one = state_bytes(local, f64::from(s.dp), 1, s.precision);
+            let one = states(1);
             let mut line = format!(
                 "No ZeRO: every data-parallel rank keeps the full optimizer states ({} per GPU on stage {}), which fit.",
                 size(none.optimizer),
