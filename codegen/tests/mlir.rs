@@ -116,6 +116,7 @@ impl Synth {
                 recompute: "none".into(),
                 sequence_parallel: false,
                 precision: "bf16".into(),
+                ep: 1,
                 attention: "materialized".into(),
             },
             params: vec![
@@ -175,6 +176,7 @@ fn synthetic(pp: u32, dp: u32, tp: u32) -> ProgramSet {
             param: ParamId(p),
             tp: None,
             zero: false,
+            expert: false,
             init: buf,
         });
     }
