@@ -167,19 +167,7 @@ pub fn compile(
         r.alternatives.clone(),
     );
     let mut plan = plan;
-    if r.best.strategy.tp > 1 {
-        // The sharding the e-graph extraction chooses for the winning TP degree, recorded in the
-        // plan for codegen; a failure falls back to Megatron's rules, which the plan says.
-        match planner::sharding_costs::block_plan(&info, &cluster, &r.best.strategy) {
-            Ok(bp) => {
-                plan.sharding.method = format!("e-graph + {}", bp.solve.solver);
-                plan.block_plan = Some(bp);
-            }
-            Err(e) => {
-                plan.sharding.method = format!("megatron-rules (e-graph extraction failed: {e})")
-            }
-        }
-    }
+    record_extractions(&mut plan, &info, &cluster, &r.best.strategy);
     Ok(Compiled {
         plan,
         result: r,
@@ -277,4 +265,51 @@ fn alternative_days(best: &planner::Estimate, a: &planner::search::Alternative) 
         }
         _ => String::new(),
     }
+}
+
+/// Runs the e-graph extractions the winning strategy needs and records them in the plan: the
+/// tensor-parallel block (tp > 1) and the expert-parallel group's (ep > 1), whose expert
+/// layout must be the all-gather dispatcher codegen lowers. `sharding.method` names the
+/// e-graph only when every extraction succeeded (and the expert layout is the lowered one);
+/// otherwise it says Megatron's rules and why.
+fn record_extractions(
+    plan: &mut Plan,
+    info: &planner::ModelInfo<'_>,
+    cluster: &planner::Cluster,
+    s: &planner::Strategy,
+) {
+    use planner::sharding_costs::{block_plan, expert_block_plan, expert_layout_is_lowered};
+    let mut methods = Vec::new();
+    let mut fallback = None;
+    if s.tp > 1 {
+        match block_plan(info, cluster, s) {
+            Ok(bp) => {
+                methods.push(bp.solve.solver.clone());
+                plan.block_plan = Some(bp);
+            }
+            Err(e) => fallback = Some(format!("e-graph extraction failed: {e}")),
+        }
+    }
+    if s.ep > 1 {
+        match expert_block_plan(info, cluster, s) {
+            Ok(bp) => {
+                match expert_layout_is_lowered(&bp) {
+                    Ok(()) => methods.push(bp.solve.solver.clone()),
+                    Err(why) => {
+                        fallback = Some(format!(
+                            "the e-graph's expert layout is not the one lowered: {why}"
+                        ))
+                    }
+                }
+                plan.expert_block_plan = Some(bp);
+            }
+            Err(e) => fallback = Some(format!("expert e-graph extraction failed: {e}")),
+        }
+    }
+    methods.dedup();
+    plan.sharding.method = match (fallback, methods.first()) {
+        (Some(why), _) => format!("megatron-rules ({why})"),
+        (None, Some(solver)) => format!("e-graph + {solver}"),
+        (None, None) => plan.sharding.method.clone(),
+    };
 }

@@ -114,6 +114,10 @@ pub struct Plan {
     /// The per-op sharding and collectives extracted from the e-graph (tp > 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_plan: Option<crate::sharding::BlockPlan>,
+    /// The expert-parallel group's extraction of the block (ep > 1): where the expert layer's
+    /// tokens are gathered and its output reduced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_block_plan: Option<crate::sharding::BlockPlan>,
     pub predicted: Predicted,
     pub search: SearchSummary,
     pub alternatives: Vec<Alternative>,
@@ -158,6 +162,7 @@ impl Plan {
             chunks,
             sharding: megatron_sharding(info, s),
             block_plan: None,
+            expert_block_plan: None,
             predicted: best.predicted.clone(),
             search,
             alternatives,

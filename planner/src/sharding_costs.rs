@@ -1,10 +1,10 @@
 //! The sharding extraction's cost oracle, backed by plait's own cost model: the roofline of
 //! [`crate::cost::compute::Device`] and the α–β collectives of [`crate::cost::comm`] over the
-//! tensor-parallel group of the strategy's mesh.
+//! tensor-parallel group of the strategy's mesh (or its expert-parallel group).
 
 use ir::Binding;
 
-use crate::cost::comm::{Collective, collective_time, mesh};
+use crate::cost::comm::{Collective, Group, collective_time, mesh_ep};
 use crate::cost::compute::Device;
 use crate::error::PlanError;
 use crate::hardware::Cluster;
@@ -19,17 +19,31 @@ use crate::strategy::Strategy;
 pub struct ClusterCosts<'c> {
     device: Device<'c>,
     cluster: &'c Cluster,
-    mesh: crate::cost::comm::Mesh,
+    /// The group the block's collectives run over.
+    group: Group,
     /// Element-size scale from the graph's dtype to the run's precision.
     act_scale: f64,
 }
 
 impl<'c> ClusterCosts<'c> {
+    /// Costs over the strategy's tensor-parallel group.
     pub fn new(cluster: &'c Cluster, s: &Strategy, act_scale: f64) -> Option<ClusterCosts<'c>> {
+        ClusterCosts::over(cluster, s, act_scale, |m| m.tp)
+    }
+
+    /// Costs over the group `pick` chooses from the strategy's mesh.
+    fn over(
+        cluster: &'c Cluster,
+        s: &Strategy,
+        act_scale: f64,
+        pick: impl Fn(&crate::cost::comm::Mesh) -> Group,
+    ) -> Option<ClusterCosts<'c>> {
+        let u = u64::from;
+        let mesh = mesh_ep(cluster, u(s.tp), 1, u(s.dp), u(s.pp), u(s.ep.max(1)));
         Some(ClusterCosts {
             device: Device::new(cluster, s.precision, s.attention, s.kernels, false)?,
             cluster,
-            mesh: mesh(cluster, u64::from(s.tp), u64::from(s.dp), u64::from(s.pp)),
+            group: pick(&mesh),
             act_scale,
         })
     }
@@ -51,7 +65,7 @@ impl CostOracle for ClusterCosts<'_> {
             CollectiveKind::ReduceScatter => Collective::ReduceScatter,
             CollectiveKind::AllToAll => Collective::AllToAll,
         };
-        collective_time(self.cluster, &self.mesh.tp, kind, bytes * self.act_scale)
+        collective_time(self.cluster, &self.group, kind, bytes * self.act_scale)
     }
 }
 
@@ -62,31 +76,122 @@ pub fn block_plan(
     cluster: &Cluster,
     s: &Strategy,
 ) -> Result<BlockPlan, PlanError> {
+    let opts = ShardOptions::new(s.tp, s.sequence_parallel, binding(s));
+    extract(info, cluster, s, &opts, |m| m.tp)
+}
+
+/// The expert-parallel group's extraction of the strategy's block
+/// ([`ShardOptions::expert_group`]): where the expert layer's tokens are gathered and its
+/// output reduced, priced over the expert-parallel group. One micro-batch per rank of the
+/// group, whole sequences (tensor parallelism, if any, gathers them first).
+pub fn expert_block_plan(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+) -> Result<BlockPlan, PlanError> {
+    let b = binding(s);
+    let opts = ShardOptions::expert_group(
+        s.ep,
+        Binding {
+            batch: b.batch * u64::from(s.ep),
+            ..b
+        },
+    );
+    extract(info, cluster, s, &opts, |m| m.ep)
+}
+
+fn binding(s: &Strategy) -> Binding {
+    Binding {
+        batch: s.micro_batch,
+        seq: s.seq,
+    }
+}
+
+fn extract(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+    opts: &ShardOptions,
+    group: impl Fn(&crate::cost::comm::Mesh) -> Group,
+) -> Result<BlockPlan, PlanError> {
     let g = info.graph;
     let elem = info
         .layer_ops
         .first()
         .and_then(|&o| g.op(o).results.first().map(|&v| g.ty(v).dtype.size_bytes()))
         .unwrap_or(4) as f64;
-    let costs =
-        ClusterCosts::new(cluster, s, s.precision.activation_bytes() / elem).ok_or_else(|| {
-            PlanError::invalid(format!(
-                "{} has no {} support",
-                cluster.gpu.name, s.precision
-            ))
-        })?;
-    let opts = ShardOptions::new(
-        s.tp,
-        s.sequence_parallel,
-        Binding {
-            batch: s.micro_batch,
-            seq: s.seq,
-        },
-    );
+    let scale = s.precision.activation_bytes() / elem;
+    let costs = ClusterCosts::over(cluster, s, scale, group).ok_or_else(|| {
+        PlanError::invalid(format!(
+            "{} has no {} support",
+            cluster.gpu.name, s.precision
+        ))
+    })?;
     let mut plan =
-        plan_block(g, &info.layer_ops, &opts, &costs).map_err(|e| PlanError::Sharding {
+        plan_block(g, &info.layer_ops, opts, &costs).map_err(|e| PlanError::Sharding {
             message: e.to_string(),
         })?;
     plan.solve.seconds = 0.0;
     Ok(plan)
+}
+
+/// Whether an expert-parallel extraction chose the layout `plait codegen` lowers (Megatron-Core's
+/// all-gather dispatcher): each expert layer reads the group's whole tokens and gates sliced to
+/// its experts, holds its experts' block of every weight, and leaves a partial sum; its tokens
+/// and their routing weights are all-gathered along the batch before it and its output
+/// reduce-scattered along the batch after it, and nothing else of the block communicates in
+/// the forward (every other op on the rank's own sequences). `Err` says what the extraction
+/// chose instead.
+pub fn expert_layout_is_lowered(bp: &BlockPlan) -> Result<(), String> {
+    use crate::sharding::{CollectiveKind, Layout, Pass};
+    let experts_split = Layout::Split { axis: 0, blocks: 1 };
+    let mut found = false;
+    for op in bp.ops.iter().filter(|o| o.mnemonic == "moe_experts") {
+        found = true;
+        let inputs = &op.inputs;
+        let gates_sliced = matches!(inputs.get(1), Some(Layout::Split { blocks: 1, .. }));
+        if inputs.first() != Some(&Layout::Replicated)
+            || !gates_sliced
+            || inputs.iter().skip(2).any(|l| *l != experts_split)
+            || op.output != Some(Layout::Partial)
+        {
+            return Err(format!(
+                "expert layer at position {} reads {:?} and writes {:?}",
+                op.position, inputs, op.output
+            ));
+        }
+    }
+    if !found {
+        return Err("the block has no expert layer".into());
+    }
+    let layers = bp
+        .ops
+        .iter()
+        .filter(|o| o.mnemonic == "moe_experts")
+        .count();
+    let forward: Vec<_> = bp
+        .collectives
+        .iter()
+        .filter(|c| c.pass == Pass::Forward)
+        .collect();
+    let of = |kind| {
+        forward
+            .iter()
+            .filter(|c| c.kind == kind && c.axis == Some(0))
+            .count()
+    };
+    if of(CollectiveKind::AllGather) != 2 * layers
+        || of(CollectiveKind::ReduceScatter) != layers
+        || forward.len() != 3 * layers
+    {
+        let list: Vec<String> = forward
+            .iter()
+            .map(|c| format!("{} after op {:?}", c.kind.name(), c.after_position))
+            .collect();
+        return Err(format!(
+            "the forward communicates beyond the dispatch: {}",
+            list.join(", ")
+        ));
+    }
+    Ok(())
 }

@@ -303,3 +303,45 @@ fn memory_limit_is_respected_or_reported() {
         Err(planner::sharding::ShardError::OutOfMemory { .. })
     ));
 }
+
+/// Over an expert-parallel group (ranks holding a batch shard each and their experts' block of
+/// every expert weight), the extraction re-derives Megatron-Core's all-gather dispatcher for
+/// Mixtral-8x7B at ep 2, 4 and 8: tokens all-gathered along the batch before the expert layer,
+/// the experts run on the gathered tokens with gates sliced to them, the partial output
+/// reduce-scattered back; attention and norms stay on the rank's own sequences, with no
+/// activation collective.
+#[test]
+fn expert_groups_rederive_the_all_gather_dispatcher() {
+    let g = model("mixtral-8x7b");
+    let ops = g.layer_ops(0);
+    for ep in [2, 4, 8] {
+        let b = Binding {
+            batch: ep,
+            seq: 1024,
+        };
+        let opts = ShardOptions::expert_group(ep as u32, b);
+        let p = plan_block(&g, &ops, &opts, &SimpleCosts::h100_tf32()).unwrap();
+        planner::sharding_costs::expert_layout_is_lowered(&p)
+            .unwrap_or_else(|why| panic!("ep {ep}: {why}\n{:#?}", p.program));
+        let moe = nth(&g, |k| matches!(k, OpKind::MoeExperts { .. }), 0);
+        let router = nth(&g, |k| matches!(k, OpKind::TopKRouter { .. }), 0);
+        let norm = nth(&g, |k| matches!(k, OpKind::RmsNorm { .. }), 1);
+        let forward: Vec<_> = p
+            .collectives
+            .iter()
+            .filter(|c| c.pass == Pass::Forward)
+            .map(|c| (c.kind, c.after_position, c.axis))
+            .collect();
+        // The tokens (the norm's output) and their routing weights gathered, the experts'
+        // output reduce-scattered; nothing else.
+        assert_eq!(
+            forward,
+            vec![
+                (CollectiveKind::AllGather, Some(norm), Some(0)),
+                (CollectiveKind::AllGather, Some(router), Some(0)),
+                (CollectiveKind::ReduceScatter, Some(moe), Some(0)),
+            ],
+            "ep {ep}"
+        );
+    }
+}

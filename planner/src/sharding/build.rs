@@ -237,7 +237,9 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
                 let ax = eg.add(Shard::Atom(Atom::Axis(Axis::new(1))));
                 eg.add(Shard::Shard([ax, id]));
             }
-            if opts.allow_batch_split && ty.shape.0.first() == Some(&Dim::Sym(Sym::Batch)) {
+            if (opts.allow_batch_split || opts.expert_parallel)
+                && ty.shape.0.first() == Some(&Dim::Sym(Sym::Batch))
+            {
                 let ax = eg.add(Shard::Atom(Atom::Axis(Axis::new(0))));
                 eg.add(Shard::Shard([ax, id]));
             }
@@ -246,14 +248,49 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
     let mut unavailable = HashSet::new();
     let sp = Atom::Axis(Axis::new(1));
     let mut root_ids = Vec::new();
+    let batch = Atom::Axis(Axis::new(0));
     for &r in &roots {
         let id = class[&r.0];
         let ty = graph.ty(r);
-        if opts.sequence_parallel && token_activation(ty) {
-            let ax = eg.add(Shard::Atom(sp));
-            root_ids.push((r.0, eg.add(Shard::Shard([ax, id]))));
+        let boundary = if opts.sequence_parallel {
+            Some(sp)
+        } else if opts.expert_parallel {
+            Some(batch)
         } else {
-            root_ids.push((r.0, id));
+            None
+        };
+        match boundary {
+            Some(axis) if token_activation(ty) => {
+                let ax = eg.add(Shard::Atom(axis));
+                root_ids.push((r.0, eg.add(Shard::Shard([ax, id]))));
+            }
+            _ => root_ids.push((r.0, id)),
+        }
+    }
+    if opts.expert_parallel {
+        // The block input arrives split along the batch; the experts' weights are held split
+        // along their expert axis.
+        let experts = routed_expert_weights(graph, ops);
+        for (v, axis) in external
+            .iter()
+            .filter(|v| token_activation(graph.ty(**v)))
+            .map(|v| (v.0, 0))
+            .chain(experts.iter().map(|&w| (w, 0)))
+        {
+            let ax = eg.add(Shard::Atom(Atom::Axis(Axis::new(axis))));
+            let whole = class[&v];
+            let slice = eg.add(Shard::Shard([ax, whole]));
+            let stored = eg.add(Shard::Atom(Atom::Stored(v, Axis::new(axis))));
+            eg.union(slice, stored);
+            unavailable.insert(Atom::Val(v));
+        }
+        // Expert parallelism splits the experts, not each expert's FFN (that would be expert
+        // tensor parallelism over this group): no other stored split of their weights.
+        for &w in &experts {
+            let rank = graph.ty(ir::ValueId(w)).shape.rank();
+            for axis in 1..rank {
+                unavailable.insert(Atom::Stored(w, Axis::new(axis as u8)));
+            }
         }
     }
     if opts.sequence_parallel {
@@ -282,9 +319,28 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
     })
 }
 
-/// Saturates the e-graph with every rule (bounded by iterations, nodes and time).
-pub fn saturate(mut built: Built) -> Result<Built, ShardError> {
-    let rules = all_rules()?;
+/// The routed experts' weights among `ops` (the parameter operands of expert layers).
+fn routed_expert_weights(graph: &Graph, ops: &[OpId]) -> Vec<u32> {
+    ops.iter()
+        .filter(|&&o| matches!(graph.op(o).kind, OpKind::MoeExperts { .. }))
+        .flat_map(|&o| graph.op(o).inputs.iter().skip(2).copied())
+        .filter(|&w| matches!(graph.op(graph.def_op(w)).kind, OpKind::Param { .. }))
+        .map(|w| w.0)
+        .collect()
+}
+
+/// Rules left out of an expert-parallel group's saturation (see
+/// [`ShardOptions::expert_parallel`]): the all-to-all dispatch, and the all-to-all that turns a
+/// batch split into an expert split (the routing weights), which codegen lowers as the gather
+/// and its chunk instead. Neither has a lowering in the per-rank programs yet.
+const NOT_IN_EXPERT_GROUPS: [&str; 2] = ["moe-expert-parallel", "all-to-all"];
+
+/// Saturates the e-graph with every rule `opts` admits (bounded by iterations, nodes and time).
+pub fn saturate(mut built: Built, opts: &ShardOptions) -> Result<Built, ShardError> {
+    let mut rules = all_rules()?;
+    if opts.expert_parallel {
+        rules.retain(|r| !NOT_IN_EXPERT_GROUPS.contains(&r.name.as_str()));
+    }
     let runner = Runner::default()
         .with_egraph(built.egraph)
         .with_iter_limit(40)
@@ -315,5 +371,5 @@ pub fn saturate(mut built: Built) -> Result<Built, ShardError> {
 
 /// Lowers and saturates.
 pub fn build(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, ShardError> {
-    saturate(lower(graph, ops, opts)?)
+    saturate(lower(graph, ops, opts)?, opts)
 }

@@ -214,7 +214,17 @@ impl Problem {
             }
         }
         // Backward gradient reductions (Megatron's conjugates f / ḡ): a replicated float tensor
-        // read by a rank-variant node gets a partial gradient from it.
+        // read by a rank-variant node gets a partial gradient from it. In an expert-parallel
+        // group a whole parameter read by batch shards is a data-parallel weight: its gradient
+        // is reduced once per iteration with the data-parallel group's, not in the block.
+        let dp_weights: HashSet<usize> = (0..classes.len())
+            .filter(|&k| {
+                opts.expert_parallel
+                    && eg[classes[k].id].nodes.iter().any(|n| {
+                        matches!(n, Shard::Atom(Atom::Val(v)) if eg.analysis.ctx.params.contains(v))
+                    })
+            })
+            .collect();
         for (ni, c) in cands.iter().enumerate() {
             if !classes[c.class].fact.dist.rank_variant() {
                 continue;
@@ -222,7 +232,11 @@ impl Problem {
             let mut seen = HashSet::new();
             for &k in &c.kids {
                 let kf = &classes[k].fact;
-                if kf.dist == Dist::Replicated && kf.ty.dtype.is_float() && seen.insert(k) {
+                if kf.dist == Dist::Replicated
+                    && kf.ty.dtype.is_float()
+                    && !dp_weights.contains(&k)
+                    && seen.insert(k)
+                {
                     classes[k].variant_readers.push(ni);
                 }
             }

@@ -65,6 +65,12 @@ pub struct ShardOptions {
     /// Also consider splitting the batch inside the TP group (data parallelism). Off by
     /// default: data parallelism belongs to the outer search.
     pub allow_batch_split: bool,
+    /// The group (`tp` ranks) is an expert-parallel group of data-parallel ranks: the block's
+    /// input and output are split along the batch, the routed experts' weights are held split
+    /// along their expert axis (the whole weights exist nowhere), every other weight whole.
+    /// Dispatch by all-to-all (`moe-expert-parallel`, and the axis-changing `all-to-all`) is
+    /// left out: what plait lowers, and Megatron-Core's default, is the all-gather dispatcher.
+    pub expert_parallel: bool,
 }
 
 impl ShardOptions {
@@ -76,6 +82,16 @@ impl ShardOptions {
             memory_limit_bytes: None,
             extraction: Extraction::Exact,
             allow_batch_split: false,
+            expert_parallel: false,
+        }
+    }
+
+    /// An expert-parallel group of `ep` data-parallel ranks ([`ShardOptions::expert_parallel`]).
+    pub fn expert_group(ep: u32, binding: Binding) -> ShardOptions {
+        ShardOptions {
+            expert_parallel: true,
+            allow_batch_split: true,
+            ..ShardOptions::new(ep, false, binding)
         }
     }
 }
@@ -109,6 +125,7 @@ pub fn plan_ops(
         let single = ShardOptions {
             sequence_parallel: false,
             allow_batch_split: false,
+            expert_parallel: false,
             ..*opts
         };
         build::lower(graph, ops, &single)?
