@@ -487,22 +487,9 @@ fn estimate_impl(
     for d in 0..s.pp as usize {
         let my_chunks: Vec<usize> = (0..n_chunks).filter(|c| c % s.pp as usize == d).collect();
         let layers: u32 = my_chunks.iter().map(|&c| chunk_layers[c]).sum();
-        let expert_params = f64::from(layers) * info.expert_params_per_layer as f64;
-        let mut params = f64::from(layers) * info.dense_params_per_layer() as f64;
-        if my_chunks.contains(&0) {
-            params += info.pre_params as f64;
-        }
-        if my_chunks.contains(&(n_chunks - 1)) {
-            params += info.post_params as f64;
-            if pp > 1 {
-                // The last stage keeps its own copy of a tied embedding (Megatron-LM).
-                params += info.tied_params as f64;
-            }
-        }
         // The dense weights are replicated over dp × cp, the experts (split ep ways) over the
         // expert-data-parallel ranks only.
-        let local = params / tp as f64;
-        let local_experts = expert_params / (tp * ep) as f64;
+        let (local, local_experts) = stage_local_split(info, s, d as u32);
         let replicas = (dp * cp) as f64;
         let expert_replicas = replicas / ep as f64;
         let mut states = state_bytes(local, replicas, s.zero, s.precision);
@@ -687,6 +674,32 @@ fn estimate_impl(
             layer_activation_bytes: act_layer,
         },
     }))
+}
+
+/// The parameters one rank of pipeline stage `d` holds (after tensor parallelism), as (the
+/// weights replicated over dp × cp, this rank's routed experts: 1/ep of them, replicated over
+/// the expert-data-parallel ranks).
+pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f64) {
+    let chunk_layers = s.chunk_layers(info.layers);
+    let n = chunk_layers.len();
+    let mine: Vec<usize> = (0..n)
+        .filter(|c| *c % s.pp as usize == d as usize)
+        .collect();
+    let layers: u32 = mine.iter().map(|&c| chunk_layers[c]).sum();
+    let tp = f64::from(s.tp);
+    let experts = f64::from(layers) * info.expert_params_per_layer as f64 / tp / f64::from(s.ep);
+    let mut params = f64::from(layers) * info.dense_params_per_layer() as f64;
+    if mine.contains(&0) {
+        params += info.pre_params as f64;
+    }
+    if mine.contains(&(n - 1)) {
+        params += info.post_params as f64;
+        if s.pp > 1 {
+            // The last stage keeps its own copy of a tied embedding (Megatron-LM).
+            params += info.tied_params as f64;
+        }
+    }
+    (params / tp, experts)
 }
 
 /// Row-parallel products in `ops`: each needs one all-reduce of the hidden-sized output in the

@@ -133,29 +133,7 @@ pub fn stage_local_params(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> f64 {
     dense + experts
 }
 
-/// [`stage_local_params`] as (the weights replicated over dp, this rank's routed experts:
-/// 1/ep of them, replicated over dp / ep).
-pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f64) {
-    let chunk_layers = s.chunk_layers(info.layers);
-    let n = chunk_layers.len();
-    let mine: Vec<usize> = (0..n)
-        .filter(|c| *c % s.pp as usize == d as usize)
-        .collect();
-    let layers: u32 = mine.iter().map(|&c| chunk_layers[c]).sum();
-    let tp = f64::from(s.tp);
-    let experts = f64::from(layers) * info.expert_params_per_layer as f64 / tp / f64::from(s.ep);
-    let mut params = f64::from(layers) * info.dense_params_per_layer() as f64;
-    if mine.contains(&0) {
-        params += info.pre_params as f64;
-    }
-    if mine.contains(&(n - 1)) {
-        params += info.post_params as f64;
-        if s.pp > 1 {
-            params += info.tied_params as f64;
-        }
-    }
-    (params / tp, experts)
-}
+pub use crate::estimate::stage_local_split;
 
 struct Builder<'a> {
     cluster: &'a Cluster,
