@@ -304,12 +304,17 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let m = &set.mesh;
     if leader {
         println!(
-            "{}: {} ranks (tp {} pp {} dp {}), {} micro-batches of {} x {}, {} ZeRO-{}, data {} ({} tokens)",
+            "{}: {} ranks (tp {} pp {} dp {}{}), {} micro-batches of {} x {}, {} ZeRO-{}, data {} ({} tokens)",
             set.model,
             set.ranks.len(),
             m.tp,
             m.pp,
-            m.dp,
+            m.batch_replicas(),
+            if m.cp > 1 {
+                format!(" cp {}: each sequence split over {} ranks", m.cp, m.cp)
+            } else {
+                String::new()
+            },
             m.micro_batches,
             m.micro_batch,
             m.seq,

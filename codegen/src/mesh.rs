@@ -1,5 +1,7 @@
 //! The device mesh: ranks laid out tp-fastest, then dp, then pp (the planner's
-//! `cost::comm::mesh` order), and the communicator groups of each rank.
+//! `cost::comm::mesh` order), and the communicator groups of each rank. Under context
+//! parallelism `dp` counts data parallelism × cp, the cp ranks of a sequence consecutive
+//! (Megatron's tp-cp-dp-pp order).
 
 use crate::ids::{GroupId, TemplateId};
 use crate::program::{Coords, Group, RankInfo, Slot};
@@ -21,9 +23,10 @@ pub fn coords_of(r: u32, tp: u32, dp: u32) -> Coords {
 /// Every group and every rank's resolved roles. `tied`: whether first and last stage sum tied
 /// embedding gradients. `template_of_stage[s]` is the template of stage `s`. With `ep` > 1
 /// the data-parallel ranks also form expert-parallel groups (`ep` consecutive dp
-/// coordinates) and expert-data-parallel groups (dp coordinates equal mod ep).
+/// coordinates) and expert-data-parallel groups (dp coordinates equal mod ep); with `cp` > 1
+/// context-parallel groups (`cp` consecutive dp coordinates).
 pub fn build(
-    [tp, dp, pp, ep]: [u32; 4],
+    [tp, dp, pp, ep, cp]: [u32; 5],
     tied: bool,
     template_of_stage: &[TemplateId],
 ) -> (Vec<Group>, Vec<RankInfo>) {
@@ -72,13 +75,21 @@ pub fn build(
             );
         }
     }
+    // Consecutive dp coordinates: the expert-parallel and the context-parallel groups.
+    for (slot, size) in [(Slot::Ep, ep.max(1)), (Slot::Cp, cp.max(1))] {
+        for p in (0..pp).filter(|_| size > 1) {
+            for t in 0..tp {
+                for e in 0..dp / size {
+                    let ranks = (0..size).map(|i| at(t, e * size + i, p)).collect();
+                    add(slot, ranks, &mut groups);
+                }
+            }
+        }
+    }
+    // Dp coordinates equal mod ep: the ranks holding the same experts.
     let ep = ep.max(1);
     for p in (0..pp).filter(|_| ep > 1) {
         for t in 0..tp {
-            for e in 0..dp / ep {
-                let ranks = (0..ep).map(|i| at(t, e * ep + i, p)).collect();
-                add(Slot::Ep, ranks, &mut groups);
-            }
             for i in 0..ep {
                 let ranks = (0..dp / ep).map(|e| at(t, e * ep + i, p)).collect();
                 add(Slot::Edp, ranks, &mut groups);
@@ -128,7 +139,7 @@ mod tests {
             }
         );
         assert_eq!(rank_of(c, 2, 2), 13);
-        let (groups, ranks) = build([2, 2, 2, 1], true, &[TemplateId(0), TemplateId(1)]);
+        let (groups, ranks) = build([2, 2, 2, 1, 1], true, &[TemplateId(0), TemplateId(1)]);
         // 4 tp groups, 4 dp groups, 4 tied groups.
         assert_eq!(groups.len(), 12);
         assert_eq!(ranks[5].next, 1);
@@ -140,7 +151,7 @@ mod tests {
     fn expert_groups_split_the_data_parallel_ranks() {
         // tp 1, dp 4, pp 1, ep 2: experts split over dp {0, 1} and {2, 3}; the same experts
         // on {0, 2} and {1, 3}.
-        let (groups, ranks) = build([1, 4, 1, 2], false, &[TemplateId(0)]);
+        let (groups, ranks) = build([1, 4, 1, 2, 1], false, &[TemplateId(0)]);
         let of = |s: Slot| -> Vec<Vec<u32>> {
             groups
                 .iter()
@@ -155,5 +166,21 @@ mod tests {
             .group(Slot::Ep)
             .map(|g| groups[g.index()].ranks.clone());
         assert_eq!(ep_of_3, Some(vec![2, 3]));
+    }
+
+    #[test]
+    fn context_groups_are_consecutive_data_parallel_ranks() {
+        // tp 2, dp × cp 4 (cp 2), pp 1: sequences split over dp coordinates {0, 1} and {2, 3}.
+        let (groups, ranks) = build([2, 4, 1, 1, 2], false, &[TemplateId(0)]);
+        let cp: Vec<Vec<u32>> = groups
+            .iter()
+            .filter(|g| g.slot == Slot::Cp)
+            .map(|g| g.ranks.clone())
+            .collect();
+        assert_eq!(cp, vec![vec![0, 2], vec![4, 6], vec![1, 3], vec![5, 7]]);
+        let dp_of_5: Option<Vec<u32>> = ranks[5]
+            .group(Slot::Dp)
+            .map(|g| groups[g.index()].ranks.clone());
+        assert_eq!(dp_of_5, Some(vec![1, 3, 5, 7]));
     }
 }

@@ -117,6 +117,7 @@ impl Synth {
                 sequence_parallel: false,
                 precision: "bf16".into(),
                 ep: 1,
+                cp: 1,
                 attention: "materialized".into(),
             },
             params: vec![

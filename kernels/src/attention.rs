@@ -126,6 +126,9 @@ impl Layout {
 
 impl Attention {
     /// The probabilities P = softmax(scale·Q Kᵀ) of (batch `b`, head `h`) into `p` `[sq, sk]`.
+    /// `at`: each query's position in the keys' order (keys at positions up to it are visible
+    /// to a causal query); `None`: the queries are the last `sq` of the `sk` keys.
+    #[allow(clippy::too_many_arguments)]
     fn probs(
         &self,
         l: &Layout,
@@ -134,6 +137,7 @@ impl Attention {
         b: usize,
         h: usize,
         p: &mut [f32],
+        at: Option<&[usize]>,
     ) -> Result<(), KernelError> {
         gemm(
             self.scale as f32,
@@ -144,7 +148,11 @@ impl Attention {
         )?;
         if l.sk > 0 {
             for (i, row) in p.chunks_exact_mut(l.sk).enumerate() {
-                softmax_row(row, visible_keys(i, l.sq, l.sk, self.causal));
+                let visible = match at {
+                    Some(pos) if self.causal => pos.get(i).map_or(l.sk, |&x| x + 1),
+                    _ => visible_keys(i, l.sq, l.sk, self.causal),
+                };
+                softmax_row(row, visible);
             }
         }
         Ok(())
@@ -156,12 +164,23 @@ impl Attention {
         k: &Tensor32,
         v: &Tensor32,
     ) -> Result<Tensor32, KernelError> {
+        self.forward_at(q, k, v, None)
+    }
+
+    /// [`Attention::forward`] with each query at its own position among the keys (`at`).
+    pub(crate) fn forward_at(
+        &self,
+        q: &Tensor32,
+        k: &Tensor32,
+        v: &Tensor32,
+        at: Option<&[usize]>,
+    ) -> Result<Tensor32, KernelError> {
         let l = Layout::new(self, q, k, v)?;
         let mut out = Tensor32::zeros(&q.shape)?;
         let mut p = vec![0f32; l.sq * l.sk];
         for b in 0..l.b {
             for h in 0..l.heads {
-                self.probs(&l, q, k, b, h, &mut p)?;
+                self.probs(&l, q, k, b, h, &mut p, at)?;
                 gemm(
                     1.0,
                     Mat::rm(&p, 0, l.sq, l.sk),
@@ -184,6 +203,18 @@ impl Attention {
         v: &Tensor32,
         g: &Tensor32,
     ) -> Result<[Tensor32; 3], KernelError> {
+        self.vjp_at(q, k, v, g, None)
+    }
+
+    /// [`Attention::vjp`] with each query at its own position among the keys (`at`).
+    pub(crate) fn vjp_at(
+        &self,
+        q: &Tensor32,
+        k: &Tensor32,
+        v: &Tensor32,
+        g: &Tensor32,
+        at: Option<&[usize]>,
+    ) -> Result<[Tensor32; 3], KernelError> {
         let l = Layout::new(self, q, k, v)?;
         expect_shape(OP, "output gradient", g, &q.shape)?;
         let mut dq = Tensor32::zeros(&q.shape)?;
@@ -194,7 +225,7 @@ impl Attention {
         let scale = self.scale as f32;
         for b in 0..l.b {
             for h in 0..l.heads {
-                self.probs(&l, q, k, b, h, &mut p)?;
+                self.probs(&l, q, k, b, h, &mut p, at)?;
                 let go = l.q_head(&g.data, b, h);
                 let pm = Mat::rm(&p, 0, l.sq, l.sk);
                 gemm(1.0, pm.t(), go, 1.0, l.kv_head_mut(&mut dv.data, b, h))?;

@@ -14,7 +14,8 @@
 //! inside sgemm; pointwise ops compute in f64 and round once; every reduction (softmax and
 //! norm statistics, cross-entropy, bias/broadcast/embedding gradient sums) accumulates in f64,
 //! so results do not depend on how a reduction was split across devices beyond f32 rounding.
-//! [`exec::evaluate`] runs a whole graph on the kernels. [`forward_with`] / [`backward_with`]
+//! [`context_forward`] runs the position-dependent ops on one rank's share of the sequence
+//! under context parallelism. [`exec::evaluate`] runs a whole graph on the kernels. [`forward_with`] / [`backward_with`]
 //! choose how matrix products accumulate ([`Accumulate`]: f64 makes a product's rounding
 //! independent of how its contraction was split, for reproducible tensor parallelism), and
 //! [`linear_partial`] / [`linear_input_grad_partial`] give a tensor-parallel rank's partial
@@ -23,6 +24,7 @@
 mod accumulate;
 mod attention;
 mod backward;
+mod context;
 mod dropout;
 mod elementwise;
 mod embedding;
@@ -45,6 +47,7 @@ mod vocab;
 
 pub use accumulate::Accumulate;
 pub use backward::backward;
+pub use context::{Chunks, context_forward, context_forward_with};
 pub use error::KernelError;
 pub use forward::forward;
 pub use matmul::{linear_input_grad_partial, linear_partial};

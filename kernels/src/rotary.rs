@@ -7,7 +7,14 @@ use crate::{KernelError, Tensor32};
 
 const OP: &str = "rotary";
 
-fn rotate(x: &Tensor32, heads: u64, theta: f64, sign: f64) -> Result<Tensor32, KernelError> {
+/// Turns `x`; token `i` along S sits at position `at[i]` (`None`: at `i`).
+fn rotate(
+    x: &Tensor32,
+    heads: u64,
+    theta: f64,
+    sign: f64,
+    at: Option<&[usize]>,
+) -> Result<Tensor32, KernelError> {
     let heads = attr_usize(OP, heads)?;
     let [b, s, w] = <[usize; 3]>::try_from(x.shape.as_slice()).map_err(|_| KernelError::Shape {
         op: OP,
@@ -25,8 +32,18 @@ fn rotate(x: &Tensor32, heads: u64, theta: f64, sign: f64) -> Result<Tensor32, K
     let half = d / 2;
     // The (cos, sin) table per (position, channel pair), computed once in f64 as HF's
     // inv_freq = 1/θ^(2c/d) does, then shared by every batch entry and head.
+    if at.is_some_and(|p| p.len() != s) {
+        return Err(KernelError::Attribute {
+            op: OP,
+            reason: format!(
+                "{} positions for a sequence of {s}",
+                at.map_or(0, <[_]>::len)
+            ),
+        });
+    }
     let mut table = Vec::with_capacity(s * half);
-    for pos in 0..s {
+    for i in 0..s {
+        let pos = at.map_or(i, |p| p[i]);
         for c in 0..half {
             let angle = pos as f64 / theta.powf((2 * c) as f64 / d as f64);
             table.push((angle.cos(), sign * angle.sin()));
@@ -53,7 +70,29 @@ fn rotate(x: &Tensor32, heads: u64, theta: f64, sign: f64) -> Result<Tensor32, K
 }
 
 pub(crate) fn rotary(x: &Tensor32, heads: u64, theta: f64) -> Result<Tensor32, KernelError> {
-    rotate(x, heads, theta, 1.0)
+    rotate(x, heads, theta, 1.0, None)
+}
+
+/// [`rotary`] with token `i` at position `at[i]`.
+pub(crate) fn rotary_at(
+    x: &Tensor32,
+    heads: u64,
+    theta: f64,
+    at: &[usize],
+) -> Result<Tensor32, KernelError> {
+    rotate(x, heads, theta, 1.0, Some(at))
+}
+
+/// [`rotary_vjp`] with token `i` at position `at[i]`.
+pub(crate) fn rotary_vjp_at(
+    x: &Tensor32,
+    heads: u64,
+    theta: f64,
+    g: &Tensor32,
+    at: &[usize],
+) -> Result<Tensor32, KernelError> {
+    expect_shape(OP, "output gradient", g, &x.shape)?;
+    rotate(g, heads, theta, -1.0, Some(at))
 }
 
 pub(crate) fn rotary_vjp(
@@ -63,5 +102,5 @@ pub(crate) fn rotary_vjp(
     g: &Tensor32,
 ) -> Result<Tensor32, KernelError> {
     expect_shape(OP, "output gradient", g, &x.shape)?;
-    rotate(g, heads, theta, -1.0)
+    rotate(g, heads, theta, -1.0, None)
 }

@@ -23,9 +23,10 @@
 //!   member with group index `i` (members are listed in [`Group::ranks`] order).
 //!   `axis: Some(a)`: the pieces are the equal parts along axis `a`. A collective may carry
 //!   several (input, output) pairs: one coalesced call (a gradient bucket).
-//! - A buffer marked `partial` holds a tensor-parallel partial sum (a row-parallel product, a
-//!   column-parallel input gradient, or a sum of such) from the `Compute` that writes it to the
-//!   `AllReduce` / `ReduceScatter` over the tp group that completes it. A runtime may carry it
+//! - A buffer marked `partial` holds a partial sum (a row-parallel product, a column-parallel
+//!   input gradient, an expert-parallel or context-parallel input gradient, or a sum of such)
+//!   from the `Compute` that writes it to the `AllReduce` / `ReduceScatter` over the group
+//!   that completes it. A runtime may carry it
 //!   in wider precision than its `elem` there (so that the completed sum is rounded once, as
 //!   one device's product is); everything else reads it at `elem`.
 //! - `Vocab` runs on this rank's shard of the vocabulary (Megatron-LM's vocabulary-parallel
@@ -39,10 +40,21 @@
 //!   the shard holds it, else 0), an all-gather of the stats over the group along axis 0,
 //!   `LossCombine` (stats `[size, N, 3]` → the mean loss `[]` and the log-sum-exp `[N]`), and
 //!   `LossGrad` (logits, targets, lse, dloss → dlogits = dloss/N · (exp(logit − lse) − onehot)).
+//! - `Context` runs on this rank's share of the sequence under context parallelism
+//!   (`MeshInfo::cp` > 1; Megatron-Core's load-balanced layout): the sequence is cut into
+//!   `2·cp` equal chunks and member `i` of the `Cp` group holds chunks `i` and `2·cp − 1 − i`,
+//!   in that order, as its local sequence. `Rotary` turns each local token by its
+//!   whole-sequence position, `Iota` writes those positions, `Attention` takes this rank's
+//!   queries and the group's keys and values all-gathered along the sequence (member order),
+//!   each key visible to the causal queries at or after its position; `Grad` of attention or
+//!   rotary is their backward (the keys' and values' gradients in the gathered order, partial
+//!   sums over the group).
 //! - `Send` is buffered (it does not wait for the receiver); `Recv` blocks until the peer's
 //!   send with the same tag arrives. Tags are [`tag`]s of (chunk, micro-batch, direction).
-//! - `LoadTokens` fills the micro-batch's rows: replica `dp` of `dp_size`, micro-batch `i` of
-//!   `m` reads global-batch rows `(dp·m + i)·b .. +b`.
+//! - `LoadTokens` fills the micro-batch's rows: replica `r` (the dp coordinate ÷ cp) of
+//!   `MeshInfo::batch_replicas`, micro-batch `i` of `m` reads global-batch rows
+//!   `(r·m + i)·b .. +b`; under context parallelism only this rank's chunks of each row (the
+//!   `Context` layout above, member = dp coordinate mod cp).
 //! - `AdamW` updates `param`, `m`, `v` in place from `grad` at the runtime's step (1-based).
 //! - `Loss{weight}`: the iteration's loss is the sum over all ranks and micro-batches of
 //!   `weight` × the buffer (every tensor-parallel rank of the last stage reports a share).
@@ -195,10 +207,21 @@ pub enum Slot {
     /// The ranks holding the same experts (dp coordinates equal mod ep): the experts'
     /// gradients reduce, and their ZeRO slices are cut, over this group instead of `Dp`.
     Edp,
+    /// My context-parallel group: the `cp` consecutive data-parallel ranks (same tp, pp) that
+    /// split each sequence (`MeshInfo::cp`); member `i` is the rank with dp coordinate ≡ i
+    /// (mod cp).
+    Cp,
 }
 
 impl Slot {
-    pub const ALL: [Slot; 5] = [Slot::Tp, Slot::Dp, Slot::Tied, Slot::Ep, Slot::Edp];
+    pub const ALL: [Slot; 6] = [
+        Slot::Tp,
+        Slot::Dp,
+        Slot::Tied,
+        Slot::Ep,
+        Slot::Edp,
+        Slot::Cp,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -207,6 +230,7 @@ impl Slot {
             Slot::Tied => "tied",
             Slot::Ep => "ep",
             Slot::Edp => "edp",
+            Slot::Cp => "cp",
         }
     }
 }
@@ -371,6 +395,20 @@ pub enum Instr {
         group: Slot,
         inputs: Vec<BufferId>,
         outputs: Vec<BufferId>,
+    },
+    /// `kind` on this rank's share of the sequence in the context-parallel `group`
+    /// (`kernels::context_forward`: Megatron-Core's load-balanced chunks): rotary and iota at
+    /// the tokens' whole-sequence positions, attention with this rank's queries against the
+    /// group's gathered keys and values, or the `grad` of either.
+    Context {
+        kind: ir::OpKind,
+        group: Slot,
+        inputs: Vec<BufferId>,
+        outputs: Vec<BufferId>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        saves: Vec<BufferId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        layer: Option<u32>,
     },
     /// Copies this rank's piece of `src` along `axis` (the group index of `size` equal parts)
     /// into `dst`; no communication.
@@ -659,11 +697,26 @@ pub struct MeshInfo {
     /// Expert-parallel degree (programs written before it existed: 1).
     #[serde(default = "one")]
     pub ep: u32,
+    /// Context-parallel degree (programs written before it existed: 1). With `cp` > 1 each
+    /// sequence is split over `cp` consecutive dp coordinates (`Slot::Cp`), so `dp` counts
+    /// the ranks that share the weights and reduce their gradients (Megatron's data-parallel
+    /// group with context parallelism: data parallelism × cp); the batch is split over
+    /// `dp / cp` of them.
+    #[serde(default = "one")]
+    pub cp: u32,
     /// `fused` (FlashAttention-style: the backward rebuilds the scores from the saved
     /// log-sum-exp) or `materialized` (the scores are saved). Programs written before this
     /// field read as `materialized`.
     #[serde(default = "materialized")]
     pub attention: String,
+}
+
+impl MeshInfo {
+    /// The data-parallel replicas the global batch is split over: `dp / cp` (each sequence's
+    /// `cp` chunk holders count once).
+    pub fn batch_replicas(&self) -> u32 {
+        self.dp / self.cp.max(1)
+    }
 }
 
 fn one() -> u32 {

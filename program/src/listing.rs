@@ -95,29 +95,19 @@ pub fn instr(t: &Template, i: &Instr) -> String {
             outputs,
             saves,
             ..
-        } => {
-            let name = match kind {
-                ir::OpKind::Grad { of, wrt } => format!("grad.{}{wrt:?}", of.mnemonic()),
-                k => k.mnemonic().to_string(),
-            };
-            let attrs = match kind {
-                ir::OpKind::Attention {
-                    heads, kv_heads, ..
-                } => format!("{{heads {heads}, kv {kv_heads}}}"),
-                ir::OpKind::Split { sizes, .. } => format!("{sizes:?}"),
-                _ => String::new(),
-            };
-            let saves = if saves.is_empty() {
-                String::new()
-            } else {
-                format!(" saves {}", list(t, saves))
-            };
-            format!(
-                "{} = {name}{attrs}({}){saves}",
-                list(t, outputs),
-                list(t, inputs)
-            )
-        }
+        } => compute_line(t, kind, inputs, outputs, saves),
+        Instr::Context {
+            kind,
+            group,
+            inputs,
+            outputs,
+            saves,
+            ..
+        } => format!(
+            "{} over {}",
+            compute_line(t, kind, inputs, outputs, saves),
+            group.name()
+        ),
         Instr::Collective {
             op,
             group,
@@ -238,4 +228,35 @@ pub fn show(set: &ProgramSet, r: u32) -> Option<String> {
         let _ = writeln!(s, "step {k:>5}  {}", instr(t, i));
     }
     Some(s)
+}
+
+/// `outs = op{attrs}(ins) saves ..` of a compute.
+fn compute_line(
+    t: &Template,
+    kind: &ir::OpKind,
+    inputs: &[BufferId],
+    outputs: &[BufferId],
+    saves: &[BufferId],
+) -> String {
+    let name = match kind {
+        ir::OpKind::Grad { of, wrt } => format!("grad.{}{wrt:?}", of.mnemonic()),
+        k => k.mnemonic().to_string(),
+    };
+    let attrs = match kind {
+        ir::OpKind::Attention {
+            heads, kv_heads, ..
+        } => format!("{{heads {heads}, kv {kv_heads}}}"),
+        ir::OpKind::Split { sizes, .. } => format!("{sizes:?}"),
+        _ => String::new(),
+    };
+    let saves = if saves.is_empty() {
+        String::new()
+    } else {
+        format!(" saves {}", list(t, saves))
+    };
+    format!(
+        "{} = {name}{attrs}({}){saves}",
+        list(t, outputs),
+        list(t, inputs)
+    )
 }

@@ -88,7 +88,9 @@ pub struct RankOutcome {
 
 /// Global batch size (sequences) of the programs.
 pub fn global_rows(set: &ProgramSet) -> usize {
-    (set.mesh.micro_batch * u64::from(set.mesh.micro_batches) * u64::from(set.mesh.dp)) as usize
+    (set.mesh.micro_batch
+        * u64::from(set.mesh.micro_batches)
+        * u64::from(set.mesh.batch_replicas())) as usize
 }
 
 /// Runs one rank: initialization, then `opts.steps` steps; `on_step` sees every step.

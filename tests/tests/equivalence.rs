@@ -350,6 +350,61 @@ fn moe_expert_parallel_equals_one_device() {
     assert!(bad.is_empty(), "differ from one device: {bad:?}");
 }
 
+/// Context parallelism (Megatron-Core's load-balanced chunks, keys and values all-gathered
+/// over the group): each rank holds two of 2·cp chunks of every sequence, rotary and the
+/// causal mask use whole-sequence positions, the keys' and values' gradients are
+/// reduce-scattered back and the weights' gradients reduce over dp × cp. Llama at cp 2 (dp 1
+/// and dp 2 under ZeRO-1), cp 4, cp 2 beside tp 2 with SP, cp 2 with full recomputation and a
+/// pipeline of two stages, and GPT-2 (learned positions, dropout on global positions) at
+/// cp 2: losses and every final parameter element equal one device's (reproducible mode).
+#[test]
+fn context_parallel_equals_one_device() {
+    let with = |tp: u32, pp: u32, dp: u32, cp: u32| {
+        let mut c = Config::new(tp, pp, dp);
+        c.cp = cp;
+        c
+    };
+    let dropout = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tiny-gpt2-dropout.json"
+    );
+    let mut bad = Vec::new();
+    for (name, model, c) in [
+        ("llama cp2", LLAMA, with(1, 1, 1, 2)),
+        ("llama dp2 cp2 zero1", LLAMA, {
+            let mut c = with(1, 1, 2, 2);
+            c.zero = 1;
+            c
+        }),
+        ("llama cp4", LLAMA, with(1, 1, 1, 4)),
+        ("llama tp2 sp cp2", LLAMA, {
+            let mut c = with(2, 1, 1, 2);
+            c.sp = true;
+            c
+        }),
+        ("llama pp2 cp2 full recompute", LLAMA, {
+            let mut c = with(1, 2, 1, 2);
+            c.recompute = Recompute::Full;
+            c
+        }),
+        ("gpt2 dropout cp2", dropout, with(1, 1, 1, 2)),
+    ] {
+        let one = programs(model, &Config::new(1, 1, 1));
+        let set = programs(model, &c);
+        let context_ops = set
+            .templates
+            .iter()
+            .flat_map(|t| &t.instrs)
+            .filter(|i| matches!(i, codegen::program::Instr::Context { .. }))
+            .count();
+        assert!(context_ops > 0, "{name}: no op runs on the rank's chunks");
+        if !equals_one_device(name, &one, &set) {
+            bad.push(name);
+        }
+    }
+    assert!(bad.is_empty(), "differ from one device: {bad:?}");
+}
+
 /// The expert-parallel collectives of stage 0's first forward task, per expert layer: (op,
 /// axis).
 fn first_forward_expert_collectives(set: &codegen::ProgramSet) -> Vec<(&'static str, Option<u8>)> {

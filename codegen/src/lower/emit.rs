@@ -242,6 +242,36 @@ fn one_weight_gradient_at_a_time(
     (together, alone)
 }
 
+/// A compute instruction; on this rank's chunks of the sequence (`Instr::Context` over the
+/// context-parallel group) when `context`.
+fn compute(
+    kind: OpKind,
+    inputs: Vec<BufferId>,
+    outputs: Vec<BufferId>,
+    saves: Vec<BufferId>,
+    layer: Option<u32>,
+    context: bool,
+) -> Instr {
+    if context {
+        Instr::Context {
+            kind,
+            group: Slot::Cp,
+            inputs,
+            outputs,
+            saves,
+            layer,
+        }
+    } else {
+        Instr::Compute {
+            kind,
+            inputs,
+            outputs,
+            saves,
+            layer,
+        }
+    }
+}
+
 fn coll(
     op: CollectiveOp,
     group: Slot,
@@ -323,6 +353,7 @@ pub fn forward(
                 outs,
                 saves: sd,
                 vocab_parallel,
+                context,
                 ..
             } => {
                 let sv: Vec<BufferId> = sd
@@ -341,13 +372,14 @@ pub fn forward(
                     let outputs = outs.iter().map(|&v| get(v)).collect();
                     vocab_forward(b, env, seg.tp, kind, inputs, outputs, &sv);
                 } else {
-                    b.push(Instr::Compute {
-                        kind: instance_kind(seg, i, kind, env),
-                        inputs: ins.iter().map(|&v| get(v)).collect(),
-                        outputs: outs.iter().map(|&v| get(v)).collect(),
-                        saves: sv.clone(),
-                        layer: env.layer,
-                    });
+                    b.push(compute(
+                        instance_kind(seg, i, kind, env),
+                        ins.iter().map(|&v| get(v)).collect(),
+                        outs.iter().map(|&v| get(v)).collect(),
+                        sv.clone(),
+                        env.layer,
+                        *context,
+                    ));
                 }
                 for (d, &buf) in sd.iter().zip(&sv) {
                     if (d.scores && !keep_scores) || !keep_saves {
@@ -521,6 +553,7 @@ pub fn backward(
                 partial_param_grads,
                 partial_input_grads,
                 vocab_parallel,
+                context,
             } => {
                 // Output gradients, reduced if partial.
                 let mut dys = Vec::new();
@@ -560,13 +593,14 @@ pub fn backward(
                         ));
                     }
                     let out = b.alloc_like(dys[0], format!("{}.attn.re", env.tag), Role::Temp);
-                    b.push(Instr::Compute {
-                        kind: kind.clone(),
-                        inputs: ins.iter().map(|&v| get(inst, v)).collect(),
-                        outputs: vec![out],
-                        saves: temp_saves.clone(),
-                        layer: env.layer,
-                    });
+                    b.push(compute(
+                        kind.clone(),
+                        ins.iter().map(|&v| get(inst, v)).collect(),
+                        vec![out],
+                        temp_saves.clone(),
+                        env.layer,
+                        *context,
+                    ));
                     b.free(out);
                     b.push(Instr::RecomputeEnd {
                         layer: env.layer.unwrap_or(0),
@@ -763,24 +797,26 @@ pub fn backward(
                             if !together.is_empty() {
                                 let outs_b: Vec<BufferId> =
                                     together.iter().map(|&k| alloc_dx(b, k)).collect();
-                                b.push(Instr::Compute {
-                                    kind: grad(together.clone()),
-                                    inputs: inputs.clone(),
-                                    outputs: outs_b.clone(),
-                                    saves: vec![],
-                                    layer: env.layer,
-                                });
+                                b.push(compute(
+                                    grad(together.clone()),
+                                    inputs.clone(),
+                                    outs_b.clone(),
+                                    vec![],
+                                    env.layer,
+                                    *context,
+                                ));
                                 dxs.extend(together.iter().copied().zip(outs_b));
                             }
                             for k in alone {
                                 let (dx, acc) = (alloc_dx(b, k), accumulated(k));
-                                b.push(Instr::Compute {
-                                    kind: grad(vec![k]),
-                                    inputs: inputs.clone(),
-                                    outputs: vec![dx],
-                                    saves: vec![],
-                                    layer: env.layer,
-                                });
+                                b.push(compute(
+                                    grad(vec![k]),
+                                    inputs.clone(),
+                                    vec![dx],
+                                    vec![],
+                                    env.layer,
+                                    *context,
+                                ));
                                 if let Some(acc) = acc {
                                     b.push(Instr::Compute {
                                         kind: OpKind::Add,
@@ -995,7 +1031,10 @@ fn rebuild_value(
     v: SVal,
     j: usize,
 ) {
-    let Some(Step::Compute { kind, ins, .. }) = seg.steps.get(j) else {
+    let Some(Step::Compute {
+        kind, ins, context, ..
+    }) = seg.steps.get(j)
+    else {
         return;
     };
     let val = &seg.vals[v];
@@ -1009,13 +1048,14 @@ fn rebuild_value(
         .iter()
         .map(|&x| inst.bufs[x].unwrap_or(BufferId(u32::MAX)))
         .collect();
-    b.push(Instr::Compute {
-        kind: instance_kind(seg, j, kind, env),
+    b.push(compute(
+        instance_kind(seg, j, kind, env),
         inputs,
-        outputs: vec![y],
-        saves: vec![],
-        layer: env.layer,
-    });
+        vec![y],
+        vec![],
+        env.layer,
+        *context,
+    ));
     inst.bufs[v] = Some(y);
 }
 

@@ -114,18 +114,17 @@ fn head_product(graph: &Graph, mut l: ir::ValueId) -> &ir::OpData {
 
 /// Generates every rank's program for `plan` on the model's forward `graph`.
 pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, CodegenError> {
+    let cp = plan.strategy.cp.max(1);
+    let folded;
+    let plan = if cp > 1 {
+        folded = context_as_data(plan, cp)?;
+        &folded
+    } else {
+        plan
+    };
     let s = &plan.strategy;
     let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
     let (tp, dp, pp) = (s.tp, s.dp, s.pp);
-    if s.cp > 1 {
-        return Err(CodegenError::plan(
-            "strategy.cp",
-            format!(
-                "context parallelism (cp {}) is priced by the planner but not lowered to programs yet; compile with --cp 1 to get a plan codegen can lower",
-                s.cp
-            ),
-        ));
-    }
     if u64::from(tp) * u64::from(dp) * u64::from(pp) != plan.gpus {
         return Err(CodegenError::plan(
             "strategy",
@@ -149,13 +148,14 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         tp,
         sp: s.sequence_parallel && tp > 1,
         batch: s.micro_batch,
-        seq: s.seq,
+        seq: s.seq / u64::from(cp),
         act,
         weight,
         seq_shard: false,
         fused_attention: s.attention == AttentionKernel::Fused,
         vocab_parallel: tp > 1 && vocab_parallel_fits(graph, &info, tp),
         ep: s.ep.max(1),
+        cp,
     };
     if cx.ep > 1 && !dp.is_multiple_of(cx.ep) {
         return Err(CodegenError::plan(
@@ -172,9 +172,9 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     let seq_shard = cx.sp && !cx.vocab_parallel;
     let post_cx = Ctx {
         seq: if seq_shard {
-            s.seq / u64::from(tp)
+            cx.seq / u64::from(tp)
         } else {
-            s.seq
+            cx.seq
         },
         seq_shard,
         ..cx
@@ -317,7 +317,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         templates.push(st.build()?);
     }
     let ids: Vec<TemplateId> = (0..pp).map(TemplateId).collect();
-    let (groups, ranks) = crate::mesh::build([tp, dp, pp, cx.ep], !tied.is_empty(), &ids);
+    let (groups, ranks) = crate::mesh::build([tp, dp, pp, cx.ep, cp], !tied.is_empty(), &ids);
     Ok(ProgramSet {
         format: FORMAT.into(),
         model: plan.model.name.clone(),
@@ -335,6 +335,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
             sequence_parallel: cx.sp,
             precision: s.precision.name().into(),
             ep: cx.ep,
+            cp,
             attention: if cx.fused_attention {
                 "fused"
             } else {
@@ -356,6 +357,39 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         ranks,
         templates,
     })
+}
+
+/// Context parallelism lowers as data parallelism over sequence chunks: the `cp` ranks of a
+/// sequence hold the same weights and reduce (and ZeRO-shard) their gradients together with
+/// the data-parallel replicas, as Megatron's data-parallel group with context parallelism
+/// does; each sees its share of every sequence, and only attention (and what depends on
+/// positions) looks across the group. So the rest of the lowering sees dp × cp replicas,
+/// each with the micro-batches of its data-parallel replica (the global batch counted once
+/// per chunk holder), and the loss and gradients averaged over all of them: each rank's loss
+/// is the mean over its share of equal size.
+fn context_as_data(plan: &Plan, cp: u32) -> Result<Plan, CodegenError> {
+    let s = &plan.strategy;
+    let chunks = 2 * u64::from(cp);
+    if !s.seq.is_multiple_of(chunks) {
+        return Err(CodegenError::plan(
+            "strategy.cp",
+            format!(
+                "sequence {} does not split into 2 x cp = {chunks} equal chunks",
+                s.seq
+            ),
+        ));
+    }
+    if s.ep > 1 {
+        return Err(CodegenError::plan(
+            "strategy.ep",
+            "expert parallelism beside context parallelism is not lowered; compile with --ep 1 or --cp 1",
+        ));
+    }
+    let mut folded = plan.clone();
+    folded.strategy.dp = s.dp * cp;
+    folded.strategy.global_batch = s.global_batch * u64::from(cp);
+    folded.strategy.cp = 1;
+    Ok(folded)
 }
 
 /// A parameter's shard on its ranks: the local shape, its tensor-parallel split, and whether

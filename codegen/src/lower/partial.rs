@@ -1,6 +1,8 @@
 //! Which groups a gradient is still a partial sum over: the tensor-parallel group (a
 //! column-parallel product's input), the expert-parallel one (an expert layer's gathered
-//! tokens: each rank's experts contribute their share), or both.
+//! tokens: each rank's experts contribute their share), the context-parallel one (the
+//! gathered keys and values of an attention: each rank's queries contribute theirs), or
+//! several.
 
 use crate::program::Slot;
 
@@ -9,19 +11,23 @@ use crate::program::Slot;
 pub struct Partial {
     tp: bool,
     ep: bool,
+    cp: bool,
 }
 
 impl Partial {
     pub const NONE: Partial = Partial {
         tp: false,
         ep: false,
+        cp: false,
     };
 
-    /// Partial over `group` alone (only `Tp` and `Ep` carry partial activation gradients).
+    /// Partial over `group` alone (only `Tp`, `Ep` and `Cp` carry partial activation
+    /// gradients).
     pub fn over(group: Slot) -> Partial {
         Partial {
             tp: group == Slot::Tp,
             ep: group == Slot::Ep,
+            cp: group == Slot::Cp,
         }
     }
 
@@ -33,13 +39,14 @@ impl Partial {
     }
 
     pub fn any(self) -> bool {
-        self.tp || self.ep
+        self.tp || self.ep || self.cp
     }
 
     pub fn has(self, group: Slot) -> bool {
         match group {
             Slot::Tp => self.tp,
             Slot::Ep => self.ep,
+            Slot::Cp => self.cp,
             _ => false,
         }
     }
@@ -48,6 +55,7 @@ impl Partial {
         Partial {
             tp: self.tp || o.tp,
             ep: self.ep || o.ep,
+            cp: self.cp || o.cp,
         }
     }
 
@@ -55,6 +63,7 @@ impl Partial {
         Partial {
             tp: self.tp && o.tp,
             ep: self.ep && o.ep,
+            cp: self.cp && o.cp,
         }
     }
 
@@ -63,14 +72,19 @@ impl Partial {
         Partial {
             tp: self.tp && !o.tp,
             ep: self.ep && !o.ep,
+            cp: self.cp && !o.cp,
         }
     }
 
     /// The groups, in a fixed order (tensor-parallel first).
     pub fn groups(self) -> impl Iterator<Item = Slot> {
-        [(self.tp, Slot::Tp), (self.ep, Slot::Ep)]
-            .into_iter()
-            .filter_map(|(on, g)| on.then_some(g))
+        [
+            (self.tp, Slot::Tp),
+            (self.ep, Slot::Ep),
+            (self.cp, Slot::Cp),
+        ]
+        .into_iter()
+        .filter_map(|(on, g)| on.then_some(g))
     }
 }
 

@@ -85,13 +85,18 @@ pub enum Step {
         /// token embedding on its rows of the table (the output a partial sum over the
         /// tensor-parallel group), or the cross-entropy of logits split by columns.
         vocab_parallel: bool,
+        /// Runs on this rank's chunks of the sequence ([`crate::program::Instr::Context`]):
+        /// rotary and iota at whole-sequence positions, attention against the
+        /// context-parallel group's gathered keys and values.
+        context: bool,
     },
     Coll {
         op: CollectiveOp,
         axis: u8,
         x: SVal,
         y: SVal,
-        /// The tensor-parallel group, or the expert-parallel one (expert dispatch).
+        /// The tensor-parallel group, the expert-parallel one (expert dispatch), or the
+        /// context-parallel one (an attention's keys and values).
         group: Slot,
     },
     /// This rank's piece of a replicated value along `axis` over `group` (`Instr::Chunk`);
@@ -148,6 +153,9 @@ pub struct Ctx<'a> {
     pub vocab_parallel: bool,
     /// Expert-parallel degree: routed experts split over `ep` data-parallel ranks.
     pub ep: u32,
+    /// Context-parallel degree: each sequence split over `cp` data-parallel ranks (`seq` is
+    /// then this rank's share).
+    pub cp: u32,
 }
 
 impl Ctx<'_> {
@@ -228,20 +236,25 @@ impl B<'_, '_> {
     /// `x` (whole tokens) gathered over the expert-parallel group along the batch: the
     /// group's micro-batches, member `i`'s rows at `i·b`.
     fn gather_ep(&mut self, x: SVal) -> SVal {
+        self.gather_along(x, 0, Slot::Ep, self.cx.ep, "ep")
+    }
+
+    /// `x` all-gathered over `group` (`size` members) along `axis`, whatever its
+    /// tensor-parallel layout: member `i`'s part at `i` times the local extent.
+    fn gather_along(&mut self, x: SVal, axis: u8, group: Slot, size: u32, suffix: &str) -> SVal {
         let mut v = self.seg.vals[x].clone();
-        if let Some(d) = v.shape.first_mut() {
-            *d *= u64::from(self.cx.ep);
+        if let Some(d) = v.shape.get_mut(usize::from(axis)) {
+            *d *= u64::from(size);
         }
         v.source = Source::Step;
-        v.lay = Lay::Rep;
-        v.name = format!("{}.ep", v.name);
+        v.name = format!("{}.{suffix}", v.name);
         let y = self.val(v);
         self.seg.steps.push(Step::Coll {
             op: CollectiveOp::AllGather,
-            axis: 0,
+            axis,
             x,
             y,
-            group: Slot::Ep,
+            group,
         });
         y
     }
@@ -324,6 +337,45 @@ impl B<'_, '_> {
             group: Slot::Ep,
         });
         z
+    }
+
+    /// Context parallelism (Megatron-Core's, with its load-balanced chunks): whether op `o`
+    /// runs on this rank's chunks as a context op (attention, rotary, iota). Attention gathers
+    /// the group's keys and values along the sequence (Transformer Engine's
+    /// `cp_comm_type all_gather`; the backward gathers them again from the kept shards), and
+    /// their gradients are partial sums over the group (each rank's queries contribute
+    /// theirs), reduce-scattered back.
+    fn context_parallel(
+        &mut self,
+        o: OpId,
+        ins: &mut [SVal],
+        partial_inputs: &mut Vec<(usize, Slot)>,
+    ) -> Result<bool, CodegenError> {
+        match self.cx.graph.op(o).kind {
+            OpKind::Attention { .. } => {
+                if !self.cx.fused_attention {
+                    return Err(self.err(o, "context parallelism needs fused attention"));
+                }
+                for k in [1, 2] {
+                    ins[k] = self.gather_cp(ins[k]);
+                    partial_inputs.push((k, Slot::Cp));
+                }
+                Ok(true)
+            }
+            OpKind::Rotary { .. } | OpKind::Iota { .. } => Ok(true),
+            OpKind::Softmax { causal: true } => Err(self.err(
+                o,
+                "a causal softmax outside an attention op: context parallelism splits the \
+                 sequence only around attention ops; compile with --cp 1",
+            )),
+            _ => Ok(false),
+        }
+    }
+
+    /// `x` (`[b, s/cp, ..]`) gathered over the context-parallel group along the sequence:
+    /// member `i`'s tokens at `i·s/cp`.
+    fn gather_cp(&mut self, x: SVal) -> SVal {
+        self.gather_along(x, 1, Slot::Cp, self.cx.cp, "cp")
     }
 
     fn gather_seq(&mut self, x: SVal) -> SVal {
@@ -729,6 +781,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             out_lay = Lay::Partial;
             partial_inputs.push((0, Slot::Ep));
         }
+        let context = cx.cp > 1 && b.context_parallel(o, &mut ins, &mut partial_inputs)?;
         if kind == Kind::Pre
             && cx.sp
             && matches!(op.kind, OpKind::Dropout { .. })
@@ -805,6 +858,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             partial_param_grads: partial_params,
             partial_input_grads: partial_inputs,
             vocab_parallel,
+            context,
         });
         let mut result = outs.first().copied().unwrap_or(0);
         if expert_parallel {
@@ -851,6 +905,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     partial_param_grads: if cx.sp { vec![1] } else { vec![] },
                     partial_input_grads: vec![],
                     vocab_parallel: false,
+                    context: false,
                 });
                 result = z;
             }
@@ -970,6 +1025,7 @@ fn select_kv_head(b: &mut B, o: OpId, x: SVal, kv: u64, t: u64) -> Result<SVal, 
             partial_param_grads: vec![],
             partial_input_grads: vec![],
             vocab_parallel: false,
+            context: false,
         });
         v = y;
     }

@@ -157,6 +157,7 @@ mod tests {
                 sequence_parallel: false,
                 precision: "fp32".into(),
                 ep: 1,
+                cp: 1,
                 attention: "materialized".into(),
             },
             params: vec![],

@@ -99,7 +99,7 @@ pub fn check(set: &ProgramSet, t: &Template, rank: u32, out: &mut Vec<Violation>
                     }
                 }
             }
-            Instr::Vocab { outputs, .. } => {
+            Instr::Vocab { outputs, .. } | Instr::Context { outputs, .. } => {
                 // The embedding's gradient on this rank's rows is a contribution like a
                 // compute's; the loss ops carry none.
                 for &b in outputs {

@@ -217,6 +217,12 @@ pub fn operands(i: &Instr) -> (Vec<crate::ids::BufferId>, Vec<crate::ids::Buffer
             outputs,
             saves,
             ..
+        }
+        | Instr::Context {
+            inputs,
+            outputs,
+            saves,
+            ..
         } => (
             inputs.clone(),
             outputs.iter().chain(saves).copied().collect(),

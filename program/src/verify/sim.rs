@@ -117,7 +117,9 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) -> usize {
                         ev.push((k, Ev::Coll { slot, sig: s }));
                     }
                 }
-                Instr::Chunk { group, .. } | Instr::Vocab { group, .. }
+                Instr::Chunk { group, .. }
+                | Instr::Vocab { group, .. }
+                | Instr::Context { group, .. }
                     if info.group(*group).is_none() && needs_group(set, *group) =>
                 {
                     out.push(Violation {
@@ -125,7 +127,7 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) -> usize {
                         rank: r,
                         at: Loc::Step(k),
                         message: format!(
-                            "chunk or vocabulary op over its {} group, which it does not have",
+                            "chunk, vocabulary or context op over its {} group, which it does not have",
                             group.name()
                         ),
                     });
@@ -276,6 +278,7 @@ fn needs_group(set: &ProgramSet, slot: Slot) -> bool {
         Slot::Tied => set.mesh.pp > 1,
         Slot::Ep => set.mesh.ep > 1,
         Slot::Edp => set.mesh.dp / set.mesh.ep.max(1) > 1,
+        Slot::Cp => set.mesh.cp > 1,
     }
 }
 

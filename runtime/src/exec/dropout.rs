@@ -6,7 +6,8 @@
 //! micro-batch's rows start at its global row; under sequence parallelism a residual-stream
 //! tensor `[b, s/tp, ...]` sits at sequence offset `tp rank · s/tp`. So data, pipeline and
 //! sequence parallelism, micro-batching and recomputation reproduce one device's masks (and
-//! the interpreter's on the whole global batch at step 1). The backward applies the same
+//! the interpreter's on the whole global batch at step 1). Under context parallelism a rank's
+//! local tokens sit at their chunks' positions. The backward applies the same
 //! mask to the gradient (codegen emits it as the same dropout op on `dy`).
 
 use ir::interp::dropout_keep;
@@ -20,6 +21,9 @@ pub struct Place {
     pub seq: usize,
     /// Tensor-parallel degree and coordinate, when the residual stream is sequence-sharded.
     pub sp: Option<(usize, usize)>,
+    /// This rank's chunks of the sequence under context parallelism: a local token's global
+    /// position is its chunk's.
+    pub cp: Option<kernels::Chunks>,
     /// 1-based training step.
     pub step: u64,
 }
@@ -53,17 +57,27 @@ pub fn apply(
     let scale = 1.0 / (1.0 - p);
     let b = shape.first().copied().unwrap_or(1).max(1);
     let per_row = data.len() / b;
+    let cp_seq = at.seq / at.cp.map_or(1, |c| c.size.max(1));
     let sharded = match (at.sp, shape.get(1)) {
-        (Some((tp, r)), Some(&s)) if tp > 1 && s * tp == at.seq => Some((s, r * s)),
+        (Some((tp, r)), Some(&s)) if tp > 1 && s * tp == cp_seq => Some((s, r * s)),
+        (_, Some(&s)) if at.cp.is_some() && s == cp_seq => Some((s, 0)),
+        _ if at.cp.is_some() => {
+            return Err(format!(
+                "dropout on {shape:?} under context parallelism: only [b, s, ..] activations \
+                 (s = {cp_seq}, this rank's share of the sequence) have a place"
+            ));
+        }
         _ => None,
     };
+    let positions = at.cp.map(|c| c.positions(cp_seq));
     for (i, x) in data.iter_mut().enumerate() {
         let (bi, rest) = (i / per_row.max(1), i % per_row.max(1));
         let g = match sharded {
             Some((s, off)) => {
                 let inner = per_row / s.max(1);
                 let (si, r) = (rest / inner.max(1), rest % inner.max(1));
-                ((at.row + bi) * at.seq + off + si) * inner + r
+                let p = positions.as_ref().map_or(off + si, |v| v[off + si]);
+                ((at.row + bi) * at.seq + p) * inner + r
             }
             None => (at.row + bi) * per_row + rest,
         };

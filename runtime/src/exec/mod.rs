@@ -99,6 +99,7 @@ fn instr_name(i: &Instr) -> &'static str {
         Instr::Collective { op, .. } => op.name(),
         Instr::Chunk { .. } => "chunk",
         Instr::Vocab { op, .. } => op.name(),
+        Instr::Context { kind, .. } => kind.mnemonic(),
         Instr::Send { .. } => "send",
         Instr::Recv { .. } => "recv",
         Instr::RecomputeBegin { .. } => "recompute_begin",
@@ -473,6 +474,13 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 inputs,
                 outputs,
             } => self.vocab(*op, *group, inputs, outputs)?,
+            Instr::Context {
+                kind,
+                group,
+                inputs,
+                outputs,
+                ..
+            } => self.context(kind, *group, inputs, outputs)?,
             Instr::Chunk {
                 src,
                 dst,
@@ -540,6 +548,45 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.set
             .rank(self.rank)
             .ok_or_else(|| self.prog("no rank info"))
+    }
+
+    /// A position-dependent op on this rank's chunks of the sequence: member `i` of the
+    /// context-parallel `group` holds chunks `i` and `2·cp − 1 − i` (`kernels::Chunks`).
+    fn context(
+        &mut self,
+        kind: &OpKind,
+        group: Slot,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+    ) -> Result<(), RuntimeError> {
+        let at = kernels::Chunks {
+            size: self.set.mesh.cp.max(1) as usize,
+            index: self.members(group).rank(),
+        };
+        let mut xs = Vec::with_capacity(inputs.len());
+        for &i in inputs {
+            xs.push(self.host(i)?);
+        }
+        let refs: Vec<&kernels::Tensor32> = xs.iter().collect();
+        let acc = if self.backend.wide_partial_sums() {
+            kernels::Accumulate::F64
+        } else {
+            kernels::Accumulate::F32
+        };
+        let ys = kernels::context_forward_with(kind, &refs, at, acc)
+            .map_err(RuntimeError::kernel(kind.mnemonic()))?;
+        if ys.len() != outputs.len() {
+            return Err(self.prog(format!(
+                "{}: {} results for {} outputs",
+                kind.mnemonic(),
+                ys.len(),
+                outputs.len()
+            )));
+        }
+        for (y, &o) in ys.into_iter().zip(outputs) {
+            self.put(o, y.data)?;
+        }
+        Ok(())
     }
 
     /// A vocabulary-parallel op on this rank's block of the vocabulary: the block of member
@@ -739,9 +786,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         let mesh = &self.set.mesh;
         let b = mesh.micro_batch as usize;
         let m = mesh.micro_batches as usize;
+        let cp = mesh.cp.max(1) as usize;
         Ok(dropout::Place {
-            row: (info.coords.dp as usize * m + self.micro_batch as usize) * b,
+            row: (info.coords.dp as usize / cp * m + self.micro_batch as usize) * b,
             seq: mesh.seq as usize,
+            cp: (cp > 1).then(|| kernels::Chunks {
+                size: cp,
+                index: info.coords.dp as usize % cp,
+            }),
             sp: mesh
                 .sequence_parallel
                 .then_some((mesh.tp as usize, info.coords.tp as usize)),
@@ -760,9 +812,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         let mesh = &self.set.mesh;
         let b = mesh.micro_batch as usize;
         let m = mesh.micro_batches as usize;
+        let cp = mesh.cp.max(1) as usize;
         let s = batch.seq;
-        let row = (info.coords.dp as usize * m + micro_batch as usize) * b;
-        let rows = m * mesh.dp as usize * b;
+        let replica = info.coords.dp as usize / cp;
+        let row = (replica * m + micro_batch as usize) * b;
+        let rows = m * mesh.batch_replicas() as usize * b;
         if batch.rows != rows || s != mesh.seq as usize {
             return Err(RuntimeError::BadLength {
                 op: "load_tokens",
@@ -771,11 +825,16 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 want: rows * mesh.seq as usize,
             });
         }
+        // With context parallelism, this rank's chunks of each sequence.
+        let positions = kernels::Chunks {
+            size: cp,
+            index: info.coords.dp as usize % cp,
+        }
+        .positions(s / cp);
         let pick = |v: &[u32]| -> Vec<f32> {
-            v.get(row * s..(row + b) * s)
-                .unwrap_or_default()
-                .iter()
-                .map(|&t| t as f32)
+            (row..row + b)
+                .flat_map(|r| positions.iter().map(move |&p| r * s + p))
+                .map(|i| v.get(i).map_or(0.0, |&t| t as f32))
                 .collect()
         };
         if let Some(ids) = input_ids {

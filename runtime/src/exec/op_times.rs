@@ -29,7 +29,12 @@ pub fn kind(i: &Instr) -> String {
             kind: OpKind::Grad { of, .. },
             ..
         } => format!("grad.{}", of.mnemonic()),
+        Instr::Context {
+            kind: OpKind::Grad { of, .. },
+            ..
+        } => format!("grad.{} (cp)", of.mnemonic()),
         Instr::Compute { kind, .. } => kind.mnemonic().to_string(),
+        Instr::Context { kind, .. } => format!("{} (cp)", kind.mnemonic()),
         Instr::Collective { op, group, .. } => format!("{} ({})", op.name(), group.name()),
         _ => super::instr_name(i).to_string(),
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use codegen::ProgramSet;
 use kernels::Tensor32;
+use planner::cost::compute::AttentionKernel;
 use planner::plan::{ModelRef, Plan, SearchSummary};
 use planner::search::{Pins, SearchRequest, search};
 use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule};
@@ -42,6 +43,9 @@ pub struct Config {
     pub micro_batch: u64,
     /// Expert-parallel degree (within dp).
     pub ep: u32,
+    /// Context-parallel degree (beside dp: gpus = tp × pp × dp × cp); planned with fused
+    /// attention, which context parallelism needs.
+    pub cp: u32,
 }
 
 impl Config {
@@ -57,6 +61,7 @@ impl Config {
             recompute: Recompute::None,
             micro_batch: 1,
             ep: 1,
+            cp: 1,
         }
     }
 }
@@ -71,7 +76,7 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
     let m = import::load_model(model, 1, Some(seq)).unwrap();
     let info = ModelInfo::new(&m.graph).unwrap();
     let cluster = Cluster::load("cpu").unwrap();
-    let gpus = u64::from(c.tp * c.pp * c.dp);
+    let gpus = u64::from(c.tp * c.pp * c.dp * c.cp);
     let req = SearchRequest {
         gpus,
         global_batch,
@@ -88,9 +93,9 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
             sequence_parallel: Some(c.sp),
             precision: Some(Precision::Fp32),
             stage_layers: None,
-            attention: None,
+            attention: (c.cp > 1).then_some(AttentionKernel::Fused),
             kernels: None,
-            cp: None,
+            cp: Some(c.cp),
             ep: Some(c.ep),
             engine: None,
             target: false,
@@ -127,9 +132,10 @@ pub fn programs(model: &str, c: &Config) -> ProgramSet {
             s.dp,
             s.zero,
             s.sequence_parallel,
-            s.virtual_stages
+            s.virtual_stages,
+            s.cp
         ),
-        (c.tp, c.pp, c.dp, c.zero, c.sp, c.v),
+        (c.tp, c.pp, c.dp, c.zero, c.sp, c.v, c.cp),
         "the search did not keep the pins"
     );
     codegen::generate(&p).unwrap().0

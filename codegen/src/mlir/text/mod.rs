@@ -143,6 +143,8 @@ struct Emitter<'a> {
     uses_tied: bool,
     /// Whether a collective runs over the expert-parallel or expert-data-parallel ranks.
     uses_experts: bool,
+    /// Whether a context-parallel op or collective was written (the `@context` grid).
+    uses_context: bool,
 }
 
 /// The MLIR module of one template (unverified; see [`super::export`]).
@@ -162,6 +164,7 @@ pub fn emit_template(set: &ProgramSet, t: &Template) -> Result<MlirModule, MlirE
         extern_syms: HashMap::new(),
         uses_tied: false,
         uses_experts: false,
+        uses_context: false,
     };
     let state = live_ins(&t.instrs);
     let init = e
@@ -223,6 +226,17 @@ pub fn emit_template(set: &ProgramSet, t: &Template) -> Result<MlirModule, MlirE
             m.tp
         );
     }
+    if e.uses_context {
+        let cp = m.cp.max(1);
+        let _ = writeln!(
+            out,
+            "  // the data-parallel axis split into (data parallel, context parallel)\n  shard.grid @context(shape = {}x{}x{}x{})",
+            m.pp,
+            m.dp / cp,
+            cp,
+            m.tp
+        );
+    }
     for decl in e.externs.values() {
         let _ = writeln!(out, "  {decl}");
     }
@@ -267,6 +281,12 @@ fn refs(i: &Instr) -> Vec<BufferId> {
         Instr::Fill { buf, .. } => vec![*buf],
         Instr::Copy { src, dst } => vec![*src, *dst],
         Instr::Compute {
+            inputs,
+            outputs,
+            saves,
+            ..
+        }
+        | Instr::Context {
             inputs,
             outputs,
             saves,
@@ -489,6 +509,28 @@ impl Emitter<'_> {
                 saves,
                 layer,
             } => self.compute(kind, inputs, outputs, saves, *layer)?,
+            Instr::Context {
+                kind,
+                group,
+                inputs,
+                outputs,
+                ..
+            } => {
+                // The positions of the rank's chunks come from its place in the group at run
+                // time: an external kernel, told which group.
+                let name = match kind {
+                    ir::OpKind::Grad { of, .. } => format!("context_grad_{}", of.mnemonic()),
+                    k => format!("context_{}", k.mnemonic()),
+                };
+                let ins = self.vals(inputs)?;
+                let outs = self.tys(outputs)?;
+                let attrs = format!("{{plait.group = {}}}", str_lit(group.name()));
+                let r = self.kernel(&name, &ins, &outs, &attrs);
+                for (&b, v) in outputs.iter().zip(r) {
+                    self.set(b, v);
+                }
+                let _ = self.grid(*group);
+            }
             Instr::Vocab {
                 op,
                 group,
@@ -632,6 +674,10 @@ impl Emitter<'_> {
             Slot::Edp => {
                 self.uses_experts = true;
                 ("experts", 1, u64::from(m.dp / m.ep.max(1)))
+            }
+            Slot::Cp => {
+                self.uses_context = true;
+                ("context", 2, u64::from(m.cp.max(1)))
             }
         }
     }
