@@ -47,7 +47,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "u16")]
     data_width: runtime::data::TokenWidth,
     /// The data-parallel gradient exchange: none (f32), bf16, int8 (a scale per 256 elements)
-    /// or topk:FRACTION (the largest entries, the rest carried to the next step). Every rank
+    /// or topk:FRACTION (the largest entries, the rest carried to the next step; as 1-bit
+    /// Adam, the first 4 steps exchange the whole gradient and Adam's second moment is then
+    /// frozen, so that error feedback applies in full). Every rank
     /// still applies the same update; what the smaller exchange does to convergence is the
     /// user's trade.
     /// [default: the plan's (`compile --grad-compression`), else none]

@@ -90,9 +90,12 @@ fn compressed_and_local_sgd_exchanges_train_and_send_less() {
     );
     let (base_loss, base_bytes) = train(&p, &t, &d.join("sync.jsonl"), &[]);
     // (flags, loss tolerance relative to sync, least byte saving): the bars.
-    let modes: [(&[&str], f64, f64); 3] = [
+    // Top-k under Adam as 1-bit Adam runs it (a dense warm-up, then Adam's second moment
+    // frozen): without the freeze it trailed by 32 % after 60 steps.
+    let modes: [(&[&str], f64, f64); 4] = [
         (&["--grad-compression", "bf16"], 0.05, 1.9),
         (&["--grad-compression", "int8"], 0.05, 3.5),
+        (&["--grad-compression", "topk:0.01"], 0.05, 10.0),
         (&["--dp-sync", "local-sgd:8"], 0.10, 6.0),
     ];
     let mut failures = Vec::new();
@@ -107,21 +110,6 @@ fn compressed_and_local_sgd_exchanges_train_and_send_less() {
         if rel > tol || ratio < saving {
             failures.push(format!("{flags:?}: loss {rel:+.3}, bytes {ratio:.2}x"));
         }
-    }
-    // Top-k 1 % sends 1/50 of the bytes and trains, but under Adam it trails the synchronous
-    // run by far more than the 5 % after 60 steps (each coordinate is sent about 0.6
-    // times in 60 steps, and Adam's normalization discards the magnitude error feedback
-    // carries): checked here only for training and for its saving.
-    let (loss, bytes) = train(
-        &p,
-        &t,
-        &d.join("topk.jsonl"),
-        &["--grad-compression", "topk:0.01"],
-    );
-    let ratio = base_bytes as f64 / bytes.max(1) as f64;
-    println!("topk:0.01: loss {loss:.4} vs {base_loss:.4}, {ratio:.1}x fewer bytes");
-    if !(loss.is_finite() && loss < (256f64).ln() && ratio >= 10.0) {
-        failures.push(format!("topk:0.01: loss {loss}, bytes {ratio:.2}x"));
     }
     assert!(failures.is_empty(), "{failures:?}");
 }

@@ -51,7 +51,7 @@ pub use context::{Chunks, context_forward, context_forward_with};
 pub use error::KernelError;
 pub use forward::forward;
 pub use matmul::{linear_input_grad_partial, linear_partial};
-pub use optim::adamw;
+pub use optim::{adamw, adamw_frozen_variance};
 pub use tensor::Tensor32;
 pub use vocab::{
     shard_embedding, shard_embedding_grad, shard_loss_combine, shard_loss_grad, shard_loss_stats,

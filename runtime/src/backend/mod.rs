@@ -88,6 +88,29 @@ pub trait Backend: std::fmt::Debug {
         step: u64,
     ) -> Result<(), RuntimeError>;
 
+    /// [`Backend::adamw`] with the second moment frozen after update `frozen_after`
+    /// (`kernels::adamw_frozen_variance`); by default on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw_frozen_variance(
+        &self,
+        cfg: &AdamWConfig,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        m: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        step: u64,
+        frozen_after: u64,
+    ) -> Result<(), RuntimeError> {
+        let (mut p, g) = (self.download(param)?, self.download(grad)?);
+        let (mut mh, mut vh) = (self.download(m)?, self.download(v)?);
+        kernels::adamw_frozen_variance(cfg, &mut p, &g, &mut mh, &mut vh, step, Some(frozen_after))
+            .map_err(RuntimeError::kernel("adamw"))?;
+        *param = self.upload_owned(p)?;
+        *m = self.upload_owned(mh)?;
+        *v = self.upload_owned(vh)?;
+        Ok(())
+    }
+
     /// Whether this backend carries tensor-parallel partial sums in f64 (reproducible mode):
     /// then the executor reduces every buffer codegen marks `partial` in f64.
     fn wide_partial_sums(&self) -> bool {

@@ -8,7 +8,9 @@
 //! rank decodes the others' words and sums them in rank order, so every rank applies the same
 //! update. The words are bit patterns carried in f32 slots (communicators copy, never compute
 //! on them). Top-k keeps what it did not send as a residual, added to the next step's gradient
-//! (error feedback: Seide et al. 2014; Lin et al. 2018, "Deep Gradient Compression").
+//! (error feedback: Seide et al. 2014; Lin et al. 2018, "Deep Gradient Compression"), and runs
+//! under Adam as 1-bit Adam does: a dense warm-up, then Adam's second moment frozen
+//! ([`TOP_K_DENSE_STEPS`]).
 //!
 //! Local SGD (Stich 2019; Lin et al. 2020; DiLoCo's inner loop, Douillard et al. 2023) skips the
 //! gradient exchange: each rank steps on its own micro-batches' mean gradient, and every H steps
@@ -35,6 +37,19 @@ pub enum GradCompression {
 /// Elements per int8 scale.
 pub const INT8_BUCKET: usize = 256;
 
+/// Top-k under Adam follows 1-bit Adam (Tang et al. 2021, "1-bit Adam: Communication
+/// Efficient Large-Scale Training with Adam's Convergence Speed", §3): error feedback corrects
+/// a compressed exchange only when the update is linear in the gradient, and Adam's division
+/// by the running second moment is not (a coordinate held back and sent late moves by one
+/// step's worth, not by what it accumulated). So the first [`TOP_K_DENSE_STEPS`] steps
+/// exchange the whole gradient (its warm-up), and from then on Adam's second moment stays as
+/// the warm-up left it (`kernels::adamw_frozen_variance`): the update becomes a preconditioned
+/// momentum step, and the top-k exchange with error feedback carries every coordinate's
+/// accumulated gradient in full. 1-bit Adam warms up for 15–25 % of a long run; a few steps
+/// already give the second moment's scale (bias-corrected, it is the mean of the squared
+/// gradients seen).
+pub const TOP_K_DENSE_STEPS: u64 = 4;
+
 /// When data-parallel ranks synchronise.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DpSync {
@@ -55,6 +70,20 @@ pub struct DpComm {
 impl DpComm {
     pub fn is_plain(&self) -> bool {
         *self == DpComm::default()
+    }
+
+    /// Whether 1-based step `step` exchanges the whole gradient: top-k's warm-up
+    /// ([`TOP_K_DENSE_STEPS`]).
+    pub fn dense_at(&self, step: u64) -> bool {
+        matches!(self.compression, GradCompression::TopK(_))
+            && self.sync == DpSync::Sync
+            && step <= TOP_K_DENSE_STEPS
+    }
+
+    /// The step after which Adam's second moment stays frozen: top-k's, after its warm-up.
+    pub fn frozen_variance_after(&self) -> Option<u64> {
+        (matches!(self.compression, GradCompression::TopK(_)) && self.sync == DpSync::Sync)
+            .then_some(TOP_K_DENSE_STEPS)
     }
 
     /// The flags that ask for this exchange, for messages (`--grad-compression int8`).
@@ -355,7 +384,7 @@ impl<B: crate::Backend, C: Communicator> super::Executor<'_, B, C> {
     ) -> Result<bool, RuntimeError> {
         use program::CollectiveOp::{AllReduce, ReduceScatter};
         let d = self.dp_comm;
-        if d.is_plain() {
+        if d.is_plain() || d.dense_at(self.steps) {
             return Ok(false);
         }
         let Some(comm) = self.slots[DP_SLOT].as_ref() else {

@@ -524,9 +524,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 let mut p = take(self, *param)?;
                 let mut mm = take(self, *m)?;
                 let mut vv = take(self, *v)?;
-                let r = self.get(*grad).and_then(|g| {
-                    self.backend
-                        .adamw(config, &mut p, g, &mut mm, &mut vv, self.steps)
+                let frozen = self.dp_comm.frozen_variance_after();
+                let r = self.get(*grad).and_then(|g| match frozen {
+                    Some(f) => self
+                        .backend
+                        .adamw_frozen_variance(config, &mut p, g, &mut mm, &mut vv, self.steps, f),
+                    None => self
+                        .backend
+                        .adamw(config, &mut p, g, &mut mm, &mut vv, self.steps),
                 });
                 for (b, t) in [(*param, p), (*m, mm), (*v, vv)] {
                     if let Some(s) = self.bufs.get_mut(b.index()) {
