@@ -341,6 +341,7 @@ fn a_hung_rank_1_is_named_by_the_default_timeout_within_30_s() {
 /// One configuration's `plait run` under mpirun and as threads: losses and final weights.
 struct Outcome {
     losses: Vec<f64>,
+    comm_bytes: u64,
     weights: Loaded,
 }
 
@@ -353,6 +354,18 @@ fn weights(ckpt: &Path) -> Loaded {
 }
 
 fn train(d: &Path, plan: &Path, name: &str, ranks: Option<usize>, repro: bool) -> Outcome {
+    train_with(d, plan, name, ranks, repro, &[])
+}
+
+/// [`train`] with more `plait run` flags.
+fn train_with(
+    d: &Path,
+    plan: &Path,
+    name: &str,
+    ranks: Option<usize>,
+    repro: bool,
+    extra: &[&str],
+) -> Outcome {
     let log = d.join(format!("{name}.jsonl"));
     let ckpt = d.join(format!("{name}-ckpt"));
     let mut args = vec![
@@ -372,6 +385,7 @@ fn train(d: &Path, plan: &Path, name: &str, ranks: Option<usize>, repro: bool) -
     if repro {
         args.push("--reproducible");
     }
+    args.extend_from_slice(extra);
     match ranks {
         Some(n) => {
             let (status, out) = Job::start(n, &args, name).wait(Duration::from_secs(300));
@@ -383,8 +397,18 @@ fn train(d: &Path, plan: &Path, name: &str, ranks: Option<usize>, repro: bool) -
     }
     Outcome {
         losses: losses(&log),
+        comm_bytes: comm_bytes(&log),
         weights: weights(&ckpt),
     }
+}
+
+/// The bytes the logging rank sent over the run (`comm_bytes` of every step).
+fn comm_bytes(log: &Path) -> u64 {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["comm_bytes"].as_u64())
+        .sum()
 }
 
 /// Largest relative loss difference.
@@ -469,6 +493,40 @@ fn mpi_runs_equal_threads_and_one_rank() {
         // (the vocabulary-parallel head's input gradient is one of them: 1.4e-4 at worst).
         let bound_1 = if tp > 1 && !repro { 2e-4 } else { 1e-5 };
         if !(vs_threads <= 1e-5 && vs_one <= 1e-5 && abs_t <= 1e-6 && abs_1 <= bound_1) {
+            failures.push(name);
+        }
+    }
+    assert!(failures.is_empty(), "MPI runs differ: {failures:?}");
+}
+
+/// The communication-efficient exchanges (`--grad-compression`, `--dp-sync`) under mpirun:
+/// DP2, every mode's 20 losses, final weights and bytes sent equal the threads run's.
+#[test]
+fn compressed_and_local_sgd_exchanges_under_mpirun_equal_threads() {
+    if !mpirun_available() {
+        return;
+    }
+    let _one = serial();
+    let d = dir("dp-comm");
+    let plan = compile(&d, "dp2", (1, 1, 2), 0, false);
+    let modes: [(&str, &[&str]); 4] = [
+        ("bf16", &["--grad-compression", "bf16"]),
+        ("int8", &["--grad-compression", "int8"]),
+        ("topk", &["--grad-compression", "topk:0.01"]),
+        ("local-sgd", &["--dp-sync", "local-sgd:8"]),
+    ];
+    let mut failures = Vec::new();
+    for (name, flags) in modes {
+        let mpi = train_with(&d, &plan, &format!("{name}-mpi"), Some(2), false, flags);
+        let threads = train_with(&d, &plan, &format!("{name}-threads"), None, false, flags);
+        let dl = loss_diff(&mpi.losses, &threads.losses);
+        let (abs, _) = param_diff(&mpi.weights, &threads.weights);
+        println!(
+            "{name}: loss vs threads {dl:.2e}, parameters {abs:.2e} abs, bytes {} (mpi) vs {} \
+             (threads)",
+            mpi.comm_bytes, threads.comm_bytes
+        );
+        if !(dl <= 1e-5 && abs <= 1e-6 && mpi.comm_bytes == threads.comm_bytes) {
             failures.push(name);
         }
     }
