@@ -37,6 +37,12 @@ pub struct CompileArgs {
     /// pipelining on DeepSpeed), priced with its profile, for `plait export --to` it
     #[arg(long, value_name = "ENGINE")]
     target: Option<planner::engine::Engine>,
+    /// Also plan with these data-parallel exchanges, comma-separated (bf16, int8,
+    /// topk:FRACTION, local-sgd:H; e.g. `bf16,int8,topk:0.01`), each at ZeRO-0, and keep the
+    /// fastest plan of them and the synchronous one. Naming a mode accepts what it does to
+    /// convergence: plait never tries them unasked
+    #[arg(long, value_name = "MODES", value_delimiter = ',', value_parser = planner::dp_comm::DpComm::parse_mode)]
+    search_dp_comm: Vec<planner::dp_comm::DpComm>,
 }
 
 /// Where MODEL comes from, for the plan's model reference.
@@ -176,19 +182,93 @@ pub fn compile(
     })
 }
 
+/// What `--search-dp-comm` planned: each exchange's predicted iteration, or why it did not
+/// plan.
+type ExchangeTrials = Vec<(String, Result<f64, String>)>;
+
+/// The synchronous plan and one per accepted exchange (each at ZeRO-0); the fastest that
+/// fits, and what each predicted.
+fn compile_over_exchanges(args: &CompileArgs) -> anyhow::Result<(Compiled, ExchangeTrials)> {
+    let p = &args.pins;
+    if p.grad_compression.is_some() || p.dp_sync.is_some() {
+        anyhow::bail!(
+            "--search-dp-comm chooses the data-parallel exchange itself: drop --grad-compression and --dp-sync, or drop --search-dp-comm"
+        );
+    }
+    if let Some(z) = p.zero.filter(|&z| z > 0) {
+        anyhow::bail!(
+            "--search-dp-comm plans its exchanges at ZeRO-0 (a compressed exchange is an all-reduce; local SGD keeps each replica's whole optimizer state), not with --zero {z}: drop --zero or pass --zero 0"
+        );
+    }
+    let mut tried = ExchangeTrials::new();
+    let mut best: Option<Compiled> = None;
+    let mut first_error = None;
+    let plain = planner::dp_comm::DpComm::default();
+    for mode in std::iter::once(plain).chain(args.search_dp_comm.iter().copied()) {
+        let mut pins = p.clone();
+        if !mode.is_plain() {
+            pins.grad_compression = Some(mode.grad_compression);
+            pins.dp_sync = Some(mode.dp_sync);
+            pins.zero = Some(0);
+        }
+        match compile(&args.model, &args.cluster, &pins, args.top, args.target) {
+            Ok(c) => {
+                let t = c.result.best.predicted.iteration_time_s;
+                tried.push((mode.name(), Ok(t)));
+                let faster = best
+                    .as_ref()
+                    .is_none_or(|b| t < b.result.best.predicted.iteration_time_s);
+                if faster {
+                    best = Some(c);
+                }
+            }
+            Err(e) => {
+                tried.push((mode.name(), Err(format!("{e:#}"))));
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match (best, first_error) {
+        (Some(b), _) => Ok((b, tried)),
+        (None, Some(e)) => Err(e),
+        (None, None) => anyhow::bail!("no exchange was planned"),
+    }
+}
+
+/// The `dp exchange` lines of a `--search-dp-comm` compile.
+fn print_exchange_trials(tried: &ExchangeTrials, chosen: &str) {
+    println!("dp exchange searched (--search-dp-comm), predicted iteration:");
+    for (name, r) in tried {
+        match r {
+            Ok(t) => println!("  {name:<22} {t:.4} s"),
+            Err(e) => println!("  {name:<22} not planned: {e}"),
+        }
+    }
+    println!(
+        "  chose {chosen}: the fastest; what it does to convergence is the trade you accepted by naming it"
+    );
+}
+
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
+    let (compiled, tried) = if args.search_dp_comm.is_empty() {
+        let c = compile(
+            &args.model,
+            &args.cluster,
+            &args.pins,
+            args.top,
+            args.target,
+        )?;
+        (c, ExchangeTrials::new())
+    } else {
+        compile_over_exchanges(args)?
+    };
+    let chosen = compiled.result.best.strategy.dp_comm.name();
     let Compiled {
         plan,
         result: r,
         cluster,
         name,
-    } = compile(
-        &args.model,
-        &args.cluster,
-        &args.pins,
-        args.top,
-        args.target,
-    )?;
+    } = compiled;
     if let Some(path) = &args.output {
         std::fs::write(path, plan.to_json() + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -202,11 +282,23 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             "candidates_bounded": r.candidates_bounded,
         });
         v["alternatives"] = serde_json::to_value(&r.alternatives)?;
+        if !tried.is_empty() {
+            v["dp_exchange_search"] = tried
+                .iter()
+                .map(|(mode, r)| match r {
+                    Ok(t) => serde_json::json!({"mode": mode, "iteration_time_s": t}),
+                    Err(e) => serde_json::json!({"mode": mode, "error": e}),
+                })
+                .collect();
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     print_text(&name, &cluster, &r.best);
     println!();
+    if !tried.is_empty() {
+        print_exchange_trials(&tried, &chosen);
+    }
     println!(
         "search      {} candidates evaluated, {} pruned by the memory bound, {} by the time bound, {:.2} s{}",
         r.candidates_evaluated,

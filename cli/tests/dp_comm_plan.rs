@@ -108,3 +108,76 @@ fn the_plain_exchange_reports_nothing_and_zero_sharding_is_refused() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("pass --zero 0"), "{err}");
 }
+
+/// `compile --search-dp-comm MODES` plans the synchronous exchange and each accepted one (at
+/// ZeRO-0) and keeps the fastest: GPT-2 on the Ethernet-linked V100 nodes, where a compressed
+/// exchange lets data parallelism beat the synchronous plan's; without the flag no exchange
+/// is ever chosen for the user.
+#[test]
+fn search_dp_comm_keeps_the_fastest_accepted_exchange() {
+    let base = [
+        "compile",
+        "gpt2",
+        "--cluster",
+        "aws-p3.16xlarge",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "16",
+        "--seq",
+        "1024",
+        "--json",
+    ];
+    let json = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let (code, out, err) = plait(&args);
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).expect("JSON")
+    };
+    let plain = json(&[]);
+    assert!(plain["strategy"].get("dp_comm").is_none(), "{plain}");
+    let v = json(&["--search-dp-comm", "bf16,int8,topk:0.01,local-sgd:8"]);
+    let tried = v["dp_exchange_search"]
+        .as_array()
+        .expect("dp_exchange_search");
+    let modes: Vec<&str> = tried.iter().filter_map(|t| t["mode"].as_str()).collect();
+    assert_eq!(
+        modes,
+        ["synchronous", "bf16", "int8", "topk:0.01", "local-sgd:8"]
+    );
+    let times: Vec<f64> = tried
+        .iter()
+        .filter_map(|t| t["iteration_time_s"].as_f64())
+        .collect();
+    let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let chosen = v["predicted"]["iteration_time_s"].as_f64().expect("time");
+    assert_eq!(chosen, fastest);
+    assert_eq!(
+        times[0],
+        plain["predicted"]["iteration_time_s"]
+            .as_f64()
+            .expect("plain time"),
+        "the synchronous trial is the plain compile"
+    );
+    assert!(
+        chosen < times[0],
+        "no accepted exchange beat the synchronous plan here"
+    );
+    assert!(v["strategy"]["dp_comm"].is_object(), "{}", v["strategy"]);
+    let (code, _, err) = plait(&[
+        "compile",
+        "gpt2",
+        "--cluster",
+        "aws-p3.16xlarge",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "16",
+        "--search-dp-comm",
+        "bf16",
+        "--zero",
+        "1",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--zero"), "{err}");
+}

@@ -62,6 +62,39 @@ impl DpComm {
         *self == DpComm::default()
     }
 
+    /// One exchange named as `--grad-compression` or `--dp-sync` name it (`bf16`, `int8`,
+    /// `topk:0.01`, `local-sgd:8`; `none` and `sync` are the plain exchange), for
+    /// `compile --search-dp-comm`.
+    pub fn parse_mode(s: &str) -> Result<DpComm, String> {
+        if let Ok(c) = s.parse::<GradCompression>() {
+            return Ok(DpComm {
+                grad_compression: c,
+                ..DpComm::default()
+            });
+        }
+        s.parse::<DpSync>()
+            .map(|d| DpComm {
+                dp_sync: d,
+                ..DpComm::default()
+            })
+            .map_err(|_| {
+                format!(
+                    "unknown data-parallel exchange `{s}`; expected bf16, int8, topk:FRACTION or \
+                     local-sgd:H"
+                )
+            })
+    }
+
+    /// The exchange as its flags' values read (`synchronous`, `int8`, `local-sgd:8`).
+    pub fn name(&self) -> String {
+        match (self.grad_compression, self.dp_sync) {
+            (GradCompression::None, DpSync::Sync) => "synchronous".into(),
+            (c, DpSync::Sync) => c.to_string(),
+            (GradCompression::None, d) => d.to_string(),
+            (c, d) => format!("{c} + {d}"),
+        }
+    }
+
     /// Bytes on the wire per gradient element of `grad_bytes` bytes.
     pub fn wire_bytes(&self, grad_bytes: f64) -> f64 {
         match self.grad_compression {
