@@ -194,6 +194,6 @@ fn print_dp_exchange(x: &planner::estimate::DpExchange) {
         x.plain_exchange_s / x.exchange_s.max(f64::MIN_POSITIVE),
     );
     println!(
-        "            what the smaller exchange does to convergence is your trade: plait prices it and never picks it by itself"
+        "            what the smaller exchange does to convergence is your trade: plait prices it and picks it only among the modes `compile --search-dp-comm` names"
     );
 }

@@ -386,7 +386,7 @@ pub fn why(
         ));
         if let Some(x) = &p.dp_exchange {
             out.push(format!(
-                "The exchange runs as --grad-compression {} --dp-sync {}: {} per GPU per step instead of the plain {} ({:.1}x less), {} instead of {} before overlap; what it does to convergence is the user's trade (plait prices it and never picks it by itself).",
+                "The exchange runs as --grad-compression {} --dp-sync {}: {} per GPU per step instead of the plain {} ({:.1}x less), {} instead of {} before overlap; what it does to convergence is the user's trade (plait prices it and picks it only among the modes `compile --search-dp-comm` names).",
                 x.grad_compression,
                 x.dp_sync,
                 size(x.bytes_per_step),
