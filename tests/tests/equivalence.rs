@@ -355,8 +355,9 @@ fn moe_expert_parallel_equals_one_device() {
 /// causal mask use whole-sequence positions, the keys' and values' gradients are
 /// reduce-scattered back and the weights' gradients reduce over dp × cp. Llama at cp 2 (dp 1
 /// and dp 2 under ZeRO-1), cp 4, cp 2 beside tp 2 with SP, cp 2 with full recomputation and a
-/// pipeline of two stages, and GPT-2 (learned positions, dropout on global positions) at
-/// cp 2: losses and every final parameter element equal one device's (reproducible mode).
+/// pipeline of two stages, beside ZeRO-3, one KV head at tp 2, GPT-2 (learned positions,
+/// dropout on global positions), Qwen3 (per-head q/k norms) and a Mixtral-style MoE at cp 2:
+/// losses and every final parameter element equal one device's (reproducible mode).
 #[test]
 fn context_parallel_equals_one_device() {
     let with = |tp: u32, pp: u32, dp: u32, cp: u32| {
@@ -364,9 +365,11 @@ fn context_parallel_equals_one_device() {
         c.cp = cp;
         c
     };
-    let dropout = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/tiny-gpt2-dropout.json"
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
+    let dropout = format!("{data}tiny-gpt2-dropout.json");
+    let (qwen3, mixtral) = (
+        format!("{data}tiny-qwen3.json"),
+        format!("{data}tiny-mixtral.json"),
     );
     let mut bad = Vec::new();
     for (name, model, c) in [
@@ -387,7 +390,15 @@ fn context_parallel_equals_one_device() {
             c.recompute = Recompute::Full;
             c
         }),
-        ("gpt2 dropout cp2", dropout, with(1, 1, 1, 2)),
+        ("gpt2 dropout cp2", &dropout, with(1, 1, 1, 2)),
+        ("llama dp2 cp2 zero3", LLAMA, {
+            let mut c = with(1, 1, 2, 2);
+            c.zero = 3;
+            c
+        }),
+        ("llama mqa tp2 cp2", common::LLAMA_MQA, with(2, 1, 1, 2)),
+        ("qwen3 cp2", &qwen3, with(1, 1, 1, 2)),
+        ("mixtral cp2", &mixtral, with(1, 1, 1, 2)),
     ] {
         let one = programs(model, &Config::new(1, 1, 1));
         let set = programs(model, &c);
