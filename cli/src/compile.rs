@@ -204,7 +204,12 @@ fn compile_over_exchanges(args: &CompileArgs) -> anyhow::Result<(Compiled, Excha
     let mut best: Option<Compiled> = None;
     let mut first_error = None;
     let plain = planner::dp_comm::DpComm::default();
-    for mode in std::iter::once(plain).chain(args.search_dp_comm.iter().copied()) {
+    let named = args
+        .search_dp_comm
+        .iter()
+        .copied()
+        .filter(|m| !m.is_plain());
+    for mode in std::iter::once(plain).chain(named) {
         let mut pins = p.clone();
         if !mode.is_plain() {
             pins.grad_compression = Some(mode.grad_compression);

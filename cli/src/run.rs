@@ -148,7 +148,9 @@ fn unsharded_for_dp_comm(
     mut plan: planner::plan::Plan,
     d: runtime::exec::dp_comm::DpComm,
 ) -> planner::plan::Plan {
-    if !d.is_plain() && plan.strategy.zero > 0 && plan.strategy.dp > 1 {
+    // The gradient-sharing ranks: data parallelism × context parallelism.
+    let replicas = plan.strategy.dp * plan.strategy.cp.max(1);
+    if !d.is_plain() && plan.strategy.zero > 0 && replicas > 1 {
         eprintln!(
             "note: {} exchanges the whole gradient each replica holds, so this ZeRO-{} plan runs \
              at ZeRO-0 (each rank holds the whole optimizer state; compile with --zero 0 to plan \

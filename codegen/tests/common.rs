@@ -23,6 +23,8 @@ pub struct Case {
     pub recompute: Recompute,
     pub precision: Precision,
     pub attention: AttentionKernel,
+    /// Context-parallel degree (beside dp).
+    pub cp: u32,
 }
 
 impl Case {
@@ -40,6 +42,7 @@ impl Case {
             recompute: Recompute::None,
             precision: Precision::Fp32,
             attention: AttentionKernel::Materialized,
+            cp: 1,
         }
     }
 }
@@ -64,7 +67,7 @@ pub fn plan(model: &str, seq: u64, c: Case) -> (Plan, Graph) {
         precision: c.precision,
         attention: c.attention,
         kernels: cluster.default_kernels(),
-        cp: 1,
+        cp: c.cp,
         ep: 1,
         engine: planner::engine::Engine::Megatron,
         overlap: planner::engine::Overlap::LEGACY,

@@ -157,3 +157,54 @@ fn an_all_gather_into_a_buffer_of_its_input_size_is_rejected() {
     assert_eq!(v.rank, 1);
     assert_eq!(v.at, Loc::Step(k));
 }
+
+/// A context-parallel program (tp 1, dp 1, cp 2, fused attention).
+fn context_parallel() -> codegen::ProgramSet {
+    let mut c = common::Case::new(1, 1, 1);
+    (c.cp, c.attention) = (2, planner::cost::compute::AttentionKernel::Fused);
+    programs(TINY, 32, c)
+}
+
+#[test]
+fn a_context_op_over_the_wrong_group_or_without_a_context_form_is_rejected() {
+    let set = context_parallel();
+    assert!(
+        verify(&set).violations.is_empty(),
+        "{:?}",
+        verify(&set).violations
+    );
+    let first_context = |t: &codegen::program::Template| {
+        t.instrs
+            .iter()
+            .position(|i| matches!(i, Instr::Context { .. }))
+            .unwrap()
+    };
+    let mut wrong_group = set.clone();
+    let t = wrong_group.detach(0).unwrap();
+    let k = first_context(t);
+    if let Instr::Context { group, .. } = &mut t.instrs[k] {
+        *group = codegen::program::Slot::Tp;
+    }
+    let r = verify(&wrong_group);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.message.contains("context op over the tp group") && v.at == Loc::Step(k)),
+        "{:?}",
+        r.violations
+    );
+    let mut wrong_kind = set;
+    let t = wrong_kind.detach(0).unwrap();
+    let k = first_context(t);
+    if let Instr::Context { kind, .. } = &mut t.instrs[k] {
+        *kind = ir::OpKind::Softmax { causal: true };
+    }
+    let r = verify(&wrong_kind);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.message.contains("softmax has no context-parallel form")),
+        "{:?}",
+        r.violations
+    );
+}

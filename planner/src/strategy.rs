@@ -155,6 +155,13 @@ impl Strategy {
                     .into(),
             );
         }
+        if let crate::dp_comm::DpSync::LocalSgd { every } = self.dp_comm.dp_sync {
+            return err(format!(
+                "local SGD (local-sgd:{every}) lets each rank step on its own gradient, but with \
+                 context parallelism a rank holds only its chunks' share of each sequence's: use \
+                 --dp-sync sync or --cp 1"
+            ));
+        }
         Ok(())
     }
 

@@ -150,6 +150,12 @@ fn context_parallelism_is_refused_where_it_cannot_run() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("x cp"), "{e}");
+    // Local SGD steps each rank on its own gradient: a share of a sequence's under cp.
+    let mut local_sgd = strategy(4, 2, Precision::Bf16, AttentionKernel::Fused);
+    local_sgd.zero = 0;
+    local_sgd.dp_comm.dp_sync = planner::dp_comm::DpSync::LocalSgd { every: 8 };
+    let e = estimate(&info, &h100, 8, &local_sgd).unwrap_err();
+    assert!(e.to_string().contains("--cp 1"), "{e}");
 }
 
 #[test]

@@ -174,9 +174,14 @@ pub fn show(set: &ProgramSet, r: u32) -> Option<String> {
     );
     let _ = writeln!(
         s,
-        "mesh tp {} dp {} pp {} v {}, {} micro-batches of {} x {}, {} ZeRO-{} recompute {}{} {}",
+        "mesh tp {} dp {}{} pp {} v {}, {} micro-batches of {} x {}, {} ZeRO-{} recompute {}{} {}",
         m.tp,
-        m.dp,
+        m.batch_replicas(),
+        if m.cp > 1 {
+            format!(" cp {}", m.cp)
+        } else {
+            String::new()
+        },
         m.pp,
         m.virtual_stages,
         m.micro_batches,

@@ -40,8 +40,16 @@ struct Index {
     model: String,
     step: u64,
     mesh: [u32; 3],
+    /// Context-parallel degree (checkpoints written before it existed: 1); the mesh's dp
+    /// counts dp × cp ranks.
+    #[serde(default = "one")]
+    cp: u32,
     params: Vec<ParamInfo>,
     files: Vec<String>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,6 +68,8 @@ pub struct Loaded {
     pub step: u64,
     /// The mesh (tp, pp, dp) and the number of ranks that wrote it.
     pub mesh: [u32; 3],
+    /// Of the mesh's dp ranks, how many shared each sequence (context parallelism).
+    pub cp: u32,
     pub ranks: usize,
     pub weights: BTreeMap<String, Tensor32>,
     pub m: Vec<Tensor32>,
@@ -155,7 +165,7 @@ pub fn commit(
     dir: &Path,
     step: u64,
     model: &str,
-    mesh: [u32; 3],
+    (mesh, cp): ([u32; 3], u32),
     params: &[ParamInfo],
     ranks: u32,
 ) -> Result<(), RuntimeError> {
@@ -165,6 +175,7 @@ pub fn commit(
         model: model.into(),
         step,
         mesh,
+        cp,
         params: params.to_vec(),
         files: (0..ranks).map(rank_file).collect(),
     };
@@ -329,6 +340,7 @@ pub fn load_latest_of(
     let mut out = Loaded {
         step: index.step,
         mesh: index.mesh,
+        cp: index.cp,
         ranks: index.files.len(),
         weights: BTreeMap::new(),
         m: Vec::new(),

@@ -196,20 +196,23 @@ fn load_for_resume(
         .collect();
     let l = checkpoint::load_latest_of(dir, &set.params, Some(&replica))?;
     let m = &set.mesh;
-    if l.mesh != [m.tp, m.pp, m.dp] || l.ranks != set.ranks.len() {
+    if l.mesh != [m.tp, m.pp, m.dp] || l.cp != m.cp.max(1) || l.ranks != set.ranks.len() {
         return Err(RuntimeError::Checkpoint {
             path: dir.display().to_string(),
             message: format!(
-                "written by tp {} pp {} dp {} ({} ranks); {} keeps per-rank state (error-feedback \
-                 residuals, local SGD's replicas), so it resumes on the same mesh (tp {} pp {} dp {})",
+                "written by tp {} pp {} dp {} cp {} ({} ranks); {} keeps per-rank state \
+                 (error-feedback residuals, local SGD's replicas), so it resumes on the same mesh \
+                 (tp {} pp {} dp {} cp {})",
                 l.mesh[0],
                 l.mesh[1],
-                l.mesh[2],
+                l.mesh[2] / l.cp.max(1),
+                l.cp,
                 l.ranks,
                 opts.dp_comm.describe(),
                 m.tp,
                 m.pp,
-                m.dp
+                m.batch_replicas(),
+                m.cp.max(1)
             ),
         });
     }
@@ -236,7 +239,7 @@ fn save<B: Backend, C: Communicator>(
             dir,
             step,
             &set.model,
-            [m.tp, m.pp, m.dp],
+            ([m.tp, m.pp, m.dp], m.cp.max(1)),
             &set.params,
             set.ranks.len() as u32,
         )?;

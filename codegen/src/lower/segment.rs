@@ -362,6 +362,15 @@ impl B<'_, '_> {
                 }
                 Ok(true)
             }
+            OpKind::Rotary { .. }
+                if matches!(self.seg.vals[ins[0]].lay, Lay::Split { axis: 1, .. }) =>
+            {
+                // Positions are those of the rank's whole local sequence.
+                Err(self.err(
+                    o,
+                    "a rotary on a piece of the rank's sequence under context parallelism",
+                ))
+            }
             OpKind::Rotary { .. } | OpKind::Iota { .. } => Ok(true),
             OpKind::Softmax { causal: true } => Err(self.err(
                 o,

@@ -7,7 +7,9 @@
 //!    found (no leak across iterations); every collective's slot names a group of the rank and
 //!    every pair's input and output exist; each collective's and chunk's output has the
 //!    element count its op makes of the input over the group (an all-gather n pieces, a
-//!    reduce-scatter or chunk one; axis-less ones padded to a multiple of n).
+//!    reduce-scatter or chunk one; axis-less ones padded to a multiple of n); every context op
+//!    runs over the `Cp` group an op with a context-parallel form, attention's keys cp times
+//!    its queries long, and dp splits into whole context-parallel groups.
 //! 2. **Collectives match**: the members of each group issue the same sequence of collectives
 //!    on it, with the same op, axis, purpose, bucket and per-pair element counts and types.
 //! 3. **Point to point**: every send has its recv (same peer pair, order, tag and bytes) and
@@ -30,6 +32,7 @@
 //! construction (2) and one rank per stage is simulated (3, 4) with those collectives
 //! completing at once — sound because all members run the same instruction list.
 
+mod context;
 mod grads;
 mod memory;
 mod shards;
@@ -161,6 +164,7 @@ pub fn verify_with(set: &ProgramSet, opts: Options) -> Report {
         let peak = memory::check(t, rank, &mut r.violations);
         grads::check(set, t, rank, &mut r.violations);
         sizes::check(set, t, rank, &mut r.violations);
+        context::check(set, t, rank, &mut r.violations);
         let stage_rank = set.rank(rank);
         let predicted = set
             .predicted
@@ -194,6 +198,7 @@ pub fn verify_with(set: &ProgramSet, opts: Options) -> Report {
         r.memory.push(row);
     }
     shards::check(set, &mut r.violations);
+    context::check_mesh(set, &mut r.violations);
     r.simulated_ranks = sim::check(set, &mut r.violations);
     r
 }

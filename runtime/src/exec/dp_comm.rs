@@ -350,6 +350,18 @@ impl<B: crate::Backend, C: Communicator> super::Executor<'_, B, C> {
     /// refused before any step (local SGD keeps whole optimizer state on every rank, so it
     /// needs ZeRO-0, where the gradient reduction is an all-reduce).
     pub fn set_dp_comm(&mut self, d: DpComm) -> Result<(), RuntimeError> {
+        if let DpSync::LocalSgd { every } = d.sync
+            && self.set.mesh.cp > 1
+        {
+            return Err(RuntimeError::DpComm {
+                mode: format!("local-sgd:{every}"),
+                reason: format!(
+                    "each sequence is split over {} context-parallel ranks, whose gradients are \
+                     shares of one sequence's and must be reduced every step; use sync",
+                    self.set.mesh.cp
+                ),
+            });
+        }
         if let DpSync::LocalSgd { every } = d.sync {
             let sharded = self.tpl.instrs.iter().any(|i| {
                 matches!(
@@ -384,7 +396,14 @@ impl<B: crate::Backend, C: Communicator> super::Executor<'_, B, C> {
     ) -> Result<bool, RuntimeError> {
         use program::CollectiveOp::{AllReduce, ReduceScatter};
         let d = self.dp_comm;
-        if d.is_plain() || d.dense_at(self.steps) {
+        if d.is_plain() || self.slots[DP_SLOT].is_none() {
+            return Ok(false);
+        }
+        if d.frozen_variance_after().is_some() {
+            // Top-k's gradients: Adam's second moment freezes after the warm-up for these.
+            self.topk_grads.extend(pairs.iter().map(|&(_, o)| o));
+        }
+        if d.dense_at(self.steps) {
             return Ok(false);
         }
         let Some(comm) = self.slots[DP_SLOT].as_ref() else {

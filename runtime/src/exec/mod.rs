@@ -84,6 +84,9 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Top-k's error feedback: what each gradient buffer did not send yet, in the exchange's
     /// reduce-scatter (0) and in its all-gather of the summed pieces (1).
     residuals: std::collections::HashMap<(BufferId, u8), Vec<f32>>,
+    /// Gradient buffers the data-parallel top-k exchange reduces (their Adam second moment
+    /// freezes after its warm-up).
+    topk_grads: std::collections::HashSet<BufferId>,
 }
 
 fn instr_name(i: &Instr) -> &'static str {
@@ -160,6 +163,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             op_times: None,
             dp_comm: dp_comm::DpComm::default(),
             residuals: std::collections::HashMap::new(),
+            topk_grads: std::collections::HashSet::new(),
         })
     }
 
@@ -524,7 +528,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 let mut p = take(self, *param)?;
                 let mut mm = take(self, *m)?;
                 let mut vv = take(self, *v)?;
-                let frozen = self.dp_comm.frozen_variance_after();
+                // Only gradients top-k exchanged (not those of a rank without a data-parallel
+                // group, nor experts' reduced over their own group).
+                let frozen = self
+                    .dp_comm
+                    .frozen_variance_after()
+                    .filter(|_| self.topk_grads.contains(grad));
                 let r = self.get(*grad).and_then(|g| match frozen {
                     Some(f) => self
                         .backend
