@@ -244,14 +244,7 @@ impl Backend for CudaBackend {
         v: &mut CudaBuffer,
         step: u64,
     ) -> Result<(), RuntimeError> {
-        let (mut p, g) = (self.download(param)?, self.download(grad)?);
-        let (mut mh, mut vh) = (self.download(m)?, self.download(v)?);
-        kernels::adamw(cfg, &mut p, &g, &mut mh, &mut vh, step)
-            .map_err(RuntimeError::kernel("adamw"))?;
-        *param = self.upload(&p)?;
-        *m = self.upload(&mh)?;
-        *v = self.upload(&vh)?;
-        Ok(())
+        super::adamw_on_host(self, cfg, [param, m, v], grad, step, None)
     }
 
     fn sgemm(&self, a: &CudaBuffer, b: &CudaBuffer) -> Result<CudaBuffer, RuntimeError> {

@@ -101,14 +101,7 @@ pub trait Backend: std::fmt::Debug {
         step: u64,
         frozen_after: u64,
     ) -> Result<(), RuntimeError> {
-        let (mut p, g) = (self.download(param)?, self.download(grad)?);
-        let (mut mh, mut vh) = (self.download(m)?, self.download(v)?);
-        kernels::adamw_frozen_variance(cfg, &mut p, &g, &mut mh, &mut vh, step, Some(frozen_after))
-            .map_err(RuntimeError::kernel("adamw"))?;
-        *param = self.upload_owned(p)?;
-        *m = self.upload_owned(mh)?;
-        *v = self.upload_owned(vh)?;
-        Ok(())
+        adamw_on_host(self, cfg, [param, m, v], grad, step, Some(frozen_after))
     }
 
     /// Whether this backend carries tensor-parallel partial sums in f64 (reproducible mode):
@@ -141,6 +134,26 @@ pub trait Backend: std::fmt::Debug {
 }
 
 /// Checks the operands of [`Backend::sgemm`]: `(m, k, n)`.
+/// AdamW (`kernels::adamw_frozen_variance`) on host copies of a backend's buffers, written
+/// back: the path of backends without their own optimizer kernel.
+pub(crate) fn adamw_on_host<B: Backend + ?Sized>(
+    b: &B,
+    cfg: &AdamWConfig,
+    [param, m, v]: [&mut B::Buffer; 3],
+    grad: &B::Buffer,
+    step: u64,
+    frozen_after: Option<u64>,
+) -> Result<(), RuntimeError> {
+    let (mut p, g) = (b.download(param)?, b.download(grad)?);
+    let (mut mh, mut vh) = (b.download(m)?, b.download(v)?);
+    kernels::adamw_frozen_variance(cfg, &mut p, &g, &mut mh, &mut vh, step, frozen_after)
+        .map_err(RuntimeError::kernel("adamw"))?;
+    *param = b.upload_owned(p)?;
+    *m = b.upload_owned(mh)?;
+    *v = b.upload_owned(vh)?;
+    Ok(())
+}
+
 pub(crate) fn sgemm_dims(a: &[usize], b: &[usize]) -> Result<(usize, usize, usize), RuntimeError> {
     match (a, b) {
         (&[m, k], &[k2, n]) if k == k2 => Ok((m, k, n)),
