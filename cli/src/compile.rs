@@ -365,10 +365,11 @@ fn alternative_days(best: &planner::Estimate, a: &planner::search::Alternative) 
 }
 
 /// Runs the e-graph extractions the winning strategy needs and records them in the plan: the
-/// tensor-parallel block (tp > 1) and the expert-parallel group's (ep > 1), whose expert
-/// layout must be the all-gather dispatcher codegen lowers. `sharding.method` names the
-/// e-graph only when every extraction succeeded (and the expert layout is the lowered one);
-/// otherwise it says Megatron's rules and why.
+/// tensor-parallel block (tp > 1), whose every op must run in the layout codegen lowers
+/// ([`codegen::lower::extraction_mismatch`]), and the expert-parallel group's (ep > 1), whose
+/// expert layout must be the all-gather dispatcher codegen lowers. `sharding.method` names the
+/// e-graph only when every extraction succeeded and is the program's layout; otherwise it
+/// says Megatron's rules (the segment lowering's) and why, and the extraction stays recorded.
 fn record_extractions(
     plan: &mut Plan,
     info: &planner::ModelInfo<'_>,
@@ -381,8 +382,17 @@ fn record_extractions(
     if s.tp > 1 {
         match block_plan(info, cluster, s) {
             Ok(bp) => {
-                methods.push(bp.solve.solver.clone());
+                let solver = bp.solve.solver.clone();
                 plan.block_plan = Some(bp);
+                match codegen::lower::extraction_mismatch(plan, info.graph) {
+                    Ok(None) => methods.push(solver),
+                    Ok(Some(why)) => {
+                        fallback = Some(format!(
+                            "the e-graph's tensor-parallel layout is not the one lowered: {why}"
+                        ))
+                    }
+                    Err(e) => fallback = Some(format!("the layer does not lower: {e}")),
+                }
             }
             Err(e) => fallback = Some(format!("e-graph extraction failed: {e}")),
         }

@@ -22,6 +22,7 @@ pub mod segment;
 mod stage;
 mod tasks;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ir::{Graph, OpId, OpKind};
@@ -112,16 +113,67 @@ fn head_product(graph: &Graph, mut l: ir::ValueId) -> &ir::OpData {
     }
 }
 
+/// The segment lowering's context for `plan`, whose context parallelism of degree `cp` is
+/// already folded into data parallelism ([`context_as_data`]): degrees, shapes, element types
+/// and the vocabulary-parallel choice.
+fn segment_ctx<'g>(plan: &Plan, graph: &'g Graph, info: &ModelInfo<'_>, cp: u32) -> Ctx<'g> {
+    let s = &plan.strategy;
+    let tp = s.tp;
+    let (act, weight) = match s.precision {
+        Precision::Fp32 => (Elem::F32, Elem::F32),
+        Precision::Fp16 => (Elem::F16, Elem::F16),
+        Precision::Bf16 | Precision::Fp8 | Precision::Fp8Tensorwise => (Elem::Bf16, Elem::Bf16),
+    };
+    Ctx {
+        graph,
+        tp,
+        sp: s.sequence_parallel && tp > 1,
+        batch: s.micro_batch,
+        seq: s.seq / u64::from(cp),
+        act,
+        weight,
+        seq_shard: false,
+        fused_attention: s.attention == AttentionKernel::Fused,
+        vocab_parallel: tp > 1 && vocab_parallel_fits(graph, info, tp),
+        ep: s.ep.max(1),
+        cp,
+    }
+}
+
+/// `plan` with its context parallelism folded into data parallelism ([`context_as_data`]),
+/// and the context-parallel degree it had.
+fn with_context_folded(plan: &Plan) -> Result<(Cow<'_, Plan>, u32), CodegenError> {
+    let cp = plan.strategy.cp.max(1);
+    let plan = if cp > 1 {
+        Cow::Owned(context_as_data(plan, cp)?)
+    } else {
+        Cow::Borrowed(plan)
+    };
+    Ok((plan, cp))
+}
+
+/// Whether the layer `lower` emits for `plan` is the plan's recorded sharding extraction
+/// (`plan.block_plan`): every op of the block computes its result, and reads its activation
+/// operands, in the layout the extraction chose, and its parameters are held as the
+/// extraction holds them. `Ok(None)`: it is; `Ok(Some(why))`: the first op where they differ
+/// (the program then follows the segment lowering's own rules); `Err`: the layer does not
+/// lower at all. A plan without an extraction (tp 1) is trivially its own.
+pub fn extraction_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<String>, CodegenError> {
+    let Some(bp) = &plan.block_plan else {
+        return Ok(None);
+    };
+    let (plan, cp) = with_context_folded(plan)?;
+    let plan = plan.as_ref();
+    let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
+    let cx = segment_ctx(plan, graph, &info, cp);
+    let layer = segment::lower(&cx, &info.layer_ops, Kind::Layer)?;
+    Ok(segment::differs_from(&layer, bp))
+}
+
 /// Generates every rank's program for `plan` on the model's forward `graph`.
 pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, CodegenError> {
-    let cp = plan.strategy.cp.max(1);
-    let folded;
-    let plan = if cp > 1 {
-        folded = context_as_data(plan, cp)?;
-        &folded
-    } else {
-        plan
-    };
+    let (plan, cp) = with_context_folded(plan)?;
+    let plan = plan.as_ref();
     let s = &plan.strategy;
     let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
     let (tp, dp, pp) = (s.tp, s.dp, s.pp);
@@ -137,26 +189,8 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         return Err(CodegenError::plan("strategy", "no micro-batches"));
     }
     let zero = if dp > 1 { s.zero } else { 0 };
-    let (act, weight) = match s.precision {
-        Precision::Fp32 => (Elem::F32, Elem::F32),
-        Precision::Fp16 => (Elem::F16, Elem::F16),
-        Precision::Bf16 | Precision::Fp8 | Precision::Fp8Tensorwise => (Elem::Bf16, Elem::Bf16),
-    };
     let mixed = s.precision != Precision::Fp32;
-    let cx = Ctx {
-        graph,
-        tp,
-        sp: s.sequence_parallel && tp > 1,
-        batch: s.micro_batch,
-        seq: s.seq / u64::from(cp),
-        act,
-        weight,
-        seq_shard: false,
-        fused_attention: s.attention == AttentionKernel::Fused,
-        vocab_parallel: tp > 1 && vocab_parallel_fits(graph, &info, tp),
-        ep: s.ep.max(1),
-        cp,
-    };
+    let cx = segment_ctx(plan, graph, &info, cp);
     if cx.ep > 1 && !dp.is_multiple_of(cx.ep) {
         return Err(CodegenError::plan(
             "strategy.ep",

@@ -123,6 +123,17 @@ pub struct Segment {
     pub tp: u32,
     /// Parameters split over the expert-parallel group along their expert axis (0).
     pub expert_params: Vec<SVal>,
+    /// By position in `ops`: the op's operands and its first result as the step computes them
+    /// (before any collective after it), or its parameter's value; `None` for inputs. Compared
+    /// with the sharding extraction ([`differs_from`]).
+    pub placed: Vec<Option<Placed>>,
+}
+
+/// Where one op of a segment runs: its operands' and its result's values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placed {
+    pub inputs: Vec<SVal>,
+    pub output: SVal,
 }
 
 /// What a segment is.
@@ -417,6 +428,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             ops: ops.to_vec(),
             tp: cx.tp,
             expert_params: Vec::new(),
+            placed: vec![None; ops.len()],
         },
         map: std::collections::HashMap::new(),
     };
@@ -457,6 +469,10 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     name: name.clone(),
                 });
                 b.map.insert(r, v);
+                b.seg.placed[pos] = Some(Placed {
+                    inputs: Vec::new(),
+                    output: v,
+                });
                 continue;
             }
             OpKind::Input { name } => {
@@ -859,6 +875,12 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 scores: false,
             });
         }
+        if let (Some(slot), Some(&output)) = (b.seg.placed.get_mut(pos), outs.first()) {
+            *slot = Some(Placed {
+                inputs: ins.clone(),
+                output,
+            });
+        }
         b.seg.steps.push(Step::Compute {
             kind: kind_local,
             ins,
@@ -917,6 +939,10 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     context: false,
                 });
                 result = z;
+                // The extraction's linear with a bias ends after the bias: compare that.
+                if let Some(Some(placed)) = b.seg.placed.get_mut(pos) {
+                    placed.output = z;
+                }
             }
         }
         if let Some(&r0) = op.results.first() {
@@ -1297,5 +1323,51 @@ fn saves_of(
             v
         }
         _ => vec![],
+    }
+}
+
+/// The first op of `seg` (a layer) that does not run as the extraction `bp` chose: its result
+/// or an activation operand in another layout, or a parameter held otherwise. Parameters are
+/// compared at their own positions, so operands that are parameters are skipped; an operand
+/// the step dropped (a row-parallel bias added after the reduction) is not compared.
+pub fn differs_from(seg: &Segment, bp: &planner::sharding::BlockPlan) -> Option<String> {
+    for op in &bp.ops {
+        let Some(placed) = seg.placed.get(op.position).and_then(Option::as_ref) else {
+            continue;
+        };
+        let lay = |v: SVal| seg.vals[v].lay;
+        let describe = |what: &str, chosen: &planner::sharding::Layout, lowered: Lay| {
+            format!(
+                "{} at position {}: {what} is {chosen:?} in the extraction, {lowered:?} in the program",
+                op.mnemonic, op.position
+            )
+        };
+        let Some(out) = &op.output else {
+            return Some(format!(
+                "{} at position {}: the extraction does not compute it",
+                op.mnemonic, op.position
+            ));
+        };
+        if !same_layout(out, lay(placed.output)) {
+            return Some(describe("the result", out, lay(placed.output)));
+        }
+        for (k, (chosen, &v)) in op.inputs.iter().zip(&placed.inputs).enumerate() {
+            let param = matches!(seg.vals[v].source, Source::Param { .. });
+            if !param && !same_layout(chosen, lay(v)) {
+                return Some(describe(&format!("operand {k}"), chosen, lay(v)));
+            }
+        }
+    }
+    None
+}
+
+fn same_layout(chosen: &planner::sharding::Layout, lowered: Lay) -> bool {
+    use planner::sharding::Layout;
+    match (chosen, lowered) {
+        (Layout::Replicated, Lay::Rep) | (Layout::Partial, Lay::Partial) => true,
+        (Layout::Split { axis, blocks }, Lay::Split { axis: a, blocks: b }) => {
+            *axis == a && u32::from(*blocks) == b
+        }
+        _ => false,
     }
 }
