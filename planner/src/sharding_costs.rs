@@ -10,7 +10,7 @@ use crate::error::PlanError;
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::sharding::{
-    BlockPlan, CollectiveKind, ComputeKind, CostOracle, ShardOptions, plan_block,
+    BlockPlan, CollectiveKind, ComputeKind, CostOracle, ShardError, ShardOptions, plan_block,
 };
 use crate::strategy::Strategy;
 
@@ -23,6 +23,11 @@ pub struct ClusterCosts<'c> {
     group: Group,
     /// Element-size scale from the graph's dtype to the run's precision.
     act_scale: f64,
+    /// Micro-batches per step: a replicated weight's gradient is reduced once per step.
+    micro_batches: f64,
+    /// Whether kept activations count toward the extraction's memory limit (off when the limit
+    /// is a parameter-storage budget, [`parameter_budget`]).
+    count_activations: bool,
 }
 
 impl<'c> ClusterCosts<'c> {
@@ -45,6 +50,8 @@ impl<'c> ClusterCosts<'c> {
             cluster,
             group: pick(&mesh),
             act_scale,
+            micro_batches: s.micro_batches().max(1) as f64,
+            count_activations: true,
         })
     }
 }
@@ -67,6 +74,37 @@ impl CostOracle for ClusterCosts<'_> {
         };
         collective_time(self.cluster, &self.group, kind, bytes * self.act_scale)
     }
+
+    fn weight_gradient_share(&self) -> f64 {
+        1.0 / self.micro_batches
+    }
+
+    fn activation_memory_bytes(&self, bytes: f64) -> f64 {
+        if self.count_activations { bytes } else { 0.0 }
+    }
+}
+
+/// The parameter storage per rank that the estimate's memory model allots one block: each
+/// matrix 1/tp of its bytes (`dense_params_per_layer / tp`), vectors (norm weights, the bias
+/// a row-parallel product adds after its reduction) whole, as Megatron-LM keeps them. The
+/// extraction must store the block's parameters within it, so the memory the plan was
+/// proven to fit holds for the layout it records; how the parameters are read (split,
+/// gathered) stays the extraction's choice.
+fn parameter_budget(info: &ModelInfo<'_>, tp: u32, b: Binding) -> f64 {
+    let g = info.graph;
+    info.layer_ops
+        .iter()
+        .filter(|&&o| matches!(g.op(o).kind, ir::OpKind::Param { .. }))
+        .map(|&o| {
+            let ty = g.ty(g.op(o).results[0]);
+            let bytes = ty.bytes(b) as f64;
+            if ty.shape.rank() >= 2 {
+                bytes / f64::from(tp)
+            } else {
+                bytes
+            }
+        })
+        .sum()
 }
 
 /// Extracts the sharding of the strategy's block by equality saturation + exact extraction.
@@ -76,8 +114,12 @@ pub fn block_plan(
     cluster: &Cluster,
     s: &Strategy,
 ) -> Result<BlockPlan, PlanError> {
-    let opts = ShardOptions::new(s.tp, s.sequence_parallel, binding(s));
-    extract(info, cluster, s, &opts, |m| m.tp)
+    let b = binding(s);
+    let opts = ShardOptions {
+        memory_limit_bytes: Some(parameter_budget(info, s.tp, b)),
+        ..ShardOptions::new(s.tp, s.sequence_parallel, b)
+    };
+    extract(info, cluster, s, &opts, |m| m.tp, false)
 }
 
 /// The expert-parallel group's extraction of the strategy's block
@@ -97,7 +139,7 @@ pub fn expert_block_plan(
             ..b
         },
     );
-    extract(info, cluster, s, &opts, |m| m.ep)
+    extract(info, cluster, s, &opts, |m| m.ep, true)
 }
 
 fn binding(s: &Strategy) -> Binding {
@@ -113,6 +155,7 @@ fn extract(
     s: &Strategy,
     opts: &ShardOptions,
     group: impl Fn(&crate::cost::comm::Mesh) -> Group,
+    count_activations: bool,
 ) -> Result<BlockPlan, PlanError> {
     let g = info.graph;
     let elem = info
@@ -121,16 +164,28 @@ fn extract(
         .and_then(|&o| g.op(o).results.first().map(|&v| g.ty(v).dtype.size_bytes()))
         .unwrap_or(4) as f64;
     let scale = s.precision.activation_bytes() / elem;
-    let costs = ClusterCosts::over(cluster, s, scale, group).ok_or_else(|| {
+    let mut costs = ClusterCosts::over(cluster, s, scale, group).ok_or_else(|| {
         PlanError::invalid(format!(
             "{} has no {} support",
             cluster.gpu.name, s.precision
         ))
     })?;
-    let mut plan =
-        plan_block(g, &info.layer_ops, opts, &costs).map_err(|e| PlanError::Sharding {
-            message: e.to_string(),
-        })?;
+    costs.count_activations = count_activations;
+    // Parameters no rule can split (a router's weight) may leave every program above the
+    // budget: then the least storage any program needs is the budget.
+    let mut plan = match plan_block(g, &info.layer_ops, opts, &costs) {
+        Err(ShardError::OutOfMemory { needed_bytes, .. }) => {
+            let relaxed = ShardOptions {
+                memory_limit_bytes: Some(needed_bytes * (1.0 + 1e-9)),
+                ..*opts
+            };
+            plan_block(g, &info.layer_ops, &relaxed, &costs)
+        }
+        done => done,
+    }
+    .map_err(|e| PlanError::Sharding {
+        message: e.to_string(),
+    })?;
     plan.solve.seconds = 0.0;
     Ok(plan)
 }

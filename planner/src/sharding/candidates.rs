@@ -241,9 +241,15 @@ impl Problem {
                 }
             }
         }
+        let is_param = |c: &Class| {
+            eg[c.id].nodes.iter().any(
+                |n| matches!(n, Shard::Atom(Atom::Val(v)) if eg.analysis.ctx.params.contains(v)),
+            )
+        };
         for c in &mut classes {
             if !c.variant_readers.is_empty() {
-                let ar = comm(
+                let param = is_param(c);
+                let mut ar = comm(
                     costs,
                     opts.tp,
                     CollectiveKind::AllReduce,
@@ -253,6 +259,10 @@ impl Problem {
                     b,
                     "gradient of a replicated tensor read by split ops",
                 );
+                if param {
+                    // Reduced once per step, not per micro-batch.
+                    ar.seconds *= costs.weight_gradient_share();
+                }
                 let rs = comm(
                     costs,
                     opts.tp,

@@ -49,6 +49,14 @@ pub trait CostOracle {
     fn activation_memory_bytes(&self, bytes: f64) -> f64 {
         bytes
     }
+    /// The share of a replicated parameter's gradient all-reduce that one forward + backward
+    /// pays. Gradients accumulate over a step's micro-batches and are reduced once per
+    /// iteration (Megatron-LM's `finalize_model_grads` all-reduces the sequence-parallel norm
+    /// weights' gradients after the last micro-batch), so a step of m micro-batches pays 1/m
+    /// per pass. Default: 1 (one micro-batch per step).
+    fn weight_gradient_share(&self) -> f64 {
+        1.0
+    }
 }
 
 /// A roofline device and a ring α–β interconnect.
