@@ -525,6 +525,19 @@ pub fn backward(
         Source::Param { pos } => env.params.get(pos).copied().flatten().map(|(_, w)| w),
         _ => None,
     };
+    // A weight gathered from its shard for its readers: their gradient with respect to it is
+    // a contribution to the parameter's (cut back to the shard after).
+    let gathered_param = |v: SVal| {
+        seg.steps.iter().find_map(|s| match s {
+            Step::Coll {
+                op: CollectiveOp::AllGather,
+                x,
+                y,
+                ..
+            } if *y == v => param_of(*x),
+            _ => None,
+        })
+    };
     let gname = |v: SVal| format!("{}.d{}", env.tag, seg.vals[v].name);
     // The forward freed these after their last use; the backward runs their step again.
     let mut rebuilt = vec![false; n];
@@ -611,7 +624,7 @@ pub fn backward(
                     let alloc_dx = |b: &mut Builder, k: usize| {
                         let v = ins[k];
                         let val = &seg.vals[v];
-                        let role = match param_of(v) {
+                        let role = match param_of(v).or_else(|| gathered_param(v)) {
                             Some(p) => Role::GradPart(p),
                             None => Role::ActGrad,
                         };
@@ -879,9 +892,11 @@ pub fn backward(
             } => {
                 if let Some((d, partial)) = grads[*y].take() {
                     let val = &seg.vals[*x];
+                    // A gathered weight's gradient is its shard's.
+                    let role = param_of(*x).map_or(Role::ActGrad, Role::GradPart);
                     let (dx, dx_partial) = match op {
                         CollectiveOp::AllGather => {
-                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
+                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), role);
                             if partial.has(*group) {
                                 b.push(coll(
                                     CollectiveOp::ReduceScatter,
@@ -905,7 +920,7 @@ pub fn backward(
                             (dx, partial.minus(Partial::over(*group)))
                         }
                         CollectiveOp::ReduceScatter => {
-                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
+                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), role);
                             b.push(coll(
                                 CollectiveOp::AllGather,
                                 *group,
@@ -919,7 +934,15 @@ pub fn backward(
                         }
                         _ => (d, partial),
                     };
-                    accumulate(b, &mut grads, *x, dx, dx_partial);
+                    match param_of(*x) {
+                        // A weight gathered for its readers: the gradient of the rank's shard.
+                        Some(param) => contribs.push(Contribution {
+                            param,
+                            buf: dx,
+                            partial: dx_partial.has(Slot::Tp),
+                        }),
+                        None => accumulate(b, &mut grads, *x, dx, dx_partial),
+                    }
                 }
             }
             Step::Chunk { axis, x, y, group } => {

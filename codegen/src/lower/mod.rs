@@ -16,6 +16,7 @@
 
 pub mod builder;
 pub mod emit;
+mod extracted;
 mod grads;
 pub mod partial;
 pub mod segment;
@@ -152,6 +153,17 @@ fn with_context_folded(plan: &Plan) -> Result<(Cow<'_, Plan>, u32), CodegenError
     Ok((plan, cp))
 }
 
+/// The decoder layer as the plan's sharding extraction lays it out when this lowering has
+/// every form it needs ([`extracted::lower`]), otherwise by the segment rules.
+fn layer_segment(plan: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>) -> Result<Segment, CodegenError> {
+    if let Some(bp) = plan.block_plan.as_ref().filter(|_| cx.tp > 1)
+        && let Ok(layer) = extracted::lower(cx, &info.layer_ops, bp)
+    {
+        return Ok(layer);
+    }
+    segment::lower(cx, &info.layer_ops, Kind::Layer)
+}
+
 /// Whether the layer `lower` emits for `plan` is the plan's recorded sharding extraction
 /// (`plan.block_plan`): every op of the block computes its result, and reads its activation
 /// operands, in the layout the extraction chose, and its parameters are held as the
@@ -166,7 +178,7 @@ pub fn extraction_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<String>,
     let plan = plan.as_ref();
     let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
     let cx = segment_ctx(plan, graph, &info, cp);
-    let layer = segment::lower(&cx, &info.layer_ops, Kind::Layer)?;
+    let layer = layer_segment(plan, &cx, &info)?;
     Ok(segment::differs_from(&layer, bp))
 }
 
@@ -198,7 +210,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         ));
     }
     let pre = segment::lower(&cx, &info.pre_ops, Kind::Pre)?;
-    let layer = segment::lower(&cx, &info.layer_ops, Kind::Layer)?;
+    let layer = layer_segment(plan, &cx, &info)?;
     // With sequence parallelism the head and loss run on the rank's sequence shard: the
     // logits are [b, s/tp, V] and the loss is the mean of the shards' means.
     // (With a vocabulary-parallel head the head runs on the whole sequence, gathered before

@@ -11,6 +11,9 @@
 //! operands' layout. With SP the residual stream (layer input and output, norms, dropout,
 //! residual adds) is split along the sequence, gathered before each column-parallel linear.
 //! The embedding and head segments run replicated on every tensor-parallel rank.
+//!
+//! A decoder layer is lowered by these rules only where the plan's sharding extraction needs a
+//! form [`super::extracted`] does not have; otherwise the layer runs as the e-graph chose.
 
 use ir::{Graph, OpId, OpKind, ValueId};
 
@@ -170,7 +173,7 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn global_shape(&self, v: ValueId) -> Vec<u64> {
+    pub(super) fn global_shape(&self, v: ValueId) -> Vec<u64> {
         self.graph.ty(v).shape.eval(ir::Binding {
             batch: self.batch,
             seq: self.seq,
@@ -178,7 +181,7 @@ impl Ctx<'_> {
     }
 }
 
-fn local(shape: &[u64], lay: Lay, tp: u32) -> Vec<u64> {
+pub(super) fn local(shape: &[u64], lay: Lay, tp: u32) -> Vec<u64> {
     let mut s = shape.to_vec();
     if let Lay::Split { axis, .. } = lay
         && let Some(d) = s.get_mut(usize::from(axis))
@@ -188,19 +191,56 @@ fn local(shape: &[u64], lay: Lay, tp: u32) -> Vec<u64> {
     s
 }
 
-struct B<'c, 'g> {
-    cx: &'c Ctx<'g>,
-    seg: Segment,
-    map: std::collections::HashMap<ValueId, SVal>,
+pub(super) struct B<'c, 'g> {
+    pub(super) cx: &'c Ctx<'g>,
+    pub(super) seg: Segment,
+    pub(super) map: std::collections::HashMap<ValueId, SVal>,
 }
 
-impl B<'_, '_> {
-    fn val(&mut self, v: Val) -> SVal {
+impl<'c, 'g> B<'c, 'g> {
+    /// The parameter at `pos` (IR value `r`), whole until a rule splits it.
+    pub(super) fn param(&mut self, pos: usize, r: ValueId, name: &str) -> SVal {
+        let v = self.val(Val {
+            shape: self.cx.global_shape(r),
+            elem: self.cx.weight,
+            lay: Lay::Rep,
+            source: Source::Param { pos },
+            needs_grad: true,
+            name: name.into(),
+        });
+        self.map.insert(r, v);
+        self.seg.placed[pos] = Some(Placed {
+            inputs: Vec::new(),
+            output: v,
+        });
+        v
+    }
+
+    /// An empty segment of `ops` to lower into.
+    pub(super) fn new(cx: &'c Ctx<'g>, ops: &[OpId]) -> B<'c, 'g> {
+        B {
+            cx,
+            seg: Segment {
+                vals: Vec::new(),
+                steps: Vec::new(),
+                input: None,
+                output: 0,
+                loss: None,
+                ops: ops.to_vec(),
+                tp: cx.tp,
+                expert_params: Vec::new(),
+                placed: vec![None; ops.len()],
+            },
+            map: std::collections::HashMap::new(),
+        }
+    }
+
+    pub(super) fn val(&mut self, v: Val) -> SVal {
         self.seg.vals.push(v);
         self.seg.vals.len() - 1
     }
 
-    fn err(&self, o: OpId, msg: impl Into<String>) -> CodegenError {
+    pub(super) fn err(&self, o: OpId, msg: impl Into<String>) -> CodegenError {
         let op = self.cx.graph.op(o);
         CodegenError::Unsupported {
             layer: op.layer,
@@ -211,7 +251,7 @@ impl B<'_, '_> {
     }
 
     /// A new value shaped like `shape` (global) under `lay`.
-    fn derived(&mut self, like: SVal, lay: Lay, suffix: &str) -> SVal {
+    pub(super) fn derived(&mut self, like: SVal, lay: Lay, suffix: &str) -> SVal {
         let v = self.seg.vals[like].clone();
         let full = match v.lay {
             Lay::Split { axis, .. } => {
@@ -417,21 +457,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
     // The head runs tensor-parallel too when the vocabulary is split (column-parallel logits,
     // vocabulary-parallel cross-entropy).
     let tp_on = cx.tp > 1 && (kind == Kind::Layer || (kind == Kind::Post && cx.vocab_parallel));
-    let mut b = B {
-        cx,
-        seg: Segment {
-            vals: Vec::new(),
-            steps: Vec::new(),
-            input: None,
-            output: 0,
-            loss: None,
-            ops: ops.to_vec(),
-            tp: cx.tp,
-            expert_params: Vec::new(),
-            placed: vec![None; ops.len()],
-        },
-        map: std::collections::HashMap::new(),
-    };
+    let mut b = B::new(cx, ops);
     let inside: std::collections::HashSet<OpId> = ops.iter().copied().collect();
     // Which linear feeds an equal split (fused QKV): block count per op.
     let mut blocks_of = std::collections::HashMap::new();
@@ -459,20 +485,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         let op = g.op(o);
         match &op.kind {
             OpKind::Param { name } => {
-                let r = op.results[0];
-                let v = b.val(Val {
-                    shape: cx.global_shape(r),
-                    elem: cx.weight,
-                    lay: Lay::Rep,
-                    source: Source::Param { pos },
-                    needs_grad: true,
-                    name: name.clone(),
-                });
-                b.map.insert(r, v);
-                b.seg.placed[pos] = Some(Placed {
-                    inputs: Vec::new(),
-                    output: v,
-                });
+                b.param(pos, op.results[0], name);
                 continue;
             }
             OpKind::Input { name } => {
@@ -1007,7 +1020,13 @@ fn replicated_kv_projections(
 /// This rank's key/value head of a whole `[b, s, kv·d]` K or V for `t` ranks (`t` a multiple
 /// of `kv`): the heads repeated `t / kv` times (`[b, s, t·d]`, rank `r`'s query heads share
 /// head `r / (t / kv)`), then the rank's piece along the last axis.
-fn select_kv_head(b: &mut B, o: OpId, x: SVal, kv: u64, t: u64) -> Result<SVal, CodegenError> {
+pub(super) fn select_kv_head(
+    b: &mut B,
+    o: OpId,
+    x: SVal,
+    kv: u64,
+    t: u64,
+) -> Result<SVal, CodegenError> {
     let shape = b.seg.vals[x].shape.clone();
     let (Some(&width), true) = (shape.last(), shape.len() == 3) else {
         return Err(b.err(
@@ -1178,7 +1197,7 @@ fn logits_width(g: &Graph) -> Option<u64> {
     })
 }
 
-fn bind(kind: &OpKind, batch: u64, seq: u64) -> OpKind {
+pub(super) fn bind(kind: &OpKind, batch: u64, seq: u64) -> OpKind {
     let bd = ir::Binding { batch, seq };
     let fix = |d: &ir::Dim| ir::Dim::Fixed(d.eval(bd));
     match kind {
@@ -1209,7 +1228,7 @@ fn too_narrow_to_split(b: &B, w: SVal, blocks: Option<&u32>, t: u64) -> bool {
     val.lay == Lay::Rep && !cols.is_multiple_of(u64::from(blocks.copied().unwrap_or(1)) * t)
 }
 
-fn set_split(b: &mut B, v: SVal, axis: u8, blocks: u32, t: u64) -> Result<(), String> {
+pub(super) fn set_split(b: &mut B, v: SVal, axis: u8, blocks: u32, t: u64) -> Result<(), String> {
     let val = &mut b.seg.vals[v];
     let dim = val.shape.get(usize::from(axis)).copied().unwrap_or(0);
     if !dim.is_multiple_of(u64::from(blocks) * t) {
@@ -1225,7 +1244,7 @@ fn set_split(b: &mut B, v: SVal, axis: u8, blocks: u32, t: u64) -> Result<(), St
     Ok(())
 }
 
-fn check_local(
+pub(super) fn check_local(
     b: &B,
     o: OpId,
     kind: &OpKind,
@@ -1266,7 +1285,7 @@ fn check_local(
 /// output, and with dropout its mask and output: 2e + 1 bytes per score, else e). A fused
 /// kernel keeps one fp32 log-sum-exp per query row and head instead and rebuilds the scores
 /// tile by tile in its backward (Dao et al. 2022, §3.1), regenerating dropout from its seed.
-fn saves_of(
+pub(super) fn saves_of(
     cx: &Ctx<'_>,
     seg: &Segment,
     kind: &OpKind,

@@ -1,0 +1,373 @@
+//! A decoder layer lowered as the sharding extraction chose it (`plan.block_plan`): every op
+//! runs in the layouts the e-graph's optimum gives its operands and its result, parameters are
+//! stored as it stores them, and between them each change of layout is the collective (or
+//! local slice) it implies. Nothing here decides a layout: where the extraction needs a form
+//! this lowering does not have (an all-to-all, an expert layer, attention or rotary on a piece
+//! of the sequence, a split norm row), it says which op, and the caller falls back to the
+//! segment rules ([`super::segment::lower`]), whose layout the plan then names.
+//!
+//! Backward conjugates follow from the forward: an activation read replicated by an op whose
+//! result differs per rank (split or partial) gets a partial gradient (Megatron's f/ḡ pair,
+//! `partial_input_grads`), and so does a replicated parameter read so (`partial_param_grads`);
+//! the emitter reduces them. A gathered weight's gradient is cut back to the rank's shard.
+
+use ir::{OpId, OpKind, ValueId};
+use planner::sharding::{BlockPlan, Layout, OpPlan};
+
+use super::segment::{
+    B, Ctx, Lay, Placed, SVal, Segment, Source, Step, Val, bind, check_local, local, saves_of,
+    select_kv_head, set_split,
+};
+use crate::program::{CollectiveOp, Elem, Slot};
+
+/// Why the extraction could not be lowered as chosen: the op (position, mnemonic) and what it
+/// needs.
+pub type Unsupported = String;
+
+/// Lowers the layer `ops` as `bp` lays it out; `Err` names the first op this lowering cannot
+/// give the extraction's layout.
+pub fn lower(cx: &Ctx<'_>, ops: &[OpId], bp: &BlockPlan) -> Result<Segment, Unsupported> {
+    if cx.ep > 1 || cx.cp > 1 {
+        return Err("expert or context parallelism beside the extraction".into());
+    }
+    let mut b = B::new(cx, ops);
+    let boundary = if cx.sp {
+        Lay::Split { axis: 1, blocks: 1 }
+    } else {
+        Lay::Rep
+    };
+    let inside: std::collections::HashSet<OpId> = ops.iter().copied().collect();
+    for (pos, &o) in ops.iter().enumerate() {
+        let plan = bp
+            .ops
+            .iter()
+            .find(|p| p.position == pos)
+            .ok_or_else(|| format!("op {pos} has no layout in the extraction"))?;
+        if plan.instances > 1 {
+            return Err(at(plan, "computed in more than one layout"));
+        }
+        lower_op(&mut b, &inside, boundary, pos, o, plan)?;
+    }
+    let last = ops
+        .iter()
+        .rev()
+        .find(|&&o| !cx.graph.op(o).kind.is_source())
+        .copied()
+        .ok_or("an empty layer")?;
+    let out = cx.graph.op(last).results[0];
+    let y = *b
+        .map
+        .get(&out)
+        .ok_or("the layer's output is not computed")?;
+    b.seg.output = relayout(&mut b, y, boundary).map_err(|m| format!("the layer's output: {m}"))?;
+    Ok(b.seg)
+}
+
+fn at(p: &OpPlan, what: &str) -> Unsupported {
+    format!("{} at position {}: {what}", p.mnemonic, p.position)
+}
+
+fn lay(l: &Layout) -> Lay {
+    match *l {
+        Layout::Replicated => Lay::Rep,
+        Layout::Partial => Lay::Partial,
+        Layout::Split { axis, blocks } => Lay::Split {
+            axis,
+            blocks: u32::from(blocks),
+        },
+    }
+}
+
+fn rank_variant(l: Lay) -> bool {
+    l != Lay::Rep
+}
+
+fn lower_op(
+    b: &mut B,
+    inside: &std::collections::HashSet<OpId>,
+    boundary: Lay,
+    pos: usize,
+    o: OpId,
+    plan: &OpPlan,
+) -> Result<(), Unsupported> {
+    let cx = b.cx;
+    let g = cx.graph;
+    let op = g.op(o);
+    let out_lay = plan
+        .output
+        .as_ref()
+        .map(lay)
+        .ok_or_else(|| at(plan, "not computed"))?;
+    if let OpKind::Param { name } = &op.kind {
+        let v = b.param(pos, op.results[0], name);
+        match out_lay {
+            Lay::Rep => {}
+            Lay::Split { axis, blocks } => {
+                set_split(b, v, axis, blocks, u64::from(cx.tp)).map_err(|m| at(plan, &m))?
+            }
+            Lay::Partial => return Err(at(plan, "a parameter stored as a partial sum")),
+        }
+        return Ok(());
+    }
+    if matches!(
+        op.kind,
+        OpKind::Input { .. } | OpKind::Buffer { .. } | OpKind::State { .. }
+    ) {
+        return Err(at(plan, "an input or constant inside the layer"));
+    }
+    let mut ins = Vec::new();
+    for (k, &x) in op.inputs.iter().enumerate() {
+        let v = operand(b, inside, boundary, x).map_err(|m| at(plan, &m))?;
+        let want = plan
+            .inputs
+            .get(k)
+            .map(lay)
+            .ok_or_else(|| at(plan, "an operand without a layout"))?;
+        let is_param = matches!(b.seg.vals[v].source, Source::Param { .. });
+        let v = if is_param && b.seg.vals[v].lay != want && want != Lay::Rep {
+            return Err(at(plan, "a weight read re-split"));
+        } else {
+            relayout(b, v, want).map_err(|m| at(plan, &format!("operand {k}: {m}")))?
+        };
+        ins.push(v);
+    }
+    let t = u64::from(cx.tp);
+    let (kind_local, post_bias) =
+        local_kind(b, o, &mut ins, out_lay, t).map_err(|m| at(plan, &m))?;
+    // A row-parallel product with a bias: the product is a partial sum, reduced into the
+    // extraction's layout, then the bias added.
+    let computed = if post_bias.is_some() {
+        Lay::Partial
+    } else {
+        out_lay
+    };
+    let needs = ins.iter().any(|&v| b.seg.vals[v].needs_grad);
+    let mut outs = Vec::new();
+    for &r in &op.results {
+        let elem = if g.ty(r).dtype == ir::DType::I64 {
+            Elem::I64
+        } else {
+            cx.act
+        };
+        let v = b.val(Val {
+            shape: local(&cx.global_shape(r), computed, cx.tp),
+            elem,
+            lay: computed,
+            source: Source::Step,
+            needs_grad: needs,
+            name: format!("{}{}", op.kind.mnemonic(), b.seg.vals.len()),
+        });
+        outs.push(v);
+    }
+    check_local(b, o, &kind_local, &ins, &outs).map_err(|e| at(plan, &e.to_string()))?;
+    let variant = rank_variant(computed);
+    let param = |b: &B, v: SVal| matches!(b.seg.vals[v].source, Source::Param { .. });
+    let replicated_reads = |want_param: bool| -> Vec<usize> {
+        (0..ins.len())
+            .filter(|&k| variant && param(b, ins[k]) == want_param)
+            .filter(|&k| b.seg.vals[ins[k]].lay == Lay::Rep && b.seg.vals[ins[k]].elem != Elem::I64)
+            .collect()
+    };
+    let partial_param_grads = replicated_reads(true);
+    let partial_input_grads = replicated_reads(false)
+        .into_iter()
+        .map(|k| (k, Slot::Tp))
+        .collect();
+    let saves = saves_of(cx, &b.seg, &kind_local, &ins, &outs);
+    b.seg.placed[pos] = Some(Placed {
+        inputs: ins.clone(),
+        output: outs[0],
+    });
+    b.seg.steps.push(Step::Compute {
+        kind: kind_local,
+        ins,
+        outs: outs.clone(),
+        saves,
+        partial_param_grads,
+        partial_input_grads,
+        vocab_parallel: false,
+        context: false,
+    });
+    let mut result = outs[0];
+    if let Some(bias) = post_bias {
+        let reduced = relayout(b, result, out_lay).map_err(|m| at(plan, &m))?;
+        let z = b.derived(reduced, out_lay, "bias");
+        let split_rows = matches!(out_lay, Lay::Split { .. });
+        b.seg.steps.push(Step::Compute {
+            kind: OpKind::Add,
+            ins: vec![reduced, bias],
+            outs: vec![z],
+            saves: vec![],
+            partial_param_grads: if split_rows { vec![1] } else { vec![] },
+            partial_input_grads: vec![],
+            vocab_parallel: false,
+            context: false,
+        });
+        if let Some(Some(p)) = b.seg.placed.get_mut(pos) {
+            p.output = z;
+        }
+        result = z;
+    }
+    b.map.insert(op.results[0], result);
+    for (&r, &v) in op.results.iter().zip(&outs).skip(1) {
+        b.map.insert(r, v);
+    }
+    Ok(())
+}
+
+/// The segment value of IR value `x`: already lowered, a parameter of the layer, or the layer's
+/// input (in the boundary layout).
+fn operand(
+    b: &mut B,
+    inside: &std::collections::HashSet<OpId>,
+    boundary: Lay,
+    x: ValueId,
+) -> Result<SVal, String> {
+    if let Some(&v) = b.map.get(&x) {
+        return Ok(v);
+    }
+    let d = b.cx.graph.def_op(x);
+    if inside.contains(&d) || b.seg.input.is_some() {
+        return Err(format!("operand {x} comes from outside the layer"));
+    }
+    let v = b.val(Val {
+        shape: local(&b.cx.global_shape(x), boundary, b.cx.tp),
+        elem: b.cx.act,
+        lay: boundary,
+        source: Source::Input,
+        needs_grad: true,
+        name: "x".into(),
+    });
+    b.seg.input = Some(v);
+    b.map.insert(x, v);
+    Ok(v)
+}
+
+/// `x` in layout `to`: itself, its piece (a local slice), or the collective the change needs.
+fn relayout(b: &mut B, x: SVal, to: Lay) -> Result<SVal, String> {
+    let from = b.seg.vals[x].lay;
+    let step = |op, axis| (op, axis);
+    let (op, axis) = match (from, to) {
+        _ if from == to => return Ok(x),
+        (Lay::Rep, Lay::Split { axis, blocks: 1 }) => {
+            let y = b.derived(x, to, "piece");
+            b.seg.steps.push(Step::Chunk {
+                axis,
+                x,
+                y,
+                group: Slot::Tp,
+            });
+            return Ok(y);
+        }
+        (Lay::Split { axis, blocks: 1 }, Lay::Rep) => step(CollectiveOp::AllGather, axis),
+        (Lay::Partial, Lay::Rep) => step(CollectiveOp::AllReduce, 1),
+        (Lay::Partial, Lay::Split { axis, blocks: 1 }) => step(CollectiveOp::ReduceScatter, axis),
+        _ => return Err(format!("no lowering from {from:?} to {to:?}")),
+    };
+    let y = b.derived(x, to, op.name());
+    b.seg.steps.push(Step::Coll {
+        op,
+        axis,
+        x,
+        y,
+        group: Slot::Tp,
+    });
+    Ok(y)
+}
+
+/// The op each rank runs on its operands' layouts, and the bias a row-parallel product adds
+/// after its reduction.
+fn local_kind(
+    b: &mut B,
+    o: OpId,
+    ins: &mut [SVal],
+    out: Lay,
+    t: u64,
+) -> Result<(OpKind, Option<SVal>), String> {
+    let cx = b.cx;
+    let kind = bind(&cx.graph.op(o).kind, cx.batch, cx.seq);
+    let lay_of = |b: &B, v: SVal| b.seg.vals[v].lay;
+    let rank = |b: &B, v: SVal| b.seg.vals[v].shape.len() as u8;
+    let heads_split = |l: Lay, r: u8| matches!(l, Lay::Split { axis, .. } if axis + 1 == r);
+    let sequence_split = |l: Lay| matches!(l, Lay::Split { axis: 1, .. });
+    match &kind {
+        OpKind::Linear { bias } => {
+            let (x, w) = (lay_of(b, ins[0]), lay_of(b, ins[1]));
+            let row_parallel =
+                heads_split(x, rank(b, ins[0])) && w == (Lay::Split { axis: 0, blocks: 1 });
+            if row_parallel && *bias {
+                if out == Lay::Partial {
+                    return Err("a bias added to a partial sum".into());
+                }
+                return Ok((OpKind::Linear { bias: false }, Some(ins[2])));
+            }
+            Ok((kind, None))
+        }
+        OpKind::Attention {
+            heads,
+            kv_heads,
+            scale,
+            causal,
+        } => {
+            let q = lay_of(b, ins[0]);
+            if sequence_split(q) {
+                return Err("attention on a piece of the sequence".into());
+            }
+            if !heads_split(q, rank(b, ins[0])) {
+                return Ok((kind, None));
+            }
+            let mut kv = kv_heads / t;
+            if (1..3).all(|k| lay_of(b, ins[k]) == Lay::Rep) && *kv_heads < t {
+                for k in [1, 2] {
+                    ins[k] =
+                        select_kv_head(b, o, ins[k], *kv_heads, t).map_err(|e| e.to_string())?;
+                }
+                kv = 1;
+            }
+            Ok((
+                OpKind::Attention {
+                    heads: heads / t,
+                    kv_heads: kv,
+                    scale: *scale,
+                    causal: *causal,
+                },
+                None,
+            ))
+        }
+        OpKind::Rotary { heads, theta } => match lay_of(b, ins[0]) {
+            l if sequence_split(l) => Err("rotary on a piece of the sequence".into()),
+            l if heads_split(l, rank(b, ins[0])) => Ok((
+                OpKind::Rotary {
+                    heads: heads / t,
+                    theta: *theta,
+                },
+                None,
+            )),
+            _ => Ok((kind, None)),
+        },
+        OpKind::Split { axis, sizes } => match lay_of(b, ins[0]) {
+            Lay::Split { axis: a, .. } if usize::from(a) == *axis => Ok((
+                OpKind::Split {
+                    axis: *axis,
+                    sizes: sizes.iter().map(|s| s / t).collect(),
+                },
+                None,
+            )),
+            _ => Ok((kind, None)),
+        },
+        OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } | OpKind::Softmax { .. } => {
+            if heads_split(lay_of(b, ins[0]), rank(b, ins[0])) {
+                return Err("a row reduction over a split row".into());
+            }
+            Ok((kind, None))
+        }
+        OpKind::Dropout { .. } => match lay_of(b, ins[0]) {
+            // The runtime draws masks on global indices for whole and sequence-split tensors.
+            Lay::Rep | Lay::Split { axis: 1, .. } => Ok((kind, None)),
+            l => Err(format!("dropout on {l:?}")),
+        },
+        k if k.is_pointwise() => Ok((kind, None)),
+        _ if ins.iter().all(|&v| lay_of(b, v) == Lay::Rep) && out == Lay::Rep => Ok((kind, None)),
+        _ => Err("no lowering for this op on split operands".into()),
+    }
+}
