@@ -364,6 +364,31 @@ fn alternative_days(best: &planner::Estimate, a: &planner::search::Alternative) 
     }
 }
 
+/// Why the programs of `plan` would not run its recorded extraction (`None`: they do): the
+/// layer does not lower as extracted, or, where that layout is not the rules' own, its
+/// programs break the planner's memory and codegen lowers the rules' instead.
+fn extracted_program_fits(
+    plan: &Plan,
+    graph: &ir::Graph,
+) -> Result<Option<String>, codegen::CodegenError> {
+    if let Some(why) = codegen::lower::extraction_mismatch(plan, graph)? {
+        return Ok(Some(why));
+    }
+    if codegen::lower::rules_match_extraction(plan, graph)? {
+        return Ok(None);
+    }
+    let check = |set: &codegen::ProgramSet| {
+        codegen::verify::verify_with(
+            set,
+            codegen::verify::Options {
+                memory_tolerance: Some(crate::codegen::MEMORY_TOLERANCE),
+            },
+        )
+    };
+    let (_, _, note) = codegen::lower_checked(plan, graph, codegen::Options::default(), check)?;
+    Ok(note)
+}
+
 /// Runs the e-graph extractions the winning strategy needs and records them in the plan: the
 /// tensor-parallel block (tp > 1), whose every op must run in the layout codegen lowers
 /// ([`codegen::lower::extraction_mismatch`]), and the expert-parallel group's (ep > 1), whose
@@ -384,7 +409,7 @@ fn record_extractions(
             Ok(bp) => {
                 let solver = bp.solve.solver.clone();
                 plan.block_plan = Some(bp);
-                match codegen::lower::extraction_mismatch(plan, info.graph) {
+                match extracted_program_fits(plan, info.graph) {
                     Ok(None) => methods.push(solver),
                     Ok(Some(why)) => {
                         fallback = Some(format!(

@@ -21,11 +21,46 @@ pub use lower::{Options, load_graph, lower};
 pub use program::{Instr, ProgramSet};
 pub use verify::{Report, Violation};
 
+/// Lowers `plan` and checks the programs with `check`. A layer lowered as the sharding
+/// extraction lays it out, where that differs from the segment rules' layout, whose programs
+/// break the planner's memory (the estimate prices the rules' activations, not yet the
+/// extraction's) is lowered again by the rules: the third value says so and why.
+pub fn lower_checked(
+    plan: &planner::plan::Plan,
+    graph: &ir::Graph,
+    opts: Options,
+    check: impl Fn(&ProgramSet) -> Report,
+) -> Result<(ProgramSet, Report, Option<String>), CodegenError> {
+    let set = lower(plan, graph, opts)?;
+    let report = check(&set);
+    let over = report
+        .violations
+        .iter()
+        .find(|v| v.check == verify::Check::Memory)
+        .map(|v| v.message.clone());
+    let differs = plan.block_plan.is_some() && !lower::rules_match_extraction(plan, graph)?;
+    match over {
+        Some(why) if differs => {
+            let mut rules = plan.clone();
+            rules.block_plan = None;
+            let set = lower(&rules, graph, opts)?;
+            let report = check(&set);
+            let note = format!(
+                "the e-graph's layout breaks the planner's memory ({why}); lowered by the segment rules"
+            );
+            Ok((set, report, Some(note)))
+        }
+        _ => Ok((set, report, None)),
+    }
+}
+
 /// Loads the plan's model, lowers it, and verifies the result.
 pub fn generate(plan: &planner::plan::Plan) -> Result<(ProgramSet, Report), CodegenError> {
     let graph = load_graph(plan)?;
-    let set = lower(plan, &graph, Options::default())?;
-    let report = verify(&set);
+    let (set, report, note) = lower_checked(plan, &graph, Options::default(), verify)?;
+    if let Some(note) = note {
+        eprintln!("note: {note}");
+    }
     if let Some(first) = report.violations.first() {
         return Err(CodegenError::Verify {
             count: report.violations.len(),

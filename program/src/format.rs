@@ -252,7 +252,16 @@ pub enum CollectiveOp {
     AllGather,
     ReduceScatter,
     AllToAll,
-    Broadcast { root: u32 },
+    Broadcast {
+        root: u32,
+    },
+    /// An all-to-all that moves a tensor's split from axis `from` to the instruction's axis:
+    /// each member sends its piece `j` along the new axis to member `j` and concatenates what
+    /// it receives along `from` (MLIR shard's `all_to_all` with `split_axis` the new axis and
+    /// `concat_axis = from`; DeepSpeed-Ulysses's sequence-to-heads exchange).
+    Reshard {
+        from: u8,
+    },
 }
 
 impl CollectiveOp {
@@ -263,6 +272,7 @@ impl CollectiveOp {
             CollectiveOp::ReduceScatter => "reduce_scatter",
             CollectiveOp::AllToAll => "all_to_all",
             CollectiveOp::Broadcast { .. } => "broadcast",
+            CollectiveOp::Reshard { .. } => "reshard",
         }
     }
 }

@@ -504,15 +504,19 @@ fn with_extraction(model: &str, c: &Config) -> (planner::plan::Plan, ir::Graph) 
 /// Layers lowered as the e-graph's extraction lays them out, not by the segment rules: at these
 /// small sizes the optimum keeps attention whole on every rank with its weights stored split
 /// and all-gathered for it (multi-query attention at tp 2, two KV heads at tp 4), or Megatron's
-/// split (GPT-2 at tp 2, and at tp 4 with SP). Each lowers exactly as extracted and trains to one
+/// split (GPT-2 at tp 2, and at tp 4 with SP); with sequence parallelism multi-query attention
+/// moves its input from sequence shards to hidden shards by an all-to-all (`reshard`). Each lowers exactly as extracted and trains to one
 /// device's losses and final parameters (reproducible mode).
 #[test]
 fn extracted_layouts_equal_one_device() {
     let mut gpt_sp = Config::new(4, 1, 1);
     gpt_sp.sp = true;
+    let mut mqa_sp = Config::new(2, 1, 1);
+    mqa_sp.sp = true;
     let mut bad = Vec::new();
     for (name, model, c) in [
         ("mqa tp2", common::LLAMA_MQA, Config::new(2, 1, 1)),
+        ("mqa tp2 sp", common::LLAMA_MQA, mqa_sp),
         ("kv2 tp4", LLAMA, Config::new(4, 1, 1)),
         ("gpt2 tp2", MODEL, Config::new(2, 1, 1)),
         ("gpt2 tp4 sp", MODEL, gpt_sp),

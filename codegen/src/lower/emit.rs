@@ -932,6 +932,20 @@ pub fn backward(
                             b.free(d);
                             (dx, partial.minus(Partial::over(*group)))
                         }
+                        CollectiveOp::Reshard { from } => {
+                            // Back from the new split to the old one.
+                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), role);
+                            b.push(coll(
+                                CollectiveOp::Reshard { from: *axis },
+                                *group,
+                                Some(*from),
+                                d,
+                                dx,
+                                Purpose::Activation,
+                            ));
+                            b.free(d);
+                            (dx, partial)
+                        }
                         _ => (d, partial),
                     };
                     match param_of(*x) {

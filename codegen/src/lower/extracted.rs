@@ -2,7 +2,7 @@
 //! runs in the layouts the e-graph's optimum gives its operands and its result, parameters are
 //! stored as it stores them, and between them each change of layout is the collective (or
 //! local slice) it implies. Nothing here decides a layout: where the extraction needs a form
-//! this lowering does not have (an all-to-all, an expert layer, attention or rotary on a piece
+//! this lowering does not have (an expert layer, attention or rotary on a piece
 //! of the sequence, a split norm row), it says which op, and the caller falls back to the
 //! segment rules ([`super::segment::lower`]), whose layout the plan then names.
 //!
@@ -262,6 +262,13 @@ fn relayout(b: &mut B, x: SVal, to: Lay) -> Result<SVal, String> {
         (Lay::Split { axis, blocks: 1 }, Lay::Rep) => step(CollectiveOp::AllGather, axis),
         (Lay::Partial, Lay::Rep) => step(CollectiveOp::AllReduce, 1),
         (Lay::Partial, Lay::Split { axis, blocks: 1 }) => step(CollectiveOp::ReduceScatter, axis),
+        (
+            Lay::Split {
+                axis: from,
+                blocks: 1,
+            },
+            Lay::Split { axis, blocks: 1 },
+        ) => step(CollectiveOp::Reshard { from }, axis),
         _ => return Err(format!("no lowering from {from:?} to {to:?}")),
     };
     let y = b.derived(x, to, op.name());

@@ -164,6 +164,20 @@ fn layer_segment(plan: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>) -> Result<Segm
     segment::lower(cx, &info.layer_ops, Kind::Layer)
 }
 
+/// Whether the segment rules alone lay the layer out as the plan's extraction does (then the
+/// extraction is Megatron's layout and lowering it changes nothing). `true` without one.
+pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> Result<bool, CodegenError> {
+    let Some(bp) = &plan.block_plan else {
+        return Ok(true);
+    };
+    let (plan, cp) = with_context_folded(plan)?;
+    let plan = plan.as_ref();
+    let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
+    let cx = segment_ctx(plan, graph, &info, cp);
+    let layer = segment::lower(&cx, &info.layer_ops, Kind::Layer)?;
+    Ok(segment::differs_from(&layer, bp).is_none())
+}
+
 /// Whether the layer `lower` emits for `plan` is the plan's recorded sharding extraction
 /// (`plan.block_plan`): every op of the block computes its result, and reads its activation
 /// operands, in the layout the extraction chose, and its parameters are held as the

@@ -13,9 +13,10 @@ fn sizes_agree(op: CollectiveOp, axis: Option<u8>, n: u64, input: u64, output: u
         None => whole.div_ceil(n) == piece,
     };
     match op {
-        CollectiveOp::AllReduce | CollectiveOp::AllToAll | CollectiveOp::Broadcast { .. } => {
-            input == output
-        }
+        CollectiveOp::AllReduce
+        | CollectiveOp::AllToAll
+        | CollectiveOp::Broadcast { .. }
+        | CollectiveOp::Reshard { .. } => input == output,
         CollectiveOp::AllGather => scattered(output, input),
         CollectiveOp::ReduceScatter => scattered(input, output),
     }

@@ -123,6 +123,15 @@ pub fn run<C: Communicator>(
             }
             recv
         }
+        CollectiveOp::Reshard { from } => {
+            let to = axis.ok_or_else(|| bad(name, "a reshard needs its new axis".into()))?;
+            reshard(g, input, in_shape, usize::from(from), usize::from(to)).map_err(
+                |d| match d {
+                    Reshard::Shape(d) => bad(name, d),
+                    Reshard::Comm(e) => e,
+                },
+            )?
+        }
     };
     if out.len() != out_len {
         return Err(RuntimeError::BadLength {
@@ -133,6 +142,44 @@ pub fn run<C: Communicator>(
         });
     }
     Ok(out)
+}
+
+enum Reshard {
+    Shape(String),
+    Comm(RuntimeError),
+}
+
+/// A tensor split along `from` over the group, re-split along `to`: member `j` gets every
+/// member's piece `j` along `to`, and puts member `i`'s at position `i` along `from`.
+fn reshard<C: Communicator>(
+    g: Members<'_, C>,
+    input: &[f32],
+    in_shape: &[usize],
+    from: usize,
+    to: usize,
+) -> Result<Vec<f32>, Reshard> {
+    let size = g.size();
+    let mut send = Vec::with_capacity(input.len());
+    for j in 0..size {
+        send.extend(part(input, in_shape, to, size, j).map_err(Reshard::Shape)?);
+    }
+    let mut recv = vec![0.0; send.len()];
+    match g {
+        Members::Group(c) => c.all_to_all(&send, &mut recv).map_err(Reshard::Comm)?,
+        Members::Solo => recv.copy_from_slice(&send),
+    }
+    let mut piece_shape = in_shape.to_vec();
+    if let Some(d) = piece_shape.get_mut(to) {
+        *d /= size.max(1);
+    }
+    let pieces: Vec<Vec<f32>> = if recv.is_empty() {
+        vec![Vec::new(); size]
+    } else {
+        recv.chunks(recv.len() / size.max(1))
+            .map(<[f32]>::to_vec)
+            .collect()
+    };
+    concat(&pieces, &piece_shape, from).map_err(Reshard::Shape)
 }
 
 /// [`run`] of an `AllReduce` or `ReduceScatter` whose input is a partial sum carried in f64:

@@ -77,6 +77,28 @@ impl Emitter<'_> {
                 ), x.ty);
                 self.reshape(&y, &out.shape)
             }
+            CollectiveOp::Reshard { from } => {
+                let x = self.convert(x, out.elem)?;
+                let (to, from) = (axis.map_or(usize::MAX, usize::from), usize::from(from));
+                if to >= x.ty.shape.len() || from >= x.ty.shape.len() || x.ty.shape[to] % size != 0
+                {
+                    return Err(format!("reshard of {} over {size} ranks", x.ty.mlir()));
+                }
+                let mut shape = x.ty.shape.clone();
+                shape[to] /= size;
+                shape[from] *= size;
+                let ty = Ty::new(shape, out.elem);
+                let y = self.define(
+                    format!(
+                        "shard.all_to_all {} {on} split_axis = {to} concat_axis = {from} {attrs} : {} -> {}",
+                        x.name,
+                        x.ty.mlir(),
+                        ty.mlir()
+                    ),
+                    ty,
+                );
+                self.reshape(&y, &out.shape)
+            }
             CollectiveOp::Broadcast { root } => {
                 let x = self.convert(x, out.elem)?;
                 let x = self.reshape(&x, &out.shape)?;
