@@ -353,6 +353,16 @@ fn local_kind(
             _ => Ok((kind, None)),
         },
         OpKind::Split { axis, sizes } => match lay_of(b, ins[0]) {
+            // Each rank holds its piece of every block only when the blocks are the parts and
+            // the parts are equal (a fused QKV of equal widths); otherwise its columns do not
+            // line up with the parts.
+            Lay::Split { axis: a, blocks }
+                if usize::from(a) == *axis
+                    && (blocks as usize != sizes.len()
+                        || sizes.iter().any(|&s| Some(&s) != sizes.first())) =>
+            {
+                Err("a split of a tensor cut into other blocks than its parts".into())
+            }
             Lay::Split { axis: a, .. } if usize::from(a) == *axis => Ok((
                 OpKind::Split {
                     axis: *axis,
@@ -370,10 +380,27 @@ fn local_kind(
         }
         OpKind::Dropout { .. } => match lay_of(b, ins[0]) {
             // The runtime draws masks on global indices for whole and sequence-split tensors.
-            Lay::Rep | Lay::Split { axis: 1, .. } => Ok((kind, None)),
+            Lay::Rep => Ok((kind, None)),
+            Lay::Split { axis: 1, .. } if cx.sp => Ok((kind, None)),
             l => Err(format!("dropout on {l:?}")),
         },
-        k if k.is_pointwise() => Ok((kind, None)),
+        // Partial sums only through a linear point-wise op whose operands are all partial
+        // (a sum of partials is the partial of the sum; a whole operand would count t times).
+        k if k.is_pointwise() => {
+            let partial = ins
+                .iter()
+                .filter(|&&v| lay_of(b, v) == Lay::Partial)
+                .count();
+            let linear = matches!(
+                k,
+                OpKind::Add | OpKind::Sub | OpKind::Neg | OpKind::Scale { .. }
+            );
+            if partial == 0 || (linear && partial == ins.len()) {
+                Ok((kind, None))
+            } else {
+                Err("a point-wise op on partial sums it does not pass through".into())
+            }
+        }
         _ if ins.iter().all(|&v| lay_of(b, v) == Lay::Rep) && out == Lay::Rep => Ok((kind, None)),
         _ => Err("no lowering for this op on split operands".into()),
     }
