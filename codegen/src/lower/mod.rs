@@ -167,15 +167,10 @@ fn layer_segment(plan: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>) -> Result<Segm
 /// Whether the segment rules alone lay the layer out as the plan's extraction does (then the
 /// extraction is Megatron's layout and lowering it changes nothing). `true` without one.
 pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> Result<bool, CodegenError> {
-    let Some(bp) = &plan.block_plan else {
-        return Ok(true);
+    let rules_only = |_: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>| {
+        segment::lower(cx, &info.layer_ops, Kind::Layer)
     };
-    let (plan, cp) = with_context_folded(plan)?;
-    let plan = plan.as_ref();
-    let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
-    let cx = segment_ctx(plan, graph, &info, cp);
-    let layer = segment::lower(&cx, &info.layer_ops, Kind::Layer)?;
-    Ok(segment::differs_from(&layer, bp).is_none())
+    Ok(layer_against_extraction(plan, graph, rules_only)?.is_none())
 }
 
 /// Whether the layer `lower` emits for `plan` is the plan's recorded sharding extraction
@@ -185,6 +180,15 @@ pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> Result<bool, Codege
 /// (the program then follows the segment lowering's own rules); `Err`: the layer does not
 /// lower at all. A plan without an extraction (tp 1) is trivially its own.
 pub fn extraction_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<String>, CodegenError> {
+    layer_against_extraction(plan, graph, layer_segment)
+}
+
+/// The first op where the layer `lower_layer` makes for `plan` differs from its extraction.
+fn layer_against_extraction(
+    plan: &Plan,
+    graph: &Graph,
+    lower_layer: impl Fn(&Plan, &Ctx<'_>, &ModelInfo<'_>) -> Result<Segment, CodegenError>,
+) -> Result<Option<String>, CodegenError> {
     let Some(bp) = &plan.block_plan else {
         return Ok(None);
     };
@@ -192,7 +196,7 @@ pub fn extraction_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<String>,
     let plan = plan.as_ref();
     let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
     let cx = segment_ctx(plan, graph, &info, cp);
-    let layer = layer_segment(plan, &cx, &info)?;
+    let layer = lower_layer(plan, &cx, &info)?;
     Ok(segment::differs_from(&layer, bp))
 }
 
