@@ -234,16 +234,8 @@ impl Graph {
     }
 
     /// Uses of every value: op ids that read it, in execution order.
-    pub fn uses(&self) -> Vec<Vec<OpId>> {
-        let mut uses = vec![Vec::new(); self.values.len()];
-        for &o in &self.order {
-            for &v in &self.op(o).inputs {
-                if let Some(u) = uses.get_mut(v.index()) {
-                    u.push(o);
-                }
-            }
-        }
-        uses
+    pub fn uses(&self) -> Uses {
+        Uses::of(self)
     }
 
     /// Number of distinct layer tags (repeated-block instances).
@@ -351,5 +343,101 @@ impl Graph {
             .map(|(n, v)| (n.clone(), map[v]))
             .collect();
         *self = new;
+    }
+}
+
+/// Each value's readers ([`Graph::uses`]), in execution order: one flat list with an offset per
+/// value, so a graph of many layers costs two passes and two allocations, not one list per value.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Uses {
+    /// `readers[start[v]..start[v + 1]]` are value v's readers.
+    start: Vec<u32>,
+    readers: Vec<OpId>,
+}
+
+impl Uses {
+    fn of(g: &Graph) -> Uses {
+        let n = g.values.len();
+        let mut start = vec![0u32; n + 1];
+        let inputs = || {
+            g.order
+                .iter()
+                .flat_map(|&o| g.op(o).inputs.iter().map(move |&v| (o, v)))
+        };
+        for (_, v) in inputs() {
+            if v.index() < n {
+                start[v.index() + 1] += 1;
+            }
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut next = start.clone();
+        let mut readers = vec![OpId(0); start[n] as usize];
+        for (o, v) in inputs() {
+            if v.index() < n {
+                let slot = &mut next[v.index()];
+                readers[*slot as usize] = o;
+                *slot += 1;
+            }
+        }
+        Uses { start, readers }
+    }
+
+    /// The ops that read value `v` (empty for a value not in the graph).
+    pub fn of_value(&self, v: ValueId) -> &[OpId] {
+        self.get(v.index()).unwrap_or(&[])
+    }
+
+    /// The readers of the value with index `i`, `None` past the graph's values.
+    pub fn get(&self, i: usize) -> Option<&[OpId]> {
+        let (a, b) = (*self.start.get(i)?, *self.start.get(i + 1)?);
+        Some(&self.readers[a as usize..b as usize])
+    }
+
+    /// Readers per value, by value index.
+    pub fn iter(&self) -> impl Iterator<Item = &[OpId]> {
+        (0..self.start.len().saturating_sub(1)).filter_map(|i| self.get(i))
+    }
+}
+
+impl std::ops::Index<usize> for Uses {
+    type Output = [OpId];
+    fn index(&self, i: usize) -> &[OpId] {
+        self.get(i).unwrap_or(&[])
+    }
+}
+
+#[cfg(test)]
+mod uses_tests {
+    use crate::testing::{TinyConfig, tiny_llama};
+
+    /// The compressed table lists, for every value, exactly the ops whose inputs name it, in
+    /// execution order (an operand read twice by one op is listed twice), as scanning every
+    /// op's operands for it does.
+    #[test]
+    fn uses_lists_each_values_readers_in_order() {
+        let g = tiny_llama(&TinyConfig::llama()).unwrap();
+        let uses = g.uses();
+        let mut checked = 0;
+        for v in g.value_ids() {
+            let scanned: Vec<_> = g
+                .order()
+                .iter()
+                .flat_map(|&o| {
+                    g.op(o)
+                        .inputs
+                        .iter()
+                        .filter(move |&&i| i == v)
+                        .map(move |_| o)
+                })
+                .collect();
+            assert_eq!(uses.of_value(v), scanned.as_slice(), "{v}");
+            assert_eq!(&uses[v.index()], scanned.as_slice());
+            checked += usize::from(!scanned.is_empty());
+        }
+        assert!(checked > 10, "the graph has readers to check");
+        assert_eq!(uses.iter().count(), g.num_values());
+        assert!(uses.get(g.num_values()).is_none());
     }
 }

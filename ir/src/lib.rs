@@ -18,7 +18,7 @@ pub mod text;
 pub mod types;
 pub mod verify;
 
-pub use graph::{BuildError, Graph, OpData, OpId, ValueData, ValueDef, ValueId};
+pub use graph::{BuildError, Graph, OpData, OpId, Uses, ValueData, ValueDef, ValueId};
 pub use op::{AdamWConfig, OpClass, OpKind, infer_types};
 pub use tensor::{Tensor, Weights};
 pub use types::{Binding, DType, Dim, Shape, Sym, TensorType};

@@ -74,7 +74,7 @@ struct Finder<'a> {
     /// Index of each compute op in `compute`.
     index: HashMap<OpId, usize>,
     /// Readers of each value.
-    uses: Vec<Vec<OpId>>,
+    uses: crate::graph::Uses,
     /// Source ops in execution order.
     sources: Vec<OpId>,
 }

@@ -29,6 +29,14 @@ impl Names {
         Names { numbers }
     }
 
+    /// Writes [`Names::value`] without building a string (the printer's many operands).
+    pub(crate) fn write(&self, f: &mut impl std::fmt::Write, v: ValueId) -> std::fmt::Result {
+        match self.numbers.get(v.index()).copied().flatten() {
+            Some(n) => write!(f, "%{n}"),
+            None => write!(f, "%?{}", v.0),
+        }
+    }
+
     /// `%N`, or `%?id` (which does not parse) for a value the order does not define.
     pub(crate) fn value(&self, v: ValueId) -> String {
         match self.numbers.get(v.index()).copied().flatten() {

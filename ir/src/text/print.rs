@@ -46,7 +46,7 @@ impl fmt::Display for Printer<'_> {
                 if i > 0 {
                     f.write_str(", ")?;
                 }
-                f.write_str(&self.names.value(v))?;
+                self.names.write(f, v)?;
                 if v.index() < g.num_values() {
                     write!(f, ": {}", g.ty(v))?;
                 }
@@ -54,7 +54,7 @@ impl fmt::Display for Printer<'_> {
             write!(f, " = {}", KindText(&op.kind))?;
             for (i, &v) in op.inputs.iter().enumerate() {
                 f.write_str(if i == 0 { " " } else { ", " })?;
-                f.write_str(&self.names.value(v))?;
+                self.names.write(f, v)?;
             }
             if let Some(layer) = op.layer {
                 write!(f, " @{layer}")?;

@@ -238,7 +238,7 @@ pub fn is_pointwise(kind: &OpKind) -> bool {
 /// edge out of the group leads into it, no fused group can depend on itself through an outside
 /// op. Every other op is a group of its own. Groups are listed by their last op (the kernel
 /// runs when its last input is ready).
-pub fn fuse_pointwise(g: &Graph, ops: &[OpId], uses: &[Vec<OpId>]) -> Vec<Vec<OpId>> {
+pub fn fuse_pointwise(g: &Graph, ops: &[OpId], uses: &ir::Uses) -> Vec<Vec<OpId>> {
     let compute: Vec<OpId> = ops
         .iter()
         .copied()
@@ -253,7 +253,7 @@ pub fn fuse_pointwise(g: &Graph, ops: &[OpId], uses: &[Vec<OpId>]) -> Vec<Vec<Op
             continue;
         }
         let r = op.results[0];
-        let Some([user]) = uses.get(r.index()).map(Vec::as_slice) else {
+        let Some([user]) = uses.get(r.index()) else {
             continue;
         };
         let Some(j) = pos(*user) else {

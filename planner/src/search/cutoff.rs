@@ -3,8 +3,9 @@
 //! A candidate whose pipeline lower bound ([`crate::cost::pipeline::finish_lower_bound`])
 //! exceeds the cutoff cannot change the answer: it is slower than the [`REBALANCED`] fastest
 //! fitting plans already seen (so it is neither the winner nor one the search rebalances or
-//! refines), and slower than the fastest plans of `k + 1` mesh shapes (so it is not the
-//! fastest of a mesh shape the report lists among its `k` alternatives). The runner-up with the
+//! refines), and slower than a plan of its own mesh shape already seen or than the fastest
+//! plans of `k + 1` mesh shapes (so it is not the fastest of a mesh shape the report lists
+//! among its `k` alternatives). The runner-up with the
 //! winner's own mesh shape is found by evaluating that shape's skipped candidates once the
 //! winner is known ([`Cutoffs::skipped_of`]). Nothing that does not fit and is slower than the
 //! winner is reported either. So the search stays exact and deterministic; only the work it
@@ -78,9 +79,22 @@ impl Cutoffs {
         self.fastest.first().copied().unwrap_or(f64::INFINITY)
     }
 
-    /// The iteration time past which a candidate cannot matter (infinite until enough plans
-    /// are known).
-    pub fn cutoff(&self) -> f64 {
+    /// The iteration time past which candidate `s` cannot matter (infinite until enough plans
+    /// are known): slower than the [`REBALANCED`] fastest, and either slower than a plan of its
+    /// own mesh shape already found (it cannot be that shape's fastest) or slower than the
+    /// fastest plans of `k + 1` shapes (its shape's fastest is not listed).
+    pub fn cutoff_for(&self, s: &Strategy) -> f64 {
+        let own = self
+            .mesh_best
+            .get(&mesh(s))
+            .copied()
+            .unwrap_or(f64::INFINITY);
+        let (overall, listed) = self.bounds();
+        overall.max(listed.min(own))
+    }
+
+    /// (the [`REBALANCED`]-th fastest time, the fastest time of the `k + 1`-th fastest shape).
+    fn bounds(&self) -> (f64, f64) {
         let overall = if self.fastest.len() >= REBALANCED {
             self.fastest[REBALANCED - 1]
         } else {
@@ -94,6 +108,6 @@ impl Cutoffs {
         } else {
             f64::INFINITY
         };
-        overall.max(listed)
+        (overall, listed)
     }
 }

@@ -569,7 +569,7 @@ fn search_with(
             continue;
         }
         let cutoff = if bounded_by_time {
-            cutoffs.cutoff()
+            cutoffs.cutoff_for(s)
         } else {
             f64::INFINITY
         };

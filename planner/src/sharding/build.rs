@@ -198,21 +198,6 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
             }
         }
     }
-    // Roots: values defined here and read after the list (or graph outputs).
-    let uses = graph.uses();
-    let outputs: HashSet<u32> = graph.outputs.iter().map(|(_, v)| v.0).collect();
-    let mut roots = Vec::new();
-    let mut seen = HashSet::new();
-    for &o in ops {
-        for &r in &graph.op(o).results {
-            let read_after = uses
-                .get(r.index())
-                .is_some_and(|u| u.iter().any(|x| !in_list.contains(x)));
-            if (read_after || outputs.contains(&r.0)) && seen.insert(r.0) {
-                roots.push(r);
-            }
-        }
-    }
     // Seeds: under sequence parallelism every value of the residual stream's type (the type of
     // the block's input and output) may live on sequence shards, so norms, dropout and residual
     // adds can run there and all-gathers sit right before the column-parallel linears. (Seeding

@@ -145,7 +145,7 @@ pub fn recognize(g: &mut Graph, known: &HashMap<ValueId, Const>) -> BTreeMap<&'s
     let mut fired = BTreeMap::new();
     for (name, find) in passes {
         let order = g.order().to_vec();
-        let uses: Vec<usize> = g.uses().iter().map(Vec::len).collect();
+        let uses: Vec<usize> = g.uses().iter().map(<[_]>::len).collect();
         let mut count = 0;
         for op in order {
             let rw = find(&Matcher { g, known }, op, &uses);
