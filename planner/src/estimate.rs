@@ -85,6 +85,31 @@ pub struct Predicted {
     /// A compressed or local-SGD exchange against the plain one, on the critical stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dp_exchange: Option<DpExchange>,
+    /// How one layer's tensor-parallel communication was priced (tp > 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_tp_comm: Option<LayerTpComm>,
+}
+
+/// One layer's tensor-parallel communication per micro-batch, before any overlap with compute,
+/// and where it comes from: the collectives of the sharding extraction's layout of the block
+/// ([`crate::layer_tp`]), or Megatron-LM's rule (one all-reduce, or a reduce-scatter and an
+/// all-gather with SP, per row-parallel product and pass) where the extraction cannot price
+/// the layer (`source` then says why).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerTpComm {
+    pub source: String,
+    pub fwd_s: f64,
+    /// The backward's collectives, with the step's once-per-step parameter-gradient reductions
+    /// shared over its micro-batches.
+    pub bwd_s: f64,
+    /// Collectives in the extraction's layout of the block (forward, backward, per step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collectives: Option<usize>,
+}
+
+impl LayerTpComm {
+    pub const EXTRACTION: &'static str = "e-graph extraction";
+    pub const RULES: &'static str = "megatron rules";
 }
 
 /// What one rank of the critical stage exchanges with its data-parallel group per step, as
@@ -321,7 +346,28 @@ fn estimate_impl(
 
     // One representative layer, the embedding side and the head side; with fused kernels each
     // group of fused point-wise ops is one kernel.
-    let work = |ops: &[OpId], groups: &[Vec<OpId>]| -> Work {
+    // Tensor-parallel collectives of the ops before and after the layers: Megatron-LM's
+    // (a vocabulary-parallel embedding reduces its output); of a layer: those of the layout
+    // the sharding extraction chose for its block, where it has one.
+    let rule_tp = |ops: &[OpId]| {
+        let t = tp_collective(row_parallel_ops(g, ops, info.hidden));
+        (t, t)
+    };
+    let layer_tp = (tp > 1).then(|| crate::layer_tp::layer_tp(info, cluster, s));
+    let layer_tp_times = match &layer_tp {
+        Some(Ok(t)) => (t.fwd_s, t.bwd_per_micro_batch(s.micro_batches())),
+        _ => rule_tp(&info.layer_ops),
+    };
+    let layer_tp_comm = layer_tp.map(|t| LayerTpComm {
+        source: match &t {
+            Ok(_) => LayerTpComm::EXTRACTION.to_string(),
+            Err(why) => format!("{} ({why})", LayerTpComm::RULES),
+        },
+        fwd_s: layer_tp_times.0,
+        bwd_s: layer_tp_times.1,
+        collectives: t.ok().map(|t| t.collectives),
+    });
+    let work = |ops: &[OpId], groups: &[Vec<OpId>], (tp_fwd, tp_bwd): (f64, f64)| -> Work {
         let mut w = Work::default();
         let singles: Vec<Vec<OpId>>;
         let kernels = if s.kernels == Kernels::Fused {
@@ -358,9 +404,8 @@ fn estimate_impl(
                 w.recompute_flops += t.fwd_flops;
             }
         }
-        let n = row_parallel_ops(g, ops, info.hidden);
-        w.tp_fwd = tp_collective(n);
-        w.tp_bwd = tp_collective(n);
+        w.tp_fwd = tp_fwd;
+        w.tp_bwd = tp_bwd;
         if overlaps(s.overlap.tp_comm) {
             // Transformer Engine's userbuffer overlap pipelines each TP all-gather and
             // reduce-scatter with the GEMM that consumes or produces it: only communication
@@ -382,9 +427,9 @@ fn estimate_impl(
         }
         w
     };
-    let layer = work(&info.layer_ops, &info.layer_groups);
-    let pre = work(&info.pre_ops, &info.pre_groups);
-    let post = work(&info.post_ops, &info.post_groups);
+    let layer = work(&info.layer_ops, &info.layer_groups, layer_tp_times);
+    let pre = work(&info.pre_ops, &info.pre_groups, rule_tp(&info.pre_ops));
+    let post = work(&info.post_ops, &info.post_groups, rule_tp(&info.post_ops));
 
     // ZeRO-3 gathers each layer's parameters before its forward (and recompute) and backward,
     // and reduce-scatters its gradients, prefetching one layer ahead: the layer takes the
@@ -664,6 +709,7 @@ fn estimate_impl(
             stages,
             training: None,
             dp_exchange: exchanges[critical],
+            layer_tp_comm,
         },
         timeline,
         mesh: Some(m),

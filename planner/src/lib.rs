@@ -11,6 +11,7 @@ pub mod error;
 pub mod estimate;
 pub mod export;
 pub mod hardware;
+pub mod layer_tp;
 pub mod model;
 pub mod modern_runs;
 pub mod nccl_reference;

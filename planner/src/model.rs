@@ -41,6 +41,9 @@ pub struct ModelInfo<'g> {
     pub layer_groups: Vec<Vec<OpId>>,
     pub pre_groups: Vec<Vec<OpId>>,
     pub post_groups: Vec<Vec<OpId>>,
+    /// The block's sharding extractions, per tensor-parallel shape, as the estimate prices
+    /// them ([`crate::layer_tp`]).
+    pub tp_extractions: crate::layer_tp::TpCache,
 }
 
 impl<'g> ModelInfo<'g> {
@@ -127,6 +130,7 @@ impl<'g> ModelInfo<'g> {
             layer_groups,
             pre_groups,
             post_groups,
+            tp_extractions: Default::default(),
         };
         for &o in order {
             let op = graph.op(o);

@@ -23,8 +23,9 @@ pub struct ClusterCosts<'c> {
     group: Group,
     /// Element-size scale from the graph's dtype to the run's precision.
     act_scale: f64,
-    /// Micro-batches per step: a replicated weight's gradient is reduced once per step.
-    micro_batches: f64,
+    /// A replicated weight's gradient is reduced once per step: the share of it one
+    /// micro-batch pays (1/m for m micro-batches per step).
+    gradient_share: f64,
     /// Whether kept activations count toward the extraction's memory limit (off when the limit
     /// is a parameter-storage budget, [`parameter_budget`]).
     count_activations: bool,
@@ -50,7 +51,7 @@ impl<'c> ClusterCosts<'c> {
             cluster,
             group: pick(&mesh),
             act_scale,
-            micro_batches: s.micro_batches().max(1) as f64,
+            gradient_share: 1.0 / s.micro_batches().max(1) as f64,
             count_activations: true,
         })
     }
@@ -76,7 +77,7 @@ impl CostOracle for ClusterCosts<'_> {
     }
 
     fn weight_gradient_share(&self) -> f64 {
-        1.0 / self.micro_batches
+        self.gradient_share
     }
 
     fn activation_memory_bytes(&self, bytes: f64) -> f64 {
@@ -107,19 +108,32 @@ fn parameter_budget(info: &ModelInfo<'_>, tp: u32, b: Binding) -> f64 {
         .sum()
 }
 
-/// Extracts the sharding of the strategy's block by equality saturation + exact extraction.
-/// Solver timings are cleared so that plans stay byte-identical across runs.
+/// Extracts the sharding of the strategy's block by equality saturation + exact extraction,
+/// at the rank's share of the sequence (`seq / cp`: the block's tensor-parallel collectives
+/// carry the rank's tokens, as the estimate prices them). Solver timings are cleared so that plans stay byte-identical across runs.
 pub fn block_plan(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
     s: &Strategy,
+) -> Result<BlockPlan, PlanError> {
+    block_plan_with_share(info, cluster, s, None)
+}
+
+/// [`block_plan`] with a replicated weight's gradient reduction priced at `share` of its
+/// time per micro-batch instead of the strategy's 1/m ([`crate::layer_tp`] solves the two
+/// ends, 0 and 1, to find the layout of every m at once).
+pub fn block_plan_with_share(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+    share: Option<f64>,
 ) -> Result<BlockPlan, PlanError> {
     let b = binding(s);
     let opts = ShardOptions {
         memory_limit_bytes: Some(parameter_budget(info, s.tp, b)),
         ..ShardOptions::new(s.tp, s.sequence_parallel, b)
     };
-    extract(info, cluster, s, &opts, |m| m.tp, false)
+    extract(info, cluster, s, &opts, |m| m.tp, false, share)
 }
 
 /// The expert-parallel group's extraction of the strategy's block
@@ -139,13 +153,13 @@ pub fn expert_block_plan(
             ..b
         },
     );
-    extract(info, cluster, s, &opts, |m| m.ep, true)
+    extract(info, cluster, s, &opts, |m| m.ep, true, None)
 }
 
 fn binding(s: &Strategy) -> Binding {
     Binding {
         batch: s.micro_batch,
-        seq: s.seq,
+        seq: s.local_seq(),
     }
 }
 
@@ -156,6 +170,7 @@ fn extract(
     opts: &ShardOptions,
     group: impl Fn(&crate::cost::comm::Mesh) -> Group,
     count_activations: bool,
+    share: Option<f64>,
 ) -> Result<BlockPlan, PlanError> {
     let g = info.graph;
     let elem = info
@@ -171,6 +186,9 @@ fn extract(
         ))
     })?;
     costs.count_activations = count_activations;
+    if let Some(share) = share {
+        costs.gradient_share = share;
+    }
     // Parameters no rule can split (a router's weight) may leave every program above the
     // budget: then the least storage any program needs is the budget.
     let mut plan = match plan_block(g, &info.layer_ops, opts, &costs) {

@@ -43,6 +43,7 @@ fn comm(kind: CollectiveKind, seconds: f64) -> Comm {
         divisor: 1.0,
         seconds,
         reason: "test",
+        per_step: false,
     }
 }
 

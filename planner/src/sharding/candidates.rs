@@ -32,6 +32,9 @@ pub struct Comm {
     pub divisor: f64,
     pub seconds: f64,
     pub reason: &'static str,
+    /// A parameter's gradient reduction, done once per step: `seconds` is its share of one
+    /// micro-batch ([`CostOracle::weight_gradient_share`]).
+    pub per_step: bool,
 }
 
 /// One choosable e-node.
@@ -109,6 +112,7 @@ fn comm(
         divisor,
         seconds: costs.collective_seconds(kind, bytes, tp),
         reason,
+        per_step: false,
     }
 }
 
@@ -262,6 +266,7 @@ impl Problem {
                 if param {
                     // Reduced once per step, not per micro-batch.
                     ar.seconds *= costs.weight_gradient_share();
+                    ar.per_step = true;
                 }
                 let rs = comm(
                     costs,

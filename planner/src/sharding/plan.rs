@@ -132,6 +132,10 @@ pub struct CollectivePlan {
     pub bytes_formula: Formula,
     pub seconds: f64,
     pub reason: String,
+    /// A parameter's gradient reduction, done once per step (Megatron-LM's
+    /// `finalize_model_grads`): `seconds` is its share of one micro-batch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_step: bool,
 }
 
 /// Totals per rank for one block pass.
@@ -262,6 +266,7 @@ pub fn assemble(
             bytes_formula: Formula::of(&c.ty, c.divisor),
             seconds: c.seconds,
             reason: c.reason.into(),
+            per_step: c.per_step,
         });
     };
     for (i, cand) in p.cands.iter().enumerate() {

@@ -1,0 +1,253 @@
+//! The tensor-parallel communication of one layer, read off the sharding extraction of its
+//! block ([`crate::sharding_costs::block_plan`]): what the estimate charges a layer per
+//! micro-batch is the sum of the collectives of the layout the e-graph chose, not a rule.
+//!
+//! Extractions are cached on the model ([`TpCache`] in [`ModelInfo`]): the search asks for the
+//! same block shape (tp, SP, micro-batch, the rank's sequence, precision, kernels) for many
+//! strategies. The one input that varies among them without changing the block's work is the
+//! number of micro-batches m, through the share 1/m of a parameter gradient's once-per-step
+//! reduction. The extraction's objective is `A(L) + G(L)/m` for a layout L (A: its
+//! per-micro-batch seconds, G: its per-step reductions), a convex combination of the objectives
+//! at share 0 and share 1. So a layout optimal at both ends is optimal for every m: the cache
+//! solves those two (one, where the share-0 layout has no per-step reduction) and keys the
+//! answer on the shape alone; only where the two ends disagree is the extraction solved again
+//! for the strategy's own m.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::compute::{AttentionKernel, Kernels, TpLayout, tp_layout};
+use crate::hardware::Cluster;
+use crate::model::ModelInfo;
+use crate::precision::Precision;
+use crate::sharding::{BlockPlan, Layout, Pass};
+use crate::sharding_costs::block_plan_with_share;
+use crate::strategy::Strategy;
+
+/// One layer's tensor-parallel collectives as the extraction laid them out, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LayerTp {
+    /// Forward collectives per micro-batch.
+    pub fwd_s: f64,
+    /// Backward collectives per micro-batch (activation gradients, gathered weights'
+    /// gradients), without the once-per-step reductions.
+    pub bwd_s: f64,
+    /// Parameter gradients reduced once per step (the sequence-parallel norm weights').
+    pub per_step_s: f64,
+    /// Collectives of one micro-batch's forward and backward, and of the step's reductions.
+    pub collectives: usize,
+}
+
+impl LayerTp {
+    /// Reads the price of an extraction made at gradient share `share` (its per-step
+    /// reductions' seconds are that share of their time).
+    fn of(bp: &BlockPlan, share: f64) -> LayerTp {
+        let mut t = LayerTp {
+            collectives: bp.collectives.len(),
+            ..LayerTp::default()
+        };
+        for c in &bp.collectives {
+            match (c.per_step, c.pass) {
+                (true, _) if share > 0.0 => t.per_step_s += c.seconds / share,
+                (true, _) => {}
+                (false, Pass::Forward) => t.fwd_s += c.seconds,
+                (false, Pass::Backward) => t.bwd_s += c.seconds,
+            }
+        }
+        t
+    }
+
+    /// Backward seconds per micro-batch with the step's reductions shared over `m` of them.
+    pub fn bwd_per_micro_batch(&self, micro_batches: u64) -> f64 {
+        self.bwd_s + self.per_step_s / micro_batches.max(1) as f64
+    }
+}
+
+/// What a block's extraction depends on besides the model and the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Shape {
+    tp: u32,
+    sequence_parallel: bool,
+    micro_batch: u64,
+    local_seq: u64,
+    precision: Precision,
+    attention: AttentionKernel,
+    kernels: Kernels,
+    ep: u32,
+    /// The cluster's name (its whole description is checked on a hit: [`TpCache::get`]).
+    cluster: String,
+    /// `Some(m)` only where the layout depends on the micro-batch count.
+    micro_batches: Option<u64>,
+}
+
+impl Shape {
+    fn of(cluster: &Cluster, s: &Strategy, micro_batches: Option<u64>) -> Shape {
+        Shape {
+            tp: s.tp,
+            sequence_parallel: s.sequence_parallel,
+            micro_batch: s.micro_batch,
+            local_seq: s.local_seq(),
+            precision: s.precision,
+            attention: s.attention,
+            kernels: s.kernels,
+            ep: s.ep,
+            cluster: cluster.name.clone(),
+            micro_batches,
+        }
+    }
+}
+
+/// A cached answer: the layer's price, or why the extraction cannot price it (the estimate
+/// then prices Megatron-LM's rule and says why), or `Depends` where the layout changes with
+/// the micro-batch count.
+#[derive(Clone, Debug)]
+enum Cached {
+    Priced(Result<LayerTp, String>),
+    Depends,
+}
+
+/// Extractions of one model's block, per [`Shape`], with the cluster each was priced on.
+#[derive(Debug, Default)]
+pub struct TpCache(Mutex<HashMap<Shape, (Cluster, Cached)>>);
+
+impl Clone for TpCache {
+    fn clone(&self) -> TpCache {
+        TpCache(Mutex::new(self.entries().clone()))
+    }
+}
+
+impl TpCache {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<Shape, (Cluster, Cached)>> {
+        // A panic while the lock was held cannot leave a half-written entry (one insert).
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The answer for `k` if it was priced on this very cluster (two cluster files may share
+    /// a name).
+    fn get(&self, k: &Shape, cluster: &Cluster) -> Option<Cached> {
+        self.entries()
+            .get(k)
+            .filter(|(c, _)| c == cluster)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn put(&self, k: Shape, cluster: &Cluster, v: Cached) {
+        self.entries().insert(k, (cluster.clone(), v));
+    }
+}
+
+/// The layer's tensor-parallel communication under strategy `s` (tp > 1), from the extraction
+/// of its block; `Err` says why the extraction cannot price it.
+pub fn layer_tp(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Result<LayerTp, String> {
+    let shape = Shape::of(cluster, s, None);
+    let cached = match info.tp_extractions.get(&shape, cluster) {
+        Some(c) => c,
+        None => {
+            let c = solve_both_ends(info, cluster, s);
+            info.tp_extractions.put(shape, cluster, c.clone());
+            c
+        }
+    };
+    match cached {
+        Cached::Priced(p) => p,
+        Cached::Depends => {
+            let m = s.micro_batches().max(1);
+            let own = Shape::of(cluster, s, Some(m));
+            if let Some(Cached::Priced(p)) = info.tp_extractions.get(&own, cluster) {
+                return p;
+            }
+            let share = 1.0 / m as f64;
+            let p = block_plan_with_share(info, cluster, s, Some(share))
+                .map_err(|e| e.to_string())
+                .and_then(|bp| price(info, s, &bp, share));
+            info.tp_extractions
+                .put(own, cluster, Cached::Priced(p.clone()));
+            p
+        }
+    }
+}
+
+/// Solves the extraction at gradient share 0, and at share 1 where needed: a share-0 layout
+/// without per-step reductions costs the same at every share and nothing costs less (G >= 0),
+/// so it is optimal for every micro-batch count; otherwise the share-1 layout is, when its
+/// per-micro-batch seconds are also the share-0 optimum.
+fn solve_both_ends(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Cached {
+    let extract = |share| block_plan_with_share(info, cluster, s, Some(share));
+    let free = match extract(0.0) {
+        Ok(bp) => bp,
+        Err(e) => return Cached::Priced(Err(e.to_string())),
+    };
+    if !free.collectives.iter().any(|c| c.per_step) {
+        return Cached::Priced(price(info, s, &free, 0.0));
+    }
+    let whole = match extract(1.0) {
+        Ok(bp) => bp,
+        Err(e) => return Cached::Priced(Err(e.to_string())),
+    };
+    let per_step = LayerTp::of(&whole, 1.0).per_step_s;
+    let per_micro_batch = whole.solve.objective_seconds - per_step;
+    let best_free = free.solve.objective_seconds;
+    if per_micro_batch <= best_free + 1e-12 * best_free.abs() {
+        Cached::Priced(price(info, s, &whole, 1.0))
+    } else {
+        Cached::Depends
+    }
+}
+
+/// The extraction's price, where its layout computes what the estimate's compute and memory
+/// model charge: each product, attention, norm and dropout split across the group exactly
+/// where Megatron-LM's layout splits it ([`tp_layout`]; with SP the norms and dropout on
+/// sequence shards), and none computed twice. A layout that keeps more of the block whole (the e-graph's optimum where
+/// the activations it keeps cost nothing in its objective) is not what the plan's memory was
+/// proven for, so its collectives are not priced as the plan's.
+fn price(
+    info: &ModelInfo<'_>,
+    s: &Strategy,
+    bp: &BlockPlan,
+    share: f64,
+) -> Result<LayerTp, String> {
+    let g = info.graph;
+    for op in &bp.ops {
+        if !carries_work(&g.op(op.op).kind) {
+            continue;
+        }
+        // A row-parallel product reads split operands and records its reduced output.
+        let split = matches!(op.output, Some(Layout::Split { .. } | Layout::Partial))
+            || op.inputs.iter().any(|l| matches!(l, Layout::Split { .. }));
+        let megatron = tp_layout(g, op.op, info.hidden, s.sequence_parallel) == TpLayout::Split;
+        if split != megatron || op.instances > 1 {
+            return Err(format!(
+                "the extraction computes {} (position {}) {}, which the plan's compute and memory \
+                 model does not price",
+                op.mnemonic,
+                op.position,
+                match (split, op.instances > 1) {
+                    (_, true) => "in two layouts",
+                    (true, _) => "split across the group",
+                    (false, _) => "whole on every rank",
+                }
+            ));
+        }
+    }
+    Ok(LayerTp::of(bp, share))
+}
+
+/// The ops whose layout decides a layer's compute and kept activations: products, attention,
+/// norms and dropout (reshapes, splits and point-wise ops follow their neighbours).
+fn carries_work(kind: &ir::OpKind) -> bool {
+    use ir::OpKind as K;
+    matches!(
+        kind,
+        K::Linear { .. }
+            | K::MatMul
+            | K::Attention { .. }
+            | K::MoeExperts { .. }
+            | K::LayerNorm { .. }
+            | K::RmsNorm { .. }
+            | K::Dropout { .. }
+    )
+}
