@@ -174,12 +174,47 @@ pub fn compile(
     );
     let mut plan = plan;
     record_extractions(&mut plan, &info, &cluster, &r.best.strategy);
+    reprice_as_lowered(
+        &mut plan,
+        &mut r,
+        &info,
+        &cluster,
+        cluster_args.train_tokens,
+    )?;
     Ok(Compiled {
         plan,
         result: r,
         cluster,
         name: m.graph.name.clone(),
     })
+}
+
+/// The search priced the winner's TP communication from its sharding extraction; where
+/// codegen runs Megatron-LM's rules instead ([`record_extractions`] says so in
+/// `sharding.method`), the plan's prediction is the rules' layout's, so that what it predicts
+/// is what its program does.
+fn reprice_as_lowered(
+    plan: &mut Plan,
+    r: &mut planner::search::SearchResult,
+    info: &planner::ModelInfo<'_>,
+    cluster: &planner::Cluster,
+    train_tokens: Option<f64>,
+) -> anyhow::Result<()> {
+    let pricing = plan.tp_pricing();
+    let priced_extraction = plan
+        .predicted
+        .layer_tp_comm
+        .as_ref()
+        .is_some_and(|t| t.source == planner::estimate::LayerTpComm::EXTRACTION);
+    if pricing == planner::TpPricing::Extraction || !priced_extraction {
+        return Ok(());
+    }
+    let best =
+        planner::estimate::estimate_priced(info, cluster, plan.gpus, &plan.strategy, pricing)?
+            .with_training(cluster, train_tokens);
+    plan.predicted = best.predicted.clone();
+    r.best = best;
+    Ok(())
 }
 
 /// What `--search-dp-comm` planned: each exchange's predicted iteration, or why it did not

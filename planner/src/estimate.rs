@@ -220,8 +220,8 @@ pub fn estimate_within(
     cutoff: f64,
 ) -> Result<Option<Estimate>, PlanError> {
     let mode = Mode {
-        record: false,
         cutoff,
+        ..Mode::default()
     };
     estimate_impl(info, cluster, gpus, s, mode)
 }
@@ -231,32 +231,63 @@ fn unbounded(e: Option<Estimate>) -> Result<Estimate, PlanError> {
     e.ok_or_else(|| PlanError::invalid("the pipeline bound exceeded an infinite cutoff"))
 }
 
-/// How [`estimate_impl`] runs: whether it records the simulated tasks, and the iteration time
-/// past which it stops at the pipeline's lower bound.
+/// How [`estimate_impl`] runs: whether it records the simulated tasks, the iteration time
+/// past which it stops at the pipeline's lower bound, and how a layer's TP communication is
+/// priced.
 #[derive(Clone, Copy, Debug)]
-struct Mode {
+struct Mode<'a> {
     record: bool,
     cutoff: f64,
+    tp: TpPricing<'a>,
 }
 
-impl Default for Mode {
-    fn default() -> Mode {
+impl Default for Mode<'_> {
+    fn default() -> Self {
         Mode {
             record: false,
             cutoff: f64::INFINITY,
+            tp: TpPricing::Extraction,
         }
     }
 }
 
-/// Like [`estimate`], and keeps every simulated task in `timeline.tasks` (for traces).
+/// Which layout a layer's tensor-parallel communication is priced for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TpPricing<'a> {
+    /// The sharding extraction's, where it can be priced ([`crate::layer_tp`]).
+    #[default]
+    Extraction,
+    /// Megatron-LM's rule, because the program runs it (codegen could not lower the
+    /// extraction): the reason.
+    Rules(&'a str),
+}
+
+/// Like [`estimate`], priced for the layout `tp` names.
+pub fn estimate_priced(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    gpus: u64,
+    s: &Strategy,
+    tp: TpPricing<'_>,
+) -> Result<Estimate, PlanError> {
+    let mode = Mode {
+        tp,
+        ..Mode::default()
+    };
+    estimate_impl(info, cluster, gpus, s, mode).and_then(unbounded)
+}
+
+/// Like [`estimate_priced`], and keeps every simulated task in `timeline.tasks` (for traces).
 pub fn estimate_traced(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
     gpus: u64,
     s: &Strategy,
+    tp: TpPricing<'_>,
 ) -> Result<Estimate, PlanError> {
     let mode = Mode {
         record: true,
+        tp,
         ..Mode::default()
     };
     estimate_impl(info, cluster, gpus, s, mode).and_then(unbounded)
@@ -267,7 +298,7 @@ fn estimate_impl(
     cluster: &Cluster,
     gpus: u64,
     s: &Strategy,
-    mode: Mode,
+    mode: Mode<'_>,
 ) -> Result<Option<Estimate>, PlanError> {
     s.validate(info, gpus)?;
     let score_dropout = info
@@ -353,7 +384,10 @@ fn estimate_impl(
         let t = tp_collective(row_parallel_ops(g, ops, info.hidden));
         (t, t)
     };
-    let layer_tp = (tp > 1).then(|| crate::layer_tp::layer_tp(info, cluster, s));
+    let layer_tp = (tp > 1).then(|| match mode.tp {
+        TpPricing::Extraction => crate::layer_tp::layer_tp(info, cluster, s),
+        TpPricing::Rules(why) => Err(why.to_string()),
+    });
     let layer_tp_times = match &layer_tp {
         Some(Ok(t)) => (t.fwd_s, t.bwd_per_micro_batch(s.micro_batches())),
         _ => rule_tp(&info.layer_ops),

@@ -22,7 +22,7 @@ use crate::cost::compute::{AttentionKernel, Kernels, TpLayout, tp_layout};
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::precision::Precision;
-use crate::sharding::{BlockPlan, CollectiveKind, Layout, Pass};
+use crate::sharding::{BlockPlan, Layout, Pass};
 use crate::sharding_costs::block_plan_with_share;
 use crate::strategy::Strategy;
 
@@ -201,11 +201,12 @@ fn solve_both_ends(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Cac
 /// The extraction's price, where its layout computes what the estimate's compute and memory
 /// model charge: each product, attention, norm and dropout split across the group exactly
 /// where Megatron-LM's layout splits it ([`tp_layout`]; with SP the norms and dropout on
-/// sequence shards), none computed twice, and every weight read as stored (no gathered copy).
-/// A layout that keeps more of the block whole, or gathers weights (the e-graph's optimum where
-/// the memory it keeps costs nothing in its objective), is not what the plan's memory was
-/// proven for, and not what codegen's rules lower where the extraction is not lowered, so its
-/// collectives are not priced as the plan's.
+/// sequence shards), and none computed twice. A layout that keeps more of the block whole (the
+/// e-graph's optimum where the activations it keeps cost nothing in its objective) is not what
+/// the plan's memory was proven for, so its collectives are not priced as the plan's. (Weights
+/// the extraction gathers from their stored shards are priced: `compile` checks the lowered
+/// program's memory against the plan's, and a plan whose program runs Megatron's rules
+/// instead is priced by them, [`crate::estimate::TpPricing::Rules`].)
 fn price(
     info: &ModelInfo<'_>,
     s: &Strategy,
@@ -234,18 +235,6 @@ fn price(
                 }
             ));
         }
-    }
-    let is_param = |v: ir::ValueId| matches!(g.op(g.def_op(v)).kind, ir::OpKind::Param { .. });
-    if let Some(c) = bp
-        .collectives
-        .iter()
-        .find(|c| c.kind == CollectiveKind::AllGather && c.value.is_some_and(is_param))
-    {
-        return Err(format!(
-            "the extraction all-gathers the weight read at position {}, a copy the plan's \
-             memory model does not hold",
-            c.after_position.map_or("?".into(), |p| p.to_string())
-        ));
     }
     Ok(LayerTp::of(bp, share))
 }

@@ -15,6 +15,9 @@ use crate::strategy::Strategy;
 
 pub const FORMAT: &str = "plait-plan/1";
 
+/// `sharding.method` of a plan whose program runs Megatron-LM's per-op rules.
+pub const RULES_METHOD: &str = "megatron-rules";
+
 /// Where the model came from, so codegen and report can load it again.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelRef {
@@ -169,6 +172,19 @@ impl Plan {
         }
     }
 
+    /// How the plan's TP communication is priced: Megatron-LM's rule where its program runs
+    /// the rules (`sharding.method` says `megatron-rules (why)`), else the extraction.
+    pub fn tp_pricing(&self) -> crate::estimate::TpPricing<'_> {
+        let method = &self.sharding.method;
+        if self.strategy.tp > 1 && method.starts_with(RULES_METHOD) {
+            let why = method[RULES_METHOD.len()..].trim_start();
+            let why = why.strip_prefix('(').and_then(|w| w.strip_suffix(')'));
+            crate::estimate::TpPricing::Rules(why.unwrap_or("the program runs the rules"))
+        } else {
+            crate::estimate::TpPricing::Extraction
+        }
+    }
+
     /// Reads a plan, checking its format version.
     pub fn from_json(text: &str, file: &str) -> Result<Plan, PlanError> {
         let v: serde_json::Value =
@@ -261,7 +277,7 @@ pub fn megatron_sharding(info: &ModelInfo<'_>, s: &Strategy) -> BlockSharding {
     BlockSharding {
         tp: s.tp,
         sequence_parallel: s.sequence_parallel,
-        method: "megatron-rules".into(),
+        method: RULES_METHOD.into(),
         ops,
     }
 }
