@@ -425,7 +425,7 @@ fn extracted_program_fits(
 }
 
 /// Runs the e-graph extractions the winning strategy needs and records them in the plan: the
-/// tensor-parallel block (tp > 1), whose every op must run in the layout codegen lowers
+/// tensor-parallel block (at tp 1 too, where it is the whole block), whose every op must run in the layout codegen lowers
 /// ([`codegen::lower::extraction_mismatch`]), and the expert-parallel group's (ep > 1), whose
 /// expert layout must be the all-gather dispatcher codegen lowers. `sharding.method` names the
 /// e-graph only when every extraction succeeded and is the program's layout; otherwise it
@@ -439,7 +439,10 @@ fn record_extractions(
     use planner::sharding_costs::{block_plan, expert_block_plan, expert_layout_is_lowered};
     let mut methods = Vec::new();
     let mut fallback = None;
-    if s.tp > 1 {
+    // At tp 1 the tensor-parallel extraction is the whole block on every rank; it is still
+    // recorded and checked against the program, except under expert parallelism, whose
+    // group's extraction below lays the block out.
+    if s.tp > 1 || s.ep <= 1 {
         match block_plan(info, cluster, s) {
             Ok(bp) => {
                 let solver = bp.solve.solver.clone();

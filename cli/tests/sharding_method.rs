@@ -1,0 +1,220 @@
+//! Every layout of the equivalence suite, compiled as a user compiles it: each plan's program is
+//! the sharding e-graph's extraction (`sharding.method` starts with `e-graph`; at tp 1 the
+//! extraction is the whole block on every rank, recorded and checked like any other), and each
+//! trains 8 steps on CPU ranks (`--reproducible`) to the single-rank losses within 1e-5.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{dir, plait};
+
+fn write(d: &Path, name: &str, v: serde_json::Value) -> PathBuf {
+    let p = d.join(format!("{name}.json"));
+    std::fs::write(&p, v.to_string()).expect("config");
+    p
+}
+
+fn models(d: &Path) -> [(&'static str, PathBuf); 4] {
+    let llama = |kv: u32| {
+        serde_json::json!({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": kv,
+            "vocab_size": 256, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": false})
+    };
+    [
+        (
+            "gpt",
+            write(
+                d,
+                "gpt",
+                serde_json::json!({"model_type": "gpt2", "n_layer": 4, "n_embd": 64, "n_head": 4,
+                    "vocab_size": 250, "n_positions": 64}),
+            ),
+        ),
+        ("llama", write(d, "llama", llama(4))),
+        ("mqa", write(d, "mqa", llama(1))),
+        (
+            "moe",
+            write(
+                d,
+                "moe",
+                serde_json::json!({"model_type": "mixtral", "hidden_size": 64,
+                    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64,
+                    "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5,
+                    "tie_word_embeddings": false}),
+            ),
+        ),
+    ]
+}
+
+/// Compiles `model` on `gpus` CPU ranks with `pins`, trains 8 steps; (losses, method).
+fn train(d: &Path, tag: &str, model: &Path, gpus: u32, pins: &[&str]) -> (Vec<f64>, String) {
+    let plan = d.join(format!("{tag}.json"));
+    let log = d.join(format!("{tag}.log"));
+    let (model, plan_s, log_s) = (
+        model.to_string_lossy().to_string(),
+        plan.to_string_lossy().to_string(),
+        log.to_string_lossy().to_string(),
+    );
+    let gpus = gpus.to_string();
+    let mut args = vec![
+        "compile",
+        &model,
+        "--cluster",
+        "cpu",
+        "--gpus",
+        &gpus,
+        "--global-batch",
+        "8",
+        "--seq",
+        "32",
+        "--micro-batch",
+        "1",
+        "--precision",
+        "fp32",
+    ];
+    args.extend(pins);
+    args.extend(["-o", &plan_s]);
+    let (code, _, err) = plait(&args);
+    assert_eq!(code, 0, "{tag}: compile: {err}");
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+    let run = [
+        "run",
+        &plan_s,
+        "--steps",
+        "8",
+        "--seed",
+        "3",
+        "--data",
+        data,
+        "--log-json",
+        &log_s,
+        "--reproducible",
+    ];
+    let (code, _, err) = plait(&run);
+    assert_eq!(code, 0, "{tag}: run: {err}");
+    let losses = std::fs::read_to_string(&log)
+        .expect("log")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("log line");
+            v["loss"].as_f64().expect("loss")
+        })
+        .collect();
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).expect("plan")).expect("plan JSON");
+    let method = plan["sharding"]["method"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    (losses, method)
+}
+
+#[test]
+fn every_equivalence_layout_runs_the_extraction_and_equals_one_rank() {
+    let d = dir("sharding-method");
+    let models = models(&d);
+    let one = ["--tp", "1", "--pp", "1", "--dp", "1"];
+    // (model, ranks, pins): the equivalence suite's GPT-2 layouts, Llama's, multi-query
+    // attention, context and expert parallelism, then its structured families as it runs them.
+    let layouts: &[(&str, u32, &str)] = &[
+        ("gpt", 2, "--tp 1 --pp 1 --dp 2"),
+        ("gpt", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
+        ("gpt", 2, "--tp 1 --pp 2 --dp 1 --schedule 1f1b"),
+        (
+            "gpt",
+            2,
+            "--tp 1 --pp 2 --dp 1 --schedule interleaved --virtual-stages 2",
+        ),
+        ("gpt", 2, "--tp 1 --pp 1 --dp 2 --zero 1"),
+        ("gpt", 2, "--tp 1 --pp 1 --dp 2 --zero 2"),
+        ("gpt", 2, "--tp 1 --pp 1 --dp 2 --zero 3"),
+        ("gpt", 2, "--tp 1 --pp 2 --dp 1 --recompute full"),
+        (
+            "gpt",
+            8,
+            "--tp 2 --pp 2 --dp 2 --zero 1 --sequence-parallel on",
+        ),
+        ("gpt", 4, "--tp 4 --pp 1 --dp 1"),
+        ("llama", 2, "--tp 2 --pp 1 --dp 1"),
+        (
+            "llama",
+            8,
+            "--tp 2 --pp 2 --dp 2 --zero 1 --sequence-parallel on",
+        ),
+        ("llama", 4, "--tp 1 --pp 1 --dp 2 --cp 2 --attention fused"),
+        (
+            "llama",
+            4,
+            "--tp 2 --pp 1 --dp 1 --cp 2 --attention fused --sequence-parallel on",
+        ),
+        ("mqa", 2, "--tp 2 --pp 1 --dp 1"),
+        ("moe", 2, "--tp 1 --pp 1 --dp 2 --ep 2"),
+        ("qwen2", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
+        ("qwen3", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
+        ("phi3", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
+        ("gemma", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
+        ("gemma2", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
+        ("qwen2_moe", 2, "--tp 1 --pp 1 --dp 2"),
+        ("qwen3_moe", 2, "--tp 1 --pp 1 --dp 2"),
+        ("nemotron", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
+        ("nemotron", 2, "--tp 1 --pp 1 --dp 2"),
+    ];
+    // Not yet the extraction: Qwen2-MoE at tp 2, whose e-graph splits the experts along their
+    // expert axis across the TP group (`moe-experts`) where Megatron-Core splits every expert's
+    // FFN (ETP), and Qwen3-MoE at tp 2 without SP, whose first projection weight the e-graph
+    // stores split along its other axis: codegen's extracted lowering does neither yet, so
+    // these run the rules' layout and say so. Checked as such, so that the day they lower as
+    // extracted this list moves up.
+    let rules_for_now: &[(&str, u32, &str)] = &[
+        (
+            "qwen2_moe",
+            2,
+            "--tp 2 --pp 1 --dp 1 --sequence-parallel on",
+        ),
+        (
+            "qwen3_moe",
+            2,
+            "--tp 2 --pp 1 --dp 1 --sequence-parallel off",
+        ),
+    ];
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/tests/data");
+    let model_path = |name: &str| match models.iter().find(|(n, _)| *n == name) {
+        Some((_, p)) => p.clone(),
+        None => PathBuf::from(format!("{data}/tiny-{name}.json")),
+    };
+    let mut refs = std::collections::HashMap::new();
+    let mut failures = Vec::new();
+    let expected = layouts
+        .iter()
+        .map(|l| (l, "e-graph"))
+        .chain(rules_for_now.iter().map(|l| {
+        (
+            l,
+            "megatron-rules (the e-graph's tensor-parallel layout is not the one lowered: param",
+        )
+    }));
+    for (i, (&(name, gpus, pins), method_starts)) in expected.enumerate() {
+        let model = model_path(name);
+        let pins: Vec<&str> = pins.split_whitespace().collect();
+        let reference = refs
+            .entry(name)
+            .or_insert_with(|| train(&d, &format!("{name}-one"), &model, 1, &one).0)
+            .clone();
+        let (losses, method) = train(&d, &format!("{name}-{i}"), &model, gpus, &pins);
+        assert_eq!(losses.len(), 8, "{name} {pins:?}");
+        let worst = losses
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (a - b).abs() / b.abs())
+            .fold(0.0, f64::max);
+        eprintln!("{name} {pins:?}: worst relative loss difference {worst:.2e}; {method}");
+        if worst > 1e-5 || !method.starts_with(method_starts) {
+            failures.push(format!("{name} {pins:?}: {worst:.2e}, {method}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
