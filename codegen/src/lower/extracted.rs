@@ -2,8 +2,8 @@
 //! runs in the layouts the e-graph's optimum gives its operands and its result, parameters are
 //! stored as it stores them, and between them each change of layout is the collective (or
 //! local slice) it implies. Nothing here decides a layout: where the extraction needs a form
-//! this lowering does not have (an expert layer, attention or rotary on a piece
-//! of the sequence, a split norm row), it says which op, and the caller falls back to the
+//! this lowering does not have (an expert layer other than on whole tokens with its FFN or its
+//! experts split, attention or rotary on a piece of the sequence, a split norm row), it says which op, and the caller falls back to the
 //! segment rules ([`super::segment::lower`]), whose layout the plan then names.
 //!
 //! Backward conjugates follow from the forward: an activation read replicated by an op whose
@@ -401,7 +401,59 @@ fn local_kind(
                 Err("a point-wise op on partial sums it does not pass through".into())
             }
         }
+        OpKind::MoeExperts { experts } => moe_local(b, ins, out, *experts, t),
+        OpKind::TopKRouter { .. } => {
+            // Routes each token it holds with the whole router: any split of the tokens'
+            // axes (not of the hidden one it reads whole) passes through.
+            let x = lay_of(b, ins[0]);
+            let per_token = match x {
+                Lay::Rep => true,
+                Lay::Split { axis, .. } => axis + 1 < rank(b, ins[0]),
+                Lay::Partial => false,
+            };
+            if per_token && lay_of(b, ins[1]) == Lay::Rep && out == x {
+                Ok((kind, None))
+            } else {
+                Err("a router off whole tokens' hidden axis or with a split weight".into())
+            }
+        }
         _ if ins.iter().all(|&v| lay_of(b, v) == Lay::Rep) && out == Lay::Rep => Ok((kind, None)),
         _ => Err("no lowering for this op on split operands".into()),
     }
+}
+
+/// An expert layer over the tensor-parallel group, on whole tokens: each expert's FFN split
+/// (`moe-ffn`, Megatron-Core's expert tensor parallelism: gate and up projections by columns,
+/// the down projection by rows) or the experts themselves split along their axis with the
+/// routing weights sliced to the rank's experts (`moe-experts`); either way every rank's
+/// output is a partial sum over the group.
+fn moe_local(
+    b: &B,
+    ins: &[SVal],
+    out: Lay,
+    experts: u64,
+    t: u64,
+) -> Result<(OpKind, Option<SVal>), String> {
+    let lay_of = |k: usize| b.seg.vals[ins[k]].lay;
+    let split = |axis| Lay::Split { axis, blocks: 1 };
+    if lay_of(0) != Lay::Rep || out != Lay::Partial {
+        return Err("an expert layer off whole tokens or not a partial sum".into());
+    }
+    let weights = [lay_of(2), lay_of(3), lay_of(4)];
+    if lay_of(1) == Lay::Rep && weights == [split(2), split(2), split(1)] {
+        return Ok((OpKind::MoeExperts { experts }, None));
+    }
+    let last = (b.seg.vals[ins[1]].shape.len() - 1) as u8;
+    if lay_of(1) == split(last) && weights == [split(0); 3] && experts.is_multiple_of(t) {
+        return Ok((
+            OpKind::MoeExperts {
+                experts: experts / t,
+            },
+            None,
+        ));
+    }
+    Err(format!(
+        "an expert layer reading gates {:?} and weights {weights:?}",
+        lay_of(1)
+    ))
 }

@@ -156,19 +156,30 @@ fn with_context_folded(plan: &Plan) -> Result<(Cow<'_, Plan>, u32), CodegenError
 /// The decoder layer as the plan's sharding extraction lays it out when this lowering has
 /// every form it needs ([`extracted::lower`]), otherwise by the segment rules.
 fn layer_segment(plan: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>) -> Result<Segment, CodegenError> {
-    if let Some(bp) = plan.block_plan.as_ref().filter(|_| cx.tp > 1)
-        && let Ok(layer) = extracted::lower(cx, &info.layer_ops, bp)
-    {
-        return Ok(layer);
-    }
-    segment::lower(cx, &info.layer_ops, Kind::Layer)
+    layer_or_why(plan, cx, info).map(|(layer, _)| layer)
+}
+
+/// [`layer_segment`], and why the extraction did not lower where the rules lowered the layer.
+fn layer_or_why(
+    plan: &Plan,
+    cx: &Ctx<'_>,
+    info: &ModelInfo<'_>,
+) -> Result<(Segment, Option<String>), CodegenError> {
+    let why = match plan.block_plan.as_ref().filter(|_| cx.tp > 1) {
+        Some(bp) => match extracted::lower(cx, &info.layer_ops, bp) {
+            Ok(layer) => return Ok((layer, None)),
+            Err(why) => Some(why),
+        },
+        None => None,
+    };
+    Ok((segment::lower(cx, &info.layer_ops, Kind::Layer)?, why))
 }
 
 /// Whether the segment rules alone lay the layer out as the plan's extraction does (then the
 /// extraction is Megatron's layout and lowering it changes nothing). `true` without one.
 pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> Result<bool, CodegenError> {
     let rules_only = |_: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>| {
-        segment::lower(cx, &info.layer_ops, Kind::Layer)
+        segment::lower(cx, &info.layer_ops, Kind::Layer).map(|layer| (layer, None))
     };
     Ok(layer_against_extraction(plan, graph, rules_only)?.is_none())
 }
@@ -180,14 +191,18 @@ pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> Result<bool, Codege
 /// (the program then follows the segment lowering's own rules); `Err`: the layer does not
 /// lower at all. A plan without an extraction (tp 1) is trivially its own.
 pub fn extraction_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<String>, CodegenError> {
-    layer_against_extraction(plan, graph, layer_segment)
+    layer_against_extraction(plan, graph, layer_or_why)
 }
 
 /// The first op where the layer `lower_layer` makes for `plan` differs from its extraction.
 fn layer_against_extraction(
     plan: &Plan,
     graph: &Graph,
-    lower_layer: impl Fn(&Plan, &Ctx<'_>, &ModelInfo<'_>) -> Result<Segment, CodegenError>,
+    lower_layer: impl Fn(
+        &Plan,
+        &Ctx<'_>,
+        &ModelInfo<'_>,
+    ) -> Result<(Segment, Option<String>), CodegenError>,
 ) -> Result<Option<String>, CodegenError> {
     let Some(bp) = &plan.block_plan else {
         return Ok(None);
@@ -196,8 +211,15 @@ fn layer_against_extraction(
     let plan = plan.as_ref();
     let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
     let cx = segment_ctx(plan, graph, &info, cp);
-    let layer = lower_layer(plan, &cx, &info)?;
-    Ok(segment::differs_from(&layer, bp))
+    let (layer, why_not_extracted) = lower_layer(plan, &cx, &info)?;
+    Ok(
+        segment::differs_from(&layer, bp).map(|differs| match why_not_extracted {
+            Some(why) => {
+                format!("the extraction does not lower ({why}), and the rules differ: {differs}")
+            }
+            None => differs,
+        }),
+    )
 }
 
 /// Generates every rank's program for `plan` on the model's forward `graph`.
