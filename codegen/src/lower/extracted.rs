@@ -134,13 +134,13 @@ fn lower_op(
     let t = u64::from(cx.tp);
     let (kind_local, post_bias) =
         local_kind(b, o, &mut ins, out_lay, t).map_err(|m| at(plan, &m))?;
-    // A row-parallel product with a bias: the product is a partial sum, reduced into the
-    // extraction's layout, then the bias added.
-    let computed = if post_bias.is_some() {
-        Lay::Partial
-    } else {
-        out_lay
-    };
+    // A product whose bias is added in another layout than the product comes out in (a
+    // row-parallel partial sum): the product, brought into the extraction's layout, then the
+    // bias added.
+    let computed = post_bias.map_or(out_lay, |(_, l)| l);
+    if post_bias.is_some() {
+        ins.truncate(2); // the product alone; its bias is added after
+    }
     let needs = ins.iter().any(|&v| b.seg.vals[v].needs_grad);
     let mut outs = Vec::new();
     for &r in &op.results {
@@ -189,10 +189,12 @@ fn lower_op(
         context: false,
     });
     let mut result = outs[0];
-    if let Some(bias) = post_bias {
+    if let Some((bias, _)) = post_bias {
         let reduced = relayout(b, result, out_lay).map_err(|m| at(plan, &m))?;
         let z = b.derived(reduced, out_lay, "bias");
-        let split_rows = matches!(out_lay, Lay::Split { .. });
+        // Rows (tokens) split: each rank's bias gradient sums its rows only.
+        let rank = b.seg.vals[reduced].shape.len() as u8;
+        let split_rows = matches!(out_lay, Lay::Split { axis, .. } if axis + 1 < rank);
         b.seg.steps.push(Step::Compute {
             kind: OpKind::Add,
             ins: vec![reduced, bias],
@@ -290,7 +292,7 @@ fn local_kind(
     ins: &mut [SVal],
     out: Lay,
     t: u64,
-) -> Result<(OpKind, Option<SVal>), String> {
+) -> Result<(OpKind, Option<(SVal, Lay)>), String> {
     let cx = b.cx;
     let kind = bind(&cx.graph.op(o).kind, cx.batch, cx.seq);
     let lay_of = |b: &B, v: SVal| b.seg.vals[v].lay;
@@ -306,7 +308,7 @@ fn local_kind(
                 if out == Lay::Partial {
                     return Err("a bias added to a partial sum".into());
                 }
-                return Ok((OpKind::Linear { bias: false }, Some(ins[2])));
+                return Ok((OpKind::Linear { bias: false }, Some((ins[2], Lay::Partial))));
             }
             Ok((kind, None))
         }
@@ -433,7 +435,7 @@ fn moe_local(
     out: Lay,
     experts: u64,
     t: u64,
-) -> Result<(OpKind, Option<SVal>), String> {
+) -> Result<(OpKind, Option<(SVal, Lay)>), String> {
     let lay_of = |k: usize| b.seg.vals[ins[k]].lay;
     let split = |axis| Lay::Split { axis, blocks: 1 };
     if lay_of(0) != Lay::Rep || out != Lay::Partial {
