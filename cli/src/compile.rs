@@ -189,10 +189,11 @@ pub fn compile(
     })
 }
 
-/// The search priced the winner's TP communication from its sharding extraction; where
-/// codegen runs Megatron-LM's rules instead ([`record_extractions`] says so in
-/// `sharding.method`), the plan's prediction is the rules' layout's, so that what it predicts
-/// is what its program does.
+/// The search priced the winner's TP communication from its sharding extraction where that
+/// layout splits the work as the memory model does; the plan's prediction is re-priced for
+/// what its program runs ([`record_extractions`] says which in `sharding.method`): the
+/// extraction codegen lowered (its memory checked on the program), or Megatron-LM's rules.
+/// The alternatives' comparisons follow the new time.
 fn reprice_as_lowered(
     plan: &mut Plan,
     r: &mut planner::search::SearchResult,
@@ -201,18 +202,26 @@ fn reprice_as_lowered(
     train_tokens: Option<f64>,
 ) -> anyhow::Result<()> {
     let pricing = plan.tp_pricing();
-    let priced_extraction = plan
-        .predicted
-        .layer_tp_comm
-        .as_ref()
-        .is_some_and(|t| t.source == planner::estimate::LayerTpComm::EXTRACTION);
-    if pricing == planner::TpPricing::Extraction || !priced_extraction {
+    if pricing == planner::TpPricing::Extraction {
         return Ok(());
     }
     let best =
         planner::estimate::estimate_priced(info, cluster, plan.gpus, &plan.strategy, pricing)?
             .with_training(cluster, train_tokens);
+    let (before, after) = (
+        plan.predicted.iteration_time_s,
+        best.predicted.iteration_time_s,
+    );
     plan.predicted = best.predicted.clone();
+    if after != before {
+        for a in plan
+            .alternatives
+            .iter_mut()
+            .chain(r.alternatives.iter_mut())
+        {
+            a.reason = planner::search::compared_with(a, after);
+        }
+    }
     r.best = best;
     Ok(())
 }

@@ -254,10 +254,14 @@ impl Default for Mode<'_> {
 /// Which layout a layer's tensor-parallel communication is priced for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TpPricing<'a> {
-    /// The sharding extraction's, where it can be priced ([`crate::layer_tp`]).
+    /// The sharding extraction's, where its layout splits the work as the compute and memory
+    /// model prices it ([`crate::layer_tp::layer_tp`]): how the search prices every candidate.
     #[default]
     Extraction,
-    /// Megatron-LM's rule, because the program runs it (codegen could not lower the
+    /// The extraction's, because the program runs it: `compile` lowered it and checked its
+    /// memory ([`crate::layer_tp::layer_tp_as_lowered`]).
+    Lowered,
+    /// Megatron-LM's rule, because the program runs it (codegen did not lower the
     /// extraction): the reason.
     Rules(&'a str),
 }
@@ -386,6 +390,7 @@ fn estimate_impl(
     };
     let layer_tp = (tp > 1).then(|| match mode.tp {
         TpPricing::Extraction => crate::layer_tp::layer_tp(info, cluster, s),
+        TpPricing::Lowered => crate::layer_tp::layer_tp_as_lowered(info, cluster, s),
         TpPricing::Rules(why) => Err(why.to_string()),
     });
     let layer_tp_times = match &layer_tp {

@@ -34,7 +34,8 @@ pub struct LayerTp {
     /// Backward collectives per micro-batch (activation gradients, gathered weights'
     /// gradients), without the once-per-step reductions.
     pub bwd_s: f64,
-    /// Parameter gradients reduced once per step (the sequence-parallel norm weights').
+    /// Parameter gradients reduced once per step (replicated parameters that split ops read:
+    /// the sequence-parallel norm weights, row-parallel biases, a router on sequence shards).
     pub per_step_s: f64,
     /// Collectives of one micro-batch's forward and backward, and of the step's reductions.
     pub collectives: usize,
@@ -140,9 +141,27 @@ impl TpCache {
     }
 }
 
+/// The layer's tensor-parallel communication as its program runs the extraction codegen
+/// lowered (`plan.block_plan`, solved at the strategy's own micro-batch count): no check of
+/// its layout against the memory model, which `compile` checked on the lowered program.
+pub fn layer_tp_as_lowered(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+) -> Result<LayerTp, String> {
+    let share = 1.0 / s.micro_batches().max(1) as f64;
+    block_plan_with_share(info, cluster, s, Some(share))
+        .map(|bp| LayerTp::of(&bp, share))
+        .map_err(|e| e.to_string())
+}
+
 /// The layer's tensor-parallel communication under strategy `s` (tp > 1), from the extraction
-/// of its block; `Err` says why the extraction cannot price it.
+/// of its block; `Err` says why the extraction cannot price it. Beside expert or context
+/// parallelism codegen lowers the layer by Megatron-LM's rules, so they price it.
 pub fn layer_tp(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Result<LayerTp, String> {
+    if s.cp > 1 || s.ep > 1 {
+        return Err("codegen lowers the rules' layout beside expert or context parallelism".into());
+    }
     let shape = Shape::of(cluster, s, None);
     let cached = match info.tp_extractions.get(&shape, cluster) {
         Some(c) => c,

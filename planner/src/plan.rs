@@ -114,7 +114,8 @@ pub struct Plan {
     pub strategy: Strategy,
     pub chunks: Vec<ChunkPlan>,
     pub sharding: BlockSharding,
-    /// The per-op sharding and collectives extracted from the e-graph (tp > 1).
+    /// The per-op sharding and collectives extracted from the e-graph (at tp 1, the whole
+    /// block on every rank).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_plan: Option<crate::sharding::BlockPlan>,
     /// The expert-parallel group's extraction of the block (ep > 1): where the expert layer's
@@ -172,17 +173,23 @@ impl Plan {
         }
     }
 
-    /// How the plan's TP communication is priced: Megatron-LM's rule where its program runs
-    /// the rules (`sharding.method` says `megatron-rules (why)`), else the extraction.
+    /// How the plan's TP communication is priced, from what `compile` recorded its program
+    /// runs: the extraction it lowered (`sharding.method` names the e-graph), Megatron-LM's
+    /// rule (`megatron-rules (why)`), or, for a plan no extraction was recorded for, as the
+    /// search prices a candidate.
     pub fn tp_pricing(&self) -> crate::estimate::TpPricing<'_> {
+        use crate::estimate::TpPricing;
         let method = &self.sharding.method;
-        if self.strategy.tp > 1 && method.starts_with(RULES_METHOD) {
-            let why = method[RULES_METHOD.len()..].trim_start();
-            let why = why.strip_prefix('(').and_then(|w| w.strip_suffix(')'));
-            crate::estimate::TpPricing::Rules(why.unwrap_or("the program runs the rules"))
-        } else {
-            crate::estimate::TpPricing::Extraction
+        let recorded = self.block_plan.is_some();
+        if self.strategy.tp <= 1 || !recorded {
+            return TpPricing::Extraction;
         }
+        if !method.starts_with(RULES_METHOD) {
+            return TpPricing::Lowered;
+        }
+        let why = method[RULES_METHOD.len()..].trim_start();
+        let why = why.strip_prefix('(').and_then(|w| w.strip_suffix(')'));
+        TpPricing::Rules(why.unwrap_or("the program runs the rules"))
     }
 
     /// Reads a plan, checking its format version.

@@ -189,7 +189,7 @@ pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> Result<bool, Codege
 /// operands, in the layout the extraction chose, and its parameters are held as the
 /// extraction holds them. `Ok(None)`: it is; `Ok(Some(why))`: the first op where they differ
 /// (the program then follows the segment lowering's own rules); `Err`: the layer does not
-/// lower at all. A plan without an extraction (tp 1) is trivially its own.
+/// lower at all. A plan without a recorded extraction is trivially its own.
 pub fn extraction_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<String>, CodegenError> {
     layer_against_extraction(plan, graph, layer_or_why)
 }

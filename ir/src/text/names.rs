@@ -39,10 +39,10 @@ impl Names {
 
     /// `%N`, or `%?id` (which does not parse) for a value the order does not define.
     pub(crate) fn value(&self, v: ValueId) -> String {
-        match self.numbers.get(v.index()).copied().flatten() {
-            Some(n) => format!("%{n}"),
-            None => format!("%?{}", v.0),
-        }
+        let mut s = String::new();
+        // Writing to a String cannot fail.
+        let _ = self.write(&mut s, v);
+        s
     }
 
     /// The op as the head of its text line: `%3, %4 = split`, or just `grad` with no results.

@@ -695,6 +695,25 @@ fn search_with(
     }))
 }
 
+/// An alternative's reason against a winner that now takes `t0` seconds (re-priced for the
+/// layout its program runs): its time compared anew, what it changes kept. A fitting
+/// alternative faster than the re-priced winner says so.
+pub fn compared_with(a: &Alternative, t0: f64) -> String {
+    let Some(rest) = a.reason.strip_prefix("slower by ") else {
+        return a.reason.clone();
+    };
+    let tail = rest.find('%').map_or("", |i| &rest[i + 1..]);
+    let change = 100.0 * (a.iteration_time_s / t0 - 1.0);
+    if change >= 0.0 {
+        format!("slower by {change:.1} %{tail}")
+    } else {
+        format!(
+            "faster by {:.1} % than the plan as its program runs (priced by its extraction, which codegen would lower or not only at compile){tail}",
+            -change
+        )
+    }
+}
+
 /// The best losers: the fastest plan of each other mesh shape, and `oom`, the nearest plan
 /// that did not fit among those that would have been faster.
 fn alternatives(
