@@ -223,3 +223,33 @@ fn a_layout_the_memory_model_does_not_price_falls_back_to_the_rule() {
         LayerTpComm::EXTRACTION
     );
 }
+
+/// One cached extraction serves every micro-batch count: on one `ModelInfo` (one cache), the
+/// layer's price at m = 1, 4 and 16 micro-batches equals the sum over a fresh extraction solved
+/// at that m (its once-per-step reductions at share 1/m).
+#[test]
+fn one_cached_extraction_prices_every_micro_batch_count() {
+    let cluster = Cluster::load("dgx-a100-80gb").unwrap();
+    let g = model("llama3-8b", 2);
+    let info = ModelInfo::new(&g).unwrap();
+    for sp in [true, false] {
+        for m in [1u64, 4, 16] {
+            let mut s = strategy(4, sp, 1);
+            s.global_batch = m;
+            let fresh = {
+                let g2 = model("llama3-8b", 2);
+                let other = ModelInfo::new(&g2).unwrap();
+                let bp = planner::sharding_costs::block_plan(&other, &cluster, &s).unwrap();
+                bp.collectives.iter().map(|c| c.seconds).sum::<f64>()
+            };
+            let e = estimate(&info, &cluster, 4, &s).unwrap();
+            let layer = e.predicted.layer_tp_comm.unwrap();
+            assert_eq!(layer.source, LayerTpComm::EXTRACTION, "sp {sp} m {m}");
+            let priced = layer.fwd_s + layer.bwd_s;
+            assert!(
+                (priced - fresh).abs() <= 1e-9 * fresh,
+                "sp {sp} m {m}: priced {priced:e} s, fresh extraction {fresh:e} s"
+            );
+        }
+    }
+}
