@@ -397,16 +397,27 @@ fn estimate_impl(
         Some(Ok(t)) => (t.fwd_s, t.bwd_per_micro_batch(s.micro_batches())),
         _ => rule_tp(&info.layer_ops),
     };
-    let layer_tp_comm = layer_tp.map(|t| LayerTpComm {
-        source: match &t {
+    let layer_tp_comm = layer_tp.as_ref().map(|t| LayerTpComm {
+        source: match t {
             Ok(_) => LayerTpComm::EXTRACTION.to_string(),
             Err(why) => format!("{} ({why})", LayerTpComm::RULES),
         },
         fwd_s: layer_tp_times.0,
         bwd_s: layer_tp_times.1,
-        collectives: t.ok().map(|t| t.collectives),
+        collectives: t.as_ref().ok().map(|t| t.collectives),
     });
-    let work = |ops: &[OpId], groups: &[Vec<OpId>], (tp_fwd, tp_bwd): (f64, f64)| -> Work {
+    // Each op's work split as the layer's extraction lays it out where it priced the layer,
+    // else as Megatron-LM's layout.
+    let rule_layout = |o: OpId| tp_layout(g, o, info.hidden, s.sequence_parallel);
+    let layer_layout = |o: OpId| match &layer_tp {
+        Some(Ok(t)) => t.layout_of(o).unwrap_or_else(|| rule_layout(o)),
+        _ => rule_layout(o),
+    };
+    let work = |ops: &[OpId],
+                groups: &[Vec<OpId>],
+                (tp_fwd, tp_bwd): (f64, f64),
+                layout_of: &dyn Fn(OpId) -> TpLayout|
+     -> Work {
         let mut w = Work::default();
         let singles: Vec<Vec<OpId>>;
         let kernels = if s.kernels == Kernels::Fused {
@@ -419,8 +430,7 @@ fn estimate_impl(
             let Some(&o) = group.first() else {
                 continue;
             };
-            let layout = tp_layout(g, o, info.hidden, s.sequence_parallel);
-            let t = device.fused_time(g, group, b, tp, layout, act_scale);
+            let t = device.fused_time(g, group, b, tp, layout_of(o), act_scale);
             w.fwd += t.fwd;
             w.bwd += t.bwd;
             w.fwd_flops += t.fwd_flops;
@@ -466,9 +476,24 @@ fn estimate_impl(
         }
         w
     };
-    let layer = work(&info.layer_ops, &info.layer_groups, layer_tp_times);
-    let pre = work(&info.pre_ops, &info.pre_groups, rule_tp(&info.pre_ops));
-    let post = work(&info.post_ops, &info.post_groups, rule_tp(&info.post_ops));
+    let layer = work(
+        &info.layer_ops,
+        &info.layer_groups,
+        layer_tp_times,
+        &layer_layout,
+    );
+    let pre = work(
+        &info.pre_ops,
+        &info.pre_groups,
+        rule_tp(&info.pre_ops),
+        &rule_layout,
+    );
+    let post = work(
+        &info.post_ops,
+        &info.post_groups,
+        rule_tp(&info.post_ops),
+        &rule_layout,
+    );
 
     // ZeRO-3 gathers each layer's parameters before its forward (and recompute) and backward,
     // and reduce-scatters its gradients, prefetching one layer ahead: the layer takes the

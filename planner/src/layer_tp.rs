@@ -13,10 +13,10 @@
 //! answer on the shape alone; only where the two ends disagree is the extraction solved again
 //! for the strategy's own m.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
+use ir::OpId;
 
 use crate::cost::compute::{AttentionKernel, Kernels, TpLayout, tp_layout};
 use crate::hardware::Cluster;
@@ -26,8 +26,9 @@ use crate::sharding::{BlockPlan, Layout, Pass};
 use crate::sharding_costs::block_plan_with_share;
 use crate::strategy::Strategy;
 
-/// One layer's tensor-parallel collectives as the extraction laid them out, in seconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// One layer's tensor-parallel collectives as the extraction laid them out, in seconds, and
+/// how it lays out each op's work.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LayerTp {
     /// Forward collectives per micro-batch.
     pub fwd_s: f64,
@@ -39,6 +40,9 @@ pub struct LayerTp {
     pub per_step_s: f64,
     /// Collectives of one micro-batch's forward and backward, and of the step's reductions.
     pub collectives: usize,
+    /// Each computed op of the block: split across the group (reads or writes a piece) or
+    /// whole on every rank.
+    pub layouts: Arc<BTreeMap<OpId, TpLayout>>,
 }
 
 impl LayerTp {
@@ -49,6 +53,21 @@ impl LayerTp {
             collectives: bp.collectives.len(),
             ..LayerTp::default()
         };
+        let layouts = bp
+            .ops
+            .iter()
+            .filter_map(|op| Some((op.op, split_work(op)?)))
+            .map(|(o, split)| {
+                (
+                    o,
+                    if split {
+                        TpLayout::Split
+                    } else {
+                        TpLayout::Replicated
+                    },
+                )
+            });
+        t.layouts = Arc::new(layouts.collect());
         for c in &bp.collectives {
             match (c.per_step, c.pass) {
                 (true, _) if share > 0.0 => t.per_step_s += c.seconds / share,
@@ -58,6 +77,11 @@ impl LayerTp {
             }
         }
         t
+    }
+
+    /// How the extraction lays out op `o`'s work (`None` for an op it does not place).
+    pub fn layout_of(&self, o: OpId) -> Option<TpLayout> {
+        self.layouts.get(&o).copied()
     }
 
     /// Backward seconds per micro-batch with the step's reductions shared over `m` of them.
@@ -237,9 +261,7 @@ fn price(
         if !carries_work(&g.op(op.op).kind) {
             continue;
         }
-        // A row-parallel product reads split operands and records its reduced output.
-        let split = matches!(op.output, Some(Layout::Split { .. } | Layout::Partial))
-            || op.inputs.iter().any(|l| matches!(l, Layout::Split { .. }));
+        let split = split_work(op).unwrap_or(false);
         let megatron = tp_layout(g, op.op, info.hidden, s.sequence_parallel) == TpLayout::Split;
         if split != megatron || op.instances > 1 {
             return Err(format!(
@@ -271,5 +293,16 @@ fn carries_work(kind: &ir::OpKind) -> bool {
             | K::LayerNorm { .. }
             | K::RmsNorm { .. }
             | K::Dropout { .. }
+    )
+}
+
+/// Whether the extraction splits op `op`'s work across the group: it writes a piece or a
+/// partial sum, or reads a piece (a row-parallel product reads split operands and records its
+/// reduced output). `None` for an op the program does not compute.
+fn split_work(op: &crate::sharding::OpPlan) -> Option<bool> {
+    let out = op.output.as_ref()?;
+    Some(
+        matches!(out, Layout::Split { .. } | Layout::Partial)
+            || op.inputs.iter().any(|l| matches!(l, Layout::Split { .. })),
     )
 }
