@@ -7,6 +7,10 @@ mod common;
 
 use common::{compile, plait};
 
+fn pins(line: &'static str) -> Vec<&'static str> {
+    line.split_whitespace().collect()
+}
+
 fn plan_json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("plan")).expect("plan JSON")
 }
@@ -35,20 +39,7 @@ fn not_stale(plan: &std::path::Path) {
 /// rules, and the plan is priced by them (slower than the extraction's price).
 #[test]
 fn a_plan_lowered_by_the_rules_is_priced_by_the_rules() {
-    let pins = [
-        "--tp",
-        "4",
-        "--pp",
-        "1",
-        "--dp",
-        "2",
-        "--micro-batch",
-        "16",
-        "--zero",
-        "1",
-        "--sequence-parallel",
-        "on",
-    ];
+    let pins = pins("--tp 4 --pp 1 --dp 2 --micro-batch 16 --zero 1 --sequence-parallel on");
     let path = compile("rules", "plan.json", &pins);
     let v = plan_json(&path);
     let method = v["sharding"]["method"].as_str().expect("method");
@@ -72,20 +63,7 @@ fn a_plan_lowered_by_the_rules_is_priced_by_the_rules() {
 /// the plan keeps the extraction's price (what `estimate` predicts).
 #[test]
 fn a_plan_lowered_as_extracted_keeps_the_extractions_price() {
-    let pins = [
-        "--tp",
-        "4",
-        "--pp",
-        "1",
-        "--dp",
-        "2",
-        "--micro-batch",
-        "4",
-        "--zero",
-        "1",
-        "--sequence-parallel",
-        "off",
-    ];
+    let pins = pins("--tp 4 --pp 1 --dp 2 --micro-batch 4 --zero 1 --sequence-parallel off");
     let path = compile("extracted", "plan.json", &pins);
     let v = plan_json(&path);
     let method = v["sharding"]["method"].as_str().expect("method");
