@@ -202,7 +202,7 @@ fn reprice_as_lowered(
     train_tokens: Option<f64>,
 ) -> anyhow::Result<()> {
     let pricing = plan.tp_pricing();
-    if pricing == planner::TpPricing::Extraction {
+    if pricing == planner::Pricing::SEARCH {
         return Ok(());
     }
     let best =
@@ -433,6 +433,35 @@ fn extracted_program_fits(
     Ok(note)
 }
 
+/// Records the extraction of the embedding and the head (`plan.embedding_head_plan`) and, in
+/// `sharding.embedding_head`, whether the program runs it: codegen lowers them by its rules
+/// (vocabulary-parallel where the vocabulary splits, whole otherwise), which must be the
+/// extraction's layout op for op ([`codegen::lower::embedding_head_mismatch`]).
+fn record_embedding_head(
+    plan: &mut Plan,
+    info: &planner::ModelInfo<'_>,
+    cluster: &planner::Cluster,
+    s: &planner::Strategy,
+) {
+    let rules = |why: String| format!("{} ({why})", planner::plan::RULES_METHOD);
+    plan.sharding.embedding_head = Some(
+        match planner::sharding_costs::embedding_head_plan(info, cluster, s) {
+            Ok(bp) => {
+                let solver = format!("e-graph + {}", bp.solve.solver);
+                plan.embedding_head_plan = Some(bp);
+                match codegen::lower::embedding_head_mismatch(plan, info.graph) {
+                    Ok(None) => solver,
+                    Ok(Some(why)) => rules(format!(
+                        "the e-graph's layout of the embedding and head is not the one lowered: {why}"
+                    )),
+                    Err(e) => rules(format!("the embedding or head does not lower: {e}")),
+                }
+            }
+            Err(e) => rules(format!("e-graph extraction failed: {e}")),
+        },
+    );
+}
+
 /// Runs the e-graph extractions the winning strategy needs and records them in the plan: the
 /// tensor-parallel block (at tp 1 too, where it is the whole block), whose every op must run in the layout codegen lowers
 /// ([`codegen::lower::extraction_mismatch`]), and the expert-parallel group's (ep > 1), whose
@@ -486,6 +515,9 @@ fn record_extractions(
         }
     }
     methods.dedup();
+    if s.tp > 1 {
+        record_embedding_head(plan, info, cluster, s);
+    }
     plan.sharding.method = match (fallback, methods.first()) {
         (Some(why), _) => format!("megatron-rules ({why})"),
         (None, Some(solver)) => format!("e-graph + {solver}"),

@@ -5,7 +5,7 @@ use ir::{Binding, Graph, OpId, OpKind, cost};
 use serde::{Deserialize, Serialize};
 
 use crate::cost::comm::{Collective, Mesh, collective_time, mesh_ep, p2p_time};
-use crate::cost::compute::{Device, Kernels, TpLayout, tp_layout};
+use crate::cost::compute::{Device, Kernels, TpLayout, outer_tp_layout, tp_layout};
 use crate::cost::memory::{
     ActivationPolicy, LayerShape, layer_activation_bytes, layer_backward_gradient_bytes,
     state_bytes,
@@ -88,13 +88,22 @@ pub struct Predicted {
     /// How one layer's tensor-parallel communication was priced (tp > 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer_tp_comm: Option<LayerTpComm>,
+    /// How the embedding's (the ops before the first layer) tensor-parallel communication was
+    /// priced (tp > 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding_tp_comm: Option<LayerTpComm>,
+    /// How the head's (final norm, head and loss) tensor-parallel communication was priced
+    /// (tp > 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_tp_comm: Option<LayerTpComm>,
 }
 
-/// One layer's tensor-parallel communication per micro-batch, before any overlap with compute,
-/// and where it comes from: the collectives of the sharding extraction's layout of the block
-/// ([`crate::layer_tp`]), or Megatron-LM's rule (one all-reduce, or a reduce-scatter and an
-/// all-gather with SP, per row-parallel product and pass) where the extraction cannot price
-/// the layer (`source` then says why).
+/// One layer's (or the embedding's, or the head's) tensor-parallel communication per
+/// micro-batch, before any overlap with compute, and where it comes from: the collectives of
+/// the sharding extraction's layout ([`crate::layer_tp`]), or Megatron-LM's rule (one
+/// all-reduce, or a reduce-scatter and an all-gather with SP, per row-parallel product and
+/// pass; the head's vocabulary-parallel loss is not in it) where the extraction cannot price
+/// it (`source` then says why).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LayerTpComm {
     pub source: String,
@@ -110,6 +119,20 @@ pub struct LayerTpComm {
 impl LayerTpComm {
     pub const EXTRACTION: &'static str = "e-graph extraction";
     pub const RULES: &'static str = "megatron rules";
+
+    /// Priced from an extraction of `collectives` collectives, or by the rule for the reason
+    /// given, at (forward, backward) seconds.
+    fn of(collectives: Result<usize, &String>, (fwd_s, bwd_s): (f64, f64)) -> LayerTpComm {
+        LayerTpComm {
+            source: match &collectives {
+                Ok(_) => LayerTpComm::EXTRACTION.to_string(),
+                Err(why) => format!("{} ({why})", LayerTpComm::RULES),
+            },
+            fwd_s,
+            bwd_s,
+            collectives: collectives.ok(),
+        }
+    }
 }
 
 /// What one rank of the critical stage exchanges with its data-parallel group per step, as
@@ -238,7 +261,7 @@ fn unbounded(e: Option<Estimate>) -> Result<Estimate, PlanError> {
 struct Mode<'a> {
     record: bool,
     cutoff: f64,
-    tp: TpPricing<'a>,
+    tp: Pricing<'a>,
 }
 
 impl Default for Mode<'_> {
@@ -246,7 +269,7 @@ impl Default for Mode<'_> {
         Mode {
             record: false,
             cutoff: f64::INFINITY,
-            tp: TpPricing::Extraction,
+            tp: Pricing::SEARCH,
         }
     }
 }
@@ -266,13 +289,30 @@ pub enum TpPricing<'a> {
     Rules(&'a str),
 }
 
-/// Like [`estimate`], priced for the layout `tp` names.
+/// Which layouts the layer's and the embedding and head's tensor-parallel communication are
+/// priced for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pricing<'a> {
+    pub layer: TpPricing<'a>,
+    /// The ops before and after the layers ([`crate::layer_tp::outer_tp`]).
+    pub embedding_head: TpPricing<'a>,
+}
+
+impl Pricing<'_> {
+    /// How the search prices every candidate: each extraction where it prices.
+    pub const SEARCH: Pricing<'static> = Pricing {
+        layer: TpPricing::Extraction,
+        embedding_head: TpPricing::Extraction,
+    };
+}
+
+/// Like [`estimate`], priced for the layouts `tp` names.
 pub fn estimate_priced(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
     gpus: u64,
     s: &Strategy,
-    tp: TpPricing<'_>,
+    tp: Pricing<'_>,
 ) -> Result<Estimate, PlanError> {
     let mode = Mode {
         tp,
@@ -287,7 +327,7 @@ pub fn estimate_traced(
     cluster: &Cluster,
     gpus: u64,
     s: &Strategy,
-    tp: TpPricing<'_>,
+    tp: Pricing<'_>,
 ) -> Result<Estimate, PlanError> {
     let mode = Mode {
         record: true,
@@ -388,7 +428,7 @@ fn estimate_impl(
         let t = tp_collective(row_parallel_ops(g, ops, info.hidden));
         (t, t)
     };
-    let layer_tp = (tp > 1).then(|| match mode.tp {
+    let layer_tp = (tp > 1).then(|| match mode.tp.layer {
         TpPricing::Extraction => crate::layer_tp::layer_tp(info, cluster, s),
         TpPricing::Lowered => crate::layer_tp::layer_tp_as_lowered(info, cluster, s),
         TpPricing::Rules(why) => Err(why.to_string()),
@@ -397,15 +437,29 @@ fn estimate_impl(
         Some(Ok(t)) => (t.fwd_s, t.bwd_per_micro_batch(s.micro_batches())),
         _ => rule_tp(&info.layer_ops),
     };
-    let layer_tp_comm = layer_tp.as_ref().map(|t| LayerTpComm {
-        source: match t {
-            Ok(_) => LayerTpComm::EXTRACTION.to_string(),
-            Err(why) => format!("{} ({why})", LayerTpComm::RULES),
-        },
-        fwd_s: layer_tp_times.0,
-        bwd_s: layer_tp_times.1,
-        collectives: t.as_ref().ok().map(|t| t.collectives),
+    let layer_tp_comm = layer_tp
+        .as_ref()
+        .map(|t| LayerTpComm::of(t.as_ref().map(|t| t.collectives), layer_tp_times));
+    let outer_tp = (tp > 1).then(|| match mode.tp.embedding_head {
+        TpPricing::Extraction => crate::layer_tp::outer_tp(info, cluster, s),
+        TpPricing::Lowered => crate::layer_tp::outer_tp_as_lowered(info, cluster, s),
+        TpPricing::Rules(why) => Err(why.to_string()),
     });
+    let mb = s.micro_batches();
+    let (pre_tp_times, post_tp_times) = match &outer_tp {
+        Some(Ok(t)) => (
+            (t.pre.fwd_s, t.pre.bwd_per_micro_batch(mb)),
+            (t.post.fwd_s, t.post.bwd_per_micro_batch(mb)),
+        ),
+        _ => (rule_tp(&info.pre_ops), rule_tp(&info.post_ops)),
+    };
+    let outer_comm = |part: fn(&crate::layer_tp::OuterTp) -> &crate::layer_tp::LayerTp, times| {
+        outer_tp
+            .as_ref()
+            .map(|t| LayerTpComm::of(t.as_ref().map(|t| part(t).collectives), times))
+    };
+    let embedding_tp_comm = outer_comm(|t| &t.pre, pre_tp_times);
+    let head_tp_comm = outer_comm(|t| &t.post, post_tp_times);
     // Each op's work split as the layer's extraction lays it out where it priced the layer,
     // else as Megatron-LM's layout.
     let rule_layout = |o: OpId| tp_layout(g, o, info.hidden, s.sequence_parallel);
@@ -482,17 +536,18 @@ fn estimate_impl(
         layer_tp_times,
         &layer_layout,
     );
-    let pre = work(
-        &info.pre_ops,
-        &info.pre_groups,
-        rule_tp(&info.pre_ops),
-        &rule_layout,
-    );
+    let outer_rule_layout =
+        |o: OpId| outer_tp_layout(g, o, info.hidden, info.vocab, tp, s.sequence_parallel);
+    let outer_layout = |o: OpId| match &outer_tp {
+        Some(Ok(t)) => t.pre.layout_of(o).unwrap_or_else(|| outer_rule_layout(o)),
+        _ => outer_rule_layout(o),
+    };
+    let pre = work(&info.pre_ops, &info.pre_groups, pre_tp_times, &outer_layout);
     let post = work(
         &info.post_ops,
         &info.post_groups,
-        rule_tp(&info.post_ops),
-        &rule_layout,
+        post_tp_times,
+        &outer_layout,
     );
 
     // ZeRO-3 gathers each layer's parameters before its forward (and recompute) and backward,
@@ -774,6 +829,8 @@ fn estimate_impl(
             training: None,
             dp_exchange: exchanges[critical],
             layer_tp_comm,
+            embedding_tp_comm,
+            head_tp_comm,
         },
         timeline,
         mesh: Some(m),
@@ -799,17 +856,33 @@ pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f6
     let tp = f64::from(s.tp);
     let experts = f64::from(layers) * info.expert_params_per_layer as f64 / tp / f64::from(s.ep);
     let mut params = f64::from(layers) * info.dense_params_per_layer() as f64;
+    // A learned position table and the final norm stay whole on every rank (Megatron-LM);
+    // the vocabulary-sized matrices are split ([`ModelInfo::vocabulary_matrix`]).
+    // Where the vocabulary does not split, plait's program keeps them whole too.
+    let (pre_whole, post_whole) = if info.vocabulary_splits(s.tp) {
+        (info.pre_whole_params, info.post_whole_params)
+    } else {
+        (info.pre_params, info.post_params)
+    };
+    let mut whole = 0.0;
     if mine.contains(&0) {
-        params += info.pre_params as f64;
+        params += (info.pre_params - pre_whole) as f64;
+        whole += pre_whole as f64;
     }
     if mine.contains(&(n - 1)) {
-        params += info.post_params as f64;
+        params += (info.post_params - post_whole) as f64;
+        whole += post_whole as f64;
         if s.pp > 1 {
-            // The last stage keeps its own copy of a tied embedding (Megatron-LM).
-            params += info.tied_params as f64;
+            // The last stage keeps its own copy of a tied embedding (Megatron-LM), split as
+            // the first stage's.
+            if info.vocabulary_splits(s.tp) {
+                params += info.tied_params as f64;
+            } else {
+                whole += info.tied_params as f64;
+            }
         }
     }
-    (params / tp, experts)
+    (params / tp + whole, experts)
 }
 
 /// Row-parallel products in `ops`: each needs one all-reduce of the hidden-sized output in the
@@ -1068,7 +1141,13 @@ impl Transients {
         } else {
             0.0
         };
-        let logits = 4.0 * (b.batch * b.seq * info.vocab) as f64 / tp;
+        // Vocabulary shards, or the rank's sequence shard where the vocabulary does not split.
+        let logits_split = if info.vocabulary_splits(s.tp) || s.sequence_parallel {
+            tp
+        } else {
+            1.0
+        };
+        let logits = 4.0 * (b.batch * b.seq * info.vocab) as f64 / logits_split;
         Transients {
             layer: WorkingSet {
                 activations: rebuilt + gradients,

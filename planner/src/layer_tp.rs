@@ -1,6 +1,8 @@
 //! The tensor-parallel communication of one layer, read off the sharding extraction of its
 //! block ([`crate::sharding_costs::block_plan`]): what the estimate charges a layer per
-//! micro-batch is the sum of the collectives of the layout the e-graph chose, not a rule.
+//! micro-batch is the sum of the collectives of the layout the e-graph chose, not a rule. The
+//! embedding and the head are priced the same way from one extraction of the ops outside the
+//! layers ([`outer_tp`]).
 //!
 //! Extractions are cached on the model ([`TpCache`] in [`ModelInfo`]): the search asks for the
 //! same block shape (tp, SP, micro-batch, the rank's sequence, precision, kernels) for many
@@ -18,12 +20,12 @@ use std::sync::{Arc, Mutex};
 
 use ir::OpId;
 
-use crate::cost::compute::{AttentionKernel, Kernels, TpLayout, tp_layout};
+use crate::cost::compute::{AttentionKernel, Kernels, TpLayout, outer_tp_layout, tp_layout};
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::precision::Precision;
-use crate::sharding::{BlockPlan, Layout, Pass};
-use crate::sharding_costs::block_plan_with_share;
+use crate::sharding::{BlockPlan, CollectivePlan, Layout, Pass};
+use crate::sharding_costs::{block_plan_with_share, embedding_head_plan_with_share};
 use crate::strategy::Strategy;
 
 /// One layer's tensor-parallel collectives as the extraction laid them out, in seconds, and
@@ -47,12 +49,10 @@ pub struct LayerTp {
 
 impl LayerTp {
     /// Reads the price of an extraction made at gradient share `share` (its per-step
-    /// reductions' seconds are that share of their time).
-    fn of(bp: &BlockPlan, share: f64) -> LayerTp {
-        let mut t = LayerTp {
-            collectives: bp.collectives.len(),
-            ..LayerTp::default()
-        };
+    /// reductions' seconds are that share of their time), counting the collectives `mine`
+    /// keeps.
+    fn of(bp: &BlockPlan, share: f64, mine: impl Fn(&CollectivePlan) -> bool) -> LayerTp {
+        let mut t = LayerTp::default();
         let layouts = bp
             .ops
             .iter()
@@ -68,7 +68,8 @@ impl LayerTp {
                 )
             });
         t.layouts = Arc::new(layouts.collect());
-        for c in &bp.collectives {
+        for c in bp.collectives.iter().filter(|c| mine(c)) {
+            t.collectives += 1;
             match (c.per_step, c.pass) {
                 (true, _) if share > 0.0 => t.per_step_s += c.seconds / share,
                 (true, _) => {}
@@ -90,9 +91,34 @@ impl LayerTp {
     }
 }
 
+/// The embedding's and the head's tensor-parallel collectives as one extraction of the ops
+/// outside the layers laid them out ([`embedding_head_plan_with_share`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OuterTp {
+    /// The ops before the first layer (token and position embeddings).
+    pub pre: LayerTp,
+    /// The ops after the last layer (final norm, head, loss).
+    pub post: LayerTp,
+}
+
+/// Which ops an extraction lays out: one layer's block, or the ops outside the layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Segment {
+    Layer,
+    Outer,
+}
+
+/// A segment's price: the layer's, or the embedding's and the head's.
+#[derive(Clone, Debug)]
+enum Priced {
+    Layer(LayerTp),
+    Outer(OuterTp),
+}
+
 /// What a block's extraction depends on besides the model and the cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Shape {
+    segment: Segment,
     tp: u32,
     sequence_parallel: bool,
     micro_batch: u64,
@@ -108,8 +134,9 @@ struct Shape {
 }
 
 impl Shape {
-    fn of(cluster: &Cluster, s: &Strategy, micro_batches: Option<u64>) -> Shape {
+    fn of(segment: Segment, cluster: &Cluster, s: &Strategy, micro_batches: Option<u64>) -> Shape {
         Shape {
+            segment,
             tp: s.tp,
             sequence_parallel: s.sequence_parallel,
             micro_batch: s.micro_batch,
@@ -124,12 +151,12 @@ impl Shape {
     }
 }
 
-/// A cached answer: the layer's price, or why the extraction cannot price it (the estimate
+/// A cached answer: the segment's price, or why the extraction cannot price it (the estimate
 /// then prices Megatron-LM's rule and says why), or `Depends` where the layout changes with
 /// the micro-batch count.
 #[derive(Clone, Debug)]
 enum Cached {
-    Priced(Result<LayerTp, String>),
+    Priced(Result<Priced, String>),
     Depends,
 }
 
@@ -175,7 +202,20 @@ pub fn layer_tp_as_lowered(
 ) -> Result<LayerTp, String> {
     let share = 1.0 / s.micro_batches().max(1) as f64;
     block_plan_with_share(info, cluster, s, Some(share))
-        .map(|bp| LayerTp::of(&bp, share))
+        .map(|bp| LayerTp::of(&bp, share, |_| true))
+        .map_err(|e| e.to_string())
+}
+
+/// The embedding's and head's tensor-parallel communication as the program runs the
+/// extraction `compile` recorded and codegen lowered (`plan.embedding_head_plan`).
+pub fn outer_tp_as_lowered(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+) -> Result<OuterTp, String> {
+    let share = 1.0 / s.micro_batches().max(1) as f64;
+    embedding_head_plan_with_share(info, cluster, s, Some(share))
+        .map(|bp| outer_of(info, &bp, share))
         .map_err(|e| e.to_string())
 }
 
@@ -186,11 +226,33 @@ pub fn layer_tp(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Result
     if s.cp > 1 || s.ep > 1 {
         return Err("codegen lowers the rules' layout beside expert or context parallelism".into());
     }
-    let shape = Shape::of(cluster, s, None);
+    match segment_tp(info, cluster, s, Segment::Layer)? {
+        Priced::Layer(t) => Ok(t),
+        Priced::Outer(_) => Err("the layer's extraction priced as the embedding's".into()),
+    }
+}
+
+/// The embedding's and head's tensor-parallel communication under strategy `s` (tp > 1),
+/// from the extraction of the ops outside the layers; `Err` says why it cannot price them.
+pub fn outer_tp(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Result<OuterTp, String> {
+    match segment_tp(info, cluster, s, Segment::Outer)? {
+        Priced::Outer(t) => Ok(t),
+        Priced::Layer(_) => Err("the embedding's extraction priced as a layer's".into()),
+    }
+}
+
+/// A segment's price from the cache, solving what is missing.
+fn segment_tp(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+    segment: Segment,
+) -> Result<Priced, String> {
+    let shape = Shape::of(segment, cluster, s, None);
     let cached = match info.tp_extractions.get(&shape, cluster) {
         Some(c) => c,
         None => {
-            let c = solve_both_ends(info, cluster, s);
+            let c = solve_both_ends(info, cluster, s, segment);
             info.tp_extractions.put(shape, cluster, c.clone());
             c
         }
@@ -199,14 +261,13 @@ pub fn layer_tp(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Result
         Cached::Priced(p) => p,
         Cached::Depends => {
             let m = s.micro_batches().max(1);
-            let own = Shape::of(cluster, s, Some(m));
+            let own = Shape::of(segment, cluster, s, Some(m));
             if let Some(Cached::Priced(p)) = info.tp_extractions.get(&own, cluster) {
                 return p;
             }
             let share = 1.0 / m as f64;
-            let p = block_plan_with_share(info, cluster, s, Some(share))
-                .map_err(|e| e.to_string())
-                .and_then(|bp| price(info, s, &bp, share));
+            let p = extract(info, cluster, s, segment, share)
+                .and_then(|bp| price(info, s, &bp, share, segment));
             info.tp_extractions
                 .put(own, cluster, Cached::Priced(p.clone()));
             p
@@ -214,55 +275,84 @@ pub fn layer_tp(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Result
     }
 }
 
+fn extract(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+    segment: Segment,
+    share: f64,
+) -> Result<BlockPlan, String> {
+    match segment {
+        Segment::Layer => block_plan_with_share(info, cluster, s, Some(share)),
+        Segment::Outer => embedding_head_plan_with_share(info, cluster, s, Some(share)),
+    }
+    .map_err(|e| e.to_string())
+}
+
 /// Solves the extraction at gradient share 0, and at share 1 where needed: a share-0 layout
 /// without per-step reductions costs the same at every share and nothing costs less (G >= 0),
 /// so it is optimal for every micro-batch count; otherwise the share-1 layout is, when its
 /// per-micro-batch seconds are also the share-0 optimum.
-fn solve_both_ends(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Cached {
-    let extract = |share| block_plan_with_share(info, cluster, s, Some(share));
-    let free = match extract(0.0) {
+fn solve_both_ends(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+    segment: Segment,
+) -> Cached {
+    let free = match extract(info, cluster, s, segment, 0.0) {
         Ok(bp) => bp,
-        Err(e) => return Cached::Priced(Err(e.to_string())),
+        Err(e) => return Cached::Priced(Err(e)),
     };
     if !free.collectives.iter().any(|c| c.per_step) {
-        return Cached::Priced(price(info, s, &free, 0.0));
+        return Cached::Priced(price(info, s, &free, 0.0, segment));
     }
-    let whole = match extract(1.0) {
+    let whole = match extract(info, cluster, s, segment, 1.0) {
         Ok(bp) => bp,
-        Err(e) => return Cached::Priced(Err(e.to_string())),
+        Err(e) => return Cached::Priced(Err(e)),
     };
-    let per_step = LayerTp::of(&whole, 1.0).per_step_s;
+    let per_step = LayerTp::of(&whole, 1.0, |_| true).per_step_s;
     let per_micro_batch = whole.solve.objective_seconds - per_step;
     let best_free = free.solve.objective_seconds;
     if per_micro_batch <= best_free + 1e-12 * best_free.abs() {
-        Cached::Priced(price(info, s, &whole, 1.0))
+        Cached::Priced(price(info, s, &whole, 1.0, segment))
     } else {
         Cached::Depends
     }
 }
 
 /// The extraction's price, where its layout computes what the estimate's compute and memory
-/// model charge: each product, attention, norm and dropout split across the group exactly
-/// where Megatron-LM's layout splits it ([`tp_layout`]; with SP the norms and dropout on
-/// sequence shards), and none computed twice. A layout that keeps more of the block whole (the
-/// e-graph's optimum where the activations it keeps cost nothing in its objective) is not what
-/// the plan's memory was proven for, so its collectives are not priced as the plan's. (Weights
-/// the extraction gathers from their stored shards are priced: `compile` checks the lowered
-/// program's memory against the plan's, and a plan whose program runs Megatron's rules
-/// instead is priced by them, [`crate::estimate::TpPricing::Rules`].)
+/// model charge: each product, attention, norm, dropout and loss split across the group
+/// exactly where Megatron-LM's layout splits it ([`tp_layout`]; with SP the norms and dropout
+/// on sequence shards), and none computed twice. A layout that keeps more of the block whole
+/// (the e-graph's optimum where the activations it keeps cost nothing in its objective) is not
+/// what the plan's memory was proven for, so its collectives are not priced as the plan's.
+/// (Weights the extraction gathers from their stored shards are priced: `compile` checks the
+/// lowered program's memory against the plan's, and a plan whose program runs Megatron's
+/// rules instead is priced by them, [`crate::estimate::TpPricing::Rules`].)
 fn price(
     info: &ModelInfo<'_>,
     s: &Strategy,
     bp: &BlockPlan,
     share: f64,
-) -> Result<LayerTp, String> {
+    segment: Segment,
+) -> Result<Priced, String> {
     let g = info.graph;
     for op in &bp.ops {
         if !carries_work(&g.op(op.op).kind) {
             continue;
         }
         let split = split_work(op).unwrap_or(false);
-        let megatron = tp_layout(g, op.op, info.hidden, s.sequence_parallel) == TpLayout::Split;
+        let megatron = match segment {
+            Segment::Layer => tp_layout(g, op.op, info.hidden, s.sequence_parallel),
+            Segment::Outer => outer_tp_layout(
+                g,
+                op.op,
+                info.hidden,
+                info.vocab,
+                u64::from(s.tp),
+                s.sequence_parallel,
+            ),
+        } == TpLayout::Split;
         if split != megatron || op.instances > 1 {
             return Err(format!(
                 "the extraction computes {} (position {}) {}, which the plan's compute and memory \
@@ -277,11 +367,30 @@ fn price(
             ));
         }
     }
-    Ok(LayerTp::of(bp, share))
+    Ok(match segment {
+        Segment::Layer => Priced::Layer(LayerTp::of(bp, share, |_| true)),
+        Segment::Outer => Priced::Outer(outer_of(info, bp, share)),
+    })
 }
 
-/// The ops whose layout decides a layer's compute and kept activations: products, attention,
-/// norms and dropout (reshapes, splits and point-wise ops follow their neighbours).
+/// Splits the outer extraction's collectives between the embedding (those after, or of a
+/// value made by, an op before the layers) and the head (the rest).
+fn outer_of(info: &ModelInfo<'_>, bp: &BlockPlan, share: f64) -> OuterTp {
+    let g = info.graph;
+    let before_layers = |c: &CollectivePlan| {
+        c.after_op
+            .or_else(|| c.value.map(|v| g.def_op(v)))
+            .is_some_and(|o| info.pre_ops.contains(&o))
+    };
+    OuterTp {
+        pre: LayerTp::of(bp, share, before_layers),
+        post: LayerTp::of(bp, share, |c| !before_layers(c)),
+    }
+}
+
+/// The ops whose layout decides a segment's compute and kept activations: products,
+/// attention, norms, dropout and the loss (reshapes, splits, point-wise ops and table lookups
+/// follow their neighbours).
 fn carries_work(kind: &ir::OpKind) -> bool {
     use ir::OpKind as K;
     matches!(
@@ -293,6 +402,7 @@ fn carries_work(kind: &ir::OpKind) -> bool {
             | K::LayerNorm { .. }
             | K::RmsNorm { .. }
             | K::Dropout { .. }
+            | K::CrossEntropy
     )
 }
 

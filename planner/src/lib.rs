@@ -25,7 +25,7 @@ pub mod strategy;
 pub mod training;
 
 pub use error::PlanError;
-pub use estimate::{Estimate, TpPricing, estimate};
+pub use estimate::{Estimate, Pricing, TpPricing, estimate};
 pub use hardware::Cluster;
 pub use model::ModelInfo;
 pub use precision::Precision;

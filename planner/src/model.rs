@@ -29,6 +29,11 @@ pub struct ModelInfo<'g> {
     pub experts: u64,
     pub pre_params: u64,
     pub post_params: u64,
+    /// Of `pre_params` and `post_params`: those tensor parallelism keeps whole on every rank
+    /// (a learned position table, the final norm), all but the vocabulary-sized matrices
+    /// ([`ModelInfo::vocabulary_matrix`]).
+    pub pre_whole_params: u64,
+    pub post_whole_params: u64,
     /// Parameters used both before and after the block (tied embeddings): a pipeline keeps a
     /// copy on the first and on the last stage.
     pub tied_params: u64,
@@ -104,6 +109,8 @@ impl<'g> ModelInfo<'g> {
         let (layer_groups, pre_groups, post_groups) =
             (fuse(&layer_ops), fuse(&pre_ops), fuse(&post_ops));
         let mut info = ModelInfo {
+            pre_whole_params: 0,
+            post_whole_params: 0,
             graph,
             layers,
             hidden: 0,
@@ -158,7 +165,48 @@ impl<'g> ModelInfo<'g> {
                 _ => {}
             }
         }
+        let whole = |ops: &[OpId], info: &ModelInfo<'_>| -> u64 {
+            ops.iter()
+                .filter(|o| is_param(o))
+                .filter(|&&o| !info.vocabulary_matrix(graph.op(o).results[0]))
+                .map(|&o| numel(o))
+                .sum()
+        };
+        info.pre_whole_params = whole(&info.pre_ops, &info);
+        info.post_whole_params = whole(&info.post_ops, &info);
         Ok(info)
+    }
+
+    /// Whether the vocabulary splits evenly over `tp` ranks (vocabulary-parallel embedding and
+    /// head); plait does not pad it, so otherwise the table and the head stay whole.
+    pub fn vocabulary_splits(&self, tp: u32) -> bool {
+        self.vocab.is_multiple_of(u64::from(tp.max(1)))
+    }
+
+    /// Whether parameter `v` is a vocabulary-sized matrix (the token table, the head's weight):
+    /// one of its axes is the vocabulary and no position lookup reads it. Tensor parallelism
+    /// stores these 1/tp per rank (Megatron-LM's vocabulary-parallel embedding and head); the
+    /// other parameters outside the layers stay whole.
+    pub fn vocabulary_matrix(&self, v: ir::ValueId) -> bool {
+        let g = self.graph;
+        let ty = g.ty(v);
+        let position_table = self.pre_ops.iter().any(|&u| {
+            let op = g.op(u);
+            matches!(op.kind, OpKind::Embedding)
+                && op.inputs.first() == Some(&v)
+                && op
+                    .inputs
+                    .get(1)
+                    .is_some_and(|&i| matches!(g.op(g.def_op(i)).kind, OpKind::Iota { .. }))
+        });
+        self.vocab > 0
+            && ty.shape.rank() >= 2
+            && ty
+                .shape
+                .dims()
+                .iter()
+                .any(|d| d.fixed() == Some(self.vocab))
+            && !position_table
     }
 
     /// Parameters of one layer outside the routed experts (what every expert-parallel rank

@@ -58,6 +58,24 @@ impl ModelRef {
     }
 }
 
+/// How a segment's TP communication is priced from the method `compile` recorded for it.
+fn recorded_pricing(
+    tp: u32,
+    recorded: bool,
+    method: Option<&str>,
+) -> crate::estimate::TpPricing<'_> {
+    use crate::estimate::TpPricing;
+    let Some(method) = method.filter(|_| tp > 1 && recorded) else {
+        return TpPricing::Extraction;
+    };
+    if !method.starts_with(RULES_METHOD) {
+        return TpPricing::Lowered;
+    }
+    let why = method[RULES_METHOD.len()..].trim_start();
+    let why = why.strip_prefix('(').and_then(|w| w.strip_suffix(')'));
+    TpPricing::Rules(why.unwrap_or("the program runs the rules"))
+}
+
 /// One model chunk: a contiguous range of decoder layers on one pipeline stage.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkPlan {
@@ -92,6 +110,11 @@ pub struct BlockSharding {
     pub sequence_parallel: bool,
     /// What produced it: `megatron-rules` or the e-graph extraction with its solver status.
     pub method: String,
+    /// What laid out the embedding and the head (the ops outside the layers), in the same
+    /// terms: `e-graph + …` where the program runs their recorded extraction
+    /// (`embedding_head_plan`), `megatron-rules (why)` where it runs the rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding_head: Option<String>,
     pub ops: Vec<OpSharding>,
 }
 
@@ -122,6 +145,10 @@ pub struct Plan {
     /// tokens are gathered and its output reduced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_block_plan: Option<crate::sharding::BlockPlan>,
+    /// The extraction of the ops outside the layers (embedding before them; final norm, head
+    /// and loss after them), as one list: [`crate::sharding_costs::outer_ops`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding_head_plan: Option<crate::sharding::BlockPlan>,
     pub predicted: Predicted,
     pub search: SearchSummary,
     pub alternatives: Vec<Alternative>,
@@ -167,6 +194,7 @@ impl Plan {
             sharding: megatron_sharding(info, s),
             block_plan: None,
             expert_block_plan: None,
+            embedding_head_plan: None,
             predicted: best.predicted.clone(),
             search,
             alternatives,
@@ -174,22 +202,19 @@ impl Plan {
     }
 
     /// How the plan's TP communication is priced, from what `compile` recorded its program
-    /// runs: the extraction it lowered (`sharding.method` names the e-graph), Megatron-LM's
-    /// rule (`megatron-rules (why)`), or, for a plan no extraction was recorded for, as the
-    /// search prices a candidate.
-    pub fn tp_pricing(&self) -> crate::estimate::TpPricing<'_> {
-        use crate::estimate::TpPricing;
-        let method = &self.sharding.method;
-        let recorded = self.block_plan.is_some();
-        if self.strategy.tp <= 1 || !recorded {
-            return TpPricing::Extraction;
+    /// runs: the extraction it lowered (`sharding.method`, or `sharding.embedding_head` for the
+    /// ops outside the layers, names the e-graph), Megatron-LM's rule (`megatron-rules
+    /// (why)`), or, where no extraction was recorded, as the search prices a candidate.
+    pub fn tp_pricing(&self) -> crate::estimate::Pricing<'_> {
+        let tp = self.strategy.tp;
+        crate::estimate::Pricing {
+            layer: recorded_pricing(tp, self.block_plan.is_some(), Some(&self.sharding.method)),
+            embedding_head: recorded_pricing(
+                tp,
+                self.embedding_head_plan.is_some(),
+                self.sharding.embedding_head.as_deref(),
+            ),
         }
-        if !method.starts_with(RULES_METHOD) {
-            return TpPricing::Lowered;
-        }
-        let why = method[RULES_METHOD.len()..].trim_start();
-        let why = why.strip_prefix('(').and_then(|w| w.strip_suffix(')'));
-        TpPricing::Rules(why.unwrap_or("the program runs the rules"))
     }
 
     /// Reads a plan, checking its format version.
@@ -285,6 +310,7 @@ pub fn megatron_sharding(info: &ModelInfo<'_>, s: &Strategy) -> BlockSharding {
         tp: s.tp,
         sequence_parallel: s.sequence_parallel,
         method: RULES_METHOD.into(),
+        embedding_head: None,
         ops,
     }
 }

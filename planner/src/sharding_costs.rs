@@ -2,7 +2,7 @@
 //! [`crate::cost::compute::Device`] and the α–β collectives of [`crate::cost::comm`] over the
 //! tensor-parallel group of the strategy's mesh (or its expert-parallel group).
 
-use ir::Binding;
+use ir::{Binding, OpId};
 
 use crate::cost::comm::{Collective, Group, collective_time, mesh_ep};
 use crate::cost::compute::Device;
@@ -10,7 +10,7 @@ use crate::error::PlanError;
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::sharding::{
-    BlockPlan, CollectiveKind, ComputeKind, CostOracle, ShardError, ShardOptions, plan_block,
+    BlockPlan, CollectiveKind, ComputeKind, CostOracle, ShardError, ShardOptions, plan_ops,
 };
 use crate::strategy::Strategy;
 
@@ -92,14 +92,37 @@ impl CostOracle for ClusterCosts<'_> {
 /// proven to fit holds for the layout it records; how the parameters are read (split,
 /// gathered) stays the extraction's choice.
 fn parameter_budget(info: &ModelInfo<'_>, tp: u32, b: Binding) -> f64 {
+    budget_of(info, &info.layer_ops, tp, b, |v| g_rank(info, v) >= 2)
+}
+
+fn g_rank(info: &ModelInfo<'_>, v: ir::ValueId) -> usize {
+    info.graph.ty(v).shape.rank()
+}
+
+/// The parameter storage per rank the memory model allots the ops outside the layers: the
+/// vocabulary-sized matrices ([`ModelInfo::vocabulary_matrix`]: the token table, the head)
+/// 1/tp where the vocabulary splits, everything else (a learned position table, the final
+/// norm) whole, as Megatron-LM keeps them.
+fn outer_parameter_budget(info: &ModelInfo<'_>, ops: &[OpId], tp: u32, b: Binding) -> f64 {
+    let splits = info.vocabulary_splits(tp);
+    budget_of(info, ops, tp, b, |v| splits && info.vocabulary_matrix(v))
+}
+
+fn budget_of(
+    info: &ModelInfo<'_>,
+    ops: &[OpId],
+    tp: u32,
+    b: Binding,
+    split: impl Fn(ir::ValueId) -> bool,
+) -> f64 {
     let g = info.graph;
-    info.layer_ops
-        .iter()
+    ops.iter()
         .filter(|&&o| matches!(g.op(o).kind, ir::OpKind::Param { .. }))
         .map(|&o| {
-            let ty = g.ty(g.op(o).results[0]);
+            let v = g.op(o).results[0];
+            let ty = g.ty(v);
             let bytes = ty.bytes(b) as f64;
-            if ty.shape.rank() >= 2 {
+            if split(v) {
                 bytes / f64::from(tp)
             } else {
                 bytes
@@ -133,7 +156,52 @@ pub fn block_plan_with_share(
         memory_limit_bytes: Some(parameter_budget(info, s.tp, b)),
         ..ShardOptions::new(s.tp, s.sequence_parallel, b)
     };
-    extract(info, cluster, s, &opts, |m| m.tp, false, share)
+    extract(
+        info,
+        cluster,
+        s,
+        &info.layer_ops,
+        &opts,
+        |m| m.tp,
+        false,
+        share,
+    )
+}
+
+/// The ops outside the layers as one list: the embedding before them, then the final norm,
+/// head and loss after them. One extraction lays both out, so a tied table is one parameter
+/// held in one layout by the embedding and the head.
+pub fn outer_ops(info: &ModelInfo<'_>) -> Vec<OpId> {
+    info.pre_ops.iter().chain(&info.post_ops).copied().collect()
+}
+
+/// The sharding extraction of the embedding and head ([`outer_ops`]) under strategy `s`, over
+/// its tensor-parallel group, with a replicated weight's gradient reduction priced at `share`
+/// of its time (the strategy's 1/m where `None`). The tables and weights with a vocabulary axis
+/// must be stored 1/tp per rank ([`outer_parameter_budget`]), or as little as any layout
+/// stores them where the vocabulary does not split.
+pub fn embedding_head_plan_with_share(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+    share: Option<f64>,
+) -> Result<BlockPlan, PlanError> {
+    let ops = outer_ops(info);
+    let b = binding(s);
+    let opts = ShardOptions {
+        memory_limit_bytes: Some(outer_parameter_budget(info, &ops, s.tp, b)),
+        ..ShardOptions::new(s.tp, s.sequence_parallel, b)
+    };
+    extract(info, cluster, s, &ops, &opts, |m| m.tp, false, share)
+}
+
+/// [`embedding_head_plan_with_share`] at the strategy's own micro-batch count.
+pub fn embedding_head_plan(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+) -> Result<BlockPlan, PlanError> {
+    embedding_head_plan_with_share(info, cluster, s, None)
 }
 
 /// The expert-parallel group's extraction of the strategy's block
@@ -153,7 +221,16 @@ pub fn expert_block_plan(
             ..b
         },
     );
-    extract(info, cluster, s, &opts, |m| m.ep, true, None)
+    extract(
+        info,
+        cluster,
+        s,
+        &info.layer_ops,
+        &opts,
+        |m| m.ep,
+        true,
+        None,
+    )
 }
 
 fn binding(s: &Strategy) -> Binding {
@@ -163,10 +240,12 @@ fn binding(s: &Strategy) -> Binding {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the one place the extraction's inputs meet
 fn extract(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
     s: &Strategy,
+    ops: &[OpId],
     opts: &ShardOptions,
     group: impl Fn(&crate::cost::comm::Mesh) -> Group,
     count_activations: bool,
@@ -191,13 +270,13 @@ fn extract(
     }
     // Parameters no rule can split (a router's weight) may leave every program above the
     // budget: then the least storage any program needs is the budget.
-    let mut plan = match plan_block(g, &info.layer_ops, opts, &costs) {
+    let mut plan = match plan_ops(g, ops, opts, &costs) {
         Err(ShardError::OutOfMemory { needed_bytes, .. }) => {
             let relaxed = ShardOptions {
                 memory_limit_bytes: Some(needed_bytes * (1.0 + 1e-9)),
                 ..*opts
             };
-            plan_block(g, &info.layer_ops, &relaxed, &costs)
+            plan_ops(g, ops, &relaxed, &costs)
         }
         done => done,
     }

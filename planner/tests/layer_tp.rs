@@ -11,11 +11,12 @@
 
 #![allow(clippy::unwrap_used)] // test helpers panic on purpose
 
+mod common;
+
 use ir::{DType, Graph, OpKind};
-use planner::engine::{Engine, Overlap};
 use planner::estimate::LayerTpComm;
 use planner::sharding::{BlockPlan, CollectiveKind, Pass};
-use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy, estimate};
+use planner::{Cluster, ModelInfo, estimate};
 
 fn model(name: &str, layers: u64) -> Graph {
     let mut spec = import::zoo::find(name).unwrap();
@@ -23,30 +24,7 @@ fn model(name: &str, layers: u64) -> Graph {
     import::build_forward(&spec, DType::F32).unwrap()
 }
 
-fn strategy(tp: u32, sp: bool, micro_batch: u64) -> Strategy {
-    Strategy {
-        tp,
-        pp: 1,
-        dp: 1,
-        micro_batch,
-        global_batch: 4 * micro_batch,
-        seq: 1024,
-        zero: 0,
-        recompute: Recompute::None,
-        schedule: Schedule::OneFOneB,
-        virtual_stages: 1,
-        sequence_parallel: sp,
-        precision: Precision::Bf16,
-        attention: Default::default(),
-        kernels: Default::default(),
-        cp: 1,
-        ep: 1,
-        engine: Engine::Megatron,
-        overlap: Overlap::LEGACY,
-        stage_layers: None,
-        dp_comm: Default::default(),
-    }
-}
+use common::tp_strategy as strategy;
 
 /// (kind, pass, once per step) of each collective, in the plan's order.
 fn kinds(bp: &BlockPlan) -> Vec<(CollectiveKind, Pass, bool)> {

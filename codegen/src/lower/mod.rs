@@ -153,6 +153,46 @@ fn with_context_folded(plan: &Plan) -> Result<(Cow<'_, Plan>, u32), CodegenError
     Ok((plan, cp))
 }
 
+/// The head's context: with sequence parallelism the head and loss run on the rank's sequence
+/// shard (the logits are [b, s/tp, V] and the loss is the mean of the shards' means), except
+/// a vocabulary-parallel head, which runs on the whole sequence, gathered before its
+/// column-parallel product.
+fn head_ctx<'g>(cx: &Ctx<'g>) -> Ctx<'g> {
+    let seq_shard = cx.sp && !cx.vocab_parallel;
+    Ctx {
+        seq: if seq_shard {
+            cx.seq / u64::from(cx.tp)
+        } else {
+            cx.seq
+        },
+        seq_shard,
+        ..*cx
+    }
+}
+
+/// Whether the embedding and the head lower as the plan's extraction of them
+/// (`plan.embedding_head_plan`) lays them out: `Ok(None)` where they do (or nothing was
+/// recorded), `Ok(Some(why))` naming the first op where the program differs (it runs the
+/// segment rules: the vocabulary-parallel embedding and head where the vocabulary splits,
+/// both whole otherwise).
+pub fn embedding_head_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<String>, CodegenError> {
+    let Some(bp) = &plan.embedding_head_plan else {
+        return Ok(None);
+    };
+    let (plan, cp) = with_context_folded(plan)?;
+    let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
+    let cx = segment_ctx(plan.as_ref(), graph, &info, cp);
+    let pre = segment::lower(&cx, &info.pre_ops, Kind::Pre)?;
+    let post = segment::lower(&head_ctx(&cx), &info.post_ops, Kind::Post)?;
+    let n = info.pre_ops.len();
+    Ok(segment::differs_in(&pre, bp, 0..n)
+        .map(|d| format!("the embedding: {d}"))
+        .or_else(|| {
+            segment::differs_in(&post, bp, n..n + info.post_ops.len())
+                .map(|d| format!("the head: {d}"))
+        }))
+}
+
 /// The decoder layer as the plan's sharding extraction lays it out when this lowering has
 /// every form it needs ([`extracted::lower`]), otherwise by the segment rules.
 fn layer_segment(plan: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>) -> Result<Segment, CodegenError> {
@@ -251,21 +291,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     }
     let pre = segment::lower(&cx, &info.pre_ops, Kind::Pre)?;
     let layer = layer_segment(plan, &cx, &info)?;
-    // With sequence parallelism the head and loss run on the rank's sequence shard: the
-    // logits are [b, s/tp, V] and the loss is the mean of the shards' means.
-    // (With a vocabulary-parallel head the head runs on the whole sequence, gathered before
-    // its column-parallel product.)
-    let seq_shard = cx.sp && !cx.vocab_parallel;
-    let post_cx = Ctx {
-        seq: if seq_shard {
-            cx.seq / u64::from(tp)
-        } else {
-            cx.seq
-        },
-        seq_shard,
-        ..cx
-    };
-    let post = segment::lower(&post_cx, &info.post_ops, Kind::Post)?;
+    let post = segment::lower(&head_ctx(&cx), &info.post_ops, Kind::Post)?;
     if layer.input.is_none() || post.input.is_none() {
         return Err(CodegenError::plan(
             "model",

@@ -909,11 +909,30 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             result = b.combine_ep(result, reduce_after);
         }
         if vocab_parallel && kind == Kind::Pre {
-            // All-reduced even with sequence parallelism: the first layer's input is cut from
-            // the whole output at the segment boundary.
-            let y = b.derived(result, Lay::Rep, "ar");
+            // With sequence parallelism an embedding whose sum is the segment's output is
+            // reduce-scattered onto the ranks' sequence pieces (Megatron-Core's
+            // `reduce_scatter_embeddings`); one that more ops read (a position table's add)
+            // is all-reduced, and the first layer's input is cut from the whole output at
+            // the segment boundary.
+            let last = ops.iter().rev().find(|&&q| !g.op(q).kind.is_source());
+            let scatter = cx.sp
+                && last == Some(&o)
+                && b.seg.vals[result]
+                    .shape
+                    .get(1)
+                    .is_some_and(|s| s.is_multiple_of(u64::from(cx.tp)));
+            let (op_c, lay, name) = if scatter {
+                (
+                    CollectiveOp::ReduceScatter,
+                    Lay::Split { axis: 1, blocks: 1 },
+                    "rs",
+                )
+            } else {
+                (CollectiveOp::AllReduce, Lay::Rep, "ar")
+            };
+            let y = b.derived(result, lay, name);
             b.seg.steps.push(Step::Coll {
-                op: CollectiveOp::AllReduce,
+                op: op_c,
                 axis: 1,
                 x: result,
                 y,
@@ -1350,8 +1369,20 @@ pub(super) fn saves_of(
 /// compared at their own positions, so operands that are parameters are skipped; an operand
 /// the step dropped (a row-parallel bias added after the reduction) is not compared.
 pub fn differs_from(seg: &Segment, bp: &planner::sharding::BlockPlan) -> Option<String> {
-    for op in &bp.ops {
-        let Some(placed) = seg.placed.get(op.position).and_then(Option::as_ref) else {
+    differs_in(seg, bp, 0..usize::MAX)
+}
+
+/// [`differs_from`] for the ops of `bp` at positions `within`, `seg` being the segment of
+/// those ops alone (the embedding or the head of an extraction of both,
+/// `plan.embedding_head_plan`).
+pub fn differs_in(
+    seg: &Segment,
+    bp: &planner::sharding::BlockPlan,
+    within: std::ops::Range<usize>,
+) -> Option<String> {
+    for op in bp.ops.iter().filter(|o| within.contains(&o.position)) {
+        let at = op.position - within.start;
+        let Some(placed) = seg.placed.get(at).and_then(Option::as_ref) else {
             continue;
         };
         let lay = |v: SVal| seg.vals[v].lay;

@@ -149,6 +149,41 @@ pub fn tp_layout(g: &Graph, o: OpId, hidden: u64, sequence_parallel: bool) -> Tp
     }
 }
 
+/// Megatron-LM's layout of `o`, an op outside the layers, for a vocabulary of `vocab` tokens
+/// over `tp` ranks: [`tp_layout`] where the vocabulary splits (the vocabulary-parallel
+/// embedding, head and loss). Where it does not, plait's program keeps the token table and the
+/// head whole: the ops on vocabulary-wide tensors run whole on every rank, or on the rank's
+/// sequence shard under sequence parallelism.
+pub fn outer_tp_layout(
+    g: &Graph,
+    o: OpId,
+    hidden: u64,
+    vocab: u64,
+    tp: u64,
+    sequence_parallel: bool,
+) -> TpLayout {
+    let op = g.op(o);
+    let vocab_wide = |v: &ir::ValueId| {
+        g.ty(*v)
+            .shape
+            .dims()
+            .iter()
+            .any(|d| d.fixed() == Some(vocab))
+    };
+    let splits = tp <= 1 || vocab.is_multiple_of(tp);
+    if splits
+        || op.kind.is_source()
+        || !(op.inputs.iter().any(vocab_wide) || op.results.iter().any(vocab_wide))
+    {
+        return tp_layout(g, o, hidden, sequence_parallel);
+    }
+    if sequence_parallel && !matches!(op.kind, OpKind::Embedding) {
+        TpLayout::Split
+    } else {
+        TpLayout::Replicated
+    }
+}
+
 /// How attention is computed.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,

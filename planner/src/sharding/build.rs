@@ -2,7 +2,7 @@
 //!
 //! Values used by the list but defined outside it (the residual stream entering the block) are
 //! leaves `vN`; parameters defined inside it are leaves too. The list's outputs (values read
-//! after it, or graph outputs) are the roots. The block boundary has one layout on both sides,
+//! after it, or the graph's scalar outputs: the loss a training step reports) are the roots. The block boundary has one layout on both sides,
 //! so repeated layers chain: replicated, or split along the sequence (axis 1) under sequence
 //! parallelism, where the input is the leaf `vN@1` and the whole `vN` is not available (it can
 //! only be all-gathered).
@@ -183,9 +183,16 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
         class.insert(results[0].0, id);
     }
 
-    // Roots: values defined here and read after the list (or graph outputs).
+    // Roots: values defined here and read after the list, and the graph's scalar outputs (the
+    // loss). A training step reports only the loss: requiring the logits output whole would
+    // all-gather the vocabulary-parallel logits every micro-batch for nothing.
     let uses = graph.uses();
-    let outputs: HashSet<u32> = graph.outputs.iter().map(|(_, v)| v.0).collect();
+    let outputs: HashSet<u32> = graph
+        .outputs
+        .iter()
+        .filter(|(_, v)| graph.ty(*v).shape.rank() == 0)
+        .map(|(_, v)| v.0)
+        .collect();
     let mut roots = Vec::new();
     let mut seen = HashSet::new();
     for &o in ops {
