@@ -451,6 +451,8 @@ fn estimate_impl(
             (t.pre.fwd_s, t.pre.bwd_per_micro_batch(mb)),
             (t.post.fwd_s, t.post.bwd_per_micro_batch(mb)),
         ),
+        // A vocabulary that does not split keeps the table whole: no embedding reduction.
+        _ if !info.vocabulary_splits(s.tp) => ((0.0, 0.0), rule_tp(&info.post_ops)),
         _ => (rule_tp(&info.pre_ops), rule_tp(&info.post_ops)),
     };
     let outer_comm = |part: fn(&crate::layer_tp::OuterTp) -> &crate::layer_tp::LayerTp, times| {
