@@ -520,7 +520,13 @@ fn record_extractions(
     }
     plan.sharding.method = match (fallback, methods.first()) {
         (Some(why), _) => format!("megatron-rules ({why})"),
-        (None, Some(solver)) => format!("e-graph + {solver}"),
+        (None, Some(solver)) => {
+            // The program runs the extraction: the per-op table is its layout, not the rule's.
+            if let Some(bp) = plan.block_plan.as_ref().filter(|_| s.ep <= 1) {
+                plan.sharding.ops = planner::plan::extracted_ops(info.graph, bp);
+            }
+            format!("e-graph + {solver}")
+        }
         (None, None) => plan.sharding.method.clone(),
     };
 }

@@ -103,7 +103,9 @@ pub struct OpSharding {
     pub backward_collective: Option<String>,
 }
 
-/// The per-layer sharding the search chose (identical for every layer).
+/// The per-layer sharding (identical for every layer) as the program runs it: the e-graph
+/// extraction's layouts and collectives where `method` names the e-graph
+/// ([`extracted_ops`]), Megatron-LM's rule ([`megatron_sharding`]) otherwise.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BlockSharding {
     pub tp: u32,
@@ -252,6 +254,55 @@ impl Plan {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
+}
+
+/// The per-op table of an extraction (`plan.block_plan`): each computed op's layout
+/// (`replicated`; `sequence` for a piece along the sequence under sequence parallelism;
+/// `split` for any other piece or partial sum) and the collectives the extraction places after
+/// it in each pass (a once-per-step gradient reduction marked so), joined in order.
+pub fn extracted_ops(graph: &ir::Graph, bp: &crate::sharding::BlockPlan) -> Vec<OpSharding> {
+    use crate::sharding::{Layout, Pass};
+    let after = |position: usize, pass: Pass| -> Option<String> {
+        let names: Vec<String> = bp
+            .collectives
+            .iter()
+            .filter(|c| c.after_position == Some(position) && c.pass == pass)
+            .map(|c| {
+                let name = c.kind.name();
+                if c.per_step {
+                    format!("{name} (once per step)")
+                } else {
+                    name.to_string()
+                }
+            })
+            .collect();
+        (!names.is_empty()).then(|| names.join(", "))
+    };
+    bp.ops
+        .iter()
+        .filter_map(|op| {
+            // A parameter is listed where its gradient is reduced (an SP norm weight).
+            let reduced = bp
+                .collectives
+                .iter()
+                .any(|c| c.after_position == Some(op.position));
+            if graph.op(op.op).kind.is_source() && !reduced {
+                return None;
+            }
+            let layout = match op.output.as_ref()? {
+                Layout::Replicated => "replicated",
+                Layout::Split { axis: 1, .. } if bp.sequence_parallel => "sequence",
+                Layout::Split { .. } | Layout::Partial => "split",
+            };
+            Some(OpSharding {
+                index: op.position as u32,
+                op: op.mnemonic.clone(),
+                layout: layout.into(),
+                forward_collective: after(op.position, Pass::Forward),
+                backward_collective: after(op.position, Pass::Backward),
+            })
+        })
+        .collect()
 }
 
 /// Megatron-LM's sharding of the block (the cost model's rule), written out per op.
