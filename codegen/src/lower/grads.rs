@@ -64,6 +64,16 @@ impl<'a> Stage<'a> {
 
     /// Accumulates a segment instance's parameter gradients; reduces them across the
     /// data-parallel group per ZeRO stage.
+    ///
+    /// A vector parameter held whole on every tensor-parallel rank whose gradient is a partial
+    /// sum over the group (a norm weight read on sequence shards, a bias added after a
+    /// row-parallel reduction) is summed locally over the chunk's micro-batches and all-reduced
+    /// once, after its last micro-batch, as Megatron-LM's `finalize_model_grads` does and as
+    /// the planner prices it (once per step). Other partial gradients are all-reduced per
+    /// micro-batch: a weight gathered from its shards (as priced), and a whole matrix read in
+    /// pieces (a head kept whole on sequence shards, priced once per step: holding its partial
+    /// sum across micro-batches would cost a matrix the memory model does not count); so are
+    /// all under ZeRO-2 and 3, which reduce-scatter each micro-batch's gradient at once.
     pub(super) fn contribute(
         &mut self,
         contribs: &[Contribution],
@@ -72,9 +82,16 @@ impl<'a> Stage<'a> {
         env: &[Option<(ParamId, BufferId)>],
         later: &BTreeSet<ParamId>,
     ) {
+        let (zero, local) = (self.zero, self.local);
+        let per_step = move |c: &Contribution| {
+            zero < 2
+                && local
+                    .get(&c.param)
+                    .is_some_and(|l| l.split.is_none() && l.shape.len() == 1)
+        };
         let partial: Vec<(BufferId, BufferId)> = contribs
             .iter()
-            .filter(|c| c.partial)
+            .filter(|c| c.partial && !per_step(c))
             .map(|c| (c.buf, c.buf))
             .collect();
         self.flat_collective(
@@ -121,19 +138,20 @@ impl<'a> Stage<'a> {
             return;
         }
         for c in contribs {
+            if c.partial && per_step(c) {
+                self.pend_partial(c);
+                continue;
+            }
             let Some(st) = self.ps.get(&c.param).copied() else {
                 continue;
             };
-            self.b.push(Instr::Compute {
-                kind: OpKind::Add,
-                inputs: vec![st.grad, c.buf],
-                outputs: vec![st.grad],
-                saves: vec![],
-                layer: None,
-            });
-            self.b.free(c.buf);
+            self.add_into(st.grad, c.buf);
         }
-        if !last || self.plan.strategy.dp < 2 {
+        if !last {
+            return;
+        }
+        self.reduce_partials(env, later, bucket);
+        if self.plan.strategy.dp < 2 {
             return;
         }
         // The last micro-batch of this chunk: this segment's gradient bucket is complete.
@@ -171,6 +189,62 @@ impl<'a> Stage<'a> {
                 for g in whole {
                     self.b.free(g);
                 }
+            }
+        }
+    }
+
+    /// `acc += part`, freeing `part`.
+    fn add_into(&mut self, acc: BufferId, part: BufferId) {
+        self.b.push(Instr::Compute {
+            kind: OpKind::Add,
+            inputs: vec![acc, part],
+            outputs: vec![acc],
+            saves: vec![],
+            layer: None,
+        });
+        self.b.free(part);
+    }
+
+    /// Sums a tensor-parallel partial gradient into its parameter's pending sum (the first
+    /// one becomes the sum).
+    fn pend_partial(&mut self, c: &Contribution) {
+        match self.tp_pending.get(&c.param).copied() {
+            Some(acc) => self.add_into(acc, c.buf),
+            None => {
+                self.tp_pending.insert(c.param, c.buf);
+            }
+        }
+    }
+
+    /// All-reduces over the tensor-parallel group the pending partial sums of the segment's
+    /// parameters whose last use this was, and adds them into their accumulators.
+    fn reduce_partials(
+        &mut self,
+        env: &[Option<(ParamId, BufferId)>],
+        later: &BTreeSet<ParamId>,
+        bucket: BucketId,
+    ) {
+        let mut done = Vec::new();
+        for (p, _) in env.iter().flatten() {
+            if later.contains(p) {
+                continue;
+            }
+            if let Some(buf) = self.tp_pending.remove(p) {
+                done.push((*p, buf));
+            }
+        }
+        let pairs = done.iter().map(|&(_, b)| (b, b)).collect();
+        self.flat_collective(
+            CollectiveOp::AllReduce,
+            Slot::Tp,
+            pairs,
+            Purpose::TpGradReduce,
+            Some(bucket),
+        );
+        for (p, buf) in done {
+            match self.ps.get(&p).copied() {
+                Some(st) => self.add_into(st.grad, buf),
+                None => self.b.free(buf),
             }
         }
     }

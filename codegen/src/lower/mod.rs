@@ -425,6 +425,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
             b: Builder::default(),
             ps: BTreeMap::new(),
             reduced: HashMap::new(),
+            tp_pending: BTreeMap::new(),
         };
         templates.push(st.build()?);
     }
@@ -553,6 +554,9 @@ struct Stage<'a> {
     ps: BTreeMap<ParamId, PState>,
     /// Where each parameter's reduced gradient ends up (ZeRO-1: a slice made at reduction).
     reduced: HashMap<ParamId, BufferId>,
+    /// Tensor-parallel partial gradients summed over the micro-batches so far, reduced after
+    /// the parameter's last use in the step ([`Stage::contribute`]).
+    tp_pending: BTreeMap<ParamId, BufferId>,
 }
 
 /// What a forward left for the backward of one (chunk, micro-batch).

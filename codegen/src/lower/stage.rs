@@ -255,6 +255,15 @@ impl<'a> Stage<'a> {
                 );
             }
         }
+        if let Some(p) = self.tp_pending.keys().next() {
+            return Err(CodegenError::plan(
+                "sharding",
+                format!(
+                    "the tensor-parallel partial gradient of parameter {} was never reduced",
+                    p.index()
+                ),
+            ));
+        }
         self.optimizer();
         let mut instrs = std::mem::take(&mut self.b.instrs);
         // Keep the step boundary as the first instruction of the iteration.
