@@ -200,10 +200,8 @@ pub fn layer_tp_as_lowered(
     cluster: &Cluster,
     s: &Strategy,
 ) -> Result<LayerTp, String> {
-    let share = 1.0 / s.micro_batches().max(1) as f64;
-    block_plan_with_share(info, cluster, s, Some(share))
-        .map(|bp| LayerTp::of(&bp, share, |_| true))
-        .map_err(|e| e.to_string())
+    let (bp, share) = as_lowered(info, cluster, s, Segment::Layer)?;
+    Ok(LayerTp::of(&bp, share, |_| true))
 }
 
 /// The embedding's and head's tensor-parallel communication as the program runs the
@@ -213,10 +211,20 @@ pub fn outer_tp_as_lowered(
     cluster: &Cluster,
     s: &Strategy,
 ) -> Result<OuterTp, String> {
+    let (bp, share) = as_lowered(info, cluster, s, Segment::Outer)?;
+    Ok(outer_of(info, &bp, share))
+}
+
+/// A segment's extraction at the strategy's own micro-batch count, as `compile` recorded it,
+/// and the gradient share it was solved at.
+fn as_lowered(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+    segment: Segment,
+) -> Result<(BlockPlan, f64), String> {
     let share = 1.0 / s.micro_batches().max(1) as f64;
-    embedding_head_plan_with_share(info, cluster, s, Some(share))
-        .map(|bp| outer_of(info, &bp, share))
-        .map_err(|e| e.to_string())
+    extract(info, cluster, s, segment, share).map(|bp| (bp, share))
 }
 
 /// The layer's tensor-parallel communication under strategy `s` (tp > 1), from the extraction
