@@ -90,21 +90,26 @@ fn logit_rows(logits: &Tensor32, targets: &Tensor32) -> Result<(usize, usize), K
 }
 
 /// Per position: the shard's max logit, Σ exp(logit − max), and the target's logit if the
-/// shard holds the target (else 0), as `[1, rows, 3]`.
+/// shard holds the target (else 0), as `[1, rows, 3]`, over the shard's first `valid` columns
+/// (those past it pad a vocabulary that does not divide by the group; a shard of padding
+/// only gives max −∞ and sum 0, which the combination weighs as nothing).
 pub fn shard_loss_stats(
     logits: &Tensor32,
     targets: &Tensor32,
     start: usize,
+    valid: usize,
 ) -> Result<Tensor32, KernelError> {
     let (rows, n) = logit_rows(logits, targets)?;
+    let valid = valid.min(n);
     let mut data = Vec::with_capacity(rows * 3);
     for (row, &t) in logits.data.chunks_exact(n).zip(&targets.data) {
+        let row = &row[..valid];
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let sum: f64 = row
             .iter()
             .map(|&z| (f64::from(z) - f64::from(max)).exp())
             .sum();
-        let target = local_row(t, start, n).map_or(0.0, |c| row[c]);
+        let target = local_row(t, start, valid).map_or(0.0, |c| row[c]);
         data.extend([max, sum as f32, target]);
     }
     Ok(Tensor32 {
@@ -135,6 +140,7 @@ pub fn shard_loss_combine(stats: &Tensor32) -> Result<(Tensor32, Tensor32), Kern
             .map(|s| at(s, r, 0))
             .fold(f64::NEG_INFINITY, f64::max);
         let sum: f64 = (0..shards)
+            .filter(|&s| at(s, r, 1) > 0.0)
             .map(|s| at(s, r, 1) * (at(s, r, 0) - max).exp())
             .sum();
         let l = max + sum.ln();
@@ -151,13 +157,15 @@ pub fn shard_loss_combine(stats: &Tensor32) -> Result<(Tensor32, Tensor32), Kern
     ))
 }
 
-/// d loss / d logits on the shard: dloss/N · (exp(logit − lse) − onehot(target)).
+/// d loss / d logits on the shard: dloss/N · (exp(logit − lse) − onehot(target)) on its first
+/// `valid` columns, zero on the padding past them.
 pub fn shard_loss_grad(
     logits: &Tensor32,
     targets: &Tensor32,
     lse: &Tensor32,
     dloss: &Tensor32,
     start: usize,
+    valid: usize,
 ) -> Result<Tensor32, KernelError> {
     let (rows, n) = logit_rows(logits, targets)?;
     let g = match (dloss.data.as_slice(), lse.data.len() == rows) {
@@ -178,8 +186,12 @@ pub fn shard_loss_grad(
         .zip(&targets.data)
         .zip(&lse.data)
     {
-        let hit = local_row(t, start, n);
+        let hit = local_row(t, start, valid);
         for (c, &z) in row.iter().enumerate() {
+            if c >= valid {
+                data.push(0.0);
+                continue;
+            }
             let p = (f64::from(z) - f64::from(l)).exp();
             let y = if hit == Some(c) { 1.0 } else { 0.0 };
             data.push((g * (p - y)) as f32);
@@ -226,36 +238,50 @@ mod tests {
         assert_eq!(sum, whole.data);
     }
 
-    /// Two shards' combined loss and gradients equal the whole cross-entropy's.
+    /// Shards' combined loss and gradients equal the whole cross-entropy's: an even split
+    /// (6 over 2) and padded ones (5 over 3: the last shard has one real column; 5 over 4:
+    /// the last shard is all padding, filled with logits that must not count).
     #[test]
     fn sharded_cross_entropy_equals_the_whole() {
-        let (rows, v) = (4usize, 6usize);
-        let logits: Vec<f32> = (0..rows * v)
-            .map(|i| ((i * 7) % 11) as f32 * 0.3 - 1.0)
-            .collect();
-        let targets = t(&[rows], vec![0.0, 5.0, 3.0, 2.0]);
-        let whole = t(&[rows, v], logits.clone());
-        let loss = crate::loss::cross_entropy(&whole, &targets).unwrap();
-        let one = Tensor32::scalar(1.0);
-        let grad = crate::loss::cross_entropy_vjp(&whole, &targets, &one).unwrap();
-        let shard = |r: usize| {
-            let data = (0..rows)
-                .flat_map(|i| logits[i * v + r * 3..i * v + r * 3 + 3].to_vec())
+        for (v, tp) in [(6usize, 2usize), (5, 3), (5, 4)] {
+            let rows = 4usize;
+            let logits: Vec<f32> = (0..rows * v)
+                .map(|i| ((i * 7) % 11) as f32 * 0.3 - 1.0)
                 .collect();
-            t(&[rows, 3], data)
-        };
-        let mut stats = Vec::new();
-        for r in 0..2 {
-            stats.extend(shard_loss_stats(&shard(r), &targets, r * 3).unwrap().data);
-        }
-        let (l, lse) = shard_loss_combine(&t(&[2, rows, 3], stats)).unwrap();
-        assert!((l.data[0] - loss.data[0]).abs() <= 1e-6 * loss.data[0].abs().max(1.0));
-        for r in 0..2 {
-            let g = shard_loss_grad(&shard(r), &targets, &lse, &one, r * 3).unwrap();
-            for i in 0..rows {
-                for c in 0..3 {
-                    let want = grad.data[i * v + r * 3 + c];
-                    assert!((g.data[i * 3 + c] - want).abs() <= 1e-6, "{i} {c}");
+            let targets = t(&[rows], vec![0.0, 4.0, 3.0, 2.0]);
+            let whole = t(&[rows, v], logits.clone());
+            let loss = crate::loss::cross_entropy(&whole, &targets).unwrap();
+            let one = Tensor32::scalar(1.0);
+            let grad = crate::loss::cross_entropy_vjp(&whole, &targets, &one).unwrap();
+            let c = v.div_ceil(tp);
+            let valid = |r: usize| v.saturating_sub(r * c).min(c);
+            // A padded column holds 9.0, larger than every real logit.
+            let shard = |r: usize| {
+                let data = (0..rows)
+                    .flat_map(|i| (0..c).map(move |k| (i, r * c + k)))
+                    .map(|(i, col)| if col < v { logits[i * v + col] } else { 9.0 })
+                    .collect();
+                t(&[rows, c], data)
+            };
+            let mut stats = Vec::new();
+            for r in 0..tp {
+                let st = shard_loss_stats(&shard(r), &targets, r * c, valid(r)).unwrap();
+                stats.extend(st.data);
+            }
+            let (l, lse) = shard_loss_combine(&t(&[tp, rows, 3], stats)).unwrap();
+            let tol = 1e-6 * loss.data[0].abs().max(1.0);
+            assert!((l.data[0] - loss.data[0]).abs() <= tol, "{v} over {tp}");
+            for r in 0..tp {
+                let g = shard_loss_grad(&shard(r), &targets, &lse, &one, r * c, valid(r)).unwrap();
+                for i in 0..rows {
+                    for k in 0..c {
+                        let col = r * c + k;
+                        let want = if col < v { grad.data[i * v + col] } else { 0.0 };
+                        assert!(
+                            (g.data[i * c + k] - want).abs() <= 1e-6,
+                            "{v}/{tp}: {i} {col}"
+                        );
+                    }
                 }
             }
         }

@@ -538,8 +538,17 @@ fn estimate_impl(
         layer_tp_times,
         &layer_layout,
     );
-    let outer_rule_layout =
-        |o: OpId| outer_tp_layout(g, o, info.hidden, info.vocab, tp, s.sequence_parallel);
+    let vocab_splits = info.vocabulary_splits(s.tp);
+    let outer_rule_layout = |o: OpId| {
+        outer_tp_layout(
+            g,
+            o,
+            info.hidden,
+            info.vocab,
+            vocab_splits,
+            s.sequence_parallel,
+        )
+    };
     let outer_layout = |o: OpId| match &outer_tp {
         Some(Ok(t)) => t.pre.layout_of(o).unwrap_or_else(|| outer_rule_layout(o)),
         _ => outer_rule_layout(o),
@@ -859,9 +868,11 @@ pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f6
     let experts = f64::from(layers) * info.expert_params_per_layer as f64 / tp / f64::from(s.ep);
     let mut params = f64::from(layers) * info.dense_params_per_layer() as f64;
     // A learned position table and the final norm stay whole on every rank (Megatron-LM);
-    // the vocabulary-sized matrices are split ([`ModelInfo::vocabulary_matrix`]).
-    // Where the vocabulary does not split, plait's program keeps them whole too.
-    let (pre_whole, post_whole) = if info.vocabulary_splits(s.tp) {
+    // the vocabulary-sized matrices are split ([`ModelInfo::vocabulary_matrix`]), padded to
+    // ⌈vocab / tp⌉ rows per rank where the vocabulary does not divide. Where it does not
+    // split, plait's program keeps them whole too.
+    let splits = info.vocabulary_splits(s.tp);
+    let (pre_whole, post_whole) = if splits {
         (info.pre_whole_params, info.post_whole_params)
     } else {
         (info.pre_params, info.post_params)
@@ -869,16 +880,18 @@ pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f6
     let mut whole = 0.0;
     if mine.contains(&0) {
         params += (info.pre_params - pre_whole) as f64;
+        params += info.vocabulary_padding_params(s.tp, &info.pre_ops) as f64;
         whole += pre_whole as f64;
     }
     if mine.contains(&(n - 1)) {
         params += (info.post_params - post_whole) as f64;
+        params += info.vocabulary_padding_params(s.tp, &info.post_ops) as f64;
         whole += post_whole as f64;
         if s.pp > 1 {
             // The last stage keeps its own copy of a tied embedding (Megatron-LM), split as
             // the first stage's.
-            if info.vocabulary_splits(s.tp) {
-                params += info.tied_params as f64;
+            if splits {
+                params += info.tied_params as f64 * info.vocabulary_share(s.tp) * tp;
             } else {
                 whole += info.tied_params as f64;
             }
@@ -1149,7 +1162,7 @@ impl Transients {
         } else {
             1.0
         };
-        let logits = 4.0 * (b.batch * b.seq * info.vocab) as f64 / logits_split;
+        let logits = 4.0 * (b.batch * b.seq * info.padded_vocab(s.tp)) as f64 / logits_split;
         Transients {
             layer: WorkingSet {
                 activations: rebuilt + gradients,

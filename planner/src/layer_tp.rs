@@ -357,7 +357,7 @@ fn price(
                 op.op,
                 info.hidden,
                 info.vocab,
-                u64::from(s.tp),
+                info.vocabulary_splits(s.tp),
                 s.sequence_parallel,
             ),
         } == TpLayout::Split;

@@ -5,6 +5,8 @@ use ir::{Graph, OpId, OpKind};
 
 use crate::error::PlanError;
 
+mod vocab;
+
 /// A forward graph split into pre-block ops, one representative layer, and post-block ops.
 #[derive(Debug, Clone)]
 pub struct ModelInfo<'g> {
@@ -34,6 +36,9 @@ pub struct ModelInfo<'g> {
     /// ([`ModelInfo::vocabulary_matrix`]).
     pub pre_whole_params: u64,
     pub post_whole_params: u64,
+    /// The embedding and head have the shape that splits by vocabulary
+    /// ([`ModelInfo::vocabulary_splits`]).
+    pub vocab_parallel_shape: bool,
     /// Parameters used both before and after the block (tied embeddings): a pipeline keeps a
     /// copy on the first and on the last stage.
     pub tied_params: u64,
@@ -127,6 +132,7 @@ impl<'g> ModelInfo<'g> {
             pre_params,
             post_params,
             tied_params,
+            vocab_parallel_shape: false,
             static_seq: !graph.value_ids().any(|v| {
                 graph
                     .ty(v)
@@ -174,13 +180,8 @@ impl<'g> ModelInfo<'g> {
         };
         info.pre_whole_params = whole(&info.pre_ops, &info);
         info.post_whole_params = whole(&info.post_ops, &info);
+        info.vocab_parallel_shape = vocab::vocab_parallel_shape(&info);
         Ok(info)
-    }
-
-    /// Whether the vocabulary splits evenly over `tp` ranks (vocabulary-parallel embedding and
-    /// head); plait does not pad it, so otherwise the table and the head stay whole.
-    pub fn vocabulary_splits(&self, tp: u32) -> bool {
-        self.vocab.is_multiple_of(u64::from(tp.max(1)))
     }
 
     /// Whether parameter `v` is a vocabulary-sized matrix (the token table, the head's weight):

@@ -92,7 +92,10 @@ impl CostOracle for ClusterCosts<'_> {
 /// proven to fit holds for the layout it records; how the parameters are read (split,
 /// gathered) stays the extraction's choice.
 fn parameter_budget(info: &ModelInfo<'_>, tp: u32, b: Binding) -> f64 {
-    budget_of(info, &info.layer_ops, tp, b, |v| g_rank(info, v) >= 2)
+    let share = 1.0 / f64::from(tp.max(1));
+    budget_of(info, &info.layer_ops, b, |v| {
+        if g_rank(info, v) >= 2 { share } else { 1.0 }
+    })
 }
 
 fn g_rank(info: &ModelInfo<'_>, v: ir::ValueId) -> usize {
@@ -101,19 +104,29 @@ fn g_rank(info: &ModelInfo<'_>, v: ir::ValueId) -> usize {
 
 /// The parameter storage per rank the memory model allots the ops outside the layers: the
 /// vocabulary-sized matrices ([`ModelInfo::vocabulary_matrix`]: the token table, the head)
-/// 1/tp where the vocabulary splits, everything else (a learned position table, the final
-/// norm) whole, as Megatron-LM keeps them.
+/// ⌈vocab / tp⌉ rows where the vocabulary splits, everything else (a learned position table,
+/// the final norm) whole, as Megatron-LM keeps them.
 fn outer_parameter_budget(info: &ModelInfo<'_>, ops: &[OpId], tp: u32, b: Binding) -> f64 {
-    let splits = info.vocabulary_splits(tp);
-    budget_of(info, ops, tp, b, |v| splits && info.vocabulary_matrix(v))
+    let share = if info.vocabulary_splits(tp) {
+        info.vocabulary_share(tp)
+    } else {
+        1.0
+    };
+    budget_of(info, ops, b, |v| {
+        if info.vocabulary_matrix(v) {
+            share
+        } else {
+            1.0
+        }
+    })
 }
 
+/// The bytes per rank of the parameters among `ops`, each at the `share` of it a rank stores.
 fn budget_of(
     info: &ModelInfo<'_>,
     ops: &[OpId],
-    tp: u32,
     b: Binding,
-    split: impl Fn(ir::ValueId) -> bool,
+    share: impl Fn(ir::ValueId) -> f64,
 ) -> f64 {
     let g = info.graph;
     ops.iter()
@@ -121,12 +134,7 @@ fn budget_of(
         .map(|&o| {
             let v = g.op(o).results[0];
             let ty = g.ty(v);
-            let bytes = ty.bytes(b) as f64;
-            if split(v) {
-                bytes / f64::from(tp)
-            } else {
-                bytes
-            }
+            ty.bytes(b) as f64 * share(v)
         })
         .sum()
 }
@@ -190,6 +198,7 @@ pub fn embedding_head_plan_with_share(
     let b = binding(s);
     let opts = ShardOptions {
         memory_limit_bytes: Some(outer_parameter_budget(info, &ops, s.tp, b)),
+        padded_dim: info.vocabulary_padding(s.tp),
         ..ShardOptions::new(s.tp, s.sequence_parallel, b)
     };
     extract(info, cluster, s, &ops, &opts, |m| m.tp, false, share)

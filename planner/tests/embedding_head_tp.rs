@@ -172,34 +172,43 @@ fn estimate_prices_the_embedding_and_head_as_extracted() {
     }
 }
 
-/// GPT-2's 50,257 tokens do not split over 2 or 8 ranks, and plait does not pad the
-/// vocabulary: the extraction keeps the table and the head whole, with no collective, and the
-/// memory model counts them whole on every rank.
+/// GPT-2's 50,257 tokens do not divide by 2 or 8: the vocabulary is padded, as Megatron-LM
+/// pads it (to ⌈V / tp⌉ rows per rank, 25,129 at tp 2 and 6,283 at tp 8), and the extraction
+/// is still the vocabulary-parallel layout with Megatron's collectives; the memory model
+/// counts each rank's padded rows of the (tied) table, the position table and final norm whole.
 #[test]
-fn an_unsplittable_vocabulary_stays_whole() {
+fn a_vocabulary_that_does_not_divide_is_padded() {
+    use CollectiveKind::AllReduce as Ar;
+    use Pass::Forward as Fwd;
     let cluster = Cluster::load("dgx-a100-80gb").unwrap();
     let g = model("gpt2");
     let info = ModelInfo::new(&g).unwrap();
-    for tp in [2, 8] {
+    assert_eq!(info.vocab, 50_257);
+    let tokens = 2.0 * 1024.0;
+    for (tp, rows) in [(2u32, 25_129u64), (8, 6_283)] {
+        assert_eq!(info.padded_vocab(tp), rows * u64::from(tp));
         let s = strategy(tp, false, 2);
         let bp = planner::sharding_costs::embedding_head_plan(&info, &cluster, &s).unwrap();
-        assert!(bp.collectives.is_empty(), "tp {tp}: {:?}", bp.collectives);
-        for op in &bp.ops {
-            assert!(
-                matches!(
-                    op.output,
-                    None | Some(planner::sharding::Layout::Replicated)
-                ),
-                "tp {tp}: {op:?}"
-            );
-        }
+        let table = bp
+            .ops
+            .iter()
+            .find(|o| o.mnemonic == "param" && info.vocabulary_matrix(g.op(o.op).results[0]));
+        assert_eq!(
+            format!("{:?}", table.unwrap().output),
+            "Some(Split { axis: 0, blocks: 1 })",
+            "tp {tp}"
+        );
+        let act = tokens * info.hidden as f64 * 4.0;
+        assert_eq!(
+            part(&info, &bp, true),
+            vec![(Ar, Fwd, false, act)],
+            "tp {tp}: embedding"
+        );
         let (dense, _) = planner::estimate::stage_local_split(&info, &s, 0);
         let layers = 2.0 * info.dense_params_per_layer() as f64 / f64::from(tp);
-        let outside = (info.pre_params + info.post_params) as f64;
-        assert!(
-            (dense - layers - outside).abs() < 1.0,
-            "tp {tp}: {dense} vs {}",
-            layers + outside
-        );
+        let table = rows * info.hidden;
+        let whole = info.pre_params + info.post_params - info.vocab * info.hidden;
+        let want = layers + (table + whole) as f64;
+        assert!((dense - want).abs() < 1.0, "tp {tp}: {dense} vs {want}");
     }
 }

@@ -405,6 +405,11 @@ pub enum Instr {
         group: Slot,
         inputs: Vec<BufferId>,
         outputs: Vec<BufferId>,
+        /// The whole vocabulary, where it does not divide by the group: every rank holds
+        /// ⌈vocab / size⌉ rows (columns) and those past `vocab` are zero padding that the
+        /// loss leaves out (`None`: the shards split it evenly).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vocab: Option<u64>,
     },
     /// `kind` on this rank's share of the sequence in the context-parallel `group`
     /// (`kernels::context_forward`: Megatron-Core's load-balanced chunks): rotary and iota at
@@ -490,6 +495,44 @@ pub struct TpSplit {
     /// Which piece: the rank's tp coordinate (`None`), or a fixed one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub part: Option<u32>,
+    /// The axis (one block) does not divide by tp: every rank's piece is ⌈dim / tp⌉ long, the
+    /// part past the tensor's end zero padding (a vocabulary-parallel table or head whose
+    /// vocabulary does not divide, as Megatron-LM pads it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub padded: bool,
+}
+
+impl TpSplit {
+    /// The boxes of `whole` (the tensor, or an expert block of it) that tp coordinate
+    /// `tp_rank` of `tp` holds, and the zero padding after them.
+    fn boxes(self, whole: &Box, tp: u32, tp_rank: u32) -> (Vec<Box>, Option<Pad>) {
+        let axis = usize::from(self.axis);
+        let (base, end) = whole.get(axis).copied().unwrap_or((0, 0));
+        let dim = end - base;
+        let blocks = u64::from(self.blocks.max(1));
+        let block = dim / blocks;
+        let tp = u64::from(tp.max(1));
+        let piece = if self.padded {
+            block.div_ceil(tp)
+        } else {
+            block / tp
+        };
+        let part = u64::from(self.part.unwrap_or(tp_rank));
+        let mut pad = 0;
+        let boxes = (0..blocks)
+            .map(|k| {
+                let mut b = whole.clone();
+                let start = (base + k * block + part * piece).min(base + (k + 1) * block);
+                let stop = (start + piece).min(base + (k + 1) * block);
+                pad = piece - (stop - start);
+                if let Some(r) = b.get_mut(axis) {
+                    *r = (start, stop);
+                }
+                b
+            })
+            .collect();
+        (boxes, (pad > 0).then_some(Pad { axis, rows: pad }))
+    }
 }
 
 /// A parameter shard a template's ranks own.
@@ -520,6 +563,43 @@ pub struct Slice {
     pub boxes: Vec<Box>,
     /// The rank's owned flat range of the local shard (ZeRO), `[start, end)` clamped to n.
     pub owned: (u64, u64),
+    /// Zero padding after the boxes along the split axis ([`TpSplit::padded`]).
+    pub pad: Option<Pad>,
+}
+
+/// Zero rows after a shard's box along its split axis: the local shard is `rows` longer there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pad {
+    pub axis: usize,
+    pub rows: u64,
+}
+
+impl Slice {
+    /// Elements of the local shard, padding included.
+    pub fn len(&self) -> u64 {
+        let boxes: u64 = self.boxes.iter().map(volume).sum();
+        boxes + self.pad_elements()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements of the padding: `rows` of the shard's cross-section.
+    fn pad_elements(&self) -> u64 {
+        match (self.pad, self.boxes.first()) {
+            (Some(p), Some(b)) => b
+                .iter()
+                .enumerate()
+                .map(|(a, r)| if a == p.axis { p.rows } else { r.1 - r.0 })
+                .product(),
+            _ => 0,
+        }
+    }
+}
+
+fn volume(b: &Box) -> u64 {
+    b.iter().map(|(s, e)| e - s).product()
 }
 
 /// Where a rank sits in the mesh, as a parameter shard needs it.
@@ -582,31 +662,16 @@ impl ParamShard {
             dp = (dp / ep).max(1);
             dp_rank /= ep;
         }
-        let mut boxes = Vec::new();
-        match self.tp {
-            None => boxes.push(whole),
-            Some(s) => {
-                let axis = usize::from(s.axis);
-                let base = whole.get(axis).map_or(0, |r| r.0);
-                let dim = whole.get(axis).map_or(0, |r| r.1 - r.0);
-                let blocks = u64::from(s.blocks.max(1));
-                let block = dim / blocks;
-                let piece = block / u64::from(tp.max(1));
-                let part = u64::from(s.part.unwrap_or(tp_rank));
-                for k in 0..blocks {
-                    let mut b = whole.clone();
-                    if let Some(r) = b.get_mut(axis) {
-                        let start = base + k * block + part * piece;
-                        *r = (start, start + piece);
-                    }
-                    boxes.push(b);
-                }
-            }
+        let (boxes, pad) = match self.tp {
+            None => (vec![whole], None),
+            Some(s) => s.boxes(&whole, tp, tp_rank),
+        };
+        let n = Slice {
+            boxes: boxes.clone(),
+            owned: (0, 0),
+            pad,
         }
-        let n: u64 = boxes
-            .iter()
-            .map(|b| b.iter().map(|(s, e)| e - s).product::<u64>())
-            .sum();
+        .len();
         let owned = if self.zero {
             let per = n.div_ceil(u64::from(dp.max(1)));
             let s = (per * u64::from(dp_rank)).min(n);
@@ -614,7 +679,7 @@ impl ParamShard {
         } else {
             (0, n)
         };
-        Slice { boxes, owned }
+        Slice { boxes, owned, pad }
     }
 }
 
@@ -803,6 +868,7 @@ mod tests {
                 axis: 2,
                 blocks: 1,
                 part: None,
+                padded: false,
             }),
             zero: true,
             expert: true,

@@ -82,12 +82,14 @@ pub fn instr(t: &Template, i: &Instr) -> String {
             group,
             inputs,
             outputs,
+            vocab,
         } => format!(
-            "{} {} -> {} over {}",
+            "{} {} -> {} over {}{}",
             op.name(),
             list(t, inputs),
             list(t, outputs),
-            group.name()
+            group.name(),
+            vocab.map_or_else(String::new, |v| format!(" (vocabulary {v}, padded)"))
         ),
         Instr::Compute {
             kind,

@@ -52,11 +52,18 @@ fn one() -> u32 {
     1
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct PieceMeta {
     name: String,
     boxes: Vec<Vec<(u64, u64)>>,
     axis: usize,
+    /// Zero rows after the boxes along `axis` (a padded vocabulary shard).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pad_rows: u64,
     weight: (usize, usize),
     m: (usize, usize),
     v: (usize, usize),
@@ -132,6 +139,7 @@ pub fn save_rank(
             name: name.clone(),
             boxes: st.slice.boxes.clone(),
             axis: st.axis,
+            pad_rows: st.slice.pad.map_or(0, |p| p.rows),
             weight: st.weight.owned,
             m: st.m.owned,
             v: st.v.owned,
@@ -327,6 +335,10 @@ pub fn load_latest_of(
                 slice: Slice {
                     boxes: pm.boxes.clone(),
                     owned: (0, 0),
+                    pad: (pm.pad_rows > 0).then_some(program::Pad {
+                        axis: pm.axis,
+                        rows: pm.pad_rows,
+                    }),
                 },
                 axis: pm.axis,
                 weight: get("weight", pm.weight)?,

@@ -134,6 +134,47 @@ fn a_dp2_checkpoint_resumes_under_tp2_pp2() {
     assert!(diff <= 1e-5, "{two:?} vs {straight:?}");
 }
 
+/// A vocabulary of 250 at tp 4 is padded to 63 rows per rank (the last rank's table and head
+/// end in 2 zero rows): a checkpoint written under TP4 x DP2 with ZeRO-3 holds the unpadded
+/// tensors and resumes under DP2 with the losses of an uninterrupted DP2 run.
+#[test]
+fn a_padded_vocabulary_checkpoint_resumes_unpadded() {
+    let d = dir("padded");
+    std::fs::create_dir_all(&d).unwrap();
+    let config = std::fs::read_to_string(MODEL).unwrap();
+    let config = config.replace("\"vocab_size\": 256", "\"vocab_size\": 250");
+    assert!(config.contains("250"));
+    let model = d.join("gpt-v250.json");
+    std::fs::write(&model, config).unwrap();
+    let model = model.to_string_lossy().to_string();
+    let dp2 = programs(&model, &Config::new(1, 1, 2));
+    let mut c = Config::new(4, 1, 2);
+    c.zero = 3;
+    let padded = programs(&model, &c);
+    let pads = padded
+        .templates
+        .iter()
+        .flat_map(|t| &t.shards)
+        .any(|s| s.tp.is_some_and(|t| t.padded));
+    assert!(pads, "no padded vocabulary shard");
+    let ck_dir = d.join("ck");
+    let ck = |resume| {
+        Some(CheckpointOptions {
+            dir: ck_dir.clone(),
+            every: 0,
+            resume,
+        })
+    };
+    let straight = losses(&dp2, 12, None);
+    let mut two = losses(&padded, 6, ck(false));
+    two.extend(losses(&dp2, 12, ck(true)));
+    std::fs::remove_dir_all(&d).ok();
+    let diff = loss_diff(&two, &straight);
+    println!("TP4 (padded) 6 steps + DP2 6 steps vs DP2 12 steps: {diff:.2e}");
+    assert_eq!(two.len(), 12);
+    assert!(diff <= 1e-5, "{two:?} vs {straight:?}");
+}
+
 /// Trains with `ckpt` and returns the error and how many steps ran before it.
 fn failing(set: &ProgramSet, ckpt: CheckpointOptions) -> (String, usize) {
     let opts = TrainOptions {

@@ -370,7 +370,7 @@ pub fn forward(
                 if *vocab_parallel {
                     let inputs = ins.iter().map(|&v| get(v)).collect();
                     let outputs = outs.iter().map(|&v| get(v)).collect();
-                    vocab_forward(b, env, seg.tp, kind, inputs, outputs, &sv);
+                    vocab_forward(b, env, seg, kind, inputs, outputs, &sv);
                 } else {
                     b.push(compute(
                         instance_kind(seg, i, kind, env),
@@ -665,6 +665,7 @@ pub fn backward(
                                 group: Slot::Tp,
                                 inputs: vec![get(inst, ins[0]), get(inst, ins[1]), lse, dys[0]],
                                 outputs: vec![dx],
+                                vocab: seg.padded_vocab,
                             });
                             dxs.push((0, dx));
                         }
@@ -676,6 +677,7 @@ pub fn backward(
                                 group: Slot::Tp,
                                 inputs: vec![get(inst, ins[1]), dys[0]],
                                 outputs: vec![dx],
+                                vocab: seg.padded_vocab,
                             });
                             dxs.push((0, dx));
                         }
@@ -1003,7 +1005,7 @@ pub fn backward(
 fn vocab_forward(
     b: &mut Builder,
     env: &Env<'_>,
-    tp: u32,
+    seg: &Segment,
     kind: &OpKind,
     inputs: Vec<BufferId>,
     outputs: Vec<BufferId>,
@@ -1015,6 +1017,7 @@ fn vocab_forward(
             group: Slot::Tp,
             inputs,
             outputs,
+            vocab: seg.padded_vocab,
         });
         return;
     }
@@ -1033,8 +1036,9 @@ fn vocab_forward(
         group: Slot::Tp,
         inputs,
         outputs: vec![stats],
+        vocab: seg.padded_vocab,
     });
-    let size = u64::from(tp);
+    let size = u64::from(seg.tp);
     let gathered = b.alloc(
         format!("{}.ce_stats_all", env.tag),
         Elem::F32,
@@ -1055,6 +1059,7 @@ fn vocab_forward(
         group: Slot::Tp,
         inputs: vec![gathered],
         outputs: outputs.into_iter().chain(saves.iter().copied()).collect(),
+        vocab: seg.padded_vocab,
     });
     b.free(gathered);
 }

@@ -63,57 +63,6 @@ pub fn load_graph(plan: &Plan) -> Result<Graph, CodegenError> {
     ir::text::parse(text).map_err(|source| CodegenError::ModelIr { source })
 }
 
-/// Whether the embedding and head lower vocabulary-parallel (Megatron-LM): a token embedding
-/// read by `input_ids`, a head whose `linear` logits feed the cross-entropy (directly or through
-/// element-wise ops of one operand) with a
-/// weight that is a parameter or (tied) the transposed table, and a vocabulary that divides by
-/// `tp`. Other shapes (an ONNX head with a reshape) keep both whole on every rank.
-fn vocab_parallel_fits(graph: &Graph, info: &ModelInfo<'_>, tp: u32) -> bool {
-    let def = |v: ir::ValueId| graph.op(graph.def_op(v));
-    let embedding = info.pre_ops.iter().any(|&o| {
-        let op = graph.op(o);
-        matches!(op.kind, OpKind::Embedding)
-            && op.inputs.get(1).is_some_and(
-                |&i| matches!(&def(i).kind, OpKind::Input { name } if name == "input_ids"),
-            )
-    });
-    let head = info.post_ops.iter().any(|&o| {
-        let op = graph.op(o);
-        matches!(op.kind, OpKind::CrossEntropy)
-            && op.inputs.first().is_some_and(|&l| {
-                let lin = head_product(graph, l);
-                matches!(lin.kind, OpKind::Linear { bias: false })
-                    && lin.inputs.get(1).is_some_and(|&w| {
-                        let w = def(w);
-                        match &w.kind {
-                            OpKind::Param { .. } => info.tied_params == 0,
-                            OpKind::Transpose { perm } => {
-                                perm.as_slice() == [1, 0]
-                                    && w.inputs.first().is_some_and(|&t| {
-                                        matches!(def(t).kind, OpKind::Param { .. })
-                                    })
-                            }
-                            _ => false,
-                        }
-                    })
-            })
-    });
-    info.vocab.is_multiple_of(u64::from(tp)) && embedding && head
-}
-
-/// The op that makes the logits `l` the cross-entropy reads, looking through element-wise ops
-/// of one operand between them (Gemma 2's soft-capping: scale, tanh, scale), which run on
-/// vocabulary shards as they are.
-fn head_product(graph: &Graph, mut l: ir::ValueId) -> &ir::OpData {
-    loop {
-        let op = graph.op(graph.def_op(l));
-        match op.inputs.as_slice() {
-            [x] if op.kind.is_pointwise() => l = *x,
-            _ => return op,
-        }
-    }
-}
-
 /// The segment lowering's context for `plan`, whose context parallelism of degree `cp` is
 /// already folded into data parallelism ([`context_as_data`]): degrees, shapes, element types
 /// and the vocabulary-parallel choice.
@@ -135,7 +84,8 @@ fn segment_ctx<'g>(plan: &Plan, graph: &'g Graph, info: &ModelInfo<'_>, cp: u32)
         weight,
         seq_shard: false,
         fused_attention: s.attention == AttentionKernel::Fused,
-        vocab_parallel: tp > 1 && vocab_parallel_fits(graph, info, tp),
+        vocab_parallel: tp > 1 && info.vocabulary_splits(tp),
+        vocab: info.vocab,
         ep: s.ep.max(1),
         cp,
     }
@@ -346,6 +296,13 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
                         axis,
                         blocks,
                         part: None,
+                        // The table's rows or the head's columns of a padded vocabulary.
+                        padded: seg.padded_vocab.is_some_and(|vocab| {
+                            params
+                                .get(p.index())
+                                .and_then(|i| i.shape.get(usize::from(axis)))
+                                == Some(&vocab)
+                        }),
                     }),
                     _ => None,
                 };

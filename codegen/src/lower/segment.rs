@@ -126,6 +126,9 @@ pub struct Segment {
     pub tp: u32,
     /// Parameters split over the expert-parallel group along their expert axis (0).
     pub expert_params: Vec<SVal>,
+    /// The whole vocabulary where a vocabulary-parallel embedding or head pads it (it does
+    /// not divide by tp: every rank holds ⌈vocab / tp⌉ rows, the last ones zeros).
+    pub padded_vocab: Option<u64>,
     /// By position in `ops`: the op's operands and its first result as the step computes them
     /// (before any collective after it), or its parameter's value; `None` for inputs. Compared
     /// with the sharding extraction ([`differs_from`]).
@@ -165,6 +168,8 @@ pub struct Ctx<'a> {
     /// The token embedding's table is split by rows over the tensor-parallel group (Megatron's
     /// vocabulary-parallel embedding).
     pub vocab_parallel: bool,
+    /// The model's vocabulary (the token table's rows).
+    pub vocab: u64,
     /// Expert-parallel degree: routed experts split over `ep` data-parallel ranks.
     pub ep: u32,
     /// Context-parallel degree: each sequence split over `cp` data-parallel ranks (`seq` is
@@ -181,12 +186,15 @@ impl Ctx<'_> {
     }
 }
 
+/// The local shape of a `shape` tensor under `lay`: a split axis ⌈d / tp⌉ long (a padded
+/// vocabulary's; every other split divides, which [`set_split`] and the local type check
+/// enforce).
 pub(super) fn local(shape: &[u64], lay: Lay, tp: u32) -> Vec<u64> {
     let mut s = shape.to_vec();
     if let Lay::Split { axis, .. } = lay
         && let Some(d) = s.get_mut(usize::from(axis))
     {
-        *d /= u64::from(tp.max(1));
+        *d = d.div_ceil(u64::from(tp.max(1)));
     }
     s
 }
@@ -229,6 +237,7 @@ impl<'c, 'g> B<'c, 'g> {
                 ops: ops.to_vec(),
                 tp: cx.tp,
                 expert_params: Vec::new(),
+                padded_vocab: None,
                 placed: vec![None; ops.len()],
             },
             map: std::collections::HashMap::new(),
@@ -458,6 +467,9 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
     // vocabulary-parallel cross-entropy).
     let tp_on = cx.tp > 1 && (kind == Kind::Layer || (kind == Kind::Post && cx.vocab_parallel));
     let mut b = B::new(cx, ops);
+    if kind != Kind::Layer && cx.vocab_parallel && !cx.vocab.is_multiple_of(u64::from(cx.tp)) {
+        b.seg.padded_vocab = Some(cx.vocab);
+    }
     let inside: std::collections::HashSet<OpId> = ops.iter().copied().collect();
     // Which linear feeds an equal split (fused QKV): block count per op.
     let mut blocks_of = std::collections::HashMap::new();
@@ -584,7 +596,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 .is_some_and(|&i| b.seg.vals[i].source == Source::Tokens { targets: false })
             && ins.first().is_some_and(|&w| {
                 let rows = b.seg.vals[w].shape.first().copied().unwrap_or(0);
-                rows.is_multiple_of(u64::from(cx.tp))
+                rows.is_multiple_of(u64::from(cx.tp)) || Some(rows) == b.seg.padded_vocab
             });
         if vocab_parallel {
             // The table's rows over the group; each rank looks up the tokens it holds and the
@@ -1244,20 +1256,25 @@ fn split_elsewhere(b: &B, ins: &[SVal], axis: usize) -> Option<Lay> {
 fn too_narrow_to_split(b: &B, w: SVal, blocks: Option<&u32>, t: u64) -> bool {
     let val = &b.seg.vals[w];
     let cols = val.shape.get(1).copied().unwrap_or(0);
-    val.lay == Lay::Rep && !cols.is_multiple_of(u64::from(blocks.copied().unwrap_or(1)) * t)
+    val.lay == Lay::Rep
+        && !cols.is_multiple_of(u64::from(blocks.copied().unwrap_or(1)) * t)
+        && Some(cols) != b.seg.padded_vocab
 }
 
 pub(super) fn set_split(b: &mut B, v: SVal, axis: u8, blocks: u32, t: u64) -> Result<(), String> {
+    let padded = b.seg.padded_vocab;
     let val = &mut b.seg.vals[v];
     let dim = val.shape.get(usize::from(axis)).copied().unwrap_or(0);
-    if !dim.is_multiple_of(u64::from(blocks) * t) {
+    // A padded vocabulary splits into ⌈vocab / tp⌉ rows (columns) per rank.
+    let pads = blocks == 1 && Some(dim) == padded;
+    if !pads && !dim.is_multiple_of(u64::from(blocks) * t) {
         return Err(format!(
             "parameter {} axis {axis} ({dim}) is not divisible into {blocks} block(s) x tp {t}",
             val.name
         ));
     }
     if let Some(d) = val.shape.get_mut(usize::from(axis)) {
-        *d /= t;
+        *d = d.div_ceil(t);
     }
     val.lay = Lay::Split { axis, blocks };
     Ok(())

@@ -149,17 +149,18 @@ pub fn tp_layout(g: &Graph, o: OpId, hidden: u64, sequence_parallel: bool) -> Tp
     }
 }
 
-/// Megatron-LM's layout of `o`, an op outside the layers, for a vocabulary of `vocab` tokens
-/// over `tp` ranks: [`tp_layout`] where the vocabulary splits (the vocabulary-parallel
-/// embedding, head and loss). Where it does not, plait's program keeps the token table and the
-/// head whole: the ops on vocabulary-wide tensors run whole on every rank, or on the rank's
-/// sequence shard under sequence parallelism.
+/// Megatron-LM's layout of `o`, an op outside the layers, for a vocabulary of `vocab` tokens:
+/// [`tp_layout`] where the vocabulary `splits` over the tensor-parallel ranks (the
+/// vocabulary-parallel embedding, head and loss, padded where it does not divide). Where it
+/// does not split, plait's program keeps the token table and the head whole: the ops on
+/// vocabulary-wide tensors run whole on every rank, or on the rank's sequence shard under
+/// sequence parallelism.
 pub fn outer_tp_layout(
     g: &Graph,
     o: OpId,
     hidden: u64,
     vocab: u64,
-    tp: u64,
+    splits: bool,
     sequence_parallel: bool,
 ) -> TpLayout {
     let op = g.op(o);
@@ -170,7 +171,6 @@ pub fn outer_tp_layout(
             .iter()
             .any(|d| d.fixed() == Some(vocab))
     };
-    let splits = tp <= 1 || vocab.is_multiple_of(tp);
     if splits
         || op.kind.is_source()
         || !(op.inputs.iter().any(vocab_wide) || op.results.iter().any(vocab_wide))

@@ -67,6 +67,8 @@ pub struct Ctx {
     pub values: HashMap<u32, TensorType>,
     /// Values defined by `Param` ops.
     pub params: HashSet<u32>,
+    /// A dimension that may split padded ([`crate::sharding::ShardOptions::padded_dim`]).
+    pub padded_dim: Option<u64>,
 }
 
 impl Ctx {
@@ -96,10 +98,23 @@ impl Ctx {
         match ty.shape.0.get(usize::from(a.axis)) {
             Some(Dim::Fixed(n)) => {
                 let parts = self.tp * u64::from(a.blocks);
-                *n >= parts && n.is_multiple_of(parts)
+                (*n >= parts && n.is_multiple_of(parts)) || self.pads(ty, a)
             }
             Some(Dim::Sym(_)) => a.blocks == 1,
             None => false,
+        }
+    }
+
+    /// Whether splitting `ty` along `a` pads it: the padded dimension, not a multiple of tp.
+    pub fn pads(&self, ty: &TensorType, a: Axis) -> bool {
+        match ty.shape.0.get(usize::from(a.axis)) {
+            Some(Dim::Fixed(n)) => {
+                a.blocks == 1
+                    && Some(*n) == self.padded_dim
+                    && *n >= self.tp
+                    && !n.is_multiple_of(self.tp)
+            }
+            _ => false,
         }
     }
 }
@@ -190,6 +205,15 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
             Err(format!("{} cannot be split {} ways along {a}", ty, ctx.tp))
         }
     };
+    // A collective moves whole pieces: it never makes or takes a padded split (a slice of a
+    // whole tensor may pad: each rank cuts its piece and fills the rest with zeros).
+    let unpadded = |ty: &TensorType, a: Axis| -> Result<(), String> {
+        if ctx.pads(ty, a) {
+            Err(format!("{ty} along {a} is padded: no collective moves it"))
+        } else {
+            Ok(())
+        }
+    };
     Ok(match node {
         Shard::Atom(a) => match *a {
             Atom::Val(v) => tensor(
@@ -225,6 +249,7 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
             if x.dist != S(a) {
                 return Err(format!("all-gather {a} takes a tensor split along {a}"));
             }
+            unpadded(&x.ty, a)?;
             tensor(x.ty.clone(), R)
         }
         Shard::ReduceScatter(_) => {
@@ -232,6 +257,7 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
             if x.dist != P {
                 return Err("reduce-scatter takes a partial sum".into());
             }
+            unpadded(&x.ty, a)?;
             sharded(x.ty.clone(), a)?
         }
         Shard::AllToAll(_) => {
@@ -239,6 +265,8 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
             if x.dist != S(a) || a == b {
                 return Err(format!("all-to-all {a}→{b} takes a tensor split along {a}"));
             }
+            unpadded(&x.ty, a)?;
+            unpadded(&x.ty, b)?;
             sharded(x.ty.clone(), b)?
         }
         Shard::Linear(_) => {

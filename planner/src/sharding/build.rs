@@ -68,6 +68,7 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
     let in_list: HashSet<OpId> = ops.iter().copied().collect();
     let mut ctx = Ctx {
         tp: u64::from(opts.tp),
+        padded_dim: opts.padded_dim,
         ..Ctx::default()
     };
     let mut defined = HashSet::new();

@@ -84,10 +84,21 @@ pub struct Problem {
     pub binding: Binding,
 }
 
+/// Bytes of a rank's piece of `f`: 1/tp of a split tensor, or ⌈d / tp⌉ of its d rows where
+/// the split pads them.
 fn local_bytes(f: &TensorFact, b: Binding, tp: f64) -> f64 {
     let bytes = f.ty.bytes(b) as f64;
     match f.dist {
-        Dist::Sharded(_) => bytes / tp,
+        Dist::Sharded(a) => match f
+            .ty
+            .shape
+            .0
+            .get(usize::from(a.axis))
+            .and_then(|d| d.fixed())
+        {
+            Some(n) if a.blocks == 1 && n > 0 => bytes / n as f64 * (n as f64 / tp).ceil(),
+            _ => bytes / tp,
+        },
         _ => bytes,
     }
 }

@@ -71,6 +71,11 @@ pub struct ShardOptions {
     /// Dispatch by all-to-all (`moe-expert-parallel`, and the axis-changing `all-to-all`) is
     /// left out: what plait lowers, and Megatron-Core's default, is the all-gather dispatcher.
     pub expert_parallel: bool,
+    /// A dimension of this length (the vocabulary, where it does not divide by `tp`) may split
+    /// padded: ⌈d / tp⌉ per rank, zeros past its end, which only ops that leave the padding
+    /// out or at zero read (the vocabulary-parallel lookup and loss, the head's product, an
+    /// element-wise map); no collective gathers or scatters such a split.
+    pub padded_dim: Option<u64>,
 }
 
 impl ShardOptions {
@@ -83,6 +88,7 @@ impl ShardOptions {
             extraction: Extraction::Exact,
             allow_batch_split: false,
             expert_parallel: false,
+            padded_dim: None,
         }
     }
 

@@ -151,7 +151,7 @@ pub fn check(set: &ProgramSet, out: &mut Vec<Violation>) {
             for &(rank, t, k, _, d) in members {
                 if let Some(s) = shard(t, k) {
                     let sl = s.slice_at(&full, at(*c, d));
-                    n = sl.boxes.iter().map(volume).sum();
+                    n = sl.len();
                     ranges.push((sl.owned, rank, k));
                 }
             }

@@ -109,7 +109,7 @@ fn visit_box(full: &[usize], b: &[(u64, u64)], mut f: impl FnMut(usize, usize)) 
 }
 
 /// The rank's tensor-parallel shard of a full tensor: its boxes concatenated along the split
-/// `axis` (the local layout codegen declares), flattened.
+/// `axis` (the local layout codegen declares), then the slice's zero padding, flattened.
 pub fn extract(full: &[f32], shape: &[usize], slice: &Slice, axis: usize) -> Vec<f32> {
     let pieces: Vec<(Vec<usize>, Vec<f32>)> = slice
         .boxes
@@ -120,7 +120,29 @@ pub fn extract(full: &[f32], shape: &[usize], slice: &Slice, axis: usize) -> Vec
             (b.iter().map(|r| (r.1 - r.0) as usize).collect(), v)
         })
         .collect();
-    join(&pieces, axis)
+    let joined = join(&pieces, axis);
+    match (slice.pad, pieces.first()) {
+        (Some(p), Some((box_shape, _))) if pieces.len() == 1 => {
+            pad_along(&joined, box_shape, p.axis, p.rows as usize)
+        }
+        _ => joined,
+    }
+}
+
+/// `data` (shape `shape`) with `rows` zero rows appended along `axis`.
+fn pad_along(data: &[f32], shape: &[usize], axis: usize, rows: usize) -> Vec<f32> {
+    let Some((outer, dim, inner)) = around(shape, axis) else {
+        return data.to_vec();
+    };
+    let mut out = Vec::with_capacity(outer * (dim + rows) * inner);
+    for o in 0..outer {
+        out.extend_from_slice(
+            data.get(o * dim * inner..(o + 1) * dim * inner)
+                .unwrap_or(&[]),
+        );
+        out.resize(out.len() + rows * inner, 0.0);
+    }
+    out
 }
 
 /// Writes a local shard (as [`extract`] lays it out) back into `full`; `owned` limits it to
@@ -141,7 +163,8 @@ pub fn insert(
         .iter()
         .map(|b| b.get(axis).map_or(1, |r| (r.1 - r.0) as usize))
         .collect();
-    let total_w: usize = widths.iter().sum();
+    // The local shard's length along the axis: the boxes', then the zero padding.
+    let total_w: usize = widths.iter().sum::<usize>() + slice.pad.map_or(0, |p| p.rows as usize);
     for (b, &w) in slice.boxes.iter().zip(&widths) {
         let bshape: Vec<usize> = b.iter().map(|r| (r.1 - r.0) as usize).collect();
         let inner: usize = bshape.get(axis + 1..).map_or(1, |s| s.iter().product());
@@ -204,6 +227,7 @@ mod tests {
                 axis: 1,
                 blocks: 3,
                 part: None,
+                padded: false,
             }),
             zero: false,
             expert: false,
@@ -221,5 +245,62 @@ mod tests {
             insert(&mut back, &shape, &s, 1, &local, (0, 12));
         }
         assert_eq!(back, full);
+    }
+
+    /// A vocabulary of 5 rows over 4 ranks: pieces of 2 rows, the last ones zero-padded
+    /// (rank 3 holds only padding); the pieces write back to the whole table.
+    #[test]
+    fn padded_rows_extract_and_insert() {
+        let shape = [5usize, 3];
+        let full: Vec<f32> = (1..=15).map(|x| x as f32).collect();
+        let sh = ParamShard {
+            param: program::ParamId(0),
+            tp: Some(TpSplit {
+                axis: 0,
+                blocks: 1,
+                part: None,
+                padded: true,
+            }),
+            zero: false,
+            expert: false,
+            init: program::BufferId(0),
+        };
+        let mut back = vec![0.0; 15];
+        let mut pieces = Vec::new();
+        for r in 0..4 {
+            let s = sh.slice(&[5, 3], 4, r, 1, 0);
+            assert_eq!(s.len(), 6, "rank {r}");
+            let local = extract(&full, &shape, &s, 0);
+            assert_eq!(local.len(), 6);
+            insert(&mut back, &shape, &s, 0, &local, (0, 6));
+            pieces.push(local);
+        }
+        assert_eq!(pieces[2], [13.0, 14.0, 15.0, 0.0, 0.0, 0.0]);
+        assert_eq!(pieces[3], [0.0; 6]);
+        assert_eq!(back, full);
+    }
+
+    /// Padding along a later axis (a head weight [hidden, vocab] split by columns).
+    #[test]
+    fn padded_columns_extract() {
+        let shape = [2usize, 3];
+        let full: Vec<f32> = (1..=6).map(|x| x as f32).collect();
+        let split = TpSplit {
+            axis: 1,
+            blocks: 1,
+            part: None,
+            padded: true,
+        };
+        let sh = ParamShard {
+            param: program::ParamId(0),
+            tp: Some(split),
+            zero: true,
+            expert: false,
+            init: program::BufferId(0),
+        };
+        let s = sh.slice(&[2, 3], 2, 1, 2, 1);
+        assert_eq!(extract(&full, &shape, &s, 1), [3.0, 0.0, 6.0, 0.0]);
+        // ZeRO's slices cover the padded shard: 4 elements over 2 ranks.
+        assert_eq!(s.owned, (2, 4));
     }
 }

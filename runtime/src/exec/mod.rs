@@ -477,7 +477,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 group,
                 inputs,
                 outputs,
-            } => self.vocab(*op, *group, inputs, outputs)?,
+                vocab,
+            } => self.vocab(*op, *group, inputs, outputs, *vocab)?,
             Instr::Context {
                 kind,
                 group,
@@ -611,8 +612,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         group: Slot,
         inputs: &[BufferId],
         outputs: &[BufferId],
+        vocab: Option<u64>,
     ) -> Result<(), RuntimeError> {
         let pos = self.members(group).rank();
+        // The shard's real columns: all of them, or those before a padded vocabulary's end.
+        let valid =
+            |start: usize, n: usize| vocab.map_or(n, |v| (v as usize).saturating_sub(start).min(n));
         let kernel = RuntimeError::kernel(op.name());
         let arity = |n_in: usize, n_out: usize| {
             if inputs.len() == n_in && outputs.len() == n_out {
@@ -645,8 +650,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 arity(2, 1)?;
                 let logits = self.host(inputs[0])?;
                 let start = pos * logits.shape.last().copied().unwrap_or(0);
-                let y = kernels::shard_loss_stats(&logits, &self.host(inputs[1])?, start)
-                    .map_err(kernel)?;
+                let n = logits.shape.last().copied().unwrap_or(0);
+                let y = kernels::shard_loss_stats(
+                    &logits,
+                    &self.host(inputs[1])?,
+                    start,
+                    valid(start, n),
+                )
+                .map_err(kernel)?;
                 self.put(outputs[0], y.data)
             }
             VocabOp::LossCombine => {
@@ -665,8 +676,16 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                     self.host(inputs[2])?,
                     self.host(inputs[3])?,
                 );
-                let y = kernels::shard_loss_grad(&logits, &targets, &lse, &dloss, start)
-                    .map_err(kernel)?;
+                let n = logits.shape.last().copied().unwrap_or(0);
+                let y = kernels::shard_loss_grad(
+                    &logits,
+                    &targets,
+                    &lse,
+                    &dloss,
+                    start,
+                    valid(start, n),
+                )
+                .map_err(kernel)?;
                 self.put(outputs[0], y.data)
             }
         }

@@ -75,11 +75,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                 continue;
             };
             let slice = sh.slice_at(&p.shape, program::ShardAt::of(mesh, info.coords));
-            let n: usize = slice
-                .boxes
-                .iter()
-                .map(|b| b.iter().map(|(s, e)| (e - s) as usize).product::<usize>())
-                .sum();
+            let n = slice.len() as usize;
             let get = |role: Role| -> Result<Piece, RuntimeError> {
                 let b = self
                     .role_buffer(role)

@@ -524,7 +524,13 @@ impl Emitter<'_> {
                 };
                 let ins = self.vals(inputs)?;
                 let outs = self.tys(outputs)?;
-                let attrs = format!("{{plait.group = {}}}", str_lit(group.name()));
+                let attrs = match vocab {
+                    Some(v) => format!(
+                        "{{plait.group = {}, plait.vocabulary = {v} : i64}}",
+                        str_lit(group.name())
+                    ),
+                    None => format!("{{plait.group = {}}}", str_lit(group.name())),
+                };
                 let r = self.kernel(&name, &ins, &outs, &attrs);
                 for (&b, v) in outputs.iter().zip(r) {
                     self.set(b, v);
@@ -536,12 +542,19 @@ impl Emitter<'_> {
                 group,
                 inputs,
                 outputs,
+                vocab,
             } => {
                 // The rank's row block comes from its position in the group at run time: an
                 // external kernel, told which group.
                 let ins = self.vals(inputs)?;
                 let outs = self.tys(outputs)?;
-                let attrs = format!("{{plait.group = {}}}", str_lit(group.name()));
+                let attrs = match vocab {
+                    Some(v) => format!(
+                        "{{plait.group = {}, plait.vocabulary = {v} : i64}}",
+                        str_lit(group.name())
+                    ),
+                    None => format!("{{plait.group = {}}}", str_lit(group.name())),
+                };
                 let r = self.kernel(op.name(), &ins, &outs, &attrs);
                 for (&b, v) in outputs.iter().zip(r) {
                     self.set(b, v);
