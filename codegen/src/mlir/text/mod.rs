@@ -524,13 +524,7 @@ impl Emitter<'_> {
                 };
                 let ins = self.vals(inputs)?;
                 let outs = self.tys(outputs)?;
-                let attrs = match vocab {
-                    Some(v) => format!(
-                        "{{plait.group = {}, plait.vocabulary = {v} : i64}}",
-                        str_lit(group.name())
-                    ),
-                    None => format!("{{plait.group = {}}}", str_lit(group.name())),
-                };
+                let attrs = format!("{{plait.group = {}}}", str_lit(group.name()));
                 let r = self.kernel(&name, &ins, &outs, &attrs);
                 for (&b, v) in outputs.iter().zip(r) {
                     self.set(b, v);
