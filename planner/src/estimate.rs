@@ -4,17 +4,23 @@
 use ir::{Binding, Graph, OpId, OpKind, cost};
 use serde::{Deserialize, Serialize};
 
-use crate::cost::comm::{Collective, Mesh, collective_time, mesh_ep, p2p_time};
-use crate::cost::compute::{Device, Kernels, TpLayout, outer_tp_layout, tp_layout};
+use crate::cost::comm::{Collective, Mesh, collective_time, p2p_time};
+use crate::cost::compute::{TpLayout, tp_layout};
 use crate::cost::memory::{
     ActivationPolicy, LayerShape, layer_activation_bytes, layer_backward_gradient_bytes,
-    state_bytes,
 };
-use crate::cost::pipeline::{ChunkCost, Timeline, WorkingSet, finish_lower_bound, simulate_with};
+use crate::cost::pipeline::{Timeline, WorkingSet, finish_lower_bound, simulate_with};
 use crate::error::PlanError;
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::strategy::{Recompute, Strategy};
+
+mod setup;
+mod stages;
+mod work;
+
+use setup::Setup;
+use work::{Pricer, TpPrices};
 
 /// Bytes held back on every GPU for the CUDA context, cuBLAS/NCCL workspaces and allocator
 /// fragmentation. An assumption, not a measurement: PyTorch's CUDA context alone takes
@@ -344,507 +350,158 @@ fn estimate_impl(
     s: &Strategy,
     mode: Mode<'_>,
 ) -> Result<Option<Estimate>, PlanError> {
-    s.validate(info, gpus)?;
-    let score_dropout = info
-        .layer_ops
-        .iter()
-        .any(|&o| matches!(info.graph.op(o).kind, OpKind::Dropout { p, .. } if p > 0.0));
-    let mut device = Device::new(cluster, s.precision, s.attention, s.kernels, score_dropout)
-        .ok_or_else(|| {
-            PlanError::invalid(format!(
-                "{} has no {} support (its cluster file lists no peak for it)",
-                cluster.gpu.name, s.precision
-            ))
-        })?;
+    let cx = Setup::new(info, cluster, gpus, s)?;
     let g = info.graph;
-    let (tp, pp, dp, cp) = (
-        u64::from(s.tp),
-        u64::from(s.pp),
-        u64::from(s.dp),
-        u64::from(s.cp),
-    );
-    device.cp = cp;
-    let ep = u64::from(s.ep.max(1));
-    let m = mesh_ep(cluster, tp, cp, dp, pp, ep);
-    // Every op but attention sees the rank's share of the sequence.
-    let b = Binding {
-        batch: s.micro_batch,
-        seq: s.local_seq(),
-    };
-    let overlaps = |on: bool| on && cluster.comm_overlaps_compute;
-    let graph_elem = g.ty(g.op(info.layer_ops[0]).results[0]).dtype.size_bytes() as f64;
-    let act_scale = s.precision.activation_bytes() / graph_elem;
-    let act_bytes = (b.batch * b.seq * info.hidden) as f64 * s.precision.activation_bytes();
-    let tp_collective = |n: usize| -> f64 {
-        if tp <= 1 {
-            return 0.0;
-        }
-        let one = if s.sequence_parallel {
-            collective_time(cluster, &m.tp, Collective::ReduceScatter, act_bytes)
-                + collective_time(cluster, &m.tp, Collective::AllGather, act_bytes)
-        } else {
-            collective_time(cluster, &m.tp, Collective::AllReduce, act_bytes)
-        };
-        n as f64 * one
-    };
-
-    // Context parallelism (Megatron-Core / Transformer Engine's ring attention, `cp_comm_type
-    // p2p`): each of the cp − 1 steps passes a K and V chunk to the next rank while the current
-    // block's attention runs; the backward passes K, V and their gradients (twice the bytes).
-    // Only a ring slower than the attention shows.
-    let kv_width = layer_shape(g, info).kv_width;
-    let kv_bytes =
-        2.0 * (b.batch * b.seq) as f64 * kv_width / tp as f64 * s.precision.activation_bytes();
-    let cp_cross = m.cp.nodes > 1;
-    let cp_step = p2p_time(
-        cluster,
-        kv_bytes,
-        cp_cross,
-        if cp_cross {
-            m.cp.sharing * m.cp.per_node
-        } else {
-            1
-        },
-    );
-    let cp_ring = |attn_fwd: f64, attn_bwd: f64| -> (f64, f64) {
-        if cp <= 1 || attn_fwd <= 0.0 {
-            return (0.0, 0.0);
-        }
-        let steps = (cp - 1) as f64;
-        (
-            (steps * cp_step - attn_fwd).max(0.0),
-            (2.0 * steps * cp_step - attn_bwd).max(0.0),
-        )
-    };
-
-    let ep_dispatch = ExpertDispatch::new(g, info, cluster, &m, b, s.precision.activation_bytes());
-
     // One representative layer, the embedding side and the head side; with fused kernels each
     // group of fused point-wise ops is one kernel.
-    // Tensor-parallel collectives of the ops before and after the layers: Megatron-LM's
-    // (a vocabulary-parallel embedding reduces its output); of a layer: those of the layout
-    // the sharding extraction chose for its block, where it has one.
-    let rule_tp = |ops: &[OpId]| {
-        let t = tp_collective(row_parallel_ops(g, ops, info.hidden));
-        (t, t)
-    };
-    let layer_tp = (tp > 1).then(|| match mode.tp.layer {
-        TpPricing::Extraction => crate::layer_tp::layer_tp(info, cluster, s),
-        TpPricing::Lowered => crate::layer_tp::layer_tp_as_lowered(info, cluster, s),
-        TpPricing::Rules(why) => Err(why.to_string()),
-    });
-    let layer_tp_times = match &layer_tp {
-        Some(Ok(t)) => (t.fwd_s, t.bwd_per_micro_batch(s.micro_batches())),
-        _ => rule_tp(&info.layer_ops),
-    };
-    let layer_tp_comm = layer_tp
-        .as_ref()
-        .map(|t| LayerTpComm::of(t.as_ref().map(|t| t.collectives), layer_tp_times));
-    let outer_tp = (tp > 1).then(|| match mode.tp.embedding_head {
-        TpPricing::Extraction => crate::layer_tp::outer_tp(info, cluster, s),
-        TpPricing::Lowered => crate::layer_tp::outer_tp_as_lowered(info, cluster, s),
-        TpPricing::Rules(why) => Err(why.to_string()),
-    });
-    let mb = s.micro_batches();
-    let (pre_tp_times, post_tp_times) = match &outer_tp {
-        Some(Ok(t)) => (
-            (t.pre.fwd_s, t.pre.bwd_per_micro_batch(mb)),
-            (t.post.fwd_s, t.post.bwd_per_micro_batch(mb)),
+    let prices = TpPrices::new(&cx, mode);
+    let pricer = Pricer {
+        cx: &cx,
+        ring: cx.cp_ring(),
+        ep: ExpertDispatch::new(
+            g,
+            info,
+            cluster,
+            &cx.m,
+            cx.b,
+            s.precision.activation_bytes(),
         ),
-        // A vocabulary that does not split keeps the table whole: no embedding reduction.
-        _ if !info.vocabulary_splits(s.tp) => ((0.0, 0.0), rule_tp(&info.post_ops)),
-        _ => (rule_tp(&info.pre_ops), rule_tp(&info.post_ops)),
     };
-    let outer_comm = |part: fn(&crate::layer_tp::OuterTp) -> &crate::layer_tp::LayerTp, times| {
-        outer_tp
-            .as_ref()
-            .map(|t| LayerTpComm::of(t.as_ref().map(|t| part(t).collectives), times))
-    };
-    let embedding_tp_comm = outer_comm(|t| &t.pre, pre_tp_times);
-    let head_tp_comm = outer_comm(|t| &t.post, post_tp_times);
-    // Each op's work split as the layer's extraction lays it out where it priced the layer,
-    // else as Megatron-LM's layout.
-    let rule_layout = |o: OpId| tp_layout(g, o, info.hidden, s.sequence_parallel);
-    let layer_layout = |o: OpId| match &layer_tp {
-        Some(Ok(t)) => t.layout_of(o).unwrap_or_else(|| rule_layout(o)),
-        _ => rule_layout(o),
-    };
-    let work = |ops: &[OpId],
-                groups: &[Vec<OpId>],
-                (tp_fwd, tp_bwd): (f64, f64),
-                layout_of: &dyn Fn(OpId) -> TpLayout|
-     -> Work {
-        let mut w = Work::default();
-        let singles: Vec<Vec<OpId>>;
-        let kernels = if s.kernels == Kernels::Fused {
-            groups
-        } else {
-            singles = ops.iter().map(|&o| vec![o]).collect();
-            &singles
-        };
-        for group in kernels {
-            let Some(&o) = group.first() else {
-                continue;
-            };
-            let t = device.fused_time(g, group, b, tp, layout_of(o), act_scale);
-            w.fwd += t.fwd;
-            w.bwd += t.bwd;
-            w.fwd_flops += t.fwd_flops;
-            let attention_core = matches!(g.op(o).kind, OpKind::Attention { .. });
-            if attention_core {
-                w.attn_fwd += t.fwd;
-                w.attn_bwd += t.bwd;
-            }
-            if matches!(
-                g.op(o).kind,
-                OpKind::Linear { .. } | OpKind::MoeExperts { .. }
-            ) {
-                w.gemm_fwd += t.fwd;
-                w.gemm_bwd += t.bwd;
-            }
-            if s.recompute == Recompute::Full
-                || (s.recompute == Recompute::Selective && attention_core)
-            {
-                w.recompute += t.fwd;
-                w.recompute_flops += t.fwd_flops;
-            }
-        }
-        w.tp_fwd = tp_fwd;
-        w.tp_bwd = tp_bwd;
-        if overlaps(s.overlap.tp_comm) {
-            // Transformer Engine's userbuffer overlap pipelines each TP all-gather and
-            // reduce-scatter with the GEMM that consumes or produces it: only communication
-            // longer than those GEMMs shows.
-            w.tp_fwd = (w.tp_fwd - w.gemm_fwd).max(0.0);
-            w.tp_bwd = (w.tp_bwd - w.gemm_bwd).max(0.0);
-        }
-        let (ring_fwd, ring_bwd) = cp_ring(w.attn_fwd, w.attn_bwd);
-        w.fwd += ring_fwd;
-        w.bwd += ring_bwd;
-        w.cp_comm = ring_fwd + ring_bwd;
-        let (ep_fwd, ep_bwd) = ep_dispatch.times(g, ops);
-        w.fwd += ep_fwd;
-        w.bwd += ep_bwd;
-        w.ep_comm = ep_fwd + ep_bwd;
-        w.ep_fwd = ep_fwd;
-        if s.recompute == Recompute::Full {
-            w.recompute += w.tp_fwd + ep_fwd;
-        }
-        w
-    };
-    let layer = work(
+    let layer = pricer.work(
         &info.layer_ops,
         &info.layer_groups,
-        layer_tp_times,
-        &layer_layout,
+        prices.layer_times,
+        &|o| prices.layer_layout(&cx, o),
     );
-    let vocab_splits = info.vocabulary_splits(s.tp);
-    let outer_rule_layout = |o: OpId| {
-        outer_tp_layout(
-            g,
-            o,
-            info.hidden,
-            info.vocab,
-            vocab_splits,
-            s.sequence_parallel,
-        )
-    };
-    let outer_layout = |o: OpId| match &outer_tp {
-        Some(Ok(t)) => t.pre.layout_of(o).unwrap_or_else(|| outer_rule_layout(o)),
-        _ => outer_rule_layout(o),
-    };
-    let pre = work(&info.pre_ops, &info.pre_groups, pre_tp_times, &outer_layout);
-    let post = work(
-        &info.post_ops,
-        &info.post_groups,
-        post_tp_times,
+    let outer_layout = |o: OpId| prices.outer_layout(&cx, o);
+    let pre = pricer.work(
+        &info.pre_ops,
+        &info.pre_groups,
+        prices.pre_times,
         &outer_layout,
     );
-
-    // ZeRO-3 gathers each layer's parameters before its forward (and recompute) and backward,
-    // and reduce-scatters its gradients, prefetching one layer ahead: the layer takes the
-    // longer of its compute and its communication.
-    let wbytes = s.precision.weight_bytes();
-    let layer_dense_bytes = info.dense_params_per_layer() as f64 / tp as f64 * wbytes;
-    let layer_expert_bytes = info.expert_params_per_layer as f64 / (tp * ep) as f64 * wbytes;
-    let (mut layer_fwd, mut layer_bwd) = (layer.fwd_total(), layer.bwd_total());
-    let mut zero3_exposed_per_layer = 0.0;
-    if s.zero == 3 && dp * cp > 1 {
-        // A layer's parameters are gathered (and its gradients reduce-scattered) as one flat
-        // buffer, as FSDP's flat parameters and DeepSpeed's coalesced gathers do.
-        let gathered = layer_dense_bytes + layer_expert_bytes;
-        let ceiling = s
-            .overlap
-            .zero3_gb_per_s
-            .map_or(0.0, |bw| gathered / (bw * 1e9));
-        let both = |kind| {
-            collective_time(cluster, &m.dp, kind, layer_dense_bytes)
-                + collective_time(cluster, &m.edp, kind, layer_expert_bytes)
-        };
-        let ag = both(Collective::AllGather).max(ceiling);
-        let rs = both(Collective::ReduceScatter).max(ceiling);
-        let regathers = if s.recompute == Recompute::Full {
-            2.0
-        } else {
-            1.0
-        };
-        let (f, bw) = if overlaps(s.overlap.zero3_prefetch) {
-            (layer_fwd.max(ag), layer_bwd.max(regathers * ag + rs))
-        } else if overlaps(s.overlap.grad_reduce) {
-            // Synchronous gathers, but the gradients' reduce-scatter on its own stream
-            // (DeepSpeed's `overlap_comm`, on by default at stage 3).
-            (layer_fwd + ag, layer_bwd.max(rs) + regathers * ag)
-        } else {
-            (layer_fwd + ag, layer_bwd + regathers * ag + rs)
-        };
-        zero3_exposed_per_layer = (f - layer_fwd) + (bw - layer_bwd);
-        layer_fwd = f;
-        layer_bwd = bw;
-    }
+    let post = pricer.work(
+        &info.post_ops,
+        &info.post_groups,
+        prices.post_times,
+        &outer_layout,
+    );
+    let (layer_fwd, layer_bwd, zero3_exposed_per_layer) = stages::zero3_layer(&cx, &layer);
 
     let shape = layer_shape(g, info);
-    let rep = if s.sequence_parallel { tp as f64 } else { 1.0 };
     let policy = ActivationPolicy {
-        tp: tp as f64,
+        tp: cx.tp as f64,
         sequence_parallel: s.sequence_parallel,
         recompute: s.recompute,
         precision: s.precision,
         attention: s.attention,
-        ep: ep as f64,
+        ep: cx.ep as f64,
     };
-    let act_layer = layer_activation_bytes(&shape, b.seq as f64, b.batch as f64, &policy);
+    let act_layer = layer_activation_bytes(&shape, cx.b.seq as f64, cx.b.batch as f64, &policy);
     let chunk_layers = s.chunk_layers(info.layers);
-    let n_chunks = chunk_layers.len();
-    let p2p = p2p_time(cluster, act_bytes / rep, m.pp_cross_node, m.pp_sharing);
-    let transients = Transients::new(g, info, s, &shape, &policy, b);
-    let chunks: Vec<ChunkCost> = chunk_layers
-        .iter()
-        .enumerate()
-        .map(|(c, &l)| {
-            let layers = f64::from(l);
-            let mut cc = ChunkCost {
-                fwd: layers * layer_fwd,
-                bwd: layers * layer_bwd,
-                p2p: if c + 1 < n_chunks { p2p } else { 0.0 },
-                activation_bytes: layers * act_layer,
-                working: if l > 0 {
-                    transients.layer
-                } else {
-                    WorkingSet::default()
-                },
-            };
-            if c == 0 {
-                cc.fwd += pre.fwd_total();
-                cc.bwd += pre.bwd_total();
-            }
-            if c + 1 == n_chunks {
-                cc.fwd += post.fwd_total();
-                cc.bwd += post.bwd_total();
-                cc.activation_bytes += transients.logits_kept;
-                cc.working = transients.head_chunk(cc.working);
-            }
-            cc
-        })
-        .collect();
+    let rep = if s.sequence_parallel {
+        cx.tp as f64
+    } else {
+        1.0
+    };
+    let p2p = p2p_time(
+        cluster,
+        cx.act_bytes / rep,
+        cx.m.pp_cross_node,
+        cx.m.pp_sharing,
+    );
+    let transients = Transients::new(g, info, s, &shape, &policy, cx.b);
+    let chunks = stages::chunk_costs(
+        &chunk_layers,
+        &stages::ChunkInputs {
+            pre: &pre,
+            post: &post,
+            layer_s: (layer_fwd, layer_bwd),
+            act_layer,
+            p2p,
+            transients: &transients,
+        },
+    );
     let micro_batches = s.micro_batches();
     if finish_lower_bound(s.pp, micro_batches as u32, &chunks) > mode.cutoff {
         return Ok(None);
     }
     let timeline = simulate_with(s.schedule, s.pp, micro_batches as u32, &chunks, mode.record);
-
-    // Per-device parameters, states, DP communication and optimizer step.
-    let mut stages = Vec::with_capacity(s.pp as usize);
-    let mut worst_end = 0.0f64;
-    let mut critical = 0usize;
-    let mut dp_exposed = vec![0.0; s.pp as usize];
-    let mut exchanges: Vec<Option<DpExchange>> = vec![None; s.pp as usize];
-    let mut optimizer_time = vec![0.0; s.pp as usize];
-    for d in 0..s.pp as usize {
-        let my_chunks: Vec<usize> = (0..n_chunks).filter(|c| c % s.pp as usize == d).collect();
-        let layers: u32 = my_chunks.iter().map(|&c| chunk_layers[c]).sum();
-        // The dense weights are replicated over dp × cp, the experts (split ep ways) over the
-        // expert-data-parallel ranks only.
-        let (local, local_experts) = stage_local_split(info, s, d as u32);
-        let replicas = (dp * cp) as f64;
-        let expert_replicas = replicas / ep as f64;
-        let mut states = state_bytes(local, replicas, s.zero, s.precision);
-        states.add(&state_bytes(
-            local_experts,
-            expert_replicas,
-            s.zero,
-            s.precision,
-        ));
-        if s.precision.is_fp8() {
-            // Transformer Engine keeps an FP8 copy of each weight beside the 16-bit one (its
-            // transpose is rebuilt when needed: `--keep-fp8-transpose-cache` is off by default).
-            states.weights += if s.zero >= 3 {
-                local / replicas + local_experts / expert_replicas
-            } else {
-                local + local_experts
-            };
-        }
-        // Data-parallel gradient synchronisation, bucketed and overlapped with the backward of
-        // the last micro-batch (all but its first layer's worth can hide behind it) where the
-        // cluster runs communication beside compute; in full where it does not. The experts'
-        // gradients reduce over their own replicas, after the dense ones.
-        let mut sync = dp_sync_times(cluster, &m.dp, s, local, micro_batches);
-        let expert_sync = dp_sync_times(cluster, &m.edp, s, local_experts, micro_batches);
-        sync.reduce += expert_sync.reduce;
-        sync.gather += expert_sync.gather;
-        sync.average += expert_sync.average;
-        let (dp_time, gather_time, average_time) = (sync.reduce, sync.gather, sync.average);
-        exchanges[d] = sync.exchange;
-        let last_bwd: f64 = my_chunks.iter().map(|&c| chunks[c].bwd).sum();
-        let hidden_window = if layers > 0 && overlaps(s.overlap.grad_reduce) {
-            let per_mb = if s.zero == 2 {
-                micro_batches as f64
-            } else {
-                1.0
-            };
-            last_bwd * per_mb * (f64::from(layers) - 1.0) / f64::from(layers)
-        } else {
-            0.0
-        };
-        // The updated weights' all-gather: behind the next iteration's first forward with
-        // `--overlap-param-gather` (bucket by bucket, all but the first layer's worth), else
-        // after the optimizer step; without overlap it adds to the gradient reduction.
-        let first_fwd: f64 = my_chunks.iter().map(|&c| chunks[c].fwd).sum();
-        let gather_exposed = if layers > 0 && overlaps(s.overlap.param_gather) {
-            (gather_time - first_fwd * (f64::from(layers) - 1.0) / f64::from(layers)).max(0.0)
-        } else {
-            gather_time
-        };
-        let exposed = if overlaps(s.overlap.param_gather) {
-            (dp_time - hidden_window).max(0.0) + gather_exposed
-        } else {
-            (dp_time + gather_time - hidden_window).max(0.0)
-        };
-        // Tied embedding gradients are summed between the first and last stage.
-        let tied_sync = if pp > 1 && info.tied_params > 0 && (d == 0 || d + 1 == s.pp as usize) {
-            let bytes = info.tied_params as f64 / tp as f64 * s.precision.grad_bytes();
-            p2p_time(cluster, bytes, m.pp_cross_node, m.pp_sharing)
-        } else {
-            0.0
-        };
-        let owned = if s.zero >= 1 {
-            local / replicas + local_experts / expert_replicas
-        } else {
-            local + local_experts
-        };
-        let opt = owned * OPTIMIZER_BYTES_PER_PARAM / device.hbm + device.launch;
-        let end = timeline.device_finish[d] + exposed + tied_sync + opt + average_time;
-        dp_exposed[d] = exposed + tied_sync + average_time;
-        optimizer_time[d] = opt;
-        if end > worst_end {
-            worst_end = end;
-            critical = d;
-        }
-        // Activations: the in-flight micro-batches and the working set of the task running
-        // at the device's peak (the pipeline simulation finds which); the states part of that
-        // working set (ZeRO-3's gathered layer) is shown as `other`. The first stage also
-        // holds the embedding output.
-        let working_states = timeline.device_peak_working_states[d];
-        let activations = timeline.device_peak_activations[d] - working_states;
-        let mut other = RESERVE_BYTES + working_states;
-        if my_chunks.contains(&0) {
-            other += act_bytes / rep;
-        }
-        let memory = MemoryBreakdown {
-            weights: states.weights,
-            grads: states.grads,
-            optimizer: states.optimizer,
-            activations,
-            other,
-        };
-        stages.push(StageEstimate {
-            stage: d as u32,
-            layers,
-            busy_s: timeline.device_busy[d],
-            finish_s: end,
-            peak_memory_bytes: memory.total(),
-            memory,
-            micro_batches_in_flight: timeline.device_peak_in_flight[d],
-        });
-    }
-
-    let iteration = worst_end;
-    let tokens = (s.global_batch * s.seq) as f64;
-    let model_flops = training_flops_per_token(info, b) * tokens;
-    let recompute_flops = (f64::from(info.layers) * layer.recompute_flops
-        + pre.recompute_flops
-        + post.recompute_flops)
-        * tp as f64
-        * (s.global_batch / s.micro_batch) as f64;
-    let n = gpus as f64;
-    let model_tflops = model_flops / (iteration * n) / 1e12;
-    let hardware_tflops = (model_flops + recompute_flops) / (iteration * n) / 1e12;
-    let peak = cluster.peak_flops(s.precision).unwrap_or(f64::INFINITY);
-
-    // Breakdown for the device that finishes last.
-    let my_chunks: Vec<usize> = (0..n_chunks)
-        .filter(|c| c % s.pp as usize == critical)
+    let results: Vec<stages::StageResult> = (0..s.pp as usize)
+        .map(|d| stages::stage_result(&cx, d, &chunk_layers, &chunks, &timeline))
         .collect();
-    let mb = micro_batches as f64;
-    let full = s.recompute == Recompute::Full;
-    let (compute, tp_time) =
-        device_work([&pre, &layer, &post], &chunk_layers, &my_chunks, mb, full);
-    let my_layers: f64 = my_chunks.iter().map(|&c| f64::from(chunk_layers[c])).sum();
-    let ep_time = my_layers * mb * (layer.ep_comm + if full { layer.ep_fwd } else { 0.0 });
-    let compute = compute - ep_time;
-    let zero3: f64 = my_chunks
+    let critical = results
         .iter()
-        .map(|&c| f64::from(chunk_layers[c]))
-        .sum::<f64>()
-        * mb
-        * zero3_exposed_per_layer;
-    let sends = my_chunks.iter().filter(|&&c| c + 1 < n_chunks).count() as f64
-        + my_chunks.iter().filter(|&&c| c > 0).count() as f64;
-    let pp_time = sends * mb * p2p;
-    let dp_time = dp_exposed[critical] + zero3;
-    let opt = optimizer_time[critical];
-    let bubble = (iteration - compute - tp_time - ep_time - dp_time - opt).max(0.0);
+        .enumerate()
+        .fold((0, 0.0f64), |(best, end), (d, r)| {
+            if r.estimate.finish_s > end {
+                (d, r.estimate.finish_s)
+            } else {
+                (best, end)
+            }
+        })
+        .0;
+    let iteration = results
+        .iter()
+        .map(|r| r.estimate.finish_s)
+        .fold(0.0, f64::max);
+    let time = Breakdown {
+        cx: &cx,
+        works: [&pre, &layer, &post],
+        chunk_layers: &chunk_layers,
+        critical,
+        p2p,
+        zero3_exposed_per_layer,
+    }
+    .time(iteration, &results[critical]);
+    let stages: Vec<StageEstimate> = results.iter().map(|r| r.estimate.clone()).collect();
     let peak_stage = stages
         .iter()
         .max_by(|a, b| a.peak_memory_bytes.total_cmp(&b.peak_memory_bytes))
         .cloned()
         .unwrap_or_default();
+    let tokens = (s.global_batch * s.seq) as f64;
+    let model_flops = training_flops_per_token(info, cx.b) * tokens;
+    let recompute_flops = (f64::from(info.layers) * layer.recompute_flops
+        + pre.recompute_flops
+        + post.recompute_flops)
+        * cx.tp as f64
+        * (s.global_batch / s.micro_batch) as f64;
+    let n = gpus as f64;
+    let model_tflops = model_flops / (iteration * n) / 1e12;
+    let peak = cluster.peak_flops(s.precision).unwrap_or(f64::INFINITY);
     let capacity = cluster.memory_bytes();
     let ideal = timeline.device_busy.iter().cloned().fold(0.0, f64::max);
+    let critical_stage = &results[critical];
     Ok(Some(Estimate {
         strategy: s.clone(),
         predicted: Predicted {
             iteration_time_s: iteration,
             tokens_per_s: tokens / iteration,
             model_tflops_per_gpu: model_tflops,
-            hardware_tflops_per_gpu: hardware_tflops,
+            hardware_tflops_per_gpu: (model_flops + recompute_flops) / (iteration * n) / 1e12,
             mfu: model_tflops * 1e12 / peak,
             peak_memory_bytes: peak_stage.peak_memory_bytes,
             memory_capacity_bytes: capacity,
             fits: peak_stage.peak_memory_bytes <= capacity,
             memory: peak_stage.memory.clone(),
-            time: TimeBreakdown {
-                compute,
-                tp_comm: tp_time,
-                pp_comm: pp_time.min(bubble),
-                dp_comm: dp_time,
-                bubble: (bubble - pp_time.min(bubble)).max(0.0),
-                optimizer: opt,
-                ep_comm: ep_time,
-            },
+            time,
             bubble_fraction: if iteration > 0.0 {
-                ((iteration - ideal - opt - dp_exposed[critical]) / iteration).max(0.0)
+                ((iteration - ideal - critical_stage.optimizer - critical_stage.dp_exposed)
+                    / iteration)
+                    .max(0.0)
             } else {
                 0.0
             },
             stages,
             training: None,
-            dp_exchange: exchanges[critical],
-            layer_tp_comm,
-            embedding_tp_comm,
-            head_tp_comm,
+            dp_exchange: critical_stage.exchange,
+            layer_tp_comm: prices.layer_comm(),
+            embedding_tp_comm: prices.outer_comm(true),
+            head_tp_comm: prices.outer_comm(false),
         },
         timeline,
-        mesh: Some(m),
+        mesh: Some(cx.m),
         profile: ChunkProfile {
             layer_s: layer_fwd + layer_bwd,
             pre_s: pre.fwd_total() + pre.bwd_total(),
@@ -852,6 +509,56 @@ fn estimate_impl(
             layer_activation_bytes: act_layer,
         },
     }))
+}
+
+/// The critical stage's time breakdown.
+struct Breakdown<'c, 'a, 'g, 'w> {
+    cx: &'c Setup<'a, 'g>,
+    /// The embedding side's, one layer's and the head side's work.
+    works: [&'w Work; 3],
+    chunk_layers: &'w [u32],
+    /// The stage that finishes last.
+    critical: usize,
+    p2p: f64,
+    zero3_exposed_per_layer: f64,
+}
+
+impl Breakdown<'_, '_, '_, '_> {
+    /// Compute, TP, EP, PP and DP communication, the optimizer and the bubble of the critical
+    /// stage (`stage`) over an iteration of `iteration` seconds.
+    fn time(&self, iteration: f64, stage: &stages::StageResult) -> TimeBreakdown {
+        let s = self.cx.s;
+        let n_chunks = self.chunk_layers.len();
+        let my_chunks: Vec<usize> = (0..n_chunks)
+            .filter(|c| c % s.pp as usize == self.critical)
+            .collect();
+        let mb = s.micro_batches() as f64;
+        let full = s.recompute == Recompute::Full;
+        let layer = self.works[1];
+        let (compute, tp_time) = device_work(self.works, self.chunk_layers, &my_chunks, mb, full);
+        let my_layers: f64 = my_chunks
+            .iter()
+            .map(|&c| f64::from(self.chunk_layers[c]))
+            .sum();
+        let ep_time = my_layers * mb * (layer.ep_comm + if full { layer.ep_fwd } else { 0.0 });
+        let compute = compute - ep_time;
+        let zero3 = my_layers * mb * self.zero3_exposed_per_layer;
+        let sends = my_chunks.iter().filter(|&&c| c + 1 < n_chunks).count() as f64
+            + my_chunks.iter().filter(|&&c| c > 0).count() as f64;
+        let pp_time = sends * mb * self.p2p;
+        let dp_time = stage.dp_exposed + zero3;
+        let opt = stage.optimizer;
+        let bubble = (iteration - compute - tp_time - ep_time - dp_time - opt).max(0.0);
+        TimeBreakdown {
+            compute,
+            tp_comm: tp_time,
+            pp_comm: pp_time.min(bubble),
+            dp_comm: dp_time,
+            bubble: (bubble - pp_time.min(bubble)).max(0.0),
+            optimizer: opt,
+            ep_comm: ep_time,
+        }
+    }
 }
 
 /// The parameters one rank of pipeline stage `d` holds (after tensor parallelism), as (the
