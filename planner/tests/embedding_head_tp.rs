@@ -71,10 +71,10 @@ fn final_norm_params(g: &Graph, info: &ModelInfo) -> usize {
 
 /// Llama 3 8B (untied, 128,256 tokens) and Megatron's 1.7B GPT (tied, 51,200 tokens, a learned
 /// position table) at tp 2–8: the extraction is the vocabulary-parallel layout, with exactly
-/// Megatron-LM's collectives. (With SP and a position table the embedding's backward differs:
-/// Megatron all-gathers the gradient of the sequence scatter after the position add, the
-/// extraction all-reduces it, the conjugate it prices for any replicated value read in pieces;
-/// that case is checked on its forward only.)
+/// Megatron-LM's collectives. With SP and a position table Megatron-Core all-reduces the
+/// token embedding, adds the positions and scatters the sum onto sequence pieces
+/// (`scatter_to_sequence_parallel_region`), whose backward all-gathers the pieces' gradients:
+/// the extraction prices a replicated value read only in pieces so.
 #[test]
 fn extraction_is_the_vocabulary_parallel_layout() {
     use CollectiveKind::{AllGather as Ag, AllReduce as Ar, ReduceScatter as Rs};
@@ -112,7 +112,7 @@ fn extraction_is_the_vocabulary_parallel_layout() {
                 let pre_want = match (sp, positions) {
                     (false, _) => vec![(Ar, Fwd, false, act)],
                     (true, false) => vec![(Ag, Bwd, false, act), (Rs, Fwd, false, act)],
-                    (true, true) => vec![(Ar, Bwd, false, act), (Ar, Fwd, false, act)],
+                    (true, true) => vec![(Ag, Bwd, false, act), (Ar, Fwd, false, act)],
                 };
                 assert_eq!(pre, sorted(pre_want), "{at}: embedding");
                 let mut head_want = vec![(Ar, Fwd, false, stats); 3];

@@ -1,6 +1,6 @@
 //! The exact extraction against brute force: on small random extraction problems (shared
 //! children, layout-conversion cycles, gradient reductions that an all-gather turns into a
-//! reduce-scatter, a memory limit) it finds the cheapest valid program that enumerating every
+//! reduce-scatter or that only slices' pieces need (an all-gather), a memory limit) it finds the cheapest valid program that enumerating every
 //! choice finds.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on purpose
@@ -8,7 +8,7 @@
 use egg::Id;
 use ir::{DType, Dim, Shape, TensorType};
 use planner::sharding::analysis::{Dist, TensorFact};
-use planner::sharding::candidates::{Cand, Class, Comm, Problem};
+use planner::sharding::candidates::{Cand, Class, Comm, GradReduce, Problem};
 use planner::sharding::lang::{Atom, Shard};
 use planner::sharding::{CollectiveKind, Pass, ShardError, exact, ilp};
 
@@ -47,11 +47,20 @@ fn comm(kind: CollectiveKind, seconds: f64) -> Comm {
     }
 }
 
-fn cand(class: usize, kids: Vec<usize>, gather: bool, rng: &mut Rng) -> Cand {
-    let node = if gather {
-        Shard::AllGather([Id::from(0), Id::from(0)])
-    } else {
-        Shard::Atom(Atom::Val(class as u32))
+/// What a random candidate is: a plain node, an all-gather (its class's gradient then
+/// reduce-scatters) or a slice (a rank-variant read whose gradient is a piece).
+#[derive(Clone, Copy)]
+enum Kind {
+    Plain,
+    Gather,
+    Slice,
+}
+
+fn cand(class: usize, kids: Vec<usize>, kind: Kind, rng: &mut Rng) -> Cand {
+    let node = match kind {
+        Kind::Gather => Shard::AllGather([Id::from(0), Id::from(0)]),
+        Kind::Slice => Shard::Shard([Id::from(0), Id::from(0)]),
+        Kind::Plain => Shard::Atom(Atom::Val(class as u32)),
     };
     Cand {
         class,
@@ -102,9 +111,13 @@ fn problem(rng: &mut Rng, n: usize) -> Problem {
             }
             kids.sort_unstable();
             kids.dedup();
-            let gather = kids.len() == 1 && rng.below(2) == 0;
+            let kind = match (kids.len(), rng.below(3)) {
+                (1, 0) => Kind::Gather,
+                (1, 1) => Kind::Slice,
+                _ => Kind::Plain,
+            };
             class.nodes.push(cands.len());
-            cands.push(cand(c, kids, gather, rng));
+            cands.push(cand(c, kids, kind, rng));
         }
     }
     for (i, cand) in cands.iter().enumerate() {
@@ -118,11 +131,14 @@ fn problem(rng: &mut Rng, n: usize) -> Problem {
     }
     for c in &mut classes {
         if !c.variant_readers.is_empty() {
+            // An all-gather or a reduce-scatter below the all-reduce of the same tensor, as in
+            // every collective model plait has.
             let ar = 2.0 * rng.unit();
-            c.grad_reduce = Some((
-                comm(CollectiveKind::AllReduce, ar),
-                comm(CollectiveKind::ReduceScatter, ar * rng.unit()),
-            ));
+            c.grad_reduce = Some(GradReduce {
+                all_reduce: comm(CollectiveKind::AllReduce, ar),
+                reduce_scatter: comm(CollectiveKind::ReduceScatter, ar * rng.unit()),
+                all_gather: comm(CollectiveKind::AllGather, ar * rng.unit()),
+            });
         }
     }
     Problem {

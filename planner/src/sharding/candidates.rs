@@ -68,10 +68,67 @@ pub struct Class {
     pub fact: TensorFact,
     pub nodes: Vec<usize>,
     /// The backward reduction of this replicated class's gradient when a split (rank-variant)
-    /// node reads it: (all-reduce, reduce-scatter if produced by an all-gather).
-    pub grad_reduce: Option<(Comm, Comm)>,
+    /// node reads it ([`GradReduce::pick`]).
+    pub grad_reduce: Option<GradReduce>,
     /// Rank-variant candidates that read this class.
     pub variant_readers: Vec<usize>,
+}
+
+/// How a replicated tensor's gradient is completed when rank-variant nodes read it
+/// (Megatron's conjugate collectives).
+#[derive(Clone, Debug)]
+pub struct GradReduce {
+    /// Split ops each add a partial gradient of the whole tensor: all-reduced.
+    pub all_reduce: Comm,
+    /// ... of a tensor an all-gather made: reduce-scattered back onto its shards.
+    pub reduce_scatter: Comm,
+    /// Only slices read it (each rank its piece, as `scatter_to_sequence_parallel_region`):
+    /// each rank holds its piece's gradient, all-gathered.
+    pub all_gather: Comm,
+}
+
+impl GradReduce {
+    /// The reduction the program runs when the chosen rank-variant readers are `pieces_only`
+    /// slices or not, of a tensor that an all-gather made (`gathered`) or not: the pieces'
+    /// all-gather (Megatron's `scatter_to_sequence_parallel_region` backward), else the
+    /// reduce-scatter back onto the all-gather's shards, else an all-reduce. (Every
+    /// collective model plait has prices an activation's all-gather below its all-reduce, so
+    /// an extra split reader never makes a gradient cheaper.)
+    pub fn pick(&self, pieces_only: bool, gathered: bool) -> &Comm {
+        if pieces_only {
+            &self.all_gather
+        } else if gathered {
+            &self.reduce_scatter
+        } else {
+            &self.all_reduce
+        }
+    }
+
+    /// The three, in the order all-reduce, reduce-scatter, all-gather.
+    pub fn options(&self) -> [&Comm; 3] {
+        [&self.all_reduce, &self.reduce_scatter, &self.all_gather]
+    }
+}
+
+/// Whether candidate `i` takes the rank's piece of its operand (a slice).
+pub fn is_slice(p: &Problem, i: usize) -> bool {
+    matches!(p.cands[i].node, Shard::Shard(_))
+}
+
+/// The reduction class `c`'s gradient needs when the candidates `chosen` run, if any: the
+/// pieces' all-gather where only slices of it are rank-variant readers, else a partial sum's
+/// reduction (a reduce-scatter where an all-gather made it).
+pub fn grad_comm<'p>(p: &'p Problem, c: usize, chosen: &[bool]) -> Option<&'p Comm> {
+    let class = &p.classes[c];
+    let gr = class.grad_reduce.as_ref()?;
+    let mut readers = class.variant_readers.iter().filter(|&&i| chosen[i]);
+    let first = readers.next()?;
+    let pieces = is_slice(p, *first) && readers.all(|&i| is_slice(p, i));
+    let gathered = class
+        .nodes
+        .iter()
+        .any(|&i| chosen[i] && matches!(p.cands[i].node, Shard::AllGather(_)));
+    Some(gr.pick(pieces, gathered))
 }
 
 /// The whole extraction problem.
@@ -289,7 +346,25 @@ impl Problem {
                     b,
                     "backward conjugate of all-gather",
                 );
-                c.grad_reduce = Some((ar, rs));
+                let mut ag = comm(
+                    costs,
+                    opts.tp,
+                    CollectiveKind::AllGather,
+                    Pass::Backward,
+                    &c.fact.ty,
+                    1.0,
+                    b,
+                    "gradient of a replicated tensor read in pieces",
+                );
+                if param {
+                    ag.seconds *= costs.weight_gradient_share();
+                    ag.per_step = true;
+                }
+                c.grad_reduce = Some(GradReduce {
+                    all_reduce: ar,
+                    reduce_scatter: rs,
+                    all_gather: ag,
+                });
             }
         }
         let _ = tp;

@@ -4,8 +4,9 @@
 //!
 //! The class graph's strongly connected components ([`super::ilp::sccs`]) are visited parents
 //! first. A partial solution is summarised by its *frontier*: the classes some chosen node reads
-//! that no visited component has computed yet, each with a flag saying whether a rank-variant
-//! chosen node reads it (its gradient then needs a reduction, Megatron's conjugate collectives).
+//! that no visited component has computed yet, each with a level saying whether a rank-variant
+//! chosen node reads it (its gradient then needs a reduction, Megatron's conjugate collectives):
+//! only slices (the pieces' gradients all-gathered), or a split op (a partial gradient).
 //! Every reader of a class lies in a component visited before the class's own, so the frontier
 //! is all the future depends on: two partial solutions with the same frontier are merged, keeping
 //! the cheaper (with a memory limit, every one not dominated in seconds and bytes). At each
@@ -19,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use super::candidates::Problem;
+use super::candidates::{Problem, is_slice};
 use super::error::ShardError;
 use super::ilp::{Selection, SolveReport, objective_of, sccs};
 use super::lang::Shard;
@@ -33,21 +34,31 @@ const MAX_PRODUCTIONS: usize = 20_000;
 /// The solver name plans and reports carry.
 pub const SOLVER: &str = "exact frontier DP";
 
-/// A frontier entry: class index × 2 + (1 if a rank-variant chosen node reads it).
+/// A frontier entry: class index × 3 + its [`Read`] level.
 type Slot = u32;
 /// The sorted frontier.
 type Frontier = Vec<Slot>;
 
-fn slot(class: usize, variant_read: bool) -> Slot {
-    (class as Slot) * 2 + Slot::from(variant_read)
+/// How the chosen nodes read a class, by what its gradient then needs; two reads combine as
+/// their maximum.
+type Read = u8;
+/// No rank-variant node reads it.
+const WHOLE: Read = 0;
+/// Only slices do: each rank's piece of the gradient, all-gathered.
+const PIECES: Read = 1;
+/// A split op does: a partial gradient, reduced.
+const PARTIAL: Read = 2;
+
+fn slot(class: usize, read: Read) -> Slot {
+    (class as Slot) * 3 + Slot::from(read)
 }
 
 fn slot_class(s: Slot) -> usize {
-    (s / 2) as usize
+    (s / 3) as usize
 }
 
-fn slot_flag(s: Slot) -> bool {
-    s % 2 == 1
+fn slot_read(s: Slot) -> Read {
+    (s % 3) as Read
 }
 
 /// One way to compute a component's needed classes.
@@ -135,7 +146,7 @@ pub fn solve(p: &Problem, memory_limit: Option<f64>) -> Result<Selection, ShardE
     let comps = Components::new(p);
     let flags = VariantReads::new(p);
     let mut traces: Vec<Trace> = Vec::new();
-    let mut roots: Frontier = p.roots.iter().map(|&r| slot(r, false)).collect();
+    let mut roots: Frontier = p.roots.iter().map(|&r| slot(r, WHOLE)).collect();
     roots.sort_unstable();
     roots.dedup();
     let mut states: BTreeMap<Frontier, Vec<Entry>> = BTreeMap::new();
@@ -272,14 +283,15 @@ fn insert(
     entries.push(e);
 }
 
-/// `rest` and `reads` as one sorted frontier, a class read both ways flagged if either is.
+/// `rest` and `reads` as one sorted frontier, a class read several ways at its highest level.
 fn merge_frontier(rest: &[Slot], reads: &[Slot]) -> Frontier {
     let mut all: Vec<Slot> = rest.iter().chain(reads).copied().collect();
     all.sort_unstable();
     let mut out: Frontier = Vec::with_capacity(all.len());
     for s in all {
         match out.last_mut() {
-            Some(last) if slot_class(*last) == slot_class(s) => *last |= s % 2,
+            // Sorted: a later slot of the same class has the higher level.
+            Some(last) if slot_class(*last) == slot_class(s) => *last = s,
             _ => out.push(s),
         }
     }
@@ -287,27 +299,29 @@ fn merge_frontier(rest: &[Slot], reads: &[Slot]) -> Frontier {
 }
 
 /// Which (candidate, kid class) reads carry a gradient reduction: a rank-variant node reading a
-/// replicated float class ([`super::candidates::Class::variant_readers`]).
+/// replicated float class ([`super::candidates::Class::variant_readers`]), a slice
+/// ([`PIECES`]) or a split op ([`PARTIAL`]).
 struct VariantReads {
-    reads: Vec<Vec<(usize, bool)>>,
+    reads: Vec<Vec<(usize, Read)>>,
 }
 
 impl VariantReads {
     fn new(p: &Problem) -> VariantReads {
-        let mut reads: Vec<Vec<(usize, bool)>> = p
+        let mut reads: Vec<Vec<(usize, Read)>> = p
             .cands
             .iter()
             .map(|c| {
                 let mut kids = c.kids.clone();
                 kids.sort_unstable();
                 kids.dedup();
-                kids.into_iter().map(|k| (k, false)).collect()
+                kids.into_iter().map(|k| (k, WHOLE)).collect()
             })
             .collect();
         for (k, class) in p.classes.iter().enumerate() {
             for &i in &class.variant_readers {
+                let level = if is_slice(p, i) { PIECES } else { PARTIAL };
                 for r in reads[i].iter_mut().filter(|r| r.0 == k) {
-                    r.1 = true;
+                    r.1 = level;
                 }
             }
         }
@@ -334,9 +348,9 @@ fn produce(
     };
     let needed: Vec<usize> = here.iter().map(|&s| slot_class(s)).collect();
     search.assign(needed)?;
-    let initial: HashMap<usize, bool> = here
+    let initial: HashMap<usize, Read> = here
         .iter()
-        .map(|&s| (slot_class(s), slot_flag(s)))
+        .map(|&s| (slot_class(s), slot_read(s)))
         .collect();
     let assignments = std::mem::take(&mut search.out);
     Ok(assignments
@@ -435,12 +449,12 @@ fn price(
     comps: &Components,
     flags: &VariantReads,
     k: usize,
-    initial: &HashMap<usize, bool>,
+    initial: &HashMap<usize, Read>,
     picks: &[(usize, usize)],
 ) -> Production {
-    let mut flagged: HashMap<usize, bool> = picks
+    let mut flagged: HashMap<usize, Read> = picks
         .iter()
-        .map(|&(c, _)| (c, initial.get(&c).copied().unwrap_or(false)))
+        .map(|&(c, _)| (c, initial.get(&c).copied().unwrap_or(WHOLE)))
         .collect();
     let mut reads: Vec<Slot> = Vec::new();
     let (mut seconds, mut memory) = (0.0, 0.0);
@@ -448,18 +462,21 @@ fn price(
         let cand = &p.cands[i];
         seconds += cand.seconds();
         memory += cand.memory();
-        for &(kid, variant) in &flags.reads[i] {
+        for &(kid, read) in &flags.reads[i] {
             if comps.of_class[kid] == k {
-                *flagged.entry(kid).or_default() |= variant;
+                let level = flagged.entry(kid).or_default();
+                *level = (*level).max(read);
             } else {
-                reads.push(slot(kid, variant));
+                reads.push(slot(kid, read));
             }
         }
     }
     for &(c, i) in picks {
-        if let (true, Some((ar, rs))) = (flagged[&c], &p.classes[c].grad_reduce) {
+        if let (read, Some(gr)) = (flagged[&c], &p.classes[c].grad_reduce)
+            && read != WHOLE
+        {
             let gathered = matches!(p.cands[i].node, Shard::AllGather(_));
-            seconds += if gathered { rs.seconds } else { ar.seconds };
+            seconds += gr.pick(read == PIECES, gathered).seconds;
         }
     }
     Production {

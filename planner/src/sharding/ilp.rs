@@ -259,32 +259,26 @@ fn solve_levelled(
         .collect();
     let binaries: usize = copies.iter().map(Vec::len).sum();
     let x = |i: usize| -> Expression { copies[i].iter().map(|&(_, v)| v).sum() };
-    let mut y: HashMap<usize, Variable> = HashMap::new();
-    let mut u: HashMap<usize, Variable> = HashMap::new();
+    // Per class with a gradient reduction: which of all-reduce, reduce-scatter, all-gather
+    // completes it ([`GradReduce::pick`]), and whether a split op (not a slice) reads it;
+    // each in [0, 1].
+    let mut o: HashMap<usize, [Variable; 4]> = HashMap::new();
     for (c, class) in p.classes.iter().enumerate() {
         if class.grad_reduce.is_some() {
-            y.insert(c, vars.add(variable().min(0).max(1)));
-            if class
-                .nodes
-                .iter()
-                .any(|&i| matches!(p.cands[i].node, Shard::AllGather(_)))
-            {
-                u.insert(c, vars.add(variable().min(0).max(1)));
-            }
+            o.insert(c, [(); 4].map(|_| vars.add(variable().min(0).max(1))));
         }
     }
-    let n_vars = binaries + y.len() + u.len();
+    let n_vars = binaries + 4 * o.len();
 
     // Objective (Tensat eq. 1 / Alpa eq. 1).
     let mut objective = Expression::from(0.0);
     for (i, c) in p.cands.iter().enumerate() {
         objective += c.seconds() * x(i);
     }
-    for (&c, &yv) in &y {
-        if let Some((ar, rs)) = &p.classes[c].grad_reduce {
-            objective += ar.seconds * yv;
-            if let Some(&uv) = u.get(&c) {
-                objective -= (ar.seconds - rs.seconds) * uv;
+    for (&c, vs) in &o {
+        if let Some(gr) = &p.classes[c].grad_reduce {
+            for (comm, &v) in gr.options().iter().zip(&vs[..3]) {
+                objective += comm.seconds * v;
             }
         }
     }
@@ -347,23 +341,34 @@ fn solve_levelled(
             constraints.push(constraint!(lhs <= class_sum(k)));
         }
     }
-    // Gradient reductions: y_m ≥ x_i for each split node i reading replicated class m
-    // (Alpa's resharding edge cost, here on the backward edge); u_m ≤ y_m and
-    // u_m ≤ Σ all-gather nodes of m (the reduction is then a reduce-scatter).
-    for (&c, &yv) in &y {
-        for &i in &p.classes[c].variant_readers {
-            constraints.push(constraint!(yv >= x(i)));
+    // Gradient reductions (Alpa's resharding edge cost, here on the backward edge): some
+    // option completes class m's gradient when a rank-variant node i reads it,
+    // Σ o_m ≥ x_i, and only the one the program runs ([`GradReduce::pick`]) is allowed:
+    // z_m = whether a split op (a reader other than a slice) is chosen, pinned both ways; the
+    // pieces' all-gather only without one; with one, a reduce-scatter where an all-gather made
+    // m, an all-reduce where none did.
+    for (&c, &[ar, rs, ag, z]) in &o {
+        let class = &p.classes[c];
+        let mut split_readers = Expression::from(0.0);
+        for &i in &class.variant_readers {
+            constraints.push(constraint!(ar + rs + ag >= x(i)));
+            if !super::candidates::is_slice(p, i) {
+                constraints.push(constraint!(z >= x(i)));
+                split_readers += x(i);
+            }
         }
-        if let Some(&uv) = u.get(&c) {
-            constraints.push(constraint!(uv <= yv));
-            let ag: Expression = p.classes[c]
-                .nodes
-                .iter()
-                .filter(|&&i| matches!(p.cands[i].node, Shard::AllGather(_)))
-                .map(|&i| x(i))
-                .sum();
-            constraints.push(constraint!(uv <= ag));
-        }
+        constraints.push(constraint!(z <= split_readers));
+        let gathers: Expression = class
+            .nodes
+            .iter()
+            .filter(|&&i| matches!(p.cands[i].node, Shard::AllGather(_)))
+            .map(|&i| x(i))
+            .sum();
+        constraints.push(constraint!(ag <= 1.0 - z));
+        constraints.push(constraint!(rs <= z));
+        constraints.push(constraint!(rs <= gathers.clone()));
+        constraints.push(constraint!(ar <= z));
+        constraints.push(constraint!(ar <= 1.0 - gathers));
     }
     // Alpa's memory constraint: resident bytes per rank within the limit.
     if let Some(limit) = memory_limit {
@@ -461,15 +466,9 @@ pub fn objective_of(p: &Problem, chosen: &[bool]) -> f64 {
         .filter(|(_, c)| **c)
         .map(|(c, _)| c.seconds())
         .sum();
-    for class in &p.classes {
-        if let Some((ar, rs)) = &class.grad_reduce
-            && class.variant_readers.iter().any(|&i| chosen[i])
-        {
-            let gathered = class
-                .nodes
-                .iter()
-                .any(|&i| chosen[i] && matches!(p.cands[i].node, Shard::AllGather(_)));
-            s += if gathered { rs.seconds } else { ar.seconds };
+    for c in 0..p.classes.len() {
+        if let Some(comm) = super::candidates::grad_comm(p, c, chosen) {
+            s += comm.seconds;
         }
     }
     s

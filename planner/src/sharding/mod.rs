@@ -7,9 +7,13 @@
 //!    cross-entropy, elementwise and norm propagation, sequence parallelism, expert splits,
 //!    collectives). Every rule's right-hand side is type-checked by the [`analysis`] (global
 //!    shape and layout per e-class) before it is added.
-//! 2. [`ilp`] chooses one e-node per needed e-class minimizing forward + backward time
-//!    (compute of the local shard + collectives, including the backward conjugates) under a
-//!    per-rank memory limit, with good_lp (microlp, or HiGHS with the `highs` feature).
+//! 2. [`exact`] (or, as the independent check, [`ilp`] with good_lp: microlp, or HiGHS with
+//!    the `highs` feature) chooses one e-node per needed e-class minimizing forward + backward
+//!    time (compute of the local shard + collectives, including the backward conjugates) under
+//!    a per-rank memory limit. A replicated tensor's gradient is completed as the program
+//!    completes it ([`candidates::GradReduce::pick`]): all-reduced where a split op reads it,
+//!    reduce-scattered where an all-gather made it, and all-gathered where only slices read
+//!    it (each rank its piece, as Megatron's `scatter_to_sequence_parallel_region`).
 //! 3. [`plan`] reads the choice back as a plain-data [`BlockPlan`]: per-op layouts, the
 //!    collectives with their position and bytes, and totals.
 //!

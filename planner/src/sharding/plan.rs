@@ -358,24 +358,25 @@ pub fn assemble(
         }
     }
     // Backward gradient reductions.
+    let axis_of = |i: usize| {
+        let id = *p.cands[i].node.children().first()?;
+        match eg[id].data {
+            Fact::Meta(Atom::Axis(a)) => Some(a.axis),
+            _ => None,
+        }
+    };
     for (c, class) in p.classes.iter().enumerate() {
-        if let Some((ar, rs)) = &class.grad_reduce
-            && class.variant_readers.iter().any(|&i| chosen[i])
-        {
-            let gathered = pick
-                .get(&c)
-                .is_some_and(|&i| matches!(p.cands[i].node, Shard::AllGather(_)));
-            let (comm, axis) = if gathered {
-                let ax = pick.get(&c).and_then(|&i| {
-                    let id = *p.cands[i].node.children().first()?;
-                    match eg[id].data {
-                        Fact::Meta(Atom::Axis(a)) => Some(a.axis),
-                        _ => None,
-                    }
-                });
-                (rs, ax)
-            } else {
-                (ar, None)
+        if let Some(comm) = super::candidates::grad_comm(p, c, chosen) {
+            // A reduce-scatter onto the all-gather's axis; an all-gather of the pieces along
+            // the slices' axis; an all-reduce along none.
+            let axis = match comm.kind {
+                CollectiveKind::ReduceScatter => pick.get(&c).and_then(|&i| axis_of(i)),
+                CollectiveKind::AllGather => class
+                    .variant_readers
+                    .iter()
+                    .find(|&&i| chosen[i])
+                    .and_then(|&i| axis_of(i)),
+                _ => None,
             };
             push(comm, producer(c), axis);
         }
