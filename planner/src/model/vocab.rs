@@ -9,9 +9,10 @@ use super::ModelInfo;
 impl ModelInfo<'_> {
     /// Whether the embedding and head run vocabulary-parallel over `tp` ranks (Megatron-LM's
     /// `VocabParallelEmbedding` and vocabulary-parallel cross-entropy): the model has that
-    /// shape (a token embedding read by `input_ids`, a bias-free linear head) and at least `tp` tokens. A vocabulary that does not
-    /// divide is padded to ⌈vocab / tp⌉ rows per rank, as Megatron-LM pads it (its
-    /// `make_vocab_size_divisible_by`). Otherwise the table and the head stay whole.
+    /// shape (a token embedding read by `input_ids`, a bias-free linear head) and at least
+    /// `tp` tokens. A vocabulary that does not divide is padded to ⌈vocab / tp⌉ rows per rank,
+    /// as Megatron-LM pads it (its `make_vocab_size_divisible_by`). Otherwise the table and
+    /// the head stay whole.
     pub fn vocabulary_splits(&self, tp: u32) -> bool {
         tp <= 1 || (self.vocab_parallel_shape && self.vocab >= u64::from(tp))
     }
