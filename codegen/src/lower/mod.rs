@@ -85,7 +85,7 @@ fn segment_ctx<'g>(plan: &Plan, graph: &'g Graph, info: &ModelInfo<'_>, cp: u32)
         seq_shard: false,
         fused_attention: s.attention == AttentionKernel::Fused,
         vocab_parallel: tp > 1 && info.vocabulary_splits(tp),
-        vocab: info.vocab,
+        padded_vocab: info.vocabulary_padding(tp),
         ep: s.ep.max(1),
         cp,
     }

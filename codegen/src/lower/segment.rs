@@ -168,8 +168,9 @@ pub struct Ctx<'a> {
     /// The token embedding's table is split by rows over the tensor-parallel group (Megatron's
     /// vocabulary-parallel embedding).
     pub vocab_parallel: bool,
-    /// The model's vocabulary (the token table's rows).
-    pub vocab: u64,
+    /// The whole vocabulary where the vocabulary-parallel embedding and head pad it
+    /// ([`planner::ModelInfo::vocabulary_padding`]).
+    pub padded_vocab: Option<u64>,
     /// Expert-parallel degree: routed experts split over `ep` data-parallel ranks.
     pub ep: u32,
     /// Context-parallel degree: each sequence split over `cp` data-parallel ranks (`seq` is
@@ -467,8 +468,8 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
     // vocabulary-parallel cross-entropy).
     let tp_on = cx.tp > 1 && (kind == Kind::Layer || (kind == Kind::Post && cx.vocab_parallel));
     let mut b = B::new(cx, ops);
-    if kind != Kind::Layer && cx.vocab_parallel && !cx.vocab.is_multiple_of(u64::from(cx.tp)) {
-        b.seg.padded_vocab = Some(cx.vocab);
+    if kind != Kind::Layer {
+        b.seg.padded_vocab = cx.padded_vocab;
     }
     let inside: std::collections::HashSet<OpId> = ops.iter().copied().collect();
     // Which linear feeds an equal split (fused QKV): block count per op.

@@ -321,49 +321,40 @@ impl Problem {
         for c in &mut classes {
             if !c.variant_readers.is_empty() {
                 let param = is_param(c);
-                let mut ar = comm(
-                    costs,
-                    opts.tp,
-                    CollectiveKind::AllReduce,
-                    Pass::Backward,
-                    &c.fact.ty,
-                    1.0,
-                    b,
-                    "gradient of a replicated tensor read by split ops",
-                );
-                if param {
-                    // Reduced once per step, not per micro-batch.
-                    ar.seconds *= costs.weight_gradient_share();
-                    ar.per_step = true;
-                }
-                let rs = comm(
-                    costs,
-                    opts.tp,
-                    CollectiveKind::ReduceScatter,
-                    Pass::Backward,
-                    &c.fact.ty,
-                    1.0,
-                    b,
-                    "backward conjugate of all-gather",
-                );
-                let mut ag = comm(
-                    costs,
-                    opts.tp,
-                    CollectiveKind::AllGather,
-                    Pass::Backward,
-                    &c.fact.ty,
-                    1.0,
-                    b,
-                    "gradient of a replicated tensor read in pieces",
-                );
-                if param {
-                    ag.seconds *= costs.weight_gradient_share();
-                    ag.per_step = true;
-                }
+                let backward = |kind, reason, weight: bool| {
+                    let mut x = comm(
+                        costs,
+                        opts.tp,
+                        kind,
+                        Pass::Backward,
+                        &c.fact.ty,
+                        1.0,
+                        b,
+                        reason,
+                    );
+                    if weight {
+                        // A weight's gradient is reduced once per step, not per micro-batch.
+                        x.seconds *= costs.weight_gradient_share();
+                        x.per_step = true;
+                    }
+                    x
+                };
                 c.grad_reduce = Some(GradReduce {
-                    all_reduce: ar,
-                    reduce_scatter: rs,
-                    all_gather: ag,
+                    all_reduce: backward(
+                        CollectiveKind::AllReduce,
+                        "gradient of a replicated tensor read by split ops",
+                        param,
+                    ),
+                    reduce_scatter: backward(
+                        CollectiveKind::ReduceScatter,
+                        "backward conjugate of all-gather",
+                        false,
+                    ),
+                    all_gather: backward(
+                        CollectiveKind::AllGather,
+                        "gradient of a replicated tensor read in pieces",
+                        param,
+                    ),
                 });
             }
         }
