@@ -109,3 +109,33 @@ fn nemotron_counts_its_modules_and_plans_on_8_h100() {
     let (code, out, err) = plait(&["codegen", &p, "-o", &progs.to_string_lossy()]);
     assert_eq!(code, 0, "codegen: {out}{err}");
 }
+
+/// DeepSeek-V3 from its published config.json (`fixtures/hf/deepseek-v3`): `inspect` counts
+/// transformers' modules exactly (671,026,404,352, the model card's 671B; `import`'s
+/// `hf_params` counts them one by one) and says what it models differently (routing, the
+/// interleaved rotary pairs, the multi-token-prediction module). Its first three layers are
+/// dense and the rest experts; plait's planner prices one repeated structure, so `compile`
+/// refuses it by name rather than planning 61 copies of the first layer. (Its bf16 weights
+/// alone, 1.34 TB, exceed 8 H100s' 640 GB: it would not fit them in any case.)
+#[test]
+fn deepseek_v3_is_counted_and_its_mixed_layers_are_refused_by_name() {
+    let cfg = config("deepseek-v3");
+    let (code, out, err) = plait(&["inspect", &cfg, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("inspect JSON");
+    assert_eq!(v["params"].as_u64(), Some(671_026_404_352));
+    let (code, out, _) = plait(&["inspect", &cfg]);
+    assert_eq!(code, 0);
+    for said in ["routing", "rope_interleave", "num_nextn_predict_layers"] {
+        assert!(out.contains(said), "inspect says nothing of {said}: {out}");
+    }
+    let d = dir("deepseek-v3");
+    let plan = d.join("plan.json");
+    let (code, out, err) = compile_on_8_h100(&cfg, &plan.to_string_lossy());
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("first_k_dense_replace") && err.contains("layer(s) [3] of 61"),
+        "{err}"
+    );
+    assert!(!plan.exists(), "no plan is written");
+}

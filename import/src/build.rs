@@ -3,7 +3,7 @@
 
 use ir::{BuildError, DType, Dim, Graph, OpKind, Shape, Sym, TensorType, ValueId};
 
-use crate::spec::{Family, ModelSpec};
+use crate::spec::{Family, Mla, ModelSpec};
 
 /// The name under which every decoder layer is tagged.
 pub const BLOCK_NAME: &str = "decoder_layer";
@@ -57,6 +57,12 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
         // Gemma multiplies the embedding by sqrt(hidden) (its `normalizer`).
         let factor = (h as f64).sqrt();
         x = b.op(OpKind::Scale { factor }, vec![x])?;
+    }
+    // Leading dense layers (DeepSeek-V3) are a run of their own.
+    if let Some(d) = spec.variant.dense_layers
+        && d.count < spec.layers
+    {
+        b.g.kind_starts = vec![d.count as u32];
     }
     for layer in 0..spec.layers {
         b.layer = Some(layer as u32);
@@ -210,6 +216,13 @@ impl Builder {
         let var = &spec.variant;
         let p = format!("model.layers.{i}");
         let a = self.block_norm(&format!("{p}.input_layernorm"), spec, x)?;
+        if let Some(mla) = &var.mla {
+            let o = self.latent_attention(spec, mla, &p, a)?;
+            let x = self.op(OpKind::Add, vec![x, o])?;
+            let m = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, x)?;
+            let y = self.mlp_of_layer(spec, i, &p, m)?;
+            return self.op(OpKind::Add, vec![x, y]);
+        }
         let (q, k, v) = self.qkv(spec, &p, a)?;
         let (q, k) = if var.qk_norm {
             let q = self.head_norm(&format!("{p}.self_attn.q_norm.weight"), spec, q, spec.heads)?;
@@ -252,17 +265,161 @@ impl Builder {
             "post_attention_layernorm"
         };
         let m = self.block_norm(&format!("{p}.{pre_mlp}"), spec, x)?;
-        let mut y = if spec.family == Family::Mixtral {
-            self.moe(spec, &p, m)?
-        } else if var.relu2_mlp {
-            self.relu2_mlp(spec, &format!("{p}.mlp"), m)?
-        } else {
-            self.gated_mlp(spec, &format!("{p}.mlp"), m, spec.ffn)?
-        };
+        let mut y = self.mlp_of_layer(spec, i, &p, m)?;
         if var.sandwich_norms {
             y = self.block_norm(&format!("{p}.post_feedforward_layernorm"), spec, y)?;
         }
         self.op(OpKind::Add, vec![x, y])
+    }
+
+    /// Layer `i`'s MLP: the experts (a leading dense layer's SwiGLU MLP), Nemotron's squared
+    /// ReLU, or a gated MLP.
+    fn mlp_of_layer(
+        &mut self,
+        spec: &ModelSpec,
+        i: u64,
+        p: &str,
+        m: ValueId,
+    ) -> Result<ValueId, BuildError> {
+        let dense = spec.variant.dense_layers.filter(|d| i < d.count);
+        if let Some(d) = dense {
+            self.gated_mlp(spec, &format!("{p}.mlp"), m, d.ffn)
+        } else if spec.family == Family::Mixtral {
+            self.moe(spec, p, m)
+        } else if spec.variant.relu2_mlp {
+            self.relu2_mlp(spec, &format!("{p}.mlp"), m)
+        } else {
+            self.gated_mlp(spec, &format!("{p}.mlp"), m, spec.ffn)
+        }
+    }
+
+    /// Multi-head latent attention (transformers' `DeepseekV3Attention`), through `o_proj`:
+    /// queries from `a` (through the low-rank `q_a_proj`, `q_a_layernorm`, `q_b_proj` where
+    /// `q_lora_rank` is set), keys and values from one compressed latent per token
+    /// (`kv_a_proj_with_mqa` → `kv_a_layernorm` → `kv_b_proj`), each query and key head the
+    /// concatenation of a part without and a part with the rotary embedding, the key's rotary
+    /// part shared by every head.
+    fn latent_attention(
+        &mut self,
+        spec: &ModelSpec,
+        mla: &Mla,
+        p: &str,
+        a: ValueId,
+    ) -> Result<ValueId, BuildError> {
+        let (h, heads) = (spec.hidden, spec.heads);
+        let (nope, rope, dv) = (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim);
+        let qk = mla.qk_head_dim();
+        let att = format!("{p}.self_attn");
+        let q = match mla.q_lora_rank {
+            Some(r) => {
+                let down = self.linear(&format!("{att}.q_a_proj"), a, h, r, false)?;
+                let normed = self.norm_of_width(&format!("{att}.q_a_layernorm"), spec, down, r)?;
+                self.linear(&format!("{att}.q_b_proj"), normed, r, heads * qk, false)?
+            }
+            None => self.linear(&format!("{att}.q_proj"), a, h, heads * qk, false)?,
+        };
+        let q_heads = self.heads_view(q, heads, qk)?;
+        let q_pass = self.slice(q_heads, 3, 0, nope)?;
+        let q_rot = self.slice(q_heads, 3, nope, qk)?;
+        let q_rot = self.rotary_per_head(spec, q_rot, heads, rope)?;
+        let q = self.op(OpKind::Concat { axis: 3 }, vec![q_pass, q_rot])?;
+        let q = self.flat_view(q, heads * qk)?;
+        let latent_width = mla.kv_lora_rank + rope;
+        let kv_a = format!("{att}.kv_a_proj_with_mqa");
+        let compressed = self.linear(&kv_a, a, h, latent_width, false)?;
+        let latent = self.slice(compressed, 2, 0, mla.kv_lora_rank)?;
+        let k_rot = self.slice(compressed, 2, mla.kv_lora_rank, latent_width)?;
+        let latent = self.norm_of_width(
+            &format!("{att}.kv_a_layernorm"),
+            spec,
+            latent,
+            mla.kv_lora_rank,
+        )?;
+        let kv_b = format!("{att}.kv_b_proj");
+        let kv = self.linear(&kv_b, latent, mla.kv_lora_rank, heads * (nope + dv), false)?;
+        let kv_heads = self.heads_view(kv, heads, nope + dv)?;
+        let k_pass = self.slice(kv_heads, 3, 0, nope)?;
+        let v = self.slice(kv_heads, 3, nope, nope + dv)?;
+        let v = self.flat_view(v, heads * dv)?;
+        // The one rotary key head, rotated once and then read by every head.
+        let k_rot = self.op(
+            OpKind::Rotary {
+                heads: 1,
+                theta: spec.rope_theta,
+            },
+            vec![k_rot],
+        )?;
+        let k_rot = self.heads_view(k_rot, 1, rope)?;
+        let (bd, sd) = (Dim::Sym(Sym::Batch), Dim::Sym(Sym::Seq));
+        let every_head = vec![bd, sd, Dim::Fixed(heads), Dim::Fixed(rope)];
+        let k_rot = self.op(OpKind::Expand { shape: every_head }, vec![k_rot])?;
+        let k = self.op(OpKind::Concat { axis: 3 }, vec![k_pass, k_rot])?;
+        let k = self.flat_view(k, heads * qk)?;
+        let attn = self.op(
+            OpKind::Attention {
+                heads,
+                kv_heads: heads,
+                scale: mla.scale,
+                causal: true,
+            },
+            vec![q, k, v],
+        )?;
+        self.linear(&format!("{att}.o_proj"), attn, heads * dv, h, false)
+    }
+
+    /// `x[B, S, heads·d]` viewed as `[B, S, heads, d]`.
+    fn heads_view(&mut self, x: ValueId, heads: u64, d: u64) -> Result<ValueId, BuildError> {
+        let (b, s) = (Dim::Sym(Sym::Batch), Dim::Sym(Sym::Seq));
+        let shape = vec![b, s, Dim::Fixed(heads), Dim::Fixed(d)];
+        self.op(OpKind::Reshape { shape }, vec![x])
+    }
+
+    /// `x[B, S, ..]` viewed as `[B, S, width]`.
+    fn flat_view(&mut self, x: ValueId, width: u64) -> Result<ValueId, BuildError> {
+        let (b, s) = (Dim::Sym(Sym::Batch), Dim::Sym(Sym::Seq));
+        let shape = vec![b, s, Dim::Fixed(width)];
+        self.op(OpKind::Reshape { shape }, vec![x])
+    }
+
+    fn slice(
+        &mut self,
+        x: ValueId,
+        axis: usize,
+        start: u64,
+        end: u64,
+    ) -> Result<ValueId, BuildError> {
+        self.op(OpKind::Slice { axis, start, end }, vec![x])
+    }
+
+    /// The rotary embedding of `x[B, S, heads, d]` per head, as `[B, S, heads, d]`.
+    fn rotary_per_head(
+        &mut self,
+        spec: &ModelSpec,
+        x: ValueId,
+        heads: u64,
+        d: u64,
+    ) -> Result<ValueId, BuildError> {
+        let flat = self.flat_view(x, heads * d)?;
+        let turned = self.op(
+            OpKind::Rotary {
+                heads,
+                theta: spec.rope_theta,
+            },
+            vec![flat],
+        )?;
+        self.heads_view(turned, heads, d)
+    }
+
+    /// An RMSNorm named `prefix` over a last axis of `width` (MLA's latent norms).
+    fn norm_of_width(
+        &mut self,
+        prefix: &str,
+        spec: &ModelSpec,
+        x: ValueId,
+        width: u64,
+    ) -> Result<ValueId, BuildError> {
+        let g = self.param(&format!("{prefix}.weight"), &[width]);
+        self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![x, g])
     }
 
     /// The query, key and value projections (with biases in Qwen2).
@@ -381,7 +538,8 @@ impl Builder {
         self.linear(&format!("{p}.down_proj"), prod, f, h, false)
     }
 
-    /// Top-k routed SwiGLU experts (Mixtral, Qwen-MoE), plus Qwen2-MoE's gated shared expert.
+    /// Top-k routed SwiGLU experts (Mixtral, Qwen-MoE, DeepSeek-V3), scaled where the model
+    /// scales them, plus a shared expert (Qwen2-MoE's gated, DeepSeek-V3's not).
     fn moe(&mut self, spec: &ModelSpec, p: &str, m: ValueId) -> Result<ValueId, BuildError> {
         let (h, f, e) = (spec.hidden, spec.ffn, spec.experts);
         let moe = match spec.model_type() {
@@ -399,13 +557,21 @@ impl Builder {
         let w1 = self.param(&format!("{p}.{moe}.experts.w1"), &[e, h, f]);
         let w3 = self.param(&format!("{p}.{moe}.experts.w3"), &[e, h, f]);
         let w2 = self.param(&format!("{p}.{moe}.experts.w2"), &[e, f, h]);
-        let routed = self.op(
+        let mut routed = self.op(
             OpKind::MoeExperts { experts: e },
             vec![m, gates, w1, w3, w2],
         )?;
+        if let Some(factor) = spec.variant.routed_scale {
+            routed = self.op(OpKind::Scale { factor }, vec![routed])?;
+        }
         let Some(shared) = spec.variant.shared_expert_ffn else {
             return Ok(routed);
         };
+        if !spec.variant.shared_expert_gate {
+            let name = format!("{p}.{moe}.shared_experts");
+            let dense = self.gated_mlp(spec, &name, m, shared)?;
+            return self.op(OpKind::Add, vec![routed, dense]);
+        }
         let dense = self.gated_mlp(spec, &format!("{p}.{moe}.shared_expert"), m, shared)?;
         let logit = self.linear(&format!("{p}.{moe}.shared_expert_gate"), m, h, 1, false)?;
         let weight = self.op(OpKind::Sigmoid, vec![logit])?;

@@ -39,9 +39,19 @@ pub struct Variant {
     /// The attention scale's denominator squared, when it is not the head size (Gemma 2's
     /// `query_pre_attn_scalar`).
     pub query_scale: Option<f64>,
-    /// A dense SwiGLU expert every token visits, of this width, scaled by a sigmoid gate
-    /// (Qwen2-MoE's `shared_expert`).
+    /// A dense SwiGLU expert every token visits, of this width (Qwen2-MoE's `shared_expert`,
+    /// DeepSeek-V3's `shared_experts`: `n_shared_experts` experts as one MLP).
     pub shared_expert_ffn: Option<u64>,
+    /// The shared expert's output scaled by a sigmoid gate of one column (Qwen2-MoE).
+    pub shared_expert_gate: bool,
+    /// The routed experts' sum multiplied by this factor (DeepSeek-V3's
+    /// `routed_scaling_factor`).
+    pub routed_scale: Option<f64>,
+    /// The first this many layers have a dense SwiGLU MLP of this width in place of the
+    /// experts (DeepSeek-V3's `first_k_dense_replace` layers of `intermediate_size`).
+    pub dense_layers: Option<DenseLayers>,
+    /// Multi-head latent attention in place of q/k/v projections (DeepSeek-V3).
+    pub mla: Option<Mla>,
     /// An ungated MLP with a squared ReLU, `relu(x·up)²·down` (Nemotron's `relu2`).
     pub relu2_mlp: bool,
     /// LayerNorm with weight and bias in place of RMSNorm (Nemotron's `LayerNorm1P`).
@@ -49,6 +59,53 @@ pub struct Variant {
     /// Rotary embedding over only the first this many dimensions of each head, the rest
     /// passed through (Nemotron's `partial_rotary_factor`).
     pub rotary_dims: Option<u64>,
+}
+
+/// Leading dense layers of a mixture-of-experts model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct DenseLayers {
+    pub count: u64,
+    pub ffn: u64,
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3, transformers' `DeepseekV3Attention`): queries
+/// through an optional low-rank bottleneck, keys and values from one compressed latent per
+/// token plus one rotary key shared by every head.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Mla {
+    /// Rank of the query bottleneck (`q_a_proj`, `q_a_layernorm`, `q_b_proj`); `None`: one
+    /// `q_proj`.
+    pub q_lora_rank: Option<u64>,
+    /// Width of the compressed key/value latent (`kv_a_layernorm`, `kv_b_proj`'s input).
+    pub kv_lora_rank: u64,
+    /// Per-head query/key dimensions without and with the rotary embedding.
+    pub qk_nope_head_dim: u64,
+    pub qk_rope_head_dim: u64,
+    /// Per-head value (and attention output) dimension.
+    pub v_head_dim: u64,
+    /// The softmax scale: 1/sqrt(qk head size), times YaRN's mscale² where rope scaling sets
+    /// `mscale_all_dim` (transformers' `DeepseekV3Attention.scaling`).
+    pub scale: f64,
+}
+
+impl Mla {
+    /// A query or key head: the part without and the part with the rotary embedding.
+    pub fn qk_head_dim(&self) -> u64 {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Parameters of one layer's attention with `heads` heads on `hidden`.
+    pub fn params(&self, hidden: u64, heads: u64) -> u64 {
+        let q_out = heads * self.qk_head_dim();
+        let q = match self.q_lora_rank {
+            Some(r) => hidden * r + r + r * q_out,
+            None => hidden * q_out,
+        };
+        let kv = hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+            + self.kv_lora_rank
+            + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim);
+        q + kv + heads * self.v_head_dim * hidden
+    }
 }
 
 impl Family {
@@ -135,8 +192,12 @@ impl ModelSpec {
                 let (q, hd, var) = (self.q_width(), self.head_dim(), &self.variant);
                 let bias = if var.qkv_bias { q + 2 * kv } else { 0 };
                 let qk_norm = if var.qk_norm { 2 * hd } else { 0 };
-                let attn = h * q + 2 * h * kv + q * h + bias + qk_norm;
-                let shared = var.shared_expert_ffn.map_or(0, |s| 3 * h * s + h);
+                let attn = match &var.mla {
+                    Some(mla) => mla.params(h, self.heads),
+                    None => h * q + 2 * h * kv + q * h + bias + qk_norm,
+                };
+                let gate = if var.shared_expert_gate { h } else { 0 };
+                let shared = var.shared_expert_ffn.map_or(0, |s| 3 * h * s + gate);
                 let mlp = if self.family == Family::Mixtral {
                     h * self.experts + self.experts * 3 * h * f + shared
                 } else if var.relu2_mlp {
@@ -144,6 +205,10 @@ impl ModelSpec {
                 } else {
                     3 * h * f
                 };
+                // Leading dense layers swap the experts for one SwiGLU MLP.
+                let dense = var.dense_layers.map_or(0, |d| d.count.min(self.layers));
+                let dense_mlp = var.dense_layers.map_or(0, |d| 3 * h * d.ffn);
+                let mlps = (self.layers - dense) * mlp + dense * dense_mlp;
                 // A LayerNorm has a bias beside its weight.
                 let norm = if var.layer_norm { 2 * h } else { h };
                 let norms = if var.sandwich_norms {
@@ -151,7 +216,7 @@ impl ModelSpec {
                 } else {
                     2 * norm
                 };
-                embed + self.layers * (attn + mlp + norms) + norm + head
+                embed + self.layers * (attn + norms) + mlps + norm + head
             }
         }
     }

@@ -303,3 +303,48 @@ fn nemotron_builds_its_block_and_refuses_what_it_does_not_build() {
         assert!(e.contains(field), "{field}: {e}");
     }
 }
+
+/// DeepSeek-V3 (transformers' `DeepseekV3ForCausalLM`): multi-head latent attention, 256
+/// routed experts of 2048 with one shared expert, and the first three layers dense. Counted
+/// module by module as transformers builds them: 671,026,404,352, the model card's "671B
+/// total parameters" (the checkpoint's 685B adds the 14B multi-token-prediction module,
+/// which transformers does not build; the router's `e_score_correction_bias` is a buffer).
+#[test]
+fn deepseek_v3_counts_its_latent_attention_dense_layers_and_experts() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/deepseek-v3/config.json"
+    ))
+    .expect("fixture");
+    let (h, heads, v) = (7168u64, 128u64, 129_280u64);
+    let (q_rank, kv_rank, nope, rope, dv) = (1536u64, 512u64, 128u64, 64u64, 128u64);
+    let q_a = h * q_rank + q_rank;
+    let q_b = q_rank * heads * (nope + rope);
+    let kv_a = h * (kv_rank + rope) + kv_rank;
+    let kv_b = kv_rank * heads * (nope + dv);
+    let o = heads * dv * h;
+    let attention = q_a + q_b + kv_a + kv_b + o;
+    let norms = 2 * h;
+    let dense_mlp = 3 * h * 18_432;
+    let moe = 256 * 3 * h * 2048 + 256 * h + 3 * h * 2048;
+    let modules = 2 * v * h + h + 61 * (attention + norms) + 3 * dense_mlp + 58 * moe;
+    assert_eq!(modules, 671_026_404_352);
+    assert_published(&text, modules);
+    let g = build_forward(&parse(&text), DType::Bf16).expect("graph builds");
+    assert_eq!(
+        g.kind_starts,
+        [3],
+        "the expert layers start a run of their own"
+    );
+    ir::verify::verify(&g).expect("every layer matches the first of its run");
+    // Without a query bottleneck (`q_lora_rank: null`): one q_proj.
+    let no_lora = r#"{"model_type":"deepseek_v3","hidden_size":64,"intermediate_size":96,
+        "moe_intermediate_size":16,"num_hidden_layers":3,"num_attention_heads":4,
+        "q_lora_rank":null,"kv_lora_rank":8,"qk_nope_head_dim":6,"qk_rope_head_dim":4,
+        "v_head_dim":5,"n_routed_experts":4,"n_shared_experts":2,"num_experts_per_tok":2,
+        "first_k_dense_replace":1,"vocab_size":100}"#;
+    let attention = 64 * 4 * 10 + 64 * (8 + 4) + 8 + 8 * 4 * (6 + 5) + 4 * 5 * 64;
+    let moe = 4 * 3 * 64 * 16 + 4 * 64 + 3 * 64 * 32;
+    let want = 2 * 100 * 64 + 64 + 3 * (attention + 2 * 64) + 3 * 64 * 96 + 2 * moe;
+    assert_published(no_lora, want);
+}

@@ -138,8 +138,10 @@ pub fn op_cost(graph: &Graph, o: OpId, b: Binding) -> OpCost {
             let (bsz, sq, width) = (q[0] as f64, q[1] as f64, q[2] as f64);
             let sk = kv[1] as f64;
             let h = *heads as f64;
-            // q kᵀ and p v: 2 products of B·heads·Sq·Sk·d multiply-adds each (d·heads = width).
-            let products = 4.0 * bsz * sq * sk * width;
+            // q kᵀ: B·heads·Sq·Sk·d multiply-adds (d·heads = the query width); p v: the same
+            // with the value head size (heads·dv = the output width, narrower in MLA).
+            let out_width = dims(op.results[0])[2] as f64;
+            let products = 2.0 * bsz * sq * sk * (width + out_width);
             let softmax = elementwise_flops(&OpKind::Softmax { causal: true }) * bsz * h * sq * sk;
             product(products, softmax)
         }

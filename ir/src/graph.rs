@@ -75,6 +75,12 @@ pub struct Graph {
     pub outputs: Vec<(String, ValueId)>,
     /// Name of the repeated block (`decoder_layer`) whose instances are tagged by `OpData::layer`.
     pub block_name: Option<String>,
+    /// Layers at which the block's structure changes, ascending, each ≥ 1: layer `l` is
+    /// structurally identical to the first layer of its run (the largest start ≤ `l`, else
+    /// layer 0). Empty for a uniform block; DeepSeek-V3's three dense layers before its
+    /// mixture-of-experts layers: `[3]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kind_starts: Vec<u32>,
 }
 
 /// A builder error: the op that could not be added and why.
@@ -247,6 +253,17 @@ impl Graph {
             .map_or(0, |m| m + 1)
     }
 
+    /// The first layer of the run `layer` belongs to ([`Graph::kind_starts`]): the layer it is
+    /// structurally identical to.
+    pub fn kind_start(&self, layer: u32) -> u32 {
+        self.kind_starts
+            .iter()
+            .copied()
+            .take_while(|&s| s <= layer)
+            .last()
+            .unwrap_or(0)
+    }
+
     /// Ops of one layer, in execution order.
     pub fn layer_ops(&self, layer: u32) -> Vec<OpId> {
         self.order
@@ -322,6 +339,7 @@ impl Graph {
         let mut new = Graph {
             name: old.name.clone(),
             block_name: old.block_name.clone(),
+            kind_starts: old.kind_starts.clone(),
             ..Graph::default()
         };
         let mut map: HashMap<ValueId, ValueId> = HashMap::new();

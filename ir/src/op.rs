@@ -12,9 +12,10 @@
 //! - `ReduceMean`/`ReduceSum` over the last axis, keeping it as size 1.
 //! - `LayerNorm{eps}(x[.., H], gamma[H], beta[H])`, `RmsNorm{eps}(x[.., H], gamma[H])`.
 //! - `Softmax{causal}` over the last axis of `[.., Sq, Sk]`; causal masks key `j > i + Sk - Sq`.
-//! - `Attention{heads, kv_heads, scale, causal}(q[B,S,heads*d], k[B,S,kv*d], v[B,S,kv*d])`
-//!   → `[B,S,heads*d]`: softmax(q kᵀ · scale) v per head; query head `h` reads kv head
-//!   `h / (heads / kv_heads)` (grouped-query attention).
+//! - `Attention{heads, kv_heads, scale, causal}(q[B,S,heads*d], k[B,S,kv*d], v[B,S,kv*dv])`
+//!   → `[B,S,heads*dv]`: softmax(q kᵀ · scale) v per head; query head `h` reads kv head
+//!   `h / (heads / kv_heads)` (grouped-query attention). The value head size `dv` is usually
+//!   `d`; multi-head latent attention's is smaller.
 //! - `Rotary{heads, theta}(x[B,S,heads*d])`: rotary position embedding in the "rotate half"
 //!   convention of Hugging Face Llama, position = index along S.
 //! - `Reshape{shape}`, `Expand{shape}` (numpy broadcast_to), `Transpose{perm}`, `Split{axis, sizes}` (one result per part),
@@ -515,15 +516,21 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
                 ));
             }
             let d = qw / heads;
-            for t in [k, v] {
-                if t.shape.0[2] != Dim::Fixed(kv_heads * d) || t.shape.0[0] != q.shape.0[0] {
-                    return Err(format!(
-                        "key/value {} must be [{}, S, {}]",
-                        t.shape,
-                        q.shape.0[0],
-                        kv_heads * d
-                    ));
-                }
+            if k.shape.0[2] != Dim::Fixed(kv_heads * d) || k.shape.0[0] != q.shape.0[0] {
+                return Err(format!(
+                    "key {} must be [{}, S, {}]",
+                    k.shape,
+                    q.shape.0[0],
+                    kv_heads * d
+                ));
+            }
+            // The value's head size may differ from the query's (multi-head latent attention).
+            let vw = v.shape.0[2].fixed().ok_or("value width must be fixed")?;
+            if vw == 0 || !vw.is_multiple_of(*kv_heads) || v.shape.0[0] != q.shape.0[0] {
+                return Err(format!(
+                    "value {} must be [{}, S, {kv_heads}·dv]",
+                    v.shape, q.shape.0[0]
+                ));
             }
             if k.shape.0[1] != v.shape.0[1] {
                 return Err(format!(
@@ -531,7 +538,9 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
                     k.shape, v.shape
                 ));
             }
-            one(q.clone())
+            let mut out = q.clone();
+            out.shape.0[2] = Dim::Fixed(heads * (vw / kv_heads));
+            one(out)
         }
         OpKind::Rotary { heads, .. } => {
             let x = inputs[0];

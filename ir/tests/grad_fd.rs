@@ -231,6 +231,29 @@ fn fd_attention_gqa_causal() {
 }
 
 #[test]
+fn fd_attention_narrow_values() {
+    // Multi-head latent attention: value heads (3) narrower than query/key heads (5).
+    let mut r = Rng::new(15);
+    let (q, k, v) = (
+        t(&mut r, &[2, 4, 10]),
+        t(&mut r, &[2, 4, 10]),
+        t(&mut r, &[2, 4, 6]),
+    );
+    let kind = OpKind::Attention {
+        heads: 2,
+        kv_heads: 2,
+        scale: 0.4,
+        causal: true,
+    };
+    check_op(
+        "attention dv < d",
+        kind,
+        vec![float(q), float(k), float(v)],
+        &mut r,
+    );
+}
+
+#[test]
 fn fd_attention_more_keys_than_queries() {
     let mut r = Rng::new(13);
     let (q, k, v) = (

@@ -1,7 +1,7 @@
 //! Scaled dot-product `Attention` with grouped-query heads and an optional causal mask.
 //!
 //! Per (batch, query head) the scores S = scale·Q Kᵀ and the output P V are two gemms on
-//! strided views of the `[B, S, heads·d]` operands (no head-major copies); the softmax runs on
+//! strided views of the `[B, S, heads·width]` operands (no head-major copies); the softmax runs on
 //! one `[Sq, Sk]` scratch matrix reused across heads.
 
 use crate::gemm::{Mat, MatMut, gemm};
@@ -20,7 +20,9 @@ pub(crate) struct Attention {
     pub causal: bool,
 }
 
-/// Sizes of one call: q is `[b, sq, heads·d]`, k and v are `[b, sk, kv·d]`.
+/// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`
+/// and the output `[b, sq, heads·dv]` (multi-head latent attention's values are narrower
+/// than its queries and keys; elsewhere `dv = d`).
 struct Layout {
     b: usize,
     sq: usize,
@@ -28,6 +30,7 @@ struct Layout {
     heads: usize,
     kv: usize,
     d: usize,
+    dv: usize,
 }
 
 fn rank3(what: &'static str, t: &Tensor32) -> Result<[usize; 3], KernelError> {
@@ -37,6 +40,43 @@ fn rank3(what: &'static str, t: &Tensor32) -> Result<[usize; 3], KernelError> {
         got: t.shape.clone(),
         want: "[B, S, heads*d]".into(),
     })
+}
+
+/// One head of a `[b, rows, heads·width]` tensor: which batch and head, and the tensor's
+/// head count and per-head width.
+#[derive(Clone, Copy)]
+struct Head {
+    b: usize,
+    index: usize,
+    rows: usize,
+    heads: usize,
+    width: usize,
+}
+
+impl Head {
+    fn view<'a>(self, data: &'a [f32]) -> Mat<'a> {
+        let w = self.heads * self.width;
+        Mat {
+            data,
+            offset: self.b * self.rows * w + self.index * self.width,
+            rows: self.rows,
+            cols: self.width,
+            rs: w,
+            cs: 1,
+        }
+    }
+
+    fn view_mut<'a>(self, data: &'a mut [f32]) -> MatMut<'a> {
+        let w = self.heads * self.width;
+        MatMut {
+            data,
+            offset: self.b * self.rows * w + self.index * self.width,
+            rows: self.rows,
+            cols: self.width,
+            rs: w,
+            cs: 1,
+        }
+    }
 }
 
 impl Layout {
@@ -50,17 +90,22 @@ impl Layout {
         }
         let [b, sq, qw] = rank3("query", q)?;
         let [_, sk, _] = rank3("key", k)?;
-        if qw % heads != 0 {
+        let [_, _, vw] = rank3("value", v)?;
+        if qw % heads != 0 || vw % kv != 0 {
             return Err(KernelError::Shape {
                 op: OP,
-                what: "query",
-                got: q.shape.clone(),
-                want: format!("a width divisible by {heads} heads"),
+                what: if qw % heads != 0 { "query" } else { "value" },
+                got: if qw % heads != 0 {
+                    q.shape.clone()
+                } else {
+                    v.shape.clone()
+                },
+                want: format!("a width divisible by {heads} heads ({kv} for the value)"),
             });
         }
-        let d = qw / heads;
+        let (d, dv) = (qw / heads, vw / kv);
         expect_shape(OP, "key", k, &[b, sk, kv * d])?;
-        expect_shape(OP, "value", v, &[b, sk, kv * d])?;
+        expect_shape(OP, "value", v, &[b, sk, kv * dv])?;
         Ok(Layout {
             b,
             sq,
@@ -68,58 +113,46 @@ impl Layout {
             heads,
             kv,
             d,
+            dv,
         })
     }
 
-    /// Query head `h` of batch `b`: a `[sq, d]` view of q (or of anything shaped like q).
-    fn q_head<'a>(&self, data: &'a [f32], b: usize, h: usize) -> Mat<'a> {
-        let w = self.heads * self.d;
-        Mat {
-            data,
-            offset: b * self.sq * w + h * self.d,
-            rows: self.sq,
-            cols: self.d,
-            rs: w,
-            cs: 1,
-        }
+    /// The output's shape, `[b, sq, heads·dv]`.
+    fn out_shape(&self) -> Vec<usize> {
+        vec![self.b, self.sq, self.heads * self.dv]
     }
 
-    fn q_head_mut<'a>(&self, data: &'a mut [f32], b: usize, h: usize) -> MatMut<'a> {
-        let w = self.heads * self.d;
-        MatMut {
-            data,
-            offset: b * self.sq * w + h * self.d,
-            rows: self.sq,
-            cols: self.d,
-            rs: w,
-            cs: 1,
-        }
+    /// Query head `h` of batch `b` (q, dq): `[sq, d]`.
+    fn q(&self, b: usize, h: usize) -> Head {
+        self.head(b, h, self.sq, self.heads, self.d)
     }
 
-    /// The kv head that query head `h` reads, of batch `b`: a `[sk, d]` view.
-    fn kv_head<'a>(&self, data: &'a [f32], b: usize, h: usize) -> Mat<'a> {
-        let w = self.kv * self.d;
-        let group = h / (self.heads / self.kv);
-        Mat {
-            data,
-            offset: b * self.sk * w + group * self.d,
-            rows: self.sk,
-            cols: self.d,
-            rs: w,
-            cs: 1,
-        }
+    /// Output head `h` of batch `b` (the output, its gradient): `[sq, dv]`.
+    fn o(&self, b: usize, h: usize) -> Head {
+        self.head(b, h, self.sq, self.heads, self.dv)
     }
 
-    fn kv_head_mut<'a>(&self, data: &'a mut [f32], b: usize, h: usize) -> MatMut<'a> {
-        let w = self.kv * self.d;
-        let group = h / (self.heads / self.kv);
-        MatMut {
-            data,
-            offset: b * self.sk * w + group * self.d,
-            rows: self.sk,
-            cols: self.d,
-            rs: w,
-            cs: 1,
+    /// The key head that query head `h` reads, of batch `b`: `[sk, d]`.
+    fn k(&self, b: usize, h: usize) -> Head {
+        self.head(b, self.group(h), self.sk, self.kv, self.d)
+    }
+
+    /// The value head that query head `h` reads, of batch `b`: `[sk, dv]`.
+    fn v(&self, b: usize, h: usize) -> Head {
+        self.head(b, self.group(h), self.sk, self.kv, self.dv)
+    }
+
+    fn group(&self, h: usize) -> usize {
+        h / (self.heads / self.kv)
+    }
+
+    fn head(&self, b: usize, index: usize, rows: usize, heads: usize, width: usize) -> Head {
+        Head {
+            b,
+            index,
+            rows,
+            heads,
+            width,
         }
     }
 }
@@ -141,8 +174,8 @@ impl Attention {
     ) -> Result<(), KernelError> {
         gemm(
             self.scale as f32,
-            l.q_head(&q.data, b, h),
-            l.kv_head(&k.data, b, h).t(),
+            l.q(b, h).view(&q.data),
+            l.k(b, h).view(&k.data).t(),
             0.0,
             MatMut::rm(p, 0, l.sq, l.sk),
         )?;
@@ -176,7 +209,7 @@ impl Attention {
         at: Option<&[usize]>,
     ) -> Result<Tensor32, KernelError> {
         let l = Layout::new(self, q, k, v)?;
-        let mut out = Tensor32::zeros(&q.shape)?;
+        let mut out = Tensor32::zeros(&l.out_shape())?;
         let mut p = vec![0f32; l.sq * l.sk];
         for b in 0..l.b {
             for h in 0..l.heads {
@@ -184,9 +217,9 @@ impl Attention {
                 gemm(
                     1.0,
                     Mat::rm(&p, 0, l.sq, l.sk),
-                    l.kv_head(&v.data, b, h),
+                    l.v(b, h).view(&v.data),
                     0.0,
-                    l.q_head_mut(&mut out.data, b, h),
+                    l.o(b, h).view_mut(&mut out.data),
                 )?;
             }
         }
@@ -216,7 +249,7 @@ impl Attention {
         at: Option<&[usize]>,
     ) -> Result<[Tensor32; 3], KernelError> {
         let l = Layout::new(self, q, k, v)?;
-        expect_shape(OP, "output gradient", g, &q.shape)?;
+        expect_shape(OP, "output gradient", g, &l.out_shape())?;
         let mut dq = Tensor32::zeros(&q.shape)?;
         let mut dk = Tensor32::zeros(&k.shape)?;
         let mut dv = Tensor32::zeros(&v.shape)?;
@@ -226,13 +259,13 @@ impl Attention {
         for b in 0..l.b {
             for h in 0..l.heads {
                 self.probs(&l, q, k, b, h, &mut p, at)?;
-                let go = l.q_head(&g.data, b, h);
+                let go = l.o(b, h).view(&g.data);
                 let pm = Mat::rm(&p, 0, l.sq, l.sk);
-                gemm(1.0, pm.t(), go, 1.0, l.kv_head_mut(&mut dv.data, b, h))?;
+                gemm(1.0, pm.t(), go, 1.0, l.v(b, h).view_mut(&mut dv.data))?;
                 gemm(
                     1.0,
                     go,
-                    l.kv_head(&v.data, b, h).t(),
+                    l.v(b, h).view(&v.data).t(),
                     0.0,
                     MatMut::rm(&mut ds, 0, l.sq, l.sk),
                 )?;
@@ -245,16 +278,16 @@ impl Attention {
                 gemm(
                     scale,
                     dsm,
-                    l.kv_head(&k.data, b, h),
+                    l.k(b, h).view(&k.data),
                     0.0,
-                    l.q_head_mut(&mut dq.data, b, h),
+                    l.q(b, h).view_mut(&mut dq.data),
                 )?;
                 gemm(
                     scale,
                     dsm.t(),
-                    l.q_head(&q.data, b, h),
+                    l.q(b, h).view(&q.data),
                     1.0,
-                    l.kv_head_mut(&mut dk.data, b, h),
+                    l.k(b, h).view_mut(&mut dk.data),
                 )?;
             }
         }

@@ -177,30 +177,33 @@ fn softmax_plain_and_causal() {
 
 #[test]
 fn attention_mha_gqa_causal() {
-    // (heads, kv_heads, d, sq, sk, causal)
+    // (heads, kv_heads, d, dv, sq, sk, causal); dv < d is multi-head latent attention's
+    // narrower value head.
     let cases = [
-        (2, 2, 4, 5, 5, false),
-        (2, 2, 4, 5, 5, true),
-        (4, 2, 3, 6, 6, true),
-        (6, 2, 2, 4, 4, false),
-        (4, 1, 4, 3, 5, true),
-        (2, 1, 8, 5, 3, true),
+        (2, 2, 4, 4, 5, 5, false),
+        (2, 2, 4, 4, 5, 5, true),
+        (4, 2, 3, 3, 6, 6, true),
+        (6, 2, 2, 2, 4, 4, false),
+        (4, 1, 4, 4, 3, 5, true),
+        (2, 1, 8, 8, 5, 3, true),
+        (3, 3, 6, 4, 5, 5, true),
+        (4, 2, 5, 2, 4, 6, false),
     ];
     each_seed("attention", |rng| {
         cases
             .iter()
-            .map(|&(heads, kv, d, sq, sk, causal)| {
+            .map(|&(heads, kv, d, dv, sq, sk, causal)| {
                 let kind = OpKind::Attention {
                     heads,
                     kv_heads: kv,
                     scale: 1.0 / (d as f64).sqrt(),
                     causal,
                 };
-                let (h, kvu, d) = (heads as usize, kv as usize, d as usize);
+                let (h, kvu, d, dv) = (heads as usize, kv as usize, d as usize, dv as usize);
                 let ops = [
                     rand(rng, &[2, sq, h * d]),
                     rand(rng, &[2, sk, kvu * d]),
-                    rand(rng, &[2, sk, kvu * d]),
+                    rand(rng, &[2, sk, kvu * dv]),
                 ];
                 check("attention", &kind, &ops, rng)
             })

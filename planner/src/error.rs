@@ -15,6 +15,14 @@ pub enum PlanError {
     InvalidStrategy { constraint: String },
     #[error("the model graph has no repeated layers to split into pipeline stages")]
     NoLayers,
+    /// The block changes structure ([`ir::Graph::kind_starts`]); the planner prices one.
+    #[error(
+        "the model's layers are not all alike: the structure changes at layer(s) {starts:?} of \
+         {layers} (DeepSeek-V3's first_k_dense_replace dense layers before its expert layers); \
+         plait plans models whose layers repeat one structure, and planning several is not \
+         built yet (`plait inspect` still counts and describes this model)"
+    )]
+    MixedLayers { starts: Vec<u32>, layers: u32 },
     #[error("sharding extraction failed: {message}")]
     Sharding { message: String },
     /// The target engine cannot run what the plan asks for.

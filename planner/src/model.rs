@@ -62,6 +62,13 @@ impl<'g> ModelInfo<'g> {
         if layers == 0 {
             return Err(PlanError::NoLayers);
         }
+        // Every figure below takes layer 0 for every layer.
+        if !graph.kind_starts.is_empty() {
+            return Err(PlanError::MixedLayers {
+                starts: graph.kind_starts.clone(),
+                layers,
+            });
+        }
         let order = graph.order();
         let first = order
             .iter()

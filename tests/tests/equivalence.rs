@@ -242,7 +242,9 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
 /// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Phi-3, and
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
-/// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates).
+/// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
+/// and DeepSeek-V3's multi-head latent attention and experts (every layer an expert layer:
+/// the planner does not take its leading dense layers yet).
 #[test]
 fn llama_structured_families_equal_one_device() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
@@ -264,6 +266,12 @@ fn llama_structured_families_equal_one_device() {
         // Expert tensor parallelism: every expert's FFN split over the group.
         ("qwen2_moe", &tp2),
         ("qwen3_moe", &tp2_no_sp),
+        // Multi-head latent attention (values narrower than queries, the down-projections
+        // whole on every rank, the shared rotary key split by heads) with scaled routed
+        // experts and an ungated shared expert.
+        ("deepseek_v3", &tp2),
+        ("deepseek_v3", &tp2_no_sp),
+        ("deepseek_v3", &dp2),
     ] {
         let model = format!("{data}tiny-{family}.json");
         let one = programs(&model, &Config::new(1, 1, 1));

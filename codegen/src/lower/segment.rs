@@ -284,9 +284,15 @@ impl<'c, 'g> B<'c, 'g> {
 
     /// This rank's piece of a whole value along the sequence.
     fn scatter_seq(&mut self, x: SVal) -> SVal {
-        let y = self.derived(x, Lay::Split { axis: 1, blocks: 1 }, "sp");
+        self.scatter_along(x, 1, "sp")
+    }
+
+    /// This rank's piece of a whole value along `axis` (its gradient is the pieces'
+    /// gradients all-gathered).
+    fn scatter_along(&mut self, x: SVal, axis: u8, suffix: &str) -> SVal {
+        let y = self.derived(x, Lay::Split { axis, blocks: 1 }, suffix);
         self.seg.steps.push(Step::Chunk {
-            axis: 1,
+            axis,
             x,
             y,
             group: Slot::Tp,
@@ -483,7 +489,9 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         }
     }
     let replicated_kv = if tp_on {
-        replicated_kv_projections(g, ops, cx.tp)
+        let mut whole = replicated_kv_projections(g, ops, cx.tp);
+        whole.extend(duplicated_linears(g, ops));
+        whole
     } else {
         std::collections::HashSet::new()
     };
@@ -610,9 +618,14 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             let is_param = |b: &B, v: SVal| matches!(b.seg.vals[v].source, Source::Param { .. });
             let t = u64::from(cx.tp);
             match &op.kind {
-                OpKind::Linear { .. } if replicated_kv.contains(&o) => {
-                    // The K or V projection of an attention with fewer KV heads than ranks:
-                    // every rank computes it whole (on the whole sequence).
+                OpKind::Linear { .. }
+                    if replicated_kv.contains(&o)
+                        && !matches!(lay_of(&b, ins[0]), Lay::Split { axis, .. }
+                            if usize::from(axis) + 1 == b.seg.vals[ins[0]].shape.len()) =>
+                {
+                    // The K or V projection of an attention with fewer KV heads than ranks, or
+                    // a down-projection into a latent (`duplicated_linears`): every rank
+                    // computes it whole (on the whole sequence).
                     if let Lay::Split { axis: 1, .. } = lay_of(&b, ins[0]) {
                         ins[0] = b.gather_seq(ins[0]);
                     }
@@ -777,6 +790,20 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     // heads (Qwen3's per-head q/k norms): each rank views its own heads.
                     kind_local = local_kind;
                     out_lay = Lay::Split { axis, blocks: 1 };
+                }
+                OpKind::Concat { axis }
+                    if let Some(Lay::Split { axis: a, blocks: 1 }) =
+                        split_elsewhere_but_whole(&b, &ins, *axis) =>
+                {
+                    // Pieces split along another axis beside whole operands (MLA's key: each
+                    // rank's heads of `k_nope` beside the one rotary key expanded to every
+                    // head): each rank takes its piece of the whole ones.
+                    for v in ins.iter_mut() {
+                        if lay_of(&b, *v) == Lay::Rep {
+                            *v = b.scatter_along(*v, a, "heads");
+                        }
+                    }
+                    out_lay = Lay::Split { axis: a, blocks: 1 };
                 }
                 OpKind::Slice { axis, .. } | OpKind::Concat { axis }
                     if let Some(lay) = split_elsewhere(&b, &ins, *axis) =>
@@ -1016,6 +1043,36 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
     Ok(b.seg)
 }
 
+/// Linears whose output is normalized or sliced along its features (multi-head latent
+/// attention's `q_a_proj` and `kv_a_proj_with_mqa`, into low-rank latents): a column split
+/// would leave each rank part of every feature vector, so every rank computes them whole
+/// (Megatron-Core's MLA builds these down-projections `duplicated`).
+fn duplicated_linears(g: &ir::Graph, ops: &[OpId]) -> std::collections::HashSet<OpId> {
+    let uses = g.uses();
+    let mut out = std::collections::HashSet::new();
+    for &o in ops {
+        let op = g.op(o);
+        if !matches!(op.kind, OpKind::Linear { .. }) {
+            continue;
+        }
+        let y = op.results[0];
+        let last = g.ty(y).shape.rank().saturating_sub(1);
+        let along_features = uses[y.index()].iter().any(|&u| {
+            let reader = g.op(u);
+            reader.inputs.first() == Some(&y)
+                && match reader.kind {
+                    OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. } => true,
+                    OpKind::Slice { axis, .. } => axis == last,
+                    _ => false,
+                }
+        });
+        if along_features {
+            out.insert(o);
+        }
+    }
+    out
+}
+
 /// The linears that compute the keys and values (through a rotary, for keys) of attentions
 /// with fewer key/value heads than `tp` ranks, where `tp` is a multiple of them: those stay
 /// whole on every rank (vLLM's replicated KV heads; Megatron requires the heads to divide).
@@ -1251,6 +1308,18 @@ fn split_elsewhere(b: &B, ins: &[SVal], axis: usize) -> Option<Lay> {
         return None;
     };
     (usize::from(split) != axis && ins.iter().all(|&v| b.seg.vals[v].lay == first)).then_some(first)
+}
+
+/// The one split (along an axis other than `axis`, one block) of operands that are each either
+/// split so or whole, with at least one of each.
+fn split_elsewhere_but_whole(b: &B, ins: &[SVal], axis: usize) -> Option<Lay> {
+    let lays: Vec<Lay> = ins.iter().map(|&v| b.seg.vals[v].lay).collect();
+    let split = *lays.iter().find(|l| matches!(l, Lay::Split { .. }))?;
+    let Lay::Split { axis: a, blocks: 1 } = split else {
+        return None;
+    };
+    let fits = lays.iter().all(|&l| l == split || l == Lay::Rep);
+    (usize::from(a) != axis && fits && lays.contains(&Lay::Rep)).then_some(split)
 }
 
 /// Whether a replicated weight `[in, out]` has too few columns to split `blocks × t` ways.

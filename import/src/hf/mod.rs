@@ -11,10 +11,10 @@ use serde_json::{Map, Value};
 
 pub use error::ConfigError;
 
-use crate::spec::{Family, ModelSpec, Variant};
+use crate::spec::{DenseLayers, Family, Mla, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 12] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
     "gpt2",
     "llama",
     "mistral",
@@ -27,6 +27,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 12] = [
     "qwen2_moe",
     "qwen3_moe",
     "nemotron",
+    "deepseek_v3",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -103,6 +104,23 @@ impl LlamaLike {
             },
             "qwen2_moe" => qwen_moe("qwen2_moe"),
             "qwen3_moe" => qwen_moe("qwen3_moe"),
+            // transformers' DeepseekV3Config defaults.
+            "deepseek_v3" => LlamaLike {
+                model_type: "deepseek_v3",
+                family: Family::Mixtral,
+                required: "hidden_size, intermediate_size, moe_intermediate_size, \
+                           num_hidden_layers, num_attention_heads, vocab_size, \
+                           n_routed_experts, num_experts_per_tok",
+                positions: 4096,
+                rms_eps: 1e-6,
+                rope_theta: 10000.0,
+                tied: false,
+                experts: Some((
+                    "n_routed_experts",
+                    "num_experts_per_tok",
+                    "moe_intermediate_size",
+                )),
+            },
             _ => return None,
         })
     }
@@ -112,10 +130,15 @@ impl LlamaLike {
         let t = self.model_type;
         let qwen3 = matches!(t, "qwen3" | "qwen3_moe");
         let gemma = matches!(t, "gemma" | "gemma2");
+        let deepseek = t == "deepseek_v3";
+        let mla = if deepseek { Some(mla(f)?) } else { None };
         // transformers' configs honour an explicit `head_dim` (Mistral-Nemo: 128 with hidden
         // 5120 and 32 heads); plait records it where it is not hidden / heads.
         let implied = f.positive("hidden_size")? / f.positive("num_attention_heads")?.max(1);
         let head_dim = match f.opt_positive("head_dim")? {
+            // MLA's query/key heads are `qk_nope_head_dim + qk_rope_head_dim` wide whatever
+            // `head_dim` says (transformers sets it to the rotary part).
+            _ if mla.is_some() => mla.map(|m| m.qk_head_dim()),
             Some(d) => Some(d),
             // transformers' defaults: Qwen3 128, Gemma 256.
             None if qwen3 => Some(128),
@@ -126,7 +149,7 @@ impl LlamaLike {
             model_type: (!matches!(t, "llama" | "mixtral")).then(|| t.to_string()),
             head_dim: head_dim.filter(|&d| d != implied),
             qkv_bias: matches!(t, "qwen2" | "qwen2_moe")
-                || f.opt_bool("attention_bias")?.unwrap_or(false),
+                || (!deepseek && f.opt_bool("attention_bias")?.unwrap_or(false)),
             qk_norm: qwen3,
             gelu_gate: gemma,
             embed_scale: gemma,
@@ -141,11 +164,23 @@ impl LlamaLike {
             } else {
                 None
             },
-            shared_expert_ffn: if t == "qwen2_moe" {
-                f.opt_positive("shared_expert_intermediate_size")?
+            shared_expert_ffn: match t {
+                "qwen2_moe" => f.opt_positive("shared_expert_intermediate_size")?,
+                // transformers: one MLP of moe_intermediate_size × n_shared_experts.
+                "deepseek_v3" => match f.opt_positive("n_shared_experts")? {
+                    Some(n) => Some(n * f.positive("moe_intermediate_size")?),
+                    None => None,
+                },
+                _ => None,
+            },
+            shared_expert_gate: t == "qwen2_moe",
+            routed_scale: if deepseek {
+                Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5))
             } else {
                 None
             },
+            dense_layers: if deepseek { dense_layers(f)? } else { None },
+            mla,
             relu2_mlp: t == "nemotron",
             layer_norm: t == "nemotron",
             rotary_dims: if t == "nemotron" {
@@ -155,6 +190,84 @@ impl LlamaLike {
             },
         })
     }
+}
+
+/// DeepSeek-V3's multi-head latent attention, with transformers' defaults. Refuses attention
+/// biases (plait builds MLA without them).
+fn mla(f: &Fields<'_>) -> Result<Mla, ConfigError> {
+    if f.opt_bool("attention_bias")?.unwrap_or(false) {
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: "attention_bias = true: plait builds DeepSeek-V3's latent attention \
+                     without biases"
+                .into(),
+        });
+    }
+    let or = |field, default| -> Result<u64, ConfigError> {
+        Ok(f.opt_positive(field)?.unwrap_or(default))
+    };
+    // `q_lora_rank: null` (DeepSeek-V2-Lite) means one q_proj.
+    let q_lora_rank = match f.obj.get("q_lora_rank") {
+        Some(Value::Null) => None,
+        _ => Some(or("q_lora_rank", 1536)?),
+    };
+    let (nope, rope) = (or("qk_nope_head_dim", 128)?, or("qk_rope_head_dim", 64)?);
+    if !rope.is_multiple_of(2) {
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!(
+                "qk_rope_head_dim = {rope} is odd: rotary embeddings need an even head size"
+            ),
+        });
+    }
+    Ok(Mla {
+        q_lora_rank,
+        kv_lora_rank: or("kv_lora_rank", 512)?,
+        qk_nope_head_dim: nope,
+        qk_rope_head_dim: rope,
+        v_head_dim: or("v_head_dim", 128)?,
+        scale: ((nope + rope) as f64).powf(-0.5) * yarn_mscale(f).powi(2),
+    })
+}
+
+/// YaRN's attention factor as DeepSeek-V3 applies it to the softmax scale: with `rope_scaling`
+/// of type yarn and `mscale_all_dim` m, 0.1·m·ln(factor) + 1 (transformers'
+/// `yarn_get_mscale`); 1 otherwise.
+fn yarn_mscale(f: &Fields<'_>) -> f64 {
+    let Some(Value::Object(r)) = f.obj.get("rope_scaling") else {
+        return 1.0;
+    };
+    let num = |k: &str| r.get(k).and_then(Value::as_f64);
+    let kind = r.get("type").or_else(|| r.get("rope_type"));
+    match (
+        kind.and_then(Value::as_str),
+        num("mscale_all_dim"),
+        num("factor"),
+    ) {
+        (Some("yarn"), Some(m), Some(factor)) if m > 0.0 && factor > 1.0 => {
+            0.1 * m * factor.ln() + 1.0
+        }
+        _ => 1.0,
+    }
+}
+
+/// DeepSeek-V3's leading dense layers: `first_k_dense_replace` (transformers' default 3) of
+/// `intermediate_size`; `None` when there are none.
+fn dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
+    let count = match f.obj.get("first_k_dense_replace") {
+        None => 3,
+        Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| f.wrong("first_k_dense_replace", "a non-negative integer", v))?,
+    };
+    if count == 0 {
+        return Ok(None);
+    }
+    Ok(Some(DenseLayers {
+        count,
+        ffn: f.positive("intermediate_size")?,
+    }))
 }
 
 /// The rotary width of a Nemotron head: `partial_rotary_factor` (transformers' default 0.5)
@@ -403,9 +516,42 @@ pub fn approximations(text: &str) -> Vec<String> {
                 .to_string(),
         );
     }
+    if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
+        notes.extend(deepseek_v3_approximations(&obj));
+    }
     if let Some(r) = obj.get("rope_scaling").filter(|v| !v.is_null()) {
         notes.push(format!(
             "rope_scaling {r} is modelled as plain rotary embeddings (the same shapes and FLOPs)"
+        ));
+    }
+    notes
+}
+
+/// How plait's DeepSeek-V3 departs from transformers' `DeepseekV3ForCausalLM`.
+fn deepseek_v3_approximations(obj: &Map<String, Value>) -> Vec<String> {
+    let mut notes = vec![
+        "DeepSeek-V3's routing (sigmoid scores, group-limited top-k with a score correction \
+         bias) is built as a softmax over each token's top-k router logits, scaled by \
+         routed_scaling_factor (the same parameters and FLOPs; the correction bias is a \
+         buffer, not a parameter)"
+            .to_string(),
+    ];
+    if obj.get("rope_interleave") != Some(&Value::Bool(false)) {
+        notes.push(
+            "rope_interleave: the rotary dimensions are paired in the rotate-half convention \
+             (a fixed permutation of the rotary columns of q_b_proj and kv_a_proj_with_mqa; \
+             the same shapes and FLOPs)"
+                .to_string(),
+        );
+    }
+    if let Some(n) = obj
+        .get("num_nextn_predict_layers")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 0)
+    {
+        notes.push(format!(
+            "num_nextn_predict_layers {n}: the multi-token prediction module is not built (as \
+             in transformers; its parameters are not counted)"
         ));
     }
     notes

@@ -159,7 +159,7 @@ pub(crate) fn compare(
     let fail = |op: Option<OpId>, detail: String| Err(Mismatch { op, detail });
     if reference.compute.len() != other.compute.len() {
         let detail = format!(
-            "it has {} compute ops, layer 0 has {}",
+            "it has {} compute ops, that layer has {}",
             other.compute.len(),
             reference.compute.len()
         );
@@ -176,7 +176,7 @@ pub(crate) fn compare(
         let here = Some(ko);
         if !same_kind_up_to_instance(&rop.kind, &kop.kind) {
             let detail = format!(
-                "op {position} is {}, layer 0 has {} ({})",
+                "op {position} is {}, that layer has {} ({})",
                 KindText(&kop.kind),
                 KindText(&rop.kind),
                 names.op_head(g, ro)
@@ -191,14 +191,14 @@ pub(crate) fn compare(
         };
         if types(rop) != types(kop) {
             let detail = format!(
-                "op {position} result types differ from those of layer 0's {}",
+                "op {position} result types differ from those of that layer's {}",
                 names.op_head(g, ro)
             );
             return fail(here, detail);
         }
         if rop.inputs.len() != kop.inputs.len() {
             let detail = format!(
-                "op {position} has {} operands, layer 0's {} has {}",
+                "op {position} has {} operands, that layer's {} has {}",
                 kop.inputs.len(),
                 names.op_head(g, ro),
                 rop.inputs.len()
@@ -223,7 +223,7 @@ pub(crate) fn compare(
             };
             if !same {
                 let detail = format!(
-                    "operand {i} of op {position} ({}, {}) does not match layer 0's ({} in {}, {})",
+                    "operand {i} of op {position} ({}, {}) does not match that layer's ({} in {}, {})",
                     names.value(kv),
                     describe(g, names, kc),
                     names.value(rv),
@@ -240,7 +240,7 @@ pub(crate) fn compare(
     }
     if other.sources.len() != reference.sources.len() {
         let detail = format!(
-            "it has {} own sources, layer 0 has {}",
+            "it has {} own sources, that layer has {}",
             other.sources.len(),
             reference.sources.len()
         );

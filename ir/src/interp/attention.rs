@@ -14,7 +14,8 @@ pub(crate) struct Attention {
     pub causal: bool,
 }
 
-/// Sizes of one call: q is `[b, sq, heads·d]`, k and v are `[b, sk, kv·d]`.
+/// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`,
+/// the output `[b, sq, heads·dv]` (`dv < d` in multi-head latent attention).
 struct Layout {
     b: usize,
     sq: usize,
@@ -22,6 +23,7 @@ struct Layout {
     heads: usize,
     kv: usize,
     d: usize,
+    dv: usize,
 }
 
 impl Layout {
@@ -40,12 +42,13 @@ impl Layout {
             )));
         }
         let d = qw / heads;
-        if bk != b || kw != kv * d || v.shape != k.shape {
+        let [bv, sv, vw] = rank3(v)?;
+        if bk != b || kw != kv * d || bv != b || sv != sk || !vw.is_multiple_of(kv) {
             return Err(KernelError::new(format!(
-                "key {:?} and value {:?} must both be [{b}, S, {}]",
+                "key {:?} must be [{b}, S, {}] and value {:?} [{b}, S, {kv}·dv]",
                 k.shape,
+                kv * d,
                 v.shape,
-                kv * d
             )));
         }
         Ok(Layout {
@@ -55,6 +58,7 @@ impl Layout {
             heads,
             kv,
             d,
+            dv: vw / kv,
         })
     }
 
@@ -63,10 +67,27 @@ impl Layout {
         (b * self.sq + i) * self.heads * self.d + h * self.d
     }
 
-    /// Flat index of channel 0 of the kv head read by query head `h` at (`b`, key `j`).
+    /// Flat index of channel 0 of output head `h` at (`b`, `i`).
+    fn o_at(&self, b: usize, i: usize, h: usize) -> usize {
+        (b * self.sq + i) * self.heads * self.dv + h * self.dv
+    }
+
+    /// Flat index of channel 0 of the key head read by query head `h` at (`b`, key `j`).
     fn kv_at(&self, b: usize, j: usize, h: usize) -> usize {
-        let group = h / (self.heads / self.kv);
-        (b * self.sk + j) * self.kv * self.d + group * self.d
+        (b * self.sk + j) * self.kv * self.d + self.group(h) * self.d
+    }
+
+    /// Flat index of channel 0 of the value head read by query head `h` at (`b`, key `j`).
+    fn v_at(&self, b: usize, j: usize, h: usize) -> usize {
+        (b * self.sk + j) * self.kv * self.dv + self.group(h) * self.dv
+    }
+
+    fn group(&self, h: usize) -> usize {
+        h / (self.heads / self.kv)
+    }
+
+    fn out_shape(&self) -> [usize; 3] {
+        [self.b, self.sq, self.heads * self.dv]
     }
 }
 
@@ -102,15 +123,15 @@ impl Attention {
         v: &Tensor,
     ) -> Result<Tensor, KernelError> {
         let l = Layout::new(self, q, k, v)?;
-        let mut out = zeros(&q.shape)?;
+        let mut out = zeros(&l.out_shape())?;
         for b in 0..l.b {
             for h in 0..l.heads {
                 for i in 0..l.sq {
                     let p = self.probs(&l, q, k, b, h, i);
-                    let o = l.q_at(b, i, h);
+                    let o = l.o_at(b, i, h);
                     for (j, &pj) in p.iter().enumerate() {
-                        let vj = &v.data[l.kv_at(b, j, h)..][..l.d];
-                        for (oc, &vc) in out.data[o..o + l.d].iter_mut().zip(vj) {
+                        let vj = &v.data[l.v_at(b, j, h)..][..l.dv];
+                        for (oc, &vc) in out.data[o..o + l.dv].iter_mut().zip(vj) {
                             *oc += pj * vc;
                         }
                     }
@@ -131,7 +152,13 @@ impl Attention {
         g: &Tensor,
     ) -> Result<[Tensor; 3], KernelError> {
         let l = Layout::new(self, q, k, v)?;
-        super::index::same_shape(q, g, "output gradient")?;
+        if g.shape != l.out_shape() {
+            return Err(KernelError::new(format!(
+                "output gradient {:?} must be {:?}",
+                g.shape,
+                l.out_shape()
+            )));
+        }
         let mut dq = zeros(&q.shape)?;
         let mut dk = zeros(&k.shape)?;
         let mut dv = zeros(&v.shape)?;
@@ -140,12 +167,13 @@ impl Attention {
                 for i in 0..l.sq {
                     let p = self.probs(&l, q, k, b, h, i);
                     let qo = l.q_at(b, i, h);
-                    let go = &g.data[qo..qo + l.d];
+                    let oo = l.o_at(b, i, h);
+                    let go = &g.data[oo..oo + l.dv];
                     let mut dp = vec![0.0; l.sk];
                     for (j, (&pj, dpj)) in p.iter().zip(dp.iter_mut()).enumerate() {
-                        let kvo = l.kv_at(b, j, h);
-                        *dpj = dot(go, &v.data[kvo..kvo + l.d]);
-                        for (dvc, &gc) in dv.data[kvo..kvo + l.d].iter_mut().zip(go) {
+                        let vo = l.v_at(b, j, h);
+                        *dpj = dot(go, &v.data[vo..vo + l.dv]);
+                        for (dvc, &gc) in dv.data[vo..vo + l.dv].iter_mut().zip(go) {
                             *dvc += pj * gc;
                         }
                     }

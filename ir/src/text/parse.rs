@@ -49,6 +49,7 @@ struct OpStmt {
 struct File {
     name: String,
     block: Option<String>,
+    kind_starts: Vec<u32>,
     ops: Vec<OpStmt>,
     outputs: Vec<(String, Name)>,
 }
@@ -141,6 +142,7 @@ impl Parser {
         let mut file = File {
             name,
             block: None,
+            kind_starts: Vec::new(),
             ops: Vec::new(),
             outputs: Vec::new(),
         };
@@ -155,6 +157,14 @@ impl Parser {
                         return Err(t.pos.error("the block name is given twice"));
                     }
                     file.block = Some(self.string("the block name as a quoted string")?);
+                    if self.eat(&Tok::Ident("kind_starts".into())) {
+                        while let Tok::Number(_) = self.peek().tok {
+                            let (n, pos) = self.integer("a layer number")?;
+                            let n = u32::try_from(n)
+                                .map_err(|_| pos.error(format!("layer {n} is too large")))?;
+                            file.kind_starts.push(n);
+                        }
+                    }
                 }
                 Tok::Ident(w) if w == "output" => {
                     self.next();
@@ -382,6 +392,7 @@ impl File {
         };
         let mut graph = Graph::new(self.name.clone());
         graph.block_name = self.block.clone();
+        graph.kind_starts = self.kind_starts.clone();
         for op in &self.ops {
             let inputs = op.operands.iter().map(resolve).collect::<Result<_, _>>()?;
             let types = op.results.iter().map(|(_, t)| t.clone()).collect();

@@ -28,7 +28,14 @@ impl fmt::Display for Printer<'_> {
         let g = self.graph;
         writeln!(f, "graph {}", Quoted(&g.name))?;
         if let Some(block) = &g.block_name {
-            writeln!(f, "block {}", Quoted(block))?;
+            write!(f, "block {}", Quoted(block))?;
+            if !g.kind_starts.is_empty() {
+                f.write_str(" kind_starts")?;
+                for s in &g.kind_starts {
+                    write!(f, " {s}")?;
+                }
+            }
+            writeln!(f)?;
         }
         if !g.order().is_empty() {
             writeln!(f)?;

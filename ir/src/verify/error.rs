@@ -100,8 +100,17 @@ pub enum ErrorKind {
     BlockWithoutLayers { block: String },
     #[error("layer {layer} has no compute ops (layer tags must be dense, 0..{layers})")]
     EmptyLayer { layer: u32, layers: u64 },
-    #[error("layer {layer} differs from layer 0: {detail}")]
-    LayerStructure { layer: u32, detail: String },
+    #[error("layer {layer} differs from layer {reference}: {detail}")]
+    LayerStructure {
+        layer: u32,
+        reference: u32,
+        detail: String,
+    },
+    #[error(
+        "kind_starts {starts:?} must be ascending layers from 1 to {layers} - 1 (each the first \
+         layer of a run of identical layers)"
+    )]
+    KindStarts { starts: Vec<u32>, layers: u64 },
 }
 
 /// One broken invariant.

@@ -25,7 +25,10 @@
 //!    - 8b. If `block_name` is set, some op carries a layer tag.
 //!    - 8c. Tags are dense: with N = largest tag + 1, every layer `0..N` has a compute
 //!      (non-source) op in the execution order.
-//!    - 8d. Every layer k ≥ 1 is structurally identical to layer 0. A layer's *compute ops*
+//!    - 8d. Every layer k ≥ 1 is structurally identical to the first layer of its run
+//!      (layer 0, or the largest of `kind_starts` ≤ k, which are ascending, ≥ 1 and below the
+//!      layer count: the block may change structure, as DeepSeek-V3's dense layers give way to
+//!      mixture-of-experts layers). Below, "layer 0" is that first layer. A layer's *compute ops*
 //!      are its tagged non-source ops in execution order; its *own sources* are its tagged
 //!      source ops. Layer k matches layer 0 when it has as many compute ops, and position by
 //!      position: the kinds are equal (attributes included, except a `dropout`'s `seed`, also
@@ -351,14 +354,28 @@ impl<'a> Verifier<'a> {
         if let Some(layer) = missing {
             self.at(Location::Graph, ErrorKind::EmptyLayer { layer, layers });
         }
-        let Some(reference) = views.get(&0) else {
+        let starts = &g.kind_starts;
+        let ascending = starts.windows(2).all(|w| w[0] < w[1]);
+        if !starts.is_empty()
+            && (!ascending || starts[0] == 0 || u64::from(starts[starts.len() - 1]) >= layers)
+        {
+            let kind = ErrorKind::KindStarts {
+                starts: starts.clone(),
+                layers,
+            };
+            self.at(Location::Graph, kind);
             return;
-        };
+        }
         // An empty layer is already reported by 8c; comparing it would only repeat that.
         for (&layer, view) in views.range(1..).filter(|(_, v)| !v.compute.is_empty()) {
+            let first = g.kind_start(layer);
+            let Some(reference) = views.get(&first).filter(|_| first != layer) else {
+                continue;
+            };
             if let Err(m) = structure::compare(g, &self.names, reference, view) {
                 let kind = ErrorKind::LayerStructure {
                     layer,
+                    reference: first,
                     detail: m.detail,
                 };
                 match m.op {

@@ -166,3 +166,45 @@ fn overflowing_sizes_are_errors() {
         assert!(text.contains(message), "{text}");
     }
 }
+
+/// Three layers: layer 0 negates, layers 1 and 2 take `tanh` (a dense layer before two of
+/// another structure, as DeepSeek-V3's), with `kind_starts` as given.
+fn two_runs(kind_starts: Vec<u32>) -> Graph {
+    let mut g = Graph::new("runs");
+    g.block_name = Some("blk".into());
+    g.kind_starts = kind_starts;
+    let mut x = g.push_source(OpKind::Input { name: "x".into() }, f32s(&[4]), None);
+    for (layer, kind) in [OpKind::Neg, OpKind::Tanh, OpKind::Tanh]
+        .into_iter()
+        .enumerate()
+    {
+        x = g.push_op(kind, vec![x], Some(layer as u32)).unwrap()[0];
+    }
+    g.add_output("y", x);
+    g
+}
+
+#[test]
+fn each_layer_matches_the_first_layer_of_its_run() {
+    assert_eq!(messages(&two_runs(vec![1])), Vec::<String>::new());
+    assert_eq!(
+        messages(&two_runs(vec![])),
+        [
+            "op2: %2 = tanh: layer 1 differs from layer 0: op 0 is tanh, that layer has neg (%1 = neg)",
+            "op3: %3 = tanh: layer 2 differs from layer 0: op 0 is tanh, that layer has neg (%1 = neg)"
+        ]
+    );
+    // Layer 1 starts no run: it is compared with layer 0; layer 2 starts its own.
+    assert_eq!(messages(&two_runs(vec![2])).len(), 1);
+    for bad in [vec![0], vec![3], vec![2, 1]] {
+        let m = messages(&two_runs(bad.clone()));
+        assert!(
+            m.len() == 1 && m[0].contains("kind_starts"),
+            "{bad:?}: {m:#?}"
+        );
+    }
+    let g = two_runs(vec![1]);
+    let text = crate::text::print(&g);
+    assert!(text.contains("block \"blk\" kind_starts 1\n"), "{text}");
+    assert_eq!(crate::text::parse(&text).unwrap(), g);
+}
