@@ -337,6 +337,13 @@ fn deepseek_v3_counts_its_latent_attention_dense_layers_and_experts() {
         "the expert layers start a run of their own"
     );
     ir::verify::verify(&g).expect("every layer matches the first of its run");
+    let summary = ir::blocks::layer_summary(&g)
+        .expect("a tagged block")
+        .to_string();
+    assert_eq!(
+        summary,
+        "decoder_layer x61: 3 x (36 ops, 583.5M params), 58 x (40 ops, 11.5B params)"
+    );
     // Without a query bottleneck (`q_lora_rank: null`): one q_proj.
     let no_lora = r#"{"model_type":"deepseek_v3","hidden_size":64,"intermediate_size":96,
         "moe_intermediate_size":16,"num_hidden_layers":3,"num_attention_heads":4,

@@ -15,12 +15,11 @@ pub enum PlanError {
     InvalidStrategy { constraint: String },
     #[error("the model graph has no repeated layers to split into pipeline stages")]
     NoLayers,
-    /// The block changes structure ([`ir::Graph::kind_starts`]); the planner prices one.
+    /// The block's structure changes ([`ir::Graph::kind_starts`]) at layers that are not
+    /// ascending from 1 to below the layer count.
     #[error(
-        "the model's layers are not all alike: the structure changes at layer(s) {starts:?} of \
-         {layers} (DeepSeek-V3's first_k_dense_replace dense layers before its expert layers); \
-         plait plans models whose layers repeat one structure, and planning several is not \
-         built yet (`plait inspect` still counts and describes this model)"
+        "the block's structure changes at layers {starts:?}, which must ascend from 1 to below \
+         its {layers} layers"
     )]
     MixedLayers { starts: Vec<u32>, layers: u32 },
     #[error("sharding extraction failed: {message}")]

@@ -15,12 +15,14 @@ use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::strategy::{Recompute, Strategy};
 
+mod runs;
 mod setup;
 mod stages;
 mod work;
 
+use runs::{RunCost, mean_per_layer};
 use setup::Setup;
-use work::{Pricer, TpPrices};
+use work::Pricer;
 
 /// Bytes held back on every GPU for the CUDA context, cuBLAS/NCCL workspaces and allocator
 /// fragmentation. An assumption, not a measurement: PyTorch's CUDA context alone takes
@@ -352,9 +354,23 @@ fn estimate_impl(
 ) -> Result<Option<Estimate>, PlanError> {
     let cx = Setup::new(info, cluster, gpus, s)?;
     let g = info.graph;
-    // One representative layer, the embedding side and the head side; with fused kernels each
-    // group of fused point-wise ops is one kernel.
-    let prices = TpPrices::new(&cx, mode);
+    // One representative layer of each run of identical layers, the embedding side and the
+    // head side; with fused kernels each group of fused point-wise ops is one kernel.
+    let policy = ActivationPolicy {
+        tp: cx.tp as f64,
+        sequence_parallel: s.sequence_parallel,
+        recompute: s.recompute,
+        precision: s.precision,
+        attention: s.attention,
+        ep: cx.ep as f64,
+    };
+    let runs: Vec<RunCost> = info
+        .runs()
+        .iter()
+        .enumerate()
+        .map(|(k, r)| RunCost::new(&cx, mode, r.info, k == 0, &policy))
+        .collect();
+    let prices = &runs[0].prices;
     let pricer = Pricer {
         cx: &cx,
         ring: cx.cp_ring(),
@@ -367,12 +383,6 @@ fn estimate_impl(
             s.precision.activation_bytes(),
         ),
     };
-    let layer = pricer.work(
-        &info.layer_ops,
-        &info.layer_groups,
-        prices.layer_times,
-        &|o| prices.layer_layout(&cx, o),
-    );
     let outer_layout = |o: OpId| prices.outer_layout(&cx, o);
     let pre = pricer.work(
         &info.pre_ops,
@@ -386,19 +396,8 @@ fn estimate_impl(
         prices.post_times,
         &outer_layout,
     );
-    let (layer_fwd, layer_bwd, zero3_exposed_per_layer) = stages::zero3_layer(&cx, &layer);
-
-    let shape = layer_shape(g, info);
-    let policy = ActivationPolicy {
-        tp: cx.tp as f64,
-        sequence_parallel: s.sequence_parallel,
-        recompute: s.recompute,
-        precision: s.precision,
-        attention: s.attention,
-        ep: cx.ep as f64,
-    };
-    let act_layer = layer_activation_bytes(&shape, cx.b.seq as f64, cx.b.batch as f64, &policy);
     let chunk_layers = s.chunk_layers(info.layers);
+    let chunk_runs = info.chunk_run_counts(&chunk_layers);
     let rep = if s.sequence_parallel {
         cx.tp as f64
     } else {
@@ -410,16 +409,13 @@ fn estimate_impl(
         cx.m.pp_cross_node,
         cx.m.pp_sharing,
     );
-    let transients = Transients::new(g, info, s, &shape, &policy, cx.b);
     let chunks = stages::chunk_costs(
-        &chunk_layers,
+        &chunk_runs,
         &stages::ChunkInputs {
             pre: &pre,
             post: &post,
-            layer_s: (layer_fwd, layer_bwd),
-            act_layer,
+            runs: &runs,
             p2p,
-            transients: &transients,
         },
     );
     let micro_batches = s.micro_batches();
@@ -447,11 +443,11 @@ fn estimate_impl(
         .fold(0.0, f64::max);
     let time = Breakdown {
         cx: &cx,
-        works: [&pre, &layer, &post],
-        chunk_layers: &chunk_layers,
+        outer: [&pre, &post],
+        runs: &runs,
+        chunk_runs: &chunk_runs,
         critical,
         p2p,
-        zero3_exposed_per_layer,
     }
     .time(iteration, &results[critical]);
     let stages: Vec<StageEstimate> = results.iter().map(|r| r.estimate.clone()).collect();
@@ -462,9 +458,13 @@ fn estimate_impl(
         .unwrap_or_default();
     let tokens = (s.global_batch * s.seq) as f64;
     let model_flops = training_flops_per_token(info, cx.b) * tokens;
-    let recompute_flops = (f64::from(info.layers) * layer.recompute_flops
-        + pre.recompute_flops
-        + post.recompute_flops)
+    let layers_recompute: f64 = info
+        .runs()
+        .iter()
+        .zip(&runs)
+        .map(|(r, c)| f64::from(r.count) * c.work.recompute_flops)
+        .sum();
+    let recompute_flops = (layers_recompute + pre.recompute_flops + post.recompute_flops)
         * cx.tp as f64
         * (s.global_batch / s.micro_batch) as f64;
     let n = gpus as f64;
@@ -503,10 +503,10 @@ fn estimate_impl(
         timeline,
         mesh: Some(cx.m),
         profile: ChunkProfile {
-            layer_s: layer_fwd + layer_bwd,
+            layer_s: mean_per_layer(info, &runs, |r| r.fwd + r.bwd),
             pre_s: pre.fwd_total() + pre.bwd_total(),
             post_s: post.fwd_total() + post.bwd_total(),
-            layer_activation_bytes: act_layer,
+            layer_activation_bytes: mean_per_layer(info, &runs, |r| r.act),
         },
     }))
 }
@@ -514,13 +514,15 @@ fn estimate_impl(
 /// The critical stage's time breakdown.
 struct Breakdown<'c, 'a, 'g, 'w> {
     cx: &'c Setup<'a, 'g>,
-    /// The embedding side's, one layer's and the head side's work.
-    works: [&'w Work; 3],
-    chunk_layers: &'w [u32],
+    /// The embedding side's and the head side's work.
+    outer: [&'w Work; 2],
+    /// One layer of each run of identical layers.
+    runs: &'w [RunCost],
+    /// Each chunk's layers per run.
+    chunk_runs: &'w [Vec<u32>],
     /// The stage that finishes last.
     critical: usize,
     p2p: f64,
-    zero3_exposed_per_layer: f64,
 }
 
 impl Breakdown<'_, '_, '_, '_> {
@@ -528,21 +530,25 @@ impl Breakdown<'_, '_, '_, '_> {
     /// stage (`stage`) over an iteration of `iteration` seconds.
     fn time(&self, iteration: f64, stage: &stages::StageResult) -> TimeBreakdown {
         let s = self.cx.s;
-        let n_chunks = self.chunk_layers.len();
+        let n_chunks = self.chunk_runs.len();
         let my_chunks: Vec<usize> = (0..n_chunks)
             .filter(|c| c % s.pp as usize == self.critical)
             .collect();
         let mb = s.micro_batches() as f64;
         let full = s.recompute == Recompute::Full;
-        let layer = self.works[1];
-        let (compute, tp_time) = device_work(self.works, self.chunk_layers, &my_chunks, mb, full);
-        let my_layers: f64 = my_chunks
-            .iter()
-            .map(|&c| f64::from(self.chunk_layers[c]))
-            .sum();
-        let ep_time = my_layers * mb * (layer.ep_comm + if full { layer.ep_fwd } else { 0.0 });
+        let (compute, tp_time) =
+            device_work(self.outer, self.runs, self.chunk_runs, &my_chunks, mb, full);
+        let (mut ep_time, mut zero3) = (0.0, 0.0);
+        for (k, run) in self.runs.iter().enumerate() {
+            let my_layers: f64 = my_chunks
+                .iter()
+                .map(|&c| f64::from(self.chunk_runs[c][k]))
+                .sum();
+            let layer = &run.work;
+            ep_time += my_layers * mb * (layer.ep_comm + if full { layer.ep_fwd } else { 0.0 });
+            zero3 += my_layers * mb * run.zero3;
+        }
         let compute = compute - ep_time;
-        let zero3 = my_layers * mb * self.zero3_exposed_per_layer;
         let sends = my_chunks.iter().filter(|&&c| c + 1 < n_chunks).count() as f64
             + my_chunks.iter().filter(|&&c| c > 0).count() as f64;
         let pp_time = sends * mb * self.p2p;
@@ -566,14 +572,19 @@ impl Breakdown<'_, '_, '_, '_> {
 /// the expert-data-parallel ranks).
 pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f64) {
     let chunk_layers = s.chunk_layers(info.layers);
+    let chunk_runs = info.chunk_run_counts(&chunk_layers);
     let n = chunk_layers.len();
     let mine: Vec<usize> = (0..n)
         .filter(|c| *c % s.pp as usize == d as usize)
         .collect();
-    let layers: u32 = mine.iter().map(|&c| chunk_layers[c]).sum();
     let tp = f64::from(s.tp);
-    let experts = f64::from(layers) * info.expert_params_per_layer as f64 / tp / f64::from(s.ep);
-    let mut params = f64::from(layers) * info.dense_params_per_layer() as f64;
+    let (mut experts, mut params) = (0.0, 0.0);
+    for (k, run) in info.runs().iter().enumerate() {
+        let layers: u32 = mine.iter().map(|&c| chunk_runs[c][k]).sum();
+        let run = run.info;
+        experts += f64::from(layers) * run.expert_params_per_layer as f64 / tp / f64::from(s.ep);
+        params += f64::from(layers) * run.dense_params_per_layer() as f64;
+    }
     // A learned position table and the final norm stay whole on every rank (Megatron-LM);
     // the vocabulary-sized matrices are split ([`ModelInfo::vocabulary_matrix`]), padded to
     // ⌈vocab / tp⌉ rows per rank where the vocabulary does not divide. Where it does not
@@ -674,20 +685,29 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
         extra_norms: 0.0,
         qk_norm: false,
         shared_ffn: 0.0,
+        latent_width: 0.0,
     };
     let mut residual_norms = 0.0f64;
     let mut inner_widths = Vec::new();
+    // The attention output's width (the output projection's input): narrower than the
+    // queries in multi-head latent attention.
+    let mut attention_out = h as f64;
     for &o in &info.layer_ops {
         let op = g.op(o);
         match &op.kind {
             OpKind::Attention { .. } => {
                 shape.q_width = width(op.inputs[0]).unwrap_or(h) as f64;
                 shape.kv_width = width(op.inputs[1]).unwrap_or(h) as f64;
+                attention_out = width(op.results[0]).unwrap_or(h) as f64;
             }
             OpKind::Dropout { p, .. } if *p > 0.0 => shape.dropout = true,
             OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => {
+                let x = g.ty(op.inputs[0]);
                 if width(op.inputs[0]) == Some(h) {
                     residual_norms += 1.0;
+                } else if x.shape.rank() == 3 {
+                    // A latent's norm (MLA): its input and output, whole on every rank.
+                    shape.latent_width += 2.0 * width(op.inputs[0]).unwrap_or(0) as f64;
                 } else {
                     shape.qk_norm = true;
                 }
@@ -696,7 +716,7 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                 let (k, n) = (width(op.inputs[0]), width(op.results[0]));
                 if n == Some(h)
                     && let Some(k) = k
-                    && k as f64 != shape.q_width
+                    && k as f64 != attention_out
                 {
                     inner_widths.push(k as f64);
                 }
@@ -981,19 +1001,23 @@ fn dp_sync_times(
 /// chunk and the head on the last; full recompute repeats each layer's forward TP
 /// communication, which `Work::recompute` counts as compute.
 fn device_work(
-    [pre, layer, post]: [&Work; 3],
-    chunk_layers: &[u32],
+    [pre, post]: [&Work; 2],
+    runs: &[RunCost],
+    chunk_runs: &[Vec<u32>],
     my_chunks: &[usize],
     mb: f64,
     full: bool,
 ) -> (f64, f64) {
-    let n_chunks = chunk_layers.len();
-    let repeated_tp = if full { layer.tp_fwd } else { 0.0 };
+    let n_chunks = chunk_runs.len();
     let (mut compute, mut tp) = (0.0, 0.0);
     for &c in my_chunks {
-        let l = f64::from(chunk_layers[c]);
-        compute += mb * l * (layer.fwd + layer.bwd + layer.recompute - repeated_tp);
-        tp += mb * l * (layer.tp_fwd + layer.tp_bwd + repeated_tp);
+        for (run, &n) in runs.iter().zip(&chunk_runs[c]) {
+            let layer = &run.work;
+            let repeated_tp = if full { layer.tp_fwd } else { 0.0 };
+            let l = f64::from(n);
+            compute += mb * l * (layer.fwd + layer.bwd + layer.recompute - repeated_tp);
+            tp += mb * l * (layer.tp_fwd + layer.tp_bwd + repeated_tp);
+        }
         if c == 0 {
             compute += mb * (pre.fwd + pre.bwd + pre.recompute);
             tp += mb * (pre.tp_fwd + pre.tp_bwd);
@@ -1019,7 +1043,11 @@ pub fn training_flops_per_token(info: &ModelInfo<'_>, b: Binding) -> f64 {
             })
             .sum()
     };
-    let total =
-        sum(&info.pre_ops) + f64::from(info.layers) * sum(&info.layer_ops) + sum(&info.post_ops);
+    let layers: f64 = info
+        .runs()
+        .iter()
+        .map(|r| f64::from(r.count) * sum(&r.info.layer_ops))
+        .sum();
+    let total = sum(&info.pre_ops) + layers + sum(&info.post_ops);
     total / (b.batch * b.seq) as f64
 }

@@ -54,6 +54,21 @@ pub struct ModelInfo<'g> {
     /// The block's sharding extractions, per tensor-parallel shape, as the estimate prices
     /// them ([`crate::layer_tp`]).
     pub tp_extractions: crate::layer_tp::TpCache,
+    /// Where the block changes structure ([`ir::Graph::kind_starts`]: DeepSeek-V3's dense
+    /// layers, then its expert layers), each run of identical layers as a model of its own
+    /// (its first layer's ops and parameters, `layers` its length); empty where every layer
+    /// repeats layer 0. The fields above describe layer 0 ([`ModelInfo::runs`]).
+    pub layer_runs: Vec<LayerRun<'g>>,
+}
+
+/// A run of structurally identical layers of a block that changes structure.
+#[derive(Debug, Clone)]
+pub struct LayerRun<'g> {
+    /// Its first layer.
+    pub first: u32,
+    /// The model seen through this run: its layer fields describe the run's first layer,
+    /// `layers` is the run's length; no runs of its own.
+    pub info: ModelInfo<'g>,
 }
 
 impl<'g> ModelInfo<'g> {
@@ -62,13 +77,38 @@ impl<'g> ModelInfo<'g> {
         if layers == 0 {
             return Err(PlanError::NoLayers);
         }
-        // Every figure below takes layer 0 for every layer.
-        if !graph.kind_starts.is_empty() {
+        let mut info = Self::seen_through_layer(graph, 0, layers)?;
+        if graph.kind_starts.is_empty() {
+            return Ok(info);
+        }
+        let mut firsts = vec![0];
+        firsts.extend(graph.kind_starts.iter().copied());
+        if firsts.windows(2).any(|w| w[0] >= w[1]) || firsts.last() >= Some(&layers) {
             return Err(PlanError::MixedLayers {
                 starts: graph.kind_starts.clone(),
                 layers,
             });
         }
+        let mut runs = Vec::new();
+        for (i, &first) in firsts.iter().enumerate() {
+            let end = firsts.get(i + 1).copied().unwrap_or(layers);
+            runs.push(LayerRun {
+                first,
+                info: Self::seen_through_layer(graph, first, end - first)?,
+            });
+        }
+        // The expert count a strategy's expert parallelism must divide: the expert runs'.
+        info.experts = runs.iter().map(|r| r.info.experts).max().unwrap_or(0);
+        info.layer_runs = runs;
+        Ok(info)
+    }
+
+    /// The model with layer `representative` standing for `layers` layers.
+    fn seen_through_layer(
+        graph: &'g Graph,
+        representative: u32,
+        layers: u32,
+    ) -> Result<ModelInfo<'g>, PlanError> {
         let order = graph.order();
         let first = order
             .iter()
@@ -81,7 +121,7 @@ impl<'g> ModelInfo<'g> {
         let untagged = |o: &&OpId| graph.op(**o).layer.is_none();
         let pre_ops: Vec<OpId> = order[..first].iter().filter(untagged).copied().collect();
         let post_ops: Vec<OpId> = order[last + 1..].iter().filter(untagged).copied().collect();
-        let layer_ops = graph.layer_ops(0);
+        let layer_ops = graph.layer_ops(representative);
         let numel = |o: OpId| {
             graph
                 .ty(graph.op(o).results[0])
@@ -151,6 +191,7 @@ impl<'g> ModelInfo<'g> {
             pre_groups,
             post_groups,
             tp_extractions: Default::default(),
+            layer_runs: Vec::new(),
         };
         for &o in order {
             let op = graph.op(o);
@@ -225,8 +266,73 @@ impl<'g> ModelInfo<'g> {
 
     /// Total trainable parameters.
     pub fn params(&self) -> u64 {
-        self.pre_params + self.post_params + u64::from(self.layers) * self.params_per_layer
+        let layers: u64 = self
+            .runs()
+            .iter()
+            .map(|r| u64::from(r.count) * r.info.params_per_layer)
+            .sum();
+        self.pre_params + self.post_params + layers
     }
+
+    /// The routed experts' weights over all layers.
+    pub fn expert_params(&self) -> u64 {
+        self.runs()
+            .iter()
+            .map(|r| u64::from(r.count) * r.info.expert_params_per_layer)
+            .sum()
+    }
+
+    /// The block's runs of identical layers, in order: one run of every layer for a block
+    /// that repeats one structure.
+    pub fn runs(&self) -> Vec<Run<'_, 'g>> {
+        if self.layer_runs.is_empty() {
+            return vec![Run {
+                first: 0,
+                count: self.layers,
+                info: self,
+            }];
+        }
+        self.layer_runs
+            .iter()
+            .map(|r| Run {
+                first: r.first,
+                count: r.info.layers,
+                info: &r.info,
+            })
+            .collect()
+    }
+
+    /// How many of layers `start..end` fall in each run ([`ModelInfo::runs`]).
+    pub fn run_counts(&self, start: u32, end: u32) -> Vec<u32> {
+        self.runs()
+            .iter()
+            .map(|r| {
+                let (a, b) = (start.max(r.first), end.min(r.first + r.count));
+                b.saturating_sub(a)
+            })
+            .collect()
+    }
+
+    /// Each chunk's layers (consecutive, chunk after chunk) counted per run.
+    pub fn chunk_run_counts(&self, chunk_layers: &[u32]) -> Vec<Vec<u32>> {
+        let mut start = 0;
+        chunk_layers
+            .iter()
+            .map(|&n| {
+                let counts = self.run_counts(start, start + n);
+                start += n;
+                counts
+            })
+            .collect()
+    }
+}
+
+/// One run of identical layers: its first layer, its length, and the model seen through it.
+#[derive(Debug, Clone, Copy)]
+pub struct Run<'a, 'g> {
+    pub first: u32,
+    pub count: u32,
+    pub info: &'a ModelInfo<'g>,
 }
 
 /// The routed experts' weights in `layer_ops` (the weight operands of its expert ops) and their

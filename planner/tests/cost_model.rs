@@ -321,12 +321,21 @@ fn a_precision_the_gpu_lacks_is_refused() {
 
 /// Model FLOPs from the block structure (embedding side + layers × one layer + head side), as
 /// every estimate computes them, equal the sum over every op of the whole graph, for each zoo
-/// model at two sequence lengths.
+/// model and DeepSeek-V3 (three dense layers, then expert layers: per run of identical
+/// layers) at two sequence lengths; so do the parameters.
 #[test]
 fn block_structured_model_flops_equal_the_whole_graph() {
-    for spec in import::zoo::zoo() {
+    let deepseek = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/deepseek-v3/config.json"
+    ))
+    .unwrap();
+    let deepseek =
+        import::hf::parse_config(&deepseek, std::path::Path::new("config.json")).unwrap();
+    for spec in import::zoo::zoo().into_iter().chain([deepseek]) {
         let g = build_forward(&spec, DType::F32).unwrap();
         let info = ModelInfo::new(&g).unwrap();
+        assert_eq!(info.params(), g.param_count(), "{}", spec.name);
         for seq in [128, 2048] {
             let b = ir::Binding { batch: 2, seq };
             let whole = ir::cost::training_flops_per_token(&g, b);

@@ -243,8 +243,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Phi-3, and
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
 /// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
-/// and DeepSeek-V3's multi-head latent attention and experts (every layer an expert layer:
-/// the planner does not take its leading dense layers yet).
+/// and DeepSeek-V3's multi-head latent attention and experts, all-expert and with a leading
+/// dense layer (a block whose structure changes).
 #[test]
 fn llama_structured_families_equal_one_device() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
@@ -252,6 +252,9 @@ fn llama_structured_families_equal_one_device() {
     tp2.sp = true;
     let dp2 = Config::new(1, 1, 2);
     let tp2_no_sp = Config::new(2, 1, 1);
+    let pp2 = Config::new(1, 2, 1);
+    let mut tp2_pp2 = Config::new(2, 2, 1);
+    tp2_pp2.sp = true;
     let mut bad = Vec::new();
     for (family, c) in [
         ("qwen2", &tp2),
@@ -272,6 +275,12 @@ fn llama_structured_families_equal_one_device() {
         ("deepseek_v3", &tp2),
         ("deepseek_v3", &tp2_no_sp),
         ("deepseek_v3", &dp2),
+        // A dense layer before three expert layers (first_k_dense_replace): each run of
+        // identical layers lowered on its own, the pipeline's stages holding both kinds.
+        ("deepseek_v3-dense", &tp2),
+        ("deepseek_v3-dense", &dp2),
+        ("deepseek_v3-dense", &pp2),
+        ("deepseek_v3-dense", &tp2_pp2),
     ] {
         let model = format!("{data}tiny-{family}.json");
         let one = programs(&model, &Config::new(1, 1, 1));

@@ -241,6 +241,15 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     }
     let pre = segment::lower(&cx, &info.pre_ops, Kind::Pre)?;
     let layer = layer_segment(plan, &cx, &info)?;
+    // Each later run of identical layers (a block that changes structure) by the rules: the
+    // plan records the first run's extraction only.
+    let mut later_runs = Vec::new();
+    for run in info.runs().iter().skip(1) {
+        later_runs.push(segment::lower(&cx, &run.info.layer_ops, Kind::Layer)?);
+    }
+    let run_of_layer: Vec<usize> = (0..info.layers)
+        .map(|l| graph.kind_starts.iter().filter(|&&s| s <= l).count())
+        .collect();
     let post = segment::lower(&head_ctx(&cx), &info.post_ops, Kind::Post)?;
     if layer.input.is_none() || post.input.is_none() {
         return Err(CodegenError::plan(
@@ -281,8 +290,9 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     };
     let pre_pids = seg_params(&pre, &pre.ops);
     let post_pids = seg_params(&post, &post.ops);
+    let run_segs: Vec<&Segment> = std::iter::once(&layer).chain(&later_runs).collect();
     let layer_pids: Vec<Vec<Option<ParamId>>> = (0..info.layers)
-        .map(|l| seg_params(&layer, &graph.layer_ops(l)))
+        .map(|l| seg_params(run_segs[run_of_layer[l as usize]], &graph.layer_ops(l)))
         .collect();
     // Local shard shape and split of every parameter.
     let mut local: HashMap<ParamId, LocalShard> = HashMap::new();
@@ -319,8 +329,8 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     };
     note(&pre, &pre_pids);
     note(&post, &post_pids);
-    for pids in &layer_pids {
-        note(&layer, pids);
+    for (l, pids) in layer_pids.iter().enumerate() {
+        note(run_segs[run_of_layer[l]], pids);
     }
     // Chunks.
     let n_chunks = plan.chunks.len() as u32;
@@ -347,6 +357,10 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         emit::plan(&layer, s.recompute),
         emit::plan(&post, Recompute::None),
     ];
+    let layer_runs: Vec<(&Segment, emit::Plan)> = run_segs
+        .iter()
+        .map(|&seg| (seg, emit::plan(seg, s.recompute)))
+        .collect();
     let names: Vec<String> = params.iter().map(|p| p.name.clone()).collect();
     let layer_seeds: Vec<Vec<u64>> = (0..info.layers)
         .map(|l| {
@@ -371,6 +385,8 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
             post_pids: &post_pids,
             layer_pids: &layer_pids,
             layer_seeds: &layer_seeds,
+            layer_runs: &layer_runs,
+            run_of_layer: &run_of_layer,
             local: &local,
             tied: &tied,
             zero,
@@ -499,6 +515,10 @@ struct Stage<'a> {
     layer_pids: &'a [Vec<Option<ParamId>>],
     /// Each layer's dropout seeds in op order.
     layer_seeds: &'a [Vec<u64>],
+    /// Each run of identical layers' segment and its emission plan (one run where every
+    /// layer repeats one structure), and the run of each layer.
+    layer_runs: &'a [(&'a Segment, emit::Plan)],
+    run_of_layer: &'a [usize],
     local: &'a HashMap<ParamId, LocalShard>,
     tied: &'a BTreeSet<ParamId>,
     zero: u8,

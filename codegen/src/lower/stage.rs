@@ -324,6 +324,14 @@ impl<'a> Stage<'a> {
             .unwrap_or_else(|| p.to_string())
     }
 
+    /// Layer `l`'s segment and emission plan: its run's.
+    pub(super) fn layer_code(&self, l: u32) -> (&'a Segment, &'a emit::Plan) {
+        let runs = self.layer_runs;
+        let run = self.run_of_layer.get(l as usize).copied().unwrap_or(0);
+        let (seg, plan) = &runs[run.min(runs.len() - 1)];
+        (seg, plan)
+    }
+
     /// Layer `l`'s dropout seeds (borrowed from the lowering, not from `self`).
     pub(super) fn seeds(&self, l: u32) -> &'a [u64] {
         self.layer_seeds

@@ -7,7 +7,7 @@ impl<'a> Stage<'a> {
     pub(super) fn forward(&mut self, c: u32, mb: u32) -> Result<ChunkState, CodegenError> {
         let ch = self.plan.chunks[c as usize].clone();
         let sp = self.cx.sp;
-        let [pre, layer, post] = self.segs;
+        let [pre, first_layer, post] = self.segs;
         let mut st = ChunkState {
             ids: None,
             targets: None,
@@ -39,7 +39,7 @@ impl<'a> Stage<'a> {
                 targets: st.targets,
             });
         }
-        let layer_in = layer.input.map(|i| layer.vals[i].clone());
+        let layer_in = first_layer.input.map(|i| first_layer.vals[i].clone());
         let mut x = if ch.embedding {
             let params = self.gather(Which::Pre, 0, self.bucket(Which::Pre, 0));
             let env = Env::edge(&params, st.ids, st.targets, format!("c{c}.m{mb}.emb"));
@@ -89,7 +89,7 @@ impl<'a> Stage<'a> {
         for l in ch.layers[0]..ch.layers[1] {
             let params = self.gather(Which::Layer, l, self.bucket(Which::Layer, l));
             let env = Env::layer(&params, l, self.seeds(l), format!("l{l}.m{mb}"));
-            let p = &self.plans[1];
+            let (layer, p) = self.layer_code(l);
             let keep: Vec<bool> = if full {
                 (0..layer.vals.len())
                     .map(|v| Some(v) == layer.input)
@@ -171,7 +171,7 @@ impl<'a> Stage<'a> {
     ) -> Result<(), CodegenError> {
         let ch = self.plan.chunks[c as usize].clone();
         let sp = self.cx.sp;
-        let [pre, layer, post] = self.segs;
+        let [pre, _, post] = self.segs;
         let s = &self.plan.strategy;
         // d(mean loss)/d(this micro-batch's loss): the mean over micro-batches and replicas,
         // and with a sequence-sharded head over the tensor-parallel group's shard means.
@@ -229,6 +229,7 @@ impl<'a> Stage<'a> {
             let params = self.gather(Which::Layer, l, bucket);
             let mut env = Env::layer(&params, l, self.seeds(l), format!("l{l}.m{mb}"));
             env.accumulators = self.accumulators(&params);
+            let (layer, layer_plan) = self.layer_code(l);
             if full {
                 self.b.push(Instr::RecomputeBegin { layer: l });
                 let input = layer.input.and_then(|i| inst.bufs[i]);
@@ -237,7 +238,7 @@ impl<'a> Stage<'a> {
                     layer,
                     &env,
                     input,
-                    &self.plans[1].keep,
+                    &layer_plan.keep,
                     true,
                     true,
                 );
@@ -248,7 +249,7 @@ impl<'a> Stage<'a> {
                 self.b.push(Instr::RecomputeEnd { layer: l });
             }
             let (dx, contribs) =
-                emit::backward(&mut self.b, layer, &self.plans[1], &env, &mut inst, dy);
+                emit::backward(&mut self.b, layer, layer_plan, &env, &mut inst, dy);
             self.contribute(&contribs, bucket, last, &params, &BTreeSet::new());
             self.release(&params);
             dy =

@@ -90,6 +90,28 @@ impl fmt::Display for BlockSummary {
         if let Some(l) = self.uniform() {
             return write!(f, ", {} ops, {} params each", l.ops, human_count(l.params));
         }
+        // Runs of consecutive layers of equal sizes (DeepSeek-V3: 3 dense, then 58 expert
+        // layers), at most a few; beyond that the ranges.
+        let mut runs: Vec<(usize, LayerStats)> = Vec::new();
+        for l in &self.layers {
+            match runs.last_mut() {
+                Some((n, last)) if *last == *l => *n += 1,
+                _ => runs.push((1, *l)),
+            }
+        }
+        if runs.len() <= 4 {
+            f.write_str(":")?;
+            for (i, (n, l)) in runs.iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                write!(
+                    f,
+                    "{sep} {n} x ({} ops, {} params)",
+                    l.ops,
+                    human_count(l.params)
+                )?;
+            }
+            return Ok(());
+        }
         let ops = self.layers.iter().map(|l| l.ops);
         let params = self.layers.iter().map(|l| l.params);
         let (omin, omax) = (ops.clone().min().unwrap_or(0), ops.max().unwrap_or(0));

@@ -43,6 +43,10 @@ pub struct LayerShape {
     /// Width of a dense expert every token visits beside the routed ones (Qwen2-MoE's shared
     /// expert; 0 without): it keeps its gate, up and product like a gated MLP.
     pub shared_ffn: f64,
+    /// Per-token elements every tensor-parallel rank keeps whole: multi-head latent
+    /// attention's low-rank latents (the inputs and outputs of their norms), computed whole on
+    /// every rank on the whole sequence (0 without).
+    pub latent_width: f64,
 }
 
 /// How a layer's activations are kept: the parallel split of the tensors and what the run
@@ -88,6 +92,7 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
         bytes += e * sbq / tp + e * s * b * l.kv_width / kv_split;
     }
     bytes += l.extra_norms * e * sbh / rep;
+    bytes += e * s * b * l.latent_width;
     // Attention core: softmax output, dropout mask and dropout output per head (5·a·s²·b);
     // selective recompute drops it.
     if recompute == Recompute::None {
@@ -180,6 +185,7 @@ mod tests {
             extra_norms: 0.0,
             qk_norm: false,
             shared_ffn: 0.0,
+            latent_width: 0.0,
             kv_width: h,
             ffn: 4.0 * h,
             gated: false,

@@ -2,10 +2,11 @@
 //! working set, and each stage's states, data-parallel synchronisation, optimizer step and
 //! memory once the schedule is simulated.
 
+use super::runs::RunCost;
 use super::setup::Setup;
 use super::{
-    DpExchange, MemoryBreakdown, OPTIMIZER_BYTES_PER_PARAM, RESERVE_BYTES, StageEstimate,
-    Transients, Work, dp_sync_times, stage_local_split,
+    DpExchange, MemoryBreakdown, OPTIMIZER_BYTES_PER_PARAM, RESERVE_BYTES, StageEstimate, Work,
+    dp_sync_times, stage_local_split,
 };
 use crate::cost::comm::{Collective, collective_time, p2p_time};
 use crate::cost::memory::state_bytes;
@@ -16,8 +17,12 @@ use crate::strategy::Recompute;
 /// parameters before its forward (and recompute) and backward and reduce-scatters its
 /// gradients, prefetching one layer ahead (the layer takes the longer of its compute and its
 /// communication), and the seconds that adds. Unchanged without ZeRO-3.
-pub(super) fn zero3_layer(cx: &Setup<'_, '_>, layer: &Work) -> (f64, f64, f64) {
-    let (s, info) = (cx.s, cx.info);
+pub(super) fn zero3_layer(
+    cx: &Setup<'_, '_>,
+    info: &crate::model::ModelInfo<'_>,
+    layer: &Work,
+) -> (f64, f64, f64) {
+    let s = cx.s;
     let (fwd, bwd) = (layer.fwd_total(), layer.bwd_total());
     if s.zero != 3 || cx.dp * cx.cp <= 1 {
         return (fwd, bwd, 0.0);
@@ -58,35 +63,41 @@ pub(super) fn zero3_layer(cx: &Setup<'_, '_>, layer: &Work) -> (f64, f64, f64) {
 pub(super) struct ChunkInputs<'w> {
     pub pre: &'w Work,
     pub post: &'w Work,
-    /// One layer's (forward, backward) seconds per micro-batch.
-    pub layer_s: (f64, f64),
-    /// One layer's kept activation bytes per micro-batch.
-    pub act_layer: f64,
+    /// One layer of each run of identical layers: its seconds, kept activations and working
+    /// set per micro-batch.
+    pub runs: &'w [RunCost],
     /// One activation's send to the next stage.
     pub p2p: f64,
-    pub transients: &'w Transients,
 }
 
-/// Each chunk's cost: its layers, the embedding on the first, the head (and the logits it
-/// keeps) on the last.
-pub(super) fn chunk_costs(chunk_layers: &[u32], c: &ChunkInputs<'_>) -> Vec<ChunkCost> {
-    let n_chunks = chunk_layers.len();
-    chunk_layers
+/// Each chunk's cost: its layers (`chunk_runs[c]`: how many of each run), the embedding on
+/// the first, the head (and the logits it keeps) on the last.
+pub(super) fn chunk_costs(chunk_runs: &[Vec<u32>], c: &ChunkInputs<'_>) -> Vec<ChunkCost> {
+    let n_chunks = chunk_runs.len();
+    let head = &c.runs[0].transients;
+    chunk_runs
         .iter()
         .enumerate()
-        .map(|(i, &l)| {
-            let layers = f64::from(l);
+        .map(|(i, counts)| {
             let mut cc = ChunkCost {
-                fwd: layers * c.layer_s.0,
-                bwd: layers * c.layer_s.1,
+                fwd: 0.0,
+                bwd: 0.0,
                 p2p: if i + 1 < n_chunks { c.p2p } else { 0.0 },
-                activation_bytes: layers * c.act_layer,
-                working: if l > 0 {
-                    c.transients.layer
-                } else {
-                    WorkingSet::default()
-                },
+                activation_bytes: 0.0,
+                working: WorkingSet::default(),
             };
+            for (run, &n) in c.runs.iter().zip(counts) {
+                let layers = f64::from(n);
+                cc.fwd += layers * run.fwd;
+                cc.bwd += layers * run.bwd;
+                cc.activation_bytes += layers * run.act;
+                if n > 0 {
+                    // The widest backward of the chunk's layers.
+                    let w = run.transients.layer;
+                    cc.working.activations = cc.working.activations.max(w.activations);
+                    cc.working.states = cc.working.states.max(w.states);
+                }
+            }
             if i == 0 {
                 cc.fwd += c.pre.fwd_total();
                 cc.bwd += c.pre.bwd_total();
@@ -94,8 +105,8 @@ pub(super) fn chunk_costs(chunk_layers: &[u32], c: &ChunkInputs<'_>) -> Vec<Chun
             if i + 1 == n_chunks {
                 cc.fwd += c.post.fwd_total();
                 cc.bwd += c.post.bwd_total();
-                cc.activation_bytes += c.transients.logits_kept;
-                cc.working = c.transients.head_chunk(cc.working);
+                cc.activation_bytes += head.logits_kept;
+                cc.working = head.head_chunk(cc.working);
             }
             cc
         })

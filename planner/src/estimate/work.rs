@@ -8,6 +8,7 @@ use super::setup::{CpRing, Setup};
 use super::{ExpertDispatch, LayerTpComm, Mode, TpPricing, Work, row_parallel_ops};
 use crate::cost::compute::{Kernels, TpLayout, outer_tp_layout, tp_layout};
 use crate::layer_tp::{LayerTp, OuterTp};
+use crate::model::ModelInfo;
 use crate::strategy::Recompute;
 
 /// The tensor-parallel layouts and collective seconds (forward, backward per micro-batch) of
@@ -21,23 +22,24 @@ pub(super) struct TpPrices {
 }
 
 impl TpPrices {
-    /// The layer's collectives: those of the layout the sharding extraction chose for its
-    /// block, where it has one; of the ops before and after the layers, the extraction of
-    /// them, else Megatron-LM's (a vocabulary-parallel embedding reduces its output).
-    pub fn new(cx: &Setup<'_, '_>, mode: Mode<'_>) -> TpPrices {
+    /// The collectives of the layer of `run` (one run of identical layers of the model): those
+    /// of the layout the sharding extraction chose for its block, where it has one; of the ops
+    /// before and after the layers, the extraction of them, else Megatron-LM's (a
+    /// vocabulary-parallel embedding reduces its output).
+    pub fn of_run(cx: &Setup<'_, '_>, mode: Mode<'_>, run: &ModelInfo<'_>) -> TpPrices {
         let (info, cluster, s) = (cx.info, cx.cluster, cx.s);
         let rule = |ops: &[OpId]| {
             let t = cx.tp_collective(row_parallel_ops(cx.g, ops, info.hidden));
             (t, t)
         };
         let layer = (cx.tp > 1).then(|| match mode.tp.layer {
-            TpPricing::Extraction => crate::layer_tp::layer_tp(info, cluster, s),
-            TpPricing::Lowered => crate::layer_tp::layer_tp_as_lowered(info, cluster, s),
+            TpPricing::Extraction => crate::layer_tp::layer_tp(run, cluster, s),
+            TpPricing::Lowered => crate::layer_tp::layer_tp_as_lowered(run, cluster, s),
             TpPricing::Rules(why) => Err(why.to_string()),
         });
         let layer_times = match &layer {
             Some(Ok(t)) => (t.fwd_s, t.bwd_per_micro_batch(s.micro_batches())),
-            _ => rule(&info.layer_ops),
+            _ => rule(&run.layer_ops),
         };
         let outer = (cx.tp > 1).then(|| match mode.tp.embedding_head {
             TpPricing::Extraction => crate::layer_tp::outer_tp(info, cluster, s),

@@ -58,6 +58,21 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
                 SwiGLU MLPs and top-k MoE layers"
             .into(),
     };
+    if !info.layer_runs.is_empty() {
+        return Err(refuse(
+            "layers of more than one structure (dense layers before expert layers)",
+        ));
+    }
+    let latent = info.layer_ops.iter().any(|&o| {
+        let op = g.op(o);
+        let width = |v: ir::ValueId| g.ty(v).shape.last().and_then(|d| d.fixed());
+        matches!(op.kind, OpKind::Attention { .. }) && width(op.inputs[0]) != width(op.results[0])
+    });
+    if latent {
+        return Err(refuse(
+            "multi-head latent attention (value heads narrower than query heads)",
+        ));
+    }
     let norm = layer.iter().find_map(|k| match k {
         OpKind::RmsNorm { eps } => Some((true, *eps)),
         OpKind::LayerNorm { eps } => Some((false, *eps)),

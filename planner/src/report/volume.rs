@@ -190,21 +190,29 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
     let (tp, dp, pp) = (u64::from(s.tp), u64::from(s.dp), u64::from(s.pp));
     let m = mesh_ep(cluster, tp, 1, dp, pp, u64::from(s.ep));
     let mb = s.micro_batches();
-    let experts_per_layer = info
-        .layer_ops
-        .iter()
-        .filter(|&&o| matches!(info.graph.op(o).kind, ir::OpKind::MoeExperts { .. }))
-        .count() as u64;
     let g = info.graph;
+    let runs = info.runs();
+    // Per run of identical layers: row-parallel products and expert layers in one layer.
+    let per_layer: Vec<(u64, u64)> = runs
+        .iter()
+        .map(|r| {
+            let ops = &r.info.layer_ops;
+            let experts = ops
+                .iter()
+                .filter(|&&o| matches!(g.op(o).kind, ir::OpKind::MoeExperts { .. }))
+                .count() as u64;
+            (row_parallel_ops(g, ops, info.hidden) as u64, experts)
+        })
+        .collect();
     let act = (s.micro_batch * s.seq * info.hidden) as f64 * s.precision.activation_bytes();
     // Expert parallelism's all-gather dispatcher: the group's whole-sequence tokens.
     let gathered = act * s.ep as f64;
     // Forward, backward, and the forward again under full recompute.
     let passes: u64 = if s.recompute == Recompute::Full { 3 } else { 2 };
-    let n_layer = row_parallel_ops(g, &info.layer_ops, info.hidden) as u64;
     let n_pre = row_parallel_ops(g, &info.pre_ops, info.hidden) as u64;
     let n_post = row_parallel_ops(g, &info.post_ops, info.hidden) as u64;
     let chunk_layers = s.chunk_layers(info.layers);
+    let chunk_runs = info.chunk_run_counts(&chunk_layers);
     let n_chunks = chunk_layers.len();
     let gbytes = s.precision.grad_bytes();
     (0..s.pp)
@@ -213,6 +221,15 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
                 .filter(|c| *c % s.pp as usize == d as usize)
                 .collect();
             let layers: u64 = mine.iter().map(|&c| u64::from(chunk_layers[c])).sum();
+            let run_layers: Vec<u64> = (0..runs.len())
+                .map(|k| mine.iter().map(|&c| u64::from(chunk_runs[c][k])).sum())
+                .collect();
+            let (n_layers, expert_layers) = run_layers
+                .iter()
+                .zip(&per_layer)
+                .fold((0, 0), |(n, e), (&l, &(rows, experts))| {
+                    (n + l * rows, e + l * experts)
+                });
             let first = mine.contains(&0);
             let last = mine.contains(&(n_chunks - 1));
             let mut b = Builder {
@@ -220,8 +237,7 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
                 rows: Vec::new(),
             };
             // Tensor parallelism: per row-parallel product and pass, the B·S·h activation.
-            let per_mb =
-                layers * n_layer + if first { n_pre } else { 0 } + if last { n_post } else { 0 };
+            let per_mb = n_layers + if first { n_pre } else { 0 } + if last { n_post } else { 0 };
             let tp_calls = mb * passes * per_mb;
             if s.sequence_parallel {
                 b.collective(
@@ -267,7 +283,7 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
             // gradient in the backward), and the routing weights gathered (their gradient by
             // expert in the backward).
             if s.ep > 1 {
-                let calls = mb * passes * layers * experts_per_layer;
+                let calls = mb * passes * expert_layers;
                 let routing = gathered / info.hidden as f64 * info.experts as f64;
                 for (kind, what, bytes) in [
                     (Collective::AllGather, "dispatch tokens", gathered),
@@ -281,8 +297,27 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
             // ranks holding the same ones.
             let (dense, experts) = stage_local_split(info, s, d);
             let tp_f = tp as f64;
-            let dense_layer = info.dense_params_per_layer() as f64 / tp_f;
-            let expert_layer = info.expert_params_per_layer as f64 / tp_f / f64::from(s.ep);
+            // ZeRO-3's per-layer gathers: one layer's weights (the stage's mean layer where
+            // the block changes structure).
+            let (dense_layer, expert_layer) = if runs.len() == 1 || layers == 0 {
+                (
+                    info.dense_params_per_layer() as f64 / tp_f,
+                    info.expert_params_per_layer as f64 / tp_f / f64::from(s.ep),
+                )
+            } else {
+                let mean = |per_layer: &dyn Fn(&crate::model::ModelInfo<'_>) -> u64| {
+                    let total: u64 = runs
+                        .iter()
+                        .zip(&run_layers)
+                        .map(|(r, &l)| l * per_layer(r.info))
+                        .sum();
+                    total as f64 / layers as f64 / tp_f
+                };
+                (
+                    mean(&|r| r.dense_params_per_layer()),
+                    mean(&|r| r.expert_params_per_layer) / f64::from(s.ep),
+                )
+            };
             let counts = (mb, layers, passes);
             if s.ep > 1 {
                 dp_rows(&mut b, s, &m.dp, (dense, dense_layer, ""), counts);

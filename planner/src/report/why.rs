@@ -129,8 +129,7 @@ fn expert_parallel_line(cx: &Ctx<'_, '_>, s: &crate::strategy::Strategy) -> Opti
         return None;
     }
     let experts = cx.info.experts;
-    let saved = f64::from(cx.info.layers) * cx.info.expert_params_per_layer as f64
-        / f64::from(s.tp * s.pp)
+    let saved = cx.info.expert_params() as f64 / f64::from(s.tp * s.pp)
         * (1.0 - 1.0 / f64::from(s.ep))
         * cx.base.strategy.precision.weight_bytes();
     let mut line = format!(

@@ -304,7 +304,7 @@ impl MeshCandidates {
 /// A lower bound on the fullest stage's memory: the model states of an average stage (the
 /// fullest holds at least the average) plus the reserve.
 fn memory_lower_bound(info: &ModelInfo<'_>, s: &Strategy) -> f64 {
-    let experts = f64::from(info.layers) * info.expert_params_per_layer as f64;
+    let experts = info.expert_params() as f64;
     let per_stage = |p: f64| p / f64::from(s.pp) / f64::from(s.tp);
     let dense = state_bytes(
         per_stage(info.params() as f64 - experts),
