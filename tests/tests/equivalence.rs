@@ -255,6 +255,9 @@ fn llama_structured_families_equal_one_device() {
     let pp2 = Config::new(1, 2, 1);
     let mut tp2_pp2 = Config::new(2, 2, 1);
     tp2_pp2.sp = true;
+    // One layer per chunk: stage 0 holds the dense layer and an expert layer.
+    let mut interleaved = Config::new(1, 2, 1);
+    (interleaved.schedule, interleaved.v) = (Schedule::Interleaved, 2);
     let mut bad = Vec::new();
     for (family, c) in [
         ("qwen2", &tp2),
@@ -281,6 +284,7 @@ fn llama_structured_families_equal_one_device() {
         ("deepseek_v3-dense", &dp2),
         ("deepseek_v3-dense", &pp2),
         ("deepseek_v3-dense", &tp2_pp2),
+        ("deepseek_v3-dense", &interleaved),
     ] {
         let model = format!("{data}tiny-{family}.json");
         let one = programs(&model, &Config::new(1, 1, 1));
