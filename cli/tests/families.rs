@@ -131,6 +131,23 @@ fn deepseek_v3_is_counted_and_refused_on_8_h100_with_the_gpus_it_needs() {
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("inspect JSON");
     assert_eq!(v["params"].as_u64(), Some(671_026_404_352));
+    // Its block's two runs: 3 dense layers (latent attention 187,107,328 + 2 norms + a SwiGLU
+    // MLP of 18432), then 58 expert layers (256 experts of 2048, the router, a shared expert).
+    let runs: Vec<(u64, u64, u64)> = v["repeated_block"]["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap_or(0);
+            (n("first"), n("count"), n("params_per_layer"))
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [(0, 3, 583_483_392), (3, 58, 11_507_286_016)],
+        "{}",
+        v["repeated_block"]
+    );
     let (code, out, _) = plait(&["inspect", &cfg]);
     assert_eq!(code, 0);
     for said in ["routing", "rope_interleave", "num_nextn_predict_layers"] {

@@ -6,13 +6,39 @@ use std::collections::BTreeMap;
 use ir::{Binding, Graph, OpKind, cost};
 use serde::Serialize;
 
-/// The repeated block: how many instances, and one instance's size.
+/// The repeated block: how many instances, and one instance's size (the first layer's, where
+/// the block changes structure: `runs` then gives each run's).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BlockSummary {
     pub name: String,
     pub count: u32,
     pub ops_per_layer: usize,
     pub params_per_layer: u64,
+    /// Runs of identical layers where the block changes structure ([`Graph::kind_starts`]:
+    /// DeepSeek-V3's dense layers, then its expert layers); empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunSummary>,
+}
+
+/// One run of identical layers.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSummary {
+    pub first: u32,
+    pub count: u32,
+    pub ops_per_layer: usize,
+    pub params_per_layer: u64,
+}
+
+/// Compute ops and parameters of layer `l`.
+fn layer_size(g: &Graph, l: u32) -> (usize, u64) {
+    let ops = g.layer_ops(l);
+    let params = ops
+        .iter()
+        .filter(|&&o| matches!(g.op(o).kind, OpKind::Param { .. }))
+        .map(|&o| g.ty(g.op(o).results[0]).shape.fixed_numel().unwrap_or(0))
+        .sum();
+    let compute = ops.iter().filter(|&&o| !g.op(o).kind.is_source()).count();
+    (compute, params)
 }
 
 /// A model's headline numbers.
@@ -61,17 +87,34 @@ pub fn summarize(g: &Graph, b: Binding) -> ModelSummary {
     }
     let layers = g.num_layers();
     let repeated_block = (layers > 0).then(|| {
-        let ops = g.layer_ops(0);
-        let params_per_layer = ops
+        let (ops_per_layer, params_per_layer) = layer_size(g, 0);
+        let firsts: Vec<u32> = if g.kind_starts.is_empty() {
+            Vec::new()
+        } else {
+            std::iter::once(0)
+                .chain(g.kind_starts.iter().copied())
+                .collect()
+        };
+        let runs = firsts
             .iter()
-            .filter(|&&o| matches!(g.op(o).kind, OpKind::Param { .. }))
-            .map(|&o| g.ty(g.op(o).results[0]).shape.fixed_numel().unwrap_or(0))
-            .sum();
+            .enumerate()
+            .map(|(i, &first)| {
+                let end = firsts.get(i + 1).copied().unwrap_or(layers).max(first);
+                let (ops_per_layer, params_per_layer) = layer_size(g, first);
+                RunSummary {
+                    first,
+                    count: end - first,
+                    ops_per_layer,
+                    params_per_layer,
+                }
+            })
+            .collect();
         BlockSummary {
             name: g.block_name.clone().unwrap_or_else(|| "layer".into()),
             count: layers,
-            ops_per_layer: ops.iter().filter(|&&o| !g.op(o).kind.is_source()).count(),
+            ops_per_layer,
             params_per_layer,
+            runs,
         }
     });
     ModelSummary {

@@ -160,9 +160,11 @@ pub struct DpExchange {
 
 /// Per-micro-batch seconds of one layer and of the ops before and after the layers: what the
 /// search needs to balance a pipeline split.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChunkProfile {
     pub layer_s: f64,
+    /// Each run's layer seconds ([`ModelInfo::runs`]; `layer_s` is their mean per layer).
+    pub run_layer_s: Vec<f64>,
     pub pre_s: f64,
     pub post_s: f64,
     /// Activation bytes one layer keeps per micro-batch.
@@ -504,6 +506,7 @@ fn estimate_impl(
         mesh: Some(cx.m),
         profile: ChunkProfile {
             layer_s: mean_per_layer(info, &runs, |r| r.fwd + r.bwd),
+            run_layer_s: runs.iter().map(|r| r.fwd + r.bwd).collect(),
             pre_s: pre.fwd_total() + pre.bwd_total(),
             post_s: post.fwd_total() + post.bwd_total(),
             layer_activation_bytes: mean_per_layer(info, &runs, |r| r.act),

@@ -347,7 +347,19 @@ fn rebalance(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, e: Estimate) ->
     let mut extra = vec![0.0; chunks];
     extra[0] += e.profile.pre_s;
     extra[chunks - 1] += e.profile.post_s;
-    let Some(split) = split::balanced_split(info.layers, chunks, e.profile.layer_s, &extra) else {
+    let split = if info.layer_runs.is_empty() {
+        split::balanced_split(info.layers, chunks, e.profile.layer_s, &extra)
+    } else {
+        // Layers of unequal cost: each layer's run's seconds.
+        let per_layer: Vec<f64> = info
+            .runs()
+            .iter()
+            .zip(&e.profile.run_layer_s)
+            .flat_map(|(r, &t)| std::iter::repeat_n(t, r.count as usize))
+            .collect();
+        split::bottleneck_split(&per_layer, chunks, &extra)
+    };
+    let Some(split) = split else {
         return e;
     };
     if split == s.chunk_layers(info.layers) {

@@ -28,6 +28,59 @@ pub fn balanced_split(layers: u32, chunks: usize, layer_s: f64, extra: &[f64]) -
     Some(n)
 }
 
+/// Layers per chunk for layers of unequal seconds (`layer_s[l]`: a block whose structure
+/// changes), consecutive layers per chunk, at least one each: the split whose slowest chunk
+/// (its layers plus `extra[c]`) is fastest. Bisects the bottleneck; a bottleneck is feasible
+/// when filling each chunk greedily, as full as it stays within it while leaving a layer for
+/// every later chunk, places every layer (filling earlier never hurts: what is left is a
+/// shorter suffix).
+pub fn bottleneck_split(layer_s: &[f64], chunks: usize, extra: &[f64]) -> Option<Vec<u32>> {
+    let layers = layer_s.len();
+    if chunks == 0 || layers < chunks || extra.len() != chunks {
+        return None;
+    }
+    let total: f64 = layer_s.iter().sum::<f64>() + extra.iter().sum::<f64>();
+    let (mut lo, mut hi) = (0.0f64, total);
+    let mut best = greedy_fill(layer_s, extra, hi)?;
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        match greedy_fill(layer_s, extra, mid) {
+            Some(split) => {
+                best = split;
+                hi = mid;
+            }
+            None => lo = mid,
+        }
+        if hi - lo <= 1e-12 * hi.max(1e-300) {
+            break;
+        }
+    }
+    Some(best)
+}
+
+/// Chunk sizes filling each chunk as far as `bound` allows (leaving a layer per later chunk),
+/// or `None` when the layers do not fit `extra.len()` chunks within `bound`.
+fn greedy_fill(layer_s: &[f64], extra: &[f64], bound: f64) -> Option<Vec<u32>> {
+    let (layers, chunks) = (layer_s.len(), extra.len());
+    let mut split = Vec::with_capacity(chunks);
+    let mut next = 0;
+    for (c, &e) in extra.iter().enumerate() {
+        let keep_for_later = chunks - c - 1;
+        let mut t = e;
+        let mut n = 0;
+        while next + n < layers - keep_for_later && t + layer_s[next + n] <= bound {
+            t += layer_s[next + n];
+            n += 1;
+        }
+        if n == 0 {
+            return None;
+        }
+        split.push(n as u32);
+        next += n;
+    }
+    (next == layers).then_some(split)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,6 +131,66 @@ mod tests {
                 "{split:?}"
             );
         }
+    }
+
+    /// The slowest chunk of `split` over layers of seconds `layer_s`.
+    fn bottleneck(layer_s: &[f64], split: &[u32], extra: &[f64]) -> f64 {
+        let mut start = 0;
+        split
+            .iter()
+            .zip(extra)
+            .map(|(&n, e)| {
+                let t: f64 = layer_s[start..start + n as usize].iter().sum::<f64>() + e;
+                start += n as usize;
+                t
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Brute force over every composition, for unequal layers.
+    fn brute_unequal(layer_s: &[f64], chunks: usize, extra: &[f64]) -> f64 {
+        fn rec(layer_s: &[f64], extra: &[f64], at: usize, c: usize, worst: f64, best: &mut f64) {
+            let chunks = extra.len();
+            if c + 1 == chunks {
+                let t: f64 = layer_s[at..].iter().sum::<f64>() + extra[c];
+                *best = best.min(worst.max(t));
+                return;
+            }
+            for n in 1..=(layer_s.len() - at).saturating_sub(chunks - c - 1) {
+                let t: f64 = layer_s[at..at + n].iter().sum::<f64>() + extra[c];
+                rec(layer_s, extra, at + n, c + 1, worst.max(t), best);
+            }
+        }
+        let mut best = f64::INFINITY;
+        rec(layer_s, &extra[..chunks], 0, 0, 0.0, &mut best);
+        best
+    }
+
+    #[test]
+    fn bottleneck_split_matches_brute_force_on_unequal_layers() {
+        // Three dense layers then cheaper expert layers (DeepSeek-V3's shape), and others.
+        let cases: [(Vec<f64>, Vec<f64>); 4] = [
+            (
+                [vec![2.0; 3], vec![1.3; 9]].concat(),
+                vec![0.5, 0.0, 0.0, 2.5],
+            ),
+            (vec![1.0, 5.0, 1.0, 1.0, 3.0, 0.2, 0.7], vec![0.0, 0.0, 0.0]),
+            (vec![0.3; 10], vec![4.0, 0.0]),
+            (vec![1.0, 2.0, 3.0, 4.0], vec![0.0; 4]),
+        ];
+        for (layer_s, extra) in cases {
+            let split = bottleneck_split(&layer_s, extra.len(), &extra).unwrap();
+            assert_eq!(split.len(), extra.len());
+            assert!(split.iter().all(|&n| n >= 1), "{split:?}");
+            assert_eq!(split.iter().sum::<u32>() as usize, layer_s.len());
+            let got = bottleneck(&layer_s, &split, &extra);
+            let want = brute_unequal(&layer_s, extra.len(), &extra);
+            assert!(
+                (got - want).abs() <= 1e-9 * want,
+                "{split:?}: {got} vs {want}"
+            );
+        }
+        assert_eq!(bottleneck_split(&[1.0; 2], 3, &[0.0; 3]), None);
     }
 
     #[test]
