@@ -525,8 +525,24 @@ fn record_extractions(
             if let Some(bp) = plan.block_plan.as_ref().filter(|_| s.ep <= 1) {
                 plan.sharding.ops = planner::plan::extracted_ops(info.graph, bp);
             }
-            format!("e-graph + {solver}")
+            format!("e-graph + {solver}{}", later_runs_note(info))
         }
         (None, None) => plan.sharding.method.clone(),
     };
+}
+
+/// Where the block changes structure, which layers the recorded extraction (the first run's)
+/// does not lay out: codegen lowers them by Megatron-LM's rules.
+fn later_runs_note(info: &planner::ModelInfo<'_>) -> String {
+    let runs = info.runs();
+    match runs.get(1) {
+        Some(second) => format!(
+            " for layers 0-{}; layers {}-{} by Megatron-LM's rules (the plan records the first \
+             run of identical layers' extraction)",
+            second.first - 1,
+            second.first,
+            info.layers - 1
+        ),
+        None => String::new(),
+    }
 }
