@@ -466,20 +466,7 @@ impl Builder {
         };
         let rot = part(self, 0, r)?;
         let pass = part(self, r, d)?;
-        let flat = self.op(
-            OpKind::Reshape {
-                shape: vec![b, s, Dim::Fixed(heads * r)],
-            },
-            vec![rot],
-        )?;
-        let turned = self.op(
-            OpKind::Rotary {
-                heads,
-                theta: spec.rope_theta,
-            },
-            vec![flat],
-        )?;
-        let back = self.op(OpKind::Reshape { shape: view(r) }, vec![turned])?;
+        let back = self.rotary_per_head(spec, rot, heads, r)?;
         let joined = self.op(OpKind::Concat { axis: 3 }, vec![back, pass])?;
         self.op(
             OpKind::Reshape {

@@ -54,26 +54,32 @@ struct Head {
 }
 
 impl Head {
-    fn view<'a>(self, data: &'a [f32]) -> Mat<'a> {
+    /// The head's first element and its row stride in the flat tensor.
+    fn offset_and_stride(self) -> (usize, usize) {
         let w = self.heads * self.width;
+        (self.b * self.rows * w + self.index * self.width, w)
+    }
+
+    fn view<'a>(self, data: &'a [f32]) -> Mat<'a> {
+        let (offset, rs) = self.offset_and_stride();
         Mat {
             data,
-            offset: self.b * self.rows * w + self.index * self.width,
+            offset,
             rows: self.rows,
             cols: self.width,
-            rs: w,
+            rs,
             cs: 1,
         }
     }
 
     fn view_mut<'a>(self, data: &'a mut [f32]) -> MatMut<'a> {
-        let w = self.heads * self.width;
+        let (offset, rs) = self.offset_and_stride();
         MatMut {
             data,
-            offset: self.b * self.rows * w + self.index * self.width,
+            offset,
             rows: self.rows,
             cols: self.width,
-            rs: w,
+            rs,
             cs: 1,
         }
     }
