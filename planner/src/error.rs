@@ -21,7 +21,7 @@ pub enum PlanError {
         "the block's structure changes at layers {starts:?}, which must ascend from 1 to below \
          its {layers} layers"
     )]
-    MixedLayers { starts: Vec<u32>, layers: u32 },
+    KindStarts { starts: Vec<u32>, layers: u32 },
     #[error("sharding extraction failed: {message}")]
     Sharding { message: String },
     /// The target engine cannot run what the plan asks for.

@@ -84,7 +84,7 @@ impl<'g> ModelInfo<'g> {
         let mut firsts = vec![0];
         firsts.extend(graph.kind_starts.iter().copied());
         if firsts.windows(2).any(|w| w[0] >= w[1]) || firsts.last() >= Some(&layers) {
-            return Err(PlanError::MixedLayers {
+            return Err(PlanError::KindStarts {
                 starts: graph.kind_starts.clone(),
                 layers,
             });
