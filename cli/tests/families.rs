@@ -150,7 +150,11 @@ fn deepseek_v3_is_counted_and_refused_on_8_h100_with_the_gpus_it_needs() {
     );
     let (code, out, _) = plait(&["inspect", &cfg]);
     assert_eq!(code, 0);
-    for said in ["routing", "rope_interleave", "num_nextn_predict_layers"] {
+    for said in [
+        "e_score_correction_bias",
+        "rope_interleave",
+        "num_nextn_predict_layers",
+    ] {
         assert!(out.contains(said), "inspect says nothing of {said}: {out}");
     }
     let d = dir("deepseek-v3");

@@ -538,6 +538,7 @@ impl Builder {
             OpKind::TopKRouter {
                 experts: e,
                 k: spec.experts_per_token,
+                routing: spec.variant.routing,
             },
             vec![m, router],
         )?;

@@ -44,6 +44,9 @@ pub struct Variant {
     pub shared_expert_ffn: Option<u64>,
     /// The shared expert's output scaled by a sigmoid gate of one column (Qwen2-MoE).
     pub shared_expert_gate: bool,
+    /// How the router weighs the experts it picks (Mixtral's softmax over the top k; Qwen-MoE's
+    /// `norm_topk_prob`; DeepSeek-V3's group-limited sigmoid).
+    pub routing: ir::Routing,
     /// The routed experts' sum multiplied by this factor (DeepSeek-V3's
     /// `routed_scaling_factor`).
     pub routed_scale: Option<f64>,

@@ -247,11 +247,46 @@ fn qwen_moe_families_have_many_small_experts() {
             "num_experts":60,"num_experts_per_tok":4,"norm_topk_prob":false,
             "vocab_size":151936,"tie_word_embeddings":false}"#;
     assert_published(qwen2_moe, 14_315_784_192);
-    let notes = hf::approximations(qwen2_moe);
-    assert!(
-        notes.iter().any(|n| n.contains("norm_topk_prob")),
-        "{notes:?}"
+    // norm_topk_prob false: each chosen expert keeps its share of the softmax over all 60.
+    assert_eq!(
+        parse(qwen2_moe).variant.routing,
+        ir::Routing {
+            normalize: false,
+            ..ir::Routing::default()
+        }
     );
+}
+
+#[test]
+fn moe_routers_follow_transformers_defaults_and_refuse_impossible_groups() {
+    let routing = |json: &str| parse(json).variant.routing;
+    // DeepseekV3Config: sigmoid scores, n_group 8, topk_group 4, norm_topk_prob true.
+    let v3 = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/deepseek-v3/config.json"
+    ))
+    .expect("fixture");
+    let deepseek = ir::Routing {
+        sigmoid: true,
+        normalize: true,
+        groups: 8,
+        groups_kept: 4,
+    };
+    assert_eq!(routing(&v3), deepseek);
+    // Qwen3MoeConfig's norm_topk_prob defaults to false.
+    let qwen3 = r#"{"model_type":"qwen3_moe","hidden_size":64,"intermediate_size":96,
+        "moe_intermediate_size":16,"num_hidden_layers":2,"num_attention_heads":4,
+        "num_experts":8,"num_experts_per_tok":2,"vocab_size":100}"#;
+    assert!(!routing(qwen3).normalize && !routing(qwen3).sigmoid);
+    // Six experts cannot form DeepSeek's default eight groups (transformers' view() fails).
+    let bad = r#"{"model_type":"deepseek_v3","hidden_size":64,"intermediate_size":96,
+        "moe_intermediate_size":16,"num_hidden_layers":2,"num_attention_heads":4,
+        "kv_lora_rank":8,"qk_nope_head_dim":6,"qk_rope_head_dim":4,"v_head_dim":5,
+        "n_routed_experts":6,"num_experts_per_tok":2,"vocab_size":100}"#;
+    let err = hf::parse_config(bad, Path::new("config.json"))
+        .expect_err("6 experts in 8 groups")
+        .to_string();
+    assert!(err.contains("n_group") && err.contains("8 groups"), "{err}");
 }
 
 #[test]
@@ -349,7 +384,7 @@ fn deepseek_v3_counts_its_latent_attention_dense_layers_and_experts() {
         "moe_intermediate_size":16,"num_hidden_layers":3,"num_attention_heads":4,
         "q_lora_rank":null,"kv_lora_rank":8,"qk_nope_head_dim":6,"qk_rope_head_dim":4,
         "v_head_dim":5,"n_routed_experts":4,"n_shared_experts":2,"num_experts_per_tok":2,
-        "first_k_dense_replace":1,"vocab_size":100}"#;
+        "n_group":2,"topk_group":1,"first_k_dense_replace":1,"vocab_size":100}"#;
     let attention = 64 * 4 * 10 + 64 * (8 + 4) + 8 + 8 * 4 * (6 + 5) + 4 * 5 * 64;
     let moe = 4 * 3 * 64 * 16 + 4 * 64 + 3 * 64 * 32;
     let want = 2 * 100 * 64 + 64 + 3 * (attention + 2 * 64) + 3 * 64 * 96 + 2 * moe;

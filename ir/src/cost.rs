@@ -145,7 +145,7 @@ pub fn op_cost(graph: &Graph, o: OpId, b: Binding) -> OpCost {
             let softmax = elementwise_flops(&OpKind::Softmax { causal: true }) * bsz * h * sq * sk;
             product(products, softmax)
         }
-        OpKind::TopKRouter { experts, k } => {
+        OpKind::TopKRouter { experts, k, .. } => {
             let x = dims(op.inputs[0]);
             let hidden = x.last().copied().unwrap_or(1) as f64;
             let tokens = numel(op.inputs[0]) / hidden;

@@ -22,8 +22,10 @@
 //!   `Concat{axis}`, `Slice{axis, start, end}`.
 //! - `Dropout{p, seed}`: inverted dropout with a mask that is a pure function of (seed, index).
 //! - `CrossEntropy(logits[.., V], targets[..])` → scalar mean negative log-likelihood.
-//! - `TopKRouter{experts, k}(x[.., H], w[H, E])` → gates `[.., E]`: softmax over the `k` largest
-//!   logits, zero elsewhere (Mixtral's routing).
+//! - `TopKRouter{experts, k, routing}(x[.., H], w[H, E])` → gates `[.., E]`: the weights of
+//!   the `k` experts chosen from the router logits `x w`, zero elsewhere; [`Routing`] says how
+//!   (Mixtral's softmax over the top k, Qwen-MoE's unnormalized shares, DeepSeek-V3's
+//!   group-limited sigmoid).
 //! - `MoeExperts{experts}(x[.., H], gates[.., E], w1[E,H,F], w3[E,H,F], w2[E,F,H])` → `[.., H]`:
 //!   Σₑ gatesₑ · (silu(x w1ₑ) ⊙ (x w3ₑ)) w2ₑ.
 //! - `Grad{of, wrt}(inputs of `of`.., dy)` → one gradient per input index listed in `wrt`.
@@ -31,6 +33,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::routing::Routing;
 use crate::types::{DType, Dim, Shape, TensorType};
 
 /// AdamW hyper-parameters (Loshchilov & Hutter, decoupled weight decay).
@@ -153,6 +156,9 @@ pub enum OpKind {
     TopKRouter {
         experts: u64,
         k: u64,
+        /// Scoring, normalization and group limit (Mixtral's when absent from a file).
+        #[serde(default)]
+        routing: Routing,
     },
     MoeExperts {
         experts: u64,
@@ -676,12 +682,14 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             }
             one(TensorType::new(logits.dtype, Shape::scalar()))
         }
-        OpKind::TopKRouter { experts, k } => {
+        OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        } => {
             let (x, w) = (inputs[0], inputs[1]);
             same_float(x, w)?;
-            if *k == 0 || k > experts {
-                return Err(format!("top-k {k} must be in 1..={experts}"));
-            }
+            routing.check(*experts, *k)?;
             if w.shape.rank() != 2
                 || x.shape.last() != Some(w.shape.0[0])
                 || w.shape.0[1] != Dim::Fixed(*experts)

@@ -318,7 +318,14 @@ pub fn tiny_llama(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             }
             Some((experts, k)) => {
                 let router = b.param("moe.router", &[h, experts]);
-                let gates = b.op(OpKind::TopKRouter { experts, k }, vec![m, router])?;
+                let gates = b.op(
+                    OpKind::TopKRouter {
+                        experts,
+                        k,
+                        routing: Default::default(),
+                    },
+                    vec![m, router],
+                )?;
                 let w1 = b.param("moe.w1", &[experts, h, cfg.ffn]);
                 let w3 = b.param("moe.w3", &[experts, h, cfg.ffn]);
                 let w2 = b.param("moe.w2", &[experts, cfg.ffn, h]);

@@ -400,10 +400,65 @@ fn fd_topk_router() {
     let (x, w) = router_inputs(&mut r, 6, 5, 4, 2);
     check_op(
         "topk_router",
-        OpKind::TopKRouter { experts: 4, k: 2 },
+        OpKind::TopKRouter {
+            experts: 4,
+            k: 2,
+            routing: Default::default(),
+        },
         vec![float(x), float(w)],
         &mut r,
     );
+}
+
+/// Whether every token's chosen experts stay the same when any one of its logits moves by
+/// 0.02 either way: far beyond the FD step, so the check differentiates one smooth piece.
+fn stable_route(x: &Tensor, w: &Tensor, routing: &ir::Routing, k: usize) -> bool {
+    let (h, e) = (w.shape[0], w.shape[1]);
+    x.data.chunks(h).all(|row| {
+        let l: Vec<f64> = (0..e)
+            .map(|j| (0..h).map(|i| row[i] * w.data[i * e + j]).sum())
+            .collect();
+        let chosen = routing.route(&l, k).chosen;
+        (0..e).all(|j| {
+            [-0.02, 0.02].iter().all(|d| {
+                let mut moved = l.clone();
+                moved[j] += d;
+                routing.route(&moved, k).chosen == chosen
+            })
+        })
+    })
+}
+
+/// Qwen-MoE's unnormalized softmax shares and DeepSeek-V3's group-limited sigmoid.
+#[test]
+fn fd_topk_router_scorings() {
+    let scorings = [
+        ir::Routing {
+            normalize: false,
+            ..ir::Routing::default()
+        },
+        ir::Routing {
+            sigmoid: true,
+            normalize: true,
+            groups: 4,
+            groups_kept: 2,
+        },
+    ];
+    let mut r = Rng::new(31);
+    for routing in scorings {
+        let (x, w) = loop {
+            let (x, w) = (t(&mut r, &[6, 5]), t(&mut r, &[5, 8]));
+            if stable_route(&x, &w, &routing, 3) {
+                break (x, w);
+            }
+        };
+        let router = OpKind::TopKRouter {
+            experts: 8,
+            k: 3,
+            routing,
+        };
+        check_op("topk_router", router, vec![float(x), float(w)], &mut r);
+    }
 }
 
 #[test]
@@ -414,7 +469,11 @@ fn fd_moe_experts() {
     let (xr, wr) = router_inputs(&mut r, tokens, h, e, 2);
     // Gates as the router would produce them (zeros off the top 2), as a free operand.
     let gates = ir::interp::apply(
-        &OpKind::TopKRouter { experts: 4, k: 2 },
+        &OpKind::TopKRouter {
+            experts: 4,
+            k: 2,
+            routing: Default::default(),
+        },
         &[&xr, &wr],
         common::BIND,
     )

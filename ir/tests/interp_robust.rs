@@ -60,8 +60,16 @@ fn kinds() -> Vec<OpKind> {
         OpKind::Dropout { p: 0.5, seed: 1 },
         OpKind::Dropout { p: 1.5, seed: 1 },
         OpKind::CrossEntropy,
-        OpKind::TopKRouter { experts: 2, k: 1 },
-        OpKind::TopKRouter { experts: 2, k: 3 },
+        OpKind::TopKRouter {
+            experts: 2,
+            k: 1,
+            routing: Default::default(),
+        },
+        OpKind::TopKRouter {
+            experts: 2,
+            k: 3,
+            routing: Default::default(),
+        },
         OpKind::MoeExperts { experts: 2 },
         OpKind::AdamW(AdamWConfig::default()),
         OpKind::Grad {

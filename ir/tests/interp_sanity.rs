@@ -193,13 +193,21 @@ fn cross_entropy_is_the_mean_nll() {
 fn topk_router_softmaxes_the_chosen_logits() {
     // x = [1], w = [[1, 3, 2, 3]] → logits 1, 3, 2, 3; k = 2 picks experts 1 and 3 (tie kept).
     let y = run(
-        OpKind::TopKRouter { experts: 4, k: 2 },
+        OpKind::TopKRouter {
+            experts: 4,
+            k: 2,
+            routing: Default::default(),
+        },
         &[(&[1, 1], &[1.0]), (&[1, 4], &[1.0, 3.0, 2.0, 3.0])],
     );
     close(&y.data, &[0.0, 0.5, 0.0, 0.5]);
     // With k = 1 the tie between experts 1 and 3 goes to the lower index.
     let y = run(
-        OpKind::TopKRouter { experts: 4, k: 1 },
+        OpKind::TopKRouter {
+            experts: 4,
+            k: 1,
+            routing: Default::default(),
+        },
         &[(&[1, 1], &[1.0]), (&[1, 4], &[1.0, 3.0, 2.0, 3.0])],
     );
     close(&y.data, &[0.0, 1.0, 0.0, 0.0]);

@@ -157,9 +157,13 @@ pub fn backward(
                 None,
             ])
         }
-        OpKind::TopKRouter { experts, k } => {
+        OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        } => {
             let [x, w] = operands(op, xs)?;
-            all(moe::top_k_router_vjp(x, w, *experts, *k, g)?.into())
+            all(moe::top_k_router_vjp(x, w, *experts, *k, routing, g)?.into())
         }
         OpKind::MoeExperts { experts } => {
             let ops = operands::<5>(op, xs)?;

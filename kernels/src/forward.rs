@@ -118,9 +118,13 @@ pub fn forward(
             let [logits, targets] = operands(op, inputs)?;
             one(loss::cross_entropy(logits, targets)?)
         }
-        OpKind::TopKRouter { experts, k } => {
+        OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        } => {
             let [x, w] = operands(op, inputs)?;
-            one(moe::top_k_router(x, w, *experts, *k)?)
+            one(moe::top_k_router(x, w, *experts, *k, routing)?)
         }
         OpKind::MoeExperts { experts } => {
             let ops = operands::<5>(op, inputs)?;

@@ -1,39 +1,21 @@
-//! Mixture of experts: `TopKRouter` (Mixtral's routing) and `MoeExperts` (SwiGLU experts),
+//! Mixture of experts: `TopKRouter` (the routing of `plait_ir::Routing`) and `MoeExperts` (SwiGLU experts),
 //! every projection a gemm over all tokens of one expert.
 
 use crate::elementwise::{Unary, sigmoid};
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::matmul::{linear, linear_vjp};
 use crate::shape::{attr_usize, expect_shape, rows};
-use crate::softmax::{softmax_row, softmax_row_vjp_in_place};
 use crate::{KernelError, Tensor32};
+use ir::routing::{Route, Routing};
 
 const ROUTER: &str = "topk_router";
 const EXPERTS: &str = "moe_experts";
 
-/// Gates of one row in place: softmax over the `k` largest logits (ties to the lower index),
-/// 0 elsewhere.
-fn route_row(row: &mut [f32], k: usize) {
-    let mut order: Vec<usize> = (0..row.len()).collect();
-    order.sort_by(|&i, &j| row[j].total_cmp(&row[i]).then(i.cmp(&j)));
-    let chosen = &order[..k.min(order.len())];
-    let mut picked: Vec<f32> = chosen.iter().map(|&e| row[e]).collect();
-    let n = picked.len();
-    softmax_row(&mut picked, n);
-    row.iter_mut().for_each(|g| *g = 0.0);
-    for (&e, &p) in chosen.iter().zip(&picked) {
-        row[e] = p;
-    }
-}
-
-fn router_k(w: &Tensor32, experts: u64, k: u64) -> Result<usize, KernelError> {
+fn router_k(w: &Tensor32, experts: u64, k: u64, routing: &Routing) -> Result<usize, KernelError> {
+    routing
+        .check(experts, k)
+        .map_err(|reason| KernelError::Attribute { op: ROUTER, reason })?;
     let (e, k) = (attr_usize(ROUTER, experts)?, attr_usize(ROUTER, k)?);
-    if k == 0 || k > e {
-        return Err(KernelError::Attribute {
-            op: ROUTER,
-            reason: format!("top-k {k} must be in 1..={e}"),
-        });
-    }
     if w.shape.len() != 2 || w.shape[1] != e {
         return Err(KernelError::Shape {
             op: ROUTER,
@@ -45,40 +27,53 @@ fn router_k(w: &Tensor32, experts: u64, k: u64) -> Result<usize, KernelError> {
     Ok(k)
 }
 
+/// One token's route, from its f32 logits (the routing rule itself computes in f64: it reads
+/// `experts` values per token, nothing beside the gemm that made them).
+fn route_row(routing: &Routing, row: &[f32], k: usize) -> Route {
+    let logits: Vec<f64> = row.iter().map(|&l| f64::from(l)).collect();
+    routing.route(&logits, k)
+}
+
+/// Each token's expert weights, as [`Routing`] chooses them.
 pub(crate) fn top_k_router(
     x: &Tensor32,
     w: &Tensor32,
     experts: u64,
     k: u64,
+    routing: &Routing,
 ) -> Result<Tensor32, KernelError> {
-    let k = router_k(w, experts, k)?;
+    let k = router_k(w, experts, k, routing)?;
     let mut gates = linear(x, w, None)?;
     let (_, e) = rows(ROUTER, "logits", &gates)?;
+    let mut weights = vec![0f64; e];
     for row in gates.data.chunks_exact_mut(e) {
-        route_row(row, k);
+        routing.gates(&route_row(routing, row, k), &mut weights);
+        row.iter_mut()
+            .zip(&weights)
+            .for_each(|(g, &w)| *g = w as f32);
     }
     Ok(gates)
 }
 
-/// The selection is locally constant, so the gradient flows through the softmax of the chosen
-/// logits only: the softmax VJP of the full gate row (unchosen gates are 0).
+/// The selection is locally constant, so the gradient flows through the chosen scores only
+/// ([`Routing::logits_grad`]), then through the router's linear map.
 pub(crate) fn top_k_router_vjp(
     x: &Tensor32,
     w: &Tensor32,
     experts: u64,
     k: u64,
+    routing: &Routing,
     g: &Tensor32,
 ) -> Result<[Tensor32; 2], KernelError> {
-    let gates = top_k_router(x, w, experts, k)?;
-    expect_shape(ROUTER, "output gradient", g, &gates.shape)?;
-    let (_, e) = rows(ROUTER, "gates", &gates)?;
-    let mut dlogits = g.clone();
-    for (yr, dr) in gates
-        .data
-        .chunks_exact(e)
-        .zip(dlogits.data.chunks_exact_mut(e))
-    {
-        softmax_row_vjp_in_place(yr, dr);
+    let k = router_k(w, experts, k, routing)?;
+    let mut dlogits = linear(x, w, None)?;
+    expect_shape(ROUTER, "output gradient", g, &dlogits.shape)?;
+    let (_, e) = rows(ROUTER, "logits", &dlogits)?;
+    let mut d = vec![0f64; e];
+    for (row, gr) in dlogits.data.chunks_exact_mut(e).zip(g.data.chunks_exact(e)) {
+        let dgates: Vec<f64> = gr.iter().map(|&v| f64::from(v)).collect();
+        routing.logits_grad(&route_row(routing, row, k), &dgates, &mut d);
+        row.iter_mut().zip(&d).for_each(|(o, &v)| *o = v as f32);
     }
     let (dx, dw, _) = linear_vjp(x, w, None, &dlogits)?;
     Ok([dx, dw])

@@ -327,19 +327,24 @@ fn cross_entropy() {
 
 #[test]
 fn moe_router_and_experts() {
+    let mixtral = ir::Routing::default();
     for (experts, k) in [(4, 1), (4, 2), (3, 3)] {
+        let router = OpKind::TopKRouter {
+            experts,
+            k,
+            routing: mixtral,
+        };
         each_seed("topk_router", |rng| {
             let ops = [rand(rng, &[2, 3, 6]), rand(rng, &[6, experts as usize])];
-            check("topk_router", &OpKind::TopKRouter { experts, k }, &ops, rng)
+            check("topk_router", &router, &ops, rng)
         });
         each_seed("moe_experts", |rng| {
             let (e, h, f) = (experts as usize, 6, 5);
             let x = rand(rng, &[2, 3, h]);
             let w = rand(rng, &[h, e]);
-            let gates =
-                ir::interp::apply(&OpKind::TopKRouter { experts, k }, &[&x, &w], common::BIND)
-                    .expect("routes")
-                    .remove(0);
+            let gates = ir::interp::apply(&router, &[&x, &w], common::BIND)
+                .expect("routes")
+                .remove(0);
             let gates = common::round(&gates);
             let ops = [
                 x,
@@ -349,6 +354,41 @@ fn moe_router_and_experts() {
                 rand(rng, &[e, f, h]),
             ];
             check("moe_experts", &OpKind::MoeExperts { experts }, &ops, rng)
+        });
+    }
+}
+
+/// Qwen-MoE's unnormalized shares and DeepSeek-V3's group-limited sigmoid, against the
+/// interpreter in both directions.
+#[test]
+fn moe_router_scorings() {
+    let scorings = [
+        ir::Routing {
+            normalize: false,
+            ..ir::Routing::default()
+        },
+        ir::Routing {
+            sigmoid: true,
+            normalize: true,
+            groups: 4,
+            groups_kept: 2,
+        },
+        ir::Routing {
+            sigmoid: true,
+            normalize: false,
+            groups: 2,
+            groups_kept: 1,
+        },
+    ];
+    for routing in scorings {
+        let router = OpKind::TopKRouter {
+            experts: 8,
+            k: 3,
+            routing,
+        };
+        each_seed("topk_router", |rng| {
+            let ops = [rand(rng, &[2, 3, 6]), rand(rng, &[6, 8])];
+            check("topk_router", &router, &ops, rng)
         });
     }
 }

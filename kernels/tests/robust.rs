@@ -62,7 +62,11 @@ fn all_kinds() -> Vec<OpKind> {
         },
         OpKind::Dropout { p: 1.5, seed: 1 },
         OpKind::CrossEntropy,
-        OpKind::TopKRouter { experts: 4, k: 9 },
+        OpKind::TopKRouter {
+            experts: 4,
+            k: 9,
+            routing: Default::default(),
+        },
         OpKind::MoeExperts { experts: 2 },
         OpKind::AdamW(AdamWConfig::default()),
         OpKind::Grad {

@@ -111,8 +111,11 @@ fn strategy(tp: u32, pp: u32, dp: u32, mb: u64, gbs: u64, seq: u64) -> Strategy 
 }
 
 fn plan(model: &str, cluster: &str, s: &Strategy) -> Plan {
-    let spec = import::zoo::find(model).unwrap();
-    let g = import::build_forward(&spec, DType::F32).unwrap();
+    plan_of(&import::zoo::find(model).unwrap(), model, cluster, s)
+}
+
+fn plan_of(spec: &import::ModelSpec, model: &str, cluster: &str, s: &Strategy) -> Plan {
+    let g = import::build_forward(spec, DType::F32).unwrap();
     let info = ModelInfo::new(&g).unwrap();
     let cluster = Cluster::load(cluster).unwrap();
     let est = planner::estimate(&info, &cluster, s.gpus(), s).unwrap();
@@ -580,4 +583,49 @@ fn llama_plans_export_to_torchtitan_options_it_accepts() {
             other => panic!("{model}: {other:?}"),
         }
     }
+}
+
+/// The router's scoring reaches Megatron-Core's flags: Mixtral's softmax over the top k is its
+/// default; unnormalized softmax shares are `--moe-router-pre-softmax`; a group-limited sigmoid
+/// names its score function and groups; unnormalized sigmoid weights (which Megatron always
+/// renormalizes) are refused.
+#[test]
+fn megatron_routers_match_the_models_routing() {
+    let s = strategy(1, 4, 8, 1, 64, 4096);
+    let export = |routing: ir::Routing| {
+        let mut spec = import::zoo::find("mixtral-8x7b").unwrap();
+        spec.variant.routing = routing;
+        let p = plan_of(&spec, "mixtral-8x7b", "dgx-h100", &s);
+        planner::export::export(&p, Engine::Megatron).map(|e| check_args(&e.args))
+    };
+    let mixtral = export(ir::Routing::default()).unwrap();
+    assert!(!mixtral.contains_key("--moe-router-pre-softmax"));
+    assert!(!mixtral.contains_key("--moe-router-score-function"));
+    let shares = export(ir::Routing {
+        normalize: false,
+        ..ir::Routing::default()
+    })
+    .unwrap();
+    assert!(shares.contains_key("--moe-router-pre-softmax"));
+    let grouped = export(ir::Routing {
+        sigmoid: true,
+        normalize: true,
+        groups: 4,
+        groups_kept: 1,
+    })
+    .unwrap();
+    assert_eq!(grouped["--moe-router-score-function"], "sigmoid");
+    assert_eq!(int(&grouped, "--moe-router-num-groups"), 4);
+    assert_eq!(int(&grouped, "--moe-router-group-topk"), 1);
+    let unnormalized = export(ir::Routing {
+        sigmoid: true,
+        normalize: false,
+        groups: 1,
+        groups_kept: 1,
+    });
+    assert!(
+        matches!(unnormalized, Err(PlanError::Unexportable { ref feature, .. })
+            if feature.contains("sigmoid")),
+        "{unnormalized:?}"
+    );
 }

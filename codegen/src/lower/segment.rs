@@ -1220,7 +1220,7 @@ fn expert_saves(cx: &Ctx<'_>, seg: &Segment, ins: &[SVal]) -> Vec<SaveDecl> {
 fn routed_experts(seg: &Segment, gates: SVal) -> Option<(u64, u64)> {
     seg.steps.iter().find_map(|s| match s {
         Step::Compute {
-            kind: OpKind::TopKRouter { k, experts },
+            kind: OpKind::TopKRouter { k, experts, .. },
             outs,
             ..
         } if outs.contains(&gates) => Some((*k, *experts)),

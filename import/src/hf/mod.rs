@@ -7,6 +7,7 @@ mod error;
 
 use std::path::{Path, PathBuf};
 
+use ir::Routing;
 use serde_json::{Map, Value};
 
 pub use error::ConfigError;
@@ -174,6 +175,7 @@ impl LlamaLike {
                 _ => None,
             },
             shared_expert_gate: t == "qwen2_moe",
+            routing: routing(f, t)?,
             routed_scale: if deepseek {
                 Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5))
             } else {
@@ -253,6 +255,26 @@ fn yarn_mscale(f: &Fields<'_>) -> f64 {
 
 /// DeepSeek-V3's leading dense layers: `first_k_dense_replace` (transformers' default 3) of
 /// `intermediate_size`; `None` when there are none.
+/// The router of a mixture-of-experts family, with transformers' defaults: Mixtral's softmax
+/// over the top k; Qwen-MoE's shares of a softmax over all experts, renormalized when
+/// `norm_topk_prob` (default false); DeepSeek-V3's sigmoid scores limited to `topk_group` of
+/// `n_group` groups, renormalized when `norm_topk_prob` (default true).
+fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, ConfigError> {
+    Ok(match model_type {
+        "qwen2_moe" | "qwen3_moe" => Routing {
+            normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            ..Routing::default()
+        },
+        "deepseek_v3" => Routing {
+            sigmoid: true,
+            normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(true),
+            groups: f.opt_positive("n_group")?.unwrap_or(8),
+            groups_kept: f.opt_positive("topk_group")?.unwrap_or(4),
+        },
+        _ => Routing::default(),
+    })
+}
+
 fn dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
     let count = match f.obj.get("first_k_dense_replace") {
         None => 3,
@@ -501,13 +523,6 @@ pub fn approximations(text: &str) -> Vec<String> {
              (the same shapes and FLOPs, up to the cap's tanh)"
         ));
     }
-    if obj.get("norm_topk_prob") == Some(&Value::Bool(false)) {
-        notes.push(
-            "norm_topk_prob false is modelled as renormalized top-k routing weights (the same \
-             shapes and FLOPs)"
-                .to_string(),
-        );
-    }
     if obj.get("model_type") == Some(&Value::String("nemotron".into())) {
         notes.push(
             "Nemotron's LayerNorm1P (weight + 1) is built as a LayerNorm whose weight starts at \
@@ -530,10 +545,9 @@ pub fn approximations(text: &str) -> Vec<String> {
 /// How plait's DeepSeek-V3 departs from transformers' `DeepseekV3ForCausalLM`.
 fn deepseek_v3_approximations(obj: &Map<String, Value>) -> Vec<String> {
     let mut notes = vec![
-        "DeepSeek-V3's routing (sigmoid scores, group-limited top-k with a score correction \
-         bias) is built as a softmax over each token's top-k router logits, scaled by \
-         routed_scaling_factor (the same parameters and FLOPs; the correction bias is a \
-         buffer, not a parameter)"
+        "DeepSeek-V3's e_score_correction_bias is held at zero: it shifts which experts are \
+         chosen, not their weights, and transformers does not update it in training (a \
+         checkpoint's bias is not loaded)"
             .to_string(),
     ];
     if obj.get("rope_interleave") != Some(&Value::Bool(false)) {
@@ -609,6 +623,12 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
             "num_experts_per_tok = {} exceeds num_local_experts = {}",
             s.experts_per_token, s.experts
         ));
+    }
+    if s.family == Family::Mixtral {
+        // n_group / topk_group (DeepSeek-V3) against the expert count and top-k.
+        if let Err(rule) = s.variant.routing.check(s.experts, s.experts_per_token) {
+            return fail(format!("the router's n_group / topk_group: {rule}"));
+        }
     }
     Ok(())
 }

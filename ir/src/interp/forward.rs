@@ -125,9 +125,13 @@ pub fn apply(
             let [logits, targets] = operands(kind, inputs)?;
             one(loss::cross_entropy(logits, targets)?)
         }
-        OpKind::TopKRouter { experts, k } => {
+        OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        } => {
             let [x, w] = operands(kind, inputs)?;
-            one(moe::top_k_router(x, w, *experts, *k)?)
+            one(moe::top_k_router(x, w, *experts, *k, routing)?)
         }
         OpKind::MoeExperts { experts } => {
             let ops = operands::<5>(kind, inputs)?;

@@ -151,9 +151,13 @@ pub fn vjp(
                 None,
             ])
         }
-        OpKind::TopKRouter { experts, k } => {
+        OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        } => {
             let [x, w] = operands(kind, xs)?;
-            all(moe::top_k_router_vjp(x, w, *experts, *k, g)?.into())
+            all(moe::top_k_router_vjp(x, w, *experts, *k, routing, g)?.into())
         }
         OpKind::MoeExperts { experts } => {
             let ops = operands::<5>(kind, xs)?;

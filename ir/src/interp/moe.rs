@@ -1,36 +1,21 @@
-//! Mixture of experts: `TopKRouter` (Mixtral's routing) and `MoeExperts` (SwiGLU experts).
+//! Mixture of experts: `TopKRouter` (the routing of [`Routing`]) and `MoeExperts` (SwiGLU experts).
 
 use super::KernelError;
 use super::elementwise::{Unary, sigmoid};
 use super::index::{rows, to_usize, zeros};
 use super::matmul::{linear, linear_vjp};
-use super::softmax::{softmax_row, softmax_row_vjp};
+use crate::routing::Routing;
 use crate::tensor::Tensor;
-
-/// Gates of one row: softmax over the `k` largest logits (ties to the lower index), 0 elsewhere.
-fn route_row(logits: &[f64], k: usize, gates: &mut [f64]) {
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&i, &j| logits[j].total_cmp(&logits[i]).then(i.cmp(&j)));
-    let chosen = &order[..k.min(order.len())];
-    let picked: Vec<f64> = chosen.iter().map(|&e| logits[e]).collect();
-    let mut probs = vec![0.0; picked.len()];
-    softmax_row(&picked, picked.len(), &mut probs);
-    gates.iter_mut().for_each(|g| *g = 0.0);
-    for (&e, &p) in chosen.iter().zip(&probs) {
-        gates[e] = p;
-    }
-}
 
 fn router_logits(
     x: &Tensor,
     w: &Tensor,
     experts: u64,
     k: u64,
+    routing: &Routing,
 ) -> Result<(Tensor, usize), KernelError> {
+    routing.check(experts, k).map_err(KernelError::new)?;
     let (e, k) = (to_usize(experts)?, to_usize(k)?);
-    if k == 0 || k > e {
-        return Err(KernelError::new(format!("top-k {k} must be in 1..={e}")));
-    }
     if w.shape.get(1) != Some(&e) {
         return Err(KernelError::new(format!(
             "router weight {:?} must be [H, {e}]",
@@ -40,13 +25,15 @@ fn router_logits(
     Ok((linear(x, w, None)?, k))
 }
 
+/// Each token's expert weights, as [`Routing`] chooses them.
 pub(crate) fn top_k_router(
     x: &Tensor,
     w: &Tensor,
     experts: u64,
     k: u64,
+    routing: &Routing,
 ) -> Result<Tensor, KernelError> {
-    let (logits, k) = router_logits(x, w, experts, k)?;
+    let (logits, k) = router_logits(x, w, experts, k, routing)?;
     let (_, e) = rows(&logits, "router logits")?;
     let mut gates = logits.clone();
     for (lr, gr) in logits
@@ -54,31 +41,32 @@ pub(crate) fn top_k_router(
         .chunks_exact(e)
         .zip(gates.data.chunks_exact_mut(e))
     {
-        route_row(lr, k, gr);
+        routing.gates(&routing.route(lr, k), gr);
     }
     Ok(gates)
 }
 
-/// The selection is locally constant, so the gradient flows through the softmax of the chosen
-/// logits only; the softmax VJP of the full gate row is exactly that, since unchosen gates are 0.
+/// The selection is locally constant, so the gradient flows through the chosen scores only
+/// ([`Routing::logits_grad`]), then through the router's linear map into x and the weight.
 pub(crate) fn top_k_router_vjp(
     x: &Tensor,
     w: &Tensor,
     experts: u64,
     k: u64,
+    routing: &Routing,
     g: &Tensor,
 ) -> Result<[Tensor; 2], KernelError> {
-    let gates = top_k_router(x, w, experts, k)?;
-    super::index::same_shape(&gates, g, "output gradient")?;
-    let (_, e) = rows(&gates, "router gates")?;
-    let mut dlogits = gates.clone();
-    for ((yr, gr), dr) in gates
+    let (logits, k) = router_logits(x, w, experts, k, routing)?;
+    super::index::same_shape(&logits, g, "output gradient")?;
+    let (_, e) = rows(&logits, "router logits")?;
+    let mut dlogits = logits.clone();
+    for ((lr, gr), dr) in logits
         .data
         .chunks_exact(e)
         .zip(g.data.chunks_exact(e))
         .zip(dlogits.data.chunks_exact_mut(e))
     {
-        softmax_row_vjp(yr, gr, dr);
+        routing.logits_grad(&routing.route(lr, k), gr, dr);
     }
     let (dx, dw, _) = linear_vjp(x, w, None, &dlogits)?;
     Ok([dx, dw])

@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::op::{AdamWConfig, OpKind};
+use crate::routing::Routing;
 use crate::types::Dim;
 
 /// One attribute value. Each key has one value type, whatever op it belongs to.
@@ -35,10 +36,11 @@ pub(crate) enum AttrTy {
 /// The type of attribute `key`, or `None` when no op has such an attribute.
 pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
     Some(match key {
-        "bias" | "tanh" | "causal" => AttrTy::Bool,
+        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" => AttrTy::Bool,
         "value" | "exponent" | "factor" | "eps" | "scale" | "theta" | "p" | "lr" | "beta1"
         | "beta2" | "weight_decay" => AttrTy::Float,
-        "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" => AttrTy::Int,
+        "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" | "groups"
+        | "groups_kept" => AttrTy::Int,
         "len" => AttrTy::Dim,
         "shape" => AttrTy::Dims,
         "perm" | "sizes" | "wrt" => AttrTy::Ints,
@@ -110,7 +112,18 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             ("end", Int(*end)),
         ],
         OpKind::Dropout { p, seed } => vec![("p", Float(*p)), ("seed", Int(*seed))],
-        OpKind::TopKRouter { experts, k } => vec![("experts", Int(*experts)), ("k", Int(*k))],
+        OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        } => vec![
+            ("experts", Int(*experts)),
+            ("k", Int(*k)),
+            ("sigmoid", Bool(routing.sigmoid)),
+            ("normalize", Bool(routing.normalize)),
+            ("groups", Int(routing.groups)),
+            ("groups_kept", Int(routing.groups_kept)),
+        ],
         OpKind::MoeExperts { experts } => vec![("experts", Int(*experts))],
         OpKind::Grad { of, wrt } => vec![("of", AttrVal::Kind(of.clone())), ("wrt", usizes(wrt))],
         OpKind::AdamW(c) => vec![
@@ -410,6 +423,12 @@ pub(crate) fn build_kind(
         "topk_router" => OpKind::TopKRouter {
             experts: a.int(m, "experts")?,
             k: a.int(m, "k")?,
+            routing: Routing {
+                sigmoid: a.bool(m, "sigmoid")?,
+                normalize: a.bool(m, "normalize")?,
+                groups: a.int(m, "groups")?,
+                groups_kept: a.int(m, "groups_kept")?,
+            },
         },
         "moe_experts" => OpKind::MoeExperts {
             experts: a.int(m, "experts")?,

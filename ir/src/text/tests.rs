@@ -76,7 +76,21 @@ fn every_kind() -> Vec<OpKind> {
             seed: 7,
         },
         OpKind::CrossEntropy,
-        OpKind::TopKRouter { experts: 8, k: 2 },
+        OpKind::TopKRouter {
+            experts: 8,
+            k: 2,
+            routing: Default::default(),
+        },
+        OpKind::TopKRouter {
+            experts: 256,
+            k: 8,
+            routing: crate::Routing {
+                sigmoid: true,
+                normalize: false,
+                groups: 8,
+                groups_kept: 4,
+            },
+        },
         OpKind::MoeExperts { experts: 8 },
         OpKind::Grad {
             of: Box::new(OpKind::Grad {

@@ -2,7 +2,7 @@
 //! from the file the model came from): the ops say which norm, position encoding, MLP and
 //! attention the layers have.
 
-use ir::{Graph, OpId, OpKind};
+use ir::{Graph, OpId, OpKind, Routing};
 
 use crate::error::PlanError;
 use crate::model::ModelInfo;
@@ -40,6 +40,8 @@ pub struct Architecture {
     /// Routed experts and experts per token (0 and 0 for a dense MLP).
     pub experts: u64,
     pub experts_per_token: u64,
+    /// How the router weighs the experts it picks (Mixtral's for a dense MLP).
+    pub routing: Routing,
 }
 
 fn kinds<'g>(g: &'g Graph, ops: &'g [OpId]) -> impl Iterator<Item = &'g OpKind> + 'g {
@@ -103,13 +105,17 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
     if !swiglu && !layer.iter().any(|k| matches!(k, OpKind::Gelu { .. })) {
         return Err(refuse("an MLP activation other than GELU or SwiGLU"));
     }
-    let (experts, experts_per_token) = layer
+    let (experts, experts_per_token, routing) = layer
         .iter()
         .find_map(|k| match k {
-            OpKind::TopKRouter { experts, k } => Some((*experts, *k)),
+            OpKind::TopKRouter {
+                experts,
+                k,
+                routing,
+            } => Some((*experts, *k, *routing)),
             _ => None,
         })
-        .unwrap_or((0, 0));
+        .unwrap_or((0, 0, Routing::default()));
     Ok(Architecture {
         layers: info.layers,
         hidden: info.hidden,
@@ -134,6 +140,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             .unwrap_or(0.0),
         experts,
         experts_per_token,
+        routing,
     })
 }
 

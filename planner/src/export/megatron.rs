@@ -81,6 +81,43 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) {
     }
 }
 
+/// The router's scoring as Megatron-Core's `topk_routing_with_score_function` does it:
+/// softmax of the top-k logits (Mixtral) by default, of all logits with `--moe-router-pre-softmax`
+/// (unnormalized shares); sigmoid scores always renormalized when k > 1; a group limit scoring
+/// each group by its best k / group-topk experts.
+fn router_args(a: &Architecture, args: &mut Vec<String>) -> Result<(), PlanError> {
+    let r = a.routing;
+    let k = a.experts_per_token;
+    if r.sigmoid {
+        if !r.normalize && k > 1 {
+            return Err(refuse(
+                "unnormalized sigmoid routing weights",
+                "its sigmoid router renormalizes the top-k weights",
+            ));
+        }
+        push(args, "--moe-router-score-function", "sigmoid");
+    } else if !r.normalize {
+        flag(args, "--moe-router-pre-softmax");
+    }
+    if r.groups > 1 {
+        // transformers scores a group by its two best experts; Megatron by its best
+        // k / group-topk.
+        if k != 2 * r.groups_kept {
+            return Err(refuse(
+                format!(
+                    "group-limited routing that scores a group by its two best experts with \
+                     top-k {k} over {} groups",
+                    r.groups_kept
+                ),
+                "it scores a group by its best top-k / group-topk experts",
+            ));
+        }
+        push(args, "--moe-router-num-groups", r.groups);
+        push(args, "--moe-router-group-topk", r.groups_kept);
+    }
+    Ok(())
+}
+
 /// The pipeline's stage split: even, or with only the first and last stage different
 /// (`--decoder-first/last-pipeline-num-layers`).
 fn pipeline_args(plan: &Plan, args: &mut Vec<String>) -> Result<(), PlanError> {
@@ -190,6 +227,9 @@ pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> 
     let s = &plan.strategy;
     let mut args = Vec::new();
     model_args(arch, s.seq, &mut args);
+    if arch.experts > 0 {
+        router_args(arch, &mut args)?;
+    }
     push(&mut args, "--tensor-model-parallel-size", s.tp);
     if s.sequence_parallel && s.tp > 1 {
         flag(&mut args, "--sequence-parallel");
