@@ -346,6 +346,7 @@ impl Builder {
             OpKind::Rotary {
                 heads: 1,
                 theta: spec.rope_theta,
+                scaling: spec.rope_scaling,
             },
             vec![k_rot],
         )?;
@@ -404,6 +405,7 @@ impl Builder {
             OpKind::Rotary {
                 heads,
                 theta: spec.rope_theta,
+                scaling: spec.rope_scaling,
             },
             vec![flat],
         )?;
@@ -444,6 +446,7 @@ impl Builder {
                 OpKind::Rotary {
                     heads,
                     theta: spec.rope_theta,
+                    scaling: spec.rope_scaling,
                 },
                 vec![x],
             );

@@ -138,6 +138,8 @@ pub struct ModelSpec {
     pub tied_embeddings: bool,
     pub norm_eps: f64,
     pub rope_theta: f64,
+    /// The config's `rope_scaling`, where plait computes it (linear, llama3, yarn).
+    pub rope_scaling: ir::RopeScaling,
     pub experts: u64,
     pub experts_per_token: u64,
     /// Sequence length used when the user gives none.

@@ -12,6 +12,7 @@ pub mod cost;
 pub mod graph;
 pub mod interp;
 pub mod op;
+pub mod rope;
 pub mod routing;
 pub mod tensor;
 pub mod testing;
@@ -21,6 +22,7 @@ pub mod verify;
 
 pub use graph::{BuildError, Graph, OpData, OpId, Uses, ValueData, ValueDef, ValueId};
 pub use op::{AdamWConfig, OpClass, OpKind, infer_types};
+pub use rope::RopeScaling;
 pub use routing::Routing;
 pub use tensor::{Tensor, Weights};
 pub use types::{Binding, DType, Dim, Shape, Sym, TensorType};

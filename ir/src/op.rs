@@ -16,8 +16,9 @@
 //!   → `[B,S,heads*dv]`: softmax(q kᵀ · scale) v per head; query head `h` reads kv head
 //!   `h / (heads / kv_heads)` (grouped-query attention). The value head size `dv` is usually
 //!   `d`; multi-head latent attention's is smaller.
-//! - `Rotary{heads, theta}(x[B,S,heads*d])`: rotary position embedding in the "rotate half"
-//!   convention of Hugging Face Llama, position = index along S.
+//! - `Rotary{heads, theta, scaling}(x[B,S,heads*d])`: rotary position embedding in the "rotate
+//!   half" convention of Hugging Face Llama, position = index along S, its frequencies rescaled
+//!   as [`RopeScaling`] says.
 //! - `Reshape{shape}`, `Expand{shape}` (numpy broadcast_to), `Transpose{perm}`, `Split{axis, sizes}` (one result per part),
 //!   `Concat{axis}`, `Slice{axis, start, end}`.
 //! - `Dropout{p, seed}`: inverted dropout with a mask that is a pure function of (seed, index).
@@ -33,6 +34,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rope::RopeScaling;
 use crate::routing::Routing;
 use crate::types::{DType, Dim, Shape, TensorType};
 
@@ -126,6 +128,9 @@ pub enum OpKind {
     Rotary {
         heads: u64,
         theta: f64,
+        /// The config's `rope_scaling` (none when absent from a file).
+        #[serde(default, skip_serializing_if = "RopeScaling::is_none")]
+        scaling: RopeScaling,
     },
     Reshape {
         shape: Vec<Dim>,
@@ -548,9 +553,10 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             out.shape.0[2] = Dim::Fixed(heads * (vw / kv_heads));
             one(out)
         }
-        OpKind::Rotary { heads, .. } => {
+        OpKind::Rotary { heads, scaling, .. } => {
             let x = inputs[0];
             float(x)?;
+            scaling.check()?;
             if x.shape.rank() != 3 {
                 return Err(format!(
                     "rotary operand must be [B,S,heads*d], got {}",

@@ -288,6 +288,7 @@ pub fn tiny_llama(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             OpKind::Rotary {
                 heads: cfg.heads,
                 theta,
+                scaling: Default::default(),
             },
             vec![q],
         )?;
@@ -295,6 +296,7 @@ pub fn tiny_llama(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             OpKind::Rotary {
                 heads: cfg.kv_heads,
                 theta,
+                scaling: Default::default(),
             },
             vec![k],
         )?;

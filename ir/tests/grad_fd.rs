@@ -285,9 +285,33 @@ fn fd_rotary() {
         OpKind::Rotary {
             heads: 2,
             theta: 10_000.0,
+            scaling: Default::default(),
         },
         t(&mut r, &[2, 5, 8]),
         140,
+    );
+}
+
+/// YaRN's attention factor makes the map a scaled rotation: its VJP scales too.
+#[test]
+fn fd_rotary_scaled() {
+    let mut r = Rng::new(24);
+    let yarn = ir::RopeScaling::Yarn {
+        factor: 4.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        original_max: 16.0,
+        attention_factor: 1.3,
+    };
+    unary(
+        "rotary",
+        OpKind::Rotary {
+            heads: 2,
+            theta: 10_000.0,
+            scaling: yarn,
+        },
+        t(&mut r, &[2, 5, 8]),
+        141,
     );
 }
 

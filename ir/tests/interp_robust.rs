@@ -37,6 +37,7 @@ fn kinds() -> Vec<OpKind> {
         OpKind::Rotary {
             heads: 1,
             theta: 10.0,
+            scaling: Default::default(),
         },
         OpKind::Reshape { shape: d(&[2, 2]) },
         OpKind::Expand { shape: d(&[2, 2]) },

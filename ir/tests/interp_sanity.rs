@@ -123,6 +123,7 @@ fn rotary_is_identity_at_position_zero_and_rotates_half_after() {
         OpKind::Rotary {
             heads: 1,
             theta: 100.0,
+            scaling: Default::default(),
         },
         &[(&[1, 2, 4], &x)],
     );

@@ -122,9 +122,13 @@ pub fn backward(
             .vjp(q, k, v, g)?
             .into())
         }
-        OpKind::Rotary { heads, theta } => {
+        OpKind::Rotary {
+            heads,
+            theta,
+            scaling,
+        } => {
             let [x] = operands(op, xs)?;
-            all(vec![rotary::rotary_vjp(x, *heads, *theta, g)?])
+            all(vec![rotary::rotary_vjp(x, *heads, *theta, scaling, g)?])
         }
         OpKind::Reshape { .. } => {
             let [x] = operands(op, xs)?;

@@ -83,10 +83,14 @@ pub fn context_forward(
             let data = at.positions(n).into_iter().map(|p| p as f32).collect();
             Ok(vec![Tensor32::new(vec![n], data)?])
         }
-        OpKind::Rotary { heads, theta } => {
+        OpKind::Rotary {
+            heads,
+            theta,
+            scaling,
+        } => {
             let [x] = operands("rotary", inputs)?;
             let pos = local_positions("rotary", x, at)?;
-            Ok(vec![rotary::rotary_at(x, *heads, *theta, &pos)?])
+            Ok(vec![rotary::rotary_at(x, *heads, *theta, scaling, &pos)?])
         }
         OpKind::Attention { .. } => {
             let [q, k, v] = operands("attention", inputs)?;
@@ -129,10 +133,16 @@ fn context_backward(
     at: Chunks,
 ) -> Result<Vec<Tensor32>, KernelError> {
     match of {
-        OpKind::Rotary { heads, theta } => {
+        OpKind::Rotary {
+            heads,
+            theta,
+            scaling,
+        } => {
             let [x, g] = operands("rotary", inputs)?;
             let pos = local_positions("rotary", x, at)?;
-            Ok(vec![rotary::rotary_vjp_at(x, *heads, *theta, g, &pos)?])
+            Ok(vec![rotary::rotary_vjp_at(
+                x, *heads, *theta, scaling, g, &pos,
+            )?])
         }
         OpKind::Attention { .. } => {
             let [q, k, v, g] = operands("attention", inputs)?;
@@ -331,6 +341,7 @@ mod tests {
         let kind = OpKind::Rotary {
             heads: 2,
             theta: 10_000.0,
+            scaling: Default::default(),
         };
         let x = tensor(&[1, 8, 8], 5);
         let whole = crate::forward(&kind, &[&x], ir::Binding { batch: 1, seq: 8 }).unwrap();

@@ -80,9 +80,13 @@ pub fn forward(
             }
             .forward(q, k, v)?)
         }
-        OpKind::Rotary { heads, theta } => {
+        OpKind::Rotary {
+            heads,
+            theta,
+            scaling,
+        } => {
             let [x] = operands(op, inputs)?;
-            one(rotary::rotary(x, *heads, *theta)?)
+            one(rotary::rotary(x, *heads, *theta, scaling)?)
         }
         OpKind::Reshape { shape } => {
             let [x] = operands(op, inputs)?;

@@ -4,6 +4,7 @@
 
 use crate::shape::{attr_usize, expect_shape};
 use crate::{KernelError, Tensor32};
+use ir::RopeScaling;
 
 const OP: &str = "rotary";
 
@@ -12,6 +13,7 @@ fn rotate(
     x: &Tensor32,
     heads: u64,
     theta: f64,
+    scaling: &RopeScaling,
     sign: f64,
     at: Option<&[usize]>,
 ) -> Result<Tensor32, KernelError> {
@@ -30,8 +32,9 @@ fn rotate(
     }
     let d = w / heads;
     let half = d / 2;
-    // The (cos, sin) table per (position, channel pair), computed once in f64 as HF's
-    // inv_freq = 1/θ^(2c/d) does, then shared by every batch entry and head.
+    // The (cos, sin) table per (position, channel pair), computed once in f64 from HF's
+    // inv_freq = 1/θ^(2c/d) rescaled as `rope_scaling` says (YaRN also scales cos and sin),
+    // then shared by every batch entry and head.
     if at.is_some_and(|p| p.len() != s) {
         return Err(KernelError::Attribute {
             op: OP,
@@ -41,12 +44,14 @@ fn rotate(
             ),
         });
     }
+    let inv_freq = scaling.inv_freq(theta, d);
+    let m = scaling.attention_factor();
     let mut table = Vec::with_capacity(s * half);
     for i in 0..s {
         let pos = at.map_or(i, |p| p[i]);
-        for c in 0..half {
-            let angle = pos as f64 / theta.powf((2 * c) as f64 / d as f64);
-            table.push((angle.cos(), sign * angle.sin()));
+        for &f in &inv_freq {
+            let angle = pos as f64 * f;
+            table.push((m * angle.cos(), m * sign * angle.sin()));
         }
     }
     let mut out = Tensor32::zeros(&x.shape)?;
@@ -69,8 +74,13 @@ fn rotate(
     Ok(out)
 }
 
-pub(crate) fn rotary(x: &Tensor32, heads: u64, theta: f64) -> Result<Tensor32, KernelError> {
-    rotate(x, heads, theta, 1.0, None)
+pub(crate) fn rotary(
+    x: &Tensor32,
+    heads: u64,
+    theta: f64,
+    scaling: &RopeScaling,
+) -> Result<Tensor32, KernelError> {
+    rotate(x, heads, theta, scaling, 1.0, None)
 }
 
 /// [`rotary`] with token `i` at position `at[i]`.
@@ -78,9 +88,10 @@ pub(crate) fn rotary_at(
     x: &Tensor32,
     heads: u64,
     theta: f64,
+    scaling: &RopeScaling,
     at: &[usize],
 ) -> Result<Tensor32, KernelError> {
-    rotate(x, heads, theta, 1.0, Some(at))
+    rotate(x, heads, theta, scaling, 1.0, Some(at))
 }
 
 /// [`rotary_vjp`] with token `i` at position `at[i]`.
@@ -88,19 +99,21 @@ pub(crate) fn rotary_vjp_at(
     x: &Tensor32,
     heads: u64,
     theta: f64,
+    scaling: &RopeScaling,
     g: &Tensor32,
     at: &[usize],
 ) -> Result<Tensor32, KernelError> {
     expect_shape(OP, "output gradient", g, &x.shape)?;
-    rotate(g, heads, theta, -1.0, Some(at))
+    rotate(g, heads, theta, scaling, -1.0, Some(at))
 }
 
 pub(crate) fn rotary_vjp(
     x: &Tensor32,
     heads: u64,
     theta: f64,
+    scaling: &RopeScaling,
     g: &Tensor32,
 ) -> Result<Tensor32, KernelError> {
     expect_shape(OP, "output gradient", g, &x.shape)?;
-    rotate(g, heads, theta, -1.0, None)
+    rotate(g, heads, theta, scaling, -1.0, None)
 }

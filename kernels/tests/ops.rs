@@ -217,13 +217,40 @@ fn rotary() {
         let kind = OpKind::Rotary {
             heads: 3,
             theta: 10_000.0,
+            scaling: Default::default(),
         };
         let e1 = check("rotary", &kind, &[rand(rng, &[2, 5, 12])], rng);
         let kind = OpKind::Rotary {
             heads: 1,
             theta: 500.0,
+            scaling: Default::default(),
         };
-        e1.max(check("rotary", &kind, &[rand(rng, &[1, 7, 8])], rng))
+        let e2 = check("rotary", &kind, &[rand(rng, &[1, 7, 8])], rng);
+        // Llama 3.1's and YaRN's rescaled frequencies (YaRN's cos and sin scaled too).
+        let llama3 = OpKind::Rotary {
+            heads: 2,
+            theta: 10_000.0,
+            scaling: ir::RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max: 16.0,
+            },
+        };
+        let e3 = check("rotary", &llama3, &[rand(rng, &[2, 9, 16])], rng);
+        let yarn = OpKind::Rotary {
+            heads: 2,
+            theta: 10_000.0,
+            scaling: ir::RopeScaling::Yarn {
+                factor: 4.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max: 16.0,
+                attention_factor: 1.2,
+            },
+        };
+        let e4 = check("rotary", &yarn, &[rand(rng, &[2, 9, 16])], rng);
+        e1.max(e2).max(e3).max(e4)
     });
 }
 

@@ -42,6 +42,7 @@ fn all_kinds() -> Vec<OpKind> {
         OpKind::Rotary {
             heads: 2,
             theta: 1e4,
+            scaling: Default::default(),
         },
         OpKind::Reshape {
             shape: vec![Dim::Fixed(7)],

@@ -47,6 +47,7 @@ fn only_gpu_clusters_hide_data_parallel_communication() {
         tied_embeddings: true,
         norm_eps: 1e-5,
         rope_theta: 10_000.0,
+        rope_scaling: ir::RopeScaling::None,
         experts: 0,
         experts_per_token: 0,
         default_seq: 128,

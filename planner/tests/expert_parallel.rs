@@ -26,6 +26,7 @@ fn mixtral(layers: u64) -> ir::Graph {
         tied_embeddings: false,
         norm_eps: 1e-5,
         rope_theta: 1e6,
+        rope_scaling: ir::RopeScaling::None,
         experts: 8,
         experts_per_token: 2,
         default_seq: 4096,

@@ -629,3 +629,38 @@ fn megatron_routers_match_the_models_routing() {
         "{unnormalized:?}"
     );
 }
+
+/// Llama 3.1's rope scaling is Megatron-Core's `--use-rope-scaling` (bands fixed at 1 and 4
+/// over 8192 positions); a scaling it cannot state is refused, not dropped.
+#[test]
+fn megatron_rope_scaling_is_stated_or_refused() {
+    let s = strategy(1, 1, 8, 1, 128, 8192);
+    let export = |scaling: ir::RopeScaling| {
+        let mut spec = import::zoo::find("llama3-8b").unwrap();
+        spec.rope_scaling = scaling;
+        let p = plan_of(&spec, "llama3-8b", "dgx-h100", &s);
+        planner::export::export(&p, Engine::Megatron).map(|e| check_args(&e.args))
+    };
+    let plain = export(ir::RopeScaling::None).unwrap();
+    assert!(!plain.contains_key("--use-rope-scaling"));
+    let llama31 = export(ir::RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max: 8192.0,
+    })
+    .unwrap();
+    assert!(llama31.contains_key("--use-rope-scaling"));
+    assert_eq!(llama31["--rope-scaling-factor"], "8");
+    let yarn = export(ir::RopeScaling::Yarn {
+        factor: 4.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        original_max: 32768.0,
+        attention_factor: 1.1,
+    });
+    assert!(
+        matches!(yarn, Err(PlanError::Unexportable { ref feature, .. }) if feature.contains("Yarn")),
+        "{yarn:?}"
+    );
+}

@@ -24,6 +24,7 @@ fn llama() -> ir::Graph {
         tied_embeddings: false,
         norm_eps: 1e-5,
         rope_theta: 500_000.0,
+        rope_scaling: ir::RopeScaling::None,
         experts: 0,
         experts_per_token: 0,
         default_seq: 8192,

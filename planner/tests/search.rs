@@ -33,6 +33,7 @@ fn spec(
         tied_embeddings: family == Family::Gpt2,
         norm_eps: 1e-5,
         rope_theta: 10000.0,
+        rope_scaling: ir::RopeScaling::None,
         experts: 0,
         experts_per_token: 0,
         default_seq: seq,

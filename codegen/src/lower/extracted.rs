@@ -343,12 +343,17 @@ fn local_kind(
                 None,
             ))
         }
-        OpKind::Rotary { heads, theta } => match lay_of(b, ins[0]) {
+        OpKind::Rotary {
+            heads,
+            theta,
+            scaling,
+        } => match lay_of(b, ins[0]) {
             l if sequence_split(l) => Err("rotary on a piece of the sequence".into()),
             l if heads_split(l, rank(b, ins[0])) => Ok((
                 OpKind::Rotary {
                     heads: heads / t,
                     theta: *theta,
+                    scaling: *scaling,
                 },
                 None,
             )),

@@ -718,12 +718,17 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     };
                     out_lay = lay_of(&b, ins[0]);
                 }
-                OpKind::Rotary { heads, theta } => {
+                OpKind::Rotary {
+                    heads,
+                    theta,
+                    scaling,
+                } => {
                     out_lay = lay_of(&b, ins[0]);
                     if out_lay != Lay::Rep {
                         kind_local = OpKind::Rotary {
                             heads: heads / t,
                             theta: *theta,
+                            scaling: *scaling,
                         };
                     }
                 }

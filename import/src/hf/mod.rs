@@ -4,6 +4,7 @@
 //! Field names and defaults follow transformers' `GPT2Config`, `LlamaConfig` and `MixtralConfig`.
 
 mod error;
+mod rope;
 
 use std::path::{Path, PathBuf};
 
@@ -253,8 +254,6 @@ fn yarn_mscale(f: &Fields<'_>) -> f64 {
     }
 }
 
-/// DeepSeek-V3's leading dense layers: `first_k_dense_replace` (transformers' default 3) of
-/// `intermediate_size`; `None` when there are none.
 /// The router of a mixture-of-experts family, with transformers' defaults: Mixtral's softmax
 /// over the top k; Qwen-MoE's shares of a softmax over all experts, renormalized when
 /// `norm_topk_prob` (default false); DeepSeek-V3's sigmoid scores limited to `topk_group` of
@@ -275,6 +274,8 @@ fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, ConfigError> {
     })
 }
 
+/// DeepSeek-V3's leading dense layers: `first_k_dense_replace` (transformers' default 3) of
+/// `intermediate_size`; `None` when there are none.
 fn dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
     let count = match f.obj.get("first_k_dense_replace") {
         None => 3,
@@ -434,6 +435,7 @@ fn gpt2(f: Fields<'_>, name: String) -> Result<ModelSpec, ConfigError> {
         tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(true),
         norm_eps: f.opt_float("layer_norm_epsilon")?.unwrap_or(1e-5),
         rope_theta: 0.0,
+        rope_scaling: ir::RopeScaling::None,
         experts: 0,
         experts_per_token: 0,
         default_seq: crate::spec::default_seq(f.positive("n_positions")?),
@@ -483,6 +485,7 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(kind.tied),
         norm_eps: f.opt_float(kind.eps_field())?.unwrap_or(kind.rms_eps),
         rope_theta: f.opt_float("rope_theta")?.unwrap_or(kind.rope_theta),
+        rope_scaling: rope::rope_scaling(&f, max_positions)?,
         experts,
         experts_per_token,
         default_seq: crate::spec::default_seq(max_positions),
@@ -492,8 +495,8 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
 }
 
 /// What a config asks for that plait models more simply, one sentence each (`plait inspect`
-/// prints them): a sliding attention window is modelled as full causal attention, rope scaling
-/// as plain rotary embeddings.
+/// prints them): a sliding attention window is modelled as full causal attention, a rope
+/// scaling plait does not compute (longrope) as plain rotary embeddings.
 pub fn approximations(text: &str) -> Vec<String> {
     let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text) else {
         return Vec::new();
@@ -534,11 +537,7 @@ pub fn approximations(text: &str) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
         notes.extend(deepseek_v3_approximations(&obj));
     }
-    if let Some(r) = obj.get("rope_scaling").filter(|v| !v.is_null()) {
-        notes.push(format!(
-            "rope_scaling {r} is modelled as plain rotary embeddings (the same shapes and FLOPs)"
-        ));
-    }
+    notes.extend(rope::note(&obj));
     notes
 }
 

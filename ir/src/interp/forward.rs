@@ -92,9 +92,13 @@ pub fn apply(
             };
             one(a.forward(q, k, v)?)
         }
-        OpKind::Rotary { heads, theta } => {
+        OpKind::Rotary {
+            heads,
+            theta,
+            scaling,
+        } => {
             let [x] = operands(kind, inputs)?;
-            one(rotary::rotary(x, *heads, *theta)?)
+            one(rotary::rotary(x, *heads, *theta, scaling)?)
         }
         OpKind::Reshape { shape } => {
             let [x] = operands(kind, inputs)?;

@@ -116,9 +116,13 @@ pub fn vjp(
             };
             all(a.vjp(q, k, v, g)?.into())
         }
-        OpKind::Rotary { heads, theta } => {
+        OpKind::Rotary {
+            heads,
+            theta,
+            scaling,
+        } => {
             let [x] = operands(kind, xs)?;
-            all(vec![rotary::rotary_vjp(x, *heads, *theta, g)?])
+            all(vec![rotary::rotary_vjp(x, *heads, *theta, scaling, g)?])
         }
         OpKind::Reshape { .. } => {
             let [x] = operands(kind, xs)?;

@@ -8,6 +8,7 @@
 
 use super::KernelError;
 use super::index::{to_usize, zeros};
+use crate::rope::RopeScaling;
 use crate::tensor::Tensor;
 
 /// Which way to turn: the VJP of a rotation is the rotation by the opposite angle.
@@ -17,7 +18,13 @@ enum Direction {
     Inverse,
 }
 
-fn rotate(x: &Tensor, heads: u64, theta: f64, dir: Direction) -> Result<Tensor, KernelError> {
+fn rotate(
+    x: &Tensor,
+    heads: u64,
+    theta: f64,
+    scaling: &RopeScaling,
+    dir: Direction,
+) -> Result<Tensor, KernelError> {
     let heads = to_usize(heads)?;
     let [b, s, w] = <[usize; 3]>::try_from(x.shape.as_slice()).map_err(|_| {
         KernelError::new(format!(
@@ -32,10 +39,10 @@ fn rotate(x: &Tensor, heads: u64, theta: f64, dir: Direction) -> Result<Tensor, 
     }
     let d = w / heads;
     let half = d / 2;
-    // HF computes inv_freq = 1 / θ^(arange(0, d, 2)/d), i.e. θ^(−2c/d) for c < half.
-    let inv_freq: Vec<f64> = (0..half)
-        .map(|c| 1.0 / theta.powf((2 * c) as f64 / d as f64))
-        .collect();
+    // HF computes inv_freq = 1 / θ^(arange(0, d, 2)/d), i.e. θ^(−2c/d) for c < half, then
+    // rescales it as `rope_scaling` says; YaRN also scales cos and sin.
+    let inv_freq = scaling.inv_freq(theta, d);
+    let m = scaling.attention_factor();
     let sign = match dir {
         Direction::Forward => 1.0,
         Direction::Inverse => -1.0,
@@ -47,7 +54,7 @@ fn rotate(x: &Tensor, heads: u64, theta: f64, dir: Direction) -> Result<Tensor, 
                 let base = (bi * s + pos) * w + h * d;
                 for (c, &f) in inv_freq.iter().enumerate() {
                     let angle = pos as f64 * f;
-                    let (sin, cos) = (sign * angle.sin(), angle.cos());
+                    let (sin, cos) = (m * sign * angle.sin(), m * angle.cos());
                     let (x1, x2) = (x.data[base + c], x.data[base + c + half]);
                     out.data[base + c] = x1 * cos - x2 * sin;
                     out.data[base + c + half] = x2 * cos + x1 * sin;
@@ -58,17 +65,24 @@ fn rotate(x: &Tensor, heads: u64, theta: f64, dir: Direction) -> Result<Tensor, 
     Ok(out)
 }
 
-pub(crate) fn rotary(x: &Tensor, heads: u64, theta: f64) -> Result<Tensor, KernelError> {
-    rotate(x, heads, theta, Direction::Forward)
+pub(crate) fn rotary(
+    x: &Tensor,
+    heads: u64,
+    theta: f64,
+    scaling: &RopeScaling,
+) -> Result<Tensor, KernelError> {
+    rotate(x, heads, theta, scaling, Direction::Forward)
 }
 
-/// The rotation is orthogonal, so its VJP turns the output gradient back by the same angle.
+/// The map is a rotation times the attention factor, so its VJP turns the output gradient back
+/// by the same angle, times the same factor.
 pub(crate) fn rotary_vjp(
     x: &Tensor,
     heads: u64,
     theta: f64,
+    scaling: &RopeScaling,
     g: &Tensor,
 ) -> Result<Tensor, KernelError> {
     super::index::same_shape(x, g, "output gradient")?;
-    rotate(g, heads, theta, Direction::Inverse)
+    rotate(g, heads, theta, scaling, Direction::Inverse)
 }

@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::op::{AdamWConfig, OpKind};
+use crate::rope::RopeScaling;
 use crate::routing::Routing;
 use crate::types::Dim;
 
@@ -38,7 +39,8 @@ pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
     Some(match key {
         "bias" | "tanh" | "causal" | "sigmoid" | "normalize" => AttrTy::Bool,
         "value" | "exponent" | "factor" | "eps" | "scale" | "theta" | "p" | "lr" | "beta1"
-        | "beta2" | "weight_decay" => AttrTy::Float,
+        | "beta2" | "weight_decay" | "low_freq_factor" | "high_freq_factor" | "original_max"
+        | "beta_fast" | "beta_slow" | "attention_factor" => AttrTy::Float,
         "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" | "groups"
         | "groups_kept" => AttrTy::Int,
         "len" => AttrTy::Dim,
@@ -62,6 +64,40 @@ pub(crate) fn source_name(kind: &OpKind) -> Option<&str> {
         | OpKind::Buffer { name }
         | OpKind::State { name } => Some(name),
         _ => None,
+    }
+}
+
+/// The attributes of a rotary embedding's scaling, none for plain frequencies; the parser's
+/// [`Attrs::rope_scaling`] tells the kinds apart by these keys.
+fn rope_scaling_attrs(scaling: &RopeScaling) -> Vec<(&'static str, AttrVal)> {
+    use AttrVal::Float;
+    match *scaling {
+        RopeScaling::None => vec![],
+        RopeScaling::Linear { factor } => vec![("factor", Float(factor))],
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max,
+        } => vec![
+            ("factor", Float(factor)),
+            ("low_freq_factor", Float(low_freq_factor)),
+            ("high_freq_factor", Float(high_freq_factor)),
+            ("original_max", Float(original_max)),
+        ],
+        RopeScaling::Yarn {
+            factor,
+            beta_fast,
+            beta_slow,
+            original_max,
+            attention_factor,
+        } => vec![
+            ("factor", Float(factor)),
+            ("beta_fast", Float(beta_fast)),
+            ("beta_slow", Float(beta_slow)),
+            ("original_max", Float(original_max)),
+            ("attention_factor", Float(attention_factor)),
+        ],
     }
 }
 
@@ -97,7 +133,15 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             ("scale", Float(*scale)),
             ("causal", Bool(*causal)),
         ],
-        OpKind::Rotary { heads, theta } => vec![("heads", Int(*heads)), ("theta", Float(*theta))],
+        OpKind::Rotary {
+            heads,
+            theta,
+            scaling,
+        } => {
+            let mut attrs = vec![("heads", Int(*heads)), ("theta", Float(*theta))];
+            attrs.extend(rope_scaling_attrs(scaling));
+            attrs
+        }
         OpKind::Reshape { shape } | OpKind::Expand { shape } => {
             vec![("shape", Dims(shape.clone()))]
         }
@@ -240,6 +284,37 @@ pub(crate) struct Attrs {
 impl Attrs {
     pub(crate) fn new(items: Vec<(String, AttrVal)>) -> Attrs {
         Attrs { items }
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.items.iter().any(|(k, _)| k == key)
+    }
+
+    /// A rotary embedding's scaling, told apart by the keys present (none: no scaling).
+    fn rope_scaling(&mut self, op: &str) -> Result<RopeScaling, String> {
+        if self.has("beta_fast") {
+            return Ok(RopeScaling::Yarn {
+                factor: self.float(op, "factor")?,
+                beta_fast: self.float(op, "beta_fast")?,
+                beta_slow: self.float(op, "beta_slow")?,
+                original_max: self.float(op, "original_max")?,
+                attention_factor: self.float(op, "attention_factor")?,
+            });
+        }
+        if self.has("low_freq_factor") {
+            return Ok(RopeScaling::Llama3 {
+                factor: self.float(op, "factor")?,
+                low_freq_factor: self.float(op, "low_freq_factor")?,
+                high_freq_factor: self.float(op, "high_freq_factor")?,
+                original_max: self.float(op, "original_max")?,
+            });
+        }
+        if self.has("factor") {
+            return Ok(RopeScaling::Linear {
+                factor: self.float(op, "factor")?,
+            });
+        }
+        Ok(RopeScaling::None)
     }
 
     fn take(&mut self, op: &str, key: &str) -> Result<AttrVal, String> {
@@ -393,6 +468,7 @@ pub(crate) fn build_kind(
         "rotary" => OpKind::Rotary {
             heads: a.int(m, "heads")?,
             theta: a.float(m, "theta")?,
+            scaling: a.rope_scaling(m)?,
         },
         "reshape" => OpKind::Reshape {
             shape: a.dims(m, "shape")?,

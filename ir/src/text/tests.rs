@@ -53,6 +53,33 @@ fn every_kind() -> Vec<OpKind> {
         OpKind::Rotary {
             heads: 32,
             theta: 500000.0,
+            scaling: Default::default(),
+        },
+        OpKind::Rotary {
+            heads: 32,
+            theta: 500000.0,
+            scaling: crate::RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max: 8192.0,
+            },
+        },
+        OpKind::Rotary {
+            heads: 1,
+            theta: 10000.0,
+            scaling: crate::RopeScaling::Yarn {
+                factor: 40.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max: 4096.0,
+                attention_factor: 1.1,
+            },
+        },
+        OpKind::Rotary {
+            heads: 4,
+            theta: 10000.0,
+            scaling: crate::RopeScaling::Linear { factor: 2.0 },
         },
         OpKind::Reshape {
             shape: vec![Dim::Sym(Sym::Batch), s, Dim::Fixed(4), Dim::Fixed(16)],

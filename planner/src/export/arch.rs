@@ -2,7 +2,7 @@
 //! from the file the model came from): the ops say which norm, position encoding, MLP and
 //! attention the layers have.
 
-use ir::{Graph, OpId, OpKind, Routing};
+use ir::{Graph, OpId, OpKind, RopeScaling, Routing};
 
 use crate::error::PlanError;
 use crate::model::ModelInfo;
@@ -12,8 +12,8 @@ use crate::model::ModelInfo;
 pub enum Positions {
     /// A learned table added to the token embedding (GPT).
     Learned { rows: u64 },
-    /// Rotary embeddings on queries and keys (Llama), with their base.
-    Rotary { theta: f64 },
+    /// Rotary embeddings on queries and keys (Llama), with their base and rescaling.
+    Rotary { theta: f64, scaling: RopeScaling },
 }
 
 /// A decoder-only transformer's shape, as the engines' model arguments describe it.
@@ -82,7 +82,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
     });
     let (rms_norm, norm_eps) = norm.ok_or_else(|| refuse("a layer without a norm"))?;
     let rotary = layer.iter().find_map(|k| match k {
-        OpKind::Rotary { theta, .. } => Some(*theta),
+        OpKind::Rotary { theta, scaling, .. } => Some((*theta, *scaling)),
         _ => None,
     });
     let learned = kinds(g, &info.pre_ops)
@@ -90,7 +90,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         .count()
         > 1;
     let positions = match (rotary, learned) {
-        (Some(theta), false) => Positions::Rotary { theta },
+        (Some((theta, scaling)), false) => Positions::Rotary { theta, scaling },
         (None, true) => Positions::Learned { rows: info.max_seq },
         _ => {
             return Err(refuse(

@@ -4,6 +4,8 @@
 //! Every flag and choice is one of `megatron/training/arguments.py` at that tag (the list in
 //! `data/engines/megatron-lm-core_v0.15.0-arguments.tsv`, checked by `planner/tests/export.rs`).
 
+use ir::RopeScaling;
+
 use super::arch::{Architecture, Positions};
 use crate::error::PlanError;
 use crate::plan::Plan;
@@ -30,8 +32,36 @@ fn flag(args: &mut Vec<String>, flag: &str) {
     args.push(flag.into());
 }
 
+/// The rotary rescaling as Megatron-Core applies it: Llama 3.1's (`--use-rope-scaling`, its
+/// bands fixed at 1 and 4 over 8192 positions) or position interpolation by an integer
+/// factor (`--rotary-seq-len-interpolation-factor`).
+fn rope_scaling_args(scaling: RopeScaling, args: &mut Vec<String>) -> Result<(), PlanError> {
+    match scaling {
+        RopeScaling::None => Ok(()),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max: 8192.0,
+        } => {
+            flag(args, "--use-rope-scaling");
+            push(args, "--rope-scaling-factor", factor);
+            Ok(())
+        }
+        RopeScaling::Linear { factor } if factor.fract() == 0.0 && factor >= 1.0 => {
+            push(args, "--rotary-seq-len-interpolation-factor", factor as u64);
+            Ok(())
+        }
+        other => Err(refuse(
+            format!("rope scaling {other:?}"),
+            "it rescales rotary frequencies as Llama 3.1 does (bands 1 and 4 over 8192 \
+             positions) or by an integer position interpolation factor",
+        )),
+    }
+}
+
 /// The model's arguments: layers, widths, heads, positions, norm, MLP, vocabulary, dropout.
-fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) {
+fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), PlanError> {
     push(args, "--num-layers", a.layers);
     push(args, "--hidden-size", a.hidden);
     push(args, "--ffn-hidden-size", a.ffn);
@@ -46,10 +76,11 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) {
             push(args, "--position-embedding-type", "learned_absolute");
             push(args, "--max-position-embeddings", rows);
         }
-        Positions::Rotary { theta } => {
+        Positions::Rotary { theta, scaling } => {
             push(args, "--position-embedding-type", "rope");
             push(args, "--rotary-base", theta.round() as u64);
             push(args, "--max-position-embeddings", seq);
+            rope_scaling_args(scaling, args)?;
         }
     }
     push(
@@ -79,6 +110,7 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) {
         push(args, "--num-experts", a.experts);
         push(args, "--moe-router-topk", a.experts_per_token);
     }
+    Ok(())
 }
 
 /// The router's scoring as Megatron-Core's `topk_routing_with_score_function` does it:
@@ -226,7 +258,7 @@ fn precision_args(p: Precision, args: &mut Vec<String>) {
 pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> {
     let s = &plan.strategy;
     let mut args = Vec::new();
-    model_args(arch, s.seq, &mut args);
+    model_args(arch, s.seq, &mut args)?;
     if arch.experts > 0 {
         router_args(arch, &mut args)?;
     }

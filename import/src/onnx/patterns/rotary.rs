@@ -89,7 +89,14 @@ pub fn rotary(m: &Matcher<'_>, op: OpId, _uses: &[usize]) -> Option<Rewrite> {
     Some(Rewrite {
         replaces: *data.results.first()?,
         ops: vec![
-            (OpKind::Rotary { heads, theta }, vec![Operand::Value(x)]),
+            (
+                OpKind::Rotary {
+                    heads,
+                    theta,
+                    scaling: ir::RopeScaling::None,
+                },
+                vec![Operand::Value(x)],
+            ),
             (
                 OpKind::Reshape {
                     shape: [*bsz, *s, *n, *hd].map(ir::Dim::Fixed).to_vec(),

@@ -1,0 +1,115 @@
+//! A config's `rope_scaling`, read as transformers' `ROPE_INIT_FUNCTIONS` read it: the kind
+//! from `rope_type` (or the older `type`), each kind's fields with transformers' defaults.
+
+use ir::RopeScaling;
+use ir::rope::yarn_mscale;
+use serde_json::{Map, Value};
+
+use super::{ConfigError, Fields};
+
+/// The kinds plait computes; the others are modelled as plain frequencies ([`note`]).
+const COMPUTED: [&str; 4] = ["default", "linear", "llama3", "yarn"];
+
+fn kind(r: &Map<String, Value>) -> Option<&str> {
+    r.get("rope_type")
+        .or_else(|| r.get("type"))
+        .and_then(Value::as_str)
+}
+
+fn scaling_object<'a>(obj: &'a Map<String, Value>) -> Option<&'a Map<String, Value>> {
+    match obj.get("rope_scaling") {
+        Some(Value::Object(r)) => Some(r),
+        _ => None,
+    }
+}
+
+/// The scaling `f`'s config asks for; `max_positions` is its `max_position_embeddings` (YaRN's
+/// original context when the scaling does not name one).
+pub(super) fn rope_scaling(f: &Fields<'_>, max_positions: u64) -> Result<RopeScaling, ConfigError> {
+    let r = match f.obj.get("rope_scaling") {
+        None | Some(Value::Null) => return Ok(RopeScaling::None),
+        Some(Value::Object(r)) => r,
+        Some(v) => return Err(f.wrong("rope_scaling", "an object or null", v)),
+    };
+    let num = |key: &str| -> Result<Option<f64>, ConfigError> {
+        match r.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| ConfigError::Inconsistent {
+                    file: f.file.clone(),
+                    reason: format!("rope_scaling.{key} must be a number, got {v}"),
+                }),
+        }
+    };
+    let need = |key: &str| -> Result<f64, ConfigError> {
+        num(key)?.ok_or_else(|| ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!(
+                "rope_scaling of type {} needs `{key}` (as transformers requires)",
+                kind(r).unwrap_or("?")
+            ),
+        })
+    };
+    let scaling = match kind(r) {
+        Some("linear") => RopeScaling::Linear {
+            factor: need("factor")?,
+        },
+        Some("llama3") => RopeScaling::Llama3 {
+            factor: need("factor")?,
+            low_freq_factor: need("low_freq_factor")?,
+            high_freq_factor: need("high_freq_factor")?,
+            original_max: need("original_max_position_embeddings")?,
+        },
+        Some("yarn") => {
+            let factor = need("factor")?;
+            let attention_factor = match (
+                num("attention_factor")?,
+                num("mscale")?,
+                num("mscale_all_dim")?,
+            ) {
+                (Some(a), _, _) => a,
+                // transformers: a ratio when both are set and non-zero.
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    yarn_mscale(factor, m) / yarn_mscale(factor, all)
+                }
+                _ => yarn_mscale(factor, 1.0),
+            };
+            RopeScaling::Yarn {
+                factor,
+                beta_fast: num("beta_fast")?.unwrap_or(32.0),
+                beta_slow: num("beta_slow")?.unwrap_or(1.0),
+                original_max: num("original_max_position_embeddings")?
+                    .unwrap_or(max_positions as f64),
+                attention_factor,
+            }
+        }
+        _ => RopeScaling::None,
+    };
+    scaling
+        .check()
+        .map_err(|reason| ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason,
+        })?;
+    Ok(scaling)
+}
+
+/// What `inspect` says of a scaling plait does not compute, `None` for one it does.
+pub(super) fn note(obj: &Map<String, Value>) -> Option<String> {
+    let r = scaling_object(obj)?;
+    match kind(r) {
+        Some(k) if COMPUTED.contains(&k) => None,
+        Some("dynamic") => Some(format!(
+            "rope_scaling {} (dynamic NTK) changes the frequencies only beyond \
+             max_position_embeddings: plait's are the plain ones, exact up to that length",
+            Value::Object(r.clone())
+        )),
+        _ => Some(format!(
+            "rope_scaling {} is modelled as plain rotary embeddings (the same shapes and FLOPs; \
+             plait computes the linear, llama3 and yarn kinds)",
+            Value::Object(r.clone())
+        )),
+    }
+}

@@ -1,0 +1,122 @@
+//! `rope_scaling` read as transformers reads it, and the frequencies it gives against the
+//! numbers its definitions imply.
+
+use std::path::Path;
+
+use import::hf;
+use ir::RopeScaling;
+
+fn scaling(json: &str) -> RopeScaling {
+    hf::parse_config(json, Path::new("config.json"))
+        .expect("config parses")
+        .rope_scaling
+}
+
+fn llama(rope: &str) -> String {
+    format!(
+        r#"{{"model_type":"llama","hidden_size":4096,"intermediate_size":14336,
+        "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,
+        "vocab_size":128256,"max_position_embeddings":131072,"rope_theta":500000.0,
+        "rope_scaling":{rope}}}"#
+    )
+}
+
+#[test]
+fn llama_3_1_scaling_is_computed_not_noted() {
+    // meta-llama/Llama-3.1-8B's config.json.
+    let json = llama(
+        r#"{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+            "original_max_position_embeddings":8192,"rope_type":"llama3"}"#,
+    );
+    assert_eq!(
+        scaling(&json),
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max: 8192.0,
+        }
+    );
+    assert!(
+        hf::approximations(&json)
+            .iter()
+            .all(|n| !n.contains("rope")),
+        "{:?}",
+        hf::approximations(&json)
+    );
+    // The graph's rotary ops carry it.
+    let spec = hf::parse_config(&json, Path::new("config.json")).expect("parses");
+    let g = import::build_forward(&spec, ir::DType::F32).expect("builds");
+    let carried = g
+        .op_ids()
+        .filter(|&o| matches!(g.op(o).kind, ir::OpKind::Rotary { scaling, .. } if scaling == spec.rope_scaling))
+        .count();
+    assert_eq!(carried, 2 * 32, "q and k of every layer");
+}
+
+#[test]
+fn yarn_attention_factor_follows_transformers_defaults() {
+    // Qwen2.5's long-context recipe: factor 4 over 32768, no mscale: 0.1·ln 4 + 1.
+    let qwen = llama(r#"{"type":"yarn","factor":4.0,"original_max_position_embeddings":32768}"#);
+    match scaling(&qwen) {
+        RopeScaling::Yarn {
+            factor,
+            beta_fast,
+            beta_slow,
+            original_max,
+            attention_factor,
+        } => {
+            assert_eq!(
+                (factor, beta_fast, beta_slow, original_max),
+                (4.0, 32.0, 1.0, 32768.0)
+            );
+            assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-15);
+        }
+        other => panic!("{other:?}"),
+    }
+    // DeepSeek-V3: mscale = mscale_all_dim, so the two cancel in cos and sin (the softmax
+    // scale carries mscale_all_dim's square instead).
+    let v3 = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/deepseek-v3/config.json"
+    ))
+    .expect("fixture");
+    assert!(matches!(
+        scaling(&v3),
+        RopeScaling::Yarn {
+            factor: 40.0,
+            original_max: 4096.0,
+            attention_factor: 1.0,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn kinds_plait_does_not_compute_are_noted_and_bad_values_refused() {
+    let longrope = llama(r#"{"type":"longrope","short_factor":[1.0],"long_factor":[2.0]}"#);
+    assert_eq!(scaling(&longrope), RopeScaling::None);
+    assert!(
+        hf::approximations(&longrope)
+            .iter()
+            .any(|n| n.contains("longrope")),
+        "{:?}",
+        hf::approximations(&longrope)
+    );
+    let dynamic = llama(r#"{"type":"dynamic","factor":2.0}"#);
+    assert!(
+        hf::approximations(&dynamic)
+            .iter()
+            .any(|n| n.contains("dynamic NTK"))
+    );
+    let missing = llama(r#"{"rope_type":"llama3","factor":8.0}"#);
+    let err = hf::parse_config(&missing, Path::new("config.json"))
+        .expect_err("llama3 without its bands")
+        .to_string();
+    assert!(err.contains("low_freq_factor"), "{err}");
+    let zero = llama(r#"{"type":"linear","factor":0}"#);
+    let err = hf::parse_config(&zero, Path::new("config.json"))
+        .expect_err("factor 0")
+        .to_string();
+    assert!(err.contains("factor"), "{err}");
+}
