@@ -16,7 +16,7 @@ fn kind(r: &Map<String, Value>) -> Option<&str> {
         .and_then(Value::as_str)
 }
 
-fn scaling_object<'a>(obj: &'a Map<String, Value>) -> Option<&'a Map<String, Value>> {
+fn scaling_object(obj: &Map<String, Value>) -> Option<&Map<String, Value>> {
     match obj.get("rope_scaling") {
         Some(Value::Object(r)) => Some(r),
         _ => None,
