@@ -197,6 +197,7 @@ impl Builder {
                 kv_heads: spec.heads,
                 scale: 1.0 / (spec.head_dim() as f64).sqrt(),
                 causal: true,
+                softcap: None,
             },
             parts,
         )?;
@@ -245,6 +246,7 @@ impl Builder {
                 kv_heads: spec.kv_heads,
                 scale: 1.0 / scale_base.sqrt(),
                 causal: true,
+                softcap: var.attn_softcap,
             },
             vec![q, k, v],
         )?;
@@ -362,6 +364,7 @@ impl Builder {
                 kv_heads: heads,
                 scale: mla.scale,
                 causal: true,
+                softcap: None,
             },
             vec![q, k, v],
         )?;

@@ -34,6 +34,9 @@ pub struct Variant {
     /// A norm on the attention output and on the MLP output before each residual add, and a
     /// separate norm before the MLP (Gemma 2: four norms per layer).
     pub sandwich_norms: bool,
+    /// Attention scores soft-capped as cap · tanh(s / cap) (Gemma 2's
+    /// `attn_logit_softcapping`).
+    pub attn_softcap: Option<f64>,
     /// Logits soft-capped as cap · tanh(logits / cap) (Gemma 2's `final_logit_softcapping`).
     pub final_softcap: Option<f64>,
     /// The attention scale's denominator squared, when it is not the head size (Gemma 2's

@@ -219,14 +219,53 @@ fn gemma2_has_four_norms_per_layer_and_soft_caps() {
     );
     let notes = hf::approximations(nine_b);
     assert!(
-        notes
-            .iter()
-            .any(|n| n.contains("attn_logit_softcapping 50"))
+        notes.iter().all(|n| !n.contains("softcapping"))
             && notes.iter().any(|n| n.contains("sliding_window 4096")),
         "{notes:?}"
     );
     let spec = parse(nine_b);
     assert_eq!(spec.variant.final_softcap, Some(30.0));
+    // The attention cap reaches every layer's attention op.
+    let g = import::build_forward(&spec, DType::F32).expect("builds");
+    let capped = g
+        .op_ids()
+        .filter(|&o| {
+            matches!(
+                g.op(o).kind,
+                ir::OpKind::Attention {
+                    softcap: Some(50.0),
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(capped, 42);
+    // transformers: absent means its default (50 and 30), null means no cap.
+    let uncapped = parse(
+        r#"{"model_type":"gemma2","hidden_size":64,"intermediate_size":128,
+            "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+            "head_dim":16,"vocab_size":100,"attn_logit_softcapping":null,
+            "final_logit_softcapping":null}"#,
+    );
+    assert_eq!(
+        (
+            uncapped.variant.attn_softcap,
+            uncapped.variant.final_softcap
+        ),
+        (None, None)
+    );
+    let defaults = parse(
+        r#"{"model_type":"gemma2","hidden_size":64,"intermediate_size":128,
+            "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+            "head_dim":16,"vocab_size":100}"#,
+    );
+    assert_eq!(
+        (
+            defaults.variant.attn_softcap,
+            defaults.variant.final_softcap
+        ),
+        (Some(50.0), Some(30.0))
+    );
 }
 
 #[test]

@@ -123,6 +123,7 @@ fn llama_is_fully_recognized() {
             kv_heads,
             causal,
             scale,
+            ..
         } = &imported.graph.op(*op).kind
         {
             assert_eq!((*heads, *kv_heads, *causal), (4, 2, true));

@@ -124,6 +124,10 @@ pub enum OpKind {
         kv_heads: u64,
         scale: f64,
         causal: bool,
+        /// Scores soft-capped as cap·tanh(s/cap) before the mask and softmax (Gemma 2's
+        /// `attn_logit_softcapping`); none when absent from a file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        softcap: Option<f64>,
     },
     Rotary {
         heads: u64,

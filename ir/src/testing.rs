@@ -246,6 +246,7 @@ pub fn tiny_gpt2(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             kv_heads: cfg.heads,
             scale: 1.0 / (cfg.head_dim() as f64).sqrt(),
             causal: true,
+            softcap: None,
         };
         let a = b.op(attn, parts)?;
         let a = b.linear(a, "attn.c_proj", h, h, true)?;
@@ -305,6 +306,7 @@ pub fn tiny_llama(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             kv_heads: cfg.kv_heads,
             scale: 1.0 / (d as f64).sqrt(),
             causal: true,
+            softcap: None,
         };
         let a = b.op(attn, vec![q, k, v])?;
         let a = b.linear(a, "self_attn.o_proj", cfg.heads * d, h, false)?;

@@ -221,9 +221,34 @@ fn fd_attention_gqa_causal() {
         kv_heads: 2,
         scale: 0.6,
         causal: true,
+        softcap: None,
     };
     check_op(
         "attention gqa causal",
+        kind,
+        vec![float(q), float(k), float(v)],
+        &mut r,
+    );
+}
+
+/// Gemma 2's soft cap, tight enough that the tanh bends the scores.
+#[test]
+fn fd_attention_softcapped() {
+    let mut r = Rng::new(16);
+    let (q, k, v) = (
+        t(&mut r, &[2, 4, 12]),
+        t(&mut r, &[2, 4, 6]),
+        t(&mut r, &[2, 4, 6]),
+    );
+    let kind = OpKind::Attention {
+        heads: 4,
+        kv_heads: 2,
+        scale: 0.6,
+        causal: true,
+        softcap: Some(0.5),
+    };
+    check_op(
+        "attention softcap",
         kind,
         vec![float(q), float(k), float(v)],
         &mut r,
@@ -244,6 +269,7 @@ fn fd_attention_narrow_values() {
         kv_heads: 2,
         scale: 0.4,
         causal: true,
+        softcap: None,
     };
     check_op(
         "attention dv < d",
@@ -267,6 +293,7 @@ fn fd_attention_more_keys_than_queries() {
             kv_heads: 2,
             scale: 0.5,
             causal,
+            softcap: None,
         };
         check_op(
             "attention Sq<Sk",

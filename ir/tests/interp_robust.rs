@@ -27,12 +27,14 @@ fn kinds() -> Vec<OpKind> {
             kv_heads: 1,
             scale: 1.0,
             causal: true,
+            softcap: None,
         },
         OpKind::Attention {
             heads: 3,
             kv_heads: 2,
             scale: 1.0,
             causal: false,
+            softcap: None,
         },
         OpKind::Rotary {
             heads: 1,

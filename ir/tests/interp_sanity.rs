@@ -76,6 +76,7 @@ fn attention_one_head_by_hand() {
         kv_heads: 1,
         scale: 0.5,
         causal,
+        softcap: None,
     };
     let y = run(
         attn(false),
@@ -105,6 +106,7 @@ fn grouped_query_heads_share_kv_heads() {
             kv_heads: 1,
             scale: 1.0,
             causal: false,
+            softcap: None,
         },
         &[(&[1, 2, 2], q), (&[1, 2, 1], k), (&[1, 2, 1], v)],
     );

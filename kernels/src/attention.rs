@@ -1,4 +1,5 @@
-//! Scaled dot-product `Attention` with grouped-query heads and an optional causal mask.
+//! Scaled dot-product `Attention` with grouped-query heads, an optional causal mask and an
+//! optional soft cap on the scores (Gemma 2).
 //!
 //! Per (batch, query head) the scores S = scale·Q Kᵀ and the output P V are two gemms on
 //! strided views of the `[B, S, heads·width]` operands (no head-major copies); the softmax runs on
@@ -18,6 +19,8 @@ pub(crate) struct Attention {
     pub kv_heads: u64,
     pub scale: f64,
     pub causal: bool,
+    /// cap·tanh(s/cap) on the scaled scores before the mask (Gemma 2).
+    pub softcap: Option<f64>,
 }
 
 /// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`
@@ -164,7 +167,42 @@ impl Layout {
 }
 
 impl Attention {
-    /// The probabilities P = softmax(scale·Q Kᵀ) of (batch `b`, head `h`) into `p` `[sq, sk]`.
+    /// The scores scale·Q Kᵀ of (batch `b`, head `h`) into `s` `[sq, sk]`, soft-capped where
+    /// the op caps.
+    fn scores(
+        &self,
+        l: &Layout,
+        q: &Tensor32,
+        k: &Tensor32,
+        b: usize,
+        h: usize,
+        s: &mut [f32],
+    ) -> Result<(), KernelError> {
+        gemm(
+            self.scale as f32,
+            l.q(b, h).view(&q.data),
+            l.k(b, h).view(&k.data).t(),
+            0.0,
+            MatMut::rm(s, 0, l.sq, l.sk),
+        )?;
+        if let Some(cap) = self.softcap {
+            let cap = cap as f32;
+            s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+        }
+        Ok(())
+    }
+
+    /// The gradient through the soft cap, from the capped scores: 1 − (capped/cap)².
+    fn uncap(&self, capped: &[f32], ds: &mut [f32]) {
+        if let Some(cap) = self.softcap {
+            let cap = cap as f32;
+            for (d, &c) in ds.iter_mut().zip(capped) {
+                *d *= 1.0 - (c / cap) * (c / cap);
+            }
+        }
+    }
+
+    /// The probabilities P = softmax(scores) of (batch `b`, head `h`) into `p` `[sq, sk]`.
     /// `at`: each query's position in the keys' order (keys at positions up to it are visible
     /// to a causal query); `None`: the queries are the last `sq` of the `sk` keys.
     #[allow(clippy::too_many_arguments)]
@@ -178,13 +216,7 @@ impl Attention {
         p: &mut [f32],
         at: Option<&[usize]>,
     ) -> Result<(), KernelError> {
-        gemm(
-            self.scale as f32,
-            l.q(b, h).view(&q.data),
-            l.k(b, h).view(&k.data).t(),
-            0.0,
-            MatMut::rm(p, 0, l.sq, l.sk),
-        )?;
+        self.scores(l, q, k, b, h, p)?;
         if l.sk > 0 {
             for (i, row) in p.chunks_exact_mut(l.sk).enumerate() {
                 let visible = match at {
@@ -261,10 +293,22 @@ impl Attention {
         let mut dv = Tensor32::zeros(&v.shape)?;
         let mut p = vec![0f32; l.sq * l.sk];
         let mut ds = vec![0f32; l.sq * l.sk];
+        // The capped scores, kept for the cap's gradient (only when the op caps).
+        let mut capped = vec![
+            0f32;
+            if self.softcap.is_some() {
+                l.sq * l.sk
+            } else {
+                0
+            }
+        ];
         let scale = self.scale as f32;
         for b in 0..l.b {
             for h in 0..l.heads {
                 self.probs(&l, q, k, b, h, &mut p, at)?;
+                if self.softcap.is_some() {
+                    self.scores(&l, q, k, b, h, &mut capped)?;
+                }
                 let go = l.o(b, h).view(&g.data);
                 let pm = Mat::rm(&p, 0, l.sq, l.sk);
                 gemm(1.0, pm.t(), go, 1.0, l.v(b, h).view_mut(&mut dv.data))?;
@@ -280,6 +324,7 @@ impl Attention {
                         softmax_row_vjp_in_place(pr, dr);
                     }
                 }
+                self.uncap(&capped, &mut ds);
                 let dsm = Mat::rm(&ds, 0, l.sq, l.sk);
                 gemm(
                     scale,

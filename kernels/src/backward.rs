@@ -111,6 +111,7 @@ pub fn backward(
             kv_heads,
             scale,
             causal,
+            softcap,
         } => {
             let [q, k, v] = operands(op, xs)?;
             all(Attention {
@@ -118,6 +119,7 @@ pub fn backward(
                 kv_heads,
                 scale,
                 causal,
+                softcap,
             }
             .vjp(q, k, v, g)?
             .into())

@@ -177,6 +177,7 @@ fn attention_at(
         kv_heads,
         scale,
         causal,
+        softcap,
     } = kind
     else {
         return Err(KernelError::Unsupported {
@@ -202,6 +203,7 @@ fn attention_at(
         kv_heads,
         scale,
         causal,
+        softcap,
     };
     let order = Order {
         gathered: at.gathered_positions(local),
@@ -293,6 +295,7 @@ mod tests {
             kv_heads: kv,
             scale: 0.5,
             causal: true,
+            softcap: None,
         };
         let (hw, kw) = (heads as usize * d, kv as usize * d);
         let (q, k, v) = (

@@ -70,6 +70,7 @@ pub fn forward(
             kv_heads,
             scale,
             causal,
+            softcap,
         } => {
             let [q, k, v] = operands(op, inputs)?;
             one(Attention {
@@ -77,6 +78,7 @@ pub fn forward(
                 kv_heads,
                 scale,
                 causal,
+                softcap,
             }
             .forward(q, k, v)?)
         }

@@ -189,15 +189,19 @@ fn attention_mha_gqa_causal() {
         (3, 3, 6, 4, 5, 5, true),
         (4, 2, 5, 2, 4, 6, false),
     ];
+    // Every case plain and with Gemma 2's soft cap (tight, so the tanh bends).
+    let caps = [None, Some(0.75)];
     each_seed("attention", |rng| {
         cases
             .iter()
-            .map(|&(heads, kv, d, dv, sq, sk, causal)| {
+            .flat_map(|&case| caps.map(|cap| (case, cap)))
+            .map(|((heads, kv, d, dv, sq, sk, causal), softcap)| {
                 let kind = OpKind::Attention {
                     heads,
                     kv_heads: kv,
                     scale: 1.0 / (d as f64).sqrt(),
                     causal,
+                    softcap,
                 };
                 let (h, kvu, d, dv) = (heads as usize, kv as usize, d as usize, dv as usize);
                 let ops = [

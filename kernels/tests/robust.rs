@@ -32,12 +32,14 @@ fn all_kinds() -> Vec<OpKind> {
             kv_heads: 2,
             scale: 1.0,
             causal: true,
+            softcap: None,
         },
         OpKind::Attention {
             heads: 2,
             kv_heads: 1,
             scale: 1.0,
             causal: false,
+            softcap: None,
         },
         OpKind::Rotary {
             heads: 2,

@@ -317,6 +317,7 @@ fn local_kind(
             kv_heads,
             scale,
             causal,
+            softcap,
         } => {
             let q = lay_of(b, ins[0]);
             if sequence_split(q) {
@@ -339,6 +340,7 @@ fn local_kind(
                     kv_heads: kv,
                     scale: *scale,
                     causal: *causal,
+                    softcap: *softcap,
                 },
                 None,
             ))

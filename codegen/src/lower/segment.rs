@@ -692,6 +692,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     kv_heads,
                     scale,
                     causal,
+                    softcap,
                 } => {
                     // Fewer key/value heads than ranks: K and V are computed whole and each
                     // rank takes the one head its query heads share.
@@ -715,6 +716,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         kv_heads: if replicated_kv { 1 } else { kv_heads / t },
                         scale: *scale,
                         causal: *causal,
+                        softcap: *softcap,
                     };
                     out_lay = lay_of(&b, ins[0]);
                 }

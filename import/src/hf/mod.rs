@@ -156,8 +156,13 @@ impl LlamaLike {
             gelu_gate: gemma,
             embed_scale: gemma,
             sandwich_norms: t == "gemma2",
+            attn_softcap: if t == "gemma2" {
+                f.float_or_off("attn_logit_softcapping", 50.0)?
+            } else {
+                None
+            },
             final_softcap: if t == "gemma2" {
-                f.opt_float("final_logit_softcapping")?.or(Some(30.0))
+                f.float_or_off("final_logit_softcapping", 30.0)?
             } else {
                 None
             },
@@ -520,12 +525,6 @@ pub fn approximations(text: &str) -> Vec<String> {
                 .to_string(),
         );
     }
-    if let Some(cap) = obj.get("attn_logit_softcapping").filter(|v| !v.is_null()) {
-        notes.push(format!(
-            "attn_logit_softcapping {cap} is not applied: attention scores are not soft-capped \
-             (the same shapes and FLOPs, up to the cap's tanh)"
-        ));
-    }
     if obj.get("model_type") == Some(&Value::String("nemotron".into())) {
         notes.push(
             "Nemotron's LayerNorm1P (weight + 1) is built as a LayerNorm whose weight starts at \
@@ -685,6 +684,15 @@ impl Fields<'_> {
                 Some(x) if (0.0..1.0).contains(&x) => Ok(Some(x)),
                 _ => Err(self.wrong(field, "a probability in [0, 1)", v)),
             },
+        }
+    }
+
+    /// A positive number that transformers defaults to `default` when absent and turns off
+    /// when null (Gemma 2's soft caps).
+    fn float_or_off(&self, field: &'static str, default: f64) -> Result<Option<f64>, ConfigError> {
+        match self.obj.get(field) {
+            None => Ok(Some(default)),
+            Some(_) => self.opt_float(field),
         }
     }
 

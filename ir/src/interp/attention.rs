@@ -1,4 +1,5 @@
-//! Scaled dot-product `Attention` with grouped-query heads and an optional causal mask.
+//! Scaled dot-product `Attention` with grouped-query heads, an optional causal mask and an
+//! optional soft cap on the scores.
 
 use super::KernelError;
 use super::index::{to_usize, zeros};
@@ -12,6 +13,8 @@ pub(crate) struct Attention {
     pub kv_heads: u64,
     pub scale: f64,
     pub causal: bool,
+    /// cap·tanh(s/cap) on the scaled scores before the mask (Gemma 2).
+    pub softcap: Option<f64>,
 }
 
 /// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`,
@@ -105,15 +108,31 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 }
 
 impl Attention {
-    /// The attention probabilities of one (batch, head, query) row, masked keys zero.
-    fn probs(&self, l: &Layout, q: &Tensor, k: &Tensor, b: usize, h: usize, i: usize) -> Vec<f64> {
+    /// The scores of one (batch, head, query) row: scale·q·k, soft-capped where the op caps.
+    fn scores(&self, l: &Layout, q: &Tensor, k: &Tensor, b: usize, h: usize, i: usize) -> Vec<f64> {
         let qi = &q.data[l.q_at(b, i, h)..][..l.d];
-        let scores: Vec<f64> = (0..l.sk)
-            .map(|j| self.scale * dot(qi, &k.data[l.kv_at(b, j, h)..][..l.d]))
-            .collect();
+        (0..l.sk)
+            .map(|j| {
+                let s = self.scale * dot(qi, &k.data[l.kv_at(b, j, h)..][..l.d]);
+                self.softcap.map_or(s, |cap| cap * (s / cap).tanh())
+            })
+            .collect()
+    }
+
+    /// The attention probabilities of a row of `scores`, masked keys zero.
+    fn probs(&self, l: &Layout, scores: &[f64], i: usize) -> Vec<f64> {
         let mut p = vec![0.0; l.sk];
-        softmax_row(&scores, visible_keys(i, l.sq, l.sk, self.causal), &mut p);
+        softmax_row(scores, visible_keys(i, l.sq, l.sk, self.causal), &mut p);
         p
+    }
+
+    /// The gradient through the soft cap: d(cap·tanh(s/cap))/ds = 1 − (capped/cap)².
+    fn uncap(&self, capped: &[f64], ds: &mut [f64]) {
+        if let Some(cap) = self.softcap {
+            for (d, &c) in ds.iter_mut().zip(capped) {
+                *d *= 1.0 - (c / cap) * (c / cap);
+            }
+        }
     }
 
     pub(crate) fn forward(
@@ -127,7 +146,7 @@ impl Attention {
         for b in 0..l.b {
             for h in 0..l.heads {
                 for i in 0..l.sq {
-                    let p = self.probs(&l, q, k, b, h, i);
+                    let p = self.probs(&l, &self.scores(&l, q, k, b, h, i), i);
                     let o = l.o_at(b, i, h);
                     for (j, &pj) in p.iter().enumerate() {
                         let vj = &v.data[l.v_at(b, j, h)..][..l.dv];
@@ -165,7 +184,8 @@ impl Attention {
         for b in 0..l.b {
             for h in 0..l.heads {
                 for i in 0..l.sq {
-                    let p = self.probs(&l, q, k, b, h, i);
+                    let scores = self.scores(&l, q, k, b, h, i);
+                    let p = self.probs(&l, &scores, i);
                     let qo = l.q_at(b, i, h);
                     let oo = l.o_at(b, i, h);
                     let go = &g.data[oo..oo + l.dv];
@@ -179,6 +199,7 @@ impl Attention {
                     }
                     let mut ds = vec![0.0; l.sk];
                     softmax_row_vjp(&p, &dp, &mut ds);
+                    self.uncap(&scores, &mut ds);
                     for (j, &dsj) in ds.iter().enumerate() {
                         let kvo = l.kv_at(b, j, h);
                         for c in 0..l.d {

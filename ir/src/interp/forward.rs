@@ -82,6 +82,7 @@ pub fn apply(
             kv_heads,
             scale,
             causal,
+            softcap,
         } => {
             let [q, k, v] = operands(kind, inputs)?;
             let a = Attention {
@@ -89,6 +90,7 @@ pub fn apply(
                 kv_heads,
                 scale,
                 causal,
+                softcap,
             };
             one(a.forward(q, k, v)?)
         }

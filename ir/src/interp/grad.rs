@@ -106,6 +106,7 @@ pub fn vjp(
             kv_heads,
             scale,
             causal,
+            softcap,
         } => {
             let [q, k, v] = operands(kind, xs)?;
             let a = Attention {
@@ -113,6 +114,7 @@ pub fn vjp(
                 kv_heads,
                 scale,
                 causal,
+                softcap,
             };
             all(a.vjp(q, k, v, g)?.into())
         }

@@ -40,7 +40,7 @@ pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
         "bias" | "tanh" | "causal" | "sigmoid" | "normalize" => AttrTy::Bool,
         "value" | "exponent" | "factor" | "eps" | "scale" | "theta" | "p" | "lr" | "beta1"
         | "beta2" | "weight_decay" | "low_freq_factor" | "high_freq_factor" | "original_max"
-        | "beta_fast" | "beta_slow" | "attention_factor" => AttrTy::Float,
+        | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" => AttrTy::Float,
         "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" | "groups"
         | "groups_kept" => AttrTy::Int,
         "len" => AttrTy::Dim,
@@ -127,12 +127,17 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             kv_heads,
             scale,
             causal,
-        } => vec![
-            ("heads", Int(*heads)),
-            ("kv_heads", Int(*kv_heads)),
-            ("scale", Float(*scale)),
-            ("causal", Bool(*causal)),
-        ],
+            softcap,
+        } => {
+            let mut attrs = vec![
+                ("heads", Int(*heads)),
+                ("kv_heads", Int(*kv_heads)),
+                ("scale", Float(*scale)),
+                ("causal", Bool(*causal)),
+            ];
+            attrs.extend(softcap.map(|cap| ("softcap", Float(cap))));
+            attrs
+        }
         OpKind::Rotary {
             heads,
             theta,
@@ -464,6 +469,11 @@ pub(crate) fn build_kind(
             kv_heads: a.int(m, "kv_heads")?,
             scale: a.float(m, "scale")?,
             causal: a.bool(m, "causal")?,
+            softcap: if a.has("softcap") {
+                Some(a.float(m, "softcap")?)
+            } else {
+                None
+            },
         },
         "rotary" => OpKind::Rotary {
             heads: a.int(m, "heads")?,

@@ -49,6 +49,14 @@ fn every_kind() -> Vec<OpKind> {
             kv_heads: 8,
             scale: 0.08838834764831845,
             causal: true,
+            softcap: None,
+        },
+        OpKind::Attention {
+            heads: 16,
+            kv_heads: 8,
+            scale: 0.0625,
+            causal: true,
+            softcap: Some(50.0),
         },
         OpKind::Rotary {
             heads: 32,

@@ -143,6 +143,7 @@ pub fn attention(m: &Matcher<'_>, op: OpId, _uses: &[usize]) -> Option<Rewrite> 
             kv_heads: kv,
             scale,
             causal,
+            softcap: None,
         },
         vec![Operand::Value(q), Operand::Value(k), Operand::Value(v)],
     )];
