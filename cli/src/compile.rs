@@ -474,17 +474,18 @@ fn record_extractions(
     cluster: &planner::Cluster,
     s: &planner::Strategy,
 ) {
-    use planner::sharding_costs::{block_plan, expert_block_plan, expert_layout_is_lowered};
+    use planner::sharding_costs::{expert_block_plan, expert_layout_is_lowered};
     let mut methods = Vec::new();
     let mut fallback = None;
     // At tp 1 the tensor-parallel extraction is the whole block on every rank; it is still
     // recorded and checked against the program, except under expert parallelism, whose
     // group's extraction below lays the block out.
     if s.tp > 1 || s.ep <= 1 {
-        match block_plan(info, cluster, s) {
-            Ok(bp) => {
+        match block_plans(info, cluster, s) {
+            Ok((bp, later)) => {
                 let solver = bp.solve.solver.clone();
                 plan.block_plan = Some(bp);
+                plan.run_block_plans = later;
                 match extracted_program_fits(plan, info.graph) {
                     Ok(None) => methods.push(solver),
                     Ok(Some(why)) => {
@@ -525,24 +526,54 @@ fn record_extractions(
             if let Some(bp) = plan.block_plan.as_ref().filter(|_| s.ep <= 1) {
                 plan.sharding.ops = planner::plan::extracted_ops(info.graph, bp);
             }
-            format!("e-graph + {solver}{}", later_runs_note(info))
+            format!("e-graph + {solver}{}", runs_note(info))
         }
         (None, None) => plan.sharding.method.clone(),
     };
 }
 
-/// Where the block changes structure, which layers the recorded extraction (the first run's)
-/// does not lay out: codegen lowers them by Megatron-LM's rules.
-fn later_runs_note(info: &planner::ModelInfo<'_>) -> String {
+/// The tensor-parallel extraction of each run of identical layers: the first run's, then the
+/// later runs' where the block changes structure. The error names the run that failed.
+fn block_plans(
+    info: &planner::ModelInfo<'_>,
+    cluster: &planner::Cluster,
+    s: &planner::Strategy,
+) -> Result<
+    (
+        planner::sharding::BlockPlan,
+        Vec<planner::sharding::BlockPlan>,
+    ),
+    String,
+> {
     let runs = info.runs();
-    match runs.get(1) {
-        Some(second) => format!(
-            " for layers 0-{}; layers {}-{} by Megatron-LM's rules (the plan records the first \
-             run of identical layers' extraction)",
-            second.first - 1,
-            second.first,
-            info.layers - 1
-        ),
-        None => String::new(),
+    let mut plans = Vec::with_capacity(runs.len());
+    for run in &runs {
+        let bp = planner::sharding_costs::block_plan(run.info, cluster, s).map_err(|e| {
+            if runs.len() > 1 {
+                format!("layers {}-{}: {e}", run.first, run.first + run.count - 1)
+            } else {
+                e.to_string()
+            }
+        })?;
+        plans.push(bp);
     }
+    let first = plans.remove(0);
+    Ok((first, plans))
+}
+
+/// Where the block changes structure, that each run of identical layers has its own
+/// extraction.
+fn runs_note(info: &planner::ModelInfo<'_>) -> String {
+    let runs = info.runs();
+    if runs.len() < 2 {
+        return String::new();
+    }
+    let spans: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{}-{}", r.first, r.first + r.count - 1))
+        .collect();
+    format!(
+        " (one extraction per run of identical layers: {})",
+        spans.join(", ")
+    )
 }

@@ -202,14 +202,20 @@ fn a_model_whose_first_layer_is_dense_plans_and_lowers_on_8_h100() {
         let plan = d.join(format!("{name}.json")).to_string_lossy().to_string();
         let (code, out, err) = compile_on_8_h100_pinned(&cfg, &plan, pins);
         assert!(code == 0 && out.contains("fits"), "{name}: {out}{err}");
-        // The plan records one run's extraction: it says the expert layers follow the rules.
+        // The plan records one extraction per run (the dense layer 0, the expert layers
+        // 1-26), and the program lays both out as extracted.
         let text = std::fs::read_to_string(&plan).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let method = v["sharding"]["method"].as_str().unwrap_or_default();
         assert!(
-            method.starts_with("megatron-rules")
-                || method.contains("layers 1-26 by Megatron-LM's rules"),
+            method.starts_with("e-graph")
+                && method.contains("per run of identical layers: 0-0, 1-26"),
             "{name}: {method}"
+        );
+        let later = v["run_block_plans"].as_array().map_or(0, Vec::len);
+        assert_eq!(
+            later, 1,
+            "{name}: the expert layers' extraction is recorded"
         );
         let progs = d.join(format!("{name}-programs"));
         let (code, out, err) = plait(&["codegen", &plan, "-o", &progs.to_string_lossy()]);

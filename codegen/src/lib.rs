@@ -43,6 +43,7 @@ pub fn lower_checked(
         Some(why) if differs => {
             let mut rules = plan.clone();
             rules.block_plan = None;
+            rules.run_block_plans.clear();
             let set = lower(&rules, graph, opts)?;
             let report = check(&set);
             let note = format!(

@@ -369,8 +369,7 @@ fn estimate_impl(
     let runs: Vec<RunCost> = info
         .runs()
         .iter()
-        .enumerate()
-        .map(|(k, r)| RunCost::new(&cx, mode, r.info, k == 0, &policy))
+        .map(|r| RunCost::new(&cx, mode, r.info, &policy))
         .collect();
     let prices = &runs[0].prices;
     let pricer = Pricer {

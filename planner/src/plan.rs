@@ -76,6 +76,16 @@ fn recorded_pricing(
     TpPricing::Rules(why.unwrap_or("the program runs the rules"))
 }
 
+impl Plan {
+    /// The recorded extraction of run `run` of identical layers (0: the first, `block_plan`).
+    pub fn run_block_plan(&self, run: usize) -> Option<&crate::sharding::BlockPlan> {
+        match run {
+            0 => self.block_plan.as_ref(),
+            r => self.run_block_plans.get(r - 1),
+        }
+    }
+}
+
 /// One model chunk: a contiguous range of decoder layers on one pipeline stage.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkPlan {
@@ -143,6 +153,11 @@ pub struct Plan {
     /// block on every rank).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_plan: Option<crate::sharding::BlockPlan>,
+    /// The extraction of each later run of identical layers, in order (a block that changes
+    /// structure: DeepSeek-V3's expert layers after its dense ones); `block_plan` is the first
+    /// run's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_block_plans: Vec<crate::sharding::BlockPlan>,
     /// The expert-parallel group's extraction of the block (ep > 1): where the expert layer's
     /// tokens are gathered and its output reduced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,6 +210,7 @@ impl Plan {
             chunks,
             sharding: megatron_sharding(info, s),
             block_plan: None,
+            run_block_plans: Vec::new(),
             expert_block_plan: None,
             embedding_head_plan: None,
             predicted: best.predicted.clone(),

@@ -143,33 +143,41 @@ pub fn embedding_head_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<Stri
         }))
 }
 
-/// The decoder layer as the plan's sharding extraction lays it out when this lowering has
-/// every form it needs ([`extracted::lower`]), otherwise by the segment rules.
-fn layer_segment(plan: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>) -> Result<Segment, CodegenError> {
-    layer_or_why(plan, cx, info).map(|(layer, _)| layer)
+/// A layer of run `run` of identical layers as the plan's sharding extraction of that run lays
+/// it out when this lowering has every form it needs ([`extracted::lower`]), otherwise by the
+/// segment rules.
+fn layer_segment(
+    plan: &Plan,
+    cx: &Ctx<'_>,
+    run: usize,
+    layer_ops: &[OpId],
+) -> Result<Segment, CodegenError> {
+    layer_or_why(plan, cx, run, layer_ops).map(|(layer, _)| layer)
 }
 
 /// [`layer_segment`], and why the extraction did not lower where the rules lowered the layer.
 fn layer_or_why(
     plan: &Plan,
     cx: &Ctx<'_>,
-    info: &ModelInfo<'_>,
+    run: usize,
+    layer_ops: &[OpId],
 ) -> Result<(Segment, Option<String>), CodegenError> {
-    let why = match plan.block_plan.as_ref().filter(|_| cx.tp > 1) {
-        Some(bp) => match extracted::lower(cx, &info.layer_ops, bp) {
+    let why = match plan.run_block_plan(run).filter(|_| cx.tp > 1) {
+        Some(bp) => match extracted::lower(cx, layer_ops, bp) {
             Ok(layer) => return Ok((layer, None)),
             Err(why) => Some(why),
         },
         None => None,
     };
-    Ok((segment::lower(cx, &info.layer_ops, Kind::Layer)?, why))
+    Ok((segment::lower(cx, layer_ops, Kind::Layer)?, why))
 }
 
-/// Whether the segment rules alone lay the layer out as the plan's extraction does (then the
-/// extraction is Megatron's layout and lowering it changes nothing). `true` without one.
+/// Whether the segment rules alone lay every run's layer out as the plan's extractions do
+/// (then the extraction is Megatron's layout and lowering it changes nothing). `true` without
+/// one.
 pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> Result<bool, CodegenError> {
-    let rules_only = |_: &Plan, cx: &Ctx<'_>, info: &ModelInfo<'_>| {
-        segment::lower(cx, &info.layer_ops, Kind::Layer).map(|layer| (layer, None))
+    let rules_only = |_: &Plan, cx: &Ctx<'_>, _: usize, layer_ops: &[OpId]| {
+        segment::lower(cx, layer_ops, Kind::Layer).map(|layer| (layer, None))
     };
     Ok(layer_against_extraction(plan, graph, rules_only)?.is_none())
 }
@@ -184,32 +192,48 @@ pub fn extraction_mismatch(plan: &Plan, graph: &Graph) -> Result<Option<String>,
     layer_against_extraction(plan, graph, layer_or_why)
 }
 
-/// The first op where the layer `lower_layer` makes for `plan` differs from its extraction.
+/// The first op where a layer `lower_layer` makes for `plan` differs from its run's
+/// extraction, naming the run's layers where the block changes structure.
 fn layer_against_extraction(
     plan: &Plan,
     graph: &Graph,
     lower_layer: impl Fn(
         &Plan,
         &Ctx<'_>,
-        &ModelInfo<'_>,
+        usize,
+        &[OpId],
     ) -> Result<(Segment, Option<String>), CodegenError>,
 ) -> Result<Option<String>, CodegenError> {
-    let Some(bp) = &plan.block_plan else {
+    if plan.block_plan.is_none() {
         return Ok(None);
-    };
+    }
     let (plan, cp) = with_context_folded(plan)?;
     let plan = plan.as_ref();
     let info = ModelInfo::new(graph).map_err(|e| CodegenError::plan("model", e.to_string()))?;
     let cx = segment_ctx(plan, graph, &info, cp);
-    let (layer, why_not_extracted) = lower_layer(plan, &cx, &info)?;
-    Ok(
-        segment::differs_from(&layer, bp).map(|differs| match why_not_extracted {
+    let runs = info.runs();
+    for (r, run) in runs.iter().enumerate() {
+        let Some(bp) = plan.run_block_plan(r) else {
+            continue;
+        };
+        let (layer, why_not_extracted) = lower_layer(plan, &cx, r, &run.info.layer_ops)?;
+        let Some(differs) = segment::differs_from(&layer, bp) else {
+            continue;
+        };
+        let differs = match why_not_extracted {
             Some(why) => {
                 format!("the extraction does not lower ({why}), and the rules differ: {differs}")
             }
             None => differs,
-        }),
-    )
+        };
+        return Ok(Some(if runs.len() > 1 {
+            let last = run.first + run.count - 1;
+            format!("layers {}-{last}: {differs}", run.first)
+        } else {
+            differs
+        }));
+    }
+    Ok(None)
 }
 
 /// Generates every rank's program for `plan` on the model's forward `graph`.
@@ -240,12 +264,12 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         ));
     }
     let pre = segment::lower(&cx, &info.pre_ops, Kind::Pre)?;
-    let layer = layer_segment(plan, &cx, &info)?;
-    // Each later run of identical layers (a block that changes structure) by the rules: the
-    // plan records the first run's extraction only.
+    let layer = layer_segment(plan, &cx, 0, &info.layer_ops)?;
+    // Each later run of identical layers (a block that changes structure) by its own
+    // extraction where the plan records one.
     let mut later_runs = Vec::new();
-    for run in info.runs().iter().skip(1) {
-        later_runs.push(segment::lower(&cx, &run.info.layer_ops, Kind::Layer)?);
+    for (r, run) in info.runs().iter().enumerate().skip(1) {
+        later_runs.push(layer_segment(plan, &cx, r, &run.info.layer_ops)?);
     }
     let run_of_layer: Vec<usize> = (0..info.layers)
         .map(|l| graph.kind_starts.iter().filter(|&&s| s <= l).count())

@@ -514,8 +514,8 @@ pub fn approximations(text: &str) -> Vec<String> {
         .filter(|v| !v.is_null() && !window_off)
     {
         notes.push(format!(
-            "sliding_window {w} is modelled as full causal attention (an upper bound on its \
-             attention time and memory)"
+            "sliding_window {w} is modelled as full causal attention (the same for sequences \
+             of up to {w} tokens; beyond, an upper bound on its attention time and memory)"
         ));
     }
     if obj.get("model_type") == Some(&Value::String("phi3".into())) {

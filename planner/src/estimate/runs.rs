@@ -5,16 +5,10 @@
 use super::setup::Setup;
 use super::work::{Pricer, TpPrices};
 use super::{
-    ActivationPolicy, ExpertDispatch, Mode, Pricing, TpPricing, Transients, Work,
-    layer_activation_bytes, layer_shape, stages,
+    ActivationPolicy, ExpertDispatch, Mode, Transients, Work, layer_activation_bytes, layer_shape,
+    stages,
 };
 use crate::model::ModelInfo;
-
-/// Why a run after the first is priced by Megatron-LM's rules once the program is known: the
-/// plan records the sharding extraction of the first run's layer only, and codegen lays the
-/// other runs out by the rules.
-const LATER_RUNS: &str = "the plan records the extraction of the first run of layers; codegen \
-                          lays out the later runs by Megatron-LM's rules";
 
 pub(super) struct RunCost {
     pub prices: TpPrices,
@@ -34,21 +28,11 @@ impl RunCost {
         cx: &Setup<'_, '_>,
         mode: Mode<'_>,
         run: &ModelInfo<'_>,
-        first: bool,
         policy: &ActivationPolicy,
     ) -> RunCost {
         let (g, s) = (cx.g, cx.s);
-        let mode = if first || mode.tp.layer == TpPricing::Extraction {
-            mode
-        } else {
-            Mode {
-                tp: Pricing {
-                    layer: TpPricing::Rules(LATER_RUNS),
-                    ..mode.tp
-                },
-                ..mode
-            }
-        };
+        // Each run is priced as the program lays it out: the plan records one extraction per
+        // run, lowered or (all of them) replaced by the rules.
         let prices = TpPrices::of_run(cx, mode, run);
         let pricer = Pricer {
             cx,
