@@ -5,6 +5,7 @@ mod bench_memory;
 mod clusters;
 mod codegen;
 mod compile;
+mod device;
 mod estimate;
 mod export;
 mod inspect;

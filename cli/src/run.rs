@@ -16,7 +16,7 @@ use codegen::ProgramSet;
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::data::Tokens;
 use runtime::exec::Init;
-use runtime::train::{StepLog, TrainOptions};
+use runtime::train::{Device, StepLog, TrainOptions};
 
 use crate::compile::compile;
 use crate::strategy_args::{ClusterArgs, StrategyArgs};
@@ -98,9 +98,14 @@ pub struct RunArgs {
     /// device's parameters (not only its losses). Slower (f64 matrix products).
     #[arg(long)]
     reproducible: bool,
-    /// Run a plan made for a GPU cluster on this machine's CPU threads anyway: to check its
-    /// programs train as one device does; their speed and memory are not the plan's.
-    #[arg(long)]
+    /// Where the ranks train: cpu (this machine's threads) or cuda (GPUs; a build with
+    /// `--features cuda`). A GPU plan on the CPU checks that its programs train as one device
+    /// does; their speed and memory are not the plan's.
+    /// [default: the plan's cluster: cuda for a GPU cluster, cpu for `--cluster cpu`]
+    #[arg(long, value_enum)]
+    device: Option<crate::device::DeviceArg>,
+    /// The same as `--device cpu` (kept for earlier scripts).
+    #[arg(long, hide = true, conflicts_with = "device")]
     on_cpu: bool,
 }
 
@@ -163,28 +168,40 @@ fn unsharded_for_dp_comm(
     plan
 }
 
-/// The programs, where initial weights come from, the vocabulary and the data-parallel
-/// exchange (the flags', else the plan's).
-fn programs(
-    args: &RunArgs,
-) -> anyhow::Result<(
-    ProgramSet,
-    Init,
-    Option<u64>,
-    runtime::exec::dp_comm::DpComm,
-)> {
+/// What a run trains: the programs, where initial weights come from, the vocabulary, the
+/// data-parallel exchange (the flags', else the plan's) and the device.
+struct Job {
+    set: ProgramSet,
+    init: Init,
+    vocab: Option<u64>,
+    dp: runtime::exec::dp_comm::DpComm,
+    device: runtime::train::Device,
+    /// The plan's predicted step seconds, where the run is on the hardware the plan was
+    /// priced for (a GPU plan on CUDA, a CPU plan on CPU threads).
+    predicted_step_s: Option<f64>,
+}
+
+/// The job of `args`; a device that cannot run here is refused before any program is built.
+fn programs(args: &RunArgs) -> anyhow::Result<Job> {
     let seeded = Init::Seed(args.seed);
-    let plan = match &args.plan {
+    let (plan, path) = match &args.plan {
         Some(p) if p.is_dir() => {
-            return Ok((codegen::io::read(p)?, seeded, None, dp_comm(args, None)));
+            let device = device(args, None);
+            crate::device::check(device, None, None)?;
+            return Ok(Job {
+                set: codegen::io::read(p)?,
+                init: seeded,
+                vocab: None,
+                dp: dp_comm(args, None),
+                device,
+                predicted_step_s: None,
+            });
         }
-        Some(p) => {
-            let plan = crate::plan_file::read(p)?;
-            refuse_gpu_plan(&plan, p, args.on_cpu)?;
-            plan
-        }
-        None => demo_plan()?,
+        Some(p) => (crate::plan_file::read(p)?, Some(p.as_path())),
+        None => (demo_plan()?, None),
     };
+    let device = device(args, Some(&plan));
+    crate::device::check(device, path.map(|_| &plan), path)?;
     let dp = dp_comm(args, Some(plan.strategy.dp_comm));
     let plan = unsharded_for_dp_comm(plan, dp);
     let (set, _) = codegen::generate(&plan)?;
@@ -200,7 +217,15 @@ fn programs(
     } else {
         seeded
     };
-    Ok((set, init, Some(plan.model.vocab), dp))
+    let on_its_hardware = plan.cluster.runs_on_cpu_threads() == (device == Device::Cpu);
+    Ok(Job {
+        set,
+        init,
+        vocab: Some(plan.model.vocab),
+        dp,
+        device,
+        predicted_step_s: on_its_hardware.then_some(plan.predicted.iteration_time_s),
+    })
 }
 
 /// The exchange the flags ask for, each flag falling back to what the plan was priced with.
@@ -246,32 +271,23 @@ fn data(args: &RunArgs) -> anyhow::Result<Tokens> {
     })
 }
 
-/// A plan for GPUs is never trained silently on CPU threads: `plait run` has only the CPU
-/// runtime (the CUDA runtime is not wired into it yet), so it says so unless asked with
-/// `--on-cpu`.
-fn refuse_gpu_plan(
-    plan: &planner::plan::Plan,
-    path: &std::path::Path,
-    on_cpu: bool,
-) -> anyhow::Result<()> {
-    if on_cpu || plan.cluster.runs_on_cpu_threads() {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "{} is a plan for {} x {} ({}), and `plait run` trains on this machine's CPU threads \
-         only: it has no CUDA GPU runtime yet. To train here, compile for `--cluster cpu`; to \
-         train on the GPUs, export the plan to an engine (`plait export {} --to megatron`); to \
-         check its programs on CPU threads anyway, add --on-cpu",
-        path.display(),
-        plan.gpus,
-        plan.cluster.gpu.name,
-        plan.cluster.name,
-        path.display()
-    )
+/// The device of the run: `--device` (or `--on-cpu`), else the plan's cluster's.
+fn device(args: &RunArgs, plan: Option<&planner::plan::Plan>) -> runtime::train::Device {
+    let flag = args
+        .device
+        .or(args.on_cpu.then_some(crate::device::DeviceArg::Cpu));
+    crate::device::resolve(flag, plan)
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let (set, init, vocab, dp) = programs(args)?;
+    let Job {
+        set,
+        init,
+        vocab,
+        dp,
+        device,
+        predicted_step_s,
+    } = programs(args)?;
     let tokens = data(args)?;
     if let Some(v) = vocab {
         tokens.check_vocab(v)?;
@@ -283,6 +299,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         timeout: Duration::from_secs(args.timeout.max(1)),
         reproducible: args.reproducible,
         dp_comm: dp,
+        device,
         op_times: args.op_times,
         checkpoint: args
             .checkpoint_dir
@@ -327,6 +344,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             tokens.name,
             tokens.ids.len()
         );
+        if device == Device::Cuda {
+            println!(
+                "device      cuda: rank r on GPU r mod the GPUs visible, f32; matrix products \
+                 run on the GPU, the other ops still round-trip through host memory (slow)"
+            );
+        }
     }
     let bar = if leader {
         ProgressBar::new(args.steps)
@@ -338,9 +361,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let io_error = Mutex::new(None);
+    let step_seconds = Mutex::new(Vec::new());
     let on_step = |rank: u32, s: StepLog| {
         if rank != 0 {
             return;
+        }
+        if let Ok(mut v) = step_seconds.lock() {
+            v.push(s.seconds);
         }
         let mut lines = Vec::new();
         if let (Some((from, secs)), Some(dir)) = (s.resumed, &args.checkpoint_dir) {
@@ -395,6 +422,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     if let Ok(outs) = &result {
         print_op_times(&set, outs);
+        if leader {
+            let seconds = step_seconds.lock().map(|v| v.clone()).unwrap_or_default();
+            print_step_time(&seconds, predicted_step_s);
+        }
     }
     if let Err(e) = result {
         let e = explain(e, args.timeout.max(1));
@@ -411,6 +442,30 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         return Err(e).context("cannot write the JSON log");
     }
     Ok(())
+}
+
+/// The measured step time (the mean after the first step, a warm-up, when there are more)
+/// beside the plan's prediction where the run is on the hardware the plan was priced for.
+fn print_step_time(seconds: &[f64], predicted: Option<f64>) {
+    let timed = if seconds.len() > 1 {
+        &seconds[1..]
+    } else {
+        seconds
+    };
+    if timed.is_empty() {
+        return;
+    }
+    let measured = timed.iter().sum::<f64>() / timed.len() as f64;
+    match predicted.filter(|&p| p > 0.0) {
+        Some(p) => println!(
+            "time/step   measured {measured:.3} s, predicted {p:.3} s (measured / predicted {:.2})",
+            measured / p
+        ),
+        None => println!(
+            "time/step   measured {measured:.3} s (not on the hardware the plan was priced for: \
+             no prediction to compare)"
+        ),
+    }
 }
 
 /// Each pipeline stage's first rank's time per instruction kind (ranks of a stage run one
@@ -461,6 +516,21 @@ fn mpi_world() -> anyhow::Result<Option<MpiRun>> {
     Ok(Some(MpiRun { world, rank }))
 }
 
+/// This process's index among the ranks of its node, as the launcher tells it (torchrun's
+/// `LOCAL_RANK`, Open MPI's, MPICH's or Slurm's), else its world rank: which GPU it takes.
+#[cfg(feature = "mpi")]
+fn local_rank(world_rank: usize) -> usize {
+    [
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.parse().ok())
+    .unwrap_or(world_rank)
+}
+
 #[cfg(not(feature = "mpi"))]
 fn mpi_world() -> anyhow::Result<Option<MpiRun>> {
     Ok(None)
@@ -483,7 +553,14 @@ impl MpiRun {
     ) -> Result<runtime::train::RankOutcome, runtime::RuntimeError> {
         let mut comm = self.world.communicator();
         runtime::Communicator::set_timeout(&mut comm, opts.timeout);
-        runtime::train::train_rank(set, opts.cpu_backend(), comm, tokens, opts, on_step)
+        runtime::train::train_rank_on_device(
+            set,
+            local_rank(self.rank),
+            comm,
+            tokens,
+            opts,
+            on_step,
+        )
     }
 
     /// Reports this rank's failure and ends the whole job (`MPI_Abort`, exit code 2).

@@ -130,6 +130,7 @@ pub fn run(args: &StepTimeArgs) -> anyhow::Result<()> {
             checkpoint: None,
             reproducible: false,
             dp_comm: Default::default(),
+            device: Default::default(),
             op_times: false,
         };
         train_threads(&set, &tokens, &opts, &on_step)?;

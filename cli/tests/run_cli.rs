@@ -1,5 +1,6 @@
-//! `plait run` says what it does: a plan for a GPU cluster is never trained silently on CPU
-//! threads (exit 2 naming the GPUs, unless `--on-cpu`), and checkpoints report what they wrote
+//! `plait run` says what it does: a plan for a GPU cluster trains on CUDA by default and never
+//! silently on CPU threads (exit 2 naming the GPUs where CUDA cannot run, unless `--device
+//! cpu`), it compares the step time with the plan's, and checkpoints report what they wrote
 //! and loaded.
 
 mod common;
@@ -32,16 +33,71 @@ fn a_gpu_plan_is_refused_on_cpu_threads_unless_asked() {
         &p,
     ]);
     assert_eq!(code, 0, "{err}");
+    // The default device of a GPU plan is CUDA: without it here (this build has no `cuda`
+    // feature, or the machine no GPU) the run stops before any step and says what to do.
+    let t0 = std::time::Instant::now();
     let (code, out, err) = plait(&["run", &p, "--steps", "1"]);
-    assert_eq!(code, 2, "{out}{err}");
-    assert!(err.contains("H100") && err.contains("CUDA"), "{err}");
-    assert!(
-        !out.lines().any(|l| l.starts_with("step ")),
-        "trained anyway: {out}"
-    );
-    let (code, out, err) = plait(&["run", &p, "--steps", "1", "--on-cpu"]);
+    refused_or_on_cuda(code, &out, &err);
+    if code == 2 {
+        assert!(
+            err.contains("H100") && err.contains("--device cpu"),
+            "{err}"
+        );
+        assert!(
+            t0.elapsed().as_secs() <= 10,
+            "refused after {:?}",
+            t0.elapsed()
+        );
+    }
+    // Asked for, the CPU threads train it; the step time is not compared with the GPU's.
+    for flag in [&["--device", "cpu"][..], &["--on-cpu"][..]] {
+        let mut run = vec!["run", &p, "--steps", "2"];
+        run.extend_from_slice(flag);
+        let (code, out, err) = plait(&run);
+        assert_eq!(code, 0, "{flag:?}: {err}");
+        assert!(out.lines().any(|l| l.starts_with("step ")), "{out}");
+        assert!(out.contains("no prediction to compare"), "{out}");
+    }
+    // `--device cuda` for the CPU demo: the same refusal where CUDA cannot run.
+    let (code, out, err) = plait(&["run", "--steps", "1", "--device", "cuda"]);
+    refused_or_on_cuda(code, &out, &err);
+}
+
+/// Either CUDA cannot run here and the run was refused (exit 2, naming CUDA and the fix, no
+/// step), or it ran on CUDA (a build with `--features cuda` on a GPU machine).
+fn refused_or_on_cuda(code: i32, out: &str, err: &str) {
+    let unavailable = err.contains("built without CUDA") || err.contains("no usable CUDA GPU");
+    if unavailable {
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(
+            err.contains("--features cuda") || err.contains("GPU machine"),
+            "{err}"
+        );
+        assert!(
+            !out.lines().any(|l| l.starts_with("step ")),
+            "trained anyway: {out}"
+        );
+    } else {
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains("device      cuda"), "{out}");
+    }
+}
+
+/// A CPU plan run on CPU threads prints its measured step time beside the prediction.
+#[test]
+fn a_cpu_plan_prints_measured_and_predicted_step_time() {
+    let (code, out, err) = plait(&["run", "--steps", "3"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.lines().any(|l| l.starts_with("step ")), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("time/step"))
+        .unwrap_or_else(|| panic!("no step time line: {out}"));
+    assert!(
+        line.contains("measured")
+            && line.contains("predicted")
+            && line.contains("measured / predicted"),
+        "{line}"
+    );
 }
 
 /// Checkpoints say what was written and loaded, and how long it took.

@@ -10,7 +10,7 @@ use program::ProgramSet;
 use crate::checkpoint;
 use crate::data::Tokens;
 use crate::exec::{Executor, Init, OpTimes, ShardState};
-use crate::{Backend, Communicator, CpuBackend, RuntimeError, ThreadComm};
+use crate::{Backend, Communicator, CpuBackend, CudaBackend, RuntimeError, ThreadComm};
 
 /// Where and how often to checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +43,36 @@ pub struct TrainOptions {
     /// How data-parallel gradients are exchanged: compressed, or local SGD
     /// ([`crate::exec::dp_comm`]).
     pub dp_comm: crate::exec::dp_comm::DpComm,
+    /// Where each rank's tensors live and its ops run.
+    pub device: Device,
+}
+
+/// Where a rank's tensors live and its ops run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// This machine's CPU threads ([`CpuBackend`]).
+    #[default]
+    Cpu,
+    /// A CUDA GPU ([`CudaBackend`]); rank `r` of a node uses GPU `r mod count`.
+    Cuda,
+}
+
+impl Device {
+    /// How many of this device the machine has: 1 for the CPU; the visible GPUs for CUDA, or
+    /// why there are none ([`RuntimeError::NotCompiledWithCudaSupport`] in a build without
+    /// the `cuda` feature, [`RuntimeError::NoCudaDevice`] without a driver or GPU). Checks
+    /// nothing else, so a caller can refuse at once, before building programs.
+    pub fn available(self) -> Result<usize, RuntimeError> {
+        match self {
+            Device::Cpu => Ok(1),
+            Device::Cuda => match CudaBackend::device_count()? {
+                0 => Err(RuntimeError::NoCudaDevice {
+                    reason: "the CUDA driver sees no GPU".into(),
+                }),
+                n => Ok(n),
+            },
+        }
+    }
 }
 
 impl TrainOptions {
@@ -247,7 +277,28 @@ fn save<B: Backend, C: Communicator>(
     ex.world().barrier()
 }
 
-/// Runs every rank as a thread on the CPU backend; returns the ranks' outcomes in rank order.
+/// [`train_rank`] on the backend `opts.device` names: the CPU, or GPU `local_rank mod count`
+/// of this node (`local_rank`: the rank's index among this node's ranks).
+pub fn train_rank_on_device<C: Communicator>(
+    set: &ProgramSet,
+    local_rank: usize,
+    comm: C,
+    data: &Tokens,
+    opts: &TrainOptions,
+    on_step: &(dyn Fn(u32, StepLog) + Sync),
+) -> Result<RankOutcome, RuntimeError> {
+    match opts.device {
+        Device::Cpu => train_rank(set, opts.cpu_backend(), comm, data, opts, on_step),
+        Device::Cuda => {
+            let gpus = Device::Cuda.available()?;
+            let backend = CudaBackend::new(local_rank % gpus)?;
+            train_rank(set, backend, comm, data, opts, on_step)
+        }
+    }
+}
+
+/// Runs every rank as a thread of this process on `opts.device` (several ranks share a GPU
+/// when there are fewer GPUs than ranks); returns the ranks' outcomes in rank order.
 pub fn train_threads(
     set: &ProgramSet,
     data: &Tokens,
@@ -255,8 +306,10 @@ pub fn train_threads(
     on_step: &(dyn Fn(u32, StepLog) + Sync),
 ) -> Result<Vec<RankOutcome>, RuntimeError> {
     let n = set.ranks.len();
+    opts.device.available()?;
     let results = ThreadComm::run(n, opts.timeout, |c| {
-        train_rank(set, opts.cpu_backend(), c, data, opts, on_step)
+        let rank = Communicator::rank(&c);
+        train_rank_on_device(set, rank, c, data, opts, on_step)
     })?;
     // The first failure that is not a consequence of another rank's.
     let mut first: Option<RuntimeError> = None;

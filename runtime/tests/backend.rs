@@ -216,7 +216,7 @@ macro_rules! on_every_backend {
                             panic!("PLAIT_REQUIRE_CUDA is set but: {e}")
                         }
                         Err(e) => eprintln!(
-                            "note: skipping cuda::{} (no usable GPU): {e}",
+                            "skipped: no GPU: cuda::{} ({e})",
                             stringify!($body)
                         ),
                     }

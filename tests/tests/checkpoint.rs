@@ -39,6 +39,7 @@ fn losses_with(
         checkpoint: ckpt,
         reproducible: false,
         dp_comm,
+        device: Default::default(),
         op_times: false,
     };
     train_threads(set, &text(), &opts, &|_, _| {}).unwrap()[0]
@@ -185,6 +186,7 @@ fn failing(set: &ProgramSet, ckpt: CheckpointOptions) -> (String, usize) {
         checkpoint: Some(ckpt),
         reproducible: false,
         dp_comm: Default::default(),
+        device: Default::default(),
         op_times: false,
     };
     let ran = std::sync::atomic::AtomicUsize::new(0);

@@ -23,6 +23,7 @@ fn weights(d: DpComm, steps: u64) -> Vec<Vec<f32>> {
         checkpoint: None,
         reproducible: false,
         dp_comm: d,
+        device: Default::default(),
         op_times: false,
     };
     let outs = train_threads(&set, &text(), &opts, &|_, _| {}).expect("trains");

@@ -21,6 +21,7 @@ fn op_times_account_for_the_steps_after_the_first() {
         checkpoint: None,
         reproducible: false,
         dp_comm: Default::default(),
+        device: Default::default(),
         op_times: true,
     };
     let outs = train_threads(&set, &text(), &opts, &|_, _| {}).unwrap();

@@ -166,6 +166,7 @@ pub fn train_with(set: &ProgramSet, steps: u64, seed: u64, reproducible: bool) -
         checkpoint: None,
         reproducible,
         dp_comm: Default::default(),
+        device: Default::default(),
         op_times: false,
     };
     let outs = train_threads(set, &text(), &opts, &|_, _| {}).unwrap();

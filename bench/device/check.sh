@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Issue 15's GPU acceptance in one run (at most 8 minutes on one GPU): prints a table and writes
+# check.json under $OUT (or ./device-check-out).
+#
+# Prepare on the CPU machine (the GPU machine has no Rust toolchain), then carry bench/device/bin:
+#   cargo build --release -p plait --features cuda
+#   mkdir -p bench/device/bin && cp target/release/plait bench/device/bin/ && strip bench/device/bin/plait
+#   echo /bench/device/bin/ >> .git/info/exclude
+# On the GPU machine (device tool: carry ["bench/device/bin"]):
+#   bash bench/device/check.sh
+#
+# Rows:
+#   f32-one-gpu     tiny GPT (4 layers, hidden 128, seq 64), 20 steps, one rank on CUDA against
+#                   the CPU backend: losses within 1e-4 relative
+#   dp2-one-gpu     the same model, DP2 (two ranks on the one GPU): against one rank, 1e-4
+#   tp2-one-gpu     the same model, TP2 (two ranks on the one GPU): against one rank, 1e-4
+#   gpt2-124m       GPT-2 124M, seq 1024, micro-batch 8: plait's tokens/s on CUDA beside PyTorch
+#                   eager with scaled_dot_product_attention (bf16, AdamW) on the same GPU, and
+#                   the plan's predicted step time (dgx-h200) against the measured one
+#   bf16-one-gpu    not built yet: the CUDA backend is f32 (the row says so)
+# Exit: 0 when every built row passes, 1 when one fails, 2 when this machine cannot run it
+# (no GPU, no binary): then within seconds, before anything is built or trained.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-$PWD/device-check-out}"
+mkdir -p "$OUT"
+PLAIT="${PLAIT:-bench/device/bin/plait}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+deadline=$(( $(date +%s) + ${CHECK_BUDGET_S:-480} ))
+
+fail_fast() { echo "device check: $*" >&2; exit 2; }
+# CHECK_DEVICE=cpu runs every row on the CPU backend instead: a dry run of this script's own
+# logic on a machine without a GPU (its figures are not the acceptance's).
+DEVICE="${CHECK_DEVICE:-cuda}"
+
+# --- Preflight: everything that would make the run pointless, in seconds -------------------
+if [ "$DEVICE" = cuda ]; then
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU \
+    || fail_fast "no NVIDIA GPU here (nvidia-smi finds none): run this on the GPU machine"
+fi
+[ -x "$PLAIT" ] || fail_fast "$PLAIT not found: build it here with \`cargo build --release -p plait \
+--features cuda\` and copy it to bench/device/bin/plait (see the header), then carry bench/device/bin"
+# cudarc loads libcuda from the driver and cuBLAS by name: add the toolkit's and PyTorch's
+# wheel folders so it finds them.
+for d in /usr/local/cuda/lib64 /usr/local/nvidia/lib64 \
+  $(python3 -c 'import glob, os, nvidia; print(" ".join(sorted({os.path.dirname(p) for p in glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "lib", "libcublas*"))})))' 2>/dev/null); do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+"$PLAIT" --version >/dev/null 2>&1 || fail_fast "$PLAIT does not start here: $("$PLAIT" --version 2>&1 | head -2)"
+if [ "$DEVICE" = cuda ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+else
+  echo "dry run on the CPU backend (CHECK_DEVICE=cpu): not the acceptance's figures"
+fi
+
+left() { echo $(( deadline - $(date +%s) )); }
+results="$work/rows.jsonl"
+: > "$results"
+row() { # name status detail [json extras]
+  local extra="${4:-}"
+  [ -n "$extra" ] || extra='{}'
+  printf '%-14s %-6s %s\n' "$1" "$2" "$3"
+  python3 - "$1" "$2" "$3" "$extra" >> "$results" <<'PY'
+import json, sys
+name, status, detail, extra = sys.argv[1:5]
+print(json.dumps({"row": name, "status": status, "detail": detail, **json.loads(extra)}))
+PY
+}
+
+# Losses of a --log-json file, one per line.
+losses() { python3 -c 'import json,sys; [print(json.loads(l)["loss"]) for l in open(sys.argv[1])]' "$1"; }
+# Largest relative difference between two loss files (inf when lengths differ or one is empty).
+max_rel() {
+  python3 - "$1" "$2" <<'PY'
+import sys
+a = [float(x) for x in open(sys.argv[1]).read().split()]
+b = [float(x) for x in open(sys.argv[2]).read().split()]
+print(max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)), default=float("inf")) if len(a) == len(b) and a else "inf")
+PY
+}
+within() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)' "$1" "$2"; }
+
+# --- Tiny GPT: CUDA against the CPU backend, and DP2 / TP2 on the one GPU ---------------------
+cat > "$work/tiny.json" <<'EOF'
+{"model_type":"gpt2","n_layer":4,"n_embd":128,"n_head":4,"vocab_size":256,"n_positions":64,
+ "resid_pdrop":0.0,"embd_pdrop":0.0,"attn_pdrop":0.0}
+EOF
+compile_tiny() { # out pins...
+  local out=$1; shift
+  "$PLAIT" compile "$work/tiny.json" --cluster cpu --gpus "${GPUS:-1}" --global-batch 8 --seq 64 \
+    --precision fp32 "$@" -o "$out" > "$work/compile.log" 2>&1 \
+    || { echo "compile failed: $(tail -3 "$work/compile.log")"; return 1; }
+}
+train() { # plan device log
+  timeout "$(( $(left) > 60 ? 60 : $(left) ))" "$PLAIT" run "$1" --device "$2" --steps 20 \
+    --log-json "$3" > "$3.out" 2>&1 || { echo "run failed: $(tail -3 "$3.out")"; return 1; }
+  losses "$3" > "$3.losses"
+}
+
+if compile_tiny "$work/one.json" && train "$work/one.json" cpu "$work/cpu.jsonl" \
+   && train "$work/one.json" "$DEVICE" "$work/cuda.jsonl"; then
+  d=$(max_rel "$work/cuda.jsonl.losses" "$work/cpu.jsonl.losses")
+  if within "$d" 1e-4; then s=pass; else s=FAIL; fi
+  row f32-one-gpu "$s" "20 steps, max relative loss difference to the CPU backend $d (bar 1e-4)" \
+    "{\"max_rel\": \"$d\"}"
+else
+  row f32-one-gpu FAIL "did not run (see above)"
+fi
+cp "$work/cuda.jsonl.out" "$OUT/f32-one-gpu.log" 2>/dev/null
+
+for mesh in dp tp; do
+  if GPUS=2 compile_tiny "$work/$mesh.json" "--$mesh" 2 \
+     && train "$work/$mesh.json" "$DEVICE" "$work/$mesh.jsonl"; then
+    d=$(max_rel "$work/$mesh.jsonl.losses" "$work/cpu.jsonl.losses")
+    if within "$d" 1e-4; then s=pass; else s=FAIL; fi
+    row "${mesh}2-one-gpu" "$s" "two ranks (threads) on GPU 0: max relative loss difference to one rank $d (bar 1e-4)" \
+      "{\"max_rel\": \"$d\"}"
+  else
+    row "${mesh}2-one-gpu" FAIL "did not run (see above)"
+  fi
+done
+
+# --- GPT-2 124M: plait on CUDA beside PyTorch eager (SDPA, bf16, AdamW) ----------------------
+cat > "$work/gpt2.json" <<'EOF'
+{"model_type":"gpt2","n_layer":12,"n_embd":768,"n_head":12,"vocab_size":50257,"n_positions":1024,
+ "resid_pdrop":0.0,"embd_pdrop":0.0,"attn_pdrop":0.0}
+EOF
+torch_tps=$([ "$DEVICE" = cuda ] && timeout 120 python3 - <<'PY' 2>"$work/torch.err"
+import time, torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+L, H, NH, V, S, B = 12, 768, 12, 50257, 1024, 8
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__(); s.ln1 = nn.LayerNorm(H); s.qkv = nn.Linear(H, 3 * H); s.proj = nn.Linear(H, H)
+        s.ln2 = nn.LayerNorm(H); s.fc = nn.Linear(H, 4 * H); s.out = nn.Linear(4 * H, H)
+    def forward(s, x):
+        q, k, v = s.qkv(s.ln1(x)).view(B, S, 3, NH, H // NH).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + s.proj(a.transpose(1, 2).reshape(B, S, H))
+        return x + s.out(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__(); s.wte = nn.Embedding(V, H); s.wpe = nn.Embedding(S, H)
+        s.blocks = nn.ModuleList(Block() for _ in range(L)); s.ln = nn.LayerNorm(H)
+    def forward(s, idx):
+        x = s.wte(idx) + s.wpe(torch.arange(S, device=idx.device))
+        for b in s.blocks: x = b(x)
+        return F.linear(s.ln(x), s.wte.weight)
+m = GPT().cuda(); opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
+x = torch.randint(0, V, (B, S + 1), device="cuda")
+def step():
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = F.cross_entropy(m(x[:, :-1]).float().view(-1, V), x[:, 1:].reshape(-1))
+    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+for _ in range(3): step()
+torch.cuda.synchronize(); t = time.time(); n = 10
+for _ in range(n): step()
+torch.cuda.synchronize(); print(B * S * n / (time.time() - t))
+PY
+)
+[ -n "$torch_tps" ] || torch_tps=0
+if "$PLAIT" compile "$work/gpt2.json" --cluster dgx-h200 --gpus 1 --global-batch 8 --seq 1024 \
+     --micro-batch 8 -o "$work/gpt2-plan.json" > "$work/gpt2-compile.log" 2>&1; then
+  budget=$(( $(left) - 20 )); [ "$budget" -gt 240 ] && budget=240
+  if [ "$budget" -gt 30 ] && timeout "$budget" "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" \
+       --steps 3 --log-json "$work/gpt2.jsonl" > "$OUT/gpt2-124m.log" 2>&1; then
+    read -r plait_tps measured predicted < <(python3 - "$work/gpt2.jsonl" "$work/gpt2-plan.json" <<'PY'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1])][1:] or [json.loads(l) for l in open(sys.argv[1])]
+plan = json.load(open(sys.argv[2]))
+tps = sum(s["tokens_per_s"] for s in steps) / len(steps)
+sec = sum(s["step_time_s"] for s in steps) / len(steps)
+print(tps, sec, plan["predicted"]["iteration_time_s"])
+PY
+)
+    ratio=$(python3 -c "print(f'{$plait_tps / $torch_tps:.4f}' if $torch_tps > 0 else 'n/a')")
+    err=$(python3 -c "print(f'{($measured - $predicted) / $predicted:+.1%}')")
+    s=FAIL; [ "$ratio" != n/a ] && within 0.7 "$ratio" && s=pass
+    row gpt2-124m "$s" "plait $plait_tps tokens/s (f32, host round trips), PyTorch eager bf16 $torch_tps: ratio $ratio (bar 0.7); step ${measured}s measured, ${predicted}s predicted ($err)" \
+      "{\"plait_tokens_per_s\": $plait_tps, \"torch_tokens_per_s\": $torch_tps, \"measured_step_s\": $measured, \"predicted_step_s\": $predicted}"
+  else
+    row gpt2-124m FAIL "plait run did not finish 3 steps in ${budget}s; PyTorch eager bf16 $torch_tps tokens/s" \
+      "{\"torch_tokens_per_s\": $torch_tps}"
+  fi
+else
+  row gpt2-124m FAIL "compile failed: $(tail -2 "$work/gpt2-compile.log" | tr '\n' ' ')"
+fi
+row bf16-one-gpu "n/a" "not built: the CUDA backend computes in f32 (bf16 device kernels are issue 15's next step)"
+row peak-memory "n/a" "not measured: the CUDA backend has no caching allocator with a high-water mark yet"
+
+python3 - "$results" "$OUT/check.json" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+json.dump({"rows": rows}, open(sys.argv[2], "w"), indent=1)
+sys.exit(1 if any(r["status"] == "FAIL" for r in rows) else 0)
+PY
