@@ -47,6 +47,14 @@ for d in /usr/local/cuda/lib64 /usr/local/nvidia/lib64 \
   $(python3 -c 'import glob, os, nvidia; print(" ".join(sorted({os.path.dirname(p) for p in glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "lib", "libcublas*"))})))' 2>/dev/null); do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+# cudarc (built for CUDA 12) asks for libcublas.so, .so.12, ...: link the unversioned names
+# to whatever version is here (CUDA 13 wheels ship only libcublas.so.13).
+mkdir -p "$work/cudalibs"
+for lib in libcublas libcublasLt; do
+  found=$(for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d/$lib".so* 2>/dev/null; done | head -1)
+  [ -n "$found" ] && ln -sf "$found" "$work/cudalibs/$lib.so"
+done
+export LD_LIBRARY_PATH="$work/cudalibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 "$PLAIT" --version >/dev/null 2>&1 || fail_fast "$PLAIT does not start here: $("$PLAIT" --version 2>&1 | head -2)"
 if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
