@@ -75,6 +75,19 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             "multi-head latent attention (value heads narrower than query heads)",
         ));
     }
+    if layer.iter().any(|k| {
+        matches!(
+            k,
+            OpKind::Attention {
+                softcap: Some(_),
+                ..
+            }
+        )
+    }) {
+        return Err(refuse(
+            "attention scores soft-capped (Gemma 2's attn_logit_softcapping)",
+        ));
+    }
     let norm = layer.iter().find_map(|k| match k {
         OpKind::RmsNorm { eps } => Some((true, *eps)),
         OpKind::LayerNorm { eps } => Some((false, *eps)),
