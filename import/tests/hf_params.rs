@@ -429,3 +429,41 @@ fn deepseek_v3_counts_its_latent_attention_dense_layers_and_experts() {
     let want = 2 * 100 * 64 + 64 + 3 * (attention + 2 * 64) + 3 * 64 * 96 + 2 * moe;
     assert_published(no_lora, want);
 }
+
+/// Qwen-MoE's `mlp_only_layers` / `decoder_sparse_step`: transformers gives those layers a
+/// dense MLP of `intermediate_size`; leading ones are built, dense layers between expert layers
+/// are refused by name.
+#[test]
+fn qwen_moe_dense_layers_follow_mlp_only_layers() {
+    let config = |extra: &str| {
+        format!(
+            r#"{{"model_type":"qwen2_moe","hidden_size":64,"intermediate_size":96,
+            "moe_intermediate_size":16,"shared_expert_intermediate_size":32,
+            "num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":4,
+            "num_experts":8,"num_experts_per_tok":2,"vocab_size":100{extra}}}"#
+        )
+    };
+    let all_experts = graph_params(&parse(&config("")));
+    let two_dense = parse(&config(r#","mlp_only_layers":[0,1]"#));
+    assert_eq!(
+        two_dense.variant.dense_layers,
+        Some(import::spec::DenseLayers { count: 2, ffn: 96 })
+    );
+    // Per layer: the router (64·8), 8 experts of 3·64·16, the shared expert 3·64·32 and its
+    // one-column gate, against a dense SwiGLU of 3·64·96.
+    let (h, moe) = (64u64, 64 * 8 + 8 * 3 * 64 * 16 + 3 * 64 * 32 + 64);
+    assert_eq!(
+        graph_params(&two_dense),
+        all_experts - 2 * moe + 2 * 3 * h * 96
+    );
+    let err = hf::parse_config(
+        &config(r#","decoder_sparse_step":2"#),
+        Path::new("config.json"),
+    )
+    .expect_err("every other layer dense")
+    .to_string();
+    assert!(
+        err.contains("decoder_sparse_step 2") && err.contains("layers 0, 2"),
+        "{err}"
+    );
+}

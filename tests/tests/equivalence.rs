@@ -285,6 +285,9 @@ fn llama_structured_families_equal_one_device() {
         ("deepseek_v3-dense", &pp2),
         ("deepseek_v3-dense", &tp2_pp2),
         ("deepseek_v3-dense", &interleaved),
+        // Qwen-MoE's mlp_only_layers: a dense layer 0 of intermediate_size before the experts.
+        ("qwen2_moe-dense", &dp2),
+        ("qwen2_moe-dense", &pp2),
     ] {
         let model = format!("{data}tiny-{family}.json");
         let one = programs(&model, &Config::new(1, 1, 1));

@@ -4,16 +4,16 @@
 //! Field names and defaults follow transformers' `GPT2Config`, `LlamaConfig` and `MixtralConfig`.
 
 mod error;
+mod moe;
 mod rope;
 
 use std::path::{Path, PathBuf};
 
-use ir::Routing;
 use serde_json::{Map, Value};
 
 pub use error::ConfigError;
 
-use crate::spec::{DenseLayers, Family, Mla, ModelSpec, Variant};
+use crate::spec::{Family, Mla, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
 pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
@@ -181,13 +181,17 @@ impl LlamaLike {
                 _ => None,
             },
             shared_expert_gate: t == "qwen2_moe",
-            routing: routing(f, t)?,
+            routing: moe::routing(f, t)?,
             routed_scale: if deepseek {
                 Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5))
             } else {
                 None
             },
-            dense_layers: if deepseek { dense_layers(f)? } else { None },
+            dense_layers: match t {
+                "deepseek_v3" => moe::deepseek_dense_layers(f)?,
+                "qwen2_moe" | "qwen3_moe" => moe::qwen_dense_layers(f)?,
+                _ => None,
+            },
             mla,
             relu2_mlp: t == "nemotron",
             layer_norm: t == "nemotron",
@@ -257,45 +261,6 @@ fn yarn_mscale(f: &Fields<'_>) -> f64 {
         }
         _ => 1.0,
     }
-}
-
-/// The router of a mixture-of-experts family, with transformers' defaults: Mixtral's softmax
-/// over the top k; Qwen-MoE's shares of a softmax over all experts, renormalized when
-/// `norm_topk_prob` (default false); DeepSeek-V3's sigmoid scores limited to `topk_group` of
-/// `n_group` groups, renormalized when `norm_topk_prob` (default true).
-fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, ConfigError> {
-    Ok(match model_type {
-        "qwen2_moe" | "qwen3_moe" => Routing {
-            normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
-            ..Routing::default()
-        },
-        "deepseek_v3" => Routing {
-            sigmoid: true,
-            normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(true),
-            groups: f.opt_positive("n_group")?.unwrap_or(8),
-            groups_kept: f.opt_positive("topk_group")?.unwrap_or(4),
-        },
-        _ => Routing::default(),
-    })
-}
-
-/// DeepSeek-V3's leading dense layers: `first_k_dense_replace` (transformers' default 3) of
-/// `intermediate_size`; `None` when there are none.
-fn dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
-    let count = match f.obj.get("first_k_dense_replace") {
-        None => 3,
-        Some(Value::Null) => 0,
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| f.wrong("first_k_dense_replace", "a non-negative integer", v))?,
-    };
-    if count == 0 {
-        return Ok(None);
-    }
-    Ok(Some(DenseLayers {
-        count,
-        ffn: f.positive("intermediate_size")?,
-    }))
 }
 
 /// The rotary width of a Nemotron head: `partial_rotary_factor` (transformers' default 0.5)

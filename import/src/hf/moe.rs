@@ -1,0 +1,101 @@
+//! What a mixture-of-experts config says of its router and of which layers have experts, read
+//! as transformers' modeling code reads it.
+
+use ir::Routing;
+use serde_json::Value;
+
+use super::{ConfigError, Fields};
+use crate::spec::DenseLayers;
+
+/// The router of a mixture-of-experts family, with transformers' defaults: Mixtral's softmax
+/// over the top k; Qwen-MoE's shares of a softmax over all experts, renormalized when
+/// `norm_topk_prob` (default false); DeepSeek-V3's sigmoid scores limited to `topk_group` of
+/// `n_group` groups, renormalized when `norm_topk_prob` (default true).
+pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, ConfigError> {
+    Ok(match model_type {
+        "qwen2_moe" | "qwen3_moe" => Routing {
+            normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            ..Routing::default()
+        },
+        "deepseek_v3" => Routing {
+            sigmoid: true,
+            normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(true),
+            groups: f.opt_positive("n_group")?.unwrap_or(8),
+            groups_kept: f.opt_positive("topk_group")?.unwrap_or(4),
+        },
+        _ => Routing::default(),
+    })
+}
+
+/// DeepSeek-V3's leading dense layers: `first_k_dense_replace` (transformers' default 3) of
+/// `intermediate_size`; `None` when there are none.
+pub(super) fn deepseek_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
+    let count = match f.obj.get("first_k_dense_replace") {
+        None => 3,
+        Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| f.wrong("first_k_dense_replace", "a non-negative integer", v))?,
+    };
+    if count == 0 {
+        return Ok(None);
+    }
+    Ok(Some(DenseLayers {
+        count,
+        ffn: f.positive("intermediate_size")?,
+    }))
+}
+
+/// Qwen-MoE's dense layers: transformers gives layer i experts unless it is in
+/// `mlp_only_layers` or i + 1 is not a multiple of `decoder_sparse_step` (default 1); a dense
+/// layer's MLP is `intermediate_size` wide. plait builds dense layers before the expert layers
+/// (a block that changes structure once); dense layers between expert layers are refused,
+/// naming the fields.
+pub(super) fn qwen_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
+    let layers = f.positive("num_hidden_layers")?;
+    if layers > super::MAX_LAYERS {
+        // Refused by the consistency check, without a walk over every layer first.
+        return Ok(None);
+    }
+    let step = f.opt_positive("decoder_sparse_step")?.unwrap_or(1);
+    let only: Vec<u64> = match f.obj.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .ok_or_else(|| f.wrong("mlp_only_layers", "a list of layer indices", v))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(f.wrong("mlp_only_layers", "a list of layer indices", v)),
+    };
+    let dense: Vec<u64> = (0..layers)
+        .filter(|i| only.contains(i) || !(i + 1).is_multiple_of(step))
+        .collect();
+    let count = dense.len() as u64;
+    if dense.iter().zip(0..).any(|(&layer, k)| layer != k) {
+        let shown: Vec<String> = dense.iter().take(6).map(u64::to_string).collect();
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!(
+                "decoder_sparse_step {step} and mlp_only_layers {only:?} give dense MLPs to \
+                 layers {}{} between expert layers: plait builds dense layers only before the \
+                 expert layers (published Qwen-MoE configs have decoder_sparse_step 1 and no \
+                 mlp_only_layers)",
+                shown.join(", "),
+                if dense.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ),
+        });
+    }
+    if count == 0 {
+        return Ok(None);
+    }
+    Ok(Some(DenseLayers {
+        count,
+        ffn: f.positive("intermediate_size")?,
+    }))
+}
