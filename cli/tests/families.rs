@@ -171,6 +171,24 @@ fn deepseek_v3_is_counted_and_refused_on_8_h100_with_the_gpus_it_needs() {
     assert!(!plan.exists(), "no plan is written");
 }
 
+/// Writes a `deepseek_v3` config.json of DeepSeek-V2-Lite's shape (hidden 2048, the first
+/// layer dense, 64 routed experts and two shared, latent attention without a query
+/// bottleneck) with experts `moe_intermediate` wide and `layers` layers under `d`.
+fn deepseek_v2_lite_shaped(d: &std::path::Path, moe_intermediate: u64, layers: u64) -> String {
+    let cfg = d.join("config.json");
+    let text = format!(
+        r#"{{"model_type":"deepseek_v3","hidden_size":2048,"intermediate_size":10944,
+        "moe_intermediate_size":{moe_intermediate},"num_hidden_layers":{layers},
+        "num_attention_heads":16,"num_key_value_heads":16,"q_lora_rank":null,
+        "kv_lora_rank":512,"qk_nope_head_dim":128,"qk_rope_head_dim":64,"v_head_dim":128,
+        "n_routed_experts":64,"n_shared_experts":2,"num_experts_per_tok":6,
+        "first_k_dense_replace":1,"vocab_size":102400,"max_position_embeddings":163840,
+        "tie_word_embeddings":false}}"#
+    );
+    std::fs::write(&cfg, text).expect("write config.json");
+    cfg.to_string_lossy().to_string()
+}
+
 /// A DeepSeek-V3-structured model small enough for 8 H100 (DeepSeek-V2-Lite's shape: 27
 /// layers, the first dense, 64 routed experts of 1408 and two shared, latent attention without
 /// a query bottleneck; 15.7B parameters, as DeepSeek-V2-Lite's card states): `compile` plans it
@@ -179,18 +197,7 @@ fn deepseek_v3_is_counted_and_refused_on_8_h100_with_the_gpus_it_needs() {
 #[test]
 fn a_model_whose_first_layer_is_dense_plans_and_lowers_on_8_h100() {
     let d = dir("deepseek-mixed");
-    let cfg = d.join("config.json");
-    std::fs::write(
-        &cfg,
-        r#"{"model_type":"deepseek_v3","hidden_size":2048,"intermediate_size":10944,
-        "moe_intermediate_size":1408,"num_hidden_layers":27,"num_attention_heads":16,
-        "num_key_value_heads":16,"q_lora_rank":null,"kv_lora_rank":512,"qk_nope_head_dim":128,
-        "qk_rope_head_dim":64,"v_head_dim":128,"n_routed_experts":64,"n_shared_experts":2,
-        "num_experts_per_tok":6,"first_k_dense_replace":1,"vocab_size":102400,
-        "max_position_embeddings":163840,"tie_word_embeddings":false}"#,
-    )
-    .unwrap();
-    let cfg = cfg.to_string_lossy().to_string();
+    let cfg = deepseek_v2_lite_shaped(&d, 1408, 27);
     let (code, out, err) = plait(&["inspect", &cfg, "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("inspect JSON");
@@ -221,4 +228,43 @@ fn a_model_whose_first_layer_is_dense_plans_and_lowers_on_8_h100() {
         let (code, out, err) = plait(&["codegen", &plan, "-o", &progs.to_string_lossy()]);
         assert_eq!(code, 0, "{name}: codegen {out}{err}");
     }
+}
+
+/// ZeRO-2 reduce-scatters each layer's gradient as its backward ends, so one layer's whole
+/// local gradient is live until then; and routed experts run on whole tokens (gathered over
+/// the tensor-parallel ranks under SP), so their backward holds the regathered tokens and
+/// the output and input gradients of all of them. A model of wide experts (64 of 8192 beside
+/// hidden 2048: 0.75 GiB of expert gradient per layer and rank at tp 2) makes both visible:
+/// before the planner counted them, codegen found the program 5.2 % over the plan and
+/// refused it. Now the plan holds (codegen checks each stage within 3 %), and the plan's
+/// other memory holds at least that layer gradient.
+#[test]
+fn zero2_plans_of_wide_experts_count_the_layer_gradient_and_dispatch() {
+    let d = dir("wide-experts");
+    let cfg = deepseek_v2_lite_shaped(&d, 8192, 6);
+    let plan = d.join("plan.json").to_string_lossy().to_string();
+    let pins = [
+        "--tp",
+        "2",
+        "--dp",
+        "4",
+        "--zero",
+        "2",
+        "--sequence-parallel",
+        "on",
+        "--recompute",
+        "full",
+        "--micro-batch",
+        "2",
+    ];
+    let (code, out, err) = compile_on_8_h100_pinned(&cfg, &plan, &pins);
+    assert!(code == 0 && out.contains("fits"), "{out}{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let other = v["predicted"]["memory"]["other"].as_f64().unwrap_or(0.0);
+    let expert_gradient = (64u64 * 3 * 2048 * 8192 / 2 * 2) as f64;
+    assert!(other >= expert_gradient, "other memory {other} bytes");
+    let progs = d.join("programs");
+    let (code, out, err) = plait(&["codegen", &plan, "-o", &progs.to_string_lossy()]);
+    assert_eq!(code, 0, "codegen {out}{err}");
 }

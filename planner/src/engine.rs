@@ -41,7 +41,8 @@ impl Engine {
     }
 
     /// Parameters whose 16-bit copies (gathered weights, then their whole gradients) are live
-    /// at once under ZeRO-3 while a layer of `layer_params` parameters runs: FSDP2
+    /// at once under ZeRO-3 (under ZeRO-2 the gradients only) while a layer of `layer_params`
+    /// parameters runs: FSDP2
     /// (torchtitan wraps each transformer block) and Megatron-FSDP gather and reduce-scatter a
     /// whole layer; DeepSpeed gathers submodule by submodule up to `stage3_max_live_parameters`
     /// and reduces gradients in buckets of `reduce_bucket_size` elements (defaults 1e9 and 5e8,

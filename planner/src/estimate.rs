@@ -580,13 +580,14 @@ pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f6
         .filter(|c| *c % s.pp as usize == d as usize)
         .collect();
     let tp = f64::from(s.tp);
-    let (mut experts, mut params) = (0.0, 0.0);
+    let (mut experts, mut layer_params) = (0.0, 0.0);
     for (k, run) in info.runs().iter().enumerate() {
         let layers: u32 = mine.iter().map(|&c| chunk_runs[c][k]).sum();
         let run = run.info;
         experts += f64::from(layers) * run.expert_params_per_layer as f64 / tp / f64::from(s.ep);
-        params += f64::from(layers) * run.dense_params_per_layer() as f64;
+        layer_params += f64::from(layers) * run.dense_params_per_tp_rank(s.tp);
     }
+    let mut params = 0.0;
     // A learned position table and the final norm stay whole on every rank (Megatron-LM);
     // the vocabulary-sized matrices are split ([`ModelInfo::vocabulary_matrix`]), padded to
     // ⌈vocab / tp⌉ rows per rank where the vocabulary does not divide. Where it does not
@@ -617,7 +618,7 @@ pub fn stage_local_split(info: &ModelInfo<'_>, s: &Strategy, d: u32) -> (f64, f6
             }
         }
     }
-    (params / tp + whole, experts)
+    (layer_params + params / tp + whole, experts)
 }
 
 /// Row-parallel products in `ops`: each needs one all-reduce of the hidden-sized output in the
@@ -683,6 +684,7 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
         ffn: 4.0 * h as f64,
         gated: false,
         experts_per_token: 1.0,
+        routed: false,
         dropout: false,
         extra_norms: 0.0,
         qk_norm: false,
@@ -747,7 +749,10 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                 }
                 shape.gated = true;
             }
-            OpKind::TopKRouter { k, .. } => shape.experts_per_token = *k as f64,
+            OpKind::TopKRouter { k, .. } => {
+                shape.experts_per_token = *k as f64;
+                shape.routed = true;
+            }
             _ => {}
         }
     }
@@ -826,9 +831,9 @@ impl ExpertDispatch {
 /// The transient bytes of a backward task beside what is in flight, and what the head keeps.
 struct Transients {
     /// A layer's backward: its activation gradients at their widest; under full recompute its
-    /// whole activations rebuilt; under ZeRO-3
-    /// its gathered parameters and its gradient until the reduce-scatter (the engine decides
-    /// how much of a layer is live at once).
+    /// whole activations rebuilt; under ZeRO-2 and 3 its gradient until the reduce-scatter,
+    /// under ZeRO-3 its gathered parameters too (the engine decides how much of a layer is
+    /// live at once).
     layer: WorkingSet,
     /// What the head keeps from its forward to its backward: the fp32 logits, and the input
     /// of each element-wise op on them whose backward reads it (Gemma 2's soft-capping tanh).
@@ -876,11 +881,14 @@ impl Transients {
             0.0
         };
         let gradients = layer_backward_gradient_bytes(shape, seq, batch, policy);
-        let states = if s.zero >= 3 && s.dp * s.cp > 1 {
-            // A layer's gathered weights: the dense ones whole, this rank's experts.
-            let local = info.dense_params_per_layer() as f64
-                + info.expert_params_per_layer as f64 / f64::from(s.ep.max(1));
-            let (gathered, reduced) = s.engine.zero3_working_params(local / tp);
+        let states = if s.zero >= 2 && s.dp * s.cp > 1 {
+            // A layer's local parameters: the dense ones whole, this rank's experts. ZeRO-2
+            // and 3 reduce-scatter each backward's gradients as the layer ends, so its
+            // whole local gradient is live until then; ZeRO-3 also gathers its weights.
+            let local = info.dense_params_per_tp_rank(s.tp)
+                + info.expert_params_per_layer as f64 / f64::from(s.ep.max(1)) / tp;
+            let (gathered, reduced) = s.engine.zero3_working_params(local);
+            let gathered = if s.zero >= 3 { gathered } else { 0.0 };
             gathered * s.precision.weight_bytes() + reduced * s.precision.grad_bytes()
         } else {
             0.0

@@ -6,6 +6,7 @@ use ir::{Graph, OpId, OpKind};
 use crate::error::PlanError;
 
 mod vocab;
+pub mod whole;
 
 /// A forward graph split into pre-block ops, one representative layer, and post-block ops.
 #[derive(Debug, Clone)]
@@ -29,6 +30,9 @@ pub struct ModelInfo<'g> {
     pub expert_params_per_layer: u64,
     /// Routed experts of a mixture-of-experts layer (0 for a dense model).
     pub experts: u64,
+    /// Of `params_per_layer`: those tensor parallelism keeps whole on every rank
+    /// ([`ModelInfo::tp_whole_params_per_layer`]).
+    pub whole_params: whole::WholeParams,
     pub pre_params: u64,
     pub post_params: u64,
     /// Of `pre_params` and `post_params`: those tensor parallelism keeps whole on every rank
@@ -136,6 +140,7 @@ impl<'g> ModelInfo<'g> {
             .map(|&o| numel(o))
             .sum();
         let (expert_params_per_layer, experts) = routed_expert_params(graph, &layer_ops);
+        let whole_params = whole::WholeParams::of(graph, &layer_ops);
         let pre_params: u64 = pre_ops
             .iter()
             .filter(|o| is_param(o))
@@ -176,6 +181,7 @@ impl<'g> ModelInfo<'g> {
             params_per_layer,
             expert_params_per_layer,
             experts,
+            whole_params,
             pre_params,
             post_params,
             tied_params,
@@ -256,6 +262,23 @@ impl<'g> ModelInfo<'g> {
                 .iter()
                 .any(|d| d.fixed() == Some(self.vocab))
             && !position_table
+    }
+
+    /// Parameters of one layer that every one of `tp` tensor-parallel ranks holds whole
+    /// (norms, the router, MLA's latent down-projections, key/value projections of fewer
+    /// heads than ranks); the layer's other dense parameters are split 1/tp.
+    pub fn tp_whole_params_per_layer(&self, tp: u32) -> u64 {
+        if tp <= 1 {
+            return 0;
+        }
+        self.whole_params.at(tp)
+    }
+
+    /// One layer's parameters on one of `tp` tensor-parallel ranks, outside the routed
+    /// experts: the split ones 1/tp, the whole ones ([`Self::tp_whole_params_per_layer`]).
+    pub fn dense_params_per_tp_rank(&self, tp: u32) -> f64 {
+        let whole = self.tp_whole_params_per_layer(tp);
+        (self.dense_params_per_layer() - whole) as f64 / f64::from(tp.max(1)) + whole as f64
     }
 
     /// Parameters of one layer outside the routed experts (what every expert-parallel rank

@@ -86,15 +86,22 @@ impl CostOracle for ClusterCosts<'_> {
 }
 
 /// The parameter storage per rank that the estimate's memory model allots one block: each
-/// matrix 1/tp of its bytes (`dense_params_per_layer / tp`), vectors (norm weights, the bias
-/// a row-parallel product adds after its reduction) whole, as Megatron-LM keeps them. The
+/// matrix 1/tp of its bytes (`dense_params_per_layer / tp`) but those kept whole
+/// ([`crate::model::whole`]: a router, MLA's latent down-projections), vectors (norm
+/// weights, the bias a row-parallel product adds after its reduction) whole, as Megatron-LM
+/// keeps them. The
 /// extraction must store the block's parameters within it, so the memory the plan was
 /// proven to fit holds for the layout it records; how the parameters are read (split,
 /// gathered) stays the extraction's choice.
 fn parameter_budget(info: &ModelInfo<'_>, tp: u32, b: Binding) -> f64 {
     let share = 1.0 / f64::from(tp.max(1));
+    let whole = crate::model::whole::whole_at(info.graph, &info.layer_ops, tp);
     budget_of(info, &info.layer_ops, b, |v| {
-        if g_rank(info, v) >= 2 { share } else { 1.0 }
+        if g_rank(info, v) >= 2 && !whole.contains(&v) {
+            share
+        } else {
+            1.0
+        }
     })
 }
 

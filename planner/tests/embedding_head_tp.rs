@@ -175,7 +175,7 @@ fn estimate_prices_the_embedding_and_head_as_extracted() {
 /// GPT-2's 50,257 tokens do not divide by 2 or 8: the vocabulary is padded, as Megatron-LM
 /// pads it (to ⌈V / tp⌉ rows per rank, 25,129 at tp 2 and 6,283 at tp 8), and the extraction
 /// is still the vocabulary-parallel layout with Megatron's collectives; the memory model
-/// counts each rank's padded rows of the (tied) table, the position table and final norm whole.
+/// counts each rank's padded rows of the (tied) table, the position table and the norms whole.
 #[test]
 fn a_vocabulary_that_does_not_divide_is_padded() {
     use CollectiveKind::AllReduce as Ar;
@@ -205,7 +205,11 @@ fn a_vocabulary_that_does_not_divide_is_padded() {
             "tp {tp}: embedding"
         );
         let (dense, _) = planner::estimate::stage_local_split(&info, &s, 0);
-        let layers = 2.0 * info.dense_params_per_layer() as f64 / f64::from(tp);
+        // Each GPT-2 layer's two LayerNorms (weight and bias) stay whole, as Megatron-LM
+        // keeps them; the rest of the layer is split.
+        let norms = 4 * info.hidden;
+        let split = (info.dense_params_per_layer() - norms) as f64 / f64::from(tp);
+        let layers = 2.0 * (split + norms as f64);
         let table = rows * info.hidden;
         let whole = info.pre_params + info.post_params - info.vocab * info.hidden;
         let want = layers + (table + whole) as f64;

@@ -489,8 +489,8 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         }
     }
     let replicated_kv = if tp_on {
-        let mut whole = replicated_kv_projections(g, ops, cx.tp);
-        whole.extend(duplicated_linears(g, ops));
+        let mut whole = planner::model::whole::replicated_kv_projections(g, ops, cx.tp);
+        whole.extend(planner::model::whole::duplicated_linears(g, ops));
         whole
     } else {
         std::collections::HashSet::new()
@@ -1048,69 +1048,6 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
     }
     // With SP, the layer output is split along the sequence like its input.
     Ok(b.seg)
-}
-
-/// Linears whose output is normalized or sliced along its features (multi-head latent
-/// attention's `q_a_proj` and `kv_a_proj_with_mqa`, into low-rank latents): a column split
-/// would leave each rank part of every feature vector, so every rank computes them whole
-/// (Megatron-Core's MLA builds these down-projections `duplicated`).
-fn duplicated_linears(g: &ir::Graph, ops: &[OpId]) -> std::collections::HashSet<OpId> {
-    let uses = g.uses();
-    let mut out = std::collections::HashSet::new();
-    for &o in ops {
-        let op = g.op(o);
-        if !matches!(op.kind, OpKind::Linear { .. }) {
-            continue;
-        }
-        let y = op.results[0];
-        let last = g.ty(y).shape.rank().saturating_sub(1);
-        let along_features = uses[y.index()].iter().any(|&u| {
-            let reader = g.op(u);
-            reader.inputs.first() == Some(&y)
-                && match reader.kind {
-                    OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. } => true,
-                    OpKind::Slice { axis, .. } => axis == last,
-                    _ => false,
-                }
-        });
-        if along_features {
-            out.insert(o);
-        }
-    }
-    out
-}
-
-/// The linears that compute the keys and values (through a rotary, for keys) of attentions
-/// with fewer key/value heads than `tp` ranks, where `tp` is a multiple of them: those stay
-/// whole on every rank (vLLM's replicated KV heads; Megatron requires the heads to divide).
-fn replicated_kv_projections(
-    g: &ir::Graph,
-    ops: &[OpId],
-    tp: u32,
-) -> std::collections::HashSet<OpId> {
-    let t = u64::from(tp);
-    let mut out = std::collections::HashSet::new();
-    for &o in ops {
-        let op = g.op(o);
-        let OpKind::Attention { kv_heads, .. } = op.kind else {
-            continue;
-        };
-        if kv_heads >= t || !t.is_multiple_of(kv_heads) {
-            continue;
-        }
-        for &x in op.inputs.iter().skip(1).take(2) {
-            let mut d = g.def_op(x);
-            if let OpKind::Rotary { .. } = g.op(d).kind
-                && let Some(&i) = g.op(d).inputs.first()
-            {
-                d = g.def_op(i);
-            }
-            if matches!(g.op(d).kind, OpKind::Linear { .. }) && ops.contains(&d) {
-                out.insert(d);
-            }
-        }
-    }
-    out
 }
 
 /// This rank's key/value head of a whole `[b, s, kv·d]` K or V for `t` ranks (`t` a multiple

@@ -33,6 +33,9 @@ pub struct LayerShape {
     pub gated: bool,
     /// Experts each token visits (1 for a dense MLP).
     pub experts_per_token: f64,
+    /// The MLP is routed experts: one kernel over the layer's tokens made whole (gathered
+    /// over the tensor-parallel ranks under SP, over the expert group under EP).
+    pub routed: bool,
     /// Dropout after attention probabilities, attention output and MLP output (GPT, Megatron).
     pub dropout: bool,
     /// Norms on the residual stream beyond the two of a pre-norm block (Gemma 2's norms on
@@ -122,7 +125,9 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
 /// (`2·a·s²·b/t`). Under expert parallelism the expert kernel's backward holds its inner
 /// gradients while the group's gathered tokens (regathered for it), their output gradient and
 /// their input gradient are live too: three `[ep·s, b, h]` tensors (and, under SP, the
-/// whole-sequence tokens they were gathered from) beside the inner-wide ones.
+/// whole-sequence tokens they were gathered from) beside the inner-wide ones. Without expert
+/// parallelism the kernel still runs on whole tokens: their output and input gradients, and
+/// under SP the tokens gathered again from the rank's shard, beside its inner gradients.
 pub fn layer_backward_gradient_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPolicy) -> f64 {
     let inner = s * b * l.ffn * l.experts_per_token / a.tp;
     let projection = s * b * l.hidden + inner;
@@ -131,15 +136,17 @@ pub fn layer_backward_gradient_bytes(l: &LayerShape, s: f64, b: f64, a: &Activat
         AttentionKernel::Materialized => 2.0 * l.heads * s * s * b / a.tp,
         AttentionKernel::Fused => 0.0,
     };
-    let dispatch = if a.ep > 1.0 {
-        let regathered_whole = if a.sequence_parallel && a.tp > 1.0 {
-            1.0
-        } else {
-            0.0
-        };
-        s * b * l.hidden * (3.0 * a.ep + regathered_whole)
+    let gathered_over_tp = if a.sequence_parallel && a.tp > 1.0 {
+        1.0
     } else {
         0.0
+    };
+    let dispatch = if !l.routed {
+        0.0
+    } else if a.ep > 1.0 {
+        s * b * l.hidden * (3.0 * a.ep + gathered_over_tp)
+    } else {
+        s * b * l.hidden * (2.0 + gathered_over_tp)
     };
     a.precision.activation_bytes() * projection.max(pointwise + dispatch).max(scores)
 }
@@ -190,6 +197,7 @@ mod tests {
             ffn: 4.0 * h,
             gated: false,
             experts_per_token: 1.0,
+            routed: false,
             dropout: true,
         }
     }

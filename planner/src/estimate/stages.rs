@@ -28,7 +28,7 @@ pub(super) fn zero3_layer(
         return (fwd, bwd, 0.0);
     }
     let wbytes = s.precision.weight_bytes();
-    let dense = info.dense_params_per_layer() as f64 / cx.tp as f64 * wbytes;
+    let dense = info.dense_params_per_tp_rank(cx.tp as u32) * wbytes;
     let experts = info.expert_params_per_layer as f64 / (cx.tp * cx.ep) as f64 * wbytes;
     // A layer's parameters are gathered (and its gradients reduce-scattered) as one flat
     // buffer, as FSDP's flat parameters and DeepSpeed's coalesced gathers do.

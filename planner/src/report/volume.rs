@@ -301,21 +301,21 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
             // the block changes structure).
             let (dense_layer, expert_layer) = if runs.len() == 1 || layers == 0 {
                 (
-                    info.dense_params_per_layer() as f64 / tp_f,
+                    info.dense_params_per_tp_rank(s.tp),
                     info.expert_params_per_layer as f64 / tp_f / f64::from(s.ep),
                 )
             } else {
-                let mean = |per_layer: &dyn Fn(&crate::model::ModelInfo<'_>) -> u64| {
-                    let total: u64 = runs
+                let mean = |per_layer: &dyn Fn(&crate::model::ModelInfo<'_>) -> f64| {
+                    let total: f64 = runs
                         .iter()
                         .zip(&run_layers)
-                        .map(|(r, &l)| l * per_layer(r.info))
+                        .map(|(r, &l)| l as f64 * per_layer(r.info))
                         .sum();
-                    total as f64 / layers as f64 / tp_f
+                    total / layers as f64
                 };
                 (
-                    mean(&|r| r.dense_params_per_layer()),
-                    mean(&|r| r.expert_params_per_layer) / f64::from(s.ep),
+                    mean(&|r| r.dense_params_per_tp_rank(s.tp)),
+                    mean(&|r| r.expert_params_per_layer as f64 / tp_f) / f64::from(s.ep),
                 )
             };
             let counts = (mb, layers, passes);
