@@ -280,6 +280,7 @@ fn device(args: &RunArgs, plan: Option<&planner::plan::Plan>) -> runtime::train:
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    refuse_foreign_launch(runtime::launch::Launch::from_env()?)?;
     let Job {
         set,
         init,
@@ -502,6 +503,35 @@ fn explain(e: runtime::RuntimeError, timeout: u64) -> anyhow::Error {
     } else {
         e.into()
     }
+}
+
+/// Refuses a process that a launcher started as one of several ranks that this build cannot
+/// join into one run (torchrun or srun; `mpirun` without the `mpi` feature): each process
+/// would run every rank as threads, the same training once per process.
+fn refuse_foreign_launch(launch: Option<runtime::launch::Launch>) -> anyhow::Result<()> {
+    use runtime::launch::Launcher;
+    let Some(l) = launch.filter(|l| l.world_size > 1) else {
+        return Ok(());
+    };
+    let mpi = matches!(l.launcher, Launcher::OpenMpi | Launcher::Mpich);
+    if mpi && cfg!(feature = "mpi") {
+        return Ok(());
+    }
+    let how = if mpi {
+        "this plait was built without MPI: build it with `cargo build --release --features mpi` \
+         to run one rank per process"
+    } else {
+        "plait runs a plan's ranks as threads of one process, or one per process under \
+         `mpirun` (a build with `--features mpi`); NCCL ranks under torchrun are not yet \
+         joined into `plait run`"
+    };
+    anyhow::bail!(
+        "this process is rank {} of {} started by {}, and {how}. Run `plait run` once, \
+         without the launcher (it starts every rank itself)",
+        l.rank,
+        l.world_size,
+        l.launcher.name()
+    )
 }
 
 /// The MPI world when this process runs under `mpirun` (feature `mpi`).

@@ -192,3 +192,36 @@ fn the_step_log_counts_the_bytes_a_rank_sends() {
         assert_eq!(bytes, vec![want, want], "dp {dp}");
     }
 }
+
+/// A process that torchrun (or srun) started as one of several ranks would run every rank
+/// as threads itself, the same training once per process: `plait run` refuses it at once,
+/// naming its rank and launcher, and says to run it once without the launcher. A bad
+/// launcher variable is named too. One rank under torchrun runs as usual.
+#[test]
+fn a_torchrun_rank_is_refused_and_bad_launcher_variables_are_named() {
+    let run = |env: &[(&str, &str)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_plait"))
+            .args(["run", "--steps", "1"])
+            .envs(env.iter().copied())
+            .output()
+            .expect("plait runs");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+        (
+            out.status.code().unwrap_or(-1),
+            text(&out.stdout),
+            text(&out.stderr),
+        )
+    };
+    let (code, out, err) = run(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("rank 1 of 2 started by torchrun") && err.contains("without the launcher"),
+        "{err}"
+    );
+    assert!(!out.contains("step"), "no step runs: {out}");
+    let (code, _, err) = run(&[("RANK", "0"), ("WORLD_SIZE", "2x")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("WORLD_SIZE=\"2x\""), "{err}");
+    let (code, out, err) = run(&[("RANK", "0"), ("WORLD_SIZE", "1")]);
+    assert_eq!(code, 0, "{out}{err}");
+}

@@ -110,6 +110,22 @@ pub enum RuntimeError {
     /// A parameter's initial value is missing or has the wrong shape.
     #[error("parameter `{name}`: {message}")]
     Init { name: String, message: String },
+    /// The launcher's environment names this process's place wrongly.
+    #[error("launcher environment: {var}={value:?} {reason}")]
+    Launch {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// The rendezvous at the master address failed (bind, connect, or a peer's message).
+    /// (The I/O error is kept as its kind and text: this enum is `Clone` and `PartialEq`.)
+    #[error("rendezvous at {addr}: {what}: {message}")]
+    Rendezvous {
+        addr: String,
+        what: String,
+        kind: std::io::ErrorKind,
+        message: String,
+    },
 }
 
 fn missing_list(missing: &[usize], group: &[usize]) -> String {

@@ -6,6 +6,8 @@
 //!   deadlines), with [`ThreadComm`] (ranks as threads) and `comm::mpi::MpiComm` behind the
 //!   `mpi` feature.
 //! - [`exec`]: the executor of one rank's `plait-program/1` template.
+//! - [`launch`]: this process's rank, world size, local rank and master address, as torchrun,
+//!   `mpirun` or `srun` set them.
 //! - [`data`]: training tokens and each step's global batch; [`train`]: training loops.
 //! - [`checkpoint`]: per-rank safetensors shards and a JSON index; resumes under any layout.
 //! - [`profile`]: measures this machine (matmul rate, memory bandwidth, the threads
@@ -17,6 +19,7 @@ pub mod comm;
 pub mod data;
 mod error;
 pub mod exec;
+pub mod launch;
 pub mod profile;
 pub mod train;
 

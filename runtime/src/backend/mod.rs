@@ -10,7 +10,9 @@
 //! - [`CpuBackend`]: always available, the `kernels` crate on host memory.
 //! - [`CudaBackend`]: behind the `cuda` cargo feature (cudarc, libraries loaded at run time).
 //!   Without the feature the type still exists and its constructor returns
-//!   [`RuntimeError::NotCompiledWithCudaSupport`], so callers compile everywhere.
+//!   [`RuntimeError::NotCompiledWithCudaSupport`], so callers compile everywhere. With it,
+//!   `NcclComm` runs collectives on its buffers (rank 0's id shared by
+//!   [`crate::comm::rendezvous`]).
 
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -20,6 +22,8 @@ mod cuda;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_ops;
+#[cfg(feature = "cuda")]
+mod nccl;
 
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
@@ -28,6 +32,8 @@ use crate::RuntimeError;
 
 pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, CudaBuffer};
+#[cfg(feature = "cuda")]
+pub use nccl::NcclComm;
 
 /// A device that holds f32 buffers and runs plait's ops on them.
 pub trait Backend: std::fmt::Debug {

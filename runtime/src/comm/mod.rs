@@ -19,13 +19,15 @@
 //! the same groups with the same lists in the same order, and non-members do not take part.
 //!
 //! Implementations: [`ThreadComm`] (ranks are threads of one process, shared memory) and,
-//! behind the `mpi` feature, `MpiComm` (one process per rank under `mpirun`).
+//! behind the `mpi` feature, `MpiComm` (one process per rank under `mpirun`). [`rendezvous`]
+//! carries rank 0's NCCL id to every rank of a torchrun launch.
 
 pub mod conformance;
 mod counted;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub(crate) mod reduce;
+pub mod rendezvous;
 mod threads;
 
 use std::time::Duration;
