@@ -179,6 +179,8 @@ struct Job {
     /// The plan's predicted step seconds, where the run is on the hardware the plan was
     /// priced for (a GPU plan on CUDA, a CPU plan on CPU threads).
     predicted_step_s: Option<f64>,
+    /// The plan's predicted peak bytes per pipeline stage, likewise.
+    predicted_peak_bytes: Option<Vec<f64>>,
 }
 
 /// The job of `args`; a device that cannot run here is refused before any program is built.
@@ -195,6 +197,7 @@ fn programs(args: &RunArgs) -> anyhow::Result<Job> {
                 dp: dp_comm(args, None),
                 device,
                 predicted_step_s: None,
+                predicted_peak_bytes: None,
             });
         }
         Some(p) => (crate::plan_file::read(p)?, Some(p.as_path())),
@@ -225,6 +228,13 @@ fn programs(args: &RunArgs) -> anyhow::Result<Job> {
         dp,
         device,
         predicted_step_s: on_its_hardware.then_some(plan.predicted.iteration_time_s),
+        predicted_peak_bytes: on_its_hardware.then(|| {
+            plan.predicted
+                .stages
+                .iter()
+                .map(|s| s.peak_memory_bytes)
+                .collect()
+        }),
     })
 }
 
@@ -288,6 +298,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         dp,
         device,
         predicted_step_s,
+        predicted_peak_bytes,
     } = programs(args)?;
     let tokens = data(args)?;
     if let Some(v) = vocab {
@@ -426,6 +437,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         if leader {
             let seconds = step_seconds.lock().map(|v| v.clone()).unwrap_or_default();
             print_step_time(&seconds, predicted_step_s);
+            print_peak_memory(&set, outs, predicted_peak_bytes.as_deref());
         }
     }
     if let Err(e) = result {
@@ -443,6 +455,43 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         return Err(e).context("cannot write the JSON log");
     }
     Ok(())
+}
+
+/// Each pipeline stage's largest allocator high-water mark (backends that keep one: CUDA)
+/// beside the plan's predicted peak for the stage where the run is on its hardware.
+fn print_peak_memory(
+    set: &ProgramSet,
+    outs: &[(usize, runtime::train::RankOutcome)],
+    predicted: Option<&[f64]>,
+) {
+    let mut by_stage: std::collections::BTreeMap<u32, u64> = Default::default();
+    for (rank, o) in outs {
+        let (Some(m), Some(info)) = (&o.memory, set.rank(*rank as u32)) else {
+            continue;
+        };
+        let peak = by_stage.entry(info.coords.pp).or_default();
+        *peak = (*peak).max(m.peak_in_use);
+    }
+    let gib = |b: f64| b / f64::from(1u32 << 30);
+    for (stage, peak) in by_stage {
+        let measured = peak as f64;
+        let line = format!(
+            "memory      stage {stage}: peak {:.2} GiB in buffers (the allocator's high-water mark)",
+            gib(measured)
+        );
+        match predicted
+            .and_then(|p| p.get(stage as usize))
+            .filter(|&&p| p > 0.0)
+        {
+            Some(&p) => println!(
+                "{line}, predicted {:.2} GiB with its reserve for the CUDA context and \
+                 workspaces (measured / predicted {:.2})",
+                gib(p),
+                measured / p
+            ),
+            None => println!("{line}"),
+        }
+    }
 }
 
 /// The measured step time (the mean after the first step, a warm-up, when there are more)
@@ -620,6 +669,7 @@ impl MpiRun {
             losses: Vec::new(),
             states: Vec::new(),
             op_times: None,
+            memory: None,
         })
     }
 

@@ -114,6 +114,8 @@ pub struct RankOutcome {
     pub states: Vec<ShardState>,
     /// Wall time per instruction kind, when [`TrainOptions::op_times`] asked for it.
     pub op_times: Option<OpTimes>,
+    /// The device allocator's high-water marks, where the backend keeps them (CUDA).
+    pub memory: Option<crate::backend::MemoryStats>,
 }
 
 /// Global batch size (sequences) of the programs.
@@ -201,6 +203,7 @@ pub fn train_rank<B: Backend, C: Communicator>(
         losses,
         states: ex.shard_states()?,
         op_times: ex.op_times().cloned(),
+        memory: ex.memory_stats(),
     })
 }
 

@@ -4,7 +4,8 @@
 //!
 //! What runs on the GPU: buffers, host transfers, [`Backend::sgemm`], and the `MatMul` /
 //! bias-free `Linear` forward ops whose right operand is one matrix or whose batch dims agree
-//! (cuBLAS sgemm, plain and strided-batched, in f32 without TF32).
+//! (cuBLAS sgemm, plain and strided-batched, in f32 without TF32). Buffers come from a
+//! caching pool ([`super::pool`]) whose high-water mark `plait run` prints.
 //!
 //! TODO(runtime, issue 6): every other op (elementwise, norms, softmax, attention, the
 //! backward ops and AdamW) takes a correct but slow host round trip: download the operands,
@@ -18,15 +19,24 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
 
+use super::pool::{Lease, MemoryStats, Pool, Slab};
 use super::{Backend, sgemm_dims};
 use crate::RuntimeError;
 
-/// One CUDA device, its default stream and a cuBLAS handle on it.
+/// One CUDA device, its default stream, a cuBLAS handle on it and the caching allocator its
+/// buffers come from.
 pub struct CudaBackend {
     pub(super) ordinal: usize,
     pub(super) device_name: String,
     pub(super) stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
+    pub(super) pool: Pool<CudaSlice<f32>>,
+}
+
+impl Slab for CudaSlice<f32> {
+    fn bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<f32>()
+    }
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -41,10 +51,12 @@ impl std::fmt::Debug for CudaBackend {
 /// A dense row-major f32 tensor in GPU memory.
 pub struct CudaBuffer {
     pub(super) shape: Vec<usize>,
-    /// Element count of `shape` (the allocation holds at least one element: CUDA refuses
-    /// zero-byte allocations).
+    /// Element count of `shape`: the first `len` elements of `data`, a block of the pool at
+    /// least that long (and at least one element: CUDA refuses zero-byte allocations).
     pub(super) len: usize,
     pub(super) data: CudaSlice<f32>,
+    /// The block's place in the pool's accounting.
+    pub(super) lease: Lease<CudaSlice<f32>>,
 }
 
 impl std::fmt::Debug for CudaBuffer {
@@ -123,20 +135,36 @@ impl CudaBackend {
             device_name,
             stream,
             blas,
+            pool: Pool::new(),
         })
     }
 
+    /// A zero-filled buffer of `shape` from the pool.
     fn alloc(&self, shape: &[usize]) -> Result<CudaBuffer, RuntimeError> {
-        let host = Tensor32::zeros(shape).map_err(RuntimeError::kernel("zeros"))?;
-        let len = host.numel();
-        let data = self
-            .stream
-            .alloc_zeros::<f32>(len.max(1))
+        let len = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|n| n.checked_mul(std::mem::size_of::<f32>()).is_some())
+            .ok_or_else(|| RuntimeError::Cuda {
+                op: "alloc",
+                message: format!("a buffer of shape {shape:?} exceeds the address space"),
+            })?;
+        let (mut data, lease) = self
+            .pool
+            .take(len.max(1) * std::mem::size_of::<f32>(), |bytes| {
+                self.stream
+                    .alloc_zeros::<f32>(bytes / std::mem::size_of::<f32>())
+            })
             .map_err(cuda_err("alloc"))?;
+        // A block from the cache holds an earlier buffer's values.
+        self.stream
+            .memset_zeros(&mut data.slice_mut(..len.max(1)))
+            .map_err(cuda_err("zero"))?;
         Ok(CudaBuffer {
             shape: shape.to_vec(),
             len,
             data,
+            lease,
         })
     }
 
@@ -171,6 +199,16 @@ impl Backend for CudaBackend {
         self.alloc(shape)
     }
 
+    /// Returns the buffer's block to the pool for the next buffer of about its size.
+    fn free(&self, buffer: CudaBuffer) {
+        let CudaBuffer { data, lease, .. } = buffer;
+        self.pool.give(data, lease);
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        Some(self.pool.stats())
+    }
+
     fn shape<'b>(&self, buffer: &'b CudaBuffer) -> &'b [usize] {
         &buffer.shape
     }
@@ -187,16 +225,16 @@ impl Backend for CudaBackend {
         }
         if buf.len > 0 {
             self.stream
-                .memcpy_htod(&host.data, &mut buf.data)
+                .memcpy_htod(&host.data, &mut buf.data.slice_mut(..buf.len))
                 .map_err(cuda_err("upload"))?;
         }
         Ok(buf)
     }
 
     fn download(&self, buffer: &CudaBuffer) -> Result<Tensor32, RuntimeError> {
-        let mut data = vec![0.0f32; buffer.data.len()];
+        let mut data = vec![0.0f32; buffer.len.max(1)];
         self.stream
-            .memcpy_dtoh(&buffer.data, &mut data)
+            .memcpy_dtoh(&buffer.data.slice(..buffer.len.max(1)), &mut data)
             .map_err(cuda_err("download"))?;
         self.stream.synchronize().map_err(cuda_err("download"))?;
         data.truncate(buffer.len);

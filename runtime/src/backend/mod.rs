@@ -24,6 +24,7 @@ mod cuda;
 mod cuda_ops;
 #[cfg(feature = "cuda")]
 mod nccl;
+pub mod pool;
 
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
@@ -34,6 +35,7 @@ pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, CudaBuffer};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;
+pub use pool::MemoryStats;
 
 /// A device that holds f32 buffers and runs plait's ops on them.
 pub trait Backend: std::fmt::Debug {
@@ -132,6 +134,12 @@ pub trait Backend: std::fmt::Debug {
 
     /// `c[m,n] = a[m,k] · b[k,n]` on 2-D row-major buffers, allocating `c`.
     fn sgemm(&self, a: &Self::Buffer, b: &Self::Buffer) -> Result<Self::Buffer, RuntimeError>;
+
+    /// The device allocator's counters and high-water marks, where it keeps them (the CUDA
+    /// backend's caching pool); `None` on the host.
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        None
+    }
 
     /// Waits until all queued work has finished (a no-op on the CPU).
     fn synchronize(&self) -> Result<(), RuntimeError> {

@@ -201,6 +201,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.op_times.get_or_insert_with(OpTimes::default);
     }
 
+    /// The backend's allocator counters ([`Backend::memory_stats`]).
+    pub fn memory_stats(&self) -> Option<crate::backend::MemoryStats> {
+        self.backend.memory_stats()
+    }
+
     /// What [`Executor::record_op_times`] recorded.
     pub fn op_times(&self) -> Option<&OpTimes> {
         self.op_times.as_ref()
