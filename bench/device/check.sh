@@ -18,6 +18,7 @@
 #                   eager with scaled_dot_product_attention (bf16, AdamW) on the same GPU, and
 #                   the plan's predicted step time (dgx-h200) against the measured one
 #   bf16-one-gpu    not built yet: the CUDA backend is f32 (the row says so)
+#   host-transfers  gpt2-124m: ops run on the host and bytes copied each step (information)
 #   peak-memory     gpt2-124m's stage 0: the caching allocator's high-water mark that `plait run`
 #                   prints, against the plan's predicted peak: within 10 %
 # Exit: 0 when every built row passes, 1 when one fails, 2 when this machine cannot run it
@@ -209,6 +210,10 @@ if [ -n "$ratio_mem" ]; then
 else
   row peak-memory "n/a" "no allocator line in plait run's output (the CPU backend keeps no high-water mark)"
 fi
+
+# What still crosses to the host each step (acceptance 1's goal: the batch up, the loss down).
+host=$(grep -o 'host        per step .*' "$OUT/gpt2-124m.log" 2>/dev/null | head -1)
+row host-transfers "info" "gpt2-124m: ${host:-no host-transfer line in the plait run output (CPU backend)}"
 
 python3 - "$results" "$OUT/check.json" <<'PY'
 import json, sys

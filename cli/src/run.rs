@@ -438,6 +438,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             let seconds = step_seconds.lock().map(|v| v.clone()).unwrap_or_default();
             print_step_time(&seconds, predicted_step_s);
             print_peak_memory(&set, outs, predicted_peak_bytes.as_deref());
+            print_transfers(outs);
         }
     }
     if let Err(e) = result {
@@ -455,6 +456,25 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         return Err(e).context("cannot write the JSON log");
     }
     Ok(())
+}
+
+/// Rank 0's host transfers per step, where the backend counts them (CUDA): the goal is the
+/// batch up and the loss down; each op without a device kernel adds a round trip.
+fn print_transfers(outs: &[(usize, runtime::train::RankOutcome)]) {
+    let Some(t) = outs.first().and_then(|(_, o)| o.transfers_per_step) else {
+        return;
+    };
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "host        per step (rank {}): {} ops on the host, {} uploads ({:.1} MB), {} downloads \
+         ({:.1} MB)",
+        outs[0].0,
+        t.host_ops,
+        t.uploads,
+        mb(t.upload_bytes),
+        t.downloads,
+        mb(t.download_bytes)
+    );
 }
 
 /// Each pipeline stage's largest allocator high-water mark (backends that keep one: CUDA)
@@ -670,6 +690,7 @@ impl MpiRun {
             states: Vec::new(),
             op_times: None,
             memory: None,
+            transfers_per_step: None,
         })
     }
 

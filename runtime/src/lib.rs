@@ -23,6 +23,6 @@ pub mod launch;
 pub mod profile;
 pub mod train;
 
-pub use backend::{Backend, CpuBackend, CudaBackend, CudaBuffer};
+pub use backend::{Backend, CpuBackend, CudaBackend, CudaBuffer, TransferStats};
 pub use comm::{Communicator, DEFAULT_TIMEOUT, MAX_TAG, ThreadComm};
 pub use error::RuntimeError;

@@ -116,6 +116,9 @@ pub struct RankOutcome {
     pub op_times: Option<OpTimes>,
     /// The device allocator's high-water marks, where the backend keeps them (CUDA).
     pub memory: Option<crate::backend::MemoryStats>,
+    /// Host transfers per step (the mean over this run's steps), where the backend counts
+    /// them (CUDA).
+    pub transfers_per_step: Option<crate::backend::TransferStats>,
 }
 
 /// Global batch size (sequences) of the programs.
@@ -165,6 +168,9 @@ pub fn train_rank<B: Backend, C: Communicator>(
     let seq = set.mesh.seq as usize;
     let mut losses = Vec::new();
     let first = ex.steps() + 1;
+    let mut transfers = ex
+        .transfer_stats()
+        .map(|_| crate::backend::TransferStats::default());
     while ex.steps() < opts.steps {
         let step = ex.steps() + 1;
         // The first step is a warm-up (first touches of memory), unless it is the only one.
@@ -174,7 +180,13 @@ pub fn train_rank<B: Backend, C: Communicator>(
         let batch = data.batch(opts.seed, step, rows, seq)?;
         let t0 = Instant::now();
         let sent_before = sent.load(std::sync::atomic::Ordering::Relaxed);
+        let transfers_before = ex.transfer_stats();
         let loss = ex.step(&batch)?;
+        if let (Some(sum), Some(after), Some(before)) =
+            (transfers.as_mut(), ex.transfer_stats(), transfers_before)
+        {
+            *sum = sum.plus(after.since(before));
+        }
         let comm_bytes = sent.load(std::sync::atomic::Ordering::Relaxed) - sent_before;
         let seconds = t0.elapsed().as_secs_f64();
         losses.push(loss);
@@ -199,11 +211,13 @@ pub fn train_rank<B: Backend, C: Communicator>(
             },
         );
     }
+    let steps_run = losses.len() as u64;
     Ok(RankOutcome {
         losses,
         states: ex.shard_states()?,
         op_times: ex.op_times().cloned(),
         memory: ex.memory_stats(),
+        transfers_per_step: transfers.map(|t| t.per_step(steps_run)),
     })
 }
 

@@ -20,8 +20,9 @@ use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
 
 use super::pool::{Lease, MemoryStats, Pool, Slab};
-use super::{Backend, sgemm_dims};
+use super::{Backend, TransferStats, sgemm_dims};
 use crate::RuntimeError;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One CUDA device, its default stream, a cuBLAS handle on it and the caching allocator its
 /// buffers come from.
@@ -31,6 +32,36 @@ pub struct CudaBackend {
     pub(super) stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
     pub(super) pool: Pool<CudaSlice<f32>>,
+    /// Host transfers so far ([`Backend::transfer_stats`]).
+    transfers: Transfers,
+}
+
+/// Counters of [`TransferStats`], shared by the threads that use the backend.
+#[derive(Default)]
+struct Transfers {
+    uploads: AtomicU64,
+    upload_bytes: AtomicU64,
+    downloads: AtomicU64,
+    download_bytes: AtomicU64,
+    host_ops: AtomicU64,
+}
+
+impl Transfers {
+    fn count(calls: &AtomicU64, bytes: &AtomicU64, n: usize) {
+        calls.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add((n * std::mem::size_of::<f32>()) as u64, Ordering::Relaxed);
+    }
+
+    fn stats(&self) -> TransferStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TransferStats {
+            uploads: get(&self.uploads),
+            upload_bytes: get(&self.upload_bytes),
+            downloads: get(&self.downloads),
+            download_bytes: get(&self.download_bytes),
+            host_ops: get(&self.host_ops),
+        }
+    }
 }
 
 impl Slab for CudaSlice<f32> {
@@ -136,6 +167,7 @@ impl CudaBackend {
             stream,
             blas,
             pool: Pool::new(),
+            transfers: Transfers::default(),
         })
     }
 
@@ -175,6 +207,7 @@ impl CudaBackend {
         buffers: &[&CudaBuffer],
         run: impl FnOnce(&[&Tensor32]) -> Result<T, RuntimeError>,
     ) -> Result<T, RuntimeError> {
+        self.transfers.host_ops.fetch_add(1, Ordering::Relaxed);
         let host: Vec<Tensor32> = buffers
             .iter()
             .map(|b| self.download(b))
@@ -209,6 +242,10 @@ impl Backend for CudaBackend {
         Some(self.pool.stats())
     }
 
+    fn transfer_stats(&self) -> Option<TransferStats> {
+        Some(self.transfers.stats())
+    }
+
     fn shape<'b>(&self, buffer: &'b CudaBuffer) -> &'b [usize] {
         &buffer.shape
     }
@@ -223,6 +260,8 @@ impl Backend for CudaBackend {
                 want: buf.len,
             });
         }
+        let t = &self.transfers;
+        Transfers::count(&t.uploads, &t.upload_bytes, buf.len);
         if buf.len > 0 {
             self.stream
                 .memcpy_htod(&host.data, &mut buf.data.slice_mut(..buf.len))
@@ -232,6 +271,8 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, buffer: &CudaBuffer) -> Result<Tensor32, RuntimeError> {
+        let t = &self.transfers;
+        Transfers::count(&t.downloads, &t.download_bytes, buffer.len);
         let mut data = vec![0.0f32; buffer.len.max(1)];
         self.stream
             .memcpy_dtoh(&buffer.data.slice(..buffer.len.max(1)), &mut data)

@@ -141,9 +141,63 @@ pub trait Backend: std::fmt::Debug {
         None
     }
 
+    /// The host transfers this backend has made, where it counts them (the CUDA backend:
+    /// every upload, download and op it runs on the host); `None` on the host.
+    fn transfer_stats(&self) -> Option<TransferStats> {
+        None
+    }
+
     /// Waits until all queued work has finished (a no-op on the CPU).
     fn synchronize(&self) -> Result<(), RuntimeError> {
         Ok(())
+    }
+}
+
+/// Host transfers of a device backend: the goal is one upload (the batch) and one download
+/// (the loss) per step; every op without a device kernel adds a round trip.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    pub uploads: u64,
+    pub upload_bytes: u64,
+    pub downloads: u64,
+    pub download_bytes: u64,
+    /// Ops run on the host (their operands downloaded, their results uploaded).
+    pub host_ops: u64,
+}
+
+impl TransferStats {
+    /// The transfers made after `earlier` was taken.
+    pub fn since(self, earlier: TransferStats) -> TransferStats {
+        TransferStats {
+            uploads: self.uploads.saturating_sub(earlier.uploads),
+            upload_bytes: self.upload_bytes.saturating_sub(earlier.upload_bytes),
+            downloads: self.downloads.saturating_sub(earlier.downloads),
+            download_bytes: self.download_bytes.saturating_sub(earlier.download_bytes),
+            host_ops: self.host_ops.saturating_sub(earlier.host_ops),
+        }
+    }
+
+    /// The mean of `self` over `steps` steps.
+    pub fn per_step(self, steps: u64) -> TransferStats {
+        let n = steps.max(1);
+        TransferStats {
+            uploads: self.uploads / n,
+            upload_bytes: self.upload_bytes / n,
+            downloads: self.downloads / n,
+            download_bytes: self.download_bytes / n,
+            host_ops: self.host_ops / n,
+        }
+    }
+
+    /// Both counts together.
+    pub fn plus(self, other: TransferStats) -> TransferStats {
+        TransferStats {
+            uploads: self.uploads + other.uploads,
+            upload_bytes: self.upload_bytes + other.upload_bytes,
+            downloads: self.downloads + other.downloads,
+            download_bytes: self.download_bytes + other.download_bytes,
+            host_ops: self.host_ops + other.host_ops,
+        }
     }
 }
 
@@ -180,5 +234,26 @@ pub(crate) fn sgemm_dims(a: &[usize], b: &[usize]) -> Result<(usize, usize, usiz
                 want: format!("a[m, k] and b[k, n], got {a:?} and {b:?}"),
             },
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TransferStats;
+
+    #[test]
+    fn transfer_counts_difference_sum_and_mean() {
+        let t = |n: u64| TransferStats {
+            uploads: n,
+            upload_bytes: 4 * n,
+            downloads: 2 * n,
+            download_bytes: 8 * n,
+            host_ops: 3 * n,
+        };
+        assert_eq!(t(10).since(t(4)), t(6));
+        assert_eq!(t(4).since(t(10)), t(0), "never negative");
+        assert_eq!(t(2).plus(t(3)), t(5));
+        assert_eq!(t(9).per_step(3), t(3));
+        assert_eq!(t(9).per_step(0), t(9), "no steps: the total");
     }
 }

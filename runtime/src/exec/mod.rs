@@ -206,6 +206,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.backend.memory_stats()
     }
 
+    /// The backend's host transfers so far ([`Backend::transfer_stats`]).
+    pub fn transfer_stats(&self) -> Option<crate::backend::TransferStats> {
+        self.backend.transfer_stats()
+    }
+
     /// What [`Executor::record_op_times`] recorded.
     pub fn op_times(&self) -> Option<&OpTimes> {
         self.op_times.as_ref()
