@@ -202,7 +202,7 @@ row bf16-one-gpu "n/a" "not built: the CUDA backend computes in f32 (bf16 device
 # backend: the caching pool). The run computes in f32 while the plan was priced in bf16, so
 # until bf16 buffers land this ratio also measures that difference.
 mem=$(grep -o 'memory      stage 0: .*' "$OUT/gpt2-124m.log" 2>/dev/null | head -1)
-ratio_mem=$(sed -n 's/.*(measured \/ predicted \([0-9.]*\)).*/\1/p' <<< "$mem")
+ratio_mem=$(sed -n 's/.*measured \/ predicted \([0-9.]*\)).*/\1/p' <<< "$mem")
 if [ -n "$ratio_mem" ]; then
   s=FAIL; python3 -c "import sys; sys.exit(0 if abs($ratio_mem - 1) <= 0.10 else 1)" && s=pass
   row peak-memory "$s" "gpt2-124m: $mem (bar: within 10 %; f32 run, bf16 plan)" \

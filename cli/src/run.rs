@@ -499,14 +499,19 @@ fn print_peak_memory(
             "memory      stage {stage}: peak {:.2} GiB in buffers (the allocator's high-water mark)",
             gib(measured)
         );
+        // The plan's peak holds a reserve for the CUDA context, library workspaces and
+        // fragmentation, which no buffer of the allocator holds: compare without it.
+        let reserve = planner::estimate::RESERVE_BYTES;
         match predicted
             .and_then(|p| p.get(stage as usize))
-            .filter(|&&p| p > 0.0)
+            .map(|p| p - reserve)
+            .filter(|&p| p > 0.0)
         {
-            Some(&p) => println!(
-                "{line}, predicted {:.2} GiB with its reserve for the CUDA context and \
-                 workspaces (measured / predicted {:.2})",
+            Some(p) => println!(
+                "{line}, predicted {:.2} GiB in buffers (the plan's peak less its {:.0} GiB \
+                 reserve; measured / predicted {:.2})",
                 gib(p),
+                gib(reserve),
                 measured / p
             ),
             None => println!("{line}"),

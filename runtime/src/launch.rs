@@ -1,7 +1,9 @@
 //! Where this process stands among the ranks of a run, as its launcher tells it: torchrun
 //! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI's `mpirun`
 //! (`OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`), MPICH/Hydra (`PMI_RANK`, `PMI_SIZE`,
-//! `MPI_LOCALRANKID`) or Slurm's `srun` (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`).
+//! `MPI_LOCALRANKID`) or Slurm's `srun` (`SLURM_PROCID`, `SLURM_STEP_NUM_TASKS`,
+//! `SLURM_LOCALID`: the step's task count, which only `srun` sets; `SLURM_NTASKS` is set in a
+//! whole `sbatch` script or `salloc` shell, where one `plait run` is one process).
 //! The local rank picks the GPU; the master address is where rank 0 serves the
 //! [`crate::comm::rendezvous`] (NCCL's unique id), as torchrun's store does. Under MPI or
 //! Slurm without `MASTER_ADDR` the id travels over MPI instead.
@@ -28,7 +30,7 @@ impl Launcher {
                 "OMPI_COMM_WORLD_LOCAL_RANK",
             ],
             Launcher::Mpich => ["PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"],
-            Launcher::Slurm => ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"],
+            Launcher::Slurm => ["SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"],
         }
     }
 
@@ -42,11 +44,22 @@ impl Launcher {
     }
 }
 
-/// Where rank 0 serves the rendezvous.
+/// The master node's address and port, as the launcher set them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Master {
     pub addr: String,
+    /// `MASTER_PORT`: torchrun's own store listens there.
     pub port: u16,
+    /// `PLAIT_RENDEZVOUS_PORT`, where set.
+    pub rendezvous: Option<u16>,
+}
+
+impl Master {
+    /// The port rank 0 serves plait's rendezvous on: `PLAIT_RENDEZVOUS_PORT`, else the one
+    /// after `MASTER_PORT` (torchrun's agent holds `MASTER_PORT` itself on the master node).
+    pub fn rendezvous_port(&self) -> Option<u16> {
+        self.rendezvous.or_else(|| self.port.checked_add(1))
+    }
 }
 
 /// This process's place in a launched run.
@@ -68,12 +81,13 @@ impl Launch {
     }
 
     /// Reads the launcher's variables through `var`. The first launcher whose world size is
-    /// set wins (torchrun, Open MPI, MPICH, Slurm: an `mpirun` inside a Slurm job sets both).
+    /// set wins: MPI's (an `mpirun` in a shell that exported `WORLD_SIZE` is still MPI), then
+    /// torchrun's (its workers under `srun` also see the Slurm step's variables), then Slurm's.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, RuntimeError> {
         let order = [
-            Launcher::Torchrun,
             Launcher::OpenMpi,
             Launcher::Mpich,
+            Launcher::Torchrun,
             Launcher::Slurm,
         ];
         let Some(launcher) = order.into_iter().find(|l| var(l.vars()[1]).is_some()) else {
@@ -119,9 +133,20 @@ fn master(var: &impl Fn(&str) -> Option<String>) -> Result<Option<Master>, Runti
             if addr.trim().is_empty() {
                 return Err(bad("MASTER_ADDR", &addr, "is empty"));
             }
+            let rendezvous = var("PLAIT_RENDEZVOUS_PORT")
+                .map(|v| match v.trim().parse::<u16>() {
+                    Ok(p) if p > 0 => Ok(p),
+                    _ => Err(bad(
+                        "PLAIT_RENDEZVOUS_PORT",
+                        &v,
+                        "is not a port number (1-65535)",
+                    )),
+                })
+                .transpose()?;
             Ok(Some(Master {
                 addr: addr.trim().to_string(),
                 port,
+                rendezvous,
             }))
         }
         (Some(_), None) => Err(unset_beside("MASTER_PORT", "MASTER_ADDR")),
@@ -193,9 +218,11 @@ mod tests {
             l.master,
             Some(Master {
                 addr: "node0".into(),
-                port: 29500
+                port: 29500,
+                rendezvous: None,
             })
         );
+        assert_eq!(l.master.and_then(|m| m.rendezvous_port()), Some(29501));
     }
 
     #[test]
@@ -204,8 +231,9 @@ mod tests {
             ("OMPI_COMM_WORLD_RANK", "3"),
             ("OMPI_COMM_WORLD_SIZE", "4"),
             ("OMPI_COMM_WORLD_LOCAL_RANK", "3"),
-            ("SLURM_NTASKS", "4"),
+            ("SLURM_STEP_NUM_TASKS", "4"),
             ("SLURM_PROCID", "0"),
+            ("WORLD_SIZE", "16"),
         ])
         .expect("valid")
         .expect("launched");
@@ -213,13 +241,26 @@ mod tests {
             (ompi.launcher, ompi.rank, ompi.local_rank),
             (Launcher::OpenMpi, 3, 3)
         );
-        let slurm = launch(&[("SLURM_PROCID", "2"), ("SLURM_NTASKS", "4")])
+        let slurm = launch(&[("SLURM_PROCID", "2"), ("SLURM_STEP_NUM_TASKS", "4")])
             .expect("valid")
             .expect("launched");
         assert_eq!(
             (slurm.launcher, slurm.rank, slurm.local_rank),
             (Launcher::Slurm, 2, 0)
         );
+        // An sbatch script or salloc shell: the job's task count, no step: one process.
+        let script = launch(&[("SLURM_NTASKS", "8"), ("SLURM_PROCID", "0")]).expect("valid");
+        assert_eq!(script, None);
+        // torchrun's workers inside an srun step are torchrun's ranks.
+        let worker = launch(&[
+            ("SLURM_STEP_NUM_TASKS", "2"),
+            ("SLURM_PROCID", "1"),
+            ("RANK", "9"),
+            ("WORLD_SIZE", "16"),
+        ])
+        .expect("valid")
+        .expect("launched");
+        assert_eq!((worker.launcher, worker.rank), (Launcher::Torchrun, 9));
         assert_eq!(launch(&[("HOME", "/root")]).expect("valid"), None);
     }
 

@@ -85,14 +85,29 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
     let mask = if l.dropout { 1.0 } else { 0.0 };
     // Attention block: LN input, QKV input, Q, K, V, projection input, output dropout mask.
     let mut bytes = (e * sbh + e * sbh + mask * sbh) / rep;
-    // K and V split by head; with fewer KV heads than ranks each rank keeps one whole head.
+    // K and V split by head. With fewer KV heads than ranks (vLLM's replicated KV heads,
+    // which plait's programs lower) every rank projects all of K and V, keeps them whole in
+    // the head-major view its head is selected from, and then its one head.
     let kv_heads = (l.kv_width * l.heads / l.q_width).max(1.0);
     let kv_split = tp.min(kv_heads);
-    let sbq = s * b * l.q_width;
-    bytes += 2.0 * e * sbq / tp + 2.0 * e * s * b * l.kv_width / kv_split;
+    let replicated = kv_heads < tp;
+    let (sbq, sbkv) = (s * b * l.q_width, s * b * l.kv_width);
+    bytes += 2.0 * e * sbq / tp;
+    bytes += if replicated {
+        2.0 * e * sbkv * (1.0 + 1.0 / kv_split)
+    } else {
+        2.0 * e * sbkv / kv_split
+    };
     if l.qk_norm {
-        // The norms' inputs: q and k as projected, before the norm and the rotation.
-        bytes += e * sbq / tp + e * s * b * l.kv_width / kv_split;
+        // The norms' inputs: q and k as projected, before the norm and the rotation; a
+        // replicated k is normalized whole, its norm's output (the rotation's input) kept
+        // whole too.
+        bytes += e * sbq / tp
+            + if replicated {
+                2.0 * e * sbkv
+            } else {
+                e * sbkv / kv_split
+            };
     }
     bytes += l.extra_norms * e * sbh / rep;
     bytes += e * s * b * l.latent_width;

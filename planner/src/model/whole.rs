@@ -64,12 +64,7 @@ fn kv_projections(g: &Graph, ops: &[OpId]) -> Vec<(OpId, u64)> {
             continue;
         };
         for &x in op.inputs.iter().skip(1).take(2) {
-            let mut d = g.def_op(x);
-            if let OpKind::Rotary { .. } = g.op(d).kind
-                && let Some(&i) = g.op(d).inputs.first()
-            {
-                d = g.def_op(i);
-            }
+            let d = projection_of(g, x);
             if matches!(g.op(d).kind, OpKind::Linear { .. })
                 && ops.contains(&d)
                 && !out.iter().any(|&(p, _)| p == d)
@@ -79,6 +74,27 @@ fn kv_projections(g: &Graph, ops: &[OpId]) -> Vec<(OpId, u64)> {
         }
     }
     out
+}
+
+/// The op that made `x` before the per-head steps between a projection and the attention:
+/// rotary, reshapes, and a per-head norm (Qwen3's `k_norm`: reshape, norm, reshape, rotary).
+fn projection_of(g: &Graph, x: ValueId) -> OpId {
+    let mut d = g.def_op(x);
+    for _ in 0..6 {
+        let op = g.op(d);
+        let through = matches!(
+            op.kind,
+            OpKind::Rotary { .. }
+                | OpKind::Reshape { .. }
+                | OpKind::RmsNorm { .. }
+                | OpKind::LayerNorm { .. }
+        );
+        match op.inputs.first() {
+            Some(&i) if through => d = g.def_op(i),
+            _ => break,
+        }
+    }
+    d
 }
 
 /// A layer's parameters kept whole on every tensor-parallel rank, in elements.

@@ -188,10 +188,12 @@ impl CudaBackend {
                     .alloc_zeros::<f32>(bytes / std::mem::size_of::<f32>())
             })
             .map_err(cuda_err("alloc"))?;
-        // A block from the cache holds an earlier buffer's values.
-        self.stream
-            .memset_zeros(&mut data.slice_mut(..len.max(1)))
-            .map_err(cuda_err("zero"))?;
+        // A block from the cache holds an earlier buffer's values (a new one is zeros).
+        if lease.reused() {
+            self.stream
+                .memset_zeros(&mut data.slice_mut(..len.max(1)))
+                .map_err(cuda_err("zero"))?;
+        }
         Ok(CudaBuffer {
             shape: shape.to_vec(),
             len,

@@ -216,9 +216,10 @@ pub(crate) fn adamw_on_host<B: Backend + ?Sized>(
     let (mut mh, mut vh) = (b.download(m)?, b.download(v)?);
     kernels::adamw_frozen_variance(cfg, &mut p, &g, &mut mh, &mut vh, step, frozen_after)
         .map_err(RuntimeError::kernel("adamw"))?;
-    *param = b.upload_owned(p)?;
-    *m = b.upload_owned(mh)?;
-    *v = b.upload_owned(vh)?;
+    // The old buffers go back through the backend (a device pool keeps their memory).
+    b.free(std::mem::replace(param, b.upload_owned(p)?));
+    b.free(std::mem::replace(m, b.upload_owned(mh)?));
+    b.free(std::mem::replace(v, b.upload_owned(vh)?));
     Ok(())
 }
 

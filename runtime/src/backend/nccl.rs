@@ -77,6 +77,12 @@ impl NcclComm {
                 rank: launch.rank,
                 detail: format!("rank 0 sent {} bytes, not NCCL's 128-byte id", bytes.len()),
             })?;
+        // NCCL initialises on the thread's current context: make it this backend's device.
+        backend
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(super::cuda::cuda_err("bind context"))?;
         let comm = Comm::from_rank(
             backend.stream.clone(),
             launch.rank,

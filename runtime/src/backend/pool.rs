@@ -24,7 +24,8 @@ pub trait Slab {
 /// What a pool holds, and held at most.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
-    /// Bytes in buffers now live (rounded sizes).
+    /// Bytes in buffers now live (their rounded sizes, not the sizes of the cached blocks
+    /// that serve them).
     pub in_use: u64,
     /// The most `in_use` has been.
     pub peak_in_use: u64,
@@ -92,14 +93,30 @@ impl<S> Default for Pool<S> {
 /// A block handed out by [`Pool::take`]: its size counts as in use until the lease drops.
 pub struct Lease<S> {
     state: Arc<Mutex<State<S>>>,
+    /// The request's rounded size (in use while the lease lives).
     bytes: usize,
+    /// The block's size (reserved from the driver).
+    block: usize,
+    /// The block came from the cache (it holds an earlier buffer's values).
+    reused: bool,
     /// Whether the block went back to the pool ([`Pool::give`]) rather than to the driver.
     cached: bool,
 }
 
 impl<S> std::fmt::Debug for Lease<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease").field("bytes", &self.bytes).finish()
+        f.debug_struct("Lease")
+            .field("bytes", &self.bytes)
+            .field("block", &self.block)
+            .finish()
+    }
+}
+
+impl<S> Lease<S> {
+    /// Whether the block came from the cache: it holds an earlier buffer's values (a fresh
+    /// block from the driver is as the driver made it).
+    pub fn reused(&self) -> bool {
+        self.reused
     }
 }
 
@@ -109,7 +126,7 @@ impl<S> Drop for Lease<S> {
         st.stats.in_use -= self.bytes as u64;
         if !self.cached {
             // The block itself was dropped: its memory went back to the driver.
-            st.stats.reserved -= self.bytes as u64;
+            st.stats.reserved -= self.block as u64;
         }
     }
 }
@@ -144,7 +161,8 @@ impl<S: Slab> Pool<S> {
             st.free.retain(|_, v| !v.is_empty());
             hit
         };
-        let (size, slab) = match cached {
+        let reused = cached.is_some();
+        let (block, slab) = match cached {
             Some(hit) => hit,
             None => {
                 let slab = match driver(size) {
@@ -162,12 +180,15 @@ impl<S: Slab> Pool<S> {
         };
         let mut st = self.lock();
         st.stats.in_use += size as u64;
+        debug_assert!(block >= size);
         st.stats.peak_in_use = st.stats.peak_in_use.max(st.stats.in_use);
         st.stats.peak_reserved = st.stats.peak_reserved.max(st.stats.reserved);
         drop(st);
         let lease = Lease {
             state: Arc::clone(&self.state),
             bytes: size,
+            block,
+            reused,
             cached: false,
         };
         Ok((slab, lease))
@@ -256,6 +277,13 @@ mod tests {
         pool.give(a, la);
         let (b, lb) = pool.take(2048, driver(&allocs)).expect("b");
         assert_eq!((b.0, allocs.get()), (4096, 1), "half the size: reused");
+        assert!(lb.reused());
+        let s = pool.stats();
+        assert_eq!(
+            (s.in_use, s.reserved),
+            (2048, 4096),
+            "in use: the request's size"
+        );
         pool.give(b, lb);
         let (c, _lc) = pool.take(1024, driver(&allocs)).expect("c");
         assert_eq!((c.0, allocs.get()), (1024, 2), "a quarter: a new block");

@@ -1,9 +1,11 @@
 //! Rank 0's opaque bytes (NCCL's 128-byte unique id) to every rank of a launched run, over
-//! TCP at the launcher's `MASTER_ADDR:MASTER_PORT`, as torchrun's store carries NCCL's id:
-//! rank 0 listens, every other rank connects (retrying until rank 0 is up) and says who it
-//! is, and once all have arrived rank 0 sends each the bytes. A rank that never arrives makes
-//! rank 0 fail at the deadline naming it ([`RuntimeError::Timeout`]); a rank that cannot
-//! reach rank 0 fails naming rank 0. Nothing else travels here: the collectives run on the
+//! TCP at the launcher's `MASTER_ADDR`, on the port after `MASTER_PORT` (torchrun's own store
+//! holds `MASTER_PORT`; `PLAIT_RENDEZVOUS_PORT` sets another), as torchrun's store carries
+//! NCCL's id: rank 0 listens, every other rank connects (retrying until rank 0 is up) and
+//! says who it is, and once all have arrived rank 0 sends each the bytes. A rank that never
+//! arrives makes rank 0 fail at the deadline naming it ([`RuntimeError::Timeout`]); a rank
+//! that cannot reach rank 0 fails naming rank 0; a connection that is not a plait rank (a
+//! port probe) is dropped. Nothing else travels here: the collectives run on the
 //! communicator the id opens.
 
 use std::io::{Read, Write};
@@ -38,17 +40,31 @@ pub fn share_id(
             ),
         });
     };
-    let addr = format!("{}:{}", master.addr, master.port);
+    let port = master
+        .rendezvous_port()
+        .ok_or_else(|| RuntimeError::Launch {
+            var: "MASTER_PORT",
+            value: master.port.to_string(),
+            reason: "leaves no port after it for plait's rendezvous: set PLAIT_RENDEZVOUS_PORT"
+                .into(),
+        })?;
+    let addr = format!("{}:{port}", master.addr);
     if launch.rank == 0 {
         let id = id.ok_or_else(|| RuntimeError::Launch {
             var: "RANK",
             value: "0".into(),
             reason: "is the rendezvous root but has no id to share".into(),
         })?;
-        let listener = TcpListener::bind(("0.0.0.0", master.port)).map_err(io_error(
-            &addr,
-            format!("rank 0 cannot listen on port {}", master.port),
-        ))?;
+        // Both address families where the system allows (IPv6's unspecified address also
+        // takes IPv4 on Linux), else IPv4 only.
+        let listener = TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, port))
+            .or_else(|_| TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port)))
+            .map_err(io_error(
+                &addr,
+                format!(
+                    "rank 0 cannot listen on port {port} (set PLAIT_RENDEZVOUS_PORT to a free one)"
+                ),
+            ))?;
         serve_id(&listener, launch.world_size, id, timeout)?;
         Ok(id.to_vec())
     } else {
@@ -74,7 +90,10 @@ pub fn serve_id(
     while peers.iter().skip(1).any(Option::is_none) {
         match listener.accept() {
             Ok((stream, _)) => {
-                let (rank, stream) = greet(stream, world_size, &addr, timeout)?;
+                let left = timeout.saturating_sub(start.elapsed());
+                let Some((rank, stream)) = greet(stream, world_size, left)? else {
+                    continue;
+                };
                 if peers[rank].is_some() {
                     return Err(mismatch(format!("two processes say they are rank {rank}")));
                 }
@@ -102,23 +121,21 @@ pub fn serve_id(
 }
 
 /// Reads a rank's greeting: the protocol name, its rank and the world size it was told.
+/// `None`: not a plait rank (it closed, said something else, or said nothing within a
+/// moment: a rank greets as soon as it connects), dropped.
 fn greet(
     mut stream: TcpStream,
     world_size: usize,
-    addr: &str,
-    timeout: Duration,
-) -> Result<(usize, TcpStream), RuntimeError> {
+    left: Duration,
+) -> Result<Option<(usize, TcpStream)>, RuntimeError> {
+    let moment = left.clamp(Duration::from_millis(1), Duration::from_secs(2));
     let mut hello = [0u8; 16];
-    stream
+    let read = stream
         .set_nonblocking(false)
-        .and_then(|()| stream.set_read_timeout(Some(timeout)))
-        .and_then(|()| stream.read_exact(&mut hello))
-        .map_err(io_error(addr, "read a rank's greeting".into()))?;
-    if &hello[..8] != HELLO {
-        return Err(mismatch(format!(
-            "a process that is not a plait rank connected to the master port ({:?})",
-            String::from_utf8_lossy(&hello[..8])
-        )));
+        .and_then(|()| stream.set_read_timeout(Some(moment)))
+        .and_then(|()| stream.read_exact(&mut hello));
+    if read.is_err() || &hello[..8] != HELLO {
+        return Ok(None);
     }
     let word = |i: usize| {
         u32::from_le_bytes([hello[i], hello[i + 1], hello[i + 2], hello[i + 3]]) as usize
@@ -134,7 +151,7 @@ fn greet(
             "a process says it is rank {rank} of {world_size}"
         )));
     }
-    Ok((rank, stream))
+    Ok(Some((rank, stream)))
 }
 
 /// Rank `rank`'s side: connects to rank 0 at `addr` (retrying until the deadline) and reads
@@ -245,6 +262,20 @@ mod tests {
         for p in peers {
             assert_eq!(p.join().expect("joined").expect("fetched"), id);
         }
+    }
+
+    #[test]
+    fn a_stray_connection_is_dropped_and_the_ranks_still_meet() {
+        let (l, addr) = listener();
+        let mut probe = TcpStream::connect(&addr).expect("a probe connects");
+        probe
+            .write_all(b"GET / HTTP/1.0\r\n\r\n")
+            .expect("the probe writes");
+        let silent = TcpStream::connect(&addr).expect("a silent one connects");
+        let peer = std::thread::spawn(move || fetch_id(&addr, 1, 2, Duration::from_secs(10)));
+        serve_id(&l, 2, b"nccl-id", Duration::from_secs(10)).expect("served");
+        assert_eq!(peer.join().expect("joined").expect("fetched"), b"nccl-id");
+        drop(silent);
     }
 
     #[test]
