@@ -685,6 +685,7 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
         gated: false,
         experts_per_token: 1.0,
         routed: false,
+        gate_scaled: 0.0,
         dropout: false,
         extra_norms: 0.0,
         qk_norm: false,
@@ -730,6 +731,10 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                 let both = op.inputs.iter().all(|&v| width(v) == w);
                 if both && w.is_some_and(|w| w != h) {
                     shape.gated = true;
+                }
+                let one_column = op.inputs.iter().any(|&v| width(v) == Some(1));
+                if w == Some(h) && one_column {
+                    shape.gate_scaled += 1.0;
                 }
             }
             // A squared ReLU (Nemotron) keeps the projection's output, the ReLU's and the
@@ -840,6 +845,9 @@ struct Transients {
     logits_kept: f64,
     /// The fp32 gradient of the logits, live during the head's backward only.
     logits_grad: f64,
+    /// The head's weights while it runs, beside what every stage stores
+    /// ([`head_weight_bytes`]).
+    head_weights: f64,
 }
 
 impl Transients {
@@ -848,10 +856,10 @@ impl Transients {
     /// logits' gradient beside the kept logits), then its layers, after the kept logits died.
     fn head_chunk(&self, layers: WorkingSet) -> WorkingSet {
         let layer_phase = layers.activations + layers.states - self.logits_kept;
-        if self.logits_grad >= layer_phase {
+        if self.logits_grad + self.head_weights >= layer_phase {
             return WorkingSet {
                 activations: self.logits_grad,
-                states: 0.0,
+                states: self.head_weights,
             };
         }
         let from_activations = self.logits_kept.min(layers.activations);
@@ -907,8 +915,47 @@ impl Transients {
             },
             logits_kept: (1 + logit_ops_keeping_input(g, info)) as f64 * logits,
             logits_grad: logits,
+            head_weights: head_weight_bytes(g, info, s),
         }
     }
+}
+
+/// The head's weights live while it runs beyond the stored ones: a transposed copy of each
+/// weight the head reads through a transpose (a tied head computes `x · wteᵀ`, and plait's
+/// runtime materializes the transpose), and under ZeRO-3 its gathered weights. The
+/// vocabulary-sized ones at the rank's share where the vocabulary splits.
+fn head_weight_bytes(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> f64 {
+    let share = if info.vocabulary_splits(s.tp) {
+        info.vocabulary_share(s.tp)
+    } else {
+        1.0
+    };
+    let is_param = |v: ir::ValueId| matches!(g.op(g.def_op(v)).kind, OpKind::Param { .. });
+    let rank_elems = |v: ir::ValueId| {
+        let n = g.ty(v).shape.fixed_numel().unwrap_or(0) as f64;
+        if info.vocabulary_matrix(v) {
+            n * share
+        } else {
+            n
+        }
+    };
+    let mut read = std::collections::BTreeSet::new();
+    let mut transposed = 0.0;
+    for &o in &info.post_ops {
+        let op = g.op(o);
+        for &x in op.inputs.iter().filter(|&&x| is_param(x)) {
+            read.insert(x);
+            if matches!(op.kind, OpKind::Transpose { .. }) {
+                transposed += rank_elems(x);
+            }
+        }
+    }
+    let gathered = if s.zero >= 3 && s.dp * s.cp > 1 {
+        read.into_iter().map(rank_elems).sum()
+    } else {
+        0.0
+    };
+    (transposed + gathered) * s.precision.weight_bytes()
 }
 
 /// A non-plain data-parallel exchange of `local` parameters' gradients beside the plain one:

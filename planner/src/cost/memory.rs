@@ -36,6 +36,9 @@ pub struct LayerShape {
     /// The MLP is routed experts: one kernel over the layer's tokens made whole (gathered
     /// over the tensor-parallel ranks under SP, over the expert group under EP).
     pub routed: bool,
+    /// Hidden-wide outputs scaled by a one-column gate (Qwen2-MoE's shared expert times
+    /// `sigmoid(shared_expert_gate(x))`): the product's backward reads each, so each is kept.
+    pub gate_scaled: f64,
     /// Dropout after attention probabilities, attention output and MLP output (GPT, Megatron).
     pub dropout: bool,
     /// Norms on the residual stream beyond the two of a pre-norm block (Gemma 2's norms on
@@ -127,6 +130,7 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
     let inner = if l.gated { 3.0 } else { 2.0 };
     bytes += inner * e * s * b * l.ffn * l.experts_per_token / tp;
     bytes += 3.0 * e * s * b * l.shared_ffn / tp;
+    bytes += l.gate_scaled * e * sbh / rep;
     bytes
 }
 
@@ -213,6 +217,7 @@ mod tests {
             gated: false,
             experts_per_token: 1.0,
             routed: false,
+            gate_scaled: 0.0,
             dropout: true,
         }
     }
