@@ -48,6 +48,11 @@ fn compile_on_8_h100_pinned(cfg: &str, plan: &str, pins: &[&str]) -> (i32, Strin
     plait(&args)
 }
 
+/// `plait codegen PLAN -o DIR`: lowers the plan and confirms its memory (the verifier's 3 %).
+fn codegen(plan: &str, dir: &std::path::Path) -> (i32, String, String) {
+    plait(&["codegen", plan, "-o", &dir.to_string_lossy()])
+}
+
 #[test]
 fn published_configs_count_their_parameters_and_plan_on_8_h100() {
     let d = dir("families");
@@ -71,8 +76,7 @@ fn published_configs_count_their_parameters_and_plan_on_8_h100() {
             continue;
         }
         if dense {
-            let progs = d.join(format!("{name}-programs"));
-            let (code, out, err) = plait(&["codegen", &p, "-o", &progs.to_string_lossy()]);
+            let (code, out, err) = codegen(&p, &d.join(format!("{name}-programs")));
             if code != 0 {
                 failures.push(format!("{name}: codegen exit {code}: {out}{err}"));
             }
@@ -112,8 +116,7 @@ fn nemotron_counts_its_modules_and_plans_on_8_h100() {
         code == 0 && out.contains("fits"),
         "compile exit {code}: {out}{err}"
     );
-    let progs = d.join("programs");
-    let (code, out, err) = plait(&["codegen", &p, "-o", &progs.to_string_lossy()]);
+    let (code, out, err) = codegen(&p, &d.join("programs"));
     assert_eq!(code, 0, "codegen: {out}{err}");
 }
 
@@ -224,8 +227,7 @@ fn a_model_whose_first_layer_is_dense_plans_and_lowers_on_8_h100() {
             later, 1,
             "{name}: the expert layers' extraction is recorded"
         );
-        let progs = d.join(format!("{name}-programs"));
-        let (code, out, err) = plait(&["codegen", &plan, "-o", &progs.to_string_lossy()]);
+        let (code, out, err) = codegen(&plan, &d.join(format!("{name}-programs")));
         assert_eq!(code, 0, "{name}: codegen {out}{err}");
     }
 }
@@ -264,8 +266,7 @@ fn zero2_plans_of_wide_experts_count_the_layer_gradient_and_dispatch() {
     let other = v["predicted"]["memory"]["other"].as_f64().unwrap_or(0.0);
     let expert_gradient = (64u64 * 3 * 2048 * 8192 / 2 * 2) as f64;
     assert!(other >= expert_gradient, "other memory {other} bytes");
-    let progs = d.join("programs");
-    let (code, out, err) = plait(&["codegen", &plan, "-o", &progs.to_string_lossy()]);
+    let (code, out, err) = codegen(&plan, &d.join("programs"));
     assert_eq!(code, 0, "codegen {out}{err}");
 }
 
@@ -283,8 +284,7 @@ fn qwen3_moe_at_tp_8_replicates_its_4_kv_heads_and_lowers() {
     let plan = d.join("plan.json").to_string_lossy().to_string();
     let (code, out, err) = compile_on_8_h100_pinned(&cfg, &plan, &["--tp", "8"]);
     assert!(code == 0 && out.contains("fits"), "{out}{err}");
-    let progs = d.join("programs");
-    let (code, out, err) = plait(&["codegen", &plan, "-o", &progs.to_string_lossy()]);
+    let (code, out, err) = codegen(&plan, &d.join("programs"));
     assert_eq!(code, 0, "codegen {out}{err}");
 }
 
@@ -306,8 +306,7 @@ fn pinned_layouts_that_once_broke_the_memory_model_lower() {
         let plan = d.join("plan.json").to_string_lossy().to_string();
         let (code, out, err) = compile_on_8_h100_pinned(&config(name), &plan, pins);
         assert!(code == 0 && out.contains("fits"), "{name}: {out}{err}");
-        let progs = d.join("programs");
-        let (code, out, err) = plait(&["codegen", &plan, "-o", &progs.to_string_lossy()]);
+        let (code, out, err) = codegen(&plan, &d.join("programs"));
         assert_eq!(code, 0, "{name}: codegen {out}{err}");
     }
 }

@@ -925,19 +925,9 @@ impl Transients {
 /// runtime materializes the transpose), and under ZeRO-3 its gathered weights. The
 /// vocabulary-sized ones at the rank's share where the vocabulary splits.
 fn head_weight_bytes(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> f64 {
-    let share = if info.vocabulary_splits(s.tp) {
-        info.vocabulary_share(s.tp)
-    } else {
-        1.0
-    };
     let is_param = |v: ir::ValueId| matches!(g.op(g.def_op(v)).kind, OpKind::Param { .. });
     let rank_elems = |v: ir::ValueId| {
-        let n = g.ty(v).shape.fixed_numel().unwrap_or(0) as f64;
-        if info.vocabulary_matrix(v) {
-            n * share
-        } else {
-            n
-        }
+        g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp)
     };
     let mut read = std::collections::BTreeSet::new();
     let mut transposed = 0.0;

@@ -114,18 +114,7 @@ fn g_rank(info: &ModelInfo<'_>, v: ir::ValueId) -> usize {
 /// ⌈vocab / tp⌉ rows where the vocabulary splits, everything else (a learned position table,
 /// the final norm) whole, as Megatron-LM keeps them.
 fn outer_parameter_budget(info: &ModelInfo<'_>, ops: &[OpId], tp: u32, b: Binding) -> f64 {
-    let share = if info.vocabulary_splits(tp) {
-        info.vocabulary_share(tp)
-    } else {
-        1.0
-    };
-    budget_of(info, ops, b, |v| {
-        if info.vocabulary_matrix(v) {
-            share
-        } else {
-            1.0
-        }
-    })
+    budget_of(info, ops, b, |v| info.outer_param_share(v, tp))
 }
 
 /// The bytes per rank of the parameters among `ops`, each at the `share` of it a rank stores.

@@ -41,6 +41,17 @@ impl ModelInfo<'_> {
         self.padded_vocab(tp) as f64 / self.vocab as f64 / f64::from(tp.max(1))
     }
 
+    /// The share of parameter `v` (outside the layers) one of `tp` ranks stores: a
+    /// vocabulary-sized matrix its ⌈vocab / tp⌉ rows where the vocabulary splits, anything
+    /// else (a learned position table, the final norm) whole, as Megatron-LM keeps them.
+    pub fn outer_param_share(&self, v: ir::ValueId, tp: u32) -> f64 {
+        if self.vocabulary_splits(tp) && self.vocabulary_matrix(v) {
+            self.vocabulary_share(tp)
+        } else {
+            1.0
+        }
+    }
+
     /// The padding rows' elements ⌈vocab / tp⌉·tp − vocab rows of each vocabulary-sized
     /// matrix ([`ModelInfo::vocabulary_matrix`]) among `ops`, over all `tp` ranks.
     pub fn vocabulary_padding_params(&self, tp: u32, ops: &[ir::OpId]) -> u64 {
