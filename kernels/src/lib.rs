@@ -25,6 +25,7 @@ mod accumulate;
 mod attention;
 mod backward;
 mod context;
+pub mod device;
 mod dropout;
 mod elementwise;
 mod embedding;

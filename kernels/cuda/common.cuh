@@ -1,0 +1,80 @@
+// Helpers shared by plait's device kernels.
+//
+// Every file here is compiled twice: by NVRTC for the GPU (runtime/src/backend/cuda), and by
+// g++ under the `simt` crate's emulator, which runs each thread block's threads as fibers on
+// one host thread so that the kernels are tested against the `kernels` crate on machines
+// without a GPU. Hence the rules: no warp intrinsics, no dynamic shared memory, and every
+// block-wide exchange goes through `__shared__` memory and `__syncthreads()`.
+//
+// Conventions: tensors are dense row-major f32; element counts and offsets are `long long`;
+// blockDim.x is a power of two no larger than PLAIT_MAX_BLOCK (the launcher picks it); a
+// "row" kernel runs one block per row and strides its threads over the row.
+
+#define PLAIT_MAX_BLOCK 1024
+#define PLAIT_MAX_RANK 8
+
+typedef long long i64;
+
+// NVRTC has no <math.h>; the emulator's shim includes <cmath>, which defines these.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+
+// The sum of `v` over the block's threads, in f64 (as the CPU kernels accumulate); every
+// thread gets the total.
+__device__ double block_sum(double v) {
+    __shared__ double partial[PLAIT_MAX_BLOCK];
+    partial[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+        __syncthreads();
+    }
+    double total = partial[0];
+    __syncthreads();  // the next call reuses `partial`
+    return total;
+}
+
+// The maximum of `v` over the block's threads; every thread gets it.
+__device__ float block_max(float v) {
+    __shared__ float partial[PLAIT_MAX_BLOCK];
+    partial[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) partial[threadIdx.x] = fmaxf(partial[threadIdx.x], partial[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float m = partial[0];
+    __syncthreads();
+    return m;
+}
+
+// The flat index of this thread in a 1-D grid, and the grid's thread count (for grid-stride
+// loops over `n` elements).
+__device__ i64 global_thread() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ i64 grid_threads() { return (i64)gridDim.x * blockDim.x; }
+
+// A broadcast of two operands to one output shape (numpy rules, aligned on the right by the
+// launcher): the output's dims, and each operand's element strides (0 on a broadcast axis).
+struct Broadcast {
+    int rank;
+    i64 dims[PLAIT_MAX_RANK];
+    i64 stride_a[PLAIT_MAX_RANK];
+    i64 stride_b[PLAIT_MAX_RANK];
+};
+
+// The offsets in `a` and `b` of output element `i`.
+__device__ void broadcast_offsets(const Broadcast& s, i64 i, i64* oa, i64* ob) {
+    i64 a = 0, b = 0;
+    for (int d = s.rank - 1; d >= 0; --d) {
+        i64 c = i % s.dims[d];
+        i /= s.dims[d];
+        a += c * s.stride_a[d];
+        b += c * s.stride_b[d];
+    }
+    *oa = a;
+    *ob = b;
+}

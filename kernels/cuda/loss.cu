@@ -1,0 +1,51 @@
+// Cross-entropy of logits[N, V] against integer targets (stored as f32, as the IR does), the
+// mean over the N rows (kernels/src/loss.rs). A target outside [0, V) gives NaN, so a bad
+// batch shows in the loss instead of reading past the row.
+
+__device__ double row_log_sum_exp(const float* row, i64 v) {
+    float m = -INFINITY;
+    for (i64 j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, row[j]);
+    m = block_max(m);
+    double s = 0.0;
+    for (i64 j = threadIdx.x; j < v; j += blockDim.x) s += exp((double)row[j] - m);
+    return (double)m + log(block_sum(s));
+}
+
+__device__ i64 target_index(float t, i64 v) {
+    i64 i = (i64)t;
+    return ((float)i == t && i >= 0 && i < v) ? i : -1;
+}
+
+// One block per row: per_row[r] = lse(row) − row[target].
+extern "C" __global__ void cross_entropy_rows(float* per_row, const float* logits, const float* targets, i64 n,
+                                              i64 v) {
+    for (i64 r = blockIdx.x; r < n; r += gridDim.x) {
+        const float* row = logits + r * v;
+        double lse = row_log_sum_exp(row, v);
+        i64 t = target_index(targets[r], v);
+        if (threadIdx.x == 0) per_row[r] = t < 0 ? NAN : (float)(lse - row[t]);
+    }
+}
+
+// out[0] = mean of x[0..n), one block, in f64.
+extern "C" __global__ void mean_all(float* out, const float* x, i64 n) {
+    double s = 0.0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) out[0] = (float)(s / (double)n);
+}
+
+// d logits = g/N · (softmax(row) − onehot(target)); `g` is the loss gradient (one element).
+extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* logits, const float* targets,
+                                                  const float* g, i64 n, i64 v) {
+    double scale = (double)g[0] / (double)n;
+    for (i64 r = blockIdx.x; r < n; r += gridDim.x) {
+        const float* row = logits + r * v;
+        double lse = row_log_sum_exp(row, v);
+        i64 t = target_index(targets[r], v);
+        for (i64 j = threadIdx.x; j < v; j += blockDim.x) {
+            double p = exp((double)row[j] - lse) - (j == t ? 1.0 : 0.0);
+            dlogits[r * v + j] = t < 0 ? NAN : (float)(p * scale);
+        }
+    }
+}

@@ -1,0 +1,101 @@
+// LayerNorm and RMSNorm over the last axis (kernels/src/norm.rs): one block per row, row
+// statistics in f64. The backward writes each row's statistics to `stats` so that the
+// parameter gradients (sums over rows, `norm_param_grads`) need not recompute them.
+
+extern "C" __global__ void layer_norm_forward(float* y, const float* x, const float* gamma, const float* beta,
+                                              i64 rows, i64 h, double eps) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * h;
+        double s = 0.0;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) s += xr[i];
+        double mu = block_sum(s) / (double)h;
+        double q = 0.0;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) q += (xr[i] - mu) * (xr[i] - mu);
+        double rstd = 1.0 / sqrt(block_sum(q) / (double)h + eps);
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x)
+            y[r * h + i] = (float)((xr[i] - mu) * rstd * gamma[i] + beta[i]);
+    }
+}
+
+// dx = r·(d − mean(d) − x̂·mean(d·x̂)) with x̂ = (x − μ)·r and d = g·γ; stats[2r] = μ, stats[2r+1] = r.
+extern "C" __global__ void layer_norm_backward(float* dx, float* stats, const float* x, const float* gamma,
+                                               const float* g, i64 rows, i64 h, double eps) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * h;
+        const float* gr = g + r * h;
+        double s = 0.0;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) s += xr[i];
+        double mu = block_sum(s) / (double)h;
+        double q = 0.0;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) q += (xr[i] - mu) * (xr[i] - mu);
+        double rstd = 1.0 / sqrt(block_sum(q) / (double)h + eps);
+        double sd = 0.0, sdx = 0.0;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
+            double d = (double)gr[i] * gamma[i];
+            sd += d;
+            sdx += d * (xr[i] - mu) * rstd;
+        }
+        double mean_d = block_sum(sd) / (double)h;
+        double mean_dx = block_sum(sdx) / (double)h;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
+            double xhat = (xr[i] - mu) * rstd;
+            double d = (double)gr[i] * gamma[i];
+            dx[r * h + i] = (float)(rstd * (d - mean_d - xhat * mean_dx));
+        }
+        if (threadIdx.x == 0) {
+            stats[2 * r] = (float)mu;
+            stats[2 * r + 1] = (float)rstd;
+        }
+    }
+}
+
+extern "C" __global__ void rms_norm_forward(float* y, const float* x, const float* gamma, i64 rows, i64 h,
+                                            double eps) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * h;
+        double q = 0.0;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) q += (double)xr[i] * xr[i];
+        double rs = 1.0 / sqrt(block_sum(q) / (double)h + eps);
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) y[r * h + i] = (float)(xr[i] * rs * gamma[i]);
+    }
+}
+
+// dx = r·d − x·r³·mean(d·x) with d = g·γ; stats[2r] = 0, stats[2r+1] = r (LayerNorm's layout
+// with μ = 0, so `norm_param_grads` serves both).
+extern "C" __global__ void rms_norm_backward(float* dx, float* stats, const float* x, const float* gamma,
+                                             const float* g, i64 rows, i64 h, double eps) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * h;
+        const float* gr = g + r * h;
+        double q = 0.0, sdx = 0.0;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
+            q += (double)xr[i] * xr[i];
+            sdx += (double)gr[i] * gamma[i] * xr[i];
+        }
+        double rs = 1.0 / sqrt(block_sum(q) / (double)h + eps);
+        double mean_dx = block_sum(sdx) / (double)h;
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
+            double d = (double)gr[i] * gamma[i];
+            dx[r * h + i] = (float)(rs * d - xr[i] * rs * rs * rs * mean_dx);
+        }
+        if (threadIdx.x == 0) {
+            stats[2 * r] = 0.0f;
+            stats[2 * r + 1] = (float)rs;
+        }
+    }
+}
+
+// dγ[c] = Σ_r g·(x − μ_r)·r_r, and dβ[c] = Σ_r g when `dbeta` is not null; one thread per column.
+extern "C" __global__ void norm_param_grads(float* dgamma, float* dbeta, const float* x, const float* g,
+                                            const float* stats, i64 rows, i64 h) {
+    for (i64 c = global_thread(); c < h; c += grid_threads()) {
+        double dg = 0.0, db = 0.0;
+        for (i64 r = 0; r < rows; ++r) {
+            double gi = g[r * h + c];
+            dg += gi * ((double)x[r * h + c] - stats[2 * r]) * stats[2 * r + 1];
+            db += gi;
+        }
+        dgamma[c] = (float)dg;
+        if (dbeta) dbeta[c] = (float)db;
+    }
+}

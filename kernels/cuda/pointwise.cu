@@ -1,0 +1,159 @@
+// Pointwise ops: unary functions and their derivatives, broadcasting binary arithmetic and
+// its partials, and the sum of a broadcast gradient back to its operand's shape. Values are
+// computed in f64 and rounded once, as in the CPU kernels (kernels/src/elementwise.rs).
+
+// Unary op codes: the order of `kernels::elementwise::Unary` (runtime/src/backend/device/ops.rs
+// maps them).
+#define U_NEG 0
+#define U_EXP 1
+#define U_SQRT 2
+#define U_RSQRT 3
+#define U_TANH 4
+#define U_SIGMOID 5
+#define U_POW 6
+#define U_SCALE 7
+#define U_GELU_ERF 8
+#define U_GELU_TANH 9
+#define U_SILU 10
+#define U_RELU 11
+
+#define GELU_TANH_C 0.7978845608028654
+#define GELU_TANH_CUBIC 0.044715
+#define INV_SQRT_2 0.7071067811865476
+#define INV_SQRT_2PI 0.3989422804014327
+
+__device__ double sigmoid64(double x) {
+    if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+__device__ double unary_apply(int op, double p, double x) {
+    switch (op) {
+        case U_NEG: return -x;
+        case U_EXP: return exp(x);
+        case U_SQRT: return sqrt(x);
+        case U_RSQRT: return 1.0 / sqrt(x);
+        case U_TANH: return tanh(x);
+        case U_SIGMOID: return sigmoid64(x);
+        case U_POW: return pow(x, p);
+        case U_SCALE: return x * p;
+        case U_GELU_ERF: return 0.5 * x * (1.0 + erf(x * INV_SQRT_2));
+        case U_GELU_TANH: {
+            double u = GELU_TANH_C * (x + GELU_TANH_CUBIC * x * x * x);
+            return 0.5 * x * (1.0 + tanh(u));
+        }
+        case U_SILU: return x * sigmoid64(x);
+        default: return x > 0.0 ? x : 0.0;  // U_RELU
+    }
+}
+
+__device__ double unary_derivative(int op, double p, double x) {
+    switch (op) {
+        case U_NEG: return -1.0;
+        case U_EXP: return exp(x);
+        case U_SQRT: return 0.5 / sqrt(x);
+        case U_RSQRT: return -0.5 / (x * sqrt(x));
+        case U_TANH: { double t = tanh(x); return 1.0 - t * t; }
+        case U_SIGMOID: { double s = sigmoid64(x); return s * (1.0 - s); }
+        case U_POW: return p == 0.0 ? 0.0 : p * pow(x, p - 1.0);
+        case U_SCALE: return p;
+        case U_GELU_ERF: {
+            double cdf = 0.5 * (1.0 + erf(x * INV_SQRT_2));
+            return cdf + x * exp(-0.5 * x * x) * INV_SQRT_2PI;
+        }
+        case U_GELU_TANH: {
+            double u = GELU_TANH_C * (x + GELU_TANH_CUBIC * x * x * x);
+            double t = tanh(u);
+            double du = GELU_TANH_C * (1.0 + 3.0 * GELU_TANH_CUBIC * x * x);
+            return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+        }
+        case U_SILU: { double s = sigmoid64(x); return s * (1.0 + x * (1.0 - s)); }
+        default: return x > 0.0 ? 1.0 : 0.0;  // U_RELU: PyTorch's subgradient 0 at 0
+    }
+}
+
+extern "C" __global__ void unary_forward(float* y, const float* x, i64 n, int op, double p) {
+    for (i64 i = global_thread(); i < n; i += grid_threads()) y[i] = (float)unary_apply(op, p, (double)x[i]);
+}
+
+extern "C" __global__ void unary_backward(float* dx, const float* x, const float* g, i64 n, int op, double p) {
+    for (i64 i = global_thread(); i < n; i += grid_threads())
+        dx[i] = (float)((double)g[i] * unary_derivative(op, p, (double)x[i]));
+}
+
+// Binary op codes: the order of `kernels::elementwise::Binary`.
+#define B_ADD 0
+#define B_SUB 1
+#define B_MUL 2
+#define B_DIV 3
+
+__device__ double binary_apply(int op, double a, double b) {
+    switch (op) {
+        case B_ADD: return a + b;
+        case B_SUB: return a - b;
+        case B_MUL: return a * b;
+        default: return a / b;
+    }
+}
+
+extern "C" __global__ void binary_forward(float* y, const float* a, const float* b, Broadcast s, i64 n, int op) {
+    for (i64 i = global_thread(); i < n; i += grid_threads()) {
+        i64 oa, ob;
+        broadcast_offsets(s, i, &oa, &ob);
+        y[i] = (float)binary_apply(op, (double)a[oa], (double)b[ob]);
+    }
+}
+
+// The output-shaped gradients of both operands: ga = g·∂/∂a, gb = g·∂/∂b (either may be null
+// when its operand needs none).
+extern "C" __global__ void binary_backward(float* ga, float* gb, const float* a, const float* b, const float* g,
+                                           Broadcast s, i64 n, int op) {
+    for (i64 i = global_thread(); i < n; i += grid_threads()) {
+        i64 oa, ob;
+        broadcast_offsets(s, i, &oa, &ob);
+        double x = a[oa], z = b[ob], gi = g[i], da, db;
+        switch (op) {
+            case B_ADD: da = 1.0; db = 1.0; break;
+            case B_SUB: da = 1.0; db = -1.0; break;
+            case B_MUL: da = z; db = x; break;
+            default: da = 1.0 / z; db = -x / (z * z); break;
+        }
+        if (ga) ga[i] = (float)(gi * da);
+        if (gb) gb[i] = (float)(gi * db);
+    }
+}
+
+// out[j] = Σ g[i] over the output elements i that read operand element j: `s.dims` is the
+// output's shape and `s.stride_a` the operand's strides (0 on the axes it is broadcast along).
+// One thread per operand element, summing in f64 in a fixed order (deterministic).
+extern "C" __global__ void sum_to_operand(float* out, const float* g, Broadcast s, i64 operand_len) {
+    i64 spread = 1;
+    for (int d = 0; d < s.rank; ++d)
+        if (s.stride_a[d] == 0) spread *= s.dims[d];
+    for (i64 j = global_thread(); j < operand_len; j += grid_threads()) {
+        double total = 0.0;
+        for (i64 k = 0; k < spread; ++k) {
+            // Output offset: kept axes from j, broadcast axes from k.
+            i64 off = 0, out_stride = 1, jr = j, kr = k;
+            for (int d = s.rank - 1; d >= 0; --d) {
+                i64 c;
+                if (s.stride_a[d] == 0) { c = kr % s.dims[d]; kr /= s.dims[d]; }
+                else { c = jr % s.dims[d]; jr /= s.dims[d]; }
+                off += c * out_stride;
+                out_stride *= s.dims[d];
+            }
+            total += g[off];
+        }
+        out[j] = (float)total;
+    }
+}
+
+// out[c] = Σ_r x[r, c] over `rows` rows of `cols` (a bias's or a norm weight's gradient), in f64.
+extern "C" __global__ void column_sum(float* out, const float* x, i64 rows, i64 cols) {
+    for (i64 c = global_thread(); c < cols; c += grid_threads()) {
+        double total = 0.0;
+        for (i64 r = 0; r < rows; ++r) total += x[r * cols + c];
+        out[c] = (float)total;
+    }
+}

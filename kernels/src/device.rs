@@ -1,0 +1,184 @@
+//! The device kernels' source and launch types: the CUDA C of `kernels/cuda/`, which the CUDA
+//! backend compiles with NVRTC and the `simt` crate compiles for the host to test it here, and
+//! the argument types both launchers share.
+//!
+//! Each kernel is declared once, as `extern "C" __global__ void NAME(..)` in one `.cu` file;
+//! its argument letters ([`KernelArg::letter`]) are checked against that declaration at every
+//! emulated launch, so a launcher out of step with a kernel fails in CI, not on a GPU.
+
+/// The kernels' shared helpers and every kernel file, as one NVRTC program.
+pub const CUDA_SOURCE: &str = concat!(
+    include_str!("../cuda/common.cuh"),
+    include_str!("../cuda/pointwise.cu"),
+    include_str!("../cuda/norm.cu"),
+    include_str!("../cuda/softmax.cu"),
+    include_str!("../cuda/loss.cu"),
+    include_str!("../cuda/embedding.cu"),
+    include_str!("../cuda/adamw.cu"),
+);
+
+/// The file names [`CUDA_SOURCE`] is made of (a test checks the folder has no others).
+pub const CUDA_FILES: &[&str] = &[
+    "common.cuh",
+    "pointwise.cu",
+    "norm.cu",
+    "softmax.cu",
+    "loss.cu",
+    "embedding.cu",
+    "adamw.cu",
+];
+
+/// The `op` and `p` arguments of `unary_forward`/`unary_backward` for a pointwise function of
+/// one operand (the `U_*` codes of `pointwise.cu`); `None` for other ops.
+pub fn unary_code(kind: &ir::OpKind) -> Option<(i32, f64)> {
+    use crate::elementwise::Unary;
+    Some(match Unary::of(kind)? {
+        Unary::Neg => (0, 0.0),
+        Unary::Exp => (1, 0.0),
+        Unary::Sqrt => (2, 0.0),
+        Unary::Rsqrt => (3, 0.0),
+        Unary::Tanh => (4, 0.0),
+        Unary::Sigmoid => (5, 0.0),
+        Unary::Pow(e) => (6, e),
+        Unary::Scale(f) => (7, f),
+        Unary::Gelu { tanh: false } => (8, 0.0),
+        Unary::Gelu { tanh: true } => (9, 0.0),
+        Unary::Silu => (10, 0.0),
+        Unary::Relu => (11, 0.0),
+    })
+}
+
+/// The `op` argument of `binary_forward`/`binary_backward` (the `B_*` codes of `pointwise.cu`).
+pub fn binary_code(kind: &ir::OpKind) -> Option<i32> {
+    use crate::elementwise::Binary;
+    Some(match Binary::of(kind)? {
+        Binary::Add => 0,
+        Binary::Sub => 1,
+        Binary::Mul => 2,
+        Binary::Div => 3,
+    })
+}
+
+/// The most ranks a [`Broadcast`] describes (`PLAIT_MAX_RANK`).
+pub const MAX_RANK: usize = 8;
+
+/// `struct Broadcast` of `common.cuh`, passed by value: two operands' element strides into one
+/// output shape (0 on a broadcast axis), aligned on the right.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Broadcast {
+    pub rank: i32,
+    pub dims: [i64; MAX_RANK],
+    pub stride_a: [i64; MAX_RANK],
+    pub stride_b: [i64; MAX_RANK],
+}
+
+impl Broadcast {
+    /// The broadcast of operands `a` and `b` to `out` (numpy rules; `out` from
+    /// `broadcast_shape`); `None` past [`MAX_RANK`] dims or when a dim does not fit.
+    pub fn new(out: &[usize], a: &[usize], b: &[usize]) -> Option<Broadcast> {
+        if out.len() > MAX_RANK || a.len() > out.len() || b.len() > out.len() {
+            return None;
+        }
+        let mut s = Broadcast {
+            rank: i32::try_from(out.len()).ok()?,
+            ..Broadcast::default()
+        };
+        for (d, &n) in out.iter().enumerate() {
+            s.dims[d] = i64::try_from(n).ok()?;
+        }
+        s.stride_a = aligned_strides(out, a)?;
+        s.stride_b = aligned_strides(out, b)?;
+        Some(s)
+    }
+}
+
+/// Row-major strides of `operand` aligned on the right of `out`, 0 where it is broadcast.
+fn aligned_strides(out: &[usize], operand: &[usize]) -> Option<[i64; MAX_RANK]> {
+    let mut strides = [0i64; MAX_RANK];
+    let lead = out.len() - operand.len();
+    let mut step = 1usize;
+    for (i, &n) in operand.iter().enumerate().rev() {
+        let d = lead + i;
+        if n == out[d] && n != 1 {
+            strides[d] = i64::try_from(step).ok()?;
+        } else if n != 1 {
+            return None;
+        }
+        step = step.checked_mul(n)?;
+    }
+    Some(strides)
+}
+
+/// One kernel argument, for device memory of type `M` (a device allocation, or a host slice
+/// under the emulator).
+#[derive(Debug)]
+pub enum KernelArg<'a, M: ?Sized> {
+    /// A buffer the kernel writes (`float*`).
+    Out(&'a mut M),
+    /// A buffer the kernel only reads (`const float*`).
+    In(&'a M),
+    /// A null `float*` (an output the caller does not need).
+    Null,
+    /// `long long`: element counts and sizes.
+    I64(i64),
+    /// `int`: op codes and flags.
+    I32(i32),
+    /// `double`: attributes (eps, scales) and optimizer scalars.
+    F64(f64),
+    /// `Broadcast`, by value.
+    Broadcast(Broadcast),
+}
+
+impl<M: ?Sized> KernelArg<'_, M> {
+    /// The argument's letter in a kernel signature (`p` float*, `c` const float*, `l` long
+    /// long, `i` int, `d` double, `B` Broadcast); a null pointer takes the letter `want` asks
+    /// for where that is a pointer.
+    pub fn letter(&self, want: Option<char>) -> char {
+        match self {
+            KernelArg::Out(_) => 'p',
+            KernelArg::In(_) => 'c',
+            KernelArg::Null => want.filter(|c| matches!(c, 'p' | 'c')).unwrap_or('p'),
+            KernelArg::I64(_) => 'l',
+            KernelArg::I32(_) => 'i',
+            KernelArg::F64(_) => 'd',
+            KernelArg::Broadcast(_) => 'B',
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_source_lists_every_file_of_the_folder() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .expect("kernels/cuda exists")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        on_disk.sort();
+        let mut listed: Vec<String> = CUDA_FILES.iter().map(|s| (*s).to_owned()).collect();
+        listed.sort();
+        assert_eq!(on_disk, listed);
+        for f in CUDA_FILES {
+            let text = std::fs::read_to_string(format!("{dir}/{f}")).expect("readable");
+            assert!(CUDA_SOURCE.contains(&text), "{f} is not in CUDA_SOURCE");
+        }
+    }
+
+    #[test]
+    fn broadcast_strides_align_on_the_right() {
+        let s = Broadcast::new(&[2, 3, 4], &[2, 3, 4], &[4]).expect("broadcastable");
+        assert_eq!(s.rank, 3);
+        assert_eq!(&s.dims[..3], &[2, 3, 4]);
+        assert_eq!(&s.stride_a[..3], &[12, 4, 1]);
+        assert_eq!(&s.stride_b[..3], &[0, 0, 1]);
+        let t = Broadcast::new(&[2, 3, 4], &[2, 1, 4], &[3, 1]).expect("broadcastable");
+        assert_eq!(&t.stride_a[..3], &[4, 0, 1]);
+        assert_eq!(&t.stride_b[..3], &[0, 1, 0]);
+        assert_eq!(Broadcast::new(&[2, 3], &[2, 2], &[3]), None, "2 vs 3");
+        assert_eq!(Broadcast::new(&[1; 9], &[1], &[1]), None, "rank 9");
+    }
+}
