@@ -59,6 +59,20 @@ pub fn binary_code(kind: &ir::OpKind) -> Option<i32> {
     })
 }
 
+/// The shape a `Reshape` makes under `binding`; `None` for other ops and for dims that do not
+/// evaluate (the CPU kernel then reports them).
+pub fn reshape_shape(kind: &ir::OpKind, binding: ir::Binding) -> Option<Vec<usize>> {
+    match kind {
+        ir::OpKind::Reshape { shape } => crate::layout::eval_dims("reshape", shape, binding).ok(),
+        _ => None,
+    }
+}
+
+/// The shape two operands broadcast to (numpy rules); `None` if they do not.
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    crate::shape::broadcast_shape("broadcast", a, b).ok()
+}
+
 /// The most ranks a [`Broadcast`] describes (`PLAIT_MAX_RANK`).
 pub const MAX_RANK: usize = 8;
 

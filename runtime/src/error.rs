@@ -18,6 +18,12 @@ pub enum RuntimeError {
     /// A CUDA driver or cuBLAS call failed.
     #[error("CUDA {op} failed: {message}")]
     Cuda { op: &'static str, message: String },
+    /// A device kernel could not be launched or failed (its source is `kernels/cuda`).
+    #[error("device kernel `{kernel}` failed: {message}")]
+    DeviceLaunch {
+        kernel: &'static str,
+        message: String,
+    },
     /// A kernel rejected its operands.
     #[error("{op}: {source}")]
     Kernel {

@@ -23,6 +23,9 @@ pub mod launch;
 pub mod profile;
 pub mod train;
 
-pub use backend::{Backend, CpuBackend, CudaBackend, CudaBuffer, TransferStats};
+pub use backend::{
+    Backend, CpuBackend, CudaBackend, CudaBuffer, Device, DeviceBackend, DeviceBuffer, Gemm,
+    TransferStats,
+};
 pub use comm::{Communicator, DEFAULT_TIMEOUT, MAX_TAG, ThreadComm};
 pub use error::RuntimeError;

@@ -22,6 +22,7 @@ mod cuda;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_ops;
+pub mod device;
 #[cfg(feature = "cuda")]
 mod nccl;
 pub mod pool;
@@ -33,6 +34,7 @@ use crate::RuntimeError;
 
 pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, CudaBuffer};
+pub use device::{Device, DeviceBackend, DeviceBuffer, Gemm};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;
 pub use pool::MemoryStats;

@@ -1,0 +1,235 @@
+//! [`DeviceBackend`]: the [`Backend`] of a [`Device`], with the host fallback and its counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ir::{AdamWConfig, Binding, OpKind};
+use kernels::Tensor32;
+
+use super::{Device, Gemm, ops};
+use crate::RuntimeError;
+use crate::backend::{Backend, MemoryStats, TransferStats, sgemm_dims};
+
+/// plait's ops on a [`Device`]: kernels where `ops` has a lowering, the host otherwise.
+#[derive(Debug)]
+pub struct DeviceBackend<D: Device> {
+    pub(crate) device: D,
+    transfers: Transfers,
+}
+
+/// A dense row-major f32 tensor in a device's memory.
+#[derive(Debug)]
+pub struct DeviceBuffer<M> {
+    pub(crate) shape: Vec<usize>,
+    /// Element count of `shape`; `mem` holds at least `len.max(1)` elements (devices refuse
+    /// empty allocations).
+    pub(crate) len: usize,
+    pub(crate) mem: M,
+}
+
+/// Counters of [`TransferStats`], shared by the threads that use the backend.
+#[derive(Debug, Default)]
+struct Transfers {
+    uploads: AtomicU64,
+    upload_bytes: AtomicU64,
+    downloads: AtomicU64,
+    download_bytes: AtomicU64,
+    host_ops: AtomicU64,
+}
+
+impl Transfers {
+    fn count(calls: &AtomicU64, bytes: &AtomicU64, n: usize) {
+        calls.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add((n * std::mem::size_of::<f32>()) as u64, Ordering::Relaxed);
+    }
+
+    fn stats(&self) -> TransferStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TransferStats {
+            uploads: get(&self.uploads),
+            upload_bytes: get(&self.upload_bytes),
+            downloads: get(&self.downloads),
+            download_bytes: get(&self.download_bytes),
+            host_ops: get(&self.host_ops),
+        }
+    }
+}
+
+fn element_count(shape: &[usize]) -> Result<usize, RuntimeError> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|n| n.checked_mul(std::mem::size_of::<f32>()).is_some())
+        .ok_or_else(|| RuntimeError::Cuda {
+            op: "alloc",
+            message: format!("a buffer of shape {shape:?} exceeds the address space"),
+        })
+}
+
+impl<D: Device> DeviceBackend<D> {
+    pub fn new(device: D) -> DeviceBackend<D> {
+        DeviceBackend {
+            device,
+            transfers: Transfers::default(),
+        }
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// A zeroed buffer of `shape`.
+    pub(crate) fn alloc(&self, shape: &[usize]) -> Result<DeviceBuffer<D::Mem>, RuntimeError> {
+        let len = element_count(shape)?;
+        Ok(DeviceBuffer {
+            shape: shape.to_vec(),
+            len,
+            mem: self.device.alloc_zeros(len.max(1))?,
+        })
+    }
+
+    /// Runs a CPU kernel on downloaded operands (the path of ops without a device lowering).
+    fn on_host<T>(
+        &self,
+        buffers: &[&DeviceBuffer<D::Mem>],
+        run: impl FnOnce(&[&Tensor32]) -> Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        self.transfers.host_ops.fetch_add(1, Ordering::Relaxed);
+        let host: Vec<Tensor32> = buffers
+            .iter()
+            .map(|b| self.download(b))
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<&Tensor32> = host.iter().collect();
+        run(&refs)
+    }
+}
+
+impl<D: Device> Backend for DeviceBackend<D> {
+    type Buffer = DeviceBuffer<D::Mem>;
+
+    fn name(&self) -> String {
+        self.device.name()
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<Self::Buffer, RuntimeError> {
+        self.alloc(shape)
+    }
+
+    fn free(&self, buffer: Self::Buffer) {
+        self.device.release(buffer.mem);
+    }
+
+    fn shape<'b>(&self, buffer: &'b Self::Buffer) -> &'b [usize] {
+        &buffer.shape
+    }
+
+    fn upload(&self, host: &Tensor32) -> Result<Self::Buffer, RuntimeError> {
+        let mut buf = self.alloc(&host.shape)?;
+        if host.data.len() != buf.len {
+            return Err(RuntimeError::BadLength {
+                op: "upload",
+                what: "host tensor",
+                got: host.data.len(),
+                want: buf.len,
+            });
+        }
+        let t = &self.transfers;
+        Transfers::count(&t.uploads, &t.upload_bytes, buf.len);
+        if buf.len > 0 {
+            self.device.upload(&host.data, &mut buf.mem)?;
+        }
+        Ok(buf)
+    }
+
+    fn download(&self, buffer: &Self::Buffer) -> Result<Tensor32, RuntimeError> {
+        let t = &self.transfers;
+        Transfers::count(&t.downloads, &t.download_bytes, buffer.len);
+        let mut data = vec![0.0f32; buffer.len];
+        if buffer.len > 0 {
+            self.device.download(&buffer.mem, &mut data)?;
+        }
+        Tensor32::new(buffer.shape.clone(), data).map_err(RuntimeError::kernel("download"))
+    }
+
+    fn forward(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        binding: Binding,
+    ) -> Result<Vec<Self::Buffer>, RuntimeError> {
+        if let Some(out) = ops::forward(self, kind, inputs, binding)? {
+            return Ok(out);
+        }
+        let results = self.on_host(inputs, |xs| {
+            kernels::forward(kind, xs, binding).map_err(RuntimeError::kernel(kind.mnemonic()))
+        })?;
+        results.into_iter().map(|t| self.upload_owned(t)).collect()
+    }
+
+    fn backward(
+        &self,
+        kind: &OpKind,
+        xs: &[&Self::Buffer],
+        dys: &[&Self::Buffer],
+    ) -> Result<Vec<Option<Self::Buffer>>, RuntimeError> {
+        if let Some(grads) = ops::backward(self, kind, xs, dys)? {
+            return Ok(grads);
+        }
+        let all: Vec<&Self::Buffer> = xs.iter().chain(dys).copied().collect();
+        let grads = self.on_host(&all, |ts| {
+            let (x, dy) = ts.split_at(xs.len());
+            kernels::backward(kind, x, dy).map_err(RuntimeError::kernel(kind.mnemonic()))
+        })?;
+        grads
+            .into_iter()
+            .map(|g| g.map(|t| self.upload_owned(t)).transpose())
+            .collect()
+    }
+
+    fn adamw(
+        &self,
+        cfg: &AdamWConfig,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        m: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        step: u64,
+    ) -> Result<(), RuntimeError> {
+        ops::adamw(self, cfg, [param, m, v], grad, step, None)
+    }
+
+    fn adamw_frozen_variance(
+        &self,
+        cfg: &AdamWConfig,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        m: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        step: u64,
+        frozen_after: u64,
+    ) -> Result<(), RuntimeError> {
+        ops::adamw(self, cfg, [param, m, v], grad, step, Some(frozen_after))
+    }
+
+    fn sgemm(&self, a: &Self::Buffer, b: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {
+        let (m, k, n) = sgemm_dims(&a.shape, &b.shape)?;
+        let mut c = self.alloc(&[m, n])?;
+        if m > 0 && k > 0 && n > 0 {
+            self.device
+                .gemm(&Gemm::plain(m, k, n), &a.mem, &b.mem, &mut c.mem)?;
+        }
+        Ok(c)
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        self.device.memory_stats()
+    }
+
+    fn transfer_stats(&self) -> Option<TransferStats> {
+        Some(self.transfers.stats())
+    }
+
+    fn synchronize(&self) -> Result<(), RuntimeError> {
+        self.device.synchronize()
+    }
+}

@@ -1,0 +1,110 @@
+//! A backend made of device launches: [`DeviceBackend`] runs plait's ops as the kernels of
+//! `kernels/cuda` plus GEMMs on any [`Device`], and sends the ops it has no kernel for to the
+//! host (counted in [`super::TransferStats::host_ops`]).
+//!
+//! A [`Device`] is the small set of primitives a GPU offers: allocate, copy to and from the
+//! host, launch a named kernel on a 1-D grid, and multiply matrices. The CUDA backend is
+//! `DeviceBackend<CudaDevice>` (NVRTC-compiled kernels, cuBLAS); the tests run the same
+//! backend on the `simt` emulator, so the lowering of every op to launches, and the kernels
+//! themselves, are checked against the CPU kernels on machines without a GPU.
+
+mod backend;
+mod ops;
+
+pub use backend::{DeviceBackend, DeviceBuffer};
+pub use kernels::device::{Broadcast, KernelArg};
+
+use super::MemoryStats;
+use crate::RuntimeError;
+
+/// One matrix product per batch entry, row-major: `c[b] = op(a[b]) · op(b[b])`, where `op(a)`
+/// is `[m, k]` (stored `[k, m]` when `trans_a`) and `op(b)` is `[k, n]` (stored `[n, k]` when
+/// `trans_b`); matrices `stride_*` elements apart (0 reuses one). `c` is overwritten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub batch: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
+impl Gemm {
+    /// One product `[m, k] · [k, n]`, neither operand transposed.
+    pub fn plain(m: usize, k: usize, n: usize) -> Gemm {
+        Gemm {
+            m,
+            k,
+            n,
+            batch: 1,
+            trans_a: false,
+            trans_b: false,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+        }
+    }
+}
+
+/// What a [`DeviceBackend`] needs of a device.
+pub trait Device: std::fmt::Debug {
+    /// An allocation of f32 elements in the device's memory.
+    type Mem: std::fmt::Debug;
+
+    /// A short description, e.g. `cuda:0 (NVIDIA H200)`.
+    fn name(&self) -> String;
+
+    /// `len` (≥ 1) zeroed elements.
+    fn alloc_zeros(&self, len: usize) -> Result<Self::Mem, RuntimeError>;
+
+    /// Gives an allocation back (a caching device keeps it for the next one).
+    fn release(&self, mem: Self::Mem) {
+        drop(mem);
+    }
+
+    /// Copies `host` into the first `host.len()` elements of `dst`.
+    fn upload(&self, host: &[f32], dst: &mut Self::Mem) -> Result<(), RuntimeError>;
+
+    /// Copies the first `host.len()` elements of `src` to `host`, waiting for queued work.
+    fn download(&self, src: &Self::Mem, host: &mut [f32]) -> Result<(), RuntimeError>;
+
+    /// Copies the first `len` elements of `src` into `dst` on the device.
+    fn copy(&self, src: &Self::Mem, dst: &mut Self::Mem, len: usize) -> Result<(), RuntimeError>;
+
+    /// Launches `kernel` (declared in `kernels/cuda`) on `grid` blocks of `block` threads.
+    fn launch(
+        &self,
+        kernel: &'static str,
+        grid: u32,
+        block: u32,
+        args: &mut [KernelArg<'_, Self::Mem>],
+    ) -> Result<(), RuntimeError>;
+
+    /// The products of `g` (f32 in and out, f32 accumulation).
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: &Self::Mem,
+        b: &Self::Mem,
+        c: &mut Self::Mem,
+    ) -> Result<(), RuntimeError>;
+
+    /// The threads per block of row and pointwise kernels (a power of two up to 1024).
+    fn block_size(&self) -> u32 {
+        256
+    }
+
+    /// The allocator's counters, where the device keeps them.
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        None
+    }
+
+    /// Waits for all queued work.
+    fn synchronize(&self) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,174 @@
+//! `MatMul` and `Linear` as GEMMs ([`Device::gemm`]: cuBLAS on a GPU), the bias as a broadcast
+//! add and its gradient as a column sum.
+
+use ir::OpKind;
+
+use super::{Buf, Weighted, pointwise_grid, size};
+use crate::RuntimeError;
+use crate::backend::device::{Device, DeviceBackend, Gemm, KernelArg};
+
+/// The shapes of a product `x · w` the device runs: `w` one matrix (every leading dim of `x`
+/// folded into M), or both batched with equal batch dims. `None` otherwise (broadcast batch
+/// dims, mismatched k): the host path.
+#[derive(Clone, Copy, Debug)]
+struct Product {
+    m: usize,
+    k: usize,
+    n: usize,
+    /// Matrices in the batch; 1 when `w` is one matrix.
+    batch: usize,
+    /// Whether `w` has the batch dims too (else one matrix serves every row of `x`).
+    batched_w: bool,
+}
+
+fn product(kind: &OpKind, xs: &[usize], ws: &[usize]) -> Option<Product> {
+    let linear = matches!(kind, OpKind::Linear { .. });
+    let (rx, rw) = (xs.len(), ws.len());
+    if rw < 2 || rx < if linear { 1 } else { 2 } || (linear && rw != 2) {
+        return None;
+    }
+    let (k, n) = (ws[rw - 2], ws[rw - 1]);
+    if xs[rx - 1] != k {
+        return None;
+    }
+    if rw == 2 {
+        let m = xs[..rx - 1].iter().product();
+        return Some(Product {
+            m,
+            k,
+            n,
+            batch: 1,
+            batched_w: false,
+        });
+    }
+    (rx == rw && xs[..rx - 2] == ws[..rw - 2]).then(|| Product {
+        m: xs[rx - 2],
+        k,
+        n,
+        batch: xs[..rx - 2].iter().product(),
+        batched_w: true,
+    })
+}
+
+impl Product {
+    /// `y = x · w`.
+    fn forward(&self) -> Gemm {
+        let (m, k, n) = (self.m, self.k, self.n);
+        Gemm {
+            batch: self.batch,
+            stride_a: m * k,
+            stride_b: if self.batched_w { k * n } else { 0 },
+            stride_c: m * n,
+            ..Gemm::plain(m, k, n)
+        }
+    }
+
+    /// `dx = g · wᵀ`.
+    fn input_grad(&self) -> Gemm {
+        let (m, k, n) = (self.m, self.k, self.n);
+        Gemm {
+            batch: self.batch,
+            trans_b: true,
+            stride_a: m * n,
+            stride_b: if self.batched_w { k * n } else { 0 },
+            stride_c: m * k,
+            ..Gemm::plain(m, n, k)
+        }
+    }
+
+    /// `dw = xᵀ · g`: per batch entry when `w` is batched, else one product over all rows.
+    fn weight_grad(&self) -> Gemm {
+        let (m, k, n) = (self.m, self.k, self.n);
+        let batch = if self.batched_w { self.batch } else { 1 };
+        Gemm {
+            batch,
+            trans_a: true,
+            stride_a: m * k,
+            stride_b: m * n,
+            stride_c: k * n,
+            ..Gemm::plain(k, m, n)
+        }
+    }
+}
+
+/// Whether `kind`'s operands are a product's `x`, `w` and (for a biased linear) a `[n]` bias.
+fn operands<'a, D: Device>(kind: &OpKind, xs: &[&'a Buf<D>]) -> Option<(Weighted<'a, D>, Product)> {
+    let (x, w, bias) = match (kind, xs) {
+        (OpKind::MatMul | OpKind::Linear { bias: false }, &[x, w]) => (x, w, None),
+        (OpKind::Linear { bias: true }, &[x, w, bias]) => (x, w, Some(bias)),
+        _ => return None,
+    };
+    let p = product(kind, &x.shape, &w.shape)?;
+    if bias.is_some_and(|b| b.shape != [p.n]) {
+        return None;
+    }
+    Some(((x, w, bias), p))
+}
+
+fn out_shape(x: &[usize], n: usize) -> Vec<usize> {
+    let mut shape = x[..x.len() - 1].to_vec();
+    shape.push(n);
+    shape
+}
+
+fn empty(p: &Product) -> bool {
+    p.m == 0 || p.k == 0 || p.n == 0 || p.batch == 0
+}
+
+pub(super) fn forward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some(((x, w, bias), p)) = operands::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    let mut y = b.alloc(&out_shape(&x.shape, p.n))?;
+    if !empty(&p) {
+        b.device.gemm(&p.forward(), &x.mem, &w.mem, &mut y.mem)?;
+    }
+    let Some(bias) = bias else { return Ok(Some(y)) };
+    let biased = super::pointwise::forward(b, &OpKind::Add, &[&y, bias])?;
+    b.device.release(y.mem);
+    Ok(biased)
+}
+
+/// `[dx, dw]`, and `db` after them for a biased linear.
+pub(super) fn backward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let Some(((x, w, bias), p)) = operands::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    if g.shape != out_shape(&x.shape, p.n) {
+        return Ok(None);
+    }
+    let (mut dx, mut dw) = (b.alloc(&x.shape)?, b.alloc(&w.shape)?);
+    if !empty(&p) {
+        b.device
+            .gemm(&p.input_grad(), &g.mem, &w.mem, &mut dx.mem)?;
+        b.device
+            .gemm(&p.weight_grad(), &x.mem, &g.mem, &mut dw.mem)?;
+    }
+    let mut out = vec![dx, dw];
+    if bias.is_some() {
+        let mut db = b.alloc(&[p.n])?;
+        let block = b.device.block_size();
+        b.device.launch(
+            "column_sum",
+            pointwise_grid(block, p.n),
+            block,
+            &mut [
+                KernelArg::Out(&mut db.mem),
+                KernelArg::In(&g.mem),
+                size(g.len / p.n.max(1)),
+                size(p.n),
+            ],
+        )?;
+        out.push(db);
+    }
+    Ok(Some(out))
+}

@@ -1,0 +1,150 @@
+//! Unary functions and broadcasting binary arithmetic (`pointwise.cu`).
+
+use ir::OpKind;
+use kernels::device::{Broadcast, binary_code, broadcast_shape, unary_code};
+
+use super::{Buf, pointwise_grid, size};
+use crate::RuntimeError;
+use crate::backend::device::{Device, DeviceBackend, KernelArg};
+
+pub(super) fn forward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    inputs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let block = b.device.block_size();
+    if let (Some((op, p)), &[x]) = (unary_code(kind), inputs) {
+        let mut y = b.alloc(&x.shape)?;
+        b.device.launch(
+            "unary_forward",
+            pointwise_grid(block, x.len),
+            block,
+            &mut [
+                KernelArg::Out(&mut y.mem),
+                KernelArg::In(&x.mem),
+                size(x.len),
+                KernelArg::I32(op),
+                KernelArg::F64(p),
+            ],
+        )?;
+        return Ok(Some(y));
+    }
+    let (Some(op), &[x, z]) = (binary_code(kind), inputs) else {
+        return Ok(None);
+    };
+    let Some((shape, bc)) = broadcast(&x.shape, &z.shape) else {
+        return Ok(None);
+    };
+    let mut y = b.alloc(&shape)?;
+    b.device.launch(
+        "binary_forward",
+        pointwise_grid(block, y.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&x.mem),
+            KernelArg::In(&z.mem),
+            KernelArg::Broadcast(bc),
+            size(y.len),
+            KernelArg::I32(op),
+        ],
+    )?;
+    Ok(Some(y))
+}
+
+pub(super) fn backward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
+    let block = b.device.block_size();
+    if let (Some((op, p)), &[x]) = (unary_code(kind), xs) {
+        if g.shape != x.shape {
+            return Ok(None);
+        }
+        let mut dx = b.alloc(&x.shape)?;
+        b.device.launch(
+            "unary_backward",
+            pointwise_grid(block, x.len),
+            block,
+            &mut [
+                KernelArg::Out(&mut dx.mem),
+                KernelArg::In(&x.mem),
+                KernelArg::In(&g.mem),
+                size(x.len),
+                KernelArg::I32(op),
+                KernelArg::F64(p),
+            ],
+        )?;
+        return Ok(Some(vec![Some(dx)]));
+    }
+    let (Some(op), &[x, z]) = (binary_code(kind), xs) else {
+        return Ok(None);
+    };
+    let Some((shape, bc)) = broadcast(&x.shape, &z.shape) else {
+        return Ok(None);
+    };
+    if g.shape != shape {
+        return Ok(None);
+    }
+    let (mut gx, mut gz) = (b.alloc(&shape)?, b.alloc(&shape)?);
+    b.device.launch(
+        "binary_backward",
+        pointwise_grid(block, g.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut gx.mem),
+            KernelArg::Out(&mut gz.mem),
+            KernelArg::In(&x.mem),
+            KernelArg::In(&z.mem),
+            KernelArg::In(&g.mem),
+            KernelArg::Broadcast(bc),
+            size(g.len),
+            KernelArg::I32(op),
+        ],
+    )?;
+    let dx = sum_to(b, gx, &x.shape)?;
+    let dz = sum_to(b, gz, &z.shape)?;
+    Ok(Some(vec![Some(dx), Some(dz)]))
+}
+
+/// The output shape of a broadcast and its strides; `None` when the shapes do not broadcast
+/// or the rank is past the kernels' limit.
+fn broadcast(a: &[usize], b: &[usize]) -> Option<(Vec<usize>, Broadcast)> {
+    let shape = broadcast_shape(a, b)?;
+    let bc = Broadcast::new(&shape, a, b)?;
+    Some((shape, bc))
+}
+
+/// `full` (an output-shaped gradient) summed over the axes `operand` was broadcast along.
+fn sum_to<D: Device>(
+    b: &DeviceBackend<D>,
+    full: Buf<D>,
+    operand: &[usize],
+) -> Result<Buf<D>, RuntimeError> {
+    if full.shape == operand {
+        return Ok(full);
+    }
+    let bc = Broadcast::new(&full.shape, operand, operand).ok_or_else(|| {
+        RuntimeError::DeviceLaunch {
+            kernel: "sum_to_operand",
+            message: format!("{operand:?} does not broadcast to {:?}", full.shape),
+        }
+    })?;
+    let mut out = b.alloc(operand)?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "sum_to_operand",
+        pointwise_grid(block, out.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut out.mem),
+            KernelArg::In(&full.mem),
+            KernelArg::Broadcast(bc),
+            size(out.len),
+        ],
+    )?;
+    b.device.release(full.mem);
+    Ok(out)
+}

@@ -1,0 +1,285 @@
+//! Row kernels: LayerNorm and RMSNorm (`norm.cu`), softmax (`softmax.cu`) and cross-entropy
+//! (`loss.cu`), one block per row of the last axis.
+
+use ir::OpKind;
+
+use super::{Buf, Weighted, pointwise_grid, row_grid, size};
+use crate::RuntimeError;
+use crate::backend::device::{Device, DeviceBackend, KernelArg};
+
+/// `(rows, h)` of a tensor over its last axis, if it has one and it is not empty.
+fn rows_of(shape: &[usize]) -> Option<(usize, usize)> {
+    let h = *shape.last()?;
+    (h > 0).then(|| (shape.iter().product::<usize>() / h, h))
+}
+
+/// The normalized tensor and its parameters: `(x, gamma, beta)`, beta only for LayerNorm;
+/// `None` unless gamma (and beta) are `[h]`.
+fn norm_operands<'a, D: Device>(
+    kind: &OpKind,
+    xs: &[&'a Buf<D>],
+) -> Option<(Weighted<'a, D>, usize, usize)> {
+    let (x, gamma, beta) = match (kind, xs) {
+        (OpKind::LayerNorm { .. }, &[x, gamma, beta]) => (x, gamma, Some(beta)),
+        (OpKind::RmsNorm { .. }, &[x, gamma]) => (x, gamma, None),
+        _ => return None,
+    };
+    let (rows, h) = rows_of(&x.shape)?;
+    let ok = |p: &Buf<D>| p.shape == [h];
+    (ok(gamma) && beta.is_none_or(ok)).then_some(((x, gamma, beta), rows, h))
+}
+
+pub(super) fn norm_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    eps: f64,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some(((x, gamma, beta), rows, h)) = norm_operands::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    let mut y = b.alloc(&x.shape)?;
+    let block = b.device.block_size();
+    let grid = row_grid(rows);
+    match beta {
+        Some(beta) => b.device.launch(
+            "layer_norm_forward",
+            grid,
+            block,
+            &mut [
+                KernelArg::Out(&mut y.mem),
+                KernelArg::In(&x.mem),
+                KernelArg::In(&gamma.mem),
+                KernelArg::In(&beta.mem),
+                size(rows),
+                size(h),
+                KernelArg::F64(eps),
+            ],
+        )?,
+        None => b.device.launch(
+            "rms_norm_forward",
+            grid,
+            block,
+            &mut [
+                KernelArg::Out(&mut y.mem),
+                KernelArg::In(&x.mem),
+                KernelArg::In(&gamma.mem),
+                size(rows),
+                size(h),
+                KernelArg::F64(eps),
+            ],
+        )?,
+    }
+    Ok(Some(y))
+}
+
+/// `[dx, dgamma]`, and `dbeta` after them for LayerNorm.
+pub(super) fn norm_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    eps: f64,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let Some(((x, gamma, beta), rows, h)) = norm_operands::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    if g.shape != x.shape {
+        return Ok(None);
+    }
+    let (mut dx, mut stats) = (b.alloc(&x.shape)?, b.alloc(&[rows, 2])?);
+    let block = b.device.block_size();
+    let kernel = if beta.is_some() {
+        "layer_norm_backward"
+    } else {
+        "rms_norm_backward"
+    };
+    b.device.launch(
+        kernel,
+        row_grid(rows),
+        block,
+        &mut [
+            KernelArg::Out(&mut dx.mem),
+            KernelArg::Out(&mut stats.mem),
+            KernelArg::In(&x.mem),
+            KernelArg::In(&gamma.mem),
+            KernelArg::In(&g.mem),
+            size(rows),
+            size(h),
+            KernelArg::F64(eps),
+        ],
+    )?;
+    let mut dgamma = b.alloc(&[h])?;
+    let mut dbeta = match beta {
+        Some(_) => Some(b.alloc(&[h])?),
+        None => None,
+    };
+    b.device.launch(
+        "norm_param_grads",
+        pointwise_grid(block, h),
+        block,
+        &mut [
+            KernelArg::Out(&mut dgamma.mem),
+            dbeta
+                .as_mut()
+                .map_or(KernelArg::Null, |d| KernelArg::Out(&mut d.mem)),
+            KernelArg::In(&x.mem),
+            KernelArg::In(&g.mem),
+            KernelArg::In(&stats.mem),
+            size(rows),
+            size(h),
+        ],
+    )?;
+    b.device.release(stats.mem);
+    Ok(Some(
+        [Some(dx), Some(dgamma), dbeta]
+            .into_iter()
+            .flatten()
+            .collect(),
+    ))
+}
+
+/// `(rows, sq, sk)` of a softmax operand: queries per causal block and keys per row.
+fn softmax_dims(shape: &[usize], causal: bool) -> Option<(usize, usize, usize)> {
+    let (rows, sk) = rows_of(shape)?;
+    let sq = if causal {
+        *shape.len().checked_sub(2).and_then(|i| shape.get(i))?
+    } else {
+        1
+    };
+    (sq > 0).then_some((rows, sq, sk))
+}
+
+pub(super) fn softmax_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    causal: bool,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[x] = xs else { return Ok(None) };
+    let Some((rows, sq, sk)) = softmax_dims(&x.shape, causal) else {
+        return Ok(None);
+    };
+    let mut y = b.alloc(&x.shape)?;
+    b.device.launch(
+        "softmax_forward",
+        row_grid(rows),
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&x.mem),
+            size(rows),
+            size(sq),
+            size(sk),
+            KernelArg::I32(i32::from(causal)),
+        ],
+    )?;
+    Ok(Some(y))
+}
+
+pub(super) fn softmax_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    causal: bool,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let &[x] = xs else { return Ok(None) };
+    let Some((rows, sq, sk)) = softmax_dims(&x.shape, causal) else {
+        return Ok(None);
+    };
+    if g.shape != x.shape {
+        return Ok(None);
+    }
+    let mut dx = b.alloc(&x.shape)?;
+    b.device.launch(
+        "softmax_backward",
+        row_grid(rows),
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(&mut dx.mem),
+            KernelArg::In(&x.mem),
+            KernelArg::In(&g.mem),
+            size(rows),
+            size(sq),
+            size(sk),
+            KernelArg::I32(i32::from(causal)),
+        ],
+    )?;
+    Ok(Some(vec![dx]))
+}
+
+/// `(n, v)` of logits whose leading dims are the targets' shape, with at least one row.
+fn loss_dims<D: Device>(logits: &Buf<D>, targets: &Buf<D>) -> Option<(usize, usize)> {
+    let (n, v) = rows_of(&logits.shape)?;
+    let lead = &logits.shape[..logits.shape.len() - 1];
+    (n > 0 && lead == targets.shape.as_slice()).then_some((n, v))
+}
+
+pub(super) fn cross_entropy_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[logits, targets] = xs else {
+        return Ok(None);
+    };
+    let Some((n, v)) = loss_dims::<D>(logits, targets) else {
+        return Ok(None);
+    };
+    let block = b.device.block_size();
+    let mut per_row = b.alloc(&[n])?;
+    b.device.launch(
+        "cross_entropy_rows",
+        row_grid(n),
+        block,
+        &mut [
+            KernelArg::Out(&mut per_row.mem),
+            KernelArg::In(&logits.mem),
+            KernelArg::In(&targets.mem),
+            size(n),
+            size(v),
+        ],
+    )?;
+    let mut loss = b.alloc(&[])?;
+    b.device.launch(
+        "mean_all",
+        1,
+        block,
+        &mut [
+            KernelArg::Out(&mut loss.mem),
+            KernelArg::In(&per_row.mem),
+            size(n),
+        ],
+    )?;
+    b.device.release(per_row.mem);
+    Ok(Some(loss))
+}
+
+pub(super) fn cross_entropy_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[logits, targets] = xs else {
+        return Ok(None);
+    };
+    let Some((n, v)) = loss_dims::<D>(logits, targets) else {
+        return Ok(None);
+    };
+    if !g.shape.is_empty() {
+        return Ok(None);
+    }
+    let mut dl = b.alloc(&logits.shape)?;
+    b.device.launch(
+        "cross_entropy_backward",
+        row_grid(n),
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(&mut dl.mem),
+            KernelArg::In(&logits.mem),
+            KernelArg::In(&targets.mem),
+            KernelArg::In(&g.mem),
+            size(n),
+            size(v),
+        ],
+    )?;
+    Ok(Some(dl))
+}

@@ -1,0 +1,71 @@
+//! Embedding lookup and its scatter-add gradient (`embedding.cu`).
+
+use super::{Buf, pointwise_grid, size};
+use crate::RuntimeError;
+use crate::backend::device::{Device, DeviceBackend, KernelArg};
+
+/// `(vocab, h)` of a `[V, H]` table.
+fn table_dims<D: Device>(table: &Buf<D>) -> Option<(usize, usize)> {
+    match table.shape.as_slice() {
+        &[v, h] if v > 0 => Some((v, h)),
+        _ => None,
+    }
+}
+
+pub(super) fn embedding_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[table, ids] = xs else { return Ok(None) };
+    let Some((vocab, h)) = table_dims::<D>(table) else {
+        return Ok(None);
+    };
+    let mut shape = ids.shape.clone();
+    shape.push(h);
+    let mut y = b.alloc(&shape)?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "embedding_forward",
+        pointwise_grid(block, y.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&table.mem),
+            KernelArg::In(&ids.mem),
+            size(ids.len),
+            size(h),
+            size(vocab),
+        ],
+    )?;
+    Ok(Some(y))
+}
+
+pub(super) fn embedding_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[table, ids] = xs else { return Ok(None) };
+    let Some((vocab, h)) = table_dims::<D>(table) else {
+        return Ok(None);
+    };
+    if g.len != ids.len * h || g.shape.last() != Some(&h) {
+        return Ok(None);
+    }
+    let mut dtable = b.alloc(&table.shape)?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "embedding_backward",
+        pointwise_grid(block, g.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut dtable.mem),
+            KernelArg::In(&ids.mem),
+            KernelArg::In(&g.mem),
+            size(ids.len),
+            size(h),
+            size(vocab),
+        ],
+    )?;
+    Ok(Some(dtable))
+}

@@ -1,0 +1,384 @@
+//! `DeviceBackend` on the `simt` emulator: every op the device lowers runs as the kernels of
+//! `kernels/cuda` (compiled for the host), forward and backward, and must equal the CPU kernels
+//! (`kernels::forward` / `kernels::backward`) without any host fallback. This is the CUDA
+//! backend's lowering and kernel source tested on a machine without a GPU; the GEMMs, which
+//! cuBLAS runs on a GPU, are a plain f64 loop here.
+#![allow(clippy::unwrap_used)]
+
+use ir::{AdamWConfig, Binding, Dim, OpKind};
+use kernels::Tensor32;
+use runtime::{Backend, Device, DeviceBackend, Gemm, RuntimeError};
+use simt::KernelArg;
+
+/// Host memory standing in for a device's, with the kernels launched through `simt`.
+#[derive(Debug)]
+struct Emulator {
+    block: u32,
+}
+
+impl Device for Emulator {
+    type Mem = Vec<f32>;
+
+    fn name(&self) -> String {
+        format!("simt (block {})", self.block)
+    }
+
+    fn alloc_zeros(&self, len: usize) -> Result<Vec<f32>, RuntimeError> {
+        Ok(vec![0.0; len])
+    }
+
+    fn upload(&self, host: &[f32], dst: &mut Vec<f32>) -> Result<(), RuntimeError> {
+        dst[..host.len()].copy_from_slice(host);
+        Ok(())
+    }
+
+    fn download(&self, src: &Vec<f32>, host: &mut [f32]) -> Result<(), RuntimeError> {
+        host.copy_from_slice(&src[..host.len()]);
+        Ok(())
+    }
+
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<(), RuntimeError> {
+        dst[..len].copy_from_slice(&src[..len]);
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        kernel: &'static str,
+        grid: u32,
+        block: u32,
+        args: &mut [KernelArg<'_, Vec<f32>>],
+    ) -> Result<(), RuntimeError> {
+        let mut host: Vec<KernelArg<'_, [f32]>> = args
+            .iter_mut()
+            .map(|a| match a {
+                KernelArg::Out(m) => KernelArg::Out(m.as_mut_slice()),
+                KernelArg::In(m) => KernelArg::In(m.as_slice()),
+                KernelArg::Null => KernelArg::Null,
+                KernelArg::I64(v) => KernelArg::I64(*v),
+                KernelArg::I32(v) => KernelArg::I32(*v),
+                KernelArg::F64(v) => KernelArg::F64(*v),
+                KernelArg::Broadcast(b) => KernelArg::Broadcast(*b),
+            })
+            .collect();
+        simt::launch(kernel, grid, block, &mut host).map_err(|e| RuntimeError::DeviceLaunch {
+            kernel,
+            message: e.to_string(),
+        })
+    }
+
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        c: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        for e in 0..g.batch {
+            let (a, b) = (&a[e * g.stride_a..], &b[e * g.stride_b..]);
+            let c = &mut c[e * g.stride_c..];
+            for i in 0..g.m {
+                for j in 0..g.n {
+                    let s: f64 = (0..g.k)
+                        .map(|p| {
+                            let x = if g.trans_a {
+                                a[p * g.m + i]
+                            } else {
+                                a[i * g.k + p]
+                            };
+                            let y = if g.trans_b {
+                                b[j * g.k + p]
+                            } else {
+                                b[p * g.n + j]
+                            };
+                            f64::from(x) * f64::from(y)
+                        })
+                        .sum();
+                    c[i * g.n + j] = s as f32;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn block_size(&self) -> u32 {
+        self.block
+    }
+}
+
+fn emulator(block: u32) -> DeviceBackend<Emulator> {
+    DeviceBackend::new(Emulator { block })
+}
+
+/// Deterministic values in [-1, 1).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn tensor(shape: &[usize], seed: u64) -> Tensor32 {
+    Tensor32::new(shape.to_vec(), data(shape.iter().product(), seed)).unwrap()
+}
+
+/// Values in [lo, lo + 1): operands that must stay positive (sqrt, pow, div).
+fn positive(shape: &[usize], seed: u64, lo: f32) -> Tensor32 {
+    let t = tensor(shape, seed);
+    Tensor32::new(
+        t.shape,
+        t.data.iter().map(|x| lo + 0.5 * (x + 1.0)).collect(),
+    )
+    .unwrap()
+}
+
+fn ids(shape: &[usize], vocab: usize, seed: u64) -> Tensor32 {
+    let t = tensor(shape, seed);
+    let v = vocab as f32;
+    Tensor32::new(
+        t.shape,
+        t.data
+            .iter()
+            .map(|x| ((x + 1.0) * 0.5 * v).floor().min(v - 1.0))
+            .collect(),
+    )
+    .unwrap()
+}
+
+fn assert_close(got: &Tensor32, want: &Tensor32, tol: f32, what: &str) {
+    assert_eq!(got.shape, want.shape, "{what}: shape");
+    for (i, (g, w)) in got.data.iter().zip(&want.data).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}: element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+const BINDING: Binding = Binding { batch: 1, seq: 1 };
+
+/// `kind` forward and backward on the emulator against the CPU kernels, with no host fallback.
+fn check(b: &DeviceBackend<Emulator>, kind: OpKind, inputs: &[Tensor32], tol: f32) {
+    let what = format!("{} on {}", kind.mnemonic(), b.name());
+    let before = b.transfer_stats().unwrap();
+    let bufs: Vec<_> = inputs.iter().map(|t| b.upload(t).unwrap()).collect();
+    let refs: Vec<_> = bufs.iter().collect();
+    let host: Vec<&Tensor32> = inputs.iter().collect();
+    let got = b.forward(&kind, &refs, BINDING).unwrap();
+    let want = kernels::forward(&kind, &host, BINDING).unwrap();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(&want) {
+        assert_close(&b.download(g).unwrap(), w, tol, &format!("{what} forward"));
+    }
+    let dys: Vec<Tensor32> = want
+        .iter()
+        .enumerate()
+        .map(|(i, w)| tensor(&w.shape, 99 + i as u64))
+        .collect();
+    let dy_bufs: Vec<_> = dys.iter().map(|t| b.upload(t).unwrap()).collect();
+    let dy_refs: Vec<_> = dy_bufs.iter().collect();
+    let dy_host: Vec<&Tensor32> = dys.iter().collect();
+    let got = b.backward(&kind, &refs, &dy_refs).unwrap();
+    let want = kernels::backward(&kind, &host, &dy_host).unwrap();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        match (g, w) {
+            (Some(g), Some(w)) => assert_close(
+                &b.download(g).unwrap(),
+                w,
+                tol,
+                &format!("{what} gradient {i}"),
+            ),
+            (None, None) => {}
+            _ => panic!("{what}: gradient {i} present on one side only"),
+        }
+    }
+    let host_ops = b.transfer_stats().unwrap().since(before).host_ops;
+    assert_eq!(host_ops, 0, "{what} fell back to the host");
+}
+
+#[test]
+fn unary_functions_and_their_derivatives() {
+    let b = emulator(32);
+    let x = || tensor(&[7, 33], 1);
+    for kind in [
+        OpKind::Neg,
+        OpKind::Exp,
+        OpKind::Tanh,
+        OpKind::Sigmoid,
+        OpKind::Scale { factor: -0.3 },
+        OpKind::Gelu { tanh: false },
+        OpKind::Gelu { tanh: true },
+        OpKind::Silu,
+        OpKind::Relu,
+    ] {
+        check(&b, kind, &[x()], 1e-6);
+    }
+    for kind in [
+        OpKind::Sqrt,
+        OpKind::Rsqrt,
+        OpKind::Pow { exponent: 2.5 },
+        OpKind::Pow { exponent: 0.0 },
+    ] {
+        check(&b, kind, &[positive(&[7, 33], 2, 0.25)], 1e-6);
+    }
+}
+
+#[test]
+fn broadcasting_arithmetic_sums_gradients_back() {
+    let b = emulator(32);
+    for kind in [OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div] {
+        for (sa, sb) in [
+            (vec![4, 5, 6], vec![4, 5, 6]),
+            (vec![4, 5, 6], vec![6]),
+            (vec![4, 1, 6], vec![5, 1]),
+            (vec![1], vec![3, 2]),
+            (vec![], vec![2, 3]),
+        ] {
+            let (a, z) = (tensor(&sa, 3), positive(&sb, 4, 0.5));
+            check(&b, kind.clone(), &[a, z], 1e-5);
+        }
+    }
+}
+
+#[test]
+fn norms_over_the_last_axis() {
+    for block in [1, 32, 256] {
+        let b = emulator(block);
+        let (x, gamma, beta) = (tensor(&[2, 5, 48], 5), tensor(&[48], 6), tensor(&[48], 7));
+        check(
+            &b,
+            OpKind::LayerNorm { eps: 1e-5 },
+            &[x.clone(), gamma.clone(), beta],
+            1e-5,
+        );
+        check(&b, OpKind::RmsNorm { eps: 1e-6 }, &[x, gamma], 1e-5);
+    }
+}
+
+#[test]
+fn softmax_with_and_without_the_causal_mask() {
+    let b = emulator(16);
+    check(
+        &b,
+        OpKind::Softmax { causal: false },
+        &[tensor(&[3, 4, 37], 8)],
+        1e-5,
+    );
+    // Square, and fewer queries than keys (queries aligned with the last keys).
+    check(
+        &b,
+        OpKind::Softmax { causal: true },
+        &[tensor(&[2, 3, 9, 9], 9)],
+        1e-5,
+    );
+    check(
+        &b,
+        OpKind::Softmax { causal: true },
+        &[tensor(&[2, 4, 11], 10)],
+        1e-5,
+    );
+}
+
+#[test]
+fn cross_entropy_and_embedding() {
+    let b = emulator(64);
+    let logits = tensor(&[3, 5, 50], 11);
+    check(
+        &b,
+        OpKind::CrossEntropy,
+        &[logits, ids(&[3, 5], 50, 12)],
+        1e-5,
+    );
+    check(
+        &b,
+        OpKind::Embedding,
+        &[tensor(&[20, 12], 13), ids(&[4, 6], 20, 14)],
+        1e-6,
+    );
+}
+
+#[test]
+fn products_and_linears_as_gemms() {
+    let b = emulator(32);
+    check(
+        &b,
+        OpKind::MatMul,
+        &[tensor(&[2, 3, 5, 8], 15), tensor(&[8, 6], 16)],
+        1e-5,
+    );
+    check(
+        &b,
+        OpKind::MatMul,
+        &[tensor(&[2, 3, 5, 8], 17), tensor(&[2, 3, 8, 4], 18)],
+        1e-5,
+    );
+    check(
+        &b,
+        OpKind::Linear { bias: false },
+        &[tensor(&[4, 6, 16], 19), tensor(&[16, 12], 20)],
+        1e-5,
+    );
+    check(
+        &b,
+        OpKind::Linear { bias: true },
+        &[
+            tensor(&[4, 6, 16], 21),
+            tensor(&[16, 12], 22),
+            tensor(&[12], 23),
+        ],
+        1e-5,
+    );
+    let reshape = OpKind::Reshape {
+        shape: vec![Dim::from(6), Dim::from(20)],
+    };
+    check(&b, reshape, &[tensor(&[4, 30], 24)], 0.0);
+}
+
+#[test]
+fn adamw_on_the_device_equals_the_cpu_update() {
+    let b = emulator(32);
+    let cfg = AdamWConfig::default();
+    let shape = [6, 7];
+    let (mut p, g, mut m) = (tensor(&shape, 25), tensor(&shape, 26), tensor(&shape, 27));
+    let mut v = positive(&shape, 28, 0.0);
+    let up = |t: &Tensor32| b.upload(t).unwrap();
+    let (mut pb, gb, mut mb, mut vb) = (up(&p), up(&g), up(&m), up(&v));
+    let before = b.transfer_stats().unwrap();
+    for step in 1..=4 {
+        b.adamw_frozen_variance(&cfg, &mut pb, &gb, &mut mb, &mut vb, step, 2)
+            .unwrap();
+        kernels::adamw_frozen_variance(&cfg, &mut p, &g, &mut m, &mut v, step, Some(2)).unwrap();
+    }
+    assert_eq!(b.transfer_stats().unwrap().since(before).host_ops, 0);
+    assert_close(&b.download(&pb).unwrap(), &p, 1e-6, "param");
+    assert_close(&b.download(&mb).unwrap(), &m, 1e-6, "m");
+    assert_close(&b.download(&vb).unwrap(), &v, 1e-6, "v");
+}
+
+#[test]
+fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
+    let b = emulator(32);
+    let x = b.upload(&tensor(&[3, 10], 29)).unwrap();
+    let before = b.transfer_stats().unwrap();
+    let split = OpKind::Split {
+        axis: 1,
+        sizes: vec![4, 6],
+    };
+    let parts = b.forward(&split, &[&x], BINDING).unwrap();
+    assert_eq!(parts.len(), 2);
+    assert_eq!(b.transfer_stats().unwrap().since(before).host_ops, 1);
+    // Malformed operands are reported by the CPU kernels, never launched.
+    let bad = b.upload(&tensor(&[3, 4], 30)).unwrap();
+    let err = b
+        .forward(&OpKind::MatMul, &[&bad, &bad], BINDING)
+        .unwrap_err();
+    assert!(err.to_string().contains("matmul"), "{err}");
+}
