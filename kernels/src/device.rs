@@ -17,6 +17,18 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/adamw.cu"),
 );
 
+/// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
+/// (the `simt` build script reads the same lines).
+pub fn kernel_names() -> Vec<&'static str> {
+    const DECL: &str = "extern \"C\" __global__ void ";
+    CUDA_SOURCE
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix(DECL))
+        .filter_map(|rest| rest.split('(').next())
+        .map(str::trim)
+        .collect()
+}
+
 /// The file names [`CUDA_SOURCE`] is made of (a test checks the folder has no others).
 pub const CUDA_FILES: &[&str] = &[
     "common.cuh",
@@ -180,6 +192,13 @@ mod tests {
             let text = std::fs::read_to_string(format!("{dir}/{f}")).expect("readable");
             assert!(CUDA_SOURCE.contains(&text), "{f} is not in CUDA_SOURCE");
         }
+    }
+
+    #[test]
+    fn kernel_names_come_from_the_declarations() {
+        let names = kernel_names();
+        assert!(names.contains(&"unary_forward") && names.contains(&"adamw_step"));
+        assert_eq!(names.len(), CUDA_SOURCE.matches("__global__").count());
     }
 
     #[test]

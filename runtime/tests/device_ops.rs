@@ -107,7 +107,7 @@ impl Device for Emulator {
 }
 
 fn emulator(block: u32) -> DeviceBackend<Emulator> {
-    DeviceBackend::new(Emulator { block })
+    DeviceBackend::on(Emulator { block })
 }
 
 /// Deterministic values in [-1, 1).

@@ -60,8 +60,8 @@ fn closure(graph: &BTreeMap<String, BTreeSet<String>>, root: &str) -> BTreeSet<S
     seen
 }
 
-const WORKSPACE: [&str; 8] = [
-    "ir", "import", "planner", "program", "codegen", "runtime", "kernels", "plait",
+const WORKSPACE: [&str; 9] = [
+    "ir", "import", "planner", "program", "codegen", "runtime", "kernels", "simt", "plait",
 ];
 
 /// The workspace crates `krate` builds on, transitively.
@@ -92,12 +92,25 @@ fn crates_build_only_on_what_the_architecture_allows() {
         ("import", set(&["ir"])),
         ("planner", set(&["ir"])),
         ("runtime", set(&["ir", "kernels", "program"])),
+        ("simt", set(&["ir", "kernels"])),
     ];
     for (krate, allowed) in allowed {
         let got = workspace_closure(&g, krate);
         assert!(
             got.is_subset(&allowed),
             "{krate} builds on {got:?}; docs/architecture.md allows {allowed:?}"
+        );
+    }
+}
+
+#[test]
+fn the_kernel_emulator_is_for_tests_only() {
+    // simt runs the device kernels on the host for tests; no shipped crate builds on it.
+    let g = normal_dependencies();
+    for krate in WORKSPACE {
+        assert!(
+            !closure(&g, krate).contains("simt"),
+            "{krate} builds on simt outside its tests"
         );
     }
 }

@@ -1,66 +1,65 @@
-//! The CUDA backend (feature `cuda`): buffers in GPU memory through cudarc, the CUDA driver and
-//! cuBLAS loaded at run time (so it builds on machines without CUDA and fails with
-//! [`RuntimeError::NoCudaDevice`] at run time there).
+//! The CUDA device (feature `cuda`): memory, NVRTC-compiled kernels and cuBLAS through cudarc,
+//! the driver and libraries loaded at run time (so it builds on machines without CUDA and fails
+//! with [`RuntimeError::NoCudaDevice`] at run time there). [`CudaBackend`] is the
+//! [`DeviceBackend`] of this device: the ops `device::ops` lowers run as the kernels of
+//! `kernels/cuda` (compiled by NVRTC when the backend opens, for the device's architecture)
+//! and cuBLAS sgemm (f32, without TF32); the rest take the counted host path.
 //!
-//! What runs on the GPU: buffers, host transfers, [`Backend::sgemm`], and the `MatMul` /
-//! bias-free `Linear` forward ops whose right operand is one matrix or whose batch dims agree
-//! (cuBLAS sgemm, plain and strided-batched, in f32 without TF32). Buffers come from a
-//! caching pool ([`super::pool`]) whose high-water mark `plait run` prints.
+//! Buffers come from a caching pool ([`super::pool`]) whose high-water mark `plait run` prints.
 //!
-//! TODO(runtime, issue 6): every other op (elementwise, norms, softmax, attention, the
-//! backward ops and AdamW) takes a correct but slow host round trip: download the operands,
-//! run the `kernels` CPU kernel, upload the results. Native kernels (NVRTC-compiled
-//! elementwise and reductions, cuBLAS for the matmul gradients) replace it op by op.
+//! TODO(runtime, issue 15): bf16 buffers, the attention/rotary/layout kernels, and a
+//! communication stream.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use ir::{AdamWConfig, Binding, OpKind};
-use kernels::Tensor32;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use kernels::device::{Broadcast, KernelArg};
 
+use super::device::{Device, DeviceBackend, DeviceBuffer, Gemm};
 use super::pool::{Lease, MemoryStats, Pool, Slab};
-use super::{Backend, TransferStats, sgemm_dims};
 use crate::RuntimeError;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One CUDA device, its default stream, a cuBLAS handle on it and the caching allocator its
-/// buffers come from.
-pub struct CudaBackend {
+/// plait's ops on one CUDA GPU.
+pub type CudaBackend = DeviceBackend<CudaDevice>;
+/// A dense row-major f32 tensor in GPU memory.
+pub type CudaBuffer = DeviceBuffer<CudaMem>;
+
+/// One CUDA device: its default stream, a cuBLAS handle on it, the kernels of `kernels/cuda`
+/// compiled for it, and the caching allocator its buffers come from.
+pub struct CudaDevice {
     pub(super) ordinal: usize,
     pub(super) device_name: String,
     pub(super) stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
+    functions: HashMap<&'static str, CudaFunction>,
     pub(super) pool: Pool<CudaSlice<f32>>,
-    /// Host transfers so far ([`Backend::transfer_stats`]).
-    transfers: Transfers,
 }
 
-/// Counters of [`TransferStats`], shared by the threads that use the backend.
-#[derive(Default)]
-struct Transfers {
-    uploads: AtomicU64,
-    upload_bytes: AtomicU64,
-    downloads: AtomicU64,
-    download_bytes: AtomicU64,
-    host_ops: AtomicU64,
-}
-
-impl Transfers {
-    fn count(calls: &AtomicU64, bytes: &AtomicU64, n: usize) {
-        calls.fetch_add(1, Ordering::Relaxed);
-        bytes.fetch_add((n * std::mem::size_of::<f32>()) as u64, Ordering::Relaxed);
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.ordinal)
+            .field("device_name", &self.device_name)
+            .finish_non_exhaustive()
     }
+}
 
-    fn stats(&self) -> TransferStats {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        TransferStats {
-            uploads: get(&self.uploads),
-            upload_bytes: get(&self.upload_bytes),
-            downloads: get(&self.downloads),
-            download_bytes: get(&self.download_bytes),
-            host_ops: get(&self.host_ops),
-        }
+/// A block of GPU memory from the pool: at least as many elements as its buffer needs.
+pub struct CudaMem {
+    pub(super) data: CudaSlice<f32>,
+    /// The block's place in the pool's accounting.
+    lease: Lease<CudaSlice<f32>>,
+}
+
+impl std::fmt::Debug for CudaMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaMem")
+            .field("len", &self.data.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -70,33 +69,14 @@ impl Slab for CudaSlice<f32> {
     }
 }
 
-impl std::fmt::Debug for CudaBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaBackend")
-            .field("ordinal", &self.ordinal)
-            .field("device_name", &self.device_name)
-            .finish_non_exhaustive()
-    }
-}
+/// `struct Broadcast` as a kernel argument passed by value.
+#[repr(transparent)]
+struct DeviceBroadcast(Broadcast);
 
-/// A dense row-major f32 tensor in GPU memory.
-pub struct CudaBuffer {
-    pub(super) shape: Vec<usize>,
-    /// Element count of `shape`: the first `len` elements of `data`, a block of the pool at
-    /// least that long (and at least one element: CUDA refuses zero-byte allocations).
-    pub(super) len: usize,
-    pub(super) data: CudaSlice<f32>,
-    /// The block's place in the pool's accounting.
-    pub(super) lease: Lease<CudaSlice<f32>>,
-}
-
-impl std::fmt::Debug for CudaBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaBuffer")
-            .field("shape", &self.shape)
-            .finish_non_exhaustive()
-    }
-}
+// SAFETY: `Broadcast` is `#[repr(C)]` plain data (integers only), laid out as `common.cuh`'s
+// `struct Broadcast`.
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for DeviceBroadcast {}
 
 pub(super) fn cuda_err(
     op: &'static str,
@@ -124,66 +104,135 @@ fn cublas_present() -> bool {
     }
 }
 
-impl CudaBackend {
+fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the NVRTC library by its candidate names.
+    #[allow(unsafe_code)]
+    unsafe {
+        cudarc::nvrtc::sys::is_culib_present()
+    }
+}
+
+fn no_device(reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::NoCudaDevice {
+        reason: reason.into(),
+    }
+}
+
+impl DeviceBackend<CudaDevice> {
     /// Number of visible CUDA devices; [`RuntimeError::NoCudaDevice`] without a driver.
     pub fn device_count() -> Result<usize, RuntimeError> {
         if !driver_present() {
-            return Err(RuntimeError::NoCudaDevice {
-                reason: "the CUDA driver library (libcuda.so) was not found".into(),
-            });
+            return Err(no_device(
+                "the CUDA driver library (libcuda.so) was not found",
+            ));
         }
-        let n = CudaContext::device_count().map_err(|e| RuntimeError::NoCudaDevice {
-            reason: format!("the CUDA driver reports: {e}"),
-        })?;
+        let n = CudaContext::device_count()
+            .map_err(|e| no_device(format!("the CUDA driver reports: {e}")))?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
-    /// Opens device `ordinal`: [`RuntimeError::NoCudaDevice`] when there is no driver, no such
-    /// device, or no cuBLAS library.
+    /// Opens device `ordinal` and compiles the kernels for it: [`RuntimeError::NoCudaDevice`]
+    /// when there is no driver, no such device, or no cuBLAS or NVRTC library.
     pub fn new(ordinal: usize) -> Result<CudaBackend, RuntimeError> {
+        Ok(DeviceBackend::on(CudaDevice::open(ordinal)?))
+    }
+}
+
+impl CudaDevice {
+    fn open(ordinal: usize) -> Result<CudaDevice, RuntimeError> {
         let count = CudaBackend::device_count()?;
         if ordinal >= count {
-            return Err(RuntimeError::NoCudaDevice {
-                reason: format!("device {ordinal} asked for, {count} visible"),
-            });
+            return Err(no_device(format!(
+                "device {ordinal} asked for, {count} visible"
+            )));
         }
         if !cublas_present() {
-            return Err(RuntimeError::NoCudaDevice {
-                reason: "the cuBLAS library (libcublas.so) was not found; add its folder to LD_LIBRARY_PATH".into(),
-            });
+            return Err(no_device(
+                "the cuBLAS library (libcublas.so) was not found; add its folder to LD_LIBRARY_PATH",
+            ));
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| RuntimeError::NoCudaDevice {
-            reason: format!("cannot open device {ordinal}: {e}"),
-        })?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| no_device(format!("cannot open device {ordinal}: {e}")))?;
         let device_name = ctx.name().map_err(cuda_err("device name"))?;
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(stream.clone()).map_err(|e| RuntimeError::Cuda {
             op: "cublas init",
             message: e.to_string(),
         })?;
-        Ok(CudaBackend {
+        let functions = compile_kernels(&ctx)?;
+        Ok(CudaDevice {
             ordinal,
             device_name,
             stream,
             blas,
+            functions,
             pool: Pool::new(),
-            transfers: Transfers::default(),
         })
     }
+}
 
-    /// A zero-filled buffer of `shape` from the pool.
-    fn alloc(&self, shape: &[usize]) -> Result<CudaBuffer, RuntimeError> {
-        let len = shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .filter(|n| n.checked_mul(std::mem::size_of::<f32>()).is_some())
-            .ok_or_else(|| RuntimeError::Cuda {
-                op: "alloc",
-                message: format!("a buffer of shape {shape:?} exceeds the address space"),
-            })?;
+/// `kernels/cuda` compiled by NVRTC to PTX for compute capability `major.minor` (no device
+/// needed: the CUDA build's tests compile it wherever the NVRTC library is found).
+pub fn compile_kernels_ptx(major: i32, minor: i32) -> Result<cudarc::nvrtc::Ptx, RuntimeError> {
+    if !nvrtc_present() {
+        return Err(no_device(
+            "the NVRTC library (libnvrtc.so), which compiles plait's kernels, was not found; add its folder to LD_LIBRARY_PATH",
+        ));
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        name: Some("plait_kernels.cu".into()),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(kernels::device::CUDA_SOURCE, opts).map_err(|e| {
+        RuntimeError::DeviceLaunch {
+            kernel: "nvrtc",
+            message: format!("compiling kernels/cuda for sm_{major}{minor}: {e}"),
+        }
+    })
+}
+
+/// The kernels compiled for the device's compute capability, every one loaded.
+fn compile_kernels(
+    ctx: &Arc<CudaContext>,
+) -> Result<HashMap<&'static str, CudaFunction>, RuntimeError> {
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(cuda_err("compute capability"))?;
+    let ptx = compile_kernels_ptx(major, minor)?;
+    let module = ctx.load_module(ptx).map_err(cuda_err("load module"))?;
+    kernels::device::kernel_names()
+        .into_iter()
+        .map(|name| {
+            let f = module
+                .load_function(name)
+                .map_err(cuda_err("load function"))?;
+            Ok((name, f))
+        })
+        .collect()
+}
+
+/// A kernel argument's value, kept alive while the launch reads it.
+enum Value {
+    I64(i64),
+    I32(i32),
+    F64(f64),
+    Broadcast(DeviceBroadcast),
+    /// A null `float*`.
+    Null(u64),
+}
+
+impl Device for CudaDevice {
+    type Mem = CudaMem;
+
+    fn name(&self) -> String {
+        format!("cuda:{} ({})", self.ordinal, self.device_name)
+    }
+
+    fn alloc_zeros(&self, len: usize) -> Result<CudaMem, RuntimeError> {
         let (mut data, lease) = self
             .pool
-            .take(len.max(1) * std::mem::size_of::<f32>(), |bytes| {
+            .take(len * std::mem::size_of::<f32>(), |bytes| {
                 self.stream
                     .alloc_zeros::<f32>(bytes / std::mem::size_of::<f32>())
             })
@@ -191,148 +240,103 @@ impl CudaBackend {
         // A block from the cache holds an earlier buffer's values (a new one is zeros).
         if lease.reused() {
             self.stream
-                .memset_zeros(&mut data.slice_mut(..len.max(1)))
+                .memset_zeros(&mut data.slice_mut(..len))
                 .map_err(cuda_err("zero"))?;
         }
-        Ok(CudaBuffer {
-            shape: shape.to_vec(),
-            len,
-            data,
-            lease,
-        })
+        Ok(CudaMem { data, lease })
     }
 
-    /// Runs a CPU kernel on downloaded operands and uploads its results (the fallback for ops
-    /// without a GPU kernel yet).
-    fn on_host<T>(
+    /// Returns the block to the pool for the next buffer of about its size.
+    fn release(&self, mem: CudaMem) {
+        self.pool.give(mem.data, mem.lease);
+    }
+
+    fn upload(&self, host: &[f32], dst: &mut CudaMem) -> Result<(), RuntimeError> {
+        self.stream
+            .memcpy_htod(host, &mut dst.data.slice_mut(..host.len()))
+            .map_err(cuda_err("upload"))
+    }
+
+    fn download(&self, src: &CudaMem, host: &mut [f32]) -> Result<(), RuntimeError> {
+        self.stream
+            .memcpy_dtoh(&src.data.slice(..host.len()), host)
+            .map_err(cuda_err("download"))?;
+        self.stream.synchronize().map_err(cuda_err("download"))
+    }
+
+    fn copy(&self, src: &CudaMem, dst: &mut CudaMem, len: usize) -> Result<(), RuntimeError> {
+        self.stream
+            .memcpy_dtod(&src.data.slice(..len), &mut dst.data.slice_mut(..len))
+            .map_err(cuda_err("copy"))
+    }
+
+    fn launch(
         &self,
-        buffers: &[&CudaBuffer],
-        run: impl FnOnce(&[&Tensor32]) -> Result<T, RuntimeError>,
-    ) -> Result<T, RuntimeError> {
-        self.transfers.host_ops.fetch_add(1, Ordering::Relaxed);
-        let host: Vec<Tensor32> = buffers
+        kernel: &'static str,
+        grid: u32,
+        block: u32,
+        args: &mut [KernelArg<'_, CudaMem>],
+    ) -> Result<(), RuntimeError> {
+        let func = self
+            .functions
+            .get(kernel)
+            .ok_or_else(|| RuntimeError::DeviceLaunch {
+                kernel,
+                message: "no such kernel in kernels/cuda".into(),
+            })?;
+        let values: Vec<Option<Value>> = args
             .iter()
-            .map(|b| self.download(b))
-            .collect::<Result<_, _>>()?;
-        let refs: Vec<&Tensor32> = host.iter().collect();
-        run(&refs)
+            .map(|a| match a {
+                KernelArg::Out(_) | KernelArg::In(_) => None,
+                KernelArg::Null => Some(Value::Null(0)),
+                KernelArg::I64(v) => Some(Value::I64(*v)),
+                KernelArg::I32(v) => Some(Value::I32(*v)),
+                KernelArg::F64(v) => Some(Value::F64(*v)),
+                KernelArg::Broadcast(b) => Some(Value::Broadcast(DeviceBroadcast(*b))),
+            })
+            .collect();
+        let mut builder = self.stream.launch_builder(func);
+        for (arg, value) in args.iter_mut().zip(&values) {
+            match (arg, value) {
+                (KernelArg::Out(m), _) => builder.arg(&mut m.data),
+                (KernelArg::In(m), _) => builder.arg(&m.data),
+                (_, Some(Value::I64(v))) => builder.arg(v),
+                (_, Some(Value::I32(v))) => builder.arg(v),
+                (_, Some(Value::F64(v))) => builder.arg(v),
+                (_, Some(Value::Broadcast(b))) => builder.arg(b),
+                (_, Some(Value::Null(p))) => builder.arg(p),
+                (_, None) => &mut builder,
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments follow the kernel's declaration in kernels/cuda (the same
+        // launches are checked against it by the `simt` emulator's tests), and every buffer
+        // holds at least the elements the lowering in `device::ops` sized the launch for.
+        #[allow(unsafe_code)]
+        unsafe { builder.launch(cfg) }
+            .map(drop)
+            .map_err(|e| RuntimeError::DeviceLaunch {
+                kernel,
+                message: e.to_string(),
+            })
     }
 
-    fn upload_all(&self, ts: Vec<Tensor32>) -> Result<Vec<CudaBuffer>, RuntimeError> {
-        ts.iter().map(|t| self.upload(t)).collect()
-    }
-}
-
-impl Backend for CudaBackend {
-    type Buffer = CudaBuffer;
-
-    fn name(&self) -> String {
-        format!("cuda:{} ({})", self.ordinal, self.device_name)
-    }
-
-    fn zeros(&self, shape: &[usize]) -> Result<CudaBuffer, RuntimeError> {
-        self.alloc(shape)
-    }
-
-    /// Returns the buffer's block to the pool for the next buffer of about its size.
-    fn free(&self, buffer: CudaBuffer) {
-        let CudaBuffer { data, lease, .. } = buffer;
-        self.pool.give(data, lease);
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: &CudaMem,
+        b: &CudaMem,
+        c: &mut CudaMem,
+    ) -> Result<(), RuntimeError> {
+        super::cuda_ops::gemm(self, g, a, b, c)
     }
 
     fn memory_stats(&self) -> Option<MemoryStats> {
         Some(self.pool.stats())
-    }
-
-    fn transfer_stats(&self) -> Option<TransferStats> {
-        Some(self.transfers.stats())
-    }
-
-    fn shape<'b>(&self, buffer: &'b CudaBuffer) -> &'b [usize] {
-        &buffer.shape
-    }
-
-    fn upload(&self, host: &Tensor32) -> Result<CudaBuffer, RuntimeError> {
-        let mut buf = self.alloc(&host.shape)?;
-        if host.data.len() != buf.len {
-            return Err(RuntimeError::BadLength {
-                op: "upload",
-                what: "host tensor",
-                got: host.data.len(),
-                want: buf.len,
-            });
-        }
-        let t = &self.transfers;
-        Transfers::count(&t.uploads, &t.upload_bytes, buf.len);
-        if buf.len > 0 {
-            self.stream
-                .memcpy_htod(&host.data, &mut buf.data.slice_mut(..buf.len))
-                .map_err(cuda_err("upload"))?;
-        }
-        Ok(buf)
-    }
-
-    fn download(&self, buffer: &CudaBuffer) -> Result<Tensor32, RuntimeError> {
-        let t = &self.transfers;
-        Transfers::count(&t.downloads, &t.download_bytes, buffer.len);
-        let mut data = vec![0.0f32; buffer.len.max(1)];
-        self.stream
-            .memcpy_dtoh(&buffer.data.slice(..buffer.len.max(1)), &mut data)
-            .map_err(cuda_err("download"))?;
-        self.stream.synchronize().map_err(cuda_err("download"))?;
-        data.truncate(buffer.len);
-        Tensor32::new(buffer.shape.clone(), data).map_err(RuntimeError::kernel("download"))
-    }
-
-    fn forward(
-        &self,
-        kind: &OpKind,
-        inputs: &[&CudaBuffer],
-        binding: Binding,
-    ) -> Result<Vec<CudaBuffer>, RuntimeError> {
-        if let Some(out) = self.forward_native(kind, inputs)? {
-            return Ok(vec![out]);
-        }
-        let results = self.on_host(inputs, |xs| {
-            kernels::forward(kind, xs, binding).map_err(RuntimeError::kernel(kind.mnemonic()))
-        })?;
-        self.upload_all(results)
-    }
-
-    fn backward(
-        &self,
-        kind: &OpKind,
-        xs: &[&CudaBuffer],
-        dys: &[&CudaBuffer],
-    ) -> Result<Vec<Option<CudaBuffer>>, RuntimeError> {
-        let all: Vec<&CudaBuffer> = xs.iter().chain(dys).copied().collect();
-        let grads = self.on_host(&all, |ts| {
-            let (x, dy) = ts.split_at(xs.len());
-            kernels::backward(kind, x, dy).map_err(RuntimeError::kernel(kind.mnemonic()))
-        })?;
-        grads
-            .into_iter()
-            .map(|g| g.map(|t| self.upload(&t)).transpose())
-            .collect()
-    }
-
-    fn adamw(
-        &self,
-        cfg: &AdamWConfig,
-        param: &mut CudaBuffer,
-        grad: &CudaBuffer,
-        m: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        step: u64,
-    ) -> Result<(), RuntimeError> {
-        super::adamw_on_host(self, cfg, [param, m, v], grad, step, None)
-    }
-
-    fn sgemm(&self, a: &CudaBuffer, b: &CudaBuffer) -> Result<CudaBuffer, RuntimeError> {
-        let (m, k, n) = sgemm_dims(&a.shape, &b.shape)?;
-        let mut c = self.alloc(&[m, n])?;
-        self.gemm_rm(a, b, &mut c, (m, k, n), 1, (0, 0, 0))?;
-        Ok(c)
     }
 
     fn synchronize(&self) -> Result<(), RuntimeError> {

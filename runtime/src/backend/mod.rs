@@ -34,6 +34,8 @@ use crate::RuntimeError;
 
 pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, CudaBuffer};
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaDevice, CudaMem, compile_kernels_ptx};
 pub use device::{Device, DeviceBackend, DeviceBuffer, Gemm};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;

@@ -79,12 +79,13 @@ impl NcclComm {
             })?;
         // NCCL initialises on the thread's current context: make it this backend's device.
         backend
+            .device()
             .stream
             .context()
             .bind_to_thread()
             .map_err(super::cuda::cuda_err("bind context"))?;
         let comm = Comm::from_rank(
-            backend.stream.clone(),
+            backend.device().stream.clone(),
             launch.rank,
             launch.world_size,
             Id::uninit(internal),
@@ -103,7 +104,7 @@ impl NcclComm {
 
     /// Element-wise sum over the world, in place.
     pub fn all_reduce_sum(&self, buf: &mut CudaBuffer) -> Result<(), RuntimeError> {
-        let mut view = buf.data.slice_mut(..buf.len);
+        let mut view = buf.mem.data.slice_mut(..buf.len);
         self.comm
             .all_reduce_in_place(&mut view, &ReduceOp::Sum)
             .map_err(nccl_err("ncclAllReduce"))?;
@@ -113,8 +114,8 @@ impl NcclComm {
     /// `recv` = every rank's `send`, concatenated in rank order.
     pub fn all_gather(&self, send: &CudaBuffer, recv: &mut CudaBuffer) -> Result<(), RuntimeError> {
         crate::comm::check_len("all_gather", "recv", recv.len, send.len * self.world_size())?;
-        let src = send.data.slice(..send.len);
-        let mut dst = recv.data.slice_mut(..recv.len);
+        let src = send.mem.data.slice(..send.len);
+        let mut dst = recv.mem.data.slice_mut(..recv.len);
         self.comm
             .all_gather(&src, &mut dst)
             .map_err(nccl_err("ncclAllGather"))?;
@@ -133,8 +134,8 @@ impl NcclComm {
             send.len,
             recv.len * self.world_size(),
         )?;
-        let src = send.data.slice(..send.len);
-        let mut dst = recv.data.slice_mut(..recv.len);
+        let src = send.mem.data.slice(..send.len);
+        let mut dst = recv.mem.data.slice_mut(..recv.len);
         self.comm
             .reduce_scatter(&src, &mut dst, &ReduceOp::Sum)
             .map_err(nccl_err("ncclReduceScatter"))?;
@@ -144,7 +145,7 @@ impl NcclComm {
     /// Copies `root`'s `buf` into every rank's.
     pub fn broadcast(&self, buf: &mut CudaBuffer, root: usize) -> Result<(), RuntimeError> {
         crate::comm::check_rank("broadcast", root, self.world_size())?;
-        let mut view = buf.data.slice_mut(..buf.len);
+        let mut view = buf.mem.data.slice_mut(..buf.len);
         self.comm
             .broadcast_in_place(&mut view, root as i32)
             .map_err(nccl_err("ncclBroadcast"))?;
@@ -154,7 +155,7 @@ impl NcclComm {
     /// Sends `buf` to rank `dest` (matched by the peer's [`NcclComm::recv`] in order).
     pub fn send(&self, buf: &CudaBuffer, dest: usize) -> Result<(), RuntimeError> {
         crate::comm::check_rank("send", dest, self.world_size())?;
-        let src = buf.data.slice(..buf.len);
+        let src = buf.mem.data.slice(..buf.len);
         self.comm
             .send(&src, dest as i32)
             .map_err(nccl_err("ncclSend"))
@@ -163,7 +164,7 @@ impl NcclComm {
     /// Receives the next message from rank `src` into `buf`.
     pub fn recv(&self, buf: &mut CudaBuffer, src: usize) -> Result<(), RuntimeError> {
         crate::comm::check_rank("recv", src, self.world_size())?;
-        let mut dst = buf.data.slice_mut(..buf.len);
+        let mut dst = buf.mem.data.slice_mut(..buf.len);
         self.comm
             .recv(&mut dst, src as i32)
             .map_err(nccl_err("ncclRecv"))?;

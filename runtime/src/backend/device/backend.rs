@@ -66,7 +66,8 @@ fn element_count(shape: &[usize]) -> Result<usize, RuntimeError> {
 }
 
 impl<D: Device> DeviceBackend<D> {
-    pub fn new(device: D) -> DeviceBackend<D> {
+    /// The backend of `device`.
+    pub fn on(device: D) -> DeviceBackend<D> {
         DeviceBackend {
             device,
             transfers: Transfers::default(),
