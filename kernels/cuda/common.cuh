@@ -78,3 +78,14 @@ __device__ void broadcast_offsets(const Broadcast& s, i64 i, i64* oa, i64* ob) {
     *oa = a;
     *ob = b;
 }
+
+// A box of elements copied between two strided tensors: the box's dims, each side's element
+// strides and first element (a transpose, a split part, a concat input, a slice, an expand).
+struct Strided {
+    int rank;
+    i64 dims[PLAIT_MAX_RANK];
+    i64 src_stride[PLAIT_MAX_RANK];
+    i64 dst_stride[PLAIT_MAX_RANK];
+    i64 src_offset;
+    i64 dst_offset;
+};

@@ -15,6 +15,7 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/loss.cu"),
     include_str!("../cuda/embedding.cu"),
     include_str!("../cuda/adamw.cu"),
+    include_str!("../cuda/layout.cu"),
 );
 
 /// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
@@ -38,6 +39,7 @@ pub const CUDA_FILES: &[&str] = &[
     "loss.cu",
     "embedding.cu",
     "adamw.cu",
+    "layout.cu",
 ];
 
 /// The `op` and `p` arguments of `unary_forward`/`unary_backward` for a pointwise function of
@@ -71,11 +73,13 @@ pub fn binary_code(kind: &ir::OpKind) -> Option<i32> {
     })
 }
 
-/// The shape a `Reshape` makes under `binding`; `None` for other ops and for dims that do not
-/// evaluate (the CPU kernel then reports them).
-pub fn reshape_shape(kind: &ir::OpKind, binding: ir::Binding) -> Option<Vec<usize>> {
+/// The shape a `Reshape` or an `Expand` makes under `binding`; `None` for other ops and for
+/// dims that do not evaluate (the CPU kernel then reports them).
+pub fn shape_attribute(kind: &ir::OpKind, binding: ir::Binding) -> Option<Vec<usize>> {
     match kind {
-        ir::OpKind::Reshape { shape } => crate::layout::eval_dims("reshape", shape, binding).ok(),
+        ir::OpKind::Reshape { shape } | ir::OpKind::Expand { shape } => {
+            crate::layout::eval_dims(kind.mnemonic(), shape, binding).ok()
+        }
         _ => None,
     }
 }
@@ -119,6 +123,54 @@ impl Broadcast {
     }
 }
 
+/// `struct Strided` of `common.cuh`, passed by value: a box of elements copied between two
+/// strided tensors (`strided_copy`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Strided {
+    pub rank: i32,
+    pub dims: [i64; MAX_RANK],
+    pub src_stride: [i64; MAX_RANK],
+    pub dst_stride: [i64; MAX_RANK],
+    pub src_offset: i64,
+    pub dst_offset: i64,
+}
+
+impl Strided {
+    /// A box of `dims` read at `src` strides from `src_offset` and written at `dst` strides
+    /// from `dst_offset`; `None` past [`MAX_RANK`] dims or sizes that do not fit.
+    pub fn new(
+        dims: &[usize],
+        (src, src_offset): (&[usize], usize),
+        (dst, dst_offset): (&[usize], usize),
+    ) -> Option<Strided> {
+        if dims.len() > MAX_RANK || src.len() != dims.len() || dst.len() != dims.len() {
+            return None;
+        }
+        let mut s = Strided {
+            rank: i32::try_from(dims.len()).ok()?,
+            src_offset: i64::try_from(src_offset).ok()?,
+            dst_offset: i64::try_from(dst_offset).ok()?,
+            ..Strided::default()
+        };
+        for d in 0..dims.len() {
+            s.dims[d] = i64::try_from(dims[d]).ok()?;
+            s.src_stride[d] = i64::try_from(src[d]).ok()?;
+            s.dst_stride[d] = i64::try_from(dst[d]).ok()?;
+        }
+        Some(s)
+    }
+}
+
+/// Row-major (contiguous) strides of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1].saturating_mul(shape[d + 1]);
+    }
+    strides
+}
+
 /// Row-major strides of `operand` aligned on the right of `out`, 0 where it is broadcast.
 fn aligned_strides(out: &[usize], operand: &[usize]) -> Option<[i64; MAX_RANK]> {
     let mut strides = [0i64; MAX_RANK];
@@ -154,11 +206,13 @@ pub enum KernelArg<'a, M: ?Sized> {
     F64(f64),
     /// `Broadcast`, by value.
     Broadcast(Broadcast),
+    /// `Strided`, by value.
+    Strided(Strided),
 }
 
 impl<M: ?Sized> KernelArg<'_, M> {
     /// The argument's letter in a kernel signature (`p` float*, `c` const float*, `l` long
-    /// long, `i` int, `d` double, `B` Broadcast); a null pointer takes the letter `want` asks
+    /// long, `i` int, `d` double, `B` Broadcast, `S` Strided); a null pointer takes the letter `want` asks
     /// for where that is a pointer.
     pub fn letter(&self, want: Option<char>) -> char {
         match self {
@@ -169,6 +223,7 @@ impl<M: ?Sized> KernelArg<'_, M> {
             KernelArg::I32(_) => 'i',
             KernelArg::F64(_) => 'd',
             KernelArg::Broadcast(_) => 'B',
+            KernelArg::Strided(_) => 'S',
         }
     }
 }

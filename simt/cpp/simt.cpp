@@ -30,6 +30,7 @@ template <> constexpr char letter<long long>() { return 'l'; }
 template <> constexpr char letter<int>() { return 'i'; }
 template <> constexpr char letter<double>() { return 'd'; }
 template <> constexpr char letter<Broadcast>() { return 'B'; }
+template <> constexpr char letter<Strided>() { return 'S'; }
 
 template <class... A> std::string signature_of(void (*)(A...)) { return std::string{letter<A>()...}; }
 

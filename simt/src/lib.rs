@@ -10,7 +10,7 @@
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 
-pub use kernels::device::{Broadcast, KernelArg};
+pub use kernels::device::{Broadcast, KernelArg, Strided};
 
 /// Why an emulated launch failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +57,7 @@ enum Slot {
     I32(i32),
     F64(f64),
     Broadcast(Broadcast),
+    Strided(Strided),
 }
 
 impl Slot {
@@ -69,6 +70,7 @@ impl Slot {
             KernelArg::I32(v) => Slot::I32(*v),
             KernelArg::F64(v) => Slot::F64(*v),
             KernelArg::Broadcast(b) => Slot::Broadcast(*b),
+            KernelArg::Strided(s) => Slot::Strided(*s),
         }
     }
 
@@ -79,6 +81,7 @@ impl Slot {
             Slot::I32(v) => std::ptr::from_mut(v).cast(),
             Slot::F64(v) => std::ptr::from_mut(v).cast(),
             Slot::Broadcast(b) => std::ptr::from_mut(b).cast(),
+            Slot::Strided(s) => std::ptr::from_mut(s).cast(),
         }
     }
 }

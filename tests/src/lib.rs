@@ -1,1 +1,3 @@
 //! Shared helpers for plait's cross-crate tests.
+
+pub mod emulator;

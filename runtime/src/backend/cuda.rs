@@ -17,7 +17,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-use kernels::device::{Broadcast, KernelArg};
+use kernels::device::{Broadcast, KernelArg, Strided};
 
 use super::device::{Device, DeviceBackend, DeviceBuffer, Gemm};
 use super::pool::{Lease, MemoryStats, Pool, Slab};
@@ -77,6 +77,15 @@ struct DeviceBroadcast(Broadcast);
 // `struct Broadcast`.
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for DeviceBroadcast {}
+
+/// `struct Strided` as a kernel argument passed by value.
+#[repr(transparent)]
+struct DeviceStrided(Strided);
+
+// SAFETY: `Strided` is `#[repr(C)]` plain data (integers only), laid out as `common.cuh`'s
+// `struct Strided`.
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for DeviceStrided {}
 
 pub(super) fn cuda_err(
     op: &'static str,
@@ -218,6 +227,7 @@ enum Value {
     I32(i32),
     F64(f64),
     Broadcast(DeviceBroadcast),
+    Strided(DeviceStrided),
     /// A null `float*`.
     Null(u64),
 }
@@ -293,6 +303,7 @@ impl Device for CudaDevice {
                 KernelArg::I32(v) => Some(Value::I32(*v)),
                 KernelArg::F64(v) => Some(Value::F64(*v)),
                 KernelArg::Broadcast(b) => Some(Value::Broadcast(DeviceBroadcast(*b))),
+                KernelArg::Strided(s) => Some(Value::Strided(DeviceStrided(*s))),
             })
             .collect();
         let mut builder = self.stream.launch_builder(func);
@@ -304,6 +315,7 @@ impl Device for CudaDevice {
                 (_, Some(Value::I32(v))) => builder.arg(v),
                 (_, Some(Value::F64(v))) => builder.arg(v),
                 (_, Some(Value::Broadcast(b))) => builder.arg(b),
+                (_, Some(Value::Strided(s))) => builder.arg(s),
                 (_, Some(Value::Null(p))) => builder.arg(p),
                 (_, None) => &mut builder,
             };

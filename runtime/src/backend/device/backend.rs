@@ -1,6 +1,8 @@
 //! [`DeviceBackend`]: the [`Backend`] of a [`Device`], with the host fallback and its counters.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
@@ -13,7 +15,28 @@ use crate::backend::{Backend, MemoryStats, TransferStats, sgemm_dims};
 #[derive(Debug)]
 pub struct DeviceBackend<D: Device> {
     pub(crate) device: D,
-    transfers: Transfers,
+    transfers: Arc<Transfers>,
+}
+
+/// A handle on a [`DeviceBackend`]'s host-op counts that outlives the backend (a training run
+/// takes the backend by value).
+#[derive(Clone, Debug)]
+pub struct HostOps(Arc<Transfers>);
+
+impl HostOps {
+    /// The ops run on the host so far, by name (`linear`, `attention backward`), most frequent
+    /// first: the ops that still lack a device lowering.
+    pub fn by_kind(&self) -> Vec<(String, u64)> {
+        let kinds = self
+            .0
+            .host_kinds
+            .lock()
+            .map(|k| k.clone())
+            .unwrap_or_default();
+        let mut v: Vec<_> = kinds.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
+    }
 }
 
 /// A dense row-major f32 tensor in a device's memory.
@@ -34,6 +57,8 @@ struct Transfers {
     downloads: AtomicU64,
     download_bytes: AtomicU64,
     host_ops: AtomicU64,
+    /// Host ops by op mnemonic (which ops still lack a device lowering).
+    host_kinds: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Transfers {
@@ -54,6 +79,14 @@ impl Transfers {
     }
 }
 
+/// A host op's name: the mnemonic, and for a gradient the op it differentiates.
+fn host_op_name(kind: &OpKind) -> String {
+    match kind {
+        OpKind::Grad { of, .. } => format!("{} backward", of.mnemonic()),
+        k => k.mnemonic().to_owned(),
+    }
+}
+
 fn element_count(shape: &[usize]) -> Result<usize, RuntimeError> {
     shape
         .iter()
@@ -70,13 +103,25 @@ impl<D: Device> DeviceBackend<D> {
     pub fn on(device: D) -> DeviceBackend<D> {
         DeviceBackend {
             device,
-            transfers: Transfers::default(),
+            transfers: Arc::default(),
         }
     }
 
     /// The device this backend runs on.
     pub fn device(&self) -> &D {
         &self.device
+    }
+
+    /// A handle on the counts of ops run on the host.
+    pub fn host_ops(&self) -> HostOps {
+        HostOps(Arc::clone(&self.transfers))
+    }
+
+    fn count_host_op(&self, name: String) {
+        self.transfers.host_ops.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut kinds) = self.transfers.host_kinds.lock() {
+            *kinds.entry(name).or_default() += 1;
+        }
     }
 
     /// A zeroed buffer of `shape`.
@@ -92,10 +137,11 @@ impl<D: Device> DeviceBackend<D> {
     /// Runs a CPU kernel on downloaded operands (the path of ops without a device lowering).
     fn on_host<T>(
         &self,
+        name: String,
         buffers: &[&DeviceBuffer<D::Mem>],
         run: impl FnOnce(&[&Tensor32]) -> Result<T, RuntimeError>,
     ) -> Result<T, RuntimeError> {
-        self.transfers.host_ops.fetch_add(1, Ordering::Relaxed);
+        self.count_host_op(name);
         let host: Vec<Tensor32> = buffers
             .iter()
             .map(|b| self.download(b))
@@ -161,7 +207,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         if let Some(out) = ops::forward(self, kind, inputs, binding)? {
             return Ok(out);
         }
-        let results = self.on_host(inputs, |xs| {
+        let results = self.on_host(host_op_name(kind), inputs, |xs| {
             kernels::forward(kind, xs, binding).map_err(RuntimeError::kernel(kind.mnemonic()))
         })?;
         results.into_iter().map(|t| self.upload_owned(t)).collect()
@@ -177,7 +223,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
             return Ok(grads);
         }
         let all: Vec<&Self::Buffer> = xs.iter().chain(dys).copied().collect();
-        let grads = self.on_host(&all, |ts| {
+        let grads = self.on_host(format!("{} backward", kind.mnemonic()), &all, |ts| {
             let (x, dy) = ts.split_at(xs.len());
             kernels::backward(kind, x, dy).map_err(RuntimeError::kernel(kind.mnemonic()))
         })?;

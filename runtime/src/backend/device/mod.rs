@@ -11,7 +11,7 @@
 mod backend;
 mod ops;
 
-pub use backend::{DeviceBackend, DeviceBuffer};
+pub use backend::{DeviceBackend, DeviceBuffer, HostOps};
 pub use kernels::device::{Broadcast, KernelArg};
 
 use super::MemoryStats;

@@ -133,42 +133,68 @@ pub(super) fn forward<D: Device>(
     Ok(biased)
 }
 
-/// `[dx, dw]`, and `db` after them for a biased linear.
+/// `[dx, dw]`, and `db` after them for a biased linear; those `wanted` marks false are `None`
+/// (not computed: a `Grad` op that asks only for `dx` runs one GEMM).
 pub(super) fn backward<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     xs: &[&Buf<D>],
     g: &Buf<D>,
-) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    wanted: &[bool],
+) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
     let Some(((x, w, bias), p)) = operands::<D>(kind, xs) else {
         return Ok(None);
     };
     if g.shape != out_shape(&x.shape, p.n) {
         return Ok(None);
     }
-    let (mut dx, mut dw) = (b.alloc(&x.shape)?, b.alloc(&w.shape)?);
-    if !empty(&p) {
-        b.device
-            .gemm(&p.input_grad(), &g.mem, &w.mem, &mut dx.mem)?;
-        b.device
-            .gemm(&p.weight_grad(), &x.mem, &g.mem, &mut dw.mem)?;
+    let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
+    let mut out = Vec::with_capacity(3);
+    for (i, (gemm, a, bm, shape)) in [
+        (p.input_grad(), &g.mem, &w.mem, &x.shape),
+        (p.weight_grad(), &x.mem, &g.mem, &w.shape),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if !want(i) {
+            out.push(None);
+            continue;
+        }
+        let mut d = b.alloc(shape)?;
+        if !empty(&p) {
+            b.device.gemm(&gemm, a, bm, &mut d.mem)?;
+        }
+        out.push(Some(d));
     }
-    let mut out = vec![dx, dw];
     if bias.is_some() {
-        let mut db = b.alloc(&[p.n])?;
-        let block = b.device.block_size();
-        b.device.launch(
-            "column_sum",
-            pointwise_grid(block, p.n),
-            block,
-            &mut [
-                KernelArg::Out(&mut db.mem),
-                KernelArg::In(&g.mem),
-                size(g.len / p.n.max(1)),
-                size(p.n),
-            ],
-        )?;
-        out.push(db);
+        out.push(if want(2) {
+            Some(bias_grad(b, g, p.n)?)
+        } else {
+            None
+        });
     }
     Ok(Some(out))
+}
+
+/// A bias's gradient: `g` summed over every row.
+fn bias_grad<D: Device>(
+    b: &DeviceBackend<D>,
+    g: &Buf<D>,
+    n: usize,
+) -> Result<Buf<D>, RuntimeError> {
+    let mut db = b.alloc(&[n])?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "column_sum",
+        pointwise_grid(block, n),
+        block,
+        &mut [
+            KernelArg::Out(&mut db.mem),
+            KernelArg::In(&g.mem),
+            size(g.len / n.max(1)),
+            size(n),
+        ],
+    )?;
+    Ok(db)
 }

@@ -3,6 +3,7 @@
 //! handle exactly, so the host path (which also reports malformed operands) takes it: a kernel
 //! is never launched on shapes it could read past.
 
+mod layout;
 mod matmul;
 mod optim;
 mod pointwise;
@@ -37,12 +38,72 @@ pub(super) fn forward<D: Device>(
         OpKind::Softmax { causal } => one(rows::softmax_forward(b, *causal, inputs)?),
         OpKind::CrossEntropy => one(rows::cross_entropy_forward(b, inputs)?),
         OpKind::Embedding => one(table::embedding_forward(b, inputs)?),
-        OpKind::Reshape { .. } => match (kernels::device::reshape_shape(kind, binding), inputs) {
+        OpKind::Reshape { .. } => match (kernels::device::shape_attribute(kind, binding), inputs) {
             (Some(shape), &[x]) => one(copy_as(b, x, shape)?),
             _ => None,
         },
+        OpKind::Expand { .. } => match (kernels::device::shape_attribute(kind, binding), inputs) {
+            (Some(shape), &[x]) => one(layout::expand(b, x, &shape)?),
+            _ => None,
+        },
+        OpKind::Transpose { perm } => match inputs {
+            &[x] => one(layout::transpose(b, x, perm)?),
+            _ => None,
+        },
+        OpKind::Split { axis, sizes } => match (inputs, usizes(sizes)) {
+            (&[x], Some(sizes)) => layout::split(b, x, *axis, &sizes)?,
+            _ => None,
+        },
+        OpKind::Concat { axis } => one(layout::concat(b, inputs, *axis)?),
+        OpKind::Slice { axis, start, end } => match (inputs, usizes(&[*start, *end])) {
+            (&[x], Some(se)) if se[0] <= se[1] => {
+                one(layout::slice(b, x, *axis, se[0], se[1] - se[0])?)
+            }
+            _ => None,
+        },
+        OpKind::Grad { of, wrt } => grad(b, of, wrt, inputs)?,
         _ => one(pointwise::forward(b, kind, inputs)?),
     })
+}
+
+/// `Grad{of, wrt}`: the forward operands then one output gradient per result in, the
+/// gradients of the operands in `wrt` out (`kernels::backward::grad`'s semantics).
+fn grad<D: Device>(
+    b: &DeviceBackend<D>,
+    of: &OpKind,
+    wrt: &[usize],
+    inputs: &[&Buf<D>],
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let Some(n) = inputs.len().checked_sub(of.result_count()) else {
+        return Ok(None);
+    };
+    let (xs, dys) = inputs.split_at(n);
+    if let (OpKind::Split { axis, .. }, &[x], [0]) = (of, xs, wrt) {
+        return Ok(split_backward(b, *axis, x, dys)?.map(|d| vec![d]));
+    }
+    let &[g] = dys else { return Ok(None) };
+    let wanted: Vec<bool> = (0..n).map(|i| wrt.contains(&i)).collect();
+    let Some(mut all) = backward_of(b, of, xs, g, &wanted)? else {
+        return Ok(None);
+    };
+    let mut picked = Vec::with_capacity(wrt.len());
+    for &i in wrt {
+        match all.get_mut(i).and_then(Option::take) {
+            Some(d) => picked.push(d),
+            None => {
+                // No gradient for a listed operand: the host path names the error.
+                all.into_iter()
+                    .flatten()
+                    .chain(picked)
+                    .for_each(|d| b.device.release(d.mem));
+                return Ok(None);
+            }
+        }
+    }
+    all.into_iter()
+        .flatten()
+        .for_each(|d| b.device.release(d.mem));
+    Ok(Some(picked))
 }
 
 /// The operand gradients of `kind` on the device, or `None` for the host path.
@@ -52,10 +113,42 @@ pub(super) fn backward<D: Device>(
     xs: &[&Buf<D>],
     dys: &[&Buf<D>],
 ) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
+    if let (OpKind::Split { axis, .. }, &[x]) = (kind, xs) {
+        return Ok(split_backward(b, *axis, x, dys)?.map(|d| vec![Some(d)]));
+    }
     let &[g] = dys else { return Ok(None) };
+    backward_of(b, kind, xs, g, &vec![true; xs.len()])
+}
+
+/// A split's gradient: its results' gradients joined (they must make `x`'s shape).
+fn split_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    axis: usize,
+    x: &Buf<D>,
+    dys: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    Ok(match layout::concat(b, dys, axis)? {
+        Some(d) if d.shape == x.shape => Some(d),
+        Some(d) => {
+            b.device.release(d.mem);
+            None
+        }
+        None => None,
+    })
+}
+
+/// The gradients of `kind`'s operands for output gradient `g`; `wanted[i]` false lets a
+/// lowering skip operand i's (it may then be `None`).
+fn backward_of<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+    wanted: &[bool],
+) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
     let all = |r: Option<Vec<Buf<D>>>| r.map(|v| v.into_iter().map(Some).collect());
     Ok(match kind {
-        OpKind::MatMul | OpKind::Linear { .. } => all(matmul::backward(b, kind, xs, g)?),
+        OpKind::MatMul | OpKind::Linear { .. } => matmul::backward(b, kind, xs, g, wanted)?,
         OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } => {
             all(rows::norm_backward(b, kind, *eps, xs, g)?)
         }
@@ -68,8 +161,38 @@ pub(super) fn backward<D: Device>(
             &[x] if g.len == x.len => all(copy_as(b, g, x.shape.clone())?.map(|d| vec![d])),
             _ => None,
         },
+        OpKind::Expand { .. } => match xs {
+            &[x] => all(layout::expand_backward(b, x, g)?.map(|d| vec![d])),
+            _ => None,
+        },
+        OpKind::Transpose { perm } => match (xs, layout::inverse(perm)) {
+            (&[x], Some(inv)) if g.shape.len() == x.shape.len() => {
+                all(layout::transpose(b, g, &inv)?.map(|d| vec![d]))
+            }
+            _ => None,
+        },
+        OpKind::Concat { axis } => {
+            let sizes: Vec<usize> = xs
+                .iter()
+                .filter_map(|x| x.shape.get(*axis).copied())
+                .collect();
+            if sizes.len() == xs.len() {
+                all(layout::split(b, g, *axis, &sizes)?)
+            } else {
+                None
+            }
+        }
+        OpKind::Slice { axis, start, .. } => match (xs, usizes(&[*start])) {
+            (&[x], Some(s)) => all(layout::slice_backward(b, x, *axis, s[0], g)?.map(|d| vec![d])),
+            _ => None,
+        },
         _ => pointwise::backward(b, kind, xs, g)?,
     })
+}
+
+/// Attribute sizes as `usize`s (`None` if one does not fit).
+fn usizes(v: &[u64]) -> Option<Vec<usize>> {
+    v.iter().map(|&x| usize::try_from(x).ok()).collect()
 }
 
 /// `x`'s elements in a new buffer of `shape` (a reshape); `None` if the counts differ.

@@ -118,7 +118,7 @@ fn broadcast(a: &[usize], b: &[usize]) -> Option<(Vec<usize>, Broadcast)> {
 }
 
 /// `full` (an output-shaped gradient) summed over the axes `operand` was broadcast along.
-fn sum_to<D: Device>(
+pub(super) fn sum_to<D: Device>(
     b: &DeviceBackend<D>,
     full: Buf<D>,
     operand: &[usize],

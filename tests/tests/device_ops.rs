@@ -7,108 +7,8 @@
 
 use ir::{AdamWConfig, Binding, Dim, OpKind};
 use kernels::Tensor32;
-use runtime::{Backend, Device, DeviceBackend, Gemm, RuntimeError};
-use simt::KernelArg;
-
-/// Host memory standing in for a device's, with the kernels launched through `simt`.
-#[derive(Debug)]
-struct Emulator {
-    block: u32,
-}
-
-impl Device for Emulator {
-    type Mem = Vec<f32>;
-
-    fn name(&self) -> String {
-        format!("simt (block {})", self.block)
-    }
-
-    fn alloc_zeros(&self, len: usize) -> Result<Vec<f32>, RuntimeError> {
-        Ok(vec![0.0; len])
-    }
-
-    fn upload(&self, host: &[f32], dst: &mut Vec<f32>) -> Result<(), RuntimeError> {
-        dst[..host.len()].copy_from_slice(host);
-        Ok(())
-    }
-
-    fn download(&self, src: &Vec<f32>, host: &mut [f32]) -> Result<(), RuntimeError> {
-        host.copy_from_slice(&src[..host.len()]);
-        Ok(())
-    }
-
-    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<(), RuntimeError> {
-        dst[..len].copy_from_slice(&src[..len]);
-        Ok(())
-    }
-
-    fn launch(
-        &self,
-        kernel: &'static str,
-        grid: u32,
-        block: u32,
-        args: &mut [KernelArg<'_, Vec<f32>>],
-    ) -> Result<(), RuntimeError> {
-        let mut host: Vec<KernelArg<'_, [f32]>> = args
-            .iter_mut()
-            .map(|a| match a {
-                KernelArg::Out(m) => KernelArg::Out(m.as_mut_slice()),
-                KernelArg::In(m) => KernelArg::In(m.as_slice()),
-                KernelArg::Null => KernelArg::Null,
-                KernelArg::I64(v) => KernelArg::I64(*v),
-                KernelArg::I32(v) => KernelArg::I32(*v),
-                KernelArg::F64(v) => KernelArg::F64(*v),
-                KernelArg::Broadcast(b) => KernelArg::Broadcast(*b),
-            })
-            .collect();
-        simt::launch(kernel, grid, block, &mut host).map_err(|e| RuntimeError::DeviceLaunch {
-            kernel,
-            message: e.to_string(),
-        })
-    }
-
-    fn gemm(
-        &self,
-        g: &Gemm,
-        a: &Vec<f32>,
-        b: &Vec<f32>,
-        c: &mut Vec<f32>,
-    ) -> Result<(), RuntimeError> {
-        for e in 0..g.batch {
-            let (a, b) = (&a[e * g.stride_a..], &b[e * g.stride_b..]);
-            let c = &mut c[e * g.stride_c..];
-            for i in 0..g.m {
-                for j in 0..g.n {
-                    let s: f64 = (0..g.k)
-                        .map(|p| {
-                            let x = if g.trans_a {
-                                a[p * g.m + i]
-                            } else {
-                                a[i * g.k + p]
-                            };
-                            let y = if g.trans_b {
-                                b[j * g.k + p]
-                            } else {
-                                b[p * g.n + j]
-                            };
-                            f64::from(x) * f64::from(y)
-                        })
-                        .sum();
-                    c[i * g.n + j] = s as f32;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn block_size(&self) -> u32 {
-        self.block
-    }
-}
-
-fn emulator(block: u32) -> DeviceBackend<Emulator> {
-    DeviceBackend::on(Emulator { block })
-}
+use runtime::{Backend, DeviceBackend};
+use tests::emulator::{Emulator, emulator};
 
 /// Deterministic values in [-1, 1).
 fn data(n: usize, seed: u64) -> Vec<f32> {
@@ -199,6 +99,30 @@ fn check(b: &DeviceBackend<Emulator>, kind: OpKind, inputs: &[Tensor32], tol: f3
             (None, None) => {}
             _ => panic!("{what}: gradient {i} present on one side only"),
         }
+    }
+    // The executor's form of the same: `Grad{of, wrt}` through `forward`.
+    let wrt: Vec<usize> = want
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.is_some())
+        .map(|(i, _)| i)
+        .collect();
+    let grad = OpKind::Grad {
+        of: Box::new(kind.clone()),
+        wrt,
+    };
+    let all: Vec<_> = refs.iter().chain(&dy_refs).copied().collect();
+    let host_all: Vec<&Tensor32> = host.iter().chain(&dy_host).copied().collect();
+    let got = b.forward(&grad, &all, BINDING).unwrap();
+    let want = kernels::forward(&grad, &host_all, BINDING).unwrap();
+    assert_eq!(got.len(), want.len(), "{what} grad");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_close(
+            &b.download(g).unwrap(),
+            w,
+            tol,
+            &format!("{what} grad op {i}"),
+        );
     }
     let host_ops = b.transfer_stats().unwrap().since(before).host_ops;
     assert_eq!(host_ops, 0, "{what} fell back to the host");
@@ -343,6 +267,66 @@ fn products_and_linears_as_gemms() {
 }
 
 #[test]
+fn layout_ops_as_strided_copies() {
+    let b = emulator(32);
+    let x = || tensor(&[2, 3, 4, 5], 31);
+    check(
+        &b,
+        OpKind::Transpose {
+            perm: vec![0, 2, 1, 3],
+        },
+        &[x()],
+        0.0,
+    );
+    check(
+        &b,
+        OpKind::Transpose {
+            perm: vec![3, 0, 2, 1],
+        },
+        &[x()],
+        0.0,
+    );
+    check(
+        &b,
+        OpKind::Split {
+            axis: 2,
+            sizes: vec![1, 3],
+        },
+        &[x()],
+        0.0,
+    );
+    check(
+        &b,
+        OpKind::Split {
+            axis: 3,
+            sizes: vec![2, 2, 1],
+        },
+        &[x()],
+        0.0,
+    );
+    check(
+        &b,
+        OpKind::Concat { axis: 1 },
+        &[x(), tensor(&[2, 1, 4, 5], 32), tensor(&[2, 2, 4, 5], 33)],
+        0.0,
+    );
+    check(
+        &b,
+        OpKind::Slice {
+            axis: 3,
+            start: 1,
+            end: 4,
+        },
+        &[x()],
+        0.0,
+    );
+    let expand = OpKind::Expand {
+        shape: vec![Dim::from(2), Dim::from(3), Dim::from(4)],
+    };
+    check(&b, expand, &[tensor(&[3, 1], 34)], 1e-6);
+}
+
+#[test]
 fn adamw_on_the_device_equals_the_cpu_update() {
     let b = emulator(32);
     let cfg = AdamWConfig::default();
@@ -366,14 +350,15 @@ fn adamw_on_the_device_equals_the_cpu_update() {
 #[test]
 fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
     let b = emulator(32);
-    let x = b.upload(&tensor(&[3, 10], 29)).unwrap();
+    let x = b.upload(&tensor(&[1, 3, 8], 29)).unwrap();
     let before = b.transfer_stats().unwrap();
-    let split = OpKind::Split {
-        axis: 1,
-        sizes: vec![4, 6],
+    let rotary = OpKind::Rotary {
+        heads: 2,
+        theta: 10000.0,
+        scaling: Default::default(),
     };
-    let parts = b.forward(&split, &[&x], BINDING).unwrap();
-    assert_eq!(parts.len(), 2);
+    let y = b.forward(&rotary, &[&x], BINDING).unwrap();
+    assert_eq!(y.len(), 1);
     assert_eq!(b.transfer_stats().unwrap().since(before).host_ops, 1);
     // Malformed operands are reported by the CPU kernels, never launched.
     let bad = b.upload(&tensor(&[3, 4], 30)).unwrap();

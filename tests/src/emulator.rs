@@ -1,0 +1,110 @@
+//! A [`Device`] on the `simt` emulator: host memory standing in for a GPU's, the kernels of
+//! `kernels/cuda` launched through `simt`, and the GEMMs (cuBLAS on a GPU) as a plain f64 loop.
+//! `DeviceBackend<Emulator>` is the CUDA backend's lowering and kernel source, run without a
+//! GPU.
+
+use runtime::{Device, DeviceBackend, Gemm, RuntimeError};
+use simt::KernelArg;
+
+/// Host memory standing in for a device's, with the kernels launched through `simt` on blocks
+/// of `block` threads.
+#[derive(Debug)]
+pub struct Emulator {
+    pub block: u32,
+}
+
+impl Device for Emulator {
+    type Mem = Vec<f32>;
+
+    fn name(&self) -> String {
+        format!("simt (block {})", self.block)
+    }
+
+    fn alloc_zeros(&self, len: usize) -> Result<Vec<f32>, RuntimeError> {
+        Ok(vec![0.0; len])
+    }
+
+    fn upload(&self, host: &[f32], dst: &mut Vec<f32>) -> Result<(), RuntimeError> {
+        dst[..host.len()].copy_from_slice(host);
+        Ok(())
+    }
+
+    fn download(&self, src: &Vec<f32>, host: &mut [f32]) -> Result<(), RuntimeError> {
+        host.copy_from_slice(&src[..host.len()]);
+        Ok(())
+    }
+
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<(), RuntimeError> {
+        dst[..len].copy_from_slice(&src[..len]);
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        kernel: &'static str,
+        grid: u32,
+        block: u32,
+        args: &mut [KernelArg<'_, Vec<f32>>],
+    ) -> Result<(), RuntimeError> {
+        let mut host: Vec<KernelArg<'_, [f32]>> = args
+            .iter_mut()
+            .map(|a| match a {
+                KernelArg::Out(m) => KernelArg::Out(m.as_mut_slice()),
+                KernelArg::In(m) => KernelArg::In(m.as_slice()),
+                KernelArg::Null => KernelArg::Null,
+                KernelArg::I64(v) => KernelArg::I64(*v),
+                KernelArg::I32(v) => KernelArg::I32(*v),
+                KernelArg::F64(v) => KernelArg::F64(*v),
+                KernelArg::Broadcast(b) => KernelArg::Broadcast(*b),
+                KernelArg::Strided(s) => KernelArg::Strided(*s),
+            })
+            .collect();
+        simt::launch(kernel, grid, block, &mut host).map_err(|e| RuntimeError::DeviceLaunch {
+            kernel,
+            message: e.to_string(),
+        })
+    }
+
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        c: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        for e in 0..g.batch {
+            let (a, b) = (&a[e * g.stride_a..], &b[e * g.stride_b..]);
+            let c = &mut c[e * g.stride_c..];
+            for i in 0..g.m {
+                for j in 0..g.n {
+                    let s: f64 = (0..g.k)
+                        .map(|p| {
+                            let x = if g.trans_a {
+                                a[p * g.m + i]
+                            } else {
+                                a[i * g.k + p]
+                            };
+                            let y = if g.trans_b {
+                                b[j * g.k + p]
+                            } else {
+                                b[p * g.n + j]
+                            };
+                            f64::from(x) * f64::from(y)
+                        })
+                        .sum();
+                    c[i * g.n + j] = s as f32;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn block_size(&self) -> u32 {
+        self.block
+    }
+}
+
+/// The device backend on the emulator, with blocks of `block` threads.
+pub fn emulator(block: u32) -> DeviceBackend<Emulator> {
+    DeviceBackend::on(Emulator { block })
+}
