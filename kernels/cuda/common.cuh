@@ -89,3 +89,23 @@ struct Strided {
     i64 src_offset;
     i64 dst_offset;
 };
+
+// How many leading keys query `i` (of `sq`, given as any row index whose remainder by `sq` is
+// the query) sees among `sk` keys: the causal mask hides key j > i + sk − sq (queries aligned
+// with the last keys, kernels/src/softmax.rs).
+__device__ i64 visible_keys(i64 row, i64 sq, i64 sk, int causal) {
+    if (!causal) return sk;
+    i64 i = row % sq;
+    i64 v = i + sk + 1 - sq;
+    return v < 0 ? 0 : (v > sk ? sk : v);
+}
+
+// Scaled dot-product attention's sizes (kernels/src/attention.rs): q [batch, sq, heads·d],
+// k [batch, sk, kv·d], v [batch, sk, kv·dv], output [batch, sq, heads·dv]; query head h reads
+// kv head h / (heads / kv). `softcap` 0: no cap.
+struct Attention {
+    i64 batch, sq, sk, heads, kv, d, dv;
+    double scale;
+    double softcap;
+    int causal;
+};

@@ -2,13 +2,6 @@
 // operand, query i sees keys j ≤ i + Sk − Sq. One block per row; exponentials in f32 and the
 // sum in f64, as the CPU kernel.
 
-__device__ i64 visible_keys(i64 row, i64 sq, i64 sk, int causal) {
-    if (!causal) return sk;
-    i64 i = row % sq;
-    i64 v = i + sk + 1 - sq;
-    return v < 0 ? 0 : (v > sk ? sk : v);
-}
-
 extern "C" __global__ void softmax_forward(float* y, const float* x, i64 rows, i64 sq, i64 sk, int causal) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + r * sk;

@@ -16,6 +16,7 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/embedding.cu"),
     include_str!("../cuda/adamw.cu"),
     include_str!("../cuda/layout.cu"),
+    include_str!("../cuda/attention.cu"),
 );
 
 /// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
@@ -40,6 +41,7 @@ pub const CUDA_FILES: &[&str] = &[
     "embedding.cu",
     "adamw.cu",
     "layout.cu",
+    "attention.cu",
 ];
 
 /// The `op` and `p` arguments of `unary_forward`/`unary_backward` for a pointwise function of
@@ -162,6 +164,27 @@ impl Strided {
     }
 }
 
+/// `struct Attention` of `common.cuh`, passed by value: the sizes and attributes of one
+/// scaled dot-product attention (`attention_forward`, `attention_backward`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionShape {
+    pub batch: i64,
+    pub sq: i64,
+    pub sk: i64,
+    pub heads: i64,
+    pub kv: i64,
+    pub d: i64,
+    pub dv: i64,
+    pub scale: f64,
+    /// 0: no soft cap.
+    pub softcap: f64,
+    pub causal: i32,
+}
+
+/// The widest head `attention.cu` handles (`PLAIT_MAX_HEAD_DIM`).
+pub const MAX_HEAD_DIM: usize = 512;
+
 /// Row-major (contiguous) strides of `shape`.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1usize; shape.len()];
@@ -208,11 +231,13 @@ pub enum KernelArg<'a, M: ?Sized> {
     Broadcast(Broadcast),
     /// `Strided`, by value.
     Strided(Strided),
+    /// `Attention`, by value.
+    Attention(AttentionShape),
 }
 
 impl<M: ?Sized> KernelArg<'_, M> {
     /// The argument's letter in a kernel signature (`p` float*, `c` const float*, `l` long
-    /// long, `i` int, `d` double, `B` Broadcast, `S` Strided); a null pointer takes the letter `want` asks
+    /// long, `i` int, `d` double, `B` Broadcast, `S` Strided, `A` Attention); a null pointer takes the letter `want` asks
     /// for where that is a pointer.
     pub fn letter(&self, want: Option<char>) -> char {
         match self {
@@ -224,6 +249,7 @@ impl<M: ?Sized> KernelArg<'_, M> {
             KernelArg::F64(_) => 'd',
             KernelArg::Broadcast(_) => 'B',
             KernelArg::Strided(_) => 'S',
+            KernelArg::Attention(_) => 'A',
         }
     }
 }

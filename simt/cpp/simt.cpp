@@ -31,6 +31,7 @@ template <> constexpr char letter<int>() { return 'i'; }
 template <> constexpr char letter<double>() { return 'd'; }
 template <> constexpr char letter<Broadcast>() { return 'B'; }
 template <> constexpr char letter<Strided>() { return 'S'; }
+template <> constexpr char letter<Attention>() { return 'A'; }
 
 template <class... A> std::string signature_of(void (*)(A...)) { return std::string{letter<A>()...}; }
 

@@ -10,7 +10,7 @@
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 
-pub use kernels::device::{Broadcast, KernelArg, Strided};
+pub use kernels::device::{AttentionShape, Broadcast, KernelArg, Strided};
 
 /// Why an emulated launch failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +58,7 @@ enum Slot {
     F64(f64),
     Broadcast(Broadcast),
     Strided(Strided),
+    Attention(AttentionShape),
 }
 
 impl Slot {
@@ -71,6 +72,7 @@ impl Slot {
             KernelArg::F64(v) => Slot::F64(*v),
             KernelArg::Broadcast(b) => Slot::Broadcast(*b),
             KernelArg::Strided(s) => Slot::Strided(*s),
+            KernelArg::Attention(a) => Slot::Attention(*a),
         }
     }
 
@@ -82,6 +84,7 @@ impl Slot {
             Slot::F64(v) => std::ptr::from_mut(v).cast(),
             Slot::Broadcast(b) => std::ptr::from_mut(b).cast(),
             Slot::Strided(s) => std::ptr::from_mut(s).cast(),
+            Slot::Attention(a) => std::ptr::from_mut(a).cast(),
         }
     }
 }

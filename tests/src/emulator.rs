@@ -57,6 +57,7 @@ impl Device for Emulator {
                 KernelArg::F64(v) => KernelArg::F64(*v),
                 KernelArg::Broadcast(b) => KernelArg::Broadcast(*b),
                 KernelArg::Strided(s) => KernelArg::Strided(*s),
+                KernelArg::Attention(a) => KernelArg::Attention(*a),
             })
             .collect();
         simt::launch(kernel, grid, block, &mut host).map_err(|e| RuntimeError::DeviceLaunch {

@@ -267,6 +267,47 @@ fn products_and_linears_as_gemms() {
 }
 
 #[test]
+fn fused_attention_with_grouped_heads_the_causal_mask_and_a_soft_cap() {
+    let attention = |heads, kv_heads, causal, softcap| OpKind::Attention {
+        heads,
+        kv_heads,
+        scale: 0.35,
+        causal,
+        softcap,
+    };
+    for block in [8, 32] {
+        let b = emulator(block);
+        // Keys in several tiles of `block`; sq < sk (queries aligned with the last keys).
+        let (q, k, v) = (
+            tensor(&[2, 37, 4 * 8], 40),
+            tensor(&[2, 37, 2 * 8], 41),
+            tensor(&[2, 37, 2 * 8], 42),
+        );
+        check(
+            &b,
+            attention(4, 2, true, None),
+            &[q.clone(), k.clone(), v.clone()],
+            2e-5,
+        );
+        check(
+            &b,
+            attention(4, 2, false, None),
+            &[q, k.clone(), v.clone()],
+            2e-5,
+        );
+        let q_short = tensor(&[2, 9, 4 * 8], 43);
+        check(&b, attention(4, 2, true, Some(1.5)), &[q_short, k, v], 2e-5);
+        // Values narrower than keys (multi-head latent attention).
+        let (q, k, v) = (
+            tensor(&[1, 12, 2 * 6], 44),
+            tensor(&[1, 12, 6], 45),
+            tensor(&[1, 12, 4], 46),
+        );
+        check(&b, attention(2, 1, true, None), &[q, k, v], 2e-5);
+    }
+}
+
+#[test]
 fn layout_ops_as_strided_copies() {
     let b = emulator(32);
     let x = || tensor(&[2, 3, 4, 5], 31);

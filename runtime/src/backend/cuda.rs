@@ -17,7 +17,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-use kernels::device::{Broadcast, KernelArg, Strided};
+use kernels::device::{AttentionShape, Broadcast, KernelArg, Strided};
 
 use super::device::{Device, DeviceBackend, DeviceBuffer, Gemm};
 use super::pool::{Lease, MemoryStats, Pool, Slab};
@@ -77,6 +77,15 @@ struct DeviceBroadcast(Broadcast);
 // `struct Broadcast`.
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for DeviceBroadcast {}
+
+/// `struct Attention` as a kernel argument passed by value.
+#[repr(transparent)]
+struct DeviceAttention(AttentionShape);
+
+// SAFETY: `AttentionShape` is `#[repr(C)]` plain data (integers and doubles), laid out as
+// `common.cuh`'s `struct Attention`.
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for DeviceAttention {}
 
 /// `struct Strided` as a kernel argument passed by value.
 #[repr(transparent)]
@@ -228,6 +237,7 @@ enum Value {
     F64(f64),
     Broadcast(DeviceBroadcast),
     Strided(DeviceStrided),
+    Attention(DeviceAttention),
     /// A null `float*`.
     Null(u64),
 }
@@ -304,6 +314,7 @@ impl Device for CudaDevice {
                 KernelArg::F64(v) => Some(Value::F64(*v)),
                 KernelArg::Broadcast(b) => Some(Value::Broadcast(DeviceBroadcast(*b))),
                 KernelArg::Strided(s) => Some(Value::Strided(DeviceStrided(*s))),
+                KernelArg::Attention(a) => Some(Value::Attention(DeviceAttention(*a))),
             })
             .collect();
         let mut builder = self.stream.launch_builder(func);
@@ -316,6 +327,7 @@ impl Device for CudaDevice {
                 (_, Some(Value::F64(v))) => builder.arg(v),
                 (_, Some(Value::Broadcast(b))) => builder.arg(b),
                 (_, Some(Value::Strided(s))) => builder.arg(s),
+                (_, Some(Value::Attention(a))) => builder.arg(a),
                 (_, Some(Value::Null(p))) => builder.arg(p),
                 (_, None) => &mut builder,
             };

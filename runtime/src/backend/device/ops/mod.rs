@@ -3,6 +3,7 @@
 //! handle exactly, so the host path (which also reports malformed operands) takes it: a kernel
 //! is never launched on shapes it could read past.
 
+mod attention;
 mod layout;
 mod matmul;
 mod optim;
@@ -37,6 +38,7 @@ pub(super) fn forward<D: Device>(
         }
         OpKind::Softmax { causal } => one(rows::softmax_forward(b, *causal, inputs)?),
         OpKind::CrossEntropy => one(rows::cross_entropy_forward(b, inputs)?),
+        OpKind::Attention { .. } => one(attention::forward(b, kind, inputs)?),
         OpKind::Embedding => one(table::embedding_forward(b, inputs)?),
         OpKind::Reshape { .. } => match (kernels::device::shape_attribute(kind, binding), inputs) {
             (Some(shape), &[x]) => one(copy_as(b, x, shape)?),
@@ -153,6 +155,7 @@ fn backward_of<D: Device>(
             all(rows::norm_backward(b, kind, *eps, xs, g)?)
         }
         OpKind::Softmax { causal } => all(rows::softmax_backward(b, *causal, xs, g)?),
+        OpKind::Attention { .. } => all(attention::backward(b, kind, xs, g)?),
         OpKind::CrossEntropy => {
             rows::cross_entropy_backward(b, xs, g)?.map(|d| vec![Some(d), None])
         }

@@ -1,0 +1,126 @@
+//! Scaled dot-product attention as one fused kernel each way (`attention.cu`): no `[sq, sk]`
+//! buffer; the backward recomputes the probabilities.
+
+use ir::OpKind;
+use kernels::device::{AttentionShape, MAX_HEAD_DIM};
+
+use super::{Buf, row_grid};
+use crate::RuntimeError;
+use crate::backend::device::{Device, DeviceBackend, KernelArg};
+
+/// The kernel's view of an `Attention` op on `q`, `k`, `v` (`kernels/src/attention.rs`'s
+/// layout); `None` for shapes it does not take (the host path reports bad ones).
+fn shape<D: Device>(kind: &OpKind, xs: &[&Buf<D>]) -> Option<AttentionShape> {
+    let (
+        &OpKind::Attention {
+            heads,
+            kv_heads,
+            scale,
+            causal,
+            softcap,
+        },
+        &[q, k, v],
+    ) = (kind, xs)
+    else {
+        return None;
+    };
+    let (heads, kv) = (
+        usize::try_from(heads).ok()?,
+        usize::try_from(kv_heads).ok()?,
+    );
+    if heads == 0 || kv == 0 || heads % kv != 0 {
+        return None;
+    }
+    let (&[b, sq, qw], &[kb, sk, kw], &[vb, vs, vw]) =
+        (q.shape.as_slice(), k.shape.as_slice(), v.shape.as_slice())
+    else {
+        return None;
+    };
+    if qw % heads != 0 || vw % kv != 0 {
+        return None;
+    }
+    let (d, dv) = (qw / heads, vw / kv);
+    let fits =
+        kb == b && vb == b && vs == sk && kw == kv * d && d <= MAX_HEAD_DIM && dv <= MAX_HEAD_DIM;
+    let i = |n: usize| i64::try_from(n).ok();
+    fits.then_some(())?;
+    Some(AttentionShape {
+        batch: i(b)?,
+        sq: i(sq)?,
+        sk: i(sk)?,
+        heads: i(heads)?,
+        kv: i(kv)?,
+        d: i(d)?,
+        dv: i(dv)?,
+        scale,
+        softcap: softcap.unwrap_or(0.0),
+        causal: i32::from(causal),
+    })
+}
+
+/// Rows of the kernels' grid: one per (batch, head, query).
+fn rows(a: &AttentionShape) -> usize {
+    (a.batch * a.heads * a.sq) as usize
+}
+
+fn out_shape(a: &AttentionShape) -> Vec<usize> {
+    vec![a.batch as usize, a.sq as usize, (a.heads * a.dv) as usize]
+}
+
+pub(super) fn forward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some(a) = shape::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    let &[q, k, v] = xs else { return Ok(None) };
+    let mut o = b.alloc(&out_shape(&a))?;
+    b.device.launch(
+        "attention_forward",
+        row_grid(rows(&a)),
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(&mut o.mem),
+            KernelArg::In(&q.mem),
+            KernelArg::In(&k.mem),
+            KernelArg::In(&v.mem),
+            KernelArg::Attention(a),
+        ],
+    )?;
+    Ok(Some(o))
+}
+
+/// `[dq, dk, dv]`.
+pub(super) fn backward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let Some(a) = shape::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    let &[q, k, v] = xs else { return Ok(None) };
+    if g.shape != out_shape(&a) {
+        return Ok(None);
+    }
+    let (mut dq, mut dk, mut dv) = (b.alloc(&q.shape)?, b.alloc(&k.shape)?, b.alloc(&v.shape)?);
+    b.device.launch(
+        "attention_backward",
+        row_grid(rows(&a)),
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(&mut dq.mem),
+            KernelArg::Out(&mut dk.mem),
+            KernelArg::Out(&mut dv.mem),
+            KernelArg::In(&q.mem),
+            KernelArg::In(&k.mem),
+            KernelArg::In(&v.mem),
+            KernelArg::In(&g.mem),
+            KernelArg::Attention(a),
+        ],
+    )?;
+    Ok(Some(vec![dq, dk, dv]))
+}
