@@ -157,3 +157,13 @@ extern "C" __global__ void column_sum(float* out, const float* x, i64 rows, i64 
         out[c] = (float)total;
     }
 }
+
+// y[i] = value for i < n (a constant buffer: zeros for accumulators, a loss scale).
+extern "C" __global__ void fill(float* y, i64 n, double value) {
+    for (i64 i = global_thread(); i < n; i += grid_threads()) y[i] = (float)value;
+}
+
+// y[i] = i for i < n (positions: the IR's `Iota`).
+extern "C" __global__ void iota(float* y, i64 n) {
+    for (i64 i = global_thread(); i < n; i += grid_threads()) y[i] = (float)i;
+}

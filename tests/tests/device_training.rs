@@ -54,9 +54,12 @@ fn train_emulated(set: &codegen::ProgramSet) -> (Vec<RankOutcome>, Vec<(String, 
     (outs, kinds.into_inner().unwrap())
 }
 
-fn check(model: &str, c: &Config, what: &str) {
+/// Trains `model` under `c` on emulated devices against one CPU rank; returns rank 0's
+/// transfers per step and the micro-batches per step.
+fn check(model: &str, c: &Config, what: &str) -> (runtime::TransferStats, u64) {
     let one = train(&programs(model, &Config::new(1, 1, 1)), STEPS, 7);
-    let (outs, kinds) = train_emulated(&programs(model, c));
+    let set = programs(model, c);
+    let (outs, kinds) = train_emulated(&set);
     let diff = loss_diff(&outs[0].losses, &one.losses);
     let t = outs[0].transfers_per_step.unwrap();
     println!(
@@ -69,17 +72,27 @@ fn check(model: &str, c: &Config, what: &str) {
         outs[0].losses.last() < outs[0].losses.first(),
         "{what}: the loss falls"
     );
+    (t, u64::from(set.mesh.micro_batches))
 }
 
 #[test]
 fn tiny_gpt_on_one_emulated_device_equals_the_cpu() {
-    check(MODEL, &Config::new(1, 1, 1), "GPT, one rank");
+    let (t, micro_batches) = check(MODEL, &Config::new(1, 1, 1), "GPT, one rank");
+    // Inside a step only the batch goes up (token ids and targets per micro-batch) and the
+    // loss comes down (per micro-batch): no op runs on the host.
+    assert_eq!(t.host_ops, 0);
+    assert_eq!((t.uploads, t.downloads), (2 * micro_batches, micro_batches));
 }
 
 #[test]
 fn tiny_gpt_dp2_and_tp2_on_emulated_devices_equal_one_rank() {
-    check(MODEL, &Config::new(1, 1, 2), "GPT, dp 2");
-    check(MODEL, &Config::new(2, 1, 1), "GPT, tp 2");
+    for (c, what) in [
+        (Config::new(1, 1, 2), "GPT, dp 2"),
+        (Config::new(2, 1, 1), "GPT, tp 2"),
+    ] {
+        let (t, _) = check(MODEL, &c, what);
+        assert_eq!(t.host_ops, 0, "{what}");
+    }
 }
 
 #[test]

@@ -72,6 +72,27 @@ pub trait Backend: std::fmt::Debug {
     /// Copies a buffer back to the host.
     fn download(&self, buffer: &Self::Buffer) -> Result<Tensor32, RuntimeError>;
 
+    /// A buffer of `shape` with every element `value`; by default uploaded from the host.
+    fn fill(&self, shape: &[usize], value: f32) -> Result<Self::Buffer, RuntimeError> {
+        let n = shape.iter().product();
+        self.upload_owned(
+            Tensor32::new(shape.to_vec(), vec![value; n]).map_err(RuntimeError::kernel("fill"))?,
+        )
+    }
+
+    /// `[0, 1, .., n − 1]` as a `[n]` buffer (the IR's `Iota`); by default uploaded.
+    fn iota(&self, n: usize) -> Result<Self::Buffer, RuntimeError> {
+        self.upload_owned(
+            Tensor32::new(vec![n], (0..n).map(|i| i as f32).collect())
+                .map_err(RuntimeError::kernel("iota"))?,
+        )
+    }
+
+    /// A copy of `buffer`; by default through the host.
+    fn duplicate(&self, buffer: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {
+        self.upload_owned(self.download(buffer)?)
+    }
+
     /// Runs one non-source op (`kernels::forward` semantics): one buffer per result.
     fn forward(
         &self,

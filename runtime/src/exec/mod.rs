@@ -339,6 +339,17 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             });
         }
         let t = self.backend.upload_owned(Tensor32 { shape, data })?;
+        self.put_buffer(b, t)
+    }
+
+    /// Stores a backend buffer into `b`; one of another shape (with as many elements) goes
+    /// through the host to take `b`'s declared shape.
+    fn put_buffer(&mut self, b: BufferId, t: B::Buffer) -> Result<(), RuntimeError> {
+        if self.backend.shape(&t) != self.decl_shape(b)?.as_slice() {
+            let data = self.backend.download(&t)?.data;
+            self.backend.free(t);
+            return self.put(b, data);
+        }
         if let Some(z) = self.zero_on_read.get_mut(b.index()) {
             *z = false;
         }
@@ -422,12 +433,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 self.load_tokens(batch, *micro_batch, *input_ids, *targets)?;
             }
             Instr::Fill { buf, value } => {
-                let n: usize = self.decl_shape(*buf)?.iter().product();
-                self.put(*buf, vec![*value as f32; n])?;
+                let t = self.backend.fill(&self.decl_shape(*buf)?, *value as f32)?;
+                self.put_buffer(*buf, t)?;
             }
             Instr::Copy { src, dst } => {
-                let t = self.host(*src)?;
-                self.put(*dst, t.data)?;
+                let t = self.backend.duplicate(self.get(*src)?)?;
+                self.put_buffer(*dst, t)?;
             }
             Instr::Compute {
                 kind,
@@ -719,18 +730,15 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             batch: self.set.mesh.micro_batch,
             seq: self.set.mesh.seq,
         };
-        // Source ops that carry their value in their attributes.
+        // Source ops that carry their value in their attributes (made on the device).
         let constant = match kind {
-            OpKind::Iota { len } => {
-                let n = len.eval(binding) as usize;
-                Some((0..n).map(|i| i as f32).collect::<Vec<f32>>())
-            }
-            OpKind::Scalar { value } => Some(vec![*value as f32]),
+            OpKind::Iota { len } => Some(self.backend.iota(len.eval(binding) as usize)?),
+            OpKind::Scalar { value } => Some(self.backend.fill(&[], *value as f32)?),
             _ => None,
         };
-        if let Some(data) = constant {
+        if let Some(t) = constant {
             let out = outputs.first().copied().unwrap_or(BufferId(u32::MAX));
-            return self.put(out, data);
+            return self.put_buffer(out, t);
         }
         let (results, wides) = {
             let mut xs = Vec::with_capacity(inputs.len());

@@ -198,6 +198,30 @@ impl<D: Device> Backend for DeviceBackend<D> {
         Tensor32::new(buffer.shape.clone(), data).map_err(RuntimeError::kernel("download"))
     }
 
+    fn fill(&self, shape: &[usize], value: f32) -> Result<Self::Buffer, RuntimeError> {
+        let mut y = self.alloc(shape)?;
+        if value != 0.0 && y.len > 0 {
+            ops::fill(self, &mut y, value)?;
+        }
+        Ok(y)
+    }
+
+    fn iota(&self, n: usize) -> Result<Self::Buffer, RuntimeError> {
+        let mut y = self.alloc(&[n])?;
+        if n > 0 {
+            ops::iota(self, &mut y)?;
+        }
+        Ok(y)
+    }
+
+    fn duplicate(&self, buffer: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {
+        let mut y = self.alloc(&buffer.shape)?;
+        if buffer.len > 0 {
+            self.device.copy(&buffer.mem, &mut y.mem, buffer.len)?;
+        }
+        Ok(y)
+    }
+
     fn forward(
         &self,
         kind: &OpKind,

@@ -18,6 +18,36 @@ use crate::RuntimeError;
 
 pub(super) use optim::adamw;
 
+/// Sets element i of `y` to i.
+pub(super) fn iota<D: Device>(b: &DeviceBackend<D>, y: &mut Buf<D>) -> Result<(), RuntimeError> {
+    let block = b.device.block_size();
+    b.device.launch(
+        "iota",
+        pointwise_grid(block, y.len),
+        block,
+        &mut [KernelArg::Out(&mut y.mem), size(y.len)],
+    )
+}
+
+/// Sets every element of `y` to `value`.
+pub(super) fn fill<D: Device>(
+    b: &DeviceBackend<D>,
+    y: &mut Buf<D>,
+    value: f32,
+) -> Result<(), RuntimeError> {
+    let block = b.device.block_size();
+    b.device.launch(
+        "fill",
+        pointwise_grid(block, y.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            size(y.len),
+            KernelArg::F64(f64::from(value)),
+        ],
+    )
+}
+
 type Buf<D> = DeviceBuffer<<D as Device>::Mem>;
 
 /// An operand with its weight and optional bias (a linear's, a norm's γ and β).
