@@ -18,6 +18,8 @@
 #                   eager with scaled_dot_product_attention (bf16, AdamW) on the same GPU, and
 #                   the plan's predicted step time (dgx-h200) against the measured one
 #   bf16-one-gpu    not built yet: the CUDA backend is f32 (the row says so)
+#   (every row: the kernels of kernels/cuda, compiled by NVRTC when the backend opens; the same
+#    launches are tested on the CPU by the simt emulator, tests/tests/device_*.rs)
 #   host-transfers  gpt2-124m: ops run on the host and bytes copied each step (information)
 #   peak-memory     gpt2-124m's stage 0: the caching allocator's high-water mark that `plait run`
 #                   prints, against the plan's predicted peak: within 10 %
@@ -51,13 +53,17 @@ for d in /usr/local/cuda/lib64 /usr/local/nvidia/lib64 \
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 # cudarc (built for CUDA 12) asks for libcublas.so, .so.12, ...: link the unversioned names
-# to whatever version is here (CUDA 13 wheels ship only libcublas.so.13).
+# to whatever version is here (CUDA 13 wheels ship only libcublas.so.13). NVRTC compiles plait's
+# kernels (kernels/cuda) when the CUDA backend opens: PyTorch's wheels bring it
+# (nvidia/cuda_nvrtc/lib).
 mkdir -p "$work/cudalibs"
-for lib in libcublas libcublasLt; do
+for lib in libcublas libcublasLt libnvrtc; do
   found=$(for d in ${LD_LIBRARY_PATH:+${LD_LIBRARY_PATH//:/ }}; do ls "$d/$lib".so* 2>/dev/null; done | head -1)
   [ -n "$found" ] && ln -sf "$found" "$work/cudalibs/$lib.so"
 done
 export LD_LIBRARY_PATH="$work/cudalibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ "$DEVICE" != cuda ] || [ -e "$work/cudalibs/libnvrtc.so" ] \
+  || fail_fast "no NVRTC library (libnvrtc.so*) in LD_LIBRARY_PATH or PyTorch's nvidia/*/lib: plait compiles its kernels with it"
 "$PLAIT" --version >/dev/null 2>&1 || fail_fast "$PLAIT does not start here: $("$PLAIT" --version 2>&1 | head -2)"
 if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"

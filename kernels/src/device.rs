@@ -17,6 +17,7 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/adamw.cu"),
     include_str!("../cuda/layout.cu"),
     include_str!("../cuda/attention.cu"),
+    include_str!("../cuda/rotary.cu"),
 );
 
 /// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
@@ -42,6 +43,7 @@ pub const CUDA_FILES: &[&str] = &[
     "adamw.cu",
     "layout.cu",
     "attention.cu",
+    "rotary.cu",
 ];
 
 /// The `op` and `p` arguments of `unary_forward`/`unary_backward` for a pointwise function of

@@ -97,5 +97,6 @@ fn tiny_gpt_dp2_and_tp2_on_emulated_devices_equal_one_rank() {
 
 #[test]
 fn tiny_llama_on_one_emulated_device_equals_the_cpu() {
-    check(LLAMA, &Config::new(1, 1, 1), "Llama, one rank");
+    let (t, _) = check(LLAMA, &Config::new(1, 1, 1), "Llama, one rank");
+    assert_eq!(t.host_ops, 0, "rotary, SwiGLU, RMSNorm and grouped-query attention on the device");
 }

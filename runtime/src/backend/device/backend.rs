@@ -1,6 +1,6 @@
 //! [`DeviceBackend`]: the [`Backend`] of a [`Device`], with the host fallback and its counters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -16,6 +16,8 @@ use crate::backend::{Backend, MemoryStats, TransferStats, sgemm_dims};
 pub struct DeviceBackend<D: Device> {
     pub(crate) device: D,
     transfers: Arc<Transfers>,
+    /// Small constant tables the kernels read (rotary frequencies), uploaded once by key.
+    tables: Mutex<HashMap<String, D::Mem>>,
 }
 
 /// A handle on a [`DeviceBackend`]'s host-op counts that outlives the backend (a training run
@@ -104,12 +106,42 @@ impl<D: Device> DeviceBackend<D> {
         DeviceBackend {
             device,
             transfers: Arc::default(),
+            tables: Mutex::default(),
         }
     }
 
     /// The device this backend runs on.
     pub fn device(&self) -> &D {
         &self.device
+    }
+
+    /// Runs `f` on the constant table `key`, made by `make` (on the host) and uploaded the
+    /// first time it is asked for: such tables are not per-step transfers.
+    pub(crate) fn with_table<T>(
+        &self,
+        key: String,
+        make: impl FnOnce() -> Vec<f32>,
+        f: impl FnOnce(&D::Mem) -> Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        let mut tables = self.tables.lock().map_err(|_| RuntimeError::Poisoned {
+            op: "device tables",
+            reason: "a thread panicked while holding them".into(),
+        })?;
+        if !tables.contains_key(&key) {
+            let host = make();
+            let mut mem = self.device.alloc_zeros(host.len().max(1))?;
+            if !host.is_empty() {
+                self.device.upload(&host, &mut mem)?;
+            }
+            tables.insert(key.clone(), mem);
+        }
+        match tables.get(&key) {
+            Some(mem) => f(mem),
+            None => Err(RuntimeError::Poisoned {
+                op: "device tables",
+                reason: format!("table {key} vanished"),
+            }),
+        }
     }
 
     /// A handle on the counts of ops run on the host.

@@ -8,6 +8,7 @@ mod layout;
 mod matmul;
 mod optim;
 mod pointwise;
+mod rotary;
 mod rows;
 mod table;
 
@@ -69,6 +70,10 @@ pub(super) fn forward<D: Device>(
         OpKind::Softmax { causal } => one(rows::softmax_forward(b, *causal, inputs)?),
         OpKind::CrossEntropy => one(rows::cross_entropy_forward(b, inputs)?),
         OpKind::Attention { .. } => one(attention::forward(b, kind, inputs)?),
+        OpKind::Rotary { .. } => match inputs {
+            &[x] => one(rotary::rotate(b, kind, x, 1.0)?),
+            _ => None,
+        },
         OpKind::Embedding => one(table::embedding_forward(b, inputs)?),
         OpKind::Reshape { .. } => match (kernels::device::shape_attribute(kind, binding), inputs) {
             (Some(shape), &[x]) => one(copy_as(b, x, shape)?),
@@ -186,6 +191,10 @@ fn backward_of<D: Device>(
         }
         OpKind::Softmax { causal } => all(rows::softmax_backward(b, *causal, xs, g)?),
         OpKind::Attention { .. } => all(attention::backward(b, kind, xs, g)?),
+        OpKind::Rotary { .. } => match xs {
+            &[x] if g.shape == x.shape => all(rotary::rotate(b, kind, g, -1.0)?.map(|d| vec![d])),
+            _ => None,
+        },
         OpKind::CrossEntropy => {
             rows::cross_entropy_backward(b, xs, g)?.map(|d| vec![Some(d), None])
         }
