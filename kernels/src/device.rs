@@ -93,6 +93,18 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     crate::shape::broadcast_shape("broadcast", a, b).ok()
 }
 
+/// `x` rounded to bfloat16 (8 significant bits, round to nearest even) and widened back: what
+/// a bf16 GEMM's tensor cores see of an f32 operand (cuBLAS's `CUBLAS_COMPUTE_32F_FAST_16BF`
+/// down-converts so). NaN stays NaN.
+pub fn round_bf16(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let bits = x.to_bits();
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+    f32::from_bits(rounded)
+}
+
 /// The most ranks a [`Broadcast`] describes (`PLAIT_MAX_RANK`).
 pub const MAX_RANK: usize = 8;
 
@@ -275,6 +287,17 @@ mod tests {
             let text = std::fs::read_to_string(format!("{dir}/{f}")).expect("readable");
             assert!(CUDA_SOURCE.contains(&text), "{f} is not in CUDA_SOURCE");
         }
+    }
+
+    #[test]
+    fn bf16_rounding_keeps_eight_significant_bits_to_nearest_even() {
+        assert_eq!(round_bf16(1.0), 1.0);
+        // 1 + 2⁻⁸ is halfway between 1 and 1 + 2⁻⁷: ties go to the even neighbour, 1.
+        assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
+        assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
+        assert_eq!(round_bf16(-3.14159), -3.140625);
+        assert!(round_bf16(f32::NAN).is_nan());
+        assert_eq!(round_bf16(f32::INFINITY), f32::INFINITY);
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub mod train;
 
 pub use backend::{
     Backend, CpuBackend, CudaBackend, CudaBuffer, Device, DeviceBackend, DeviceBuffer, Gemm,
-    TransferStats,
+    GemmPrecision, TransferStats,
 };
 pub use comm::{Communicator, DEFAULT_TIMEOUT, MAX_TAG, ThreadComm};
 pub use error::RuntimeError;

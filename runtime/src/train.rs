@@ -308,7 +308,9 @@ pub fn train_rank_on_device<C: Communicator>(
         Device::Cpu => train_rank(set, opts.cpu_backend(), comm, data, opts, on_step),
         Device::Cuda => {
             let gpus = Device::Cuda.available()?;
-            let backend = CudaBackend::new(local_rank % gpus)?;
+            // A mixed-precision plan's GEMMs in bf16 on the tensor cores (autocast's choice).
+            let precision = crate::GemmPrecision::of_plan(&set.mesh.precision);
+            let backend = CudaBackend::new(local_rank % gpus)?.with_gemm_precision(precision);
             train_rank(set, backend, comm, data, opts, on_step)
         }
     }

@@ -3,7 +3,7 @@
 //! `DeviceBackend<Emulator>` is the CUDA backend's lowering and kernel source, run without a
 //! GPU.
 
-use runtime::{Device, DeviceBackend, Gemm, RuntimeError};
+use runtime::{Device, DeviceBackend, Gemm, GemmPrecision, RuntimeError};
 use simt::KernelArg;
 
 /// Host memory standing in for a device's, with the kernels launched through `simt` on blocks
@@ -78,6 +78,10 @@ impl Device for Emulator {
             let c = &mut c[e * g.stride_c..];
             for i in 0..g.m {
                 for j in 0..g.n {
+                    let round = |v: f32| match g.precision {
+                        GemmPrecision::F32 => v,
+                        GemmPrecision::Bf16 => kernels::device::round_bf16(v),
+                    };
                     let s: f64 = (0..g.k)
                         .map(|p| {
                             let x = if g.trans_a {
@@ -90,7 +94,7 @@ impl Device for Emulator {
                             } else {
                                 b[p * g.n + j]
                             };
-                            f64::from(x) * f64::from(y)
+                            f64::from(round(x)) * f64::from(round(y))
                         })
                         .sum();
                     c[i * g.n + j] = s as f32;
@@ -108,4 +112,10 @@ impl Device for Emulator {
 /// The device backend on the emulator, with blocks of `block` threads.
 pub fn emulator(block: u32) -> DeviceBackend<Emulator> {
     DeviceBackend::on(Emulator { block })
+}
+
+/// [`emulator`] with the ops' GEMMs on bf16-rounded operands, as cuBLAS's
+/// `CUBLAS_COMPUTE_32F_FAST_16BF` multiplies them.
+pub fn emulator_bf16(block: u32) -> DeviceBackend<Emulator> {
+    emulator(block).with_gemm_precision(GemmPrecision::Bf16)
 }

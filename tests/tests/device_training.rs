@@ -13,7 +13,7 @@ use common::{Config, LLAMA, MODEL, loss_diff, programs, text, train};
 use runtime::comm::ThreadComm;
 use runtime::exec::Init;
 use runtime::train::{RankOutcome, TrainOptions, train_rank};
-use tests::emulator::emulator;
+use tests::emulator::{emulator, emulator_bf16};
 
 const STEPS: u64 = 4;
 
@@ -98,5 +98,31 @@ fn tiny_gpt_dp2_and_tp2_on_emulated_devices_equal_one_rank() {
 #[test]
 fn tiny_llama_on_one_emulated_device_equals_the_cpu() {
     let (t, _) = check(LLAMA, &Config::new(1, 1, 1), "Llama, one rank");
-    assert_eq!(t.host_ops, 0, "rotary, SwiGLU, RMSNorm and grouped-query attention on the device");
+    assert_eq!(
+        t.host_ops, 0,
+        "rotary, SwiGLU, RMSNorm and grouped-query attention on the device"
+    );
+}
+
+#[test]
+fn tiny_gpt_with_bf16_gemms_trains_within_2e2_of_f32() {
+    // Acceptance 2's bf16 row, emulated: the GEMMs' operands rounded to bf16 as cuBLAS's
+    // FAST_16BF compute type rounds them; everything else f32.
+    let set = programs(MODEL, &Config::new(1, 1, 1));
+    let one = train(&set, STEPS, 7);
+    let opts = options();
+    let data = text();
+    let outs = ThreadComm::run(1, opts.timeout, |c| {
+        train_rank(&set, emulator_bf16(32), c, &data, &opts, &|_, _| {})
+    })
+    .unwrap();
+    let losses = outs.into_iter().next().unwrap().unwrap().losses;
+    let diff = loss_diff(&losses, &one.losses);
+    println!(
+        "bf16 GEMMs: losses {losses:?}, f32 CPU {:?}, max relative difference {diff:.1e}",
+        one.losses
+    );
+    assert!(diff < 2e-2, "{diff}");
+    assert!(diff > 1e-6, "bf16 rounding leaves a trace ({diff})");
+    assert!(losses.last() < losses.first(), "the loss falls");
 }

@@ -28,6 +28,12 @@ impl CudaBackend {
         Err(RuntimeError::NotCompiledWithCudaSupport)
     }
 
+    /// The backend with its GEMMs in `precision` (no value exists in this build).
+    pub fn with_gemm_precision(self, precision: super::GemmPrecision) -> CudaBackend {
+        let _ = precision;
+        self
+    }
+
     /// Number of visible CUDA devices: always an error in this build.
     pub fn device_count() -> Result<usize, RuntimeError> {
         Err(RuntimeError::NotCompiledWithCudaSupport)

@@ -36,7 +36,7 @@ pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, CudaBuffer};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, CudaMem, compile_kernels_ptx};
-pub use device::{Device, DeviceBackend, DeviceBuffer, Gemm};
+pub use device::{Device, DeviceBackend, DeviceBuffer, Gemm, GemmPrecision};
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;
 pub use pool::MemoryStats;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
 
-use super::{Device, Gemm, ops};
+use super::{Device, Gemm, GemmPrecision, ops};
 use crate::RuntimeError;
 use crate::backend::{Backend, MemoryStats, TransferStats, sgemm_dims};
 
@@ -18,6 +18,8 @@ pub struct DeviceBackend<D: Device> {
     transfers: Arc<Transfers>,
     /// Small constant tables the kernels read (rotary frequencies), uploaded once by key.
     tables: Mutex<HashMap<String, D::Mem>>,
+    /// What the ops' GEMMs multiply in ([`Backend::sgemm`] is always f32).
+    pub(crate) gemm_precision: GemmPrecision,
 }
 
 /// A handle on a [`DeviceBackend`]'s host-op counts that outlives the backend (a training run
@@ -107,7 +109,14 @@ impl<D: Device> DeviceBackend<D> {
             device,
             transfers: Arc::default(),
             tables: Mutex::default(),
+            gemm_precision: GemmPrecision::F32,
         }
+    }
+
+    /// The backend with the ops' GEMMs in `precision`.
+    pub fn with_gemm_precision(mut self, precision: GemmPrecision) -> DeviceBackend<D> {
+        self.gemm_precision = precision;
+        self
     }
 
     /// The device this backend runs on.
@@ -187,7 +196,10 @@ impl<D: Device> Backend for DeviceBackend<D> {
     type Buffer = DeviceBuffer<D::Mem>;
 
     fn name(&self) -> String {
-        self.device.name()
+        match self.gemm_precision {
+            GemmPrecision::F32 => self.device.name(),
+            GemmPrecision::Bf16 => format!("{}, bf16 GEMMs", self.device.name()),
+        }
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Self::Buffer, RuntimeError> {

@@ -17,6 +17,29 @@ pub use kernels::device::{Broadcast, KernelArg};
 use super::MemoryStats;
 use crate::RuntimeError;
 
+/// What a GEMM's tensor cores multiply: f32 operands as they are, or rounded to bf16 (mixed
+/// precision, as PyTorch's autocast runs a bf16 plan's matmuls); accumulation and results are
+/// f32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemmPrecision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl GemmPrecision {
+    /// The GEMMs of a plan of `precision` (`MeshInfo::precision`): f32 for `fp32`, bf16 for
+    /// the mixed-precision ones. fp16 and fp8 plans run bf16 GEMMs here too: this runtime has
+    /// no fp16 loss scaling or fp8 kernels yet.
+    pub fn of_plan(precision: &str) -> GemmPrecision {
+        if precision == "fp32" {
+            GemmPrecision::F32
+        } else {
+            GemmPrecision::Bf16
+        }
+    }
+}
+
 /// One matrix product per batch entry, row-major: `c[b] = op(a[b]) · op(b[b])`, where `op(a)`
 /// is `[m, k]` (stored `[k, m]` when `trans_a`) and `op(b)` is `[k, n]` (stored `[n, k]` when
 /// `trans_b`); matrices `stride_*` elements apart (0 reuses one). `c` is overwritten.
@@ -31,6 +54,7 @@ pub struct Gemm {
     pub stride_a: usize,
     pub stride_b: usize,
     pub stride_c: usize,
+    pub precision: GemmPrecision,
 }
 
 impl Gemm {
@@ -46,6 +70,7 @@ impl Gemm {
             stride_a: 0,
             stride_b: 0,
             stride_c: 0,
+            precision: GemmPrecision::F32,
         }
     }
 }

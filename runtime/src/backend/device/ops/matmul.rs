@@ -5,7 +5,7 @@ use ir::OpKind;
 
 use super::{Buf, Weighted, pointwise_grid, size};
 use crate::RuntimeError;
-use crate::backend::device::{Device, DeviceBackend, Gemm, KernelArg};
+use crate::backend::device::{Device, DeviceBackend, Gemm, GemmPrecision, KernelArg};
 
 /// The shapes of a product `x · w` the device runs: `w` one matrix (every leading dim of `x`
 /// folded into M), or both batched with equal batch dims. `None` otherwise (broadcast batch
@@ -19,6 +19,7 @@ struct Product {
     batch: usize,
     /// Whether `w` has the batch dims too (else one matrix serves every row of `x`).
     batched_w: bool,
+    precision: GemmPrecision,
 }
 
 fn product(kind: &OpKind, xs: &[usize], ws: &[usize]) -> Option<Product> {
@@ -39,6 +40,7 @@ fn product(kind: &OpKind, xs: &[usize], ws: &[usize]) -> Option<Product> {
             n,
             batch: 1,
             batched_w: false,
+            precision: GemmPrecision::F32,
         });
     }
     (rx == rw && xs[..rx - 2] == ws[..rw - 2]).then(|| Product {
@@ -47,6 +49,7 @@ fn product(kind: &OpKind, xs: &[usize], ws: &[usize]) -> Option<Product> {
         n,
         batch: xs[..rx - 2].iter().product(),
         batched_w: true,
+        precision: GemmPrecision::F32,
     })
 }
 
@@ -59,6 +62,7 @@ impl Product {
             stride_a: m * k,
             stride_b: if self.batched_w { k * n } else { 0 },
             stride_c: m * n,
+            precision: self.precision,
             ..Gemm::plain(m, k, n)
         }
     }
@@ -72,6 +76,7 @@ impl Product {
             stride_a: m * n,
             stride_b: if self.batched_w { k * n } else { 0 },
             stride_c: m * k,
+            precision: self.precision,
             ..Gemm::plain(m, n, k)
         }
     }
@@ -86,19 +91,26 @@ impl Product {
             stride_a: m * k,
             stride_b: m * n,
             stride_c: k * n,
+            precision: self.precision,
             ..Gemm::plain(k, m, n)
         }
     }
 }
 
-/// Whether `kind`'s operands are a product's `x`, `w` and (for a biased linear) a `[n]` bias.
-fn operands<'a, D: Device>(kind: &OpKind, xs: &[&'a Buf<D>]) -> Option<(Weighted<'a, D>, Product)> {
+/// Whether `kind`'s operands are a product's `x`, `w` and (for a biased linear) a `[n]` bias;
+/// its GEMMs in `precision`.
+fn operands<'a, D: Device>(
+    precision: GemmPrecision,
+    kind: &OpKind,
+    xs: &[&'a Buf<D>],
+) -> Option<(Weighted<'a, D>, Product)> {
     let (x, w, bias) = match (kind, xs) {
         (OpKind::MatMul | OpKind::Linear { bias: false }, &[x, w]) => (x, w, None),
         (OpKind::Linear { bias: true }, &[x, w, bias]) => (x, w, Some(bias)),
         _ => return None,
     };
     let p = product(kind, &x.shape, &w.shape)?;
+    let p = Product { precision, ..p };
     if bias.is_some_and(|b| b.shape != [p.n]) {
         return None;
     }
@@ -120,7 +132,7 @@ pub(super) fn forward<D: Device>(
     kind: &OpKind,
     xs: &[&Buf<D>],
 ) -> Result<Option<Buf<D>>, RuntimeError> {
-    let Some(((x, w, bias), p)) = operands::<D>(kind, xs) else {
+    let Some(((x, w, bias), p)) = operands::<D>(b.gemm_precision, kind, xs) else {
         return Ok(None);
     };
     let mut y = b.alloc(&out_shape(&x.shape, p.n))?;
@@ -142,7 +154,7 @@ pub(super) fn backward<D: Device>(
     g: &Buf<D>,
     wanted: &[bool],
 ) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
-    let Some(((x, w, bias), p)) = operands::<D>(kind, xs) else {
+    let Some(((x, w, bias), p)) = operands::<D>(b.gemm_precision, kind, xs) else {
         return Ok(None);
     };
     if g.shape != out_shape(&x.shape, p.n) {
