@@ -295,7 +295,7 @@ mod tests {
         // 1 + 2⁻⁸ is halfway between 1 and 1 + 2⁻⁷: ties go to the even neighbour, 1.
         assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0);
         assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
-        assert_eq!(round_bf16(-3.14159), -3.140625);
+        assert_eq!(round_bf16(-2.71), -2.703125);
         assert!(round_bf16(f32::NAN).is_nan());
         assert_eq!(round_bf16(f32::INFINITY), f32::INFINITY);
     }
