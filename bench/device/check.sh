@@ -140,7 +140,8 @@ for mesh in dp tp; do
 done
 
 # --- bf16: the tiny GPT's plan in bf16 (GEMMs on bf16-rounded operands, f32 elsewhere) -----
-if "$PLAIT" compile "$work/tiny.json" --cluster cpu --gpus 1 --global-batch 8 --seq 64 \
+# (a GPU cluster: the cpu cluster file prices no bf16)
+if "$PLAIT" compile "$work/tiny.json" --cluster dgx-h200 --gpus 1 --global-batch 8 --seq 64 \
      --precision bf16 -o "$work/bf16.json" > "$work/compile.log" 2>&1 \
    && train "$work/bf16.json" "$DEVICE" "$work/bf16.jsonl"; then
   d=$(max_rel "$work/bf16.jsonl.losses" "$work/cpu.jsonl.losses")
@@ -149,7 +150,7 @@ if "$PLAIT" compile "$work/tiny.json" --cluster cpu --gpus 1 --global-batch 8 --
   row bf16-one-gpu "$s" "20 steps, bf16 GEMMs: max relative loss difference to the f32 CPU run $d (bar 2e-2), loss falling: $falls" \
     "{\"max_rel\": \"$d\"}"
 else
-  row bf16-one-gpu FAIL "did not run: $(tail -2 "$work/compile.log" "$work/bf16.jsonl.out" 2>/dev/null | tr '\n' ' ')"
+  row bf16-one-gpu FAIL "did not run: $(cat "$work/compile.log" "$work/bf16.jsonl.out" 2>/dev/null | tail -3 | tr '\n' ' ')"
 fi
 
 # --- GPT-2 124M: plait on CUDA beside PyTorch eager (SDPA, bf16, AdamW) ----------------------

@@ -167,3 +167,32 @@ extern "C" __global__ void fill(float* y, i64 n, double value) {
 extern "C" __global__ void iota(float* y, i64 n) {
     for (i64 i = global_thread(); i < n; i += grid_threads()) y[i] = (float)i;
 }
+
+// Inverted dropout with the mask of ir::interp::dropout_keep on each element's global index
+// (runtime/src/backend/dropout.rs, `DropoutMask`): kept iff the top 53 bits of splitmix64 at
+// seed + (index + 1)·φ, as a uniform in [0, 1), are ≥ p. `shard_s` > 0: the rows are
+// sequence-parallel shards, local token t being global token `shard_off + t`.
+__device__ unsigned long long splitmix_output(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+extern "C" __global__ void dropout(float* y, const float* x, i64 n, i64 per_row, i64 row, i64 seq, i64 shard_s,
+                                   i64 shard_off, i64 seed, double p) {
+    double scale = 1.0 / (1.0 - p);
+    i64 pr = per_row > 0 ? per_row : 1;
+    for (i64 i = global_thread(); i < n; i += grid_threads()) {
+        i64 bi = i / pr, rest = i % pr, g;
+        if (shard_s > 0) {
+            i64 inner = pr / shard_s > 0 ? pr / shard_s : 1;
+            g = ((row + bi) * seq + shard_off + rest / inner) * inner + rest % inner;
+        } else {
+            g = (row + bi) * pr + rest;
+        }
+        unsigned long long z =
+            splitmix_output((unsigned long long)seed + ((unsigned long long)g + 1ull) * 0x9E3779B97F4A7C15ull);
+        double u = (double)(z >> 11) * (1.0 / 9007199254740992.0);
+        y[i] = u >= p ? (float)((double)x[i] * scale) : 0.0f;
+    }
+}

@@ -7,6 +7,7 @@
 
 use ir::{AdamWConfig, Binding, Dim, OpKind, RopeScaling};
 use kernels::Tensor32;
+use runtime::backend::DropoutMask;
 use runtime::{Backend, DeviceBackend};
 use tests::emulator::{Emulator, emulator};
 
@@ -342,6 +343,35 @@ fn rotary_with_each_scaling_and_long_positions() {
         scaling: RopeScaling::None,
     };
     check(&b, rotary, &[tensor(&[1, 100_000, 8], 51)], 1e-5);
+}
+
+#[test]
+fn dropout_masks_equal_the_host_ones() {
+    let b = emulator(32);
+    let x = tensor(&[4, 6, 10], 60);
+    let xb = b.upload(&x).unwrap();
+    for (p, seed, shard) in [
+        (0.1, 7, None),
+        (0.5, u64::MAX - 3, None),
+        (0.3, 1 << 63, Some((6, 12))),
+        (0.0, 9, None),
+    ] {
+        let mask = DropoutMask {
+            p,
+            seed,
+            row: 8,
+            per_row: 60,
+            seq: 24,
+            shard,
+        };
+        let mut want = x.clone();
+        mask.apply(&mut want.data);
+        let got = b.download(&b.dropout(&xb, &mask).unwrap()).unwrap();
+        assert_eq!(got, want, "{mask:?}");
+        if p > 0.0 {
+            assert!(got.data.iter().any(|&v| v == 0.0), "something dropped");
+        }
+    }
 }
 
 #[test]

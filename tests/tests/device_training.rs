@@ -96,6 +96,23 @@ fn tiny_gpt_dp2_and_tp2_on_emulated_devices_equal_one_rank() {
 }
 
 #[test]
+fn tiny_gpt_with_dropout_on_emulated_devices_equals_the_cpu() {
+    // The masks are drawn on the device from global element indices: one rank, and tp 2 with
+    // sequence parallelism (sharded rows), equal one CPU rank.
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tiny-gpt2-dropout.json"
+    );
+    let (t, _) = check(model, &Config::new(1, 1, 1), "GPT with dropout, one rank");
+    assert_eq!(t.host_ops, 0);
+    let sp = Config {
+        sp: true,
+        ..Config::new(2, 1, 1)
+    };
+    check(model, &sp, "GPT with dropout, tp 2 + SP");
+}
+
+#[test]
 fn tiny_llama_on_one_emulated_device_equals_the_cpu() {
     let (t, _) = check(LLAMA, &Config::new(1, 1, 1), "Llama, one rank");
     assert_eq!(

@@ -23,6 +23,7 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_ops;
 pub mod device;
+mod dropout;
 #[cfg(feature = "cuda")]
 mod nccl;
 pub mod pool;
@@ -37,6 +38,7 @@ pub use cuda::{CudaBackend, CudaBuffer};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, CudaMem, compile_kernels_ptx};
 pub use device::{Device, DeviceBackend, DeviceBuffer, Gemm, GemmPrecision};
+pub use dropout::DropoutMask;
 #[cfg(feature = "cuda")]
 pub use nccl::NcclComm;
 pub use pool::MemoryStats;
@@ -86,6 +88,13 @@ pub trait Backend: std::fmt::Debug {
             Tensor32::new(vec![n], (0..n).map(|i| i as f32).collect())
                 .map_err(RuntimeError::kernel("iota"))?,
         )
+    }
+
+    /// `x` with inverted dropout `mask` applied; by default on the host.
+    fn dropout(&self, x: &Self::Buffer, mask: &DropoutMask) -> Result<Self::Buffer, RuntimeError> {
+        let mut t = self.download(x)?;
+        mask.apply(&mut t.data);
+        self.upload_owned(t)
     }
 
     /// A copy of `buffer`; by default through the host.

@@ -12,6 +12,8 @@
 
 use ir::interp::dropout_keep;
 
+pub use crate::backend::DropoutMask;
+
 /// Where a local dropout tensor sits in the global one.
 #[derive(Debug, Clone, Copy)]
 pub struct Place {
@@ -39,6 +41,38 @@ pub fn step_seed(seed: u64, step: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The mask of a local tensor of `shape` placed at `at`, where a [`DropoutMask`] describes it
+/// (every placement but context parallelism's, whose tokens sit at their chunks' positions:
+/// `None`, use [`apply`]).
+pub fn mask(
+    shape: &[usize],
+    len: usize,
+    p: f64,
+    seed: u64,
+    at: Place,
+) -> Result<Option<DropoutMask>, String> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(format!("dropout probability {p} is not in [0, 1)"));
+    }
+    if at.cp.is_some() {
+        return Ok(None);
+    }
+    let b = shape.first().copied().unwrap_or(1).max(1);
+    let per_row = len / b;
+    let shard = match (at.sp, shape.get(1)) {
+        (Some((tp, r)), Some(&s)) if tp > 1 && s * tp == at.seq => Some((s, r * s)),
+        _ => None,
+    };
+    Ok(Some(DropoutMask {
+        p,
+        seed: step_seed(seed, at.step),
+        row: at.row,
+        per_row,
+        seq: at.seq,
+        shard,
+    }))
+}
+
 /// Applies inverted dropout to `data` (shape `shape`) placed at `at`.
 pub fn apply(
     data: &mut [f32],
@@ -47,8 +81,9 @@ pub fn apply(
     seed: u64,
     at: Place,
 ) -> Result<(), String> {
-    if !(0.0..1.0).contains(&p) {
-        return Err(format!("dropout probability {p} is not in [0, 1)"));
+    if let Some(m) = mask(shape, data.len(), p, seed, at)? {
+        m.apply(data);
+        return Ok(());
     }
     if p == 0.0 {
         return Ok(());
@@ -60,14 +95,13 @@ pub fn apply(
     let cp_seq = at.seq / at.cp.map_or(1, |c| c.size.max(1));
     let sharded = match (at.sp, shape.get(1)) {
         (Some((tp, r)), Some(&s)) if tp > 1 && s * tp == cp_seq => Some((s, r * s)),
-        (_, Some(&s)) if at.cp.is_some() && s == cp_seq => Some((s, 0)),
-        _ if at.cp.is_some() => {
+        (_, Some(&s)) if s == cp_seq => Some((s, 0)),
+        _ => {
             return Err(format!(
                 "dropout on {shape:?} under context parallelism: only [b, s, ..] activations \
                  (s = {cp_seq}, this rank's share of the sequence) have a place"
             ));
         }
-        _ => None,
     };
     let positions = at.cp.map(|c| c.positions(cp_seq));
     for (i, x) in data.iter_mut().enumerate() {

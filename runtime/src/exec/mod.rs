@@ -719,7 +719,18 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         outputs: &[BufferId],
     ) -> Result<(), RuntimeError> {
         if let OpKind::Dropout { p, seed } = kind {
-            let x = self.host(inputs.first().copied().unwrap_or(BufferId(u32::MAX)))?;
+            let input = inputs.first().copied().unwrap_or(BufferId(u32::MAX));
+            let out = outputs.first().copied().unwrap_or(BufferId(u32::MAX));
+            let x = self.get(input)?;
+            let shape = self.backend.shape(x).to_vec();
+            let len = shape.iter().product();
+            if let Some(m) =
+                dropout::mask(&shape, len, *p, *seed, self.place()?).map_err(|d| self.prog(d))?
+            {
+                let y = self.backend.dropout(x, &m)?;
+                return self.put_buffer(out, y);
+            }
+            let x = self.host(input)?;
             let mut data = x.data;
             dropout::apply(&mut data, &x.shape, *p, *seed, self.place()?)
                 .map_err(|d| self.prog(d))?;

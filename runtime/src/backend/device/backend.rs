@@ -9,7 +9,7 @@ use kernels::Tensor32;
 
 use super::{Device, Gemm, GemmPrecision, ops};
 use crate::RuntimeError;
-use crate::backend::{Backend, MemoryStats, TransferStats, sgemm_dims};
+use crate::backend::{Backend, DropoutMask, MemoryStats, TransferStats, sgemm_dims};
 
 /// plait's ops on a [`Device`]: kernels where `ops` has a lowering, the host otherwise.
 #[derive(Debug)]
@@ -256,6 +256,10 @@ impl<D: Device> Backend for DeviceBackend<D> {
             ops::iota(self, &mut y)?;
         }
         Ok(y)
+    }
+
+    fn dropout(&self, x: &Self::Buffer, mask: &DropoutMask) -> Result<Self::Buffer, RuntimeError> {
+        ops::dropout(self, x, mask)
     }
 
     fn duplicate(&self, buffer: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {

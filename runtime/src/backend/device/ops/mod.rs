@@ -19,6 +19,36 @@ use crate::RuntimeError;
 
 pub(super) use optim::adamw;
 
+/// `x` with inverted dropout `mask` applied (`dropout` in `pointwise.cu`).
+pub(super) fn dropout<D: Device>(
+    b: &DeviceBackend<D>,
+    x: &Buf<D>,
+    mask: &crate::backend::DropoutMask,
+) -> Result<Buf<D>, RuntimeError> {
+    let mut y = b.alloc(&x.shape)?;
+    let block = b.device.block_size();
+    let (shard_s, shard_off) = mask.shard.unwrap_or((0, 0));
+    b.device.launch(
+        "dropout",
+        pointwise_grid(block, x.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&x.mem),
+            size(x.len),
+            size(mask.per_row),
+            size(mask.row),
+            size(mask.seq),
+            size(shard_s),
+            size(shard_off),
+            // The seed's bits, reinterpreted by the kernel as unsigned.
+            KernelArg::I64(mask.seed as i64),
+            KernelArg::F64(mask.p),
+        ],
+    )?;
+    Ok(y)
+}
+
 /// Sets element i of `y` to i.
 pub(super) fn iota<D: Device>(b: &DeviceBackend<D>, y: &mut Buf<D>) -> Result<(), RuntimeError> {
     let block = b.device.block_size();
