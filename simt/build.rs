@@ -18,6 +18,8 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|x| x == "cu"))
         .collect();
     files.sort();
+    // The emulator's own test kernels.
+    files.push(manifest.join("cpp/selftest.cu"));
     let mut includes = String::new();
     let mut registry = String::new();
     for file in &files {

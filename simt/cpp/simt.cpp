@@ -80,7 +80,8 @@ void fiber_main() {
     active->fibers[active->current].done = true;
 }
 
-// Runs one block: every fiber up to its next barrier, round and round, until all return.
+// Runs one block: every fiber up to its next barrier, round and round (in a shuffled order),
+// until all return.
 // A barrier that some threads skip (they returned while others wait) is an error on a GPU
 // (undefined behaviour): reported, not hidden.
 bool run_block(Block& b, unsigned threads) {
@@ -93,9 +94,20 @@ bool run_block(Block& b, unsigned threads) {
         f.context.uc_link = &b.scheduler;
         makecontext(&f.context, fiber_main, 0);
     }
+    // Each phase (barrier to barrier) runs the threads in a different order, so a kernel that
+    // reads what another thread writes in the same phase (a race on a GPU) gives a different
+    // result than its tests expect instead of passing by the luck of a fixed order.
+    std::vector<unsigned> order(threads);
+    unsigned long long lcg = 0x9E3779B97F4A7C15ull ^ (unsigned long long)block_idx.x;
     for (;;) {
+        for (unsigned t = 0; t < threads; ++t) order[t] = t;
+        for (unsigned t = threads; t > 1; --t) {
+            lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+            std::swap(order[t - 1], order[(lcg >> 33) % t]);
+        }
         unsigned finished = 0;
-        for (unsigned t = 0; t < threads; ++t) {
+        for (unsigned i = 0; i < threads; ++i) {
+            unsigned t = order[i];
             if (b.fibers[t].done) {
                 ++finished;
                 continue;

@@ -206,6 +206,34 @@ mod tests {
     }
 
     #[test]
+    fn a_race_between_threads_of_a_block_shows() {
+        // In thread order every read would see its neighbour's write; shuffled phases make
+        // some reads see the value from before (what a GPU may do).
+        let (blocks, threads) = (4u32, 64u32);
+        let mut out = vec![0.0f32; (blocks * threads) as usize];
+        launch(
+            "simt_selftest_race",
+            blocks,
+            threads,
+            &mut [KernelArg::Out(&mut out)],
+        )
+        .expect("launch");
+        let synchronized = |i: usize| {
+            let (b, t) = (i / threads as usize, i % threads as usize);
+            let prev = (t + threads as usize - 1) % threads as usize;
+            (b * 1000 + prev + 1) as f32
+        };
+        let stale = (0..out.len())
+            .filter(|&i| out[i] != synchronized(i))
+            .count();
+        assert!(
+            stale > 0 && stale < out.len(),
+            "{stale} of {} reads stale",
+            out.len()
+        );
+    }
+
+    #[test]
     fn block_reductions_meet_at_barriers() {
         // mean_all: one block, a tree reduction over shared memory with a barrier per level.
         let x: Vec<f32> = (1..=100).map(|i| i as f32).collect();
