@@ -18,6 +18,7 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/layout.cu"),
     include_str!("../cuda/attention.cu"),
     include_str!("../cuda/rotary.cu"),
+    include_str!("../cuda/reduce.cu"),
 );
 
 /// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
@@ -44,6 +45,7 @@ pub const CUDA_FILES: &[&str] = &[
     "layout.cu",
     "attention.cu",
     "rotary.cu",
+    "reduce.cu",
 ];
 
 /// The `op` and `p` arguments of `unary_forward`/`unary_backward` for a pointwise function of

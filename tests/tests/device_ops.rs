@@ -213,6 +213,13 @@ fn softmax_with_and_without_the_causal_mask() {
 }
 
 #[test]
+fn reductions_over_the_last_axis() {
+    let b = emulator(16);
+    check(&b, OpKind::ReduceSum, &[tensor(&[3, 5, 40], 36)], 1e-6);
+    check(&b, OpKind::ReduceMean, &[tensor(&[7, 3], 37)], 1e-6);
+}
+
+#[test]
 fn cross_entropy_and_embedding() {
     let b = emulator(64);
     let logits = tensor(&[3, 5, 50], 11);
@@ -369,7 +376,7 @@ fn dropout_masks_equal_the_host_ones() {
         let got = b.download(&b.dropout(&xb, &mask).unwrap()).unwrap();
         assert_eq!(got, want, "{mask:?}");
         if p > 0.0 {
-            assert!(got.data.iter().any(|&v| v == 0.0), "something dropped");
+            assert!(got.data.contains(&0.0), "something dropped");
         }
     }
 }
@@ -460,7 +467,13 @@ fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
     let b = emulator(32);
     let x = b.upload(&tensor(&[1, 3, 8], 29)).unwrap();
     let before = b.transfer_stats().unwrap();
-    let y = b.forward(&OpKind::ReduceSum, &[&x], BINDING).unwrap();
+    let router = OpKind::TopKRouter {
+        experts: 4,
+        k: 2,
+        routing: Default::default(),
+    };
+    let w = b.upload(&tensor(&[8, 4], 35)).unwrap();
+    let y = b.forward(&router, &[&x, &w], BINDING).unwrap();
     assert_eq!(y.len(), 1);
     assert_eq!(b.transfer_stats().unwrap().since(before).host_ops, 1);
     // Malformed operands are reported by the CPU kernels, never launched.

@@ -7,8 +7,9 @@
 //!
 //! Buffers come from a caching pool ([`super::pool`]) whose high-water mark `plait run` prints.
 //!
-//! TODO(runtime, issue 15): bf16 buffers, the attention/rotary/layout kernels, and a
-//! communication stream.
+//! TODO(runtime, issue 15): bf16 buffers (activations are stored in f32; only the GEMMs run in
+//! bf16), tensor-core attention, NCCL collectives in the executor and a communication stream;
+//! none of this backend has run on a GPU yet.
 
 use std::collections::HashMap;
 use std::sync::Arc;

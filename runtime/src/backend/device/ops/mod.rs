@@ -99,6 +99,11 @@ pub(super) fn forward<D: Device>(
         }
         OpKind::Softmax { causal } => one(rows::softmax_forward(b, *causal, inputs)?),
         OpKind::CrossEntropy => one(rows::cross_entropy_forward(b, inputs)?),
+        OpKind::ReduceSum | OpKind::ReduceMean => one(rows::reduce_forward(
+            b,
+            matches!(kind, OpKind::ReduceMean),
+            inputs,
+        )?),
         OpKind::Attention { .. } => one(attention::forward(b, kind, inputs)?),
         OpKind::Rotary { .. } => match inputs {
             &[x] => one(rotary::rotate(b, kind, x, 1.0)?),
@@ -220,6 +225,12 @@ fn backward_of<D: Device>(
             all(rows::norm_backward(b, kind, *eps, xs, g)?)
         }
         OpKind::Softmax { causal } => all(rows::softmax_backward(b, *causal, xs, g)?),
+        OpKind::ReduceSum | OpKind::ReduceMean => all(rows::reduce_backward(
+            b,
+            matches!(kind, OpKind::ReduceMean),
+            xs,
+            g,
+        )?),
         OpKind::Attention { .. } => all(attention::backward(b, kind, xs, g)?),
         OpKind::Rotary { .. } => match xs {
             &[x] if g.shape == x.shape => all(rotary::rotate(b, kind, g, -1.0)?.map(|d| vec![d])),

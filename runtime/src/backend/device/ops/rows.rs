@@ -283,3 +283,64 @@ pub(super) fn cross_entropy_backward<D: Device>(
     )?;
     Ok(Some(dl))
 }
+
+/// `ReduceSum` (`mean` false) or `ReduceMean` of `x` over its last axis, kept with size 1.
+pub(super) fn reduce_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    mean: bool,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[x] = xs else { return Ok(None) };
+    let Some((rows, n)) = rows_of(&x.shape) else {
+        return Ok(None);
+    };
+    let mut shape = x.shape.clone();
+    if let Some(last) = shape.last_mut() {
+        *last = 1;
+    }
+    let mut y = b.alloc(&shape)?;
+    b.device.launch(
+        "row_reduce",
+        row_grid(rows),
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&x.mem),
+            size(rows),
+            size(n),
+            KernelArg::F64(if mean { n as f64 } else { 1.0 }),
+        ],
+    )?;
+    Ok(Some(y))
+}
+
+/// The reduction's gradient: each row's output gradient (÷ n for the mean) over the row.
+pub(super) fn reduce_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    mean: bool,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let &[x] = xs else { return Ok(None) };
+    let Some((rows, n)) = rows_of(&x.shape) else {
+        return Ok(None);
+    };
+    if g.len != rows {
+        return Ok(None);
+    }
+    let mut dx = b.alloc(&x.shape)?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "row_spread",
+        pointwise_grid(block, x.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut dx.mem),
+            KernelArg::In(&g.mem),
+            size(rows),
+            size(n),
+            KernelArg::F64(if mean { n as f64 } else { 1.0 }),
+        ],
+    )?;
+    Ok(Some(vec![dx]))
+}
