@@ -1,5 +1,6 @@
-//! Scaled dot-product attention as one fused kernel each way (`attention.cu`): no `[sq, sk]`
-//! buffer; the backward recomputes the probabilities.
+//! Scaled dot-product attention (`attention.cu`): one fused forward kernel, and a backward in
+//! three (row statistics, dq per query, dk and dv per key); no `[sq, sk]` buffer, the backward
+//! recomputes the probabilities.
 
 use ir::OpKind;
 use kernels::device::{AttentionShape, MAX_HEAD_DIM};
@@ -92,7 +93,7 @@ pub(super) fn forward<D: Device>(
     Ok(Some(o))
 }
 
-/// `[dq, dk, dv]`.
+/// `[dq, dk, dv]`: the row statistics, then dq per query and dk, dv per key (no atomics).
 pub(super) fn backward<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -106,15 +107,15 @@ pub(super) fn backward<D: Device>(
     if g.shape != out_shape(&a) {
         return Ok(None);
     }
-    let (mut dq, mut dk, mut dv) = (b.alloc(&q.shape)?, b.alloc(&k.shape)?, b.alloc(&v.shape)?);
+    let block = b.device.block_size();
+    let (mut lse, mut dsum) = (b.alloc(&[rows(&a)])?, b.alloc(&[rows(&a)])?);
     b.device.launch(
-        "attention_backward",
+        "attention_row_stats",
         row_grid(rows(&a)),
-        b.device.block_size(),
+        block,
         &mut [
-            KernelArg::Out(&mut dq.mem),
-            KernelArg::Out(&mut dk.mem),
-            KernelArg::Out(&mut dv.mem),
+            KernelArg::Out(&mut lse.mem),
+            KernelArg::Out(&mut dsum.mem),
             KernelArg::In(&q.mem),
             KernelArg::In(&k.mem),
             KernelArg::In(&v.mem),
@@ -122,5 +123,40 @@ pub(super) fn backward<D: Device>(
             KernelArg::Attention(a),
         ],
     )?;
+    let mut dq = b.alloc(&q.shape)?;
+    b.device.launch(
+        "attention_backward_dq",
+        row_grid(rows(&a)),
+        block,
+        &mut [
+            KernelArg::Out(&mut dq.mem),
+            KernelArg::In(&q.mem),
+            KernelArg::In(&k.mem),
+            KernelArg::In(&v.mem),
+            KernelArg::In(&g.mem),
+            KernelArg::In(&lse.mem),
+            KernelArg::In(&dsum.mem),
+            KernelArg::Attention(a),
+        ],
+    )?;
+    let (mut dk, mut dv) = (b.alloc(&k.shape)?, b.alloc(&v.shape)?);
+    b.device.launch(
+        "attention_backward_dkv",
+        row_grid((a.batch * a.kv * a.sk) as usize),
+        block,
+        &mut [
+            KernelArg::Out(&mut dk.mem),
+            KernelArg::Out(&mut dv.mem),
+            KernelArg::In(&q.mem),
+            KernelArg::In(&k.mem),
+            KernelArg::In(&v.mem),
+            KernelArg::In(&g.mem),
+            KernelArg::In(&lse.mem),
+            KernelArg::In(&dsum.mem),
+            KernelArg::Attention(a),
+        ],
+    )?;
+    b.device.release(lse.mem);
+    b.device.release(dsum.mem);
     Ok(Some(vec![dq, dk, dv]))
 }
