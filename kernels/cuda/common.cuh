@@ -52,6 +52,13 @@ __device__ float block_max(float v) {
     return m;
 }
 
+// The logistic function without overflow (kernels/src/elementwise.rs's `sigmoid`).
+__device__ double sigmoid64(double x) {
+    if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
 // The flat index of this thread in a 1-D grid, and the grid's thread count (for grid-stride
 // loops over `n` elements).
 __device__ i64 global_thread() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }

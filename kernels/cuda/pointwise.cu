@@ -22,12 +22,6 @@
 #define INV_SQRT_2 0.7071067811865476
 #define INV_SQRT_2PI 0.3989422804014327
 
-__device__ double sigmoid64(double x) {
-    if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
-    double e = exp(x);
-    return e / (1.0 + e);
-}
-
 __device__ double unary_apply(int op, double p, double x) {
     switch (op) {
         case U_NEG: return -x;

@@ -19,6 +19,7 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/attention.cu"),
     include_str!("../cuda/rotary.cu"),
     include_str!("../cuda/reduce.cu"),
+    include_str!("../cuda/moe.cu"),
 );
 
 /// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
@@ -46,6 +47,7 @@ pub const CUDA_FILES: &[&str] = &[
     "attention.cu",
     "rotary.cu",
     "reduce.cu",
+    "moe.cu",
 ];
 
 /// The `op` and `p` arguments of `unary_forward`/`unary_backward` for a pointwise function of

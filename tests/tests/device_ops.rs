@@ -5,6 +5,7 @@
 //! cuBLAS runs on a GPU, are a plain f64 loop here.
 #![allow(clippy::unwrap_used)]
 
+use ir::routing::Routing;
 use ir::{AdamWConfig, Binding, Dim, OpKind, RopeScaling};
 use kernels::Tensor32;
 use runtime::backend::DropoutMask;
@@ -462,17 +463,68 @@ fn adamw_on_the_device_equals_the_cpu_update() {
     assert_close(&b.download(&vb).unwrap(), &v, 1e-6, "v");
 }
 
+/// Mixtral's router (softmax, top 2 renormalized), Qwen-MoE's (unnormalized shares) and
+/// DeepSeek-V3's (sigmoid, the best 2 of 4 groups), then SwiGLU experts on real gates (zero
+/// for the experts not chosen).
+#[test]
+fn mixture_of_experts_routers_and_experts() {
+    let b = emulator(32);
+    let (experts, hidden, width) = (8u64, 16, 12);
+    let e = experts as usize;
+    let x = tensor(&[2, 5, hidden], 71);
+    let w = tensor(&[hidden, e], 72);
+    let routings = [
+        Routing::default(),
+        Routing {
+            normalize: false,
+            ..Routing::default()
+        },
+        Routing {
+            sigmoid: true,
+            normalize: true,
+            groups: 4,
+            groups_kept: 2,
+        },
+    ];
+    for (k, routing) in [2, 2, 3].into_iter().zip(routings) {
+        let router = OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        };
+        check(&b, router, &[x.clone(), w.clone()], 1e-5);
+    }
+    let router = OpKind::TopKRouter {
+        experts,
+        k: 2,
+        routing: Routing::default(),
+    };
+    let gates = kernels::forward(&router, &[&x, &w], BINDING)
+        .unwrap()
+        .remove(0);
+    assert!(gates.data.contains(&0.0), "some experts are not chosen");
+    let operands = [
+        x,
+        gates,
+        tensor(&[e, hidden, width], 73),
+        tensor(&[e, hidden, width], 74),
+        tensor(&[e, width, hidden], 75),
+    ];
+    check(&b, OpKind::MoeExperts { experts }, &operands, 1e-5);
+}
+
 #[test]
 fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
     let b = emulator(32);
     let x = b.upload(&tensor(&[1, 3, 8], 29)).unwrap();
     let before = b.transfer_stats().unwrap();
+    // A top-k beyond what the routing kernel holds per token (64).
     let router = OpKind::TopKRouter {
-        experts: 4,
-        k: 2,
+        experts: 80,
+        k: 70,
         routing: Default::default(),
     };
-    let w = b.upload(&tensor(&[8, 4], 35)).unwrap();
+    let w = b.upload(&tensor(&[8, 80], 35)).unwrap();
     let y = b.forward(&router, &[&x, &w], BINDING).unwrap();
     assert_eq!(y.len(), 1);
     assert_eq!(b.transfer_stats().unwrap().since(before).host_ops, 1);

@@ -122,6 +122,18 @@ fn tiny_llama_on_one_emulated_device_equals_the_cpu() {
 }
 
 #[test]
+fn tiny_mixture_of_experts_models_on_one_emulated_device_equal_the_cpu() {
+    // Mixtral's softmax top-2 router and DeepSeek-V3's group-limited sigmoid one (with its
+    // latent attention), each with SwiGLU experts (Qwen-MoE's unnormalized routing is
+    // device_ops' test).
+    for name in ["mixtral", "deepseek_v3"] {
+        let model = format!("{}/tests/data/tiny-{name}.json", env!("CARGO_MANIFEST_DIR"));
+        let (t, _) = check(&model, &Config::new(1, 1, 1), name);
+        assert_eq!(t.host_ops, 0, "{name}: routers and experts on the device");
+    }
+}
+
+#[test]
 fn tiny_gpt_with_bf16_gemms_trains_within_2e2_of_f32() {
     // Acceptance 2's bf16 row, emulated: the GEMMs' operands rounded to bf16 as cuBLAS's
     // FAST_16BF compute type rounds them; everything else f32.

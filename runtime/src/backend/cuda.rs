@@ -16,11 +16,14 @@ use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
+use cudarc::nvrtc::Ptx;
 use kernels::device::{AttentionShape, Broadcast, KernelArg, Strided};
 
 use super::device::{Device, DeviceBackend, DeviceBuffer, Gemm};
+use super::nvrtc;
 use super::pool::{Lease, MemoryStats, Pool, Slab};
 use crate::RuntimeError;
 
@@ -123,14 +126,6 @@ fn cublas_present() -> bool {
     }
 }
 
-fn nvrtc_present() -> bool {
-    // SAFETY: only tries to dlopen the NVRTC library by its candidate names.
-    #[allow(unsafe_code)]
-    unsafe {
-        cudarc::nvrtc::sys::is_culib_present()
-    }
-}
-
 fn no_device(reason: impl Into<String>) -> RuntimeError {
     RuntimeError::NoCudaDevice {
         reason: reason.into(),
@@ -190,27 +185,6 @@ impl CudaDevice {
     }
 }
 
-/// `kernels/cuda` compiled by NVRTC to PTX for compute capability `major.minor` (no device
-/// needed: the CUDA build's tests compile it wherever the NVRTC library is found).
-pub fn compile_kernels_ptx(major: i32, minor: i32) -> Result<cudarc::nvrtc::Ptx, RuntimeError> {
-    if !nvrtc_present() {
-        return Err(no_device(
-            "the NVRTC library (libnvrtc.so), which compiles plait's kernels, was not found; add its folder to LD_LIBRARY_PATH",
-        ));
-    }
-    let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-        name: Some("plait_kernels.cu".into()),
-        ..Default::default()
-    };
-    cudarc::nvrtc::compile_ptx_with_opts(kernels::device::CUDA_SOURCE, opts).map_err(|e| {
-        RuntimeError::DeviceLaunch {
-            kernel: "nvrtc",
-            message: format!("compiling kernels/cuda for sm_{major}{minor}: {e}"),
-        }
-    })
-}
-
 /// The kernels compiled for the device's compute capability, every one loaded.
 fn compile_kernels(
     ctx: &Arc<CudaContext>,
@@ -218,8 +192,7 @@ fn compile_kernels(
     let (major, minor) = ctx
         .compute_capability()
         .map_err(cuda_err("compute capability"))?;
-    let ptx = compile_kernels_ptx(major, minor)?;
-    let module = ctx.load_module(ptx).map_err(cuda_err("load module"))?;
+    let module = load_kernels(ctx, major, minor)?;
     kernels::device::kernel_names()
         .into_iter()
         .map(|name| {
@@ -229,6 +202,31 @@ fn compile_kernels(
             Ok((name, f))
         })
         .collect()
+}
+
+/// The kernels' module: NVRTC's cubin for `sm_XY` (see [`super::nvrtc`]), else its PTX for
+/// `compute_XY` when NVRTC cannot target the device itself; both errors when neither loads.
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    major: i32,
+    minor: i32,
+) -> Result<Arc<CudaModule>, RuntimeError> {
+    let cubin = nvrtc::compile_kernels(major, minor, nvrtc::Output::Cubin).and_then(|bytes| {
+        ctx.load_module(Ptx::from_binary(bytes))
+            .map_err(cuda_err("load cubin"))
+    });
+    let cubin_error = match cubin {
+        Ok(module) => return Ok(module),
+        Err(e @ RuntimeError::NoCudaDevice { .. }) => return Err(e),
+        Err(e) => e,
+    };
+    let text = nvrtc::compile_kernels(major, minor, nvrtc::Output::Ptx)?;
+    let text = String::from_utf8_lossy(&text).into_owned();
+    ctx.load_module(Ptx::from_src(text))
+        .map_err(|e| RuntimeError::Cuda {
+            op: "load kernels",
+            message: format!("as a cubin: {cubin_error}; as PTX: {e}"),
+        })
 }
 
 /// A kernel argument's value, kept alive while the launch reads it.

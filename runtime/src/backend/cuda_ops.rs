@@ -56,6 +56,12 @@ pub(super) fn gemm(
     let (alpha, beta) = (1.0f32, 0.0f32);
     let f32_type = cudaDataType::CUDA_R_32F;
     let stream = &dev.stream;
+    // cuBLAS runs on the calling thread's current context: ranks that are threads sharing
+    // one process each bind their own device's before calling it raw.
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(super::cuda::cuda_err("bind context"))?;
     let (a_ptr, _a_sync) = a.data.device_ptr(stream);
     let (b_ptr, _b_sync) = b.data.device_ptr(stream);
     let (c_ptr, _c_sync) = c.data.device_ptr_mut(stream);

@@ -26,6 +26,8 @@ pub mod device;
 mod dropout;
 #[cfg(feature = "cuda")]
 mod nccl;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 pub mod pool;
 
 use ir::{AdamWConfig, Binding, OpKind};
@@ -36,7 +38,7 @@ use crate::RuntimeError;
 pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, CudaBuffer};
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaDevice, CudaMem, compile_kernels_ptx};
+pub use cuda::{CudaDevice, CudaMem};
 pub use device::{Device, DeviceBackend, DeviceBuffer, Gemm, GemmPrecision};
 pub use dropout::DropoutMask;
 #[cfg(feature = "cuda")]

@@ -6,6 +6,7 @@
 mod attention;
 mod layout;
 mod matmul;
+mod moe;
 mod optim;
 mod pointwise;
 mod rotary;
@@ -27,7 +28,9 @@ pub(super) fn dropout<D: Device>(
 ) -> Result<Buf<D>, RuntimeError> {
     let mut y = b.alloc(&x.shape)?;
     let block = b.device.block_size();
-    let (shard_s, shard_off) = mask.shard.unwrap_or((0, 0));
+    // The kernel reads `shard_s` 0 as "not sharded"; a sharded mask's local length is at least
+    // 1, as `DropoutMask::global_index` takes it.
+    let (shard_s, shard_off) = mask.shard.map_or((0, 0), |(s, off)| (s.max(1), off));
     b.device.launch(
         "dropout",
         pointwise_grid(block, x.len),
@@ -133,6 +136,12 @@ pub(super) fn forward<D: Device>(
             }
             _ => None,
         },
+        OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        } => one(moe::router_forward(b, (*experts, *k, routing), inputs)?),
+        OpKind::MoeExperts { experts } => one(moe::experts_forward(b, *experts, inputs)?),
         OpKind::Grad { of, wrt } => grad(b, of, wrt, inputs)?,
         _ => one(pointwise::forward(b, kind, inputs)?),
     })
@@ -232,6 +241,12 @@ fn backward_of<D: Device>(
             g,
         )?),
         OpKind::Attention { .. } => all(attention::backward(b, kind, xs, g)?),
+        OpKind::TopKRouter {
+            experts,
+            k,
+            routing,
+        } => moe::router_backward(b, (*experts, *k, routing), xs, g, wanted)?,
+        OpKind::MoeExperts { experts } => all(moe::experts_backward(b, *experts, xs, g)?),
         OpKind::Rotary { .. } => match xs {
             &[x] if g.shape == x.shape => all(rotary::rotate(b, kind, g, -1.0)?.map(|d| vec![d])),
             _ => None,

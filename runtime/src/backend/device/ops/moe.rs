@@ -1,0 +1,386 @@
+//! Mixture of experts on the device (`moe.cu`): `TopKRouter` as the router's GEMM and a
+//! routing kernel per token; `MoeExperts` as strided-batched GEMMs over all experts at once
+//! (every expert on every token, `x` shared by the batch with stride 0) around SwiGLU and the
+//! gated combination. The CPU kernel runs each expert on its routed tokens only; a gate of 0
+//! contributes exactly 0 here, so the results agree, at experts/k times the GEMM work (the
+//! routed, grouped form is issue 15's next step for MoE).
+
+use ir::OpKind;
+use ir::routing::Routing;
+
+use super::{Buf, matmul, pointwise_grid, size};
+use crate::RuntimeError;
+use crate::backend::device::{Device, DeviceBackend, Gemm, KernelArg};
+
+/// The largest top-k and kept-group count the routing kernels hold per token (`moe.cu`).
+const MAX_TOPK: u64 = 64;
+const MAX_GROUPS: u64 = 64;
+
+const ROUTER_LINEAR: OpKind = OpKind::Linear { bias: false };
+
+/// The router's sizes when the device handles them: tokens and experts.
+fn router_dims<D: Device>(
+    xs: &[&Buf<D>],
+    experts: u64,
+    k: u64,
+    routing: &Routing,
+) -> Option<(usize, usize)> {
+    let (&[x, w], Ok(e)) = (xs, usize::try_from(experts)) else {
+        return None;
+    };
+    let fits =
+        routing.check(experts, k).is_ok() && k <= MAX_TOPK && routing.groups_kept <= MAX_GROUPS;
+    let h = *x.shape.last()?;
+    (fits && w.shape == [h, e]).then(|| (x.len / h.max(1), e))
+}
+
+/// The routing kernels' arguments after their buffers.
+fn routing_args<'a, M>(
+    tokens: usize,
+    experts: usize,
+    k: u64,
+    r: &Routing,
+) -> [KernelArg<'a, M>; 7] {
+    let as_i64 = |v: u64| KernelArg::I64(i64::try_from(v).unwrap_or(i64::MAX));
+    [
+        size(tokens),
+        size(experts),
+        as_i64(k),
+        as_i64(r.groups),
+        as_i64(r.groups_kept),
+        KernelArg::I32(i32::from(r.sigmoid)),
+        KernelArg::I32(i32::from(r.normalize)),
+    ]
+}
+
+/// Gates `[.., E]`: the chosen experts' weights from the logits `x · w`.
+pub(super) fn router_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    (experts, k, routing): (u64, u64, &Routing),
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some((tokens, e)) = router_dims::<D>(xs, experts, k, routing) else {
+        return Ok(None);
+    };
+    let Some(logits) = matmul::forward(b, &ROUTER_LINEAR, xs)? else {
+        return Ok(None);
+    };
+    let mut gates = b.alloc(&logits.shape)?;
+    let block = b.device.block_size();
+    let mut args = vec![KernelArg::Out(&mut gates.mem), KernelArg::In(&logits.mem)];
+    args.extend(routing_args(tokens, e, k, routing));
+    b.device.launch(
+        "topk_route",
+        pointwise_grid(block, tokens),
+        block,
+        &mut args,
+    )?;
+    b.device.release(logits.mem);
+    Ok(Some(gates))
+}
+
+/// `[dx, dw]` through the chosen scores, then the router's linear map.
+pub(super) fn router_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    (experts, k, routing): (u64, u64, &Routing),
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+    wanted: &[bool],
+) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
+    let Some((tokens, e)) = router_dims::<D>(xs, experts, k, routing) else {
+        return Ok(None);
+    };
+    let Some(logits) = matmul::forward(b, &ROUTER_LINEAR, xs)? else {
+        return Ok(None);
+    };
+    if g.shape != logits.shape {
+        b.device.release(logits.mem);
+        return Ok(None);
+    }
+    let mut dlogits = b.alloc(&logits.shape)?;
+    let block = b.device.block_size();
+    let mut args = vec![
+        KernelArg::Out(&mut dlogits.mem),
+        KernelArg::In(&logits.mem),
+        KernelArg::In(&g.mem),
+    ];
+    args.extend(routing_args(tokens, e, k, routing));
+    b.device.launch(
+        "topk_route_backward",
+        pointwise_grid(block, tokens),
+        block,
+        &mut args,
+    )?;
+    b.device.release(logits.mem);
+    let grads = matmul::backward(b, &ROUTER_LINEAR, xs, &dlogits, wanted);
+    b.device.release(dlogits.mem);
+    grads
+}
+
+/// `MoeExperts`' sizes: tokens, experts, hidden width, expert width.
+#[derive(Clone, Copy)]
+struct Dims {
+    t: usize,
+    e: usize,
+    h: usize,
+    f: usize,
+}
+
+fn experts_dims<'a, D: Device>(experts: u64, xs: &[&'a Buf<D>]) -> Option<(Dims, Operands<'a, D>)> {
+    let &[x, gates, w1, w3, w2] = xs else {
+        return None;
+    };
+    let e = usize::try_from(experts).ok()?;
+    let h = *x.shape.last()?;
+    let t = x.len / h.max(1);
+    let f = *w1.shape.get(2)?;
+    let mut gate_shape = x.shape.clone();
+    *gate_shape.last_mut()? = e;
+    let ok = gates.shape == gate_shape
+        && w1.shape == [e, h, f]
+        && w3.shape == [e, h, f]
+        && w2.shape == [e, f, h]
+        && t * h * f * e > 0;
+    ok.then_some((
+        Dims { t, e, h, f },
+        Operands {
+            x,
+            gates,
+            w1,
+            w3,
+            w2,
+        },
+    ))
+}
+
+/// Every expert's `c[e] = op(a[e]) · op(b[e])`: `[t, k] · [k, n]` products batched over
+/// the experts with the given strides (0: one matrix shared by all).
+fn batched(
+    b: &DeviceBackend<impl Device>,
+    (m, k, n): (usize, usize, usize),
+    (trans_a, trans_b): (bool, bool),
+    (stride_a, stride_b): (usize, usize),
+    experts: usize,
+) -> Gemm {
+    Gemm {
+        batch: experts,
+        trans_a,
+        trans_b,
+        stride_a,
+        stride_b,
+        stride_c: m * n,
+        precision: b.gemm_precision,
+        ..Gemm::plain(m, k, n)
+    }
+}
+
+/// The experts' activations on every token: `a = x w1ₑ`, `b = x w3ₑ`, `hidden = silu(a) ⊙ b`
+/// and `out = hidden w2ₑ`, each `[E, t, ·]`.
+struct Pass<D: Device> {
+    a: Buf<D>,
+    b: Buf<D>,
+    hidden: Buf<D>,
+    out: Buf<D>,
+}
+
+/// `MoeExperts`' operands, in order.
+struct Operands<'a, D: Device> {
+    x: &'a Buf<D>,
+    gates: &'a Buf<D>,
+    w1: &'a Buf<D>,
+    w3: &'a Buf<D>,
+    w2: &'a Buf<D>,
+}
+
+fn expert_pass<D: Device>(
+    be: &DeviceBackend<D>,
+    d: Dims,
+    o: &Operands<'_, D>,
+) -> Result<Pass<D>, RuntimeError> {
+    let (x, w1, w3, w2) = (o.x, o.w1, o.w3, o.w2);
+    let (t, e, h, f) = (d.t, d.e, d.h, d.f);
+    let up = batched(be, (t, h, f), (false, false), (0, h * f), e);
+    let mut a = be.alloc(&[e, t, f])?;
+    be.device.gemm(&up, &x.mem, &w1.mem, &mut a.mem)?;
+    let mut bm = be.alloc(&[e, t, f])?;
+    be.device.gemm(&up, &x.mem, &w3.mem, &mut bm.mem)?;
+    let mut hidden = be.alloc(&[e, t, f])?;
+    launch(
+        be,
+        "swiglu",
+        e * t * f,
+        &mut [
+            KernelArg::Out(&mut hidden.mem),
+            KernelArg::In(&a.mem),
+            KernelArg::In(&bm.mem),
+            size(e * t * f),
+        ],
+    )?;
+    let down = batched(be, (t, f, h), (false, false), (t * f, f * h), e);
+    let mut out = be.alloc(&[e, t, h])?;
+    be.device.gemm(&down, &hidden.mem, &w2.mem, &mut out.mem)?;
+    Ok(Pass {
+        a,
+        b: bm,
+        hidden,
+        out,
+    })
+}
+
+fn launch<D: Device>(
+    b: &DeviceBackend<D>,
+    kernel: &'static str,
+    n: usize,
+    args: &mut [KernelArg<'_, D::Mem>],
+) -> Result<(), RuntimeError> {
+    let block = b.device.block_size();
+    b.device
+        .launch(kernel, pointwise_grid(block, n), block, args)
+}
+
+/// `Σₑ gatesₑ · (silu(x w1ₑ) ⊙ (x w3ₑ)) w2ₑ`.
+pub(super) fn experts_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    experts: u64,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some((d, o)) = experts_dims(experts, xs) else {
+        return Ok(None);
+    };
+    let pass = expert_pass(b, d, &o)?;
+    let mut y = b.alloc(&o.x.shape)?;
+    launch(
+        b,
+        "moe_combine",
+        d.t * d.h,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&pass.out.mem),
+            KernelArg::In(&o.gates.mem),
+            size(d.t),
+            size(d.e),
+            size(d.h),
+        ],
+    )?;
+    for m in [pass.a, pass.b, pass.hidden, pass.out] {
+        b.device.release(m.mem);
+    }
+    Ok(Some(y))
+}
+
+/// Gradients of `(x, gates, w1, w3, w2)`, as the CPU kernel defines them (the gate gradient
+/// for every expert, chosen or not).
+pub(super) fn experts_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    experts: u64,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let Some((d, o)) = experts_dims(experts, xs) else {
+        return Ok(None);
+    };
+    if g.shape != o.x.shape {
+        return Ok(None);
+    }
+    let (t, e, h, f) = (d.t, d.e, d.h, d.f);
+    let pass = expert_pass(b, d, &o)?;
+    let mut dgates = b.alloc(&o.gates.shape)?;
+    launch(
+        b,
+        "moe_gate_grad",
+        t * e,
+        &mut [
+            KernelArg::Out(&mut dgates.mem),
+            KernelArg::In(&g.mem),
+            KernelArg::In(&pass.out.mem),
+            size(t),
+            size(e),
+            size(h),
+        ],
+    )?;
+    b.device.release(pass.out.mem);
+    let mut dout = b.alloc(&[e, t, h])?;
+    launch(
+        b,
+        "moe_gate_scale",
+        e * t * h,
+        &mut [
+            KernelArg::Out(&mut dout.mem),
+            KernelArg::In(&g.mem),
+            KernelArg::In(&o.gates.mem),
+            size(t),
+            size(e),
+            size(h),
+        ],
+    )?;
+    let mut dw2 = b.alloc(&o.w2.shape)?;
+    let hidden_t = batched(b, (f, t, h), (true, false), (t * f, t * h), e);
+    b.device
+        .gemm(&hidden_t, &pass.hidden.mem, &dout.mem, &mut dw2.mem)?;
+    b.device.release(pass.hidden.mem);
+    let mut dhidden = b.alloc(&[e, t, f])?;
+    let through_w2 = batched(b, (t, h, f), (false, true), (t * h, f * h), e);
+    b.device
+        .gemm(&through_w2, &dout.mem, &o.w2.mem, &mut dhidden.mem)?;
+    b.device.release(dout.mem);
+    let (mut da, mut db) = (b.alloc(&[e, t, f])?, b.alloc(&[e, t, f])?);
+    launch(
+        b,
+        "swiglu_backward",
+        e * t * f,
+        &mut [
+            KernelArg::Out(&mut da.mem),
+            KernelArg::Out(&mut db.mem),
+            KernelArg::In(&dhidden.mem),
+            KernelArg::In(&pass.a.mem),
+            KernelArg::In(&pass.b.mem),
+            size(e * t * f),
+        ],
+    )?;
+    for m in [dhidden, pass.a, pass.b] {
+        b.device.release(m.mem);
+    }
+    let grads = input_side_grads(b, d, &o, &da, &db);
+    b.device.release(da.mem);
+    b.device.release(db.mem);
+    let [dx, dw1, dw3] = grads?;
+    Ok(Some(vec![dx, dgates, dw1, dw3, dw2]))
+}
+
+/// `[dx, dw1, dw3]` from the gradients `da`, `db` of the two up projections.
+fn input_side_grads<D: Device>(
+    b: &DeviceBackend<D>,
+    d: Dims,
+    o: &Operands<'_, D>,
+    da: &Buf<D>,
+    db: &Buf<D>,
+) -> Result<[Buf<D>; 3], RuntimeError> {
+    let (t, e, h, f) = (d.t, d.e, d.h, d.f);
+    let (x, w1, w3) = (o.x, o.w1, o.w3);
+    let x_t = batched(b, (h, t, f), (true, false), (0, t * f), e);
+    let (mut dw1, mut dw3) = (b.alloc(&w1.shape)?, b.alloc(&w3.shape)?);
+    b.device.gemm(&x_t, &x.mem, &da.mem, &mut dw1.mem)?;
+    b.device.gemm(&x_t, &x.mem, &db.mem, &mut dw3.mem)?;
+    let through_w = batched(b, (t, f, h), (false, true), (t * f, h * f), e);
+    let (mut from_w1, mut from_w3) = (b.alloc(&[e, t, h])?, b.alloc(&[e, t, h])?);
+    b.device
+        .gemm(&through_w, &da.mem, &w1.mem, &mut from_w1.mem)?;
+    b.device
+        .gemm(&through_w, &db.mem, &w3.mem, &mut from_w3.mem)?;
+    let mut dx = b.alloc(&x.shape)?;
+    launch(
+        b,
+        "moe_expert_sum",
+        t * h,
+        &mut [
+            KernelArg::Out(&mut dx.mem),
+            KernelArg::In(&from_w1.mem),
+            KernelArg::In(&from_w3.mem),
+            size(e),
+            size(t * h),
+        ],
+    )?;
+    b.device.release(from_w1.mem);
+    b.device.release(from_w3.mem);
+    Ok([dx, dw1, dw3])
+}
