@@ -10,6 +10,8 @@
 #   bash bench/device/check.sh
 #
 # Rows:
+#   kernels         `plait bench kernels`: every op family forward and backward on the GPU against
+#                   the CPU kernels (the same cases pass under the simt emulator in cargo test)
 #   f32-one-gpu     tiny GPT (4 layers, hidden 128, seq 64), 20 steps, one rank on CUDA against
 #                   the CPU backend: losses within 1e-4 relative
 #   dp2-one-gpu     the same model, DP2 (two ranks on the one GPU): against one rank, 1e-4
@@ -98,6 +100,14 @@ print(max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)), default=float
 PY
 }
 within() { python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) <= float(sys.argv[2]) else 1)' "$1" "$2"; }
+
+# --- Every op family against the CPU kernels, in seconds: names a kernel that differs here ---
+if timeout "$(( $(left) > 120 ? 120 : $(left) ))" "$PLAIT" bench kernels --device "$DEVICE" \
+     > "$OUT/kernels.log" 2>&1; then
+  row kernels pass "$(tail -1 "$OUT/kernels.log")"
+else
+  row kernels FAIL "$(grep -c FAIL "$OUT/kernels.log") case(s) failed: $(grep -m1 -E 'FAIL|error' "$OUT/kernels.log" | cut -c1-400)"
+fi
 
 # --- Tiny GPT: CUDA against the CPU backend, and DP2 / TP2 on the one GPU ---------------------
 cat > "$work/tiny.json" <<'EOF'

@@ -37,6 +37,9 @@ enum BenchKind {
     /// Predicted vs measured step time of three 2-rank plans of a small GPT on this machine
     /// (run it on a quiet machine).
     StepTime(crate::step_time::StepTimeArgs),
+    /// Every op family of the device backend, forward and backward, against the CPU kernels
+    /// (`--device cuda` on a GPU: the first check there).
+    Kernels(crate::bench_kernels::KernelsArgs),
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -47,6 +50,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchKind::EstimateSpeed => estimate_speed(),
         BenchKind::Search => search_bench(),
         BenchKind::StepTime(a) => crate::step_time::run(a),
+        BenchKind::Kernels(a) => crate::bench_kernels::run(a),
     }
 }
 

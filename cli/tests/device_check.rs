@@ -26,3 +26,37 @@ fn the_device_check_refuses_at_once_without_a_gpu_or_binary() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
     let _ = std::fs::remove_dir_all(out_dir);
 }
+
+/// `plait bench kernels` (check.sh's first row): on the CPU backend every case agrees (a dry
+/// run of the command); `--device cuda` where CUDA cannot start exits 2 naming what to do.
+#[test]
+fn bench_kernels_runs_the_conformance_suite_and_refuses_a_missing_gpu() {
+    let plait = env!("CARGO_BIN_EXE_plait");
+    let out = Command::new(plait)
+        .args(["bench", "kernels", "--device", "cpu", "--only", "attention"])
+        .output()
+        .expect("plait runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("attention") && text.contains("all 1 cases agree"),
+        "{text}"
+    );
+
+    let out = Command::new(plait)
+        .args(["bench", "kernels", "--device", "cuda"])
+        .env("LD_LIBRARY_PATH", "/nonexistent")
+        .output()
+        .expect("plait runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        // A CUDA build on a GPU machine: the suite ran there and passed.
+        println!("a GPU is here: {}", String::from_utf8_lossy(&out.stdout));
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--features cuda") && err.contains("--device cpu"),
+        "{err}"
+    );
+}

@@ -9,50 +9,9 @@ use ir::routing::Routing;
 use ir::{AdamWConfig, Binding, Dim, OpKind, RopeScaling};
 use kernels::Tensor32;
 use runtime::backend::DropoutMask;
+use runtime::backend::conformance::{self, Case, ids, positive, tensor};
 use runtime::{Backend, DeviceBackend};
 use tests::emulator::{Emulator, emulator};
-
-/// Deterministic values in [-1, 1).
-fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn tensor(shape: &[usize], seed: u64) -> Tensor32 {
-    Tensor32::new(shape.to_vec(), data(shape.iter().product(), seed)).unwrap()
-}
-
-/// Values in [lo, lo + 1): operands that must stay positive (sqrt, pow, div).
-fn positive(shape: &[usize], seed: u64, lo: f32) -> Tensor32 {
-    let t = tensor(shape, seed);
-    Tensor32::new(
-        t.shape,
-        t.data.iter().map(|x| lo + 0.5 * (x + 1.0)).collect(),
-    )
-    .unwrap()
-}
-
-fn ids(shape: &[usize], vocab: usize, seed: u64) -> Tensor32 {
-    let t = tensor(shape, seed);
-    let v = vocab as f32;
-    Tensor32::new(
-        t.shape,
-        t.data
-            .iter()
-            .map(|x| ((x + 1.0) * 0.5 * v).floor().min(v - 1.0))
-            .collect(),
-    )
-    .unwrap()
-}
 
 fn assert_close(got: &Tensor32, want: &Tensor32, tol: f32, what: &str) {
     assert_eq!(got.shape, want.shape, "{what}: shape");
@@ -66,68 +25,38 @@ fn assert_close(got: &Tensor32, want: &Tensor32, tol: f32, what: &str) {
 
 const BINDING: Binding = Binding { batch: 1, seq: 1 };
 
-/// `kind` forward and backward on the emulator against the CPU kernels, with no host fallback.
+/// `kind` forward, backward and as `Grad` on the emulator against the CPU kernels, with no
+/// host fallback (`runtime::backend::conformance`).
 fn check(b: &DeviceBackend<Emulator>, kind: OpKind, inputs: &[Tensor32], tol: f32) {
-    let what = format!("{} on {}", kind.mnemonic(), b.name());
-    let before = b.transfer_stats().unwrap();
-    let bufs: Vec<_> = inputs.iter().map(|t| b.upload(t).unwrap()).collect();
-    let refs: Vec<_> = bufs.iter().collect();
-    let host: Vec<&Tensor32> = inputs.iter().collect();
-    let got = b.forward(&kind, &refs, BINDING).unwrap();
-    let want = kernels::forward(&kind, &host, BINDING).unwrap();
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (g, w) in got.iter().zip(&want) {
-        assert_close(&b.download(g).unwrap(), w, tol, &format!("{what} forward"));
+    let case = Case {
+        name: kind.mnemonic().into(),
+        kind,
+        inputs: inputs.to_vec(),
+        tol,
+    };
+    if let Err(e) = conformance::check(b, &case) {
+        panic!("{e}");
     }
-    let dys: Vec<Tensor32> = want
-        .iter()
-        .enumerate()
-        .map(|(i, w)| tensor(&w.shape, 99 + i as u64))
-        .collect();
-    let dy_bufs: Vec<_> = dys.iter().map(|t| b.upload(t).unwrap()).collect();
-    let dy_refs: Vec<_> = dy_bufs.iter().collect();
-    let dy_host: Vec<&Tensor32> = dys.iter().collect();
-    let got = b.backward(&kind, &refs, &dy_refs).unwrap();
-    let want = kernels::backward(&kind, &host, &dy_host).unwrap();
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        match (g, w) {
-            (Some(g), Some(w)) => assert_close(
-                &b.download(g).unwrap(),
-                w,
-                tol,
-                &format!("{what} gradient {i}"),
+}
+
+/// The suite `plait bench kernels` runs on a GPU passes here first, so that a failure there
+/// is the GPU's (its compiler, cuBLAS), not the lowering's.
+#[test]
+fn the_conformance_cases_pass_on_the_emulated_device() {
+    let b = emulator(64);
+    let cases = conformance::cases();
+    assert!(cases.len() >= 25, "every op family: {}", cases.len());
+    for case in &cases {
+        match conformance::check(&b, case) {
+            Ok(p) => println!(
+                "{} {}: max error {:.1e}",
+                case.name,
+                case.kind.mnemonic(),
+                p.max_error
             ),
-            (None, None) => {}
-            _ => panic!("{what}: gradient {i} present on one side only"),
+            Err(e) => panic!("{e}"),
         }
     }
-    // The executor's form of the same: `Grad{of, wrt}` through `forward`.
-    let wrt: Vec<usize> = want
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| w.is_some())
-        .map(|(i, _)| i)
-        .collect();
-    let grad = OpKind::Grad {
-        of: Box::new(kind.clone()),
-        wrt,
-    };
-    let all: Vec<_> = refs.iter().chain(&dy_refs).copied().collect();
-    let host_all: Vec<&Tensor32> = host.iter().chain(&dy_host).copied().collect();
-    let got = b.forward(&grad, &all, BINDING).unwrap();
-    let want = kernels::forward(&grad, &host_all, BINDING).unwrap();
-    assert_eq!(got.len(), want.len(), "{what} grad");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_close(
-            &b.download(g).unwrap(),
-            w,
-            tol,
-            &format!("{what} grad op {i}"),
-        );
-    }
-    let host_ops = b.transfer_stats().unwrap().since(before).host_ops;
-    assert_eq!(host_ops, 0, "{what} fell back to the host");
 }
 
 #[test]

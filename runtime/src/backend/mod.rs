@@ -14,6 +14,7 @@
 //!   `NcclComm` runs collectives on its buffers (rank 0's id shared by
 //!   [`crate::comm::rendezvous`]).
 
+pub mod conformance;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
