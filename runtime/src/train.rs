@@ -311,9 +311,41 @@ pub fn train_rank_on_device<C: Communicator>(
             // A mixed-precision plan's GEMMs in bf16 on the tensor cores (autocast's choice).
             let precision = crate::GemmPrecision::of_plan(&set.mesh.precision);
             let backend = CudaBackend::new(local_rank % gpus)?.with_gemm_precision(precision);
+            let backend = with_nccl(backend, comm.size(), gpus)?;
             train_rank(set, backend, comm, data, opts, on_step)
         }
     }
+}
+
+/// `backend` with NCCL running its collectives where each rank of this node has a GPU of its
+/// own (NCCL refuses two ranks on one GPU) and the library is there; otherwise the
+/// collectives stage through the host communicator. `PLAIT_NCCL=0` asks for the latter.
+#[cfg(feature = "cuda")]
+fn with_nccl(backend: CudaBackend, world: usize, gpus: usize) -> Result<CudaBackend, RuntimeError> {
+    let local: usize = [
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(world);
+    let refused = matches!(std::env::var("PLAIT_NCCL").as_deref(), Ok("0"));
+    if refused || local > gpus || !crate::backend::nccl_present() {
+        return Ok(backend);
+    }
+    let nccl = crate::backend::NcclCollectives::on(&backend)?;
+    Ok(backend.with_collectives(std::sync::Arc::new(nccl)))
+}
+
+/// Without the `cuda` feature there is no CUDA backend to attach NCCL to.
+#[cfg(not(feature = "cuda"))]
+fn with_nccl(
+    backend: CudaBackend,
+    _world: usize,
+    _gpus: usize,
+) -> Result<CudaBackend, RuntimeError> {
+    Ok(backend)
 }
 
 /// Runs every rank as a thread of this process on `opts.device` (several ranks share a GPU

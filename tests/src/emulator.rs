@@ -3,7 +3,8 @@
 //! `DeviceBackend<Emulator>` is the CUDA backend's lowering and kernel source, run without a
 //! GPU.
 
-use runtime::{Device, DeviceBackend, Gemm, GemmPrecision, RuntimeError};
+use runtime::backend::collectives::{Collectives, DeviceCollective};
+use runtime::{Communicator, Device, DeviceBackend, Gemm, GemmPrecision, RuntimeError};
 use simt::KernelArg;
 
 /// Host memory standing in for a device's, with the kernels launched through `simt` on blocks
@@ -118,4 +119,38 @@ pub fn emulator(block: u32) -> DeviceBackend<Emulator> {
 /// `CUBLAS_COMPUTE_32F_FAST_16BF` multiplies them.
 pub fn emulator_bf16(block: u32) -> DeviceBackend<Emulator> {
     emulator(block).with_gemm_precision(GemmPrecision::Bf16)
+}
+
+/// The emulator's stand-in for NCCL: collectives on emulated device memory (host vectors)
+/// through the ranks' host communicator, so that the executor's device-collective path
+/// (layouts arranged on the device, no staging through `download`/`upload`) runs without a
+/// GPU. It moves no bytes the backend counts as host transfers, as NCCL moves none.
+#[derive(Debug, Default)]
+pub struct EmulatedCollectives;
+
+impl Collectives<Vec<f32>> for EmulatedCollectives {
+    fn run(
+        &self,
+        group: &dyn Communicator,
+        op: DeviceCollective,
+        input: &Vec<f32>,
+        len: usize,
+        output: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        let out_len = op.out_len(len, group.size());
+        let (send, recv) = (&input[..len], &mut output[..out_len]);
+        match op {
+            DeviceCollective::AllReduce => {
+                recv.copy_from_slice(send);
+                group.all_reduce_sum(recv)
+            }
+            DeviceCollective::AllGather => group.all_gather(send, recv),
+            DeviceCollective::ReduceScatter => group.reduce_scatter_sum(send, recv),
+        }
+    }
+}
+
+/// [`emulator`] whose collectives run on its buffers ([`EmulatedCollectives`]).
+pub fn emulator_with_collectives(block: u32) -> DeviceBackend<Emulator> {
+    emulator(block).with_collectives(std::sync::Arc::new(EmulatedCollectives))
 }

@@ -10,10 +10,11 @@ mod common;
 use std::time::Duration;
 
 use common::{Config, LLAMA, MODEL, loss_diff, programs, text, train};
+use runtime::DeviceBackend;
 use runtime::comm::ThreadComm;
 use runtime::exec::Init;
 use runtime::train::{RankOutcome, TrainOptions, train_rank};
-use tests::emulator::{emulator, emulator_bf16};
+use tests::emulator::{Emulator, emulator, emulator_bf16, emulator_with_collectives};
 
 const STEPS: u64 = 4;
 
@@ -33,12 +34,15 @@ fn options() -> TrainOptions {
 
 /// Every rank of `set` as a thread, each on its own emulated device; with rank 0's host ops
 /// by kind.
-fn train_emulated(set: &codegen::ProgramSet) -> (Vec<RankOutcome>, Vec<(String, u64)>) {
+fn train_emulated(
+    set: &codegen::ProgramSet,
+    device: fn(u32) -> DeviceBackend<Emulator>,
+) -> (Vec<RankOutcome>, Vec<(String, u64)>) {
     let opts = options();
     let data = text();
     let kinds = std::sync::Mutex::new(Vec::new());
     let outs = ThreadComm::run(set.ranks.len(), opts.timeout, |c| {
-        let device = emulator(32);
+        let device = device(32);
         let rank = runtime::comm::Communicator::rank(&c);
         let host_ops = device.host_ops();
         let out = train_rank(set, device, c, &data, &opts, &|_, _| {});
@@ -57,9 +61,19 @@ fn train_emulated(set: &codegen::ProgramSet) -> (Vec<RankOutcome>, Vec<(String, 
 /// Trains `model` under `c` on emulated devices against one CPU rank; returns rank 0's
 /// transfers per step and the micro-batches per step.
 fn check(model: &str, c: &Config, what: &str) -> (runtime::TransferStats, u64) {
+    check_on(model, c, what, emulator)
+}
+
+/// [`check`] on the devices `device` makes.
+fn check_on(
+    model: &str,
+    c: &Config,
+    what: &str,
+    device: fn(u32) -> DeviceBackend<Emulator>,
+) -> (runtime::TransferStats, u64) {
     let one = train(&programs(model, &Config::new(1, 1, 1)), STEPS, 7);
     let set = programs(model, c);
-    let (outs, kinds) = train_emulated(&set);
+    let (outs, kinds) = train_emulated(&set, device);
     let diff = loss_diff(&outs[0].losses, &one.losses);
     let t = outs[0].transfers_per_step.unwrap();
     println!(
@@ -93,6 +107,38 @@ fn tiny_gpt_dp2_and_tp2_on_emulated_devices_equal_one_rank() {
         let (t, _) = check(MODEL, &c, what);
         assert_eq!(t.host_ops, 0, "{what}");
     }
+}
+
+#[test]
+fn with_device_collectives_dp2_and_tp2_keep_their_reductions_on_the_devices() {
+    // The executor's device-collective path (NCCL's place on a GPU): gathers and scatters
+    // arranged on the device around flat collectives. Data parallelism then moves only the
+    // batch up and the loss down, as one rank does.
+    let dp = Config::new(1, 1, 2);
+    let (t, micro_batches) = check_on(
+        MODEL,
+        &dp,
+        "GPT, dp 2, device collectives",
+        emulator_with_collectives,
+    );
+    assert_eq!(t.host_ops, 0);
+    assert_eq!((t.uploads, t.downloads), (2 * micro_batches, micro_batches));
+    let sp = Config {
+        sp: true,
+        ..Config::new(2, 1, 1)
+    };
+    let (staged, _) = check(MODEL, &sp, "GPT, tp 2 + SP, host-staged collectives");
+    let (t, _) = check_on(
+        MODEL,
+        &sp,
+        "GPT, tp 2 + SP, device collectives",
+        emulator_with_collectives,
+    );
+    assert_eq!(t.host_ops, 0);
+    assert!(
+        t.downloads < staged.downloads && t.uploads < staged.uploads,
+        "tp 2: {t:?} against host-staged {staged:?}"
+    );
 }
 
 #[test]

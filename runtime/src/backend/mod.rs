@@ -11,9 +11,9 @@
 //! - [`CudaBackend`]: behind the `cuda` cargo feature (cudarc, libraries loaded at run time).
 //!   Without the feature the type still exists and its constructor returns
 //!   [`RuntimeError::NotCompiledWithCudaSupport`], so callers compile everywhere. With it,
-//!   `NcclComm` runs collectives on its buffers (rank 0's id shared by
-//!   [`crate::comm::rendezvous`]).
+//!   `NcclCollectives` runs the executor's collectives on its buffers ([`collectives`]).
 
+pub mod collectives;
 pub mod conformance;
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -34,7 +34,7 @@ pub mod pool;
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
 
-use crate::RuntimeError;
+use crate::{Communicator, RuntimeError};
 
 pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, CudaBuffer};
@@ -43,7 +43,7 @@ pub use cuda::{CudaDevice, CudaMem};
 pub use device::{Device, DeviceBackend, DeviceBuffer, Gemm, GemmPrecision};
 pub use dropout::DropoutMask;
 #[cfg(feature = "cuda")]
-pub use nccl::NcclComm;
+pub use nccl::{NcclCollectives, nccl_present};
 pub use pool::MemoryStats;
 
 /// A device that holds f32 buffers and runs plait's ops on them.
@@ -103,6 +103,37 @@ pub trait Backend: std::fmt::Debug {
     /// A copy of `buffer`; by default through the host.
     fn duplicate(&self, buffer: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {
         self.upload_owned(self.download(buffer)?)
+    }
+
+    /// `buffer` as `shape` (as many elements, row-major order kept); by default through the
+    /// host, on a device by relabelling it.
+    fn reshape(&self, buffer: Self::Buffer, shape: &[usize]) -> Result<Self::Buffer, RuntimeError> {
+        let mut t = self.download(&buffer)?;
+        self.free(buffer);
+        let n: usize = shape.iter().product();
+        if n != t.data.len() {
+            return Err(RuntimeError::BadLength {
+                op: "reshape",
+                what: "buffer",
+                got: t.data.len(),
+                want: n,
+            });
+        }
+        t.shape = shape.to_vec();
+        self.upload_owned(t)
+    }
+
+    /// `op` of `input` over `group`'s members on this backend's buffers (a flat 1-D result),
+    /// or `None` where the backend has no device path for collectives: the executor then
+    /// stages them through the host communicator.
+    fn device_collective(
+        &self,
+        group: &dyn Communicator,
+        op: collectives::DeviceCollective,
+        input: &Self::Buffer,
+    ) -> Option<Result<Self::Buffer, RuntimeError>> {
+        let _ = (group, op, input);
+        None
     }
 
     /// Runs one non-source op (`kernels::forward` semantics): one buffer per result.

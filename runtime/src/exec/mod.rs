@@ -28,6 +28,7 @@ pub mod dp_comm;
 pub mod dropout;
 pub mod init;
 pub mod layout;
+mod on_device;
 pub mod op_times;
 mod state;
 
@@ -345,11 +346,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     /// Stores a backend buffer into `b`; one of another shape (with as many elements) goes
     /// through the host to take `b`'s declared shape.
     fn put_buffer(&mut self, b: BufferId, t: B::Buffer) -> Result<(), RuntimeError> {
-        if self.backend.shape(&t) != self.decl_shape(b)?.as_slice() {
-            let data = self.backend.download(&t)?.data;
-            self.backend.free(t);
-            return self.put(b, data);
-        }
+        let shape = self.decl_shape(b)?;
+        let t = if self.backend.shape(&t) == shape.as_slice() {
+            t
+        } else {
+            self.backend.reshape(t, &shape)?
+        };
         if let Some(z) = self.zero_on_read.get_mut(b.index()) {
             *z = false;
         }
@@ -463,6 +465,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                         && *group == Slot::Tp
                         && matches!(op, CollectiveOp::AllReduce | CollectiveOp::ReduceScatter)
                         && self.tpl.buffer(i).is_some_and(|d| d.partial);
+                    if !wide && self.collective_on_device(*op, *group, *axis, i, o)? {
+                        continue;
+                    }
                     let y = match wide {
                         true => {
                             let w = match self.wide.get_mut(i.index()).and_then(Option::take) {
@@ -513,6 +518,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 axis,
                 group,
             } => {
+                if self.chunk_on_device(*src, *dst, *axis, *group)? {
+                    return Ok(None);
+                }
                 let g = self.members(*group);
                 let (size, r) = (g.size(), g.rank());
                 let x = self.host(*src)?;

@@ -8,7 +8,9 @@ use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
 
 use super::{Device, Gemm, GemmPrecision, ops};
+use crate::Communicator;
 use crate::RuntimeError;
+use crate::backend::collectives::{Collectives, DeviceCollective};
 use crate::backend::{Backend, DropoutMask, MemoryStats, TransferStats, sgemm_dims};
 
 /// plait's ops on a [`Device`]: kernels where `ops` has a lowering, the host otherwise.
@@ -20,6 +22,9 @@ pub struct DeviceBackend<D: Device> {
     tables: Mutex<HashMap<String, D::Mem>>,
     /// What the ops' GEMMs multiply in ([`Backend::sgemm`] is always f32).
     pub(crate) gemm_precision: GemmPrecision,
+    /// Collectives on this device's buffers (NCCL); `None`: the executor stages them
+    /// through the host.
+    collectives: Option<Arc<dyn Collectives<D::Mem>>>,
 }
 
 /// A handle on a [`DeviceBackend`]'s host-op counts that outlives the backend (a training run
@@ -110,7 +115,17 @@ impl<D: Device> DeviceBackend<D> {
             transfers: Arc::default(),
             tables: Mutex::default(),
             gemm_precision: GemmPrecision::F32,
+            collectives: None,
         }
+    }
+
+    /// The backend with collectives on its own buffers (see [`Collectives`]).
+    pub fn with_collectives(
+        mut self,
+        collectives: Arc<dyn Collectives<D::Mem>>,
+    ) -> DeviceBackend<D> {
+        self.collectives = Some(collectives);
+        self
     }
 
     /// The backend with the ops' GEMMs in `precision`.
@@ -268,6 +283,38 @@ impl<D: Device> Backend for DeviceBackend<D> {
             self.device.copy(&buffer.mem, &mut y.mem, buffer.len)?;
         }
         Ok(y)
+    }
+
+    fn reshape(
+        &self,
+        mut buffer: Self::Buffer,
+        shape: &[usize],
+    ) -> Result<Self::Buffer, RuntimeError> {
+        let n = element_count(shape)?;
+        if n != buffer.len {
+            return Err(RuntimeError::BadLength {
+                op: "reshape",
+                what: "buffer",
+                got: buffer.len,
+                want: n,
+            });
+        }
+        buffer.shape = shape.to_vec();
+        Ok(buffer)
+    }
+
+    fn device_collective(
+        &self,
+        group: &dyn Communicator,
+        op: DeviceCollective,
+        input: &Self::Buffer,
+    ) -> Option<Result<Self::Buffer, RuntimeError>> {
+        let collectives = self.collectives.as_ref()?;
+        let n = op.out_len(input.len, group.size());
+        Some(self.alloc(&[n]).and_then(|mut out| {
+            collectives.run(group, op, &input.mem, input.len, &mut out.mem)?;
+            Ok(out)
+        }))
     }
 
     fn forward(
