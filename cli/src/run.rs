@@ -358,8 +358,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         );
         if device == Device::Cuda {
             println!(
-                "device      cuda: rank r on GPU r mod the GPUs visible, f32; matrix products \
-                 run on the GPU, the other ops still round-trip through host memory (slow)"
+                "device      cuda: rank r on GPU r mod the GPUs visible; plait's kernels and \
+                 cuBLAS GEMMs (bf16 for a bf16 plan), f32 buffers; collectives on NCCL when \
+                 each rank has its own GPU, else staged through host memory"
             );
         }
     }

@@ -20,6 +20,7 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/rotary.cu"),
     include_str!("../cuda/reduce.cu"),
     include_str!("../cuda/moe.cu"),
+    include_str!("../cuda/vocab.cu"),
 );
 
 /// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
@@ -48,6 +49,7 @@ pub const CUDA_FILES: &[&str] = &[
     "rotary.cu",
     "reduce.cu",
     "moe.cu",
+    "vocab.cu",
 ];
 
 /// The `op` and `p` arguments of `unary_forward`/`unary_backward` for a pointwise function of

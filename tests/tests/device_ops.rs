@@ -10,6 +10,7 @@ use ir::{AdamWConfig, Binding, Dim, OpKind, RopeScaling};
 use kernels::Tensor32;
 use runtime::backend::DropoutMask;
 use runtime::backend::conformance::{self, Case, ids, positive, tensor};
+use runtime::backend::vocab::VocabShard;
 use runtime::{Backend, DeviceBackend};
 use tests::emulator::{Emulator, emulator};
 
@@ -440,6 +441,63 @@ fn mixture_of_experts_routers_and_experts() {
         tensor(&[e, width, hidden], 75),
     ];
     check(&b, OpKind::MoeExperts { experts }, &operands, 1e-5);
+}
+
+/// Shard 1 of a vocabulary of 21 tokens padded to 24 (8 rows per shard: rows 8..16 here, and
+/// in the loss the columns past the vocabulary's end are padding), as tp 3 places it.
+#[test]
+fn vocabulary_parallel_shard_ops_equal_the_cpu_kernels() {
+    let b = emulator(16);
+    let (h, n) = (6, 8);
+    let (ids, dy) = (ids(&[2, 9], 24, 80), tensor(&[2, 9, h], 81));
+    let logits = tensor(&[2, 9, n], 82);
+    let cases = [
+        (
+            VocabShard::Embedding { start: 8 },
+            vec![tensor(&[n, h], 83), ids.clone()],
+        ),
+        (
+            VocabShard::EmbeddingGrad {
+                start: 8,
+                table_shape: vec![n, h],
+            },
+            vec![ids.clone(), dy],
+        ),
+        (
+            VocabShard::LossStats {
+                start: 16,
+                valid: 5,
+            },
+            vec![logits.clone(), ids.clone()],
+        ),
+        (
+            VocabShard::LossCombine,
+            vec![positive(&[3, 18, 3], 84, 0.1)],
+        ),
+        (
+            VocabShard::LossGrad {
+                start: 16,
+                valid: 5,
+            },
+            vec![logits, ids, positive(&[18], 85, 1.0), tensor(&[], 86)],
+        ),
+    ];
+    for (op, inputs) in cases {
+        let before = b.transfer_stats().unwrap();
+        let bufs: Vec<_> = inputs.iter().map(|t| b.upload(t).unwrap()).collect();
+        let refs: Vec<_> = bufs.iter().collect();
+        let got = b.vocab_shard(&op, &refs).unwrap();
+        let want = op.on_host(&inputs.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(got.len(), want.len(), "{op:?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert_close(&b.download(g).unwrap(), w, 1e-6, op.name());
+        }
+        assert_eq!(
+            b.transfer_stats().unwrap().since(before).host_ops,
+            0,
+            "{op:?}"
+        );
+    }
 }
 
 #[test]

@@ -30,6 +30,7 @@ mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod pool;
+pub mod vocab;
 
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
@@ -121,6 +122,23 @@ pub trait Backend: std::fmt::Debug {
         }
         t.shape = shape.to_vec();
         self.upload_owned(t)
+    }
+
+    /// A vocabulary-parallel shard op; by default the CPU kernel on downloaded operands.
+    fn vocab_shard(
+        &self,
+        op: &vocab::VocabShard,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Vec<Self::Buffer>, RuntimeError> {
+        let host = inputs
+            .iter()
+            .map(|b| self.download(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor32> = host.iter().collect();
+        op.on_host(&refs)?
+            .into_iter()
+            .map(|t| self.upload_owned(t))
+            .collect()
     }
 
     /// `op` of `input` over `group`'s members on this backend's buffers (a flat 1-D result),

@@ -38,6 +38,7 @@ use program::{BufferId, ProgramSet};
 use program::{CollectiveOp, Elem, Instr, Purpose, Role, Slot, Template, VocabOp};
 
 use self::collective::Members;
+use crate::backend::vocab::VocabShard;
 use crate::{Backend, Communicator, MAX_TAG, RuntimeError};
 
 pub use init::Init;
@@ -647,77 +648,51 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         // The shard's real columns: all of them, or those before a padded vocabulary's end.
         let valid =
             |start: usize, n: usize| vocab.map_or(n, |v| (v as usize).saturating_sub(start).min(n));
-        let kernel = RuntimeError::kernel(op.name());
-        let arity = |n_in: usize, n_out: usize| {
-            if inputs.len() == n_in && outputs.len() == n_out {
-                Ok(())
-            } else {
-                Err(self.prog(format!(
-                    "{}: expects {n_in} input(s) and {n_out} output(s)",
-                    op.name()
-                )))
-            }
+        let shape = |s: &Self, i: usize| match inputs.get(i) {
+            Some(&b) => s.decl_shape(b),
+            None => Err(s.prog(format!("{}: too few inputs", op.name()))),
         };
-        match op {
-            VocabOp::Embedding => {
-                arity(2, 1)?;
-                let table = self.host(inputs[0])?;
-                let start = pos * table.shape.first().copied().unwrap_or(0);
-                let y = kernels::shard_embedding(&table, &self.host(inputs[1])?, start)
-                    .map_err(kernel)?;
-                self.put(outputs[0], y.data)
-            }
+        let shard = match op {
+            VocabOp::Embedding => VocabShard::Embedding {
+                start: pos * shape(self, 0)?.first().copied().unwrap_or(0),
+            },
             VocabOp::EmbeddingGrad => {
-                arity(2, 1)?;
-                let shape = self.decl_shape(outputs[0])?;
-                let start = pos * shape.first().copied().unwrap_or(0);
-                let (ids, dy) = (self.host(inputs[0])?, self.host(inputs[1])?);
-                let y = kernels::shard_embedding_grad(&ids, &dy, &shape, start).map_err(kernel)?;
-                self.put(outputs[0], y.data)
+                let table_shape = match outputs.first() {
+                    Some(&o) => self.decl_shape(o)?,
+                    None => Vec::new(),
+                };
+                VocabShard::EmbeddingGrad {
+                    start: pos * table_shape.first().copied().unwrap_or(0),
+                    table_shape,
+                }
             }
-            VocabOp::LossStats => {
-                arity(2, 1)?;
-                let logits = self.host(inputs[0])?;
-                let start = pos * logits.shape.last().copied().unwrap_or(0);
-                let n = logits.shape.last().copied().unwrap_or(0);
-                let y = kernels::shard_loss_stats(
-                    &logits,
-                    &self.host(inputs[1])?,
-                    start,
-                    valid(start, n),
-                )
-                .map_err(kernel)?;
-                self.put(outputs[0], y.data)
+            VocabOp::LossStats | VocabOp::LossGrad => {
+                let n = shape(self, 0)?.last().copied().unwrap_or(0);
+                let (start, valid) = (pos * n, valid(pos * n, n));
+                match op {
+                    VocabOp::LossStats => VocabShard::LossStats { start, valid },
+                    _ => VocabShard::LossGrad { start, valid },
+                }
             }
-            VocabOp::LossCombine => {
-                arity(1, 2)?;
-                let (loss, lse) =
-                    kernels::shard_loss_combine(&self.host(inputs[0])?).map_err(kernel)?;
-                self.put(outputs[0], loss.data)?;
-                self.put(outputs[1], lse.data)
-            }
-            VocabOp::LossGrad => {
-                arity(4, 1)?;
-                let logits = self.host(inputs[0])?;
-                let start = pos * logits.shape.last().copied().unwrap_or(0);
-                let (targets, lse, dloss) = (
-                    self.host(inputs[1])?,
-                    self.host(inputs[2])?,
-                    self.host(inputs[3])?,
-                );
-                let n = logits.shape.last().copied().unwrap_or(0);
-                let y = kernels::shard_loss_grad(
-                    &logits,
-                    &targets,
-                    &lse,
-                    &dloss,
-                    start,
-                    valid(start, n),
-                )
-                .map_err(kernel)?;
-                self.put(outputs[0], y.data)
-            }
+            VocabOp::LossCombine => VocabShard::LossCombine,
+        };
+        let n_out = if op == VocabOp::LossCombine { 2 } else { 1 };
+        if inputs.len() != shard.arity() || outputs.len() != n_out {
+            return Err(self.prog(format!(
+                "{}: expects {} input(s) and {n_out} output(s)",
+                op.name(),
+                shard.arity()
+            )));
         }
+        let xs = inputs
+            .iter()
+            .map(|&b| self.get(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ys = self.backend.vocab_shard(&shard, &xs)?;
+        for (&o, y) in outputs.iter().zip(ys) {
+            self.put_buffer(o, y)?;
+        }
+        Ok(())
     }
 
     fn compute(

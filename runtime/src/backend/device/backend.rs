@@ -11,6 +11,7 @@ use super::{Device, Gemm, GemmPrecision, ops};
 use crate::Communicator;
 use crate::RuntimeError;
 use crate::backend::collectives::{Collectives, DeviceCollective};
+use crate::backend::vocab::VocabShard;
 use crate::backend::{Backend, DropoutMask, MemoryStats, TransferStats, sgemm_dims};
 
 /// plait's ops on a [`Device`]: kernels where `ops` has a lowering, the host otherwise.
@@ -301,6 +302,20 @@ impl<D: Device> Backend for DeviceBackend<D> {
         }
         buffer.shape = shape.to_vec();
         Ok(buffer)
+    }
+
+    fn vocab_shard(
+        &self,
+        op: &VocabShard,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Vec<Self::Buffer>, RuntimeError> {
+        if let Some(ys) = ops::vocab_shard(self, op, inputs)? {
+            return Ok(ys);
+        }
+        self.on_host(op.name().to_owned(), inputs, |ts| op.on_host(ts))?
+            .into_iter()
+            .map(|t| self.upload_owned(t))
+            .collect()
     }
 
     fn device_collective(

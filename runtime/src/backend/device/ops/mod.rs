@@ -12,6 +12,7 @@ mod pointwise;
 mod rotary;
 mod rows;
 mod table;
+mod vocab;
 
 use ir::{Binding, OpKind};
 
@@ -19,6 +20,7 @@ use super::{Device, DeviceBackend, DeviceBuffer, KernelArg};
 use crate::RuntimeError;
 
 pub(super) use optim::adamw;
+pub(super) use vocab::run as vocab_shard;
 
 /// `x` with inverted dropout `mask` applied (`dropout` in `pointwise.cu`).
 pub(super) fn dropout<D: Device>(

@@ -1,0 +1,185 @@
+//! Vocabulary-parallel shard ops on the device (`vocab.cu`); `None` for operands of another
+//! shape, which the host path takes (and reports).
+
+use super::{Buf, pointwise_grid, row_grid, size};
+use crate::RuntimeError;
+use crate::backend::device::{Device, DeviceBackend, KernelArg};
+use crate::backend::vocab::VocabShard;
+
+/// The results of `op` on the device, or `None` for the host path.
+pub(in crate::backend::device) fn run<D: Device>(
+    b: &DeviceBackend<D>,
+    op: &VocabShard,
+    xs: &[&Buf<D>],
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let one = |r: Option<Buf<D>>| r.map(|y| vec![y]);
+    Ok(match (op, xs) {
+        (VocabShard::Embedding { start }, &[table, ids]) => one(embedding(b, table, ids, *start)?),
+        (VocabShard::EmbeddingGrad { start, table_shape }, &[ids, dy]) => {
+            one(embedding_grad(b, ids, dy, table_shape, *start)?)
+        }
+        (VocabShard::LossStats { start, valid }, &[logits, targets]) => {
+            one(loss_stats(b, logits, targets, *start, *valid)?)
+        }
+        (VocabShard::LossCombine, &[stats]) => loss_combine(b, stats)?,
+        (VocabShard::LossGrad { start, valid }, &[logits, targets, lse, dloss]) => {
+            one(loss_grad(b, [logits, targets, lse, dloss], *start, *valid)?)
+        }
+        _ => None,
+    })
+}
+
+fn embedding<D: Device>(
+    b: &DeviceBackend<D>,
+    table: &Buf<D>,
+    ids: &Buf<D>,
+    start: usize,
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[rows, h] = table.shape.as_slice() else {
+        return Ok(None);
+    };
+    let mut shape = ids.shape.clone();
+    shape.push(h);
+    let mut y = b.alloc(&shape)?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "shard_embedding",
+        pointwise_grid(block, y.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&table.mem),
+            KernelArg::In(&ids.mem),
+            size(ids.len),
+            size(h),
+            size(rows),
+            size(start),
+        ],
+    )?;
+    Ok(Some(y))
+}
+
+fn embedding_grad<D: Device>(
+    b: &DeviceBackend<D>,
+    ids: &Buf<D>,
+    dy: &Buf<D>,
+    table_shape: &[usize],
+    start: usize,
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[rows, h] = table_shape else {
+        return Ok(None);
+    };
+    if dy.len != ids.len * h || dy.shape.last() != Some(&h) {
+        return Ok(None);
+    }
+    let mut dtable = b.alloc(table_shape)?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "shard_embedding_grad",
+        pointwise_grid(block, dy.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut dtable.mem),
+            KernelArg::In(&ids.mem),
+            KernelArg::In(&dy.mem),
+            size(ids.len),
+            size(h),
+            size(rows),
+            size(start),
+        ],
+    )?;
+    Ok(Some(dtable))
+}
+
+/// `(positions, n)` of logits `[.., n]` whose rows match the targets one to one.
+fn logit_rows<D: Device>(logits: &Buf<D>, targets: &Buf<D>) -> Option<(usize, usize)> {
+    let n = *logits.shape.last()?;
+    (n > 0 && logits.len == targets.len * n).then_some((targets.len, n))
+}
+
+fn loss_stats<D: Device>(
+    b: &DeviceBackend<D>,
+    logits: &Buf<D>,
+    targets: &Buf<D>,
+    start: usize,
+    valid: usize,
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some((positions, n)) = logit_rows::<D>(logits, targets) else {
+        return Ok(None);
+    };
+    let mut stats = b.alloc(&[1, positions, 3])?;
+    b.device.launch(
+        "shard_loss_stats",
+        row_grid(positions),
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(&mut stats.mem),
+            KernelArg::In(&logits.mem),
+            KernelArg::In(&targets.mem),
+            size(positions),
+            size(n),
+            size(start),
+            size(valid.min(n)),
+        ],
+    )?;
+    Ok(Some(stats))
+}
+
+fn loss_combine<D: Device>(
+    b: &DeviceBackend<D>,
+    stats: &Buf<D>,
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let &[shards, positions, 3] = stats.shape.as_slice() else {
+        return Ok(None);
+    };
+    if shards == 0 || positions == 0 {
+        return Ok(None);
+    }
+    let (mut loss, mut lse) = (b.alloc(&[])?, b.alloc(&[positions])?);
+    b.device.launch(
+        "shard_loss_combine",
+        1,
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(&mut loss.mem),
+            KernelArg::Out(&mut lse.mem),
+            KernelArg::In(&stats.mem),
+            size(shards),
+            size(positions),
+        ],
+    )?;
+    Ok(Some(vec![loss, lse]))
+}
+
+fn loss_grad<D: Device>(
+    b: &DeviceBackend<D>,
+    [logits, targets, lse, dloss]: [&Buf<D>; 4],
+    start: usize,
+    valid: usize,
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some((positions, n)) = logit_rows::<D>(logits, targets) else {
+        return Ok(None);
+    };
+    if lse.len != positions || dloss.len != 1 {
+        return Ok(None);
+    }
+    let mut d = b.alloc(&logits.shape)?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "shard_loss_grad",
+        pointwise_grid(block, d.len),
+        block,
+        &mut [
+            KernelArg::Out(&mut d.mem),
+            KernelArg::In(&logits.mem),
+            KernelArg::In(&targets.mem),
+            KernelArg::In(&lse.mem),
+            KernelArg::In(&dloss.mem),
+            size(positions),
+            size(n),
+            size(start),
+            size(valid.min(n)),
+        ],
+    )?;
+    Ok(Some(d))
+}
