@@ -228,6 +228,14 @@ PY
 else
   row gpt2-124m FAIL "compile failed: $(tail -2 "$work/gpt2-compile.log" | tr '\n' ' ')"
 fi
+# Where GPT-2's step goes on this GPU (information for the next round of kernel work): two
+# steps with --op-times, each instruction timed to its completion on the device.
+if [ "$(left)" -gt 60 ] && [ -s "$work/gpt2-plan.json" ]; then
+  timeout "$(( $(left) - 20 ))" "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" --steps 2 \
+    --op-times > "$OUT/gpt2-op-times.log" 2>&1
+  row gpt2-op-times info "$(grep -A6 '^instruction ' "$OUT/gpt2-op-times.log" | head -7 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+fi
+
 # `plait run` prints each stage's allocator high-water mark beside the plan's peak (CUDA
 # backend: the caching pool). The run stores activations in f32 while the plan was priced in
 # bf16, so until bf16 buffers land this ratio also measures that difference.

@@ -89,7 +89,8 @@ pub struct RunArgs {
     timeout: u64,
     /// After training, print where a step's time goes: wall time per instruction kind
     /// (computes by op, collectives by communicator) on the first rank of each pipeline
-    /// stage, the first step left out as a warm-up.
+    /// stage, the first step left out as a warm-up. On a GPU each instruction then waits for
+    /// the device, so that its time is the GPU's (and the step is slower).
     #[arg(long)]
     op_times: bool,
     /// Reproducible arithmetic: matrix products accumulate in f64 and round once, and

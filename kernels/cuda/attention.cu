@@ -1,11 +1,13 @@
-// Fused causal attention in the FlashAttention manner: one block per (batch, head, query), the
-// keys in tiles of blockDim.x whose scores and probabilities live in shared memory, an online
-// softmax (running max and sum) and no [sq, sk] buffer; the backward recomputes the
-// probabilities from q and k (FlashAttention-2's recomputation) in three passes without
-// atomics: row statistics, dq per query, dk and dv per key.
+// Fused causal attention in the FlashAttention manner, no [sq, sk] buffer. Heads up to 128 wide
+// (ATTN_TILE_D) run FlashAttention-2's tiled loops (the `_tiled` kernels at the end): a block
+// per tile of queries, each key and value tile loaded into shared memory once for all of them,
+// an online softmax per row; the backward recomputes the probabilities in three passes without
+// atomics: row statistics (lse, D = dO·O), dq per query tile, dk and dv per key tile. Wider
+// heads (up to 512) take the kernels below: one block per query (and per key), keys in tiles
+// of blockDim.x.
 //
-// TODO(runtime, issue 15): tensor-core tiles (several queries per block, mma); this is the
-// correct, memory-lean form, not yet the fast one.
+// TODO(runtime, issue 15): tensor-core tiles (mma on bf16) and larger tiles with the tile
+// loads overlapped; these tiles run on the CUDA cores, products accumulated in f64.
 
 #define PLAIT_MAX_HEAD_DIM 512
 
@@ -247,6 +249,286 @@ extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const fl
         float* dvj = dv + (b * a.sk + j) * a.kv * a.dv + g * a.dv;
         for (i64 c = threadIdx.x; c < a.d; c += blockDim.x) dkj[c] = (float)a.scale * dkacc[c];
         for (i64 c = threadIdx.x; c < a.dv; c += blockDim.x) dvj[c] = dvacc[c];
+        __syncthreads();
+    }
+}
+
+// The forward in tiles, as FlashAttention-2 runs it: one block per (batch, head, tile of
+// ATTN_TILE_Q queries); the key and value tiles (ATTN_TILE_K rows) pass through shared memory
+// once per query tile instead of once per query; an online softmax per query row and the
+// output accumulated in shared memory, no [sq, sk] buffer. Head widths up to ATTN_TILE_D (the
+// launcher takes `attention_forward` beyond). Scores and products accumulate in f64, as above.
+#define ATTN_TILE_Q 16
+#define ATTN_TILE_K 16
+#define ATTN_TILE_D 128
+
+// Tile t of the grid: its batch, head and first query.
+struct AttnTile {
+    i64 b, h, g, q0;
+};
+
+__device__ AttnTile attn_tile(const Attention& a, i64 t) {
+    i64 tiles = (a.sq + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
+    AttnTile x;
+    x.q0 = (t % tiles) * ATTN_TILE_Q;
+    x.h = (t / tiles) % a.heads;
+    x.b = t / (tiles * a.heads);
+    x.g = x.h / (a.heads / a.kv);
+    return x;
+}
+
+// Rows `r0 ..` of a [batch, n, width·heads]-strided tensor's head `hh` into `dst[rows][ATTN_TILE_D]`,
+// zero past `n`.
+__device__ void load_tile(float* dst, const float* src, i64 b, i64 r0, i64 rows, i64 n, i64 heads, i64 hh,
+                          i64 width) {
+    for (i64 e = threadIdx.x; e < rows * width; e += blockDim.x) {
+        i64 i = e / width, c = e % width, r = r0 + i;
+        dst[i * ATTN_TILE_D + c] = r < n ? src[((b * n + r) * heads + hh) * width + c] : 0.0f;
+    }
+}
+
+// The tile's online softmax over every key its queries see: leaves the unnormalized output in
+// `ot`, each row's running max in `m` and sum in `l` (FlashAttention-2's forward loop).
+struct AttnForwardTiles {
+    float* qt;
+    float* kt;
+    float* vt;
+    float* ot;
+    float* st;
+    float* m;
+    float* corr;
+    double* l;
+};
+
+__device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const float* q, const float* k,
+                                  const float* v, const AttnForwardTiles& w) {
+    load_tile(w.qt, q, x.b, x.q0, ATTN_TILE_Q, a.sq, a.heads, x.h, a.d);
+    for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_D; e += blockDim.x) w.ot[e] = 0.0f;
+    for (i64 i = threadIdx.x; i < ATTN_TILE_Q; i += blockDim.x) {
+        w.m[i] = -INFINITY;
+        w.l[i] = 0.0;
+    }
+    // Keys any query of the tile sees (the causal mask's visible count grows with the query).
+    i64 last = (x.q0 + ATTN_TILE_Q < a.sq ? x.q0 + ATTN_TILE_Q : a.sq) - 1;
+    i64 keys = visible_keys(last, a.sq, a.sk, a.causal);
+    for (i64 k0 = 0; k0 < keys; k0 += ATTN_TILE_K) {
+        __syncthreads();  // the previous tile's readers are done
+        load_tile(w.kt, k, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.d);
+        load_tile(w.vt, v, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.dv);
+        __syncthreads();
+        for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_K; e += blockDim.x) {
+            i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = x.q0 + i;
+            bool seen = qi < a.sq && k0 + j < visible_keys(qi, a.sq, a.sk, a.causal);
+            w.st[e] = seen ? attn_score(a, w.qt + i * ATTN_TILE_D, w.kt + j * ATTN_TILE_D) : -INFINITY;
+        }
+        __syncthreads();
+        for (i64 i = threadIdx.x; i < ATTN_TILE_Q; i += blockDim.x) {
+            float* row = w.st + i * ATTN_TILE_K;
+            float m_new = w.m[i];
+            for (i64 j = 0; j < ATTN_TILE_K; ++j) m_new = fmaxf(m_new, row[j]);
+            double tile = 0.0;
+            for (i64 j = 0; j < ATTN_TILE_K; ++j) {
+                row[j] = row[j] == -INFINITY ? 0.0f : expf(row[j] - m_new);
+                tile += row[j];
+            }
+            w.corr[i] = w.m[i] == -INFINITY ? 0.0f : expf(w.m[i] - m_new);
+            w.l[i] = w.l[i] * w.corr[i] + tile;
+            w.m[i] = m_new;
+        }
+        __syncthreads();
+        for (i64 e = threadIdx.x; e < ATTN_TILE_Q * a.dv; e += blockDim.x) {
+            i64 i = e / a.dv, c = e % a.dv;
+            double s2 = 0.0;
+            for (i64 j = 0; j < ATTN_TILE_K; ++j)
+                s2 += (double)w.st[i * ATTN_TILE_K + j] * w.vt[j * ATTN_TILE_D + c];
+            w.ot[i * ATTN_TILE_D + c] = (float)((double)w.ot[i * ATTN_TILE_D + c] * w.corr[i] + s2);
+        }
+    }
+    __syncthreads();
+}
+
+// The shared tiles of one block of the tiled forward.
+#define ATTN_FORWARD_TILES                                              \
+    __shared__ float qt[ATTN_TILE_Q * ATTN_TILE_D];                     \
+    __shared__ float kt[ATTN_TILE_K * ATTN_TILE_D];                     \
+    __shared__ float vt[ATTN_TILE_K * ATTN_TILE_D];                     \
+    __shared__ float ot[ATTN_TILE_Q * ATTN_TILE_D];                     \
+    __shared__ float st[ATTN_TILE_Q * ATTN_TILE_K];                     \
+    __shared__ float m[ATTN_TILE_Q], corr[ATTN_TILE_Q];                 \
+    __shared__ double l[ATTN_TILE_Q];                                   \
+    AttnForwardTiles w = {qt, kt, vt, ot, st, m, corr, l};
+
+__device__ i64 attn_tiles(const Attention& a) { return a.batch * a.heads * ((a.sq + ATTN_TILE_Q - 1) / ATTN_TILE_Q); }
+
+extern "C" __global__ void attention_forward_tiled(float* o, const float* q, const float* k, const float* v,
+                                                   Attention a) {
+    ATTN_FORWARD_TILES
+    for (i64 t = blockIdx.x; t < attn_tiles(a); t += gridDim.x) {
+        AttnTile x = attn_tile(a, t);
+        attn_tile_forward(a, x, q, k, v, w);
+        for (i64 e = threadIdx.x; e < ATTN_TILE_Q * a.dv; e += blockDim.x) {
+            i64 i = e / a.dv, c = e % a.dv, qi = x.q0 + i;
+            if (qi < a.sq)
+                o[((x.b * a.sq + qi) * a.heads + x.h) * a.dv + c] =
+                    l[i] > 0.0 ? (float)(ot[i * ATTN_TILE_D + c] / l[i]) : 0.0f;
+        }
+        __syncthreads();  // the shared tiles are reloaded for the next tile
+    }
+}
+
+// The backward's row statistics in tiles: lse = m + log l and D = dO·O from the recomputed
+// output (FlashAttention-2's D), per query row (row index (batch·heads + head)·sq + query).
+extern "C" __global__ void attention_row_stats_tiled(float* lse, float* dsum, const float* q, const float* k,
+                                                     const float* v, const float* go, Attention a) {
+    ATTN_FORWARD_TILES
+    for (i64 t = blockIdx.x; t < attn_tiles(a); t += gridDim.x) {
+        AttnTile x = attn_tile(a, t);
+        attn_tile_forward(a, x, q, k, v, w);
+        for (i64 i = threadIdx.x; i < ATTN_TILE_Q; i += blockDim.x) {
+            i64 qi = x.q0 + i;
+            if (qi >= a.sq) continue;
+            const float* g = go + ((x.b * a.sq + qi) * a.heads + x.h) * a.dv;
+            double d = 0.0;
+            for (i64 c = 0; c < a.dv; ++c) d += (double)g[c] * (l[i] > 0.0 ? ot[i * ATTN_TILE_D + c] / l[i] : 0.0);
+            i64 row = (x.b * a.heads + x.h) * a.sq + qi;
+            lse[row] = l[i] > 0.0 ? m[i] + (float)log(l[i]) : -INFINITY;
+            dsum[row] = (float)d;
+        }
+        __syncthreads();
+    }
+}
+
+// dS of a score tile entry: P (dP − D) through the soft cap, 0 where masked (`s` = −inf).
+__device__ float attn_tile_ds(const Attention& a, float s, float lse, const float* grow, const float* vrow,
+                              float dsum, float* p_out) {
+    if (s == -INFINITY) {
+        *p_out = 0.0f;
+        return 0.0f;
+    }
+    float p = expf(s - lse);
+    *p_out = p;
+    return attn_score_grad(a, s, p, dot_row(grow, vrow, a.dv), dsum);
+}
+
+// dq in tiles: per query tile, over the key tiles its queries see, dq += scale · dS k.
+extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q, const float* k, const float* v,
+                                                       const float* go, const float* lse, const float* dsum,
+                                                       Attention a) {
+    __shared__ float qt[ATTN_TILE_Q * ATTN_TILE_D];
+    __shared__ float gt[ATTN_TILE_Q * ATTN_TILE_D];
+    __shared__ float kt[ATTN_TILE_K * ATTN_TILE_D];
+    __shared__ float vt[ATTN_TILE_K * ATTN_TILE_D];
+    __shared__ float dqt[ATTN_TILE_Q * ATTN_TILE_D];
+    __shared__ float dst[ATTN_TILE_Q * ATTN_TILE_K];
+    for (i64 t = blockIdx.x; t < attn_tiles(a); t += gridDim.x) {
+        AttnTile x = attn_tile(a, t);
+        load_tile(qt, q, x.b, x.q0, ATTN_TILE_Q, a.sq, a.heads, x.h, a.d);
+        load_tile(gt, go, x.b, x.q0, ATTN_TILE_Q, a.sq, a.heads, x.h, a.dv);
+        for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_D; e += blockDim.x) dqt[e] = 0.0f;
+        i64 last = (x.q0 + ATTN_TILE_Q < a.sq ? x.q0 + ATTN_TILE_Q : a.sq) - 1;
+        i64 keys = visible_keys(last, a.sq, a.sk, a.causal);
+        i64 row0 = (x.b * a.heads + x.h) * a.sq + x.q0;
+        for (i64 k0 = 0; k0 < keys; k0 += ATTN_TILE_K) {
+            __syncthreads();
+            load_tile(kt, k, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.d);
+            load_tile(vt, v, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.dv);
+            __syncthreads();
+            for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_K; e += blockDim.x) {
+                i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = x.q0 + i;
+                bool seen = qi < a.sq && k0 + j < visible_keys(qi, a.sq, a.sk, a.causal);
+                float s = seen ? attn_score(a, qt + i * ATTN_TILE_D, kt + j * ATTN_TILE_D) : -INFINITY;
+                float p;
+                dst[e] = seen ? attn_tile_ds(a, s, lse[row0 + i], gt + i * ATTN_TILE_D, vt + j * ATTN_TILE_D,
+                                             dsum[row0 + i], &p)
+                              : 0.0f;
+            }
+            __syncthreads();
+            for (i64 e = threadIdx.x; e < ATTN_TILE_Q * a.d; e += blockDim.x) {
+                i64 i = e / a.d, c = e % a.d;
+                double s2 = 0.0;
+                for (i64 j = 0; j < ATTN_TILE_K; ++j) s2 += (double)dst[i * ATTN_TILE_K + j] * kt[j * ATTN_TILE_D + c];
+                dqt[i * ATTN_TILE_D + c] += (float)s2;
+            }
+        }
+        __syncthreads();
+        for (i64 e = threadIdx.x; e < ATTN_TILE_Q * a.d; e += blockDim.x) {
+            i64 i = e / a.d, c = e % a.d, qi = x.q0 + i;
+            if (qi < a.sq) dq[((x.b * a.sq + qi) * a.heads + x.h) * a.d + c] = (float)a.scale * dqt[i * ATTN_TILE_D + c];
+        }
+        __syncthreads();
+    }
+}
+
+// dk and dv in tiles: per (batch, kv head, key tile), over the query heads of the group and
+// the query tiles (ATTN_BWD_Q rows) that see the keys: dv += P dO, dk += scale · dS q.
+#define ATTN_BWD_Q 8
+
+extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, const float* q, const float* k,
+                                                        const float* v, const float* go, const float* lse,
+                                                        const float* dsum, Attention a) {
+    __shared__ float kt[ATTN_TILE_K * ATTN_TILE_D];
+    __shared__ float vt[ATTN_TILE_K * ATTN_TILE_D];
+    __shared__ float dkt[ATTN_TILE_K * ATTN_TILE_D];
+    __shared__ float dvt[ATTN_TILE_K * ATTN_TILE_D];
+    __shared__ float qt[ATTN_BWD_Q * ATTN_TILE_D];
+    __shared__ float gt[ATTN_BWD_Q * ATTN_TILE_D];
+    __shared__ float pt[ATTN_BWD_Q * ATTN_TILE_K];
+    __shared__ float dst[ATTN_BWD_Q * ATTN_TILE_K];
+    i64 key_tiles = (a.sk + ATTN_TILE_K - 1) / ATTN_TILE_K;
+    i64 tiles = a.batch * a.kv * key_tiles;
+    i64 group = a.heads / a.kv;
+    for (i64 t = blockIdx.x; t < tiles; t += gridDim.x) {
+        i64 k0 = (t % key_tiles) * ATTN_TILE_K, g = (t / key_tiles) % a.kv, b = t / (key_tiles * a.kv);
+        load_tile(kt, k, b, k0, ATTN_TILE_K, a.sk, a.kv, g, a.d);
+        load_tile(vt, v, b, k0, ATTN_TILE_K, a.sk, a.kv, g, a.dv);
+        for (i64 e = threadIdx.x; e < ATTN_TILE_K * ATTN_TILE_D; e += blockDim.x) {
+            dkt[e] = 0.0f;
+            dvt[e] = 0.0f;
+        }
+        // The first query that sees key k0 (all of them without the mask).
+        i64 first = a.causal ? k0 - (a.sk - a.sq) : 0;
+        if (first < 0) first = 0;
+        for (i64 h = g * group; h < (g + 1) * group; ++h) {
+            for (i64 i0 = first; i0 < a.sq; i0 += ATTN_BWD_Q) {
+                __syncthreads();
+                load_tile(qt, q, b, i0, ATTN_BWD_Q, a.sq, a.heads, h, a.d);
+                load_tile(gt, go, b, i0, ATTN_BWD_Q, a.sq, a.heads, h, a.dv);
+                __syncthreads();
+                for (i64 e = threadIdx.x; e < ATTN_BWD_Q * ATTN_TILE_K; e += blockDim.x) {
+                    i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = i0 + i;
+                    bool seen = qi < a.sq && k0 + j < visible_keys(qi, a.sq, a.sk, a.causal);
+                    i64 row = (b * a.heads + h) * a.sq + qi;
+                    float s = seen ? attn_score(a, qt + i * ATTN_TILE_D, kt + j * ATTN_TILE_D) : -INFINITY;
+                    float p = 0.0f;
+                    dst[e] = seen ? attn_tile_ds(a, s, lse[row], gt + i * ATTN_TILE_D, vt + j * ATTN_TILE_D,
+                                                 dsum[row], &p)
+                                  : 0.0f;
+                    pt[e] = p;
+                }
+                __syncthreads();
+                for (i64 e = threadIdx.x; e < ATTN_TILE_K * a.dv; e += blockDim.x) {
+                    i64 j = e / a.dv, c = e % a.dv;
+                    double s2 = 0.0;
+                    for (i64 i = 0; i < ATTN_BWD_Q; ++i) s2 += (double)pt[i * ATTN_TILE_K + j] * gt[i * ATTN_TILE_D + c];
+                    dvt[j * ATTN_TILE_D + c] += (float)s2;
+                }
+                for (i64 e = threadIdx.x; e < ATTN_TILE_K * a.d; e += blockDim.x) {
+                    i64 j = e / a.d, c = e % a.d;
+                    double s2 = 0.0;
+                    for (i64 i = 0; i < ATTN_BWD_Q; ++i) s2 += (double)dst[i * ATTN_TILE_K + j] * qt[i * ATTN_TILE_D + c];
+                    dkt[j * ATTN_TILE_D + c] += (float)s2;
+                }
+            }
+        }
+        __syncthreads();
+        for (i64 e = threadIdx.x; e < ATTN_TILE_K * a.d; e += blockDim.x) {
+            i64 j = e / a.d, c = e % a.d;
+            if (k0 + j < a.sk) dk[((b * a.sk + k0 + j) * a.kv + g) * a.d + c] = (float)a.scale * dkt[j * ATTN_TILE_D + c];
+        }
+        for (i64 e = threadIdx.x; e < ATTN_TILE_K * a.dv; e += blockDim.x) {
+            i64 j = e / a.dv, c = e % a.dv;
+            if (k0 + j < a.sk) dv[((b * a.sk + k0 + j) * a.kv + g) * a.dv + c] = dvt[j * ATTN_TILE_D + c];
+        }
         __syncthreads();
     }
 }

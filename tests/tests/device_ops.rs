@@ -243,6 +243,13 @@ fn fused_attention_with_grouped_heads_the_causal_mask_and_a_soft_cap() {
             tensor(&[1, 12, 4], 46),
         );
         check(&b, attention(2, 1, true, None), &[q, k, v], 2e-5);
+        // Heads wider than a tile holds (128): the one-block-per-query kernels.
+        let (q, k, v) = (
+            tensor(&[1, 19, 2 * 136], 47),
+            tensor(&[1, 19, 136], 48),
+            tensor(&[1, 19, 130], 49),
+        );
+        check(&b, attention(2, 1, true, Some(2.0)), &[q, k, v], 2e-5);
     }
 }
 

@@ -228,7 +228,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
-            let result = self.exec(ins, r, None, Some(batch));
+            let mut result = self.exec(ins, r, None, Some(batch));
+            if t0.is_some() && result.is_ok() {
+                // A device runs launches asynchronously: wait for this instruction's work, so
+                // that its time is the device's, not the launch's.
+                result = self.backend.synchronize().and(result);
+            }
             if let (Some(t0), Some(ot)) = (t0, self.op_times.as_mut()) {
                 ot.add(op_times::kind(ins), t0.elapsed());
             }

@@ -59,6 +59,51 @@ fn shape<D: Device>(kind: &OpKind, xs: &[&Buf<D>]) -> Option<AttentionShape> {
     })
 }
 
+/// `attention.cu`'s ATTN_TILE_Q, ATTN_TILE_K and ATTN_TILE_D: queries and keys per tile,
+/// widest head a tile holds.
+const TILE_Q: i64 = 16;
+const TILE_K: i64 = 16;
+const TILE_D: i64 = 128;
+
+/// The kernels of one attention and their grids: tiles (FlashAttention-2's loops: a key and
+/// value tile in shared memory serves a tile of queries) for heads up to `TILE_D` wide, one
+/// block per query (and per key) beyond.
+struct Kernels {
+    forward: &'static str,
+    row_stats: &'static str,
+    dq: &'static str,
+    dkv: &'static str,
+    /// Blocks of the forward, row statistics and dq kernels.
+    query_grid: u32,
+    /// Blocks of the dk, dv kernel.
+    key_grid: u32,
+}
+
+impl Kernels {
+    fn of(a: &AttentionShape) -> Kernels {
+        let tiles = |n: i64, per: i64| (n + per - 1) / per;
+        if a.d <= TILE_D && a.dv <= TILE_D {
+            Kernels {
+                forward: "attention_forward_tiled",
+                row_stats: "attention_row_stats_tiled",
+                dq: "attention_backward_dq_tiled",
+                dkv: "attention_backward_dkv_tiled",
+                query_grid: row_grid((a.batch * a.heads * tiles(a.sq, TILE_Q)) as usize),
+                key_grid: row_grid((a.batch * a.kv * tiles(a.sk, TILE_K)) as usize),
+            }
+        } else {
+            Kernels {
+                forward: "attention_forward",
+                row_stats: "attention_row_stats",
+                dq: "attention_backward_dq",
+                dkv: "attention_backward_dkv",
+                query_grid: row_grid(rows(a)),
+                key_grid: row_grid((a.batch * a.kv * a.sk) as usize),
+            }
+        }
+    }
+}
+
 /// Rows of the kernels' grid: one per (batch, head, query).
 fn rows(a: &AttentionShape) -> usize {
     (a.batch * a.heads * a.sq) as usize
@@ -78,9 +123,10 @@ pub(super) fn forward<D: Device>(
     };
     let &[q, k, v] = xs else { return Ok(None) };
     let mut o = b.alloc(&out_shape(&a))?;
+    let p = Kernels::of(&a);
     b.device.launch(
-        "attention_forward",
-        row_grid(rows(&a)),
+        p.forward,
+        p.query_grid,
         b.device.block_size(),
         &mut [
             KernelArg::Out(&mut o.mem),
@@ -108,10 +154,11 @@ pub(super) fn backward<D: Device>(
         return Ok(None);
     }
     let block = b.device.block_size();
+    let p = Kernels::of(&a);
     let (mut lse, mut dsum) = (b.alloc(&[rows(&a)])?, b.alloc(&[rows(&a)])?);
     b.device.launch(
-        "attention_row_stats",
-        row_grid(rows(&a)),
+        p.row_stats,
+        p.query_grid,
         block,
         &mut [
             KernelArg::Out(&mut lse.mem),
@@ -125,8 +172,8 @@ pub(super) fn backward<D: Device>(
     )?;
     let mut dq = b.alloc(&q.shape)?;
     b.device.launch(
-        "attention_backward_dq",
-        row_grid(rows(&a)),
+        p.dq,
+        p.query_grid,
         block,
         &mut [
             KernelArg::Out(&mut dq.mem),
@@ -141,8 +188,8 @@ pub(super) fn backward<D: Device>(
     )?;
     let (mut dk, mut dv) = (b.alloc(&k.shape)?, b.alloc(&v.shape)?);
     b.device.launch(
-        "attention_backward_dkv",
-        row_grid((a.batch * a.kv * a.sk) as usize),
+        p.dkv,
+        p.key_grid,
         block,
         &mut [
             KernelArg::Out(&mut dk.mem),
