@@ -85,17 +85,22 @@ extern "C" __global__ void rms_norm_backward(float* dx, float* stats, const floa
     }
 }
 
-// dγ[c] = Σ_r g·(x − μ_r)·r_r, and dβ[c] = Σ_r g when `dbeta` is not null; one thread per column.
+// The first pass of dγ[c] = Σ_r g·(x − μ_r)·r_r and dβ[c] = Σ_r g (when `dbeta` is not null):
+// their partial sums over the rows of chunk k (`chunk` rows each) at [k, c], one thread per
+// (chunk, column); `column_sum` adds the chunks.
 extern "C" __global__ void norm_param_grads(float* dgamma, float* dbeta, const float* x, const float* g,
-                                            const float* stats, i64 rows, i64 h) {
-    for (i64 c = global_thread(); c < h; c += grid_threads()) {
+                                            const float* stats, i64 rows, i64 h, i64 chunk) {
+    i64 chunks = (rows + chunk - 1) / chunk;
+    for (i64 i = global_thread(); i < chunks * h; i += grid_threads()) {
+        i64 k = i / h, c = i % h;
+        i64 end = (k + 1) * chunk < rows ? (k + 1) * chunk : rows;
         double dg = 0.0, db = 0.0;
-        for (i64 r = 0; r < rows; ++r) {
+        for (i64 r = k * chunk; r < end; ++r) {
             double gi = g[r * h + c];
             dg += gi * ((double)x[r * h + c] - stats[2 * r]) * stats[2 * r + 1];
             db += gi;
         }
-        dgamma[c] = (float)dg;
-        if (dbeta) dbeta[c] = (float)db;
+        dgamma[i] = (float)dg;
+        if (dbeta) dbeta[i] = (float)db;
     }
 }

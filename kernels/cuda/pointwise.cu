@@ -143,12 +143,27 @@ extern "C" __global__ void sum_to_operand(float* out, const float* g, Broadcast 
     }
 }
 
-// out[c] = Σ_r x[r, c] over `rows` rows of `cols` (a bias's or a norm weight's gradient), in f64.
+// out[c] = Σ_r x[r, c] over `rows` rows of `cols`, in f64, one thread per column: the second
+// pass of a column reduction (over `column_sum_chunks`' partial sums) or a short one.
 extern "C" __global__ void column_sum(float* out, const float* x, i64 rows, i64 cols) {
     for (i64 c = global_thread(); c < cols; c += grid_threads()) {
         double total = 0.0;
         for (i64 r = 0; r < rows; ++r) total += x[r * cols + c];
         out[c] = (float)total;
+    }
+}
+
+// The first pass of a column reduction over many rows (a bias's gradient): part[k, c] = Σ x[r, c]
+// over the rows r of chunk k (`chunk` rows each), one thread per (chunk, column), so that the
+// whole grid works instead of one thread per column.
+extern "C" __global__ void column_sum_chunks(float* part, const float* x, i64 rows, i64 cols, i64 chunk) {
+    i64 chunks = (rows + chunk - 1) / chunk;
+    for (i64 i = global_thread(); i < chunks * cols; i += grid_threads()) {
+        i64 k = i / cols, c = i % cols;
+        i64 end = (k + 1) * chunk < rows ? (k + 1) * chunk : rows;
+        double total = 0.0;
+        for (i64 r = k * chunk; r < end; ++r) total += x[r * cols + c];
+        part[i] = (float)total;
     }
 }
 

@@ -54,7 +54,8 @@ unsafe impl Send for SharedComm {}
 #[allow(unsafe_code)]
 unsafe impl Sync for SharedComm {}
 
-/// NCCL on one rank's GPU, one communicator per group (keyed by its world ranks).
+/// NCCL on one rank's GPU, on its own stream, one communicator per group (keyed by its world
+/// ranks).
 #[derive(Debug)]
 pub struct NcclCollectives {
     stream: Arc<CudaStream>,
@@ -69,8 +70,17 @@ impl NcclCollectives {
                 reason: "the NCCL library (libnccl.so.2) is not installed".into(),
             });
         }
+        // A communication stream of its own: cudarc records each buffer's last write and
+        // reads per stream and makes the other stream wait for them, so a collective overlaps
+        // the compute that does not touch its buffers (the data-parallel reduction the
+        // backward of the layers below), as the cost model assumes.
+        let stream = backend
+            .device()
+            .stream
+            .fork()
+            .map_err(super::cuda::cuda_err("fork the communication stream"))?;
         Ok(NcclCollectives {
-            stream: backend.device().stream.clone(),
+            stream,
             comms: Mutex::default(),
         })
     }

@@ -3,9 +3,9 @@
 
 use ir::OpKind;
 
-use super::{Buf, Weighted, pointwise_grid, size};
+use super::{Buf, Weighted};
 use crate::RuntimeError;
-use crate::backend::device::{Device, DeviceBackend, Gemm, GemmPrecision, KernelArg};
+use crate::backend::device::{Device, DeviceBackend, Gemm, GemmPrecision};
 
 /// The shapes of a product `x · w` the device runs: `w` one matrix (every leading dim of `x`
 /// folded into M), or both batched with equal batch dims. `None` otherwise (broadcast batch
@@ -195,18 +195,5 @@ fn bias_grad<D: Device>(
     g: &Buf<D>,
     n: usize,
 ) -> Result<Buf<D>, RuntimeError> {
-    let mut db = b.alloc(&[n])?;
-    let block = b.device.block_size();
-    b.device.launch(
-        "column_sum",
-        pointwise_grid(block, n),
-        block,
-        &mut [
-            KernelArg::Out(&mut db.mem),
-            KernelArg::In(&g.mem),
-            size(g.len / n.max(1)),
-            size(n),
-        ],
-    )?;
-    Ok(db)
+    super::column_total(b, g, g.len / n.max(1), n)
 }

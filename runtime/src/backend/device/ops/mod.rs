@@ -312,6 +312,67 @@ fn copy_as<D: Device>(
     Ok(Some(y))
 }
 
+/// Rows per chunk in the first pass of a column reduction (`column_sum_chunks`,
+/// `norm_param_grads`): enough chunks that the grid is busy, few enough that the second pass
+/// (`column_sum` over the chunks) is short.
+const COLUMN_CHUNK: usize = 64;
+
+/// Chunks of [`COLUMN_CHUNK`] rows in `rows`.
+fn column_chunks(rows: usize) -> usize {
+    rows.div_ceil(COLUMN_CHUNK).max(1)
+}
+
+/// The `[chunks, cols]` partial sums `part` summed over the chunks into a new `[cols]` buffer;
+/// `part` is released.
+fn finish_columns<D: Device>(
+    b: &DeviceBackend<D>,
+    part: Buf<D>,
+    chunks: usize,
+    cols: usize,
+) -> Result<Buf<D>, RuntimeError> {
+    let mut out = b.alloc(&[cols])?;
+    let block = b.device.block_size();
+    let r = b.device.launch(
+        "column_sum",
+        pointwise_grid(block, cols),
+        block,
+        &mut [
+            KernelArg::Out(&mut out.mem),
+            KernelArg::In(&part.mem),
+            size(chunks),
+            size(cols),
+        ],
+    );
+    b.device.release(part.mem);
+    r.map(|()| out)
+}
+
+/// `x` (`[rows, cols]`) summed over its rows in f64: partial sums per chunk of rows, then over
+/// the chunks, so that the whole grid works (one thread per column would leave it idle).
+fn column_total<D: Device>(
+    b: &DeviceBackend<D>,
+    x: &Buf<D>,
+    rows: usize,
+    cols: usize,
+) -> Result<Buf<D>, RuntimeError> {
+    let chunks = column_chunks(rows);
+    let mut part = b.alloc(&[chunks, cols])?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "column_sum_chunks",
+        pointwise_grid(block, chunks * cols),
+        block,
+        &mut [
+            KernelArg::Out(&mut part.mem),
+            KernelArg::In(&x.mem),
+            size(rows),
+            size(cols),
+            size(COLUMN_CHUNK),
+        ],
+    )?;
+    finish_columns(b, part, chunks, cols)
+}
+
 /// The most blocks a launch asks for: grid-stride loops cover the rest.
 const MAX_GRID: usize = 1 << 16;
 

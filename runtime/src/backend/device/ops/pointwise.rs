@@ -126,6 +126,16 @@ pub(super) fn sum_to<D: Device>(
     if full.shape == operand {
         return Ok(full);
     }
+    // Broadcast along leading axes only (a bias, a position table): a column reduction over
+    // the rows, chunked so that the whole grid works.
+    let kept: Vec<usize> = operand.iter().copied().skip_while(|&d| d == 1).collect();
+    let cols: usize = kept.iter().product();
+    if cols > 0 && full.shape.ends_with(&kept) {
+        let mut out = super::column_total(b, &full, full.len / cols, cols)?;
+        out.shape = operand.to_vec();
+        b.device.release(full.mem);
+        return Ok(out);
+    }
     let bc = Broadcast::new(&full.shape, operand, operand).ok_or_else(|| {
         RuntimeError::DeviceLaunch {
             kernel: "sum_to_operand",

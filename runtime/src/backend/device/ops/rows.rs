@@ -109,14 +109,16 @@ pub(super) fn norm_backward<D: Device>(
             KernelArg::F64(eps),
         ],
     )?;
-    let mut dgamma = b.alloc(&[h])?;
+    // Partial sums per chunk of rows, then over the chunks (`column_sum`).
+    let chunks = super::column_chunks(rows);
+    let mut dgamma = b.alloc(&[chunks, h])?;
     let mut dbeta = match beta {
-        Some(_) => Some(b.alloc(&[h])?),
+        Some(_) => Some(b.alloc(&[chunks, h])?),
         None => None,
     };
     b.device.launch(
         "norm_param_grads",
-        pointwise_grid(block, h),
+        pointwise_grid(block, chunks * h),
         block,
         &mut [
             KernelArg::Out(&mut dgamma.mem),
@@ -128,8 +130,13 @@ pub(super) fn norm_backward<D: Device>(
             KernelArg::In(&stats.mem),
             size(rows),
             size(h),
+            size(super::COLUMN_CHUNK),
         ],
     )?;
+    let dgamma = super::finish_columns(b, dgamma, chunks, h)?;
+    let dbeta = dbeta
+        .map(|d| super::finish_columns(b, d, chunks, h))
+        .transpose()?;
     b.device.release(stats.mem);
     Ok(Some(
         [Some(dx), Some(dgamma), dbeta]
