@@ -146,6 +146,7 @@ impl Collectives<Vec<f32>> for EmulatedCollectives {
             }
             DeviceCollective::AllGather => group.all_gather(send, recv),
             DeviceCollective::ReduceScatter => group.reduce_scatter_sum(send, recv),
+            DeviceCollective::AllToAll => group.all_to_all(send, recv),
         }
     }
 }

@@ -17,13 +17,16 @@ pub enum DeviceCollective {
     AllGather,
     /// Piece `rank` of the element-wise sum (the input's elements a multiple of `size`).
     ReduceScatter,
+    /// Piece `j` of the input to member `j`; piece `i` of the output from member `i` (as many
+    /// elements out as in, a multiple of `size`).
+    AllToAll,
 }
 
 impl DeviceCollective {
     /// The elements out of `len` in over a group of `size`.
     pub fn out_len(self, len: usize, size: usize) -> usize {
         match self {
-            DeviceCollective::AllReduce => len,
+            DeviceCollective::AllReduce | DeviceCollective::AllToAll => len,
             DeviceCollective::AllGather => len * size,
             DeviceCollective::ReduceScatter => len / size.max(1),
         }
@@ -34,6 +37,7 @@ impl DeviceCollective {
             DeviceCollective::AllReduce => "all_reduce",
             DeviceCollective::AllGather => "all_gather",
             DeviceCollective::ReduceScatter => "reduce_scatter",
+            DeviceCollective::AllToAll => "all_to_all",
         }
     }
 }

@@ -138,10 +138,13 @@ impl Collectives<CudaMem> for NcclCollectives {
                 reason: "a communicator vanished".into(),
             });
         };
+        if op == DeviceCollective::AllToAll {
+            return all_to_all(comm, input, output, len);
+        }
         let src = input.data.slice(..len);
         let mut dst = output.data.slice_mut(..op.out_len(len, group.size()));
         let sum = ReduceOp::Sum;
-        match op {
+        let status = match op {
             DeviceCollective::AllReduce => comm
                 .all_reduce(&src, &mut dst, &sum)
                 .map_err(nccl_err("ncclAllReduce")),
@@ -151,7 +154,34 @@ impl Collectives<CudaMem> for NcclCollectives {
             DeviceCollective::ReduceScatter => comm
                 .reduce_scatter(&src, &mut dst, &sum)
                 .map_err(nccl_err("ncclReduceScatter")),
-        }
-        .map(|_| ())
+            // Handled above, as grouped point-to-point pieces.
+            DeviceCollective::AllToAll => return Ok(()),
+        };
+        status.map(|_| ())
     }
+}
+
+/// NCCL has no all-to-all call: point-to-point pieces in `size` rounds, round `k` a group of
+/// this rank's send to member `rank + k` and receive from member `rank − k` (every round a
+/// permutation of the members, so each group's partner posts the matching pair in the same
+/// round and none waits on another's).
+fn all_to_all(
+    comm: &Comm,
+    input: &CudaMem,
+    output: &mut CudaMem,
+    len: usize,
+) -> Result<(), RuntimeError> {
+    let (size, rank) = (comm.world_size().max(1), comm.rank());
+    let piece = len / size;
+    for k in 0..size {
+        let (to, from) = ((rank + k) % size, (rank + size - k) % size);
+        let send = input.data.slice(to * piece..(to + 1) * piece);
+        let recv = output.data.slice_mut(from * piece..(from + 1) * piece);
+        let mut group = comm.group();
+        group.send(send, to as i32).map_err(nccl_err("ncclSend"))?;
+        group
+            .recv(recv, from as i32)
+            .map_err(nccl_err("ncclRecv"))?;
+    }
+    Ok(())
 }

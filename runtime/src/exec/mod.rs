@@ -28,7 +28,7 @@ pub mod dp_comm;
 pub mod dropout;
 pub mod init;
 pub mod layout;
-mod on_device;
+pub mod on_device;
 pub mod op_times;
 mod state;
 
