@@ -277,6 +277,15 @@ __device__ AttnTile attn_tile(const Attention& a, i64 t) {
     return x;
 }
 
+// Keys query `qi` sees: by the causal rule (queries aligned with the last keys), or, where its
+// whole-sequence position is given (`qpos`, context parallelism: keys in sequence order), the
+// keys up to that position.
+__device__ i64 attn_visible(const Attention& a, const float* qpos, i64 qi) {
+    if (!qpos || !a.causal) return visible_keys(qi, a.sq, a.sk, a.causal);
+    i64 v = (i64)qpos[qi] + 1;
+    return v < a.sk ? v : a.sk;
+}
+
 // Rows `r0 ..` of a [batch, n, width·heads]-strided tensor's head `hh` into `dst[rows][ATTN_TILE_D]`,
 // zero past `n`.
 __device__ void load_tile(float* dst, const float* src, i64 b, i64 r0, i64 rows, i64 n, i64 heads, i64 hh,
@@ -301,7 +310,7 @@ struct AttnForwardTiles {
 };
 
 __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const float* q, const float* k,
-                                  const float* v, const AttnForwardTiles& w) {
+                                  const float* v, const float* qpos, const AttnForwardTiles& w) {
     load_tile(w.qt, q, x.b, x.q0, ATTN_TILE_Q, a.sq, a.heads, x.h, a.d);
     for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_D; e += blockDim.x) w.ot[e] = 0.0f;
     for (i64 i = threadIdx.x; i < ATTN_TILE_Q; i += blockDim.x) {
@@ -310,7 +319,7 @@ __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const f
     }
     // Keys any query of the tile sees (the causal mask's visible count grows with the query).
     i64 last = (x.q0 + ATTN_TILE_Q < a.sq ? x.q0 + ATTN_TILE_Q : a.sq) - 1;
-    i64 keys = visible_keys(last, a.sq, a.sk, a.causal);
+    i64 keys = attn_visible(a, qpos, last);
     for (i64 k0 = 0; k0 < keys; k0 += ATTN_TILE_K) {
         __syncthreads();  // the previous tile's readers are done
         load_tile(w.kt, k, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.d);
@@ -318,7 +327,7 @@ __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const f
         __syncthreads();
         for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_K; e += blockDim.x) {
             i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = x.q0 + i;
-            bool seen = qi < a.sq && k0 + j < visible_keys(qi, a.sq, a.sk, a.causal);
+            bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
             w.st[e] = seen ? attn_score(a, w.qt + i * ATTN_TILE_D, w.kt + j * ATTN_TILE_D) : -INFINITY;
         }
         __syncthreads();
@@ -361,11 +370,11 @@ __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const f
 __device__ i64 attn_tiles(const Attention& a) { return a.batch * a.heads * ((a.sq + ATTN_TILE_Q - 1) / ATTN_TILE_Q); }
 
 extern "C" __global__ void attention_forward_tiled(float* o, const float* q, const float* k, const float* v,
-                                                   Attention a) {
+                                                   const float* qpos, Attention a) {
     ATTN_FORWARD_TILES
     for (i64 t = blockIdx.x; t < attn_tiles(a); t += gridDim.x) {
         AttnTile x = attn_tile(a, t);
-        attn_tile_forward(a, x, q, k, v, w);
+        attn_tile_forward(a, x, q, k, v, qpos, w);
         for (i64 e = threadIdx.x; e < ATTN_TILE_Q * a.dv; e += blockDim.x) {
             i64 i = e / a.dv, c = e % a.dv, qi = x.q0 + i;
             if (qi < a.sq)
@@ -379,11 +388,12 @@ extern "C" __global__ void attention_forward_tiled(float* o, const float* q, con
 // The backward's row statistics in tiles: lse = m + log l and D = dO·O from the recomputed
 // output (FlashAttention-2's D), per query row (row index (batch·heads + head)·sq + query).
 extern "C" __global__ void attention_row_stats_tiled(float* lse, float* dsum, const float* q, const float* k,
-                                                     const float* v, const float* go, Attention a) {
+                                                     const float* v, const float* go, const float* qpos,
+                                                     Attention a) {
     ATTN_FORWARD_TILES
     for (i64 t = blockIdx.x; t < attn_tiles(a); t += gridDim.x) {
         AttnTile x = attn_tile(a, t);
-        attn_tile_forward(a, x, q, k, v, w);
+        attn_tile_forward(a, x, q, k, v, qpos, w);
         for (i64 i = threadIdx.x; i < ATTN_TILE_Q; i += blockDim.x) {
             i64 qi = x.q0 + i;
             if (qi >= a.sq) continue;
@@ -413,7 +423,7 @@ __device__ float attn_tile_ds(const Attention& a, float s, float lse, const floa
 // dq in tiles: per query tile, over the key tiles its queries see, dq += scale · dS k.
 extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q, const float* k, const float* v,
                                                        const float* go, const float* lse, const float* dsum,
-                                                       Attention a) {
+                                                       const float* qpos, Attention a) {
     __shared__ float qt[ATTN_TILE_Q * ATTN_TILE_D];
     __shared__ float gt[ATTN_TILE_Q * ATTN_TILE_D];
     __shared__ float kt[ATTN_TILE_K * ATTN_TILE_D];
@@ -426,7 +436,7 @@ extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q
         load_tile(gt, go, x.b, x.q0, ATTN_TILE_Q, a.sq, a.heads, x.h, a.dv);
         for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_D; e += blockDim.x) dqt[e] = 0.0f;
         i64 last = (x.q0 + ATTN_TILE_Q < a.sq ? x.q0 + ATTN_TILE_Q : a.sq) - 1;
-        i64 keys = visible_keys(last, a.sq, a.sk, a.causal);
+        i64 keys = attn_visible(a, qpos, last);
         i64 row0 = (x.b * a.heads + x.h) * a.sq + x.q0;
         for (i64 k0 = 0; k0 < keys; k0 += ATTN_TILE_K) {
             __syncthreads();
@@ -435,7 +445,7 @@ extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q
             __syncthreads();
             for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_K; e += blockDim.x) {
                 i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = x.q0 + i;
-                bool seen = qi < a.sq && k0 + j < visible_keys(qi, a.sq, a.sk, a.causal);
+                bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
                 float s = seen ? attn_score(a, qt + i * ATTN_TILE_D, kt + j * ATTN_TILE_D) : -INFINITY;
                 float p;
                 dst[e] = seen ? attn_tile_ds(a, s, lse[row0 + i], gt + i * ATTN_TILE_D, vt + j * ATTN_TILE_D,
@@ -465,7 +475,7 @@ extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q
 
 extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, const float* q, const float* k,
                                                         const float* v, const float* go, const float* lse,
-                                                        const float* dsum, Attention a) {
+                                                        const float* dsum, const float* qpos, Attention a) {
     __shared__ float kt[ATTN_TILE_K * ATTN_TILE_D];
     __shared__ float vt[ATTN_TILE_K * ATTN_TILE_D];
     __shared__ float dkt[ATTN_TILE_K * ATTN_TILE_D];
@@ -485,8 +495,9 @@ extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, co
             dkt[e] = 0.0f;
             dvt[e] = 0.0f;
         }
-        // The first query that sees key k0 (all of them without the mask).
-        i64 first = a.causal ? k0 - (a.sk - a.sq) : 0;
+        // The first query that sees key k0 (all of them without the mask; with positions the
+        // mask alone says).
+        i64 first = a.causal && !qpos ? k0 - (a.sk - a.sq) : 0;
         if (first < 0) first = 0;
         for (i64 h = g * group; h < (g + 1) * group; ++h) {
             for (i64 i0 = first; i0 < a.sq; i0 += ATTN_BWD_Q) {
@@ -496,7 +507,7 @@ extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, co
                 __syncthreads();
                 for (i64 e = threadIdx.x; e < ATTN_BWD_Q * ATTN_TILE_K; e += blockDim.x) {
                     i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = i0 + i;
-                    bool seen = qi < a.sq && k0 + j < visible_keys(qi, a.sq, a.sk, a.causal);
+                    bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
                     i64 row = (b * a.heads + h) * a.sq + qi;
                     float s = seen ? attn_score(a, qt + i * ATTN_TILE_D, kt + j * ATTN_TILE_D) : -INFINITY;
                     float p = 0.0f;

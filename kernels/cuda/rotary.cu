@@ -1,19 +1,21 @@
 // Rotary position embedding, Hugging Face Llama's "rotate half" (kernels/src/rotary.rs): in
 // each head of width d, channel c < d/2 pairs with c + d/2 and the pair turns by pos·f_c, with
 // f_c from `freq` (each frequency as two floats, hi + lo, so the angle keeps f64 precision for
-// long sequences), times the YaRN factor `m`; `sign` −1 turns back (the gradient).
+// long sequences), times the YaRN factor `m`; `sign` −1 turns back (the gradient). A token's
+// position is its index in the sequence, or `pos[index]` where given (context parallelism:
+// the rank's chunks sit at their places in the whole sequence).
 
-extern "C" __global__ void rotary(float* y, const float* x, const float* freq, i64 batch, i64 seq, i64 heads,
-                                  i64 d, double m, double sign) {
+extern "C" __global__ void rotary(float* y, const float* x, const float* freq, const float* pos, i64 batch,
+                                  i64 seq, i64 heads, i64 d, double m, double sign) {
     i64 half = d / 2;
     i64 n = batch * seq * heads * half;
     for (i64 t = global_thread(); t < n; t += grid_threads()) {
         i64 c = t % half;
         i64 token = t / (half * heads);  // (batch, position) flattened
-        i64 pos = token % seq;
+        double p = pos ? (double)pos[token % seq] : (double)(token % seq);
         i64 base = (t / half) * d;
         double f = (double)freq[2 * c] + (double)freq[2 * c + 1];
-        double angle = (double)pos * f;
+        double angle = p * f;
         double cs = m * cos(angle), sn = m * sign * sin(angle);
         double x1 = x[base + c], x2 = x[base + c + half];
         y[base + c] = (float)(x1 * cs - x2 * sn);

@@ -21,6 +21,7 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/reduce.cu"),
     include_str!("../cuda/moe.cu"),
     include_str!("../cuda/vocab.cu"),
+    include_str!("../cuda/context.cu"),
 );
 
 /// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
@@ -50,6 +51,7 @@ pub const CUDA_FILES: &[&str] = &[
     "reduce.cu",
     "moe.cu",
     "vocab.cu",
+    "context.cu",
 ];
 
 /// The `op` and `p` arguments of `unary_forward`/`unary_backward` for a pointwise function of

@@ -135,6 +135,19 @@ fn with_device_collectives_dp2_and_tp2_keep_their_reductions_on_the_devices() {
 }
 
 #[test]
+fn llama_with_context_parallelism_on_emulated_devices_equals_one_rank() {
+    // cp 2: each rank's two chunks of every sequence; rotary at their positions and attention
+    // over the group's keys in sequence order run on the device, with device collectives.
+    let cp = Config {
+        cp: 2,
+        ..Config::new(1, 1, 1)
+    };
+    let (t, micro_batches) = check_on(LLAMA, &cp, "Llama, cp 2", emulator_with_collectives);
+    assert_eq!(t.host_ops, 0, "context-parallel ops on the device");
+    assert_eq!((t.uploads, t.downloads), (2 * micro_batches, micro_batches));
+}
+
+#[test]
 fn tiny_gpt_with_dropout_on_emulated_devices_equals_the_cpu() {
     // The masks are drawn on the device from global element indices: one rank, and tp 2 with
     // sequence parallelism (sharded rows), equal one CPU rank.

@@ -124,6 +124,28 @@ pub trait Backend: std::fmt::Debug {
         self.upload_owned(t)
     }
 
+    /// An op on this rank's context-parallel chunks (`kernels::context_forward_with`: `iota`,
+    /// `rotary`, `attention` and their `grad`s, at the rank's places in the sequence); by
+    /// default the CPU kernels on downloaded operands.
+    fn context_op(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        at: kernels::Chunks,
+        acc: kernels::Accumulate,
+    ) -> Result<Vec<Self::Buffer>, RuntimeError> {
+        let host = inputs
+            .iter()
+            .map(|b| self.download(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor32> = host.iter().collect();
+        kernels::context_forward_with(kind, &refs, at, acc)
+            .map_err(RuntimeError::kernel(kind.mnemonic()))?
+            .into_iter()
+            .map(|t| self.upload_owned(t))
+            .collect()
+    }
+
     /// A vocabulary-parallel shard op; by default the CPU kernel on downloaded operands.
     fn vocab_shard(
         &self,

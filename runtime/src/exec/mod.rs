@@ -613,18 +613,16 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             size: self.set.mesh.cp.max(1) as usize,
             index: self.members(group).rank(),
         };
-        let mut xs = Vec::with_capacity(inputs.len());
-        for &i in inputs {
-            xs.push(self.host(i)?);
-        }
-        let refs: Vec<&kernels::Tensor32> = xs.iter().collect();
+        let xs = inputs
+            .iter()
+            .map(|&i| self.get(i))
+            .collect::<Result<Vec<_>, _>>()?;
         let acc = if self.backend.wide_partial_sums() {
             kernels::Accumulate::F64
         } else {
             kernels::Accumulate::F32
         };
-        let ys = kernels::context_forward_with(kind, &refs, at, acc)
-            .map_err(RuntimeError::kernel(kind.mnemonic()))?;
+        let ys = self.backend.context_op(kind, &xs, at, acc)?;
         if ys.len() != outputs.len() {
             return Err(self.prog(format!(
                 "{}: {} results for {} outputs",
@@ -634,7 +632,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             )));
         }
         for (y, &o) in ys.into_iter().zip(outputs) {
-            self.put(o, y.data)?;
+            self.put_buffer(o, y)?;
         }
         Ok(())
     }

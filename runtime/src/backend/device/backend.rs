@@ -304,6 +304,26 @@ impl<D: Device> Backend for DeviceBackend<D> {
         Ok(buffer)
     }
 
+    fn context_op(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        at: kernels::Chunks,
+        acc: kernels::Accumulate,
+    ) -> Result<Vec<Self::Buffer>, RuntimeError> {
+        if let Some(ys) = ops::context_op(self, kind, inputs, at)? {
+            return Ok(ys);
+        }
+        let name = format!("context {}", host_op_name(kind));
+        self.on_host(name, inputs, |ts| {
+            kernels::context_forward_with(kind, ts, at, acc)
+                .map_err(RuntimeError::kernel(kind.mnemonic()))
+        })?
+        .into_iter()
+        .map(|t| self.upload_owned(t))
+        .collect()
+    }
+
     fn vocab_shard(
         &self,
         op: &VocabShard,

@@ -69,6 +69,8 @@ const TILE_D: i64 = 128;
 /// value tile in shared memory serves a tile of queries) for heads up to `TILE_D` wide, one
 /// block per query (and per key) beyond.
 struct Kernels {
+    /// Whether these are the tiled kernels (which take the queries' positions).
+    tiled: bool,
     forward: &'static str,
     row_stats: &'static str,
     dq: &'static str,
@@ -84,6 +86,7 @@ impl Kernels {
         let tiles = |n: i64, per: i64| (n + per - 1) / per;
         if a.d <= TILE_D && a.dv <= TILE_D {
             Kernels {
+                tiled: true,
                 forward: "attention_forward_tiled",
                 row_stats: "attention_row_stats_tiled",
                 dq: "attention_backward_dq_tiled",
@@ -93,6 +96,7 @@ impl Kernels {
             }
         } else {
             Kernels {
+                tiled: false,
                 forward: "attention_forward",
                 row_stats: "attention_row_stats",
                 dq: "attention_backward_dq",
@@ -101,6 +105,13 @@ impl Kernels {
                 key_grid: row_grid((a.batch * a.kv * a.sk) as usize),
             }
         }
+    }
+}
+
+/// The tiled kernels take the queries' positions (null: none) before the shape.
+fn positions<'a, M>(args: &mut Vec<KernelArg<'a, M>>, tiled: bool, qpos: Option<&'a M>) {
+    if tiled {
+        args.push(qpos.map_or(KernelArg::Null, KernelArg::In));
     }
 }
 
@@ -118,24 +129,37 @@ pub(super) fn forward<D: Device>(
     kind: &OpKind,
     xs: &[&Buf<D>],
 ) -> Result<Option<Buf<D>>, RuntimeError> {
+    forward_at(b, kind, xs, None)
+}
+
+/// The forward with the queries' whole-sequence positions `qpos` where given (context
+/// parallelism: the keys in sequence order; tiled heads only, `None` otherwise).
+pub(super) fn forward_at<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+    qpos: Option<&D::Mem>,
+) -> Result<Option<Buf<D>>, RuntimeError> {
     let Some(a) = shape::<D>(kind, xs) else {
         return Ok(None);
     };
     let &[q, k, v] = xs else { return Ok(None) };
-    let mut o = b.alloc(&out_shape(&a))?;
     let p = Kernels::of(&a);
-    b.device.launch(
-        p.forward,
-        p.query_grid,
-        b.device.block_size(),
-        &mut [
-            KernelArg::Out(&mut o.mem),
-            KernelArg::In(&q.mem),
-            KernelArg::In(&k.mem),
-            KernelArg::In(&v.mem),
-            KernelArg::Attention(a),
-        ],
-    )?;
+    if qpos.is_some() && !p.tiled {
+        return Ok(None);
+    }
+    let mut o = b.alloc(&out_shape(&a))?;
+    let mut args = vec![
+        KernelArg::Out(&mut o.mem),
+        KernelArg::In(&q.mem),
+        KernelArg::In(&k.mem),
+        KernelArg::In(&v.mem),
+    ];
+    positions(&mut args, p.tiled, qpos);
+    args.push(KernelArg::Attention(a));
+    b.device
+        .launch(p.forward, p.query_grid, b.device.block_size(), &mut args)?;
+    drop(args);
     Ok(Some(o))
 }
 
@@ -146,63 +170,70 @@ pub(super) fn backward<D: Device>(
     xs: &[&Buf<D>],
     g: &Buf<D>,
 ) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    backward_at(b, kind, xs, g, None)
+}
+
+/// The backward with the queries' positions `qpos` (see [`forward_at`]).
+pub(super) fn backward_at<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+    g: &Buf<D>,
+    qpos: Option<&D::Mem>,
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
     let Some(a) = shape::<D>(kind, xs) else {
         return Ok(None);
     };
     let &[q, k, v] = xs else { return Ok(None) };
-    if g.shape != out_shape(&a) {
-        return Ok(None);
-    }
     let block = b.device.block_size();
     let p = Kernels::of(&a);
+    if g.shape != out_shape(&a) || (qpos.is_some() && !p.tiled) {
+        return Ok(None);
+    }
+
     let (mut lse, mut dsum) = (b.alloc(&[rows(&a)])?, b.alloc(&[rows(&a)])?);
-    b.device.launch(
-        p.row_stats,
-        p.query_grid,
-        block,
-        &mut [
-            KernelArg::Out(&mut lse.mem),
-            KernelArg::Out(&mut dsum.mem),
-            KernelArg::In(&q.mem),
-            KernelArg::In(&k.mem),
-            KernelArg::In(&v.mem),
-            KernelArg::In(&g.mem),
-            KernelArg::Attention(a),
-        ],
-    )?;
+    let mut args = vec![
+        KernelArg::Out(&mut lse.mem),
+        KernelArg::Out(&mut dsum.mem),
+        KernelArg::In(&q.mem),
+        KernelArg::In(&k.mem),
+        KernelArg::In(&v.mem),
+        KernelArg::In(&g.mem),
+    ];
+    positions(&mut args, p.tiled, qpos);
+    args.push(KernelArg::Attention(a));
+    b.device
+        .launch(p.row_stats, p.query_grid, block, &mut args)?;
+    drop(args);
     let mut dq = b.alloc(&q.shape)?;
-    b.device.launch(
-        p.dq,
-        p.query_grid,
-        block,
-        &mut [
-            KernelArg::Out(&mut dq.mem),
-            KernelArg::In(&q.mem),
-            KernelArg::In(&k.mem),
-            KernelArg::In(&v.mem),
-            KernelArg::In(&g.mem),
-            KernelArg::In(&lse.mem),
-            KernelArg::In(&dsum.mem),
-            KernelArg::Attention(a),
-        ],
-    )?;
+    let mut args = vec![
+        KernelArg::Out(&mut dq.mem),
+        KernelArg::In(&q.mem),
+        KernelArg::In(&k.mem),
+        KernelArg::In(&v.mem),
+        KernelArg::In(&g.mem),
+        KernelArg::In(&lse.mem),
+        KernelArg::In(&dsum.mem),
+    ];
+    positions(&mut args, p.tiled, qpos);
+    args.push(KernelArg::Attention(a));
+    b.device.launch(p.dq, p.query_grid, block, &mut args)?;
+    drop(args);
     let (mut dk, mut dv) = (b.alloc(&k.shape)?, b.alloc(&v.shape)?);
-    b.device.launch(
-        p.dkv,
-        p.key_grid,
-        block,
-        &mut [
-            KernelArg::Out(&mut dk.mem),
-            KernelArg::Out(&mut dv.mem),
-            KernelArg::In(&q.mem),
-            KernelArg::In(&k.mem),
-            KernelArg::In(&v.mem),
-            KernelArg::In(&g.mem),
-            KernelArg::In(&lse.mem),
-            KernelArg::In(&dsum.mem),
-            KernelArg::Attention(a),
-        ],
-    )?;
+    let mut args = vec![
+        KernelArg::Out(&mut dk.mem),
+        KernelArg::Out(&mut dv.mem),
+        KernelArg::In(&q.mem),
+        KernelArg::In(&k.mem),
+        KernelArg::In(&v.mem),
+        KernelArg::In(&g.mem),
+        KernelArg::In(&lse.mem),
+        KernelArg::In(&dsum.mem),
+    ];
+    positions(&mut args, p.tiled, qpos);
+    args.push(KernelArg::Attention(a));
+    b.device.launch(p.dkv, p.key_grid, block, &mut args)?;
+    drop(args);
     b.device.release(lse.mem);
     b.device.release(dsum.mem);
     Ok(Some(vec![dq, dk, dv]))

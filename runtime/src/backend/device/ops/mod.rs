@@ -4,6 +4,7 @@
 //! is never launched on shapes it could read past.
 
 mod attention;
+mod context;
 mod layout;
 mod matmul;
 mod moe;
@@ -19,6 +20,7 @@ use ir::{Binding, OpKind};
 use super::{Device, DeviceBackend, DeviceBuffer, KernelArg};
 use crate::RuntimeError;
 
+pub(super) use context::run as context_op;
 pub(super) use optim::adamw;
 pub(super) use vocab::run as vocab_shard;
 
@@ -111,7 +113,7 @@ pub(super) fn forward<D: Device>(
         )?),
         OpKind::Attention { .. } => one(attention::forward(b, kind, inputs)?),
         OpKind::Rotary { .. } => match inputs {
-            &[x] => one(rotary::rotate(b, kind, x, 1.0)?),
+            &[x] => one(rotary::rotate(b, kind, x, 1.0, None)?),
             _ => None,
         },
         OpKind::Embedding => one(table::embedding_forward(b, inputs)?),
@@ -250,7 +252,9 @@ fn backward_of<D: Device>(
         } => moe::router_backward(b, (*experts, *k, routing), xs, g, wanted)?,
         OpKind::MoeExperts { experts } => all(moe::experts_backward(b, *experts, xs, g)?),
         OpKind::Rotary { .. } => match xs {
-            &[x] if g.shape == x.shape => all(rotary::rotate(b, kind, g, -1.0)?.map(|d| vec![d])),
+            &[x] if g.shape == x.shape => {
+                all(rotary::rotate(b, kind, g, -1.0, None)?.map(|d| vec![d]))
+            }
             _ => None,
         },
         OpKind::CrossEntropy => {

@@ -28,12 +28,14 @@ fn split_frequencies(scaling: &RopeScaling, theta: f64, d: usize) -> Vec<f32> {
 }
 
 /// `x` turned by its positions' angles (`sign` 1), or back (`sign` −1: the gradient of `x`
-/// for output gradient `x`).
+/// for output gradient `x`); the positions are the tokens' indices, or `pos` (one per token of
+/// the sequence) where given.
 pub(super) fn rotate<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     x: &Buf<D>,
     sign: f64,
+    pos: Option<&D::Mem>,
 ) -> Result<Option<Buf<D>>, RuntimeError> {
     let OpKind::Rotary {
         heads,
@@ -65,6 +67,7 @@ pub(super) fn rotate<D: Device>(
                     KernelArg::Out(&mut y.mem),
                     KernelArg::In(&x.mem),
                     KernelArg::In(freq),
+                    pos.map_or(KernelArg::Null, KernelArg::In),
                     size(batch),
                     size(seq),
                     size(heads),
