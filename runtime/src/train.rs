@@ -311,7 +311,7 @@ pub fn train_rank_on_device<C: Communicator>(
             // A mixed-precision plan's GEMMs in bf16 on the tensor cores (autocast's choice).
             let precision = crate::GemmPrecision::of_plan(&set.mesh.precision);
             let backend = CudaBackend::new(local_rank % gpus)?.with_gemm_precision(precision);
-            let backend = with_nccl(backend, comm.size(), gpus)?;
+            let backend = with_nccl(backend, &comm, gpus)?;
             train_rank(set, backend, comm, data, opts, on_step)
         }
     }
@@ -321,7 +321,11 @@ pub fn train_rank_on_device<C: Communicator>(
 /// own (NCCL refuses two ranks on one GPU) and the library is there; otherwise the
 /// collectives stage through the host communicator. `PLAIT_NCCL=0` asks for the latter.
 #[cfg(feature = "cuda")]
-fn with_nccl(backend: CudaBackend, world: usize, gpus: usize) -> Result<CudaBackend, RuntimeError> {
+fn with_nccl(
+    backend: CudaBackend,
+    world: &dyn Communicator,
+    gpus: usize,
+) -> Result<CudaBackend, RuntimeError> {
     let local: usize = [
         "LOCAL_WORLD_SIZE",
         "OMPI_COMM_WORLD_LOCAL_SIZE",
@@ -329,12 +333,15 @@ fn with_nccl(backend: CudaBackend, world: usize, gpus: usize) -> Result<CudaBack
     ]
     .iter()
     .find_map(|v| std::env::var(v).ok()?.parse().ok())
-    .unwrap_or(world);
+    .unwrap_or(world.size());
     let refused = matches!(std::env::var("PLAIT_NCCL").as_deref(), Ok("0"));
     if refused || local > gpus || !crate::backend::nccl_present() {
         return Ok(backend);
     }
     let nccl = crate::backend::NcclCollectives::on(&backend)?;
+    // The world's communicator now, while every rank is here: pipeline stages' point-to-point
+    // messages use it, and only two ranks take part in each.
+    crate::backend::collectives::Collectives::open(&nccl, world)?;
     Ok(backend.with_collectives(std::sync::Arc::new(nccl)))
 }
 
@@ -342,7 +349,7 @@ fn with_nccl(backend: CudaBackend, world: usize, gpus: usize) -> Result<CudaBack
 #[cfg(not(feature = "cuda"))]
 fn with_nccl(
     backend: CudaBackend,
-    _world: usize,
+    _world: &dyn Communicator,
     _gpus: usize,
 ) -> Result<CudaBackend, RuntimeError> {
     Ok(backend)

@@ -149,7 +149,41 @@ impl Collectives<Vec<f32>> for EmulatedCollectives {
             DeviceCollective::AllToAll => group.all_to_all(send, recv),
         }
     }
+
+    fn open(&self, _group: &dyn Communicator) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// NCCL's group semantics on the threads communicator: the sends are posted, the
+    /// receives taken (each acknowledged with a receipt), then the group waits for its sends'
+    /// receipts, so a send is done only once received; a program whose groups wait on each
+    /// other under NCCL hangs here too (and times out naming the rank).
+    fn exchange(
+        &self,
+        world: &dyn Communicator,
+        sends: &[(&Vec<f32>, usize, usize)],
+        recvs: &mut [(&mut Vec<f32>, usize, usize)],
+    ) -> Result<(), RuntimeError> {
+        for (buf, len, peer) in sends {
+            world.send(&buf[..*len], *peer, DATA_TAG)?;
+        }
+        for (buf, len, peer) in recvs.iter_mut() {
+            world.recv(&mut buf[..*len], *peer, DATA_TAG)?;
+            world.send(&[1.0], *peer, RECEIPT_TAG)?;
+        }
+        for (_, _, peer) in sends {
+            world.recv(&mut [0.0], *peer, RECEIPT_TAG)?;
+        }
+        Ok(())
+    }
 }
+
+/// The tags of [`EmulatedCollectives`]' point-to-point messages and their receipts on the
+/// world communicator: fixed (NCCL matches a pair's messages in issue order, without tags),
+/// at the top of the tag range, which the executor's folded tags reach only past 16 000
+/// micro-batch tags.
+const DATA_TAG: u32 = runtime::MAX_TAG;
+const RECEIPT_TAG: u32 = runtime::MAX_TAG - 1;
 
 /// [`emulator`] whose collectives run on its buffers ([`EmulatedCollectives`]).
 pub fn emulator_with_collectives(block: u32) -> DeviceBackend<Emulator> {

@@ -10,9 +10,10 @@ mod common;
 use std::time::Duration;
 
 use common::{Config, LLAMA, MODEL, loss_diff, programs, text, train};
+use planner::Schedule;
 use runtime::DeviceBackend;
 use runtime::comm::ThreadComm;
-use runtime::exec::Init;
+use runtime::exec::{Init, p2p};
 use runtime::train::{RankOutcome, TrainOptions, train_rank};
 use tests::emulator::{Emulator, emulator, emulator_bf16, emulator_with_collectives};
 
@@ -132,6 +133,38 @@ fn with_device_collectives_dp2_and_tp2_keep_their_reductions_on_the_devices() {
             "{what}: host-staged it was {staged:?}"
         );
     }
+}
+
+#[test]
+fn pipeline_stages_exchange_device_buffers_in_nccl_order() {
+    // 1F1B (pp 2 and pp 4): activations and their gradients go device to device with NCCL's
+    // point-to-point semantics (a pair's messages matched in issue order, a send done only once
+    // received; the emulator's rendezvous), each stage's pending sends grouped with its next
+    // receive: no wait that never ends, and only the batch and the loss cross to the host.
+    for (c, what) in [
+        (Config::new(1, 2, 1), "GPT, pp 2 1F1B, device collectives"),
+        (Config::new(1, 4, 1), "GPT, pp 4 1F1B, device collectives"),
+    ] {
+        assert!(p2p::deadlock_free(&programs(MODEL, &c)), "{what}");
+        let (t, micro_batches) = check_on(MODEL, &c, what, emulator_with_collectives);
+        assert_eq!(t.host_ops, 0, "{what}");
+        assert!(
+            t.uploads <= 2 * micro_batches && t.downloads <= micro_batches,
+            "{what}: only the batch and the loss cross to the host: {t:?}"
+        );
+    }
+    // The interleaved schedule's stages send ahead of what they receive: under NCCL's rules
+    // their groups would wait on each other, so its messages stay on the host communicator
+    // (and it still trains equal to one rank).
+    let interleaved = Config {
+        schedule: Schedule::Interleaved,
+        v: 2,
+        ..Config::new(1, 2, 1)
+    };
+    assert!(!p2p::deadlock_free(&programs(MODEL, &interleaved)));
+    let what = "GPT, pp 2 interleaved, host point-to-point";
+    let (t, micro_batches) = check_on(MODEL, &interleaved, what, emulator_with_collectives);
+    assert!(t.downloads > micro_batches, "{what}: {t:?}");
 }
 
 #[test]

@@ -55,4 +55,21 @@ pub trait Collectives<M>: std::fmt::Debug + Send + Sync {
         len: usize,
         output: &mut M,
     ) -> Result<(), RuntimeError>;
+
+    /// Opens the device communicator of `group` now (every member calls it together): the
+    /// world's, before point-to-point messages, which only two members take part in.
+    fn open(&self, group: &dyn Communicator) -> Result<(), RuntimeError>;
+
+    /// One group of point-to-point messages over `world`, as NCCL runs a group: every send
+    /// (`buf`, elements, destination) and receive (`buf`, elements, source) of it in flight
+    /// together, the group done once all are. Messages between a pair match in issue order
+    /// (NCCL has no tags), and a send is done only once its receiver has it: pipeline stages
+    /// that each send and then receive must do both in one group (Megatron-LM's batched
+    /// send/receive), or both wait on their send.
+    fn exchange(
+        &self,
+        world: &dyn Communicator,
+        sends: &[(&M, usize, usize)],
+        recvs: &mut [(&mut M, usize, usize)],
+    ) -> Result<(), RuntimeError>;
 }

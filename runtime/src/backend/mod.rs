@@ -163,6 +163,25 @@ pub trait Backend: std::fmt::Debug {
             .collect()
     }
 
+    /// Whether point-to-point messages go device to device ([`Backend::device_exchange`]).
+    fn has_device_collectives(&self) -> bool {
+        false
+    }
+
+    /// One group of point-to-point messages over `world` on device buffers
+    /// ([`collectives::Collectives::exchange`]): `sends` (buffer, destination) and receives
+    /// into new buffers of the given shapes (shape, source), returned in order; `None` where
+    /// the backend has no device collectives.
+    fn device_exchange(
+        &self,
+        world: &dyn Communicator,
+        sends: &[(&Self::Buffer, usize)],
+        recvs: &[(Vec<usize>, usize)],
+    ) -> Option<Result<Vec<Self::Buffer>, RuntimeError>> {
+        let _ = (world, sends, recvs);
+        None
+    }
+
     /// `op` of `input` over `group`'s members on this backend's buffers (a flat 1-D result),
     /// or `None` where the backend has no device path for collectives: the executor then
     /// stages them through the host communicator.

@@ -86,7 +86,7 @@ impl NcclCollectives {
     }
 
     /// This rank's communicator on `group`: rank 0's unique id broadcast over the group.
-    fn open(&self, group: &dyn Communicator) -> Result<Comm, RuntimeError> {
+    fn open_comm(&self, group: &dyn Communicator) -> Result<Comm, RuntimeError> {
         let mut bytes = vec![0f32; 128];
         if group.rank() == 0 {
             let id = Id::new().map_err(nccl_err("ncclGetUniqueId"))?;
@@ -114,6 +114,39 @@ impl NcclCollectives {
     }
 }
 
+impl NcclCollectives {
+    /// The communicators, locked.
+    fn comms(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, HashMap<Vec<usize>, SharedComm>>, RuntimeError> {
+        self.comms.lock().map_err(|_| RuntimeError::Poisoned {
+            op: "nccl communicators",
+            reason: "a thread panicked while holding them".into(),
+        })
+    }
+
+    /// Runs `f` on this rank's communicator of `group`, opened first if it is not yet.
+    fn with_comm<T>(
+        &self,
+        group: &dyn Communicator,
+        f: impl FnOnce(&Comm) -> Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        let mut comms = self.comms()?;
+        let key = group.world_ranks().to_vec();
+        if !comms.contains_key(&key) {
+            let comm = self.open_comm(group)?;
+            comms.insert(key.clone(), SharedComm(comm));
+        }
+        match comms.get(&key) {
+            Some(SharedComm(comm)) => f(comm),
+            None => Err(RuntimeError::Poisoned {
+                op: "nccl communicators",
+                reason: "a communicator vanished".into(),
+            }),
+        }
+    }
+}
+
 impl Collectives<CudaMem> for NcclCollectives {
     fn run(
         &self,
@@ -123,41 +156,54 @@ impl Collectives<CudaMem> for NcclCollectives {
         len: usize,
         output: &mut CudaMem,
     ) -> Result<(), RuntimeError> {
-        let mut comms = self.comms.lock().map_err(|_| RuntimeError::Poisoned {
-            op: "nccl communicators",
-            reason: "a thread panicked while holding them".into(),
-        })?;
-        let key = group.world_ranks().to_vec();
-        if !comms.contains_key(&key) {
-            let comm = self.open(group)?;
-            comms.insert(key.clone(), SharedComm(comm));
-        }
-        let Some(SharedComm(comm)) = comms.get(&key) else {
-            return Err(RuntimeError::Poisoned {
-                op: "nccl communicators",
-                reason: "a communicator vanished".into(),
-            });
-        };
-        if op == DeviceCollective::AllToAll {
-            return all_to_all(comm, input, output, len);
-        }
-        let src = input.data.slice(..len);
-        let mut dst = output.data.slice_mut(..op.out_len(len, group.size()));
-        let sum = ReduceOp::Sum;
-        let status = match op {
-            DeviceCollective::AllReduce => comm
-                .all_reduce(&src, &mut dst, &sum)
-                .map_err(nccl_err("ncclAllReduce")),
-            DeviceCollective::AllGather => comm
-                .all_gather(&src, &mut dst)
-                .map_err(nccl_err("ncclAllGather")),
-            DeviceCollective::ReduceScatter => comm
-                .reduce_scatter(&src, &mut dst, &sum)
-                .map_err(nccl_err("ncclReduceScatter")),
-            // Handled above, as grouped point-to-point pieces.
-            DeviceCollective::AllToAll => return Ok(()),
-        };
-        status.map(|_| ())
+        self.with_comm(group, |comm| {
+            if op == DeviceCollective::AllToAll {
+                return all_to_all(comm, input, output, len);
+            }
+            let src = input.data.slice(..len);
+            let mut dst = output.data.slice_mut(..op.out_len(len, group.size()));
+            let sum = ReduceOp::Sum;
+            let status = match op {
+                DeviceCollective::AllReduce => comm
+                    .all_reduce(&src, &mut dst, &sum)
+                    .map_err(nccl_err("ncclAllReduce")),
+                DeviceCollective::AllGather => comm
+                    .all_gather(&src, &mut dst)
+                    .map_err(nccl_err("ncclAllGather")),
+                DeviceCollective::ReduceScatter => comm
+                    .reduce_scatter(&src, &mut dst, &sum)
+                    .map_err(nccl_err("ncclReduceScatter")),
+                // Handled above, as grouped point-to-point pieces.
+                DeviceCollective::AllToAll => return Ok(()),
+            };
+            status.map(|_| ())
+        })
+    }
+
+    fn open(&self, group: &dyn Communicator) -> Result<(), RuntimeError> {
+        self.with_comm(group, |_| Ok(()))
+    }
+
+    fn exchange(
+        &self,
+        world: &dyn Communicator,
+        sends: &[(&CudaMem, usize, usize)],
+        recvs: &mut [(&mut CudaMem, usize, usize)],
+    ) -> Result<(), RuntimeError> {
+        self.with_comm(world, |comm| {
+            let mut group = comm.group();
+            for (buf, len, peer) in sends {
+                group
+                    .send(buf.data.slice(..*len), *peer as i32)
+                    .map_err(nccl_err("ncclSend"))?;
+            }
+            for (buf, len, peer) in recvs.iter_mut() {
+                group
+                    .recv(buf.data.slice_mut(..*len), *peer as i32)
+                    .map_err(nccl_err("ncclRecv"))?;
+            }
+            Ok(())
+        })
     }
 }
 

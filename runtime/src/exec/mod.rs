@@ -30,6 +30,7 @@ pub mod init;
 pub mod layout;
 pub mod on_device;
 pub mod op_times;
+pub mod p2p;
 mod state;
 
 use ir::OpKind;
@@ -89,6 +90,12 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Gradient buffers the data-parallel top-k exchange reduces (their Adam second moment
     /// freezes after its warm-up).
     topk_grads: std::collections::HashSet<BufferId>,
+    /// Point-to-point sends on device buffers not yet issued (copy, destination): they go
+    /// with the next receive in one group (see [`Executor::exchange`]).
+    pending_sends: Vec<(B::Buffer, usize)>,
+    /// Whether sends and receives go device to device: the backend has device collectives
+    /// and the programs complete under NCCL's point-to-point rules ([`p2p::deadlock_free`]).
+    device_p2p: bool,
 }
 
 fn instr_name(i: &Instr) -> &'static str {
@@ -145,6 +152,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 slots[i] = Some(c);
             }
         }
+        let backend_p2p = backend.has_device_collectives();
         Ok(Executor {
             set,
             rank,
@@ -166,6 +174,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             dp_comm: dp_comm::DpComm::default(),
             residuals: std::collections::HashMap::new(),
             topk_grads: std::collections::HashSet::new(),
+            pending_sends: Vec::new(),
+            device_p2p: backend_p2p && p2p::deadlock_free(set),
         })
     }
 
@@ -247,6 +257,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
         }
         self.step_reads = reads;
+        self.exchange(&[])?;
         self.zero_all_pending()?;
         if let dp_comm::DpSync::LocalSgd { every } = self.dp_comm.sync
             && self.steps.is_multiple_of(every)
@@ -287,6 +298,28 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             .chunks(2)
             .map(|c| c.iter().map(|&x| f64::from(x)).sum::<f64>())
             .sum())
+    }
+
+    /// Issues the pending sends and `recvs` (shape, source) as one group of device
+    /// point-to-point messages, as Megatron-LM batches a stage's send and receive: under
+    /// NCCL a send waits for its receiver, so two stages that each send before they receive
+    /// would otherwise wait on each other. Returns the received buffers in order.
+    fn exchange(&mut self, recvs: &[(Vec<usize>, usize)]) -> Result<Vec<B::Buffer>, RuntimeError> {
+        if self.pending_sends.is_empty() && recvs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sends = std::mem::take(&mut self.pending_sends);
+        let refs: Vec<(&B::Buffer, usize)> = sends.iter().map(|(b, p)| (b, *p)).collect();
+        let got = self
+            .backend
+            .device_exchange(&self.world, &refs, recvs)
+            .unwrap_or_else(|| {
+                Err(self.prog("device sends on a backend without device collectives"))
+            });
+        for (b, _) in sends {
+            self.backend.free(b);
+        }
+        got
     }
 
     fn decl_shape(&self, b: BufferId) -> Result<Vec<usize>, RuntimeError> {
@@ -462,6 +495,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 purpose,
                 ..
             } => {
+                self.exchange(&[])?;
                 let changed = *purpose == Purpose::GradReduce
                     && *group == Slot::Dp
                     && self.dp_exchange(*op, *axis, pairs)?;
@@ -536,12 +570,27 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
             Instr::Send { buf, peer, tag } => {
                 let info = self.info()?;
+                if self.device_p2p {
+                    // Held (a copy: the program may free or overwrite the buffer) until the
+                    // next receive or collective, then sent in one group with them.
+                    let copy = self.backend.duplicate(self.get(*buf)?)?;
+                    self.pending_sends.push((copy, info.peer(*peer) as usize));
+                    return Ok(None);
+                }
                 let x = self.host(*buf)?;
                 self.world
                     .send(&x.data, info.peer(*peer) as usize, self.tag(*tag))?;
             }
             Instr::Recv { buf, peer, tag } => {
                 let info = self.info()?;
+                if self.device_p2p {
+                    let recv = (self.decl_shape(*buf)?, info.peer(*peer) as usize);
+                    let mut got = self.exchange(&[recv])?;
+                    if let Some(y) = got.pop() {
+                        self.put_buffer(*buf, y)?;
+                    }
+                    return Ok(None);
+                }
                 let n: usize = self.decl_shape(*buf)?.iter().product();
                 let mut data = vec![0.0; n];
                 self.world

@@ -338,6 +338,38 @@ impl<D: Device> Backend for DeviceBackend<D> {
             .collect()
     }
 
+    fn has_device_collectives(&self) -> bool {
+        self.collectives.is_some()
+    }
+
+    fn device_exchange(
+        &self,
+        world: &dyn Communicator,
+        sends: &[(&Self::Buffer, usize)],
+        recvs: &[(Vec<usize>, usize)],
+    ) -> Option<Result<Vec<Self::Buffer>, RuntimeError>> {
+        let collectives = self.collectives.as_ref()?;
+        let run = || {
+            let mut got = recvs
+                .iter()
+                .map(|(shape, _)| self.alloc(shape))
+                .collect::<Result<Vec<_>, _>>()?;
+            let out: Vec<(&D::Mem, usize, usize)> = sends
+                .iter()
+                .map(|(b, peer)| (&b.mem, b.len, *peer))
+                .collect();
+            let mut into: Vec<(&mut D::Mem, usize, usize)> = got
+                .iter_mut()
+                .zip(recvs)
+                .map(|(b, (_, peer))| (&mut b.mem, b.len, *peer))
+                .collect();
+            collectives.exchange(world, &out, &mut into)?;
+            drop(into);
+            Ok(got)
+        };
+        Some(run())
+    }
+
     fn device_collective(
         &self,
         group: &dyn Communicator,
