@@ -124,6 +124,27 @@ pub trait Backend: std::fmt::Debug {
         self.upload_owned(t)
     }
 
+    /// `run` on `inputs` downloaded, its results uploaded: the host path of an op a backend
+    /// has no kernel for.
+    fn through_host(
+        &self,
+        inputs: &[&Self::Buffer],
+        run: impl FnOnce(&[&Tensor32]) -> Result<Vec<Tensor32>, RuntimeError>,
+    ) -> Result<Vec<Self::Buffer>, RuntimeError>
+    where
+        Self: Sized,
+    {
+        let host = inputs
+            .iter()
+            .map(|b| self.download(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor32> = host.iter().collect();
+        run(&refs)?
+            .into_iter()
+            .map(|t| self.upload_owned(t))
+            .collect()
+    }
+
     /// An op on this rank's context-parallel chunks (`kernels::context_forward_with`: `iota`,
     /// `rotary`, `attention` and their `grad`s, at the rank's places in the sequence); by
     /// default the CPU kernels on downloaded operands.
@@ -133,17 +154,14 @@ pub trait Backend: std::fmt::Debug {
         inputs: &[&Self::Buffer],
         at: kernels::Chunks,
         acc: kernels::Accumulate,
-    ) -> Result<Vec<Self::Buffer>, RuntimeError> {
-        let host = inputs
-            .iter()
-            .map(|b| self.download(b))
-            .collect::<Result<Vec<_>, _>>()?;
-        let refs: Vec<&Tensor32> = host.iter().collect();
-        kernels::context_forward_with(kind, &refs, at, acc)
-            .map_err(RuntimeError::kernel(kind.mnemonic()))?
-            .into_iter()
-            .map(|t| self.upload_owned(t))
-            .collect()
+    ) -> Result<Vec<Self::Buffer>, RuntimeError>
+    where
+        Self: Sized,
+    {
+        self.through_host(inputs, |ts| {
+            kernels::context_forward_with(kind, ts, at, acc)
+                .map_err(RuntimeError::kernel(kind.mnemonic()))
+        })
     }
 
     /// A vocabulary-parallel shard op; by default the CPU kernel on downloaded operands.
@@ -151,16 +169,11 @@ pub trait Backend: std::fmt::Debug {
         &self,
         op: &vocab::VocabShard,
         inputs: &[&Self::Buffer],
-    ) -> Result<Vec<Self::Buffer>, RuntimeError> {
-        let host = inputs
-            .iter()
-            .map(|b| self.download(b))
-            .collect::<Result<Vec<_>, _>>()?;
-        let refs: Vec<&Tensor32> = host.iter().collect();
-        op.on_host(&refs)?
-            .into_iter()
-            .map(|t| self.upload_owned(t))
-            .collect()
+    ) -> Result<Vec<Self::Buffer>, RuntimeError>
+    where
+        Self: Sized,
+    {
+        self.through_host(inputs, |ts| op.on_host(ts))
     }
 
     /// Whether point-to-point messages go device to device ([`Backend::device_exchange`]).

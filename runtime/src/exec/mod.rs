@@ -673,10 +673,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         };
         let ys = self.backend.context_op(kind, &xs, at, acc)?;
         if ys.len() != outputs.len() {
+            let n = ys.len();
+            ys.into_iter().for_each(|y| self.backend.free(y));
             return Err(self.prog(format!(
-                "{}: {} results for {} outputs",
+                "{}: {n} results for {} outputs",
                 kind.mnemonic(),
-                ys.len(),
                 outputs.len()
             )));
         }

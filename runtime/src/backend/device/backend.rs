@@ -314,14 +314,11 @@ impl<D: Device> Backend for DeviceBackend<D> {
         if let Some(ys) = ops::context_op(self, kind, inputs, at)? {
             return Ok(ys);
         }
-        let name = format!("context {}", host_op_name(kind));
-        self.on_host(name, inputs, |ts| {
+        self.count_host_op(format!("context {}", host_op_name(kind)));
+        self.through_host(inputs, |ts| {
             kernels::context_forward_with(kind, ts, at, acc)
                 .map_err(RuntimeError::kernel(kind.mnemonic()))
-        })?
-        .into_iter()
-        .map(|t| self.upload_owned(t))
-        .collect()
+        })
     }
 
     fn vocab_shard(
@@ -332,10 +329,8 @@ impl<D: Device> Backend for DeviceBackend<D> {
         if let Some(ys) = ops::vocab_shard(self, op, inputs)? {
             return Ok(ys);
         }
-        self.on_host(op.name().to_owned(), inputs, |ts| op.on_host(ts))?
-            .into_iter()
-            .map(|t| self.upload_owned(t))
-            .collect()
+        self.count_host_op(op.name().to_owned());
+        self.through_host(inputs, |ts| op.on_host(ts))
     }
 
     fn has_device_collectives(&self) -> bool {
