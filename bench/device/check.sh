@@ -235,6 +235,16 @@ if [ "$(left)" -gt 60 ] && [ -s "$work/gpt2-plan.json" ]; then
     --op-times > "$OUT/gpt2-op-times.log" 2>&1
   row gpt2-op-times info "$(grep -A6 '^instruction ' "$OUT/gpt2-op-times.log" | head -7 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
 fi
+# CHECK_NCU=REGEX: Nsight Compute's speed-of-light, occupancy and launch sections for the first
+# kernels of one GPT-2 step whose names match REGEX (information for kernel work; where
+# `ncu` reads the counters: Firecracker machines, KINDS.md).
+if [ -n "${CHECK_NCU:-}" ] && command -v ncu >/dev/null 2>&1 && [ "$(left)" -gt 60 ] \
+   && [ -s "$work/gpt2-plan.json" ]; then
+  timeout "$(( $(left) - 20 ))" ncu --clock-control none --kernel-name "regex:$CHECK_NCU" --launch-count 6 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats \
+    "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" --steps 1 > "$OUT/ncu.log" 2>&1
+  row ncu info "$(grep -cE '^  [a-z_]+.*\(' "$OUT/ncu.log") kernels profiled into ncu.log"
+fi
 
 # `plait run` prints each stage's allocator high-water mark beside the plan's peak (CUDA
 # backend: the caching pool). The run stores activations in f32 while the plan was priced in

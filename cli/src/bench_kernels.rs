@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::Args;
 use runtime::Backend;
-use runtime::backend::conformance::{Case, cases, check};
+use runtime::backend::conformance::{Case, bf16_cases, cases, check};
 
 use crate::device::DeviceArg;
 
@@ -32,10 +32,24 @@ pub fn run(args: &KernelsArgs) -> anyhow::Result<()> {
                 .is_none_or(|s| c.name.contains(s) || c.kind.mnemonic().contains(s))
         })
         .collect();
+    let chosen_bf16: Vec<Case> = bf16_cases()
+        .into_iter()
+        .filter(|c| {
+            args.only
+                .as_deref()
+                .is_none_or(|s| c.name.contains(s) || c.kind.mnemonic().contains(s))
+        })
+        .collect();
     match args.device {
         DeviceArg::Cpu => table(&runtime::CpuBackend::new(), &chosen),
         DeviceArg::Cuda => match runtime::backend::CudaBackend::new(0) {
-            Ok(gpu) => table(&gpu, &chosen),
+            Ok(gpu) => {
+                let f32_result = table(&gpu, &chosen);
+                // A bf16 plan's backend: bf16 GEMMs and the tensor-core attention.
+                let bf16 = gpu.with_gemm_precision(runtime::GemmPrecision::Bf16);
+                let bf16_result = table(&bf16, &chosen_bf16);
+                f32_result.and(bf16_result)
+            }
             Err(e) => anyhow::bail!(
                 "`plait bench kernels --device cuda` runs on GPU 0, and CUDA cannot start here: \
                  {e}. Build with `cargo build --release --features cuda` and run it on the GPU \

@@ -495,6 +495,15 @@ fn print_peak_memory(
         *peak = (*peak).max(m.peak_in_use);
     }
     let gib = |b: f64| b / f64::from(1u32 << 30);
+    if let Some((rank, m)) = outs.iter().find_map(|(r, o)| o.memory.map(|m| (r, m))) {
+        println!(
+            "allocator   rank {rank}: {} blocks from the driver, {} requests from the cache, \
+             peak {:.2} GiB reserved",
+            m.driver_allocs,
+            m.reuses,
+            gib(m.peak_reserved as f64)
+        );
+    }
     for (stage, peak) in by_stage {
         let measured = peak as f64;
         let line = format!(
@@ -558,10 +567,12 @@ fn print_op_times(set: &ProgramSet, outs: &[(usize, runtime::train::RankOutcome)
             continue;
         }
         println!(
-            "\nrank {rank} (stage {}), {} steps:\n{}",
+            "\nrank {rank} (stage {}), {} steps:\n{}\nslowest instructions (`plait show` \
+             numbers them):\n{}",
             info.coords.pp,
             t.steps,
-            t.table()
+            t.table(),
+            t.slowest(12)
         );
     }
 }

@@ -6,8 +6,8 @@
 // heads (up to 512) take the kernels below: one block per query (and per key), keys in tiles
 // of blockDim.x.
 //
-// TODO(runtime, issue 15): tensor-core tiles (mma on bf16) and larger tiles with the tile
-// loads overlapped; these tiles run on the CUDA cores, products accumulated in f64.
+// These tiles run on the CUDA cores, products accumulated in f32: the f32 plans' attention
+// (and a bf16 plan's on a device without tensor cores). attention_mma.cu has a bf16 plan's.
 
 #define PLAIT_MAX_HEAD_DIM 512
 
@@ -33,11 +33,13 @@ __device__ const float* value_row(const Attention& a, const float* v, const Attn
     return v + (x.b * a.sk + j) * a.kv * a.dv + x.g * a.dv;
 }
 
-// scale·q·k, soft-capped: the score the CPU kernel computes (f32 result, f64 dot).
+// scale·q·k, soft-capped: the score the CPU kernel computes (its dot in f64; here in f32, as
+// FlashAttention accumulates: a head's 128 products round to ~1e-7 relative, and f64 runs at
+// half f32's rate on an H100/H200's CUDA cores).
 __device__ float attn_score(const Attention& a, const float* qrow, const float* kj) {
-    double s = 0.0;
-    for (i64 c = 0; c < a.d; ++c) s += (double)qrow[c] * kj[c];
-    float x = (float)(s * a.scale);
+    float s = 0.0f;
+    for (i64 c = 0; c < a.d; ++c) s = fmaf(qrow[c], kj[c], s);
+    float x = s * (float)a.scale;
     if (a.softcap > 0.0) {
         float cap = (float)a.softcap;
         x = cap * tanhf(x / cap);
@@ -104,9 +106,9 @@ __device__ float attn_log_sum_exp(const Attention& a, const float* qrow, const f
     return m + (float)log(l);
 }
 
-__device__ double dot_row(const float* a, const float* b, i64 n) {
-    double s = 0.0;
-    for (i64 c = 0; c < n; ++c) s += (double)a[c] * b[c];
+__device__ float dot_row(const float* a, const float* b, i64 n) {
+    float s = 0.0f;
+    for (i64 c = 0; c < n; ++c) s = fmaf(a[c], b[c], s);
     return s;
 }
 
@@ -257,10 +259,14 @@ extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const fl
 // ATTN_TILE_Q queries); the key and value tiles (ATTN_TILE_K rows) pass through shared memory
 // once per query tile instead of once per query; an online softmax per query row and the
 // output accumulated in shared memory, no [sq, sk] buffer. Head widths up to ATTN_TILE_D (the
-// launcher takes `attention_forward` beyond). Scores and products accumulate in f64, as above.
+// launcher takes `attention_forward` beyond). Scores and products accumulate in f32.
 #define ATTN_TILE_Q 16
 #define ATTN_TILE_K 16
 #define ATTN_TILE_D 128
+// A tile row's stride in shared memory: one float past the widest head, so that the 16 keys a
+// warp's threads read at one column fall in 16 different banks (at a stride of 128 floats
+// they all fall in one, and the score loops ran 16 times serialized).
+#define ATTN_ROW (ATTN_TILE_D + 1)
 
 // Tile t of the grid: its batch, head and first query.
 struct AttnTile {
@@ -286,13 +292,13 @@ __device__ i64 attn_visible(const Attention& a, const float* qpos, i64 qi) {
     return v < a.sk ? v : a.sk;
 }
 
-// Rows `r0 ..` of a [batch, n, width·heads]-strided tensor's head `hh` into `dst[rows][ATTN_TILE_D]`,
+// Rows `r0 ..` of a [batch, n, width·heads]-strided tensor's head `hh` into `dst[rows][ATTN_ROW]`,
 // zero past `n`.
 __device__ void load_tile(float* dst, const float* src, i64 b, i64 r0, i64 rows, i64 n, i64 heads, i64 hh,
                           i64 width) {
     for (i64 e = threadIdx.x; e < rows * width; e += blockDim.x) {
         i64 i = e / width, c = e % width, r = r0 + i;
-        dst[i * ATTN_TILE_D + c] = r < n ? src[((b * n + r) * heads + hh) * width + c] : 0.0f;
+        dst[i * ATTN_ROW + c] = r < n ? src[((b * n + r) * heads + hh) * width + c] : 0.0f;
     }
 }
 
@@ -312,7 +318,7 @@ struct AttnForwardTiles {
 __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const float* q, const float* k,
                                   const float* v, const float* qpos, const AttnForwardTiles& w) {
     load_tile(w.qt, q, x.b, x.q0, ATTN_TILE_Q, a.sq, a.heads, x.h, a.d);
-    for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_D; e += blockDim.x) w.ot[e] = 0.0f;
+    for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_ROW; e += blockDim.x) w.ot[e] = 0.0f;
     for (i64 i = threadIdx.x; i < ATTN_TILE_Q; i += blockDim.x) {
         w.m[i] = -INFINITY;
         w.l[i] = 0.0;
@@ -328,7 +334,7 @@ __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const f
         for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_K; e += blockDim.x) {
             i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = x.q0 + i;
             bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
-            w.st[e] = seen ? attn_score(a, w.qt + i * ATTN_TILE_D, w.kt + j * ATTN_TILE_D) : -INFINITY;
+            w.st[e] = seen ? attn_score(a, w.qt + i * ATTN_ROW, w.kt + j * ATTN_ROW) : -INFINITY;
         }
         __syncthreads();
         for (i64 i = threadIdx.x; i < ATTN_TILE_Q; i += blockDim.x) {
@@ -347,10 +353,9 @@ __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const f
         __syncthreads();
         for (i64 e = threadIdx.x; e < ATTN_TILE_Q * a.dv; e += blockDim.x) {
             i64 i = e / a.dv, c = e % a.dv;
-            double s2 = 0.0;
-            for (i64 j = 0; j < ATTN_TILE_K; ++j)
-                s2 += (double)w.st[i * ATTN_TILE_K + j] * w.vt[j * ATTN_TILE_D + c];
-            w.ot[i * ATTN_TILE_D + c] = (float)((double)w.ot[i * ATTN_TILE_D + c] * w.corr[i] + s2);
+            float s2 = 0.0f;
+            for (i64 j = 0; j < ATTN_TILE_K; ++j) s2 = fmaf(w.st[i * ATTN_TILE_K + j], w.vt[j * ATTN_ROW + c], s2);
+            w.ot[i * ATTN_ROW + c] = fmaf(w.ot[i * ATTN_ROW + c], w.corr[i], s2);
         }
     }
     __syncthreads();
@@ -358,10 +363,10 @@ __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const f
 
 // The shared tiles of one block of the tiled forward.
 #define ATTN_FORWARD_TILES                                              \
-    __shared__ float qt[ATTN_TILE_Q * ATTN_TILE_D];                     \
-    __shared__ float kt[ATTN_TILE_K * ATTN_TILE_D];                     \
-    __shared__ float vt[ATTN_TILE_K * ATTN_TILE_D];                     \
-    __shared__ float ot[ATTN_TILE_Q * ATTN_TILE_D];                     \
+    __shared__ float qt[ATTN_TILE_Q * ATTN_ROW];                     \
+    __shared__ float kt[ATTN_TILE_K * ATTN_ROW];                     \
+    __shared__ float vt[ATTN_TILE_K * ATTN_ROW];                     \
+    __shared__ float ot[ATTN_TILE_Q * ATTN_ROW];                     \
     __shared__ float st[ATTN_TILE_Q * ATTN_TILE_K];                     \
     __shared__ float m[ATTN_TILE_Q], corr[ATTN_TILE_Q];                 \
     __shared__ double l[ATTN_TILE_Q];                                   \
@@ -379,7 +384,7 @@ extern "C" __global__ void attention_forward_tiled(float* o, const float* q, con
             i64 i = e / a.dv, c = e % a.dv, qi = x.q0 + i;
             if (qi < a.sq)
                 o[((x.b * a.sq + qi) * a.heads + x.h) * a.dv + c] =
-                    l[i] > 0.0 ? (float)(ot[i * ATTN_TILE_D + c] / l[i]) : 0.0f;
+                    l[i] > 0.0 ? (float)(ot[i * ATTN_ROW + c] / l[i]) : 0.0f;
         }
         __syncthreads();  // the shared tiles are reloaded for the next tile
     }
@@ -399,7 +404,7 @@ extern "C" __global__ void attention_row_stats_tiled(float* lse, float* dsum, co
             if (qi >= a.sq) continue;
             const float* g = go + ((x.b * a.sq + qi) * a.heads + x.h) * a.dv;
             double d = 0.0;
-            for (i64 c = 0; c < a.dv; ++c) d += (double)g[c] * (l[i] > 0.0 ? ot[i * ATTN_TILE_D + c] / l[i] : 0.0);
+            for (i64 c = 0; c < a.dv; ++c) d += (double)g[c] * (l[i] > 0.0 ? ot[i * ATTN_ROW + c] / l[i] : 0.0);
             i64 row = (x.b * a.heads + x.h) * a.sq + qi;
             lse[row] = l[i] > 0.0 ? m[i] + (float)log(l[i]) : -INFINITY;
             dsum[row] = (float)d;
@@ -424,17 +429,17 @@ __device__ float attn_tile_ds(const Attention& a, float s, float lse, const floa
 extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q, const float* k, const float* v,
                                                        const float* go, const float* lse, const float* dsum,
                                                        const float* qpos, Attention a) {
-    __shared__ float qt[ATTN_TILE_Q * ATTN_TILE_D];
-    __shared__ float gt[ATTN_TILE_Q * ATTN_TILE_D];
-    __shared__ float kt[ATTN_TILE_K * ATTN_TILE_D];
-    __shared__ float vt[ATTN_TILE_K * ATTN_TILE_D];
-    __shared__ float dqt[ATTN_TILE_Q * ATTN_TILE_D];
+    __shared__ float qt[ATTN_TILE_Q * ATTN_ROW];
+    __shared__ float gt[ATTN_TILE_Q * ATTN_ROW];
+    __shared__ float kt[ATTN_TILE_K * ATTN_ROW];
+    __shared__ float vt[ATTN_TILE_K * ATTN_ROW];
+    __shared__ float dqt[ATTN_TILE_Q * ATTN_ROW];
     __shared__ float dst[ATTN_TILE_Q * ATTN_TILE_K];
     for (i64 t = blockIdx.x; t < attn_tiles(a); t += gridDim.x) {
         AttnTile x = attn_tile(a, t);
         load_tile(qt, q, x.b, x.q0, ATTN_TILE_Q, a.sq, a.heads, x.h, a.d);
         load_tile(gt, go, x.b, x.q0, ATTN_TILE_Q, a.sq, a.heads, x.h, a.dv);
-        for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_D; e += blockDim.x) dqt[e] = 0.0f;
+        for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_ROW; e += blockDim.x) dqt[e] = 0.0f;
         i64 last = (x.q0 + ATTN_TILE_Q < a.sq ? x.q0 + ATTN_TILE_Q : a.sq) - 1;
         i64 keys = attn_visible(a, qpos, last);
         i64 row0 = (x.b * a.heads + x.h) * a.sq + x.q0;
@@ -446,24 +451,24 @@ extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q
             for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_K; e += blockDim.x) {
                 i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = x.q0 + i;
                 bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
-                float s = seen ? attn_score(a, qt + i * ATTN_TILE_D, kt + j * ATTN_TILE_D) : -INFINITY;
+                float s = seen ? attn_score(a, qt + i * ATTN_ROW, kt + j * ATTN_ROW) : -INFINITY;
                 float p;
-                dst[e] = seen ? attn_tile_ds(a, s, lse[row0 + i], gt + i * ATTN_TILE_D, vt + j * ATTN_TILE_D,
+                dst[e] = seen ? attn_tile_ds(a, s, lse[row0 + i], gt + i * ATTN_ROW, vt + j * ATTN_ROW,
                                              dsum[row0 + i], &p)
                               : 0.0f;
             }
             __syncthreads();
             for (i64 e = threadIdx.x; e < ATTN_TILE_Q * a.d; e += blockDim.x) {
                 i64 i = e / a.d, c = e % a.d;
-                double s2 = 0.0;
-                for (i64 j = 0; j < ATTN_TILE_K; ++j) s2 += (double)dst[i * ATTN_TILE_K + j] * kt[j * ATTN_TILE_D + c];
-                dqt[i * ATTN_TILE_D + c] += (float)s2;
+                float s2 = 0.0f;
+                for (i64 j = 0; j < ATTN_TILE_K; ++j) s2 = fmaf(dst[i * ATTN_TILE_K + j], kt[j * ATTN_ROW + c], s2);
+                dqt[i * ATTN_ROW + c] += s2;
             }
         }
         __syncthreads();
         for (i64 e = threadIdx.x; e < ATTN_TILE_Q * a.d; e += blockDim.x) {
             i64 i = e / a.d, c = e % a.d, qi = x.q0 + i;
-            if (qi < a.sq) dq[((x.b * a.sq + qi) * a.heads + x.h) * a.d + c] = (float)a.scale * dqt[i * ATTN_TILE_D + c];
+            if (qi < a.sq) dq[((x.b * a.sq + qi) * a.heads + x.h) * a.d + c] = (float)a.scale * dqt[i * ATTN_ROW + c];
         }
         __syncthreads();
     }
@@ -476,12 +481,12 @@ extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q
 extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, const float* q, const float* k,
                                                         const float* v, const float* go, const float* lse,
                                                         const float* dsum, const float* qpos, Attention a) {
-    __shared__ float kt[ATTN_TILE_K * ATTN_TILE_D];
-    __shared__ float vt[ATTN_TILE_K * ATTN_TILE_D];
-    __shared__ float dkt[ATTN_TILE_K * ATTN_TILE_D];
-    __shared__ float dvt[ATTN_TILE_K * ATTN_TILE_D];
-    __shared__ float qt[ATTN_BWD_Q * ATTN_TILE_D];
-    __shared__ float gt[ATTN_BWD_Q * ATTN_TILE_D];
+    __shared__ float kt[ATTN_TILE_K * ATTN_ROW];
+    __shared__ float vt[ATTN_TILE_K * ATTN_ROW];
+    __shared__ float dkt[ATTN_TILE_K * ATTN_ROW];
+    __shared__ float dvt[ATTN_TILE_K * ATTN_ROW];
+    __shared__ float qt[ATTN_BWD_Q * ATTN_ROW];
+    __shared__ float gt[ATTN_BWD_Q * ATTN_ROW];
     __shared__ float pt[ATTN_BWD_Q * ATTN_TILE_K];
     __shared__ float dst[ATTN_BWD_Q * ATTN_TILE_K];
     i64 key_tiles = (a.sk + ATTN_TILE_K - 1) / ATTN_TILE_K;
@@ -491,7 +496,7 @@ extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, co
         i64 k0 = (t % key_tiles) * ATTN_TILE_K, g = (t / key_tiles) % a.kv, b = t / (key_tiles * a.kv);
         load_tile(kt, k, b, k0, ATTN_TILE_K, a.sk, a.kv, g, a.d);
         load_tile(vt, v, b, k0, ATTN_TILE_K, a.sk, a.kv, g, a.dv);
-        for (i64 e = threadIdx.x; e < ATTN_TILE_K * ATTN_TILE_D; e += blockDim.x) {
+        for (i64 e = threadIdx.x; e < ATTN_TILE_K * ATTN_ROW; e += blockDim.x) {
             dkt[e] = 0.0f;
             dvt[e] = 0.0f;
         }
@@ -509,9 +514,9 @@ extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, co
                     i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = i0 + i;
                     bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
                     i64 row = (b * a.heads + h) * a.sq + qi;
-                    float s = seen ? attn_score(a, qt + i * ATTN_TILE_D, kt + j * ATTN_TILE_D) : -INFINITY;
+                    float s = seen ? attn_score(a, qt + i * ATTN_ROW, kt + j * ATTN_ROW) : -INFINITY;
                     float p = 0.0f;
-                    dst[e] = seen ? attn_tile_ds(a, s, lse[row], gt + i * ATTN_TILE_D, vt + j * ATTN_TILE_D,
+                    dst[e] = seen ? attn_tile_ds(a, s, lse[row], gt + i * ATTN_ROW, vt + j * ATTN_ROW,
                                                  dsum[row], &p)
                                   : 0.0f;
                     pt[e] = p;
@@ -519,26 +524,26 @@ extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, co
                 __syncthreads();
                 for (i64 e = threadIdx.x; e < ATTN_TILE_K * a.dv; e += blockDim.x) {
                     i64 j = e / a.dv, c = e % a.dv;
-                    double s2 = 0.0;
-                    for (i64 i = 0; i < ATTN_BWD_Q; ++i) s2 += (double)pt[i * ATTN_TILE_K + j] * gt[i * ATTN_TILE_D + c];
-                    dvt[j * ATTN_TILE_D + c] += (float)s2;
+                    float s2 = 0.0f;
+                    for (i64 i = 0; i < ATTN_BWD_Q; ++i) s2 = fmaf(pt[i * ATTN_TILE_K + j], gt[i * ATTN_ROW + c], s2);
+                    dvt[j * ATTN_ROW + c] += s2;
                 }
                 for (i64 e = threadIdx.x; e < ATTN_TILE_K * a.d; e += blockDim.x) {
                     i64 j = e / a.d, c = e % a.d;
-                    double s2 = 0.0;
-                    for (i64 i = 0; i < ATTN_BWD_Q; ++i) s2 += (double)dst[i * ATTN_TILE_K + j] * qt[i * ATTN_TILE_D + c];
-                    dkt[j * ATTN_TILE_D + c] += (float)s2;
+                    float s2 = 0.0f;
+                    for (i64 i = 0; i < ATTN_BWD_Q; ++i) s2 = fmaf(dst[i * ATTN_TILE_K + j], qt[i * ATTN_ROW + c], s2);
+                    dkt[j * ATTN_ROW + c] += s2;
                 }
             }
         }
         __syncthreads();
         for (i64 e = threadIdx.x; e < ATTN_TILE_K * a.d; e += blockDim.x) {
             i64 j = e / a.d, c = e % a.d;
-            if (k0 + j < a.sk) dk[((b * a.sk + k0 + j) * a.kv + g) * a.d + c] = (float)a.scale * dkt[j * ATTN_TILE_D + c];
+            if (k0 + j < a.sk) dk[((b * a.sk + k0 + j) * a.kv + g) * a.d + c] = (float)a.scale * dkt[j * ATTN_ROW + c];
         }
         for (i64 e = threadIdx.x; e < ATTN_TILE_K * a.dv; e += blockDim.x) {
             i64 j = e / a.dv, c = e % a.dv;
-            if (k0 + j < a.sk) dv[((b * a.sk + k0 + j) * a.kv + g) * a.dv + c] = dvt[j * ATTN_TILE_D + c];
+            if (k0 + j < a.sk) dv[((b * a.sk + k0 + j) * a.kv + g) * a.dv + c] = dvt[j * ATTN_ROW + c];
         }
         __syncthreads();
     }

@@ -205,3 +205,23 @@ extern "C" __global__ void dropout(float* y, const float* x, i64 n, i64 per_row,
         y[i] = u >= p ? (float)((double)x[i] * scale) : 0.0f;
     }
 }
+
+// `mats` row-major [rows, cols] matrices of x (the m-th at m·stride) rounded to bf16 (to
+// nearest, ties to even; kernels::device::round_bf16), two to a word of `y`, each row padded
+// with zeros to `pitch` (even) columns and the matrices packed: the operands of a bf16 plan's
+// GEMMs, which cuBLAS then multiplies as bf16. (Given f32 operands it converts them itself, at
+// a fraction of the tensor cores' rate; and a row pitch of 8 elements, 16 bytes, lets it take
+// its fast kernels where the tensor's own row, a 50257-word vocabulary, would not.)
+extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows, i64 cols, i64 stride, i64 pitch) {
+    unsigned* words = (unsigned*)y;
+    i64 per_row = pitch / 2, per_mat = rows * per_row;
+    for (i64 i = global_thread(); i < mats * per_mat; i += grid_threads()) {
+        i64 m = i / per_mat, r = (i % per_mat) / per_row, c = 2 * (i % per_row);
+        const float* row = x + m * stride + r * cols;
+        unsigned lo = c < cols ? __float_as_uint(row[c]) : 0u;
+        unsigned hi = c + 1 < cols ? __float_as_uint(row[c + 1]) : 0u;
+        lo = (lo + 0x7fffu + ((lo >> 16) & 1u)) >> 16;
+        hi = (hi + 0x7fffu + ((hi >> 16) & 1u)) >> 16;
+        words[i] = lo | (hi << 16);
+    }
+}

@@ -6,6 +6,7 @@
 
 #include <math.h>  // the C names (expf, fmaxf, erf) in the global namespace, as in CUDA
 #include <cstddef>
+#include <cstring>
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -25,6 +26,12 @@ void sync_threads();
 #define __forceinline__ inline
 #define __shared__ static thread_local
 #define __syncthreads() ::simt::sync_threads()
+
+inline unsigned __float_as_uint(float x) {
+    unsigned u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+}
 
 inline float atomicAdd(float* address, float value) {
     float old = *address;

@@ -11,7 +11,7 @@ use kernels::Tensor32;
 use runtime::backend::DropoutMask;
 use runtime::backend::conformance::{self, Case, ids, positive, tensor};
 use runtime::backend::vocab::VocabShard;
-use runtime::{Backend, DeviceBackend};
+use runtime::{Backend, DeviceBackend, GemmPrecision};
 use tests::emulator::{Emulator, emulator};
 
 fn assert_close(got: &Tensor32, want: &Tensor32, tol: f32, what: &str) {
@@ -56,6 +56,66 @@ fn the_conformance_cases_pass_on_the_emulated_device() {
                 p.max_error
             ),
             Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn to_bf16_rounds_as_the_host_and_pads_each_row_to_the_pitch() {
+    use kernels::device::KernelArg;
+    use runtime::Device;
+    let dev = Emulator { block: 32 };
+    // Two [3, 5] matrices, 15 apart, rows padded to 8: ties, a carry into the exponent and
+    // negatives among the values.
+    let (mats, rows, cols, pitch) = (2usize, 3usize, 5usize, 8usize);
+    let x: Vec<f32> = [
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        -2.5,
+        1.9999999,
+        3.0e-3,
+    ]
+    .into_iter()
+    .chain(tensor(&[25], 3).data)
+    .collect();
+    let mut y = vec![f32::NAN; mats * rows * pitch / 2];
+    let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap());
+    let mut args = [
+        KernelArg::Out(&mut y),
+        KernelArg::In(&x),
+        i(mats),
+        i(rows),
+        i(cols),
+        i(rows * cols),
+        i(pitch),
+    ];
+    dev.launch("to_bf16", 2, 32, &mut args).unwrap();
+    for h in 0..mats * rows * pitch {
+        let word = y[h / 2].to_bits();
+        let half = if h % 2 == 0 {
+            word & 0xffff
+        } else {
+            word >> 16
+        };
+        let (m, r, c) = (h / (rows * pitch), h / pitch % rows, h % pitch);
+        let want = if c < cols {
+            kernels::device::round_bf16(x[m * rows * cols + r * cols + c]).to_bits() >> 16
+        } else {
+            0
+        };
+        assert_eq!(half, want, "matrix {m} row {r} column {c}");
+    }
+}
+
+#[test]
+fn the_bf16_cases_pass_on_the_emulated_device() {
+    // The emulator has no tensor cores: these run the CUDA-core tiles with bf16 GEMMs, the
+    // path a bf16 plan takes on a device without them (the tensor-core kernels are checked by
+    // `plait bench kernels --device cuda` on a GPU).
+    let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
+    for case in &conformance::bf16_cases() {
+        if let Err(e) = conformance::check(&b, case) {
+            panic!("{e}");
         }
     }
 }

@@ -261,6 +261,60 @@ fn case(name: &str, kind: OpKind, inputs: Vec<Tensor32>, tol: f32) -> Case {
     }
 }
 
+/// Cases for a backend of a bf16 plan (`GemmPrecision::Bf16`), at bf16's tolerance (operands
+/// rounded to 8 significant bits; a wrong fragment layout or mask is off by O(1)): the GEMMs
+/// (bf16 copies of the operands on a GPU), and attention
+/// at each head width the tensor-core kernels are built for (`attention_mma.cu`), with grouped
+/// heads, a soft cap, no mask, and sequences that end inside a tile.
+pub fn bf16_cases() -> Vec<Case> {
+    let attention = |heads, kv_heads, causal, softcap| OpKind::Attention {
+        heads,
+        kv_heads,
+        scale: 0.3,
+        causal,
+        softcap,
+    };
+    let qkv = |seq: usize, heads: usize, kv: usize, d: usize, seed: u64| {
+        vec![
+            tensor(&[2, seq, heads * d], seed),
+            tensor(&[2, seq, kv * d], seed + 1),
+            tensor(&[2, seq, kv * d], seed + 2),
+        ]
+    };
+    let tol = 2e-2;
+    // Products over 80 and 160 terms of two rounded operands: their error reaches 0.03 of
+    // 1 + |result|.
+    let gemms = product_cases().into_iter().map(|c| Case { tol: 5e-2, ..c });
+    gemms
+        .chain([
+            case(
+                "attention",
+                attention(4, 2, true, None),
+                qkv(200, 4, 2, 32, 60),
+                tol,
+            ),
+            case(
+                "attention",
+                attention(2, 2, true, Some(5.0)),
+                qkv(130, 2, 2, 64, 63),
+                tol,
+            ),
+            case(
+                "attention",
+                attention(2, 1, false, None),
+                qkv(70, 2, 1, 64, 66),
+                tol,
+            ),
+            case(
+                "attention",
+                attention(2, 1, true, None),
+                qkv(100, 2, 1, 128, 69),
+                tol,
+            ),
+        ])
+        .collect()
+}
+
 /// One case of every op family a device lowers, at sizes that span several blocks and tiles.
 pub fn cases() -> Vec<Case> {
     let mut all = pointwise_cases();

@@ -3,13 +3,17 @@
 //! with [`RuntimeError::NoCudaDevice`] at run time there). [`CudaBackend`] is the
 //! [`DeviceBackend`] of this device: the ops `device::ops` lowers run as the kernels of
 //! `kernels/cuda` (compiled by NVRTC when the backend opens, for the device's architecture)
-//! and cuBLAS sgemm (f32, without TF32); the rest take the counted host path.
+//! and cuBLAS GEMMs (f32 without TF32; a bf16 plan's on bf16 copies of the operands); the
+//! rest take the counted host path. A bf16 plan's attention runs on the tensor cores
+//! (`attention_mma.cu`).
 //!
 //! Buffers come from a caching pool ([`super::pool`]) whose high-water mark `plait run` prints.
+//! Compiled kernels are cached on disk ([`super::kernel_cache`]).
 //!
-//! TODO(runtime, issue 15): bf16 buffers (activations are stored in f32; only the GEMMs run in
-//! bf16), tensor-core attention, NCCL collectives in the executor and a communication stream;
-//! none of this backend has run on a GPU yet.
+//! TODO(runtime, issue 15): bf16 buffers (activations are stored in f32, which doubles the
+//! activation memory a bf16 plan prices); the attention's tile loads overlapped with its
+//! products; a communication stream that overlaps the data-parallel reduce with the backward.
+//! Run on an H200 (2026-12-04): `bench/device/check.sh` passes its correctness rows.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,7 +28,7 @@ use kernels::device::{AttentionShape, Broadcast, KernelArg, Strided};
 
 use super::device::{Device, DeviceBackend, DeviceBuffer, Gemm};
 use super::nvrtc;
-use super::pool::{Lease, MemoryStats, Pool, Slab};
+use super::pool::{MemoryStats, Pool, Pooled, Slab};
 use crate::RuntimeError;
 
 /// plait's ops on one CUDA GPU.
@@ -37,6 +41,8 @@ pub type CudaBuffer = DeviceBuffer<CudaMem>;
 pub struct CudaDevice {
     pub(super) ordinal: usize,
     pub(super) device_name: String,
+    /// Compute capability 8.0 or newer: bf16 `mma.sync` (attention_mma.cu).
+    tensor_cores: bool,
     pub(super) stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
     functions: HashMap<&'static str, CudaFunction>,
@@ -54,9 +60,8 @@ impl std::fmt::Debug for CudaDevice {
 
 /// A block of GPU memory from the pool: at least as many elements as its buffer needs.
 pub struct CudaMem {
-    pub(super) data: CudaSlice<f32>,
-    /// The block's place in the pool's accounting.
-    lease: Lease<CudaSlice<f32>>,
+    /// The pool's block: it returns to the pool's cache when the buffer drops.
+    pub(super) data: Pooled<CudaSlice<f32>>,
 }
 
 impl std::fmt::Debug for CudaMem {
@@ -174,9 +179,13 @@ impl CudaDevice {
             message: e.to_string(),
         })?;
         let functions = compile_kernels(&ctx)?;
+        let (major, _) = ctx
+            .compute_capability()
+            .map_err(cuda_err("compute capability"))?;
         Ok(CudaDevice {
             ordinal,
             device_name,
+            tensor_cores: major >= 8,
             stream,
             blas,
             functions,
@@ -241,6 +250,59 @@ enum Value {
     Null(u64),
 }
 
+impl CudaDevice {
+    /// `len` elements whose values do not matter (they are written before they are read): a
+    /// block from the pool, not zeroed.
+    fn scratch(&self, len: usize) -> Result<CudaMem, RuntimeError> {
+        let data = self
+            .pool
+            .take(len.max(1) * std::mem::size_of::<f32>(), |bytes| {
+                // SAFETY: the memory is only written (by `to_bf16`) before it is read.
+                #[allow(unsafe_code)]
+                unsafe {
+                    self.stream.alloc::<f32>(bytes / std::mem::size_of::<f32>())
+                }
+            })
+            .map_err(cuda_err("alloc"))?;
+        Ok(CudaMem { data })
+    }
+
+    /// `x` as bf16 (`to_bf16`): `op`'s matrices, rows padded to its pitch.
+    pub(super) fn to_bf16(&self, x: &CudaMem, op: &Bf16Operand) -> Result<CudaMem, RuntimeError> {
+        let words = op.mats * op.rows * op.pitch / 2;
+        let mut y = self.scratch(words)?;
+        let block = self.block_size();
+        let grid = words.div_ceil(block as usize).clamp(1, 1 << 16) as u32;
+        let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
+        self.launch(
+            "to_bf16",
+            grid,
+            block,
+            &mut [
+                KernelArg::Out(&mut y),
+                KernelArg::In(x),
+                i(op.mats),
+                i(op.rows),
+                i(op.cols),
+                i(op.stride),
+                i(op.pitch),
+            ],
+        )?;
+        Ok(y)
+    }
+}
+
+/// How a GEMM operand of `mats` row-major `[rows, cols]` matrices, the m-th at `m · stride`,
+/// is copied to bf16: each row padded to `pitch` elements.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bf16Operand {
+    pub mats: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub stride: usize,
+    pub pitch: usize,
+}
+
 impl Device for CudaDevice {
     type Mem = CudaMem;
 
@@ -249,7 +311,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc_zeros(&self, len: usize) -> Result<CudaMem, RuntimeError> {
-        let (mut data, lease) = self
+        let mut data = self
             .pool
             .take(len * std::mem::size_of::<f32>(), |bytes| {
                 self.stream
@@ -257,17 +319,12 @@ impl Device for CudaDevice {
             })
             .map_err(cuda_err("alloc"))?;
         // A block from the cache holds an earlier buffer's values (a new one is zeros).
-        if lease.reused() {
+        if data.reused() {
             self.stream
                 .memset_zeros(&mut data.slice_mut(..len))
                 .map_err(cuda_err("zero"))?;
         }
-        Ok(CudaMem { data, lease })
-    }
-
-    /// Returns the block to the pool for the next buffer of about its size.
-    fn release(&self, mem: CudaMem) {
-        self.pool.give(mem.data, mem.lease);
+        Ok(CudaMem { data })
     }
 
     fn upload(&self, host: &[f32], dst: &mut CudaMem) -> Result<(), RuntimeError> {
@@ -319,8 +376,8 @@ impl Device for CudaDevice {
         let mut builder = self.stream.launch_builder(func);
         for (arg, value) in args.iter_mut().zip(&values) {
             match (arg, value) {
-                (KernelArg::Out(m), _) => builder.arg(&mut m.data),
-                (KernelArg::In(m), _) => builder.arg(&m.data),
+                (KernelArg::Out(m), _) => builder.arg(&mut *m.data),
+                (KernelArg::In(m), _) => builder.arg(&*m.data),
                 (_, Some(Value::I64(v))) => builder.arg(v),
                 (_, Some(Value::I32(v))) => builder.arg(v),
                 (_, Some(Value::F64(v))) => builder.arg(v),
@@ -356,6 +413,10 @@ impl Device for CudaDevice {
         c: &mut CudaMem,
     ) -> Result<(), RuntimeError> {
         super::cuda_ops::gemm(self, g, a, b, c)
+    }
+
+    fn tensor_cores(&self) -> bool {
+        self.tensor_cores
     }
 
     fn memory_stats(&self) -> Option<MemoryStats> {

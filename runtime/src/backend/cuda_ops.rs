@@ -1,15 +1,15 @@
 //! Row-major GEMMs ([`Gemm`]) on cuBLAS, which is column-major: a row-major
 //! `c = op(a) · op(b)` is the column-major `cᵀ = op(b)ᵀ · op(a)ᵀ`, the same memory. f32
-//! operands and results; [`GemmPrecision::Bf16`] lets cuBLAS down-convert the operands to bf16
-//! for the tensor cores (`CUBLAS_COMPUTE_32F_FAST_16BF`), accumulating in f32.
+//! results; [`GemmPrecision::Bf16`] rounds the operands to bf16 copies first (`to_bf16`) and
+//! multiplies those on the tensor cores, accumulating in f32.
 
 use std::ffi::{c_int, c_longlong, c_void};
 
 use cudarc::cublas::result::{CublasError, gemm_strided_batched_ex};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
-use super::cuda::{CudaDevice, CudaMem};
+use super::cuda::{Bf16Operand, CudaDevice, CudaMem};
 use super::device::{Gemm, GemmPrecision};
 use crate::RuntimeError;
 
@@ -35,10 +35,99 @@ fn op(transposed: bool) -> cublasOperation_t {
     }
 }
 
-fn compute_type(p: GemmPrecision) -> cublasComputeType_t {
-    match p {
-        GemmPrecision::F32 => cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        GemmPrecision::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+/// The operands as cuBLAS reads them: f32 for an f32 plan; for a bf16 plan, copies rounded to
+/// bf16 (`to_bf16`) with rows padded to a multiple of 8 elements (16 bytes), which cuBLAS
+/// multiplies on the tensor cores at their bf16 rate. (Given f32 operands and
+/// `CUBLAS_COMPUTE_32F_FAST_16BF` it converts them itself: GPT-2's GEMMs ran at ~135 TFLOP/s
+/// on an H200; and its 50257-wide vocabulary rows took slow kernels.)
+enum Operands<'m> {
+    F32(&'m CudaMem, &'m CudaMem),
+    Bf16([(CudaMem, Layout); 2]),
+}
+
+/// An operand's leading dimension and batch stride, in elements.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    ld: usize,
+    stride: usize,
+}
+
+/// A GEMM operand of `batch` `[rows, cols]` matrices at `stride` as bf16: padded rows where
+/// the matrices are dense (stride `rows · cols`) or one matrix serves all (stride 0); else
+/// its own layout, unpadded.
+fn to_bf16(
+    dev: &CudaDevice,
+    x: &CudaMem,
+    batch: usize,
+    (rows, cols): (usize, usize),
+    stride: usize,
+) -> Result<(CudaMem, Layout), RuntimeError> {
+    let dense = stride == rows * cols || batch == 1;
+    let (op, layout) = if stride == 0 || dense {
+        let pitch = cols.next_multiple_of(8);
+        let mats = if stride == 0 { 1 } else { batch };
+        let stride_out = if stride == 0 { 0 } else { rows * pitch };
+        let op = Bf16Operand {
+            mats,
+            rows,
+            cols,
+            stride: rows * cols,
+            pitch,
+        };
+        (
+            op,
+            Layout {
+                ld: pitch,
+                stride: stride_out,
+            },
+        )
+    } else {
+        let span = (batch - 1) * stride + rows * cols;
+        let op = Bf16Operand {
+            mats: 1,
+            rows: 1,
+            cols: span,
+            stride: 0,
+            pitch: span.next_multiple_of(2),
+        };
+        (op, Layout { ld: cols, stride })
+    };
+    Ok((dev.to_bf16(x, &op)?, layout))
+}
+
+impl Operands<'_> {
+    /// The two device pointers, each with the guard that records the read when it drops
+    /// (keep both until the GEMM is queued).
+    fn pointers<'s>(&'s self, stream: &'s CudaStream) -> [(u64, SyncOnDrop<'s>); 2] {
+        let (a, b) = match self {
+            Operands::F32(a, b) => (*a, *b),
+            Operands::Bf16([(a, _), (b, _)]) => (a, b),
+        };
+        [a.data.device_ptr(stream), b.data.device_ptr(stream)]
+    }
+
+    fn data_type(&self) -> cudaDataType {
+        match self {
+            Operands::F32(..) => cudaDataType::CUDA_R_32F,
+            Operands::Bf16(..) => cudaDataType::CUDA_R_16BF,
+        }
+    }
+
+    /// The operands' layouts: `g`'s own for f32, the copies' for bf16.
+    fn layouts(&self, g: &Gemm) -> [Layout; 2] {
+        match self {
+            Operands::F32(..) => [
+                Layout {
+                    ld: if g.trans_a { g.m } else { g.k },
+                    stride: g.stride_a,
+                },
+                Layout {
+                    ld: if g.trans_b { g.k } else { g.n },
+                    stride: g.stride_b,
+                },
+            ],
+            Operands::Bf16([(_, a), (_, b)]) => [*a, *b],
+        }
     }
 }
 
@@ -55,6 +144,20 @@ pub(super) fn gemm(
     }
     let (alpha, beta) = (1.0f32, 0.0f32);
     let f32_type = cudaDataType::CUDA_R_32F;
+    let operands = match g.precision {
+        GemmPrecision::F32 => Operands::F32(a, b),
+        GemmPrecision::Bf16 => {
+            // Stored row-major: op(a) is [m, k], so a is [k, m] when transposed.
+            let a_dims = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
+            let b_dims = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+            Operands::Bf16([
+                to_bf16(dev, a, g.batch, a_dims, g.stride_a)?,
+                to_bf16(dev, b, g.batch, b_dims, g.stride_b)?,
+            ])
+        }
+    };
+    let in_type = operands.data_type();
+    let [a_layout, b_layout] = operands.layouts(g);
     let stream = &dev.stream;
     // cuBLAS runs on the calling thread's current context: ranks that are threads sharing
     // one process each bind their own device's before calling it raw.
@@ -62,8 +165,7 @@ pub(super) fn gemm(
         .context()
         .bind_to_thread()
         .map_err(super::cuda::cuda_err("bind context"))?;
-    let (a_ptr, _a_sync) = a.data.device_ptr(stream);
-    let (b_ptr, _b_sync) = b.data.device_ptr(stream);
+    let [(a_ptr, _a_sync), (b_ptr, _b_sync)] = operands.pointers(stream);
     let (c_ptr, _c_sync) = c.data.device_ptr_mut(stream);
     // Column-major view: cᵀ[n, m] = op(b)ᵀ[n, k] · op(a)ᵀ[k, m]; a row-major [r, c] matrix
     // is a column-major [c, r] one with leading dimension c.
@@ -81,20 +183,20 @@ pub(super) fn gemm(
             int(g.k)?,
             std::ptr::from_ref(&alpha).cast::<c_void>(),
             b_ptr as *const c_void,
-            f32_type,
-            int(if g.trans_b { g.k } else { g.n })?,
-            long(g.stride_b)?,
+            in_type,
+            int(b_layout.ld)?,
+            long(b_layout.stride)?,
             a_ptr as *const c_void,
-            f32_type,
-            int(if g.trans_a { g.m } else { g.k })?,
-            long(g.stride_a)?,
+            in_type,
+            int(a_layout.ld)?,
+            long(a_layout.stride)?,
             std::ptr::from_ref(&beta).cast::<c_void>(),
             c_ptr as *mut c_void,
             f32_type,
             int(g.n)?,
             long(g.stride_c)?,
             int(g.batch)?,
-            compute_type(g.precision),
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }

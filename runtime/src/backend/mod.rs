@@ -25,6 +25,7 @@ mod cuda;
 mod cuda_ops;
 pub mod device;
 mod dropout;
+pub mod kernel_cache;
 #[cfg(feature = "cuda")]
 mod nccl;
 #[cfg(feature = "cuda")]
@@ -84,6 +85,15 @@ pub trait Backend: std::fmt::Debug {
         self.upload_owned(
             Tensor32::new(shape.to_vec(), vec![value; n]).map_err(RuntimeError::kernel("fill"))?,
         )
+    }
+
+    /// Sets every element of `buffer` to `value` in place (a step's gradient accumulators are
+    /// zeroed where they live, not reallocated beside the old ones); by default a new buffer
+    /// replaces it.
+    fn fill_in_place(&self, buffer: &mut Self::Buffer, value: f32) -> Result<(), RuntimeError> {
+        let filled = self.fill(self.shape(buffer), value)?;
+        self.free(std::mem::replace(buffer, filled));
+        Ok(())
     }
 
     /// `[0, 1, .., n − 1]` as a `[n]` buffer (the IR's `Iota`); by default uploaded.

@@ -11,6 +11,7 @@ use std::ffi::{CStr, CString, c_char};
 
 use cudarc::nvrtc::{result, sys};
 
+use super::kernel_cache;
 use crate::RuntimeError;
 
 /// The options every compilation uses: the target only (NVRTC's defaults otherwise, fused
@@ -49,7 +50,8 @@ pub enum Output {
 
 /// `kernels/cuda` compiled for compute capability `major.minor` (no device needed: the CUDA
 /// build's tests compile it wherever the NVRTC library is found): the PTX text's or the
-/// cubin's bytes.
+/// cubin's bytes, from the kernel cache ([`super::kernel_cache`]) when an earlier run or rank
+/// built them with the same source, options and NVRTC.
 pub fn compile_kernels(major: i32, minor: i32, output: Output) -> Result<Vec<u8>, RuntimeError> {
     if !present() {
         return Err(missing());
@@ -58,14 +60,44 @@ pub fn compile_kernels(major: i32, minor: i32, output: Output) -> Result<Vec<u8>
         Output::Ptx => format!("compute_{major}{minor}"),
         Output::Cubin => format!("sm_{major}{minor}"),
     };
+    let options = options(&target);
+    let version = version();
+    let key = kernel_cache::Key::new(
+        &target,
+        &[
+            kernels::device::CUDA_SOURCE.as_bytes(),
+            options.join(" ").as_bytes(),
+            version.as_bytes(),
+        ],
+    );
+    let bytes = kernel_cache::get_or_build(&key, || compile(&target, &options, output))?;
+    Ok(bytes.as_ref().clone())
+}
+
+/// NVRTC's version, as "major.minor" (part of the cache key: another NVRTC builds anew).
+fn version() -> String {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC writes two ints through the pointers.
+    #[allow(unsafe_code)]
+    let ok = unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .is_ok();
+    if ok {
+        format!("{major}.{minor}")
+    } else {
+        "unknown".into()
+    }
+}
+
+fn compile(target: &str, options: &[String], output: Output) -> Result<Vec<u8>, RuntimeError> {
     let source = CString::new(kernels::device::CUDA_SOURCE)
-        .map_err(|e| failed(&target, format!("the source holds a NUL byte: {e}")))?;
+        .map_err(|e| failed(target, format!("the source holds a NUL byte: {e}")))?;
     let program = Program(
         result::create_program(&source, Some(c"plait_kernels.cu"))
-            .map_err(|e| failed(&target, format!("{e:?}")))?,
+            .map_err(|e| failed(target, format!("{e:?}")))?,
     );
-    program.compile(&options(&target), &target)?;
-    program.output(output, &target)
+    program.compile(options, target)?;
+    program.output(output, target)
 }
 
 /// An NVRTC program, destroyed when dropped.

@@ -234,6 +234,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         let tpl = self.tpl;
         let mut loss = 0.0;
         let reads = std::mem::take(&mut self.step_reads);
+        if self.op_times.is_some() {
+            // The last step's queued device work (its backward, after the loss came down) is
+            // not this step's first instruction's.
+            self.backend.synchronize()?;
+        }
         let step_start = std::time::Instant::now();
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
@@ -245,7 +250,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 result = self.backend.synchronize().and(result);
             }
             if let (Some(t0), Some(ot)) = (t0, self.op_times.as_mut()) {
-                ot.add(op_times::kind(ins), t0.elapsed());
+                ot.add(k, op_times::kind(ins), t0.elapsed());
             }
             match result {
                 Ok(Some(l)) => loss += l,
@@ -384,6 +389,34 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
 
     /// Stores a backend buffer into `b`; one of another shape (with as many elements) goes
     /// through the host to take `b`'s declared shape.
+    /// Sets buffer `b` to `value`: in place where it holds a buffer of its declared shape
+    /// already (a gradient accumulator from the last step), else as a new buffer.
+    fn fill(&mut self, b: BufferId, value: f32) -> Result<(), RuntimeError> {
+        let shape = self.decl_shape(b)?;
+        let backend = &self.backend;
+        match self.bufs.get_mut(b.index()) {
+            Some(Some(t)) if backend.shape(t) == shape.as_slice() => {
+                backend.fill_in_place(t, value)?;
+                self.mark_written(b);
+                Ok(())
+            }
+            _ => {
+                let t = self.backend.fill(&shape, value)?;
+                self.put_buffer(b, t)
+            }
+        }
+    }
+
+    /// Buffer `b` holds new values: it no longer reads as zero, nor has a wide copy.
+    fn mark_written(&mut self, b: BufferId) {
+        if let Some(z) = self.zero_on_read.get_mut(b.index()) {
+            *z = false;
+        }
+        if let Some(w) = self.wide.get_mut(b.index()) {
+            *w = None;
+        }
+    }
+
     fn put_buffer(&mut self, b: BufferId, t: B::Buffer) -> Result<(), RuntimeError> {
         let shape = self.decl_shape(b)?;
         let t = if self.backend.shape(&t) == shape.as_slice() {
@@ -391,12 +424,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         } else {
             self.backend.reshape(t, &shape)?
         };
-        if let Some(z) = self.zero_on_read.get_mut(b.index()) {
-            *z = false;
-        }
-        if let Some(w) = self.wide.get_mut(b.index()) {
-            *w = None;
-        }
+        self.mark_written(b);
         let slot = self
             .bufs
             .get_mut(b.index())
@@ -473,10 +501,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 let batch = batch.ok_or_else(|| self.prog("load_tokens outside a step"))?;
                 self.load_tokens(batch, *micro_batch, *input_ids, *targets)?;
             }
-            Instr::Fill { buf, value } => {
-                let t = self.backend.fill(&self.decl_shape(*buf)?, *value as f32)?;
-                self.put_buffer(*buf, t)?;
-            }
+            Instr::Fill { buf, value } => self.fill(*buf, *value as f32)?,
             Instr::Copy { src, dst } => {
                 let t = self.backend.duplicate(self.get(*src)?)?;
                 self.put_buffer(*dst, t)?;

@@ -18,6 +18,8 @@ pub struct OpTimes {
     pub steps: u64,
     /// Wall time of those steps.
     pub total_s: f64,
+    /// Step instruction index → (kind, seconds): which single instructions cost most.
+    pub by_index: BTreeMap<usize, (String, f64)>,
 }
 
 /// The kind an instruction is counted under: the op's name for computes (`grad.` prefixed for
@@ -41,10 +43,25 @@ pub fn kind(i: &Instr) -> String {
 }
 
 impl OpTimes {
-    pub(crate) fn add(&mut self, kind: String, took: Duration) {
-        let e = self.by_kind.entry(kind).or_insert((0, 0.0));
+    /// Instruction `index` of the step, of `kind`, took `took`.
+    pub(crate) fn add(&mut self, index: usize, kind: String, took: Duration) {
+        let e = self.by_kind.entry(kind.clone()).or_insert((0, 0.0));
         e.0 += 1;
         e.1 += took.as_secs_f64();
+        self.by_index.entry(index).or_insert((kind, 0.0)).1 += took.as_secs_f64();
+    }
+
+    /// The `n` instructions that took longest per step: index in the step (the numbers of
+    /// `plait show`'s `step` lines), kind and milliseconds, one a line.
+    pub fn slowest(&self, n: usize) -> String {
+        let steps = self.steps.max(1) as f64;
+        let mut rows: Vec<(&usize, &(String, f64))> = self.by_index.iter().collect();
+        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        rows.iter()
+            .take(n)
+            .map(|(i, (k, s))| format!("step {i:>6}  {k:<28} {:>9.3} ms", 1e3 * s / steps))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     pub(crate) fn end_step(&mut self, took: Duration) {

@@ -266,6 +266,13 @@ impl<D: Device> Backend for DeviceBackend<D> {
         Ok(y)
     }
 
+    fn fill_in_place(&self, buffer: &mut Self::Buffer, value: f32) -> Result<(), RuntimeError> {
+        if buffer.len > 0 {
+            ops::fill(self, buffer, value)?;
+        }
+        Ok(())
+    }
+
     fn iota(&self, n: usize) -> Result<Self::Buffer, RuntimeError> {
         let mut y = self.alloc(&[n])?;
         if n > 0 {

@@ -86,7 +86,8 @@ pub trait Device: std::fmt::Debug {
     /// `len` (≥ 1) zeroed elements.
     fn alloc_zeros(&self, len: usize) -> Result<Self::Mem, RuntimeError>;
 
-    /// Gives an allocation back (a caching device keeps it for the next one).
+    /// Gives an allocation back (a caching device's memory returns to its cache when dropped,
+    /// so dropping a buffer does the same).
     fn release(&self, mem: Self::Mem) {
         drop(mem);
     }
@@ -121,6 +122,13 @@ pub trait Device: std::fmt::Debug {
     /// The threads per block of row and pointwise kernels (a power of two up to 1024).
     fn block_size(&self) -> u32 {
         256
+    }
+
+    /// Whether the device runs `kernels/cuda`'s warp-level tensor-core kernels
+    /// (`attention_mma.cu`: `mma.sync` on bf16, compute capability 8.0 and up). The `simt`
+    /// emulator has no warps and says no.
+    fn tensor_cores(&self) -> bool {
+        false
     }
 
     /// The allocator's counters, where the device keeps them.

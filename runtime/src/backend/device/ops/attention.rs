@@ -7,7 +7,7 @@ use kernels::device::{AttentionShape, MAX_HEAD_DIM};
 
 use super::{Buf, row_grid};
 use crate::RuntimeError;
-use crate::backend::device::{Device, DeviceBackend, KernelArg};
+use crate::backend::device::{Device, DeviceBackend, GemmPrecision, KernelArg};
 
 /// The kernel's view of an `Attention` op on `q`, `k`, `v` (`kernels/src/attention.rs`'s
 /// layout); `None` for shapes it does not take (the host path reports bad ones).
@@ -65,11 +65,47 @@ const TILE_Q: i64 = 16;
 const TILE_K: i64 = 16;
 const TILE_D: i64 = 128;
 
-/// The kernels of one attention and their grids: tiles (FlashAttention-2's loops: a key and
-/// value tile in shared memory serves a tile of queries) for heads up to `TILE_D` wide, one
-/// block per query (and per key) beyond.
+/// `attention_mma.cu`'s kernels by head width (d = dv): forward, row statistics, dq, dk and
+/// dv; its queries or keys per block (MMA_BLOCK_ROWS) and threads per block (MMA_THREADS).
+const MMA_KERNELS: [(i64, [&str; 4]); 3] = [
+    (
+        32,
+        [
+            "attention_forward_mma32",
+            "attention_row_stats_mma32",
+            "attention_backward_dq_mma32",
+            "attention_backward_dkv_mma32",
+        ],
+    ),
+    (
+        64,
+        [
+            "attention_forward_mma64",
+            "attention_row_stats_mma64",
+            "attention_backward_dq_mma64",
+            "attention_backward_dkv_mma64",
+        ],
+    ),
+    (
+        128,
+        [
+            "attention_forward_mma128",
+            "attention_row_stats_mma128",
+            "attention_backward_dq_mma128",
+            "attention_backward_dkv_mma128",
+        ],
+    ),
+];
+const MMA_ROWS: i64 = 64;
+const MMA_THREADS: u32 = 128;
+
+/// The kernels of one attention, their grids and blocks: on the tensor cores for a bf16 plan
+/// on a device that has them (`attention_mma.cu`: bf16 operands, as the plan rounds its GEMMs);
+/// else tiles on the CUDA cores (FlashAttention-2's loops: a key and value tile in shared
+/// memory serves a tile of queries) for heads up to `TILE_D` wide, one block per query (and
+/// per key) beyond.
 struct Kernels {
-    /// Whether these are the tiled kernels (which take the queries' positions).
+    /// Whether these are the tiled or tensor-core kernels (which take the queries' positions).
     tiled: bool,
     forward: &'static str,
     row_stats: &'static str,
@@ -79,12 +115,28 @@ struct Kernels {
     query_grid: u32,
     /// Blocks of the dk, dv kernel.
     key_grid: u32,
+    /// Threads per block.
+    block: u32,
 }
 
 impl Kernels {
-    fn of(a: &AttentionShape) -> Kernels {
+    fn of<D: Device>(b: &DeviceBackend<D>, a: &AttentionShape) -> Kernels {
         let tiles = |n: i64, per: i64| (n + per - 1) / per;
-        if a.d <= TILE_D && a.dv <= TILE_D {
+        let mma = b.gemm_precision == GemmPrecision::Bf16 && b.device.tensor_cores() && a.d == a.dv;
+        if let Some(&(_, [forward, row_stats, dq, dkv])) =
+            MMA_KERNELS.iter().find(|(d, _)| mma && *d == a.d)
+        {
+            Kernels {
+                tiled: true,
+                forward,
+                row_stats,
+                dq,
+                dkv,
+                query_grid: row_grid((a.batch * a.heads * tiles(a.sq, MMA_ROWS)) as usize),
+                key_grid: row_grid((a.batch * a.kv * tiles(a.sk, MMA_ROWS)) as usize),
+                block: MMA_THREADS,
+            }
+        } else if a.d <= TILE_D && a.dv <= TILE_D {
             Kernels {
                 tiled: true,
                 forward: "attention_forward_tiled",
@@ -93,6 +145,7 @@ impl Kernels {
                 dkv: "attention_backward_dkv_tiled",
                 query_grid: row_grid((a.batch * a.heads * tiles(a.sq, TILE_Q)) as usize),
                 key_grid: row_grid((a.batch * a.kv * tiles(a.sk, TILE_K)) as usize),
+                block: b.device.block_size(),
             }
         } else {
             Kernels {
@@ -103,6 +156,7 @@ impl Kernels {
                 dkv: "attention_backward_dkv",
                 query_grid: row_grid(rows(a)),
                 key_grid: row_grid((a.batch * a.kv * a.sk) as usize),
+                block: b.device.block_size(),
             }
         }
     }
@@ -144,7 +198,7 @@ pub(super) fn forward_at<D: Device>(
         return Ok(None);
     };
     let &[q, k, v] = xs else { return Ok(None) };
-    let p = Kernels::of(&a);
+    let p = Kernels::of(b, &a);
     if qpos.is_some() && !p.tiled {
         return Ok(None);
     }
@@ -158,7 +212,7 @@ pub(super) fn forward_at<D: Device>(
     positions(&mut args, p.tiled, qpos);
     args.push(KernelArg::Attention(a));
     b.device
-        .launch(p.forward, p.query_grid, b.device.block_size(), &mut args)?;
+        .launch(p.forward, p.query_grid, p.block, &mut args)?;
     drop(args);
     Ok(Some(o))
 }
@@ -185,8 +239,8 @@ pub(super) fn backward_at<D: Device>(
         return Ok(None);
     };
     let &[q, k, v] = xs else { return Ok(None) };
-    let block = b.device.block_size();
-    let p = Kernels::of(&a);
+    let p = Kernels::of(b, &a);
+    let block = p.block;
     if g.shape != out_shape(&a) || (qpos.is_some() && !p.tiled) {
         return Ok(None);
     }

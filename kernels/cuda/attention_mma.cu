@@ -1,0 +1,488 @@
+// Fused causal attention on the tensor cores, for bf16 plans: FlashAttention-2's loops with
+// every product a warp-wide `mma.sync.m16n8k16` on bf16 operands, accumulated in f32 (the
+// operand rounding is the bf16 plan's own; the f32 plans keep attention.cu's CUDA-core tiles).
+// The kernels take the same arguments, masks (causal, query positions), soft cap and grouped
+// heads as attention.cu's `_tiled` kernels, for heads 32, 64 or 128 wide (d = dv).
+//
+// A block is four warps; each warp owns 16 rows (queries, or keys in dk/dv) and keeps its
+// operand fragments and accumulators in registers, while the block streams the other side's
+// tiles through shared memory as bf16: row-major tiles (a fragment of B reads two adjacent
+// columns of one row as one 32-bit word) and transposed ones (for the products whose B is
+// indexed by the tile's rows). Row strides are padded by four words so that the eight rows a
+// fragment load touches fall in different banks.
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"; lane = 4·group + t):
+//   A (16×16, row-major): a0 = (group, 2t..2t+1), a1 = (group+8, 2t..), a2 = (group, 2t+8..),
+//                         a3 = (group+8, 2t+8..)
+//   B (16×8, k × n):      b0 = (k 2t..2t+1, n group), b1 = (k 2t+8.., n group)
+//   C (16×8, f32):        c0, c1 = (group, 2t..2t+1), c2, c3 = (group+8, 2t..2t+1)
+// so an accumulator tile pair (n-tiles 2j, 2j+1) is, packed to bf16, the A fragment of the next
+// product (FlashAttention-2's register reuse of P).
+//
+// Compiled by NVRTC only: the `simt` emulator has no warps, so under it these kernels are empty
+// and the CUDA backend never chooses them there (`Device::tensor_cores`); `plait bench kernels
+// --device cuda` checks them against the CPU kernels on a GPU.
+
+#define MMA_THREADS 128
+#define MMA_WARP_ROWS 16
+#define MMA_BLOCK_ROWS 64
+// Keys per shared tile in the forward; queries (dk, dv) or keys (dq) per tile in the backward.
+#define MMA_FWD_TILE 64
+#define MMA_BWD_TILE 32
+// Row stride, in 32-bit words, of a row-major tile of up to 128 bf16 columns (+4 words).
+#define MMA_ROW_WORDS 68
+// Row stride, in words, of a transposed tile of `n` rows (+4 words).
+#define MMA_COL_WORDS(n) ((n) / 2 + 4)
+#define MMA_MAX_D 128
+
+#ifdef __CUDACC_RTC__
+
+// x rounded to bf16 (to nearest, ties to even), as its 16 bits.
+__device__ __forceinline__ unsigned bf16_bits(float x) {
+    unsigned u = __float_as_uint(x);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+// Two bf16 in one word, the lower column in the lower half (the fragments' order).
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+
+// d += a · b on the tensor cores (one warp, 16×8×16, bf16 operands, f32 accumulators).
+__device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The maximum and the sum over the four lanes that hold one accumulator row.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// The lane's place in its warp's fragments.
+struct MmaLane {
+    int warp, group, t;
+};
+
+__device__ MmaLane mma_lane() {
+    MmaLane l;
+    l.warp = threadIdx.x / 32;
+    l.group = (threadIdx.x % 32) / 4;
+    l.t = threadIdx.x % 4;
+    return l;
+}
+
+// Element (row, col) of a [batch, n, heads, D] tensor's head `hh`, zero past `n`.
+template <int D>
+__device__ float mma_at(const float* x, i64 b, i64 row, i64 n, i64 heads, i64 hh, int col) {
+    return row < n ? x[((b * n + row) * heads + hh) * D + col] : 0.0f;
+}
+
+// The A fragments of 16 rows `r0 ..` of a [batch, n, heads, D] tensor's head `hh`.
+template <int D>
+__device__ void mma_load_a(unsigned (*frag)[4], const float* x, i64 b, i64 r0, i64 n, i64 heads, i64 hh,
+                           const MmaLane& l) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            i64 row = r0 + l.group + (e % 2) * 8;
+            int col = kk * 16 + (e / 2) * 8 + 2 * l.t;
+            frag[kk][e] = pack_bf16(mma_at<D>(x, b, row, n, heads, hh, col), mma_at<D>(x, b, row, n, heads, hh, col + 1));
+        }
+}
+
+// Rows `r0 .. r0 + rows` of a [batch, n, heads, D] tensor's head `hh` into a row-major bf16 tile
+// (MMA_ROW_WORDS words a row), zero past `n`.
+template <int D>
+__device__ void mma_tile_rows(unsigned* tile, const float* x, i64 b, i64 r0, int rows, i64 n, i64 heads, i64 hh) {
+    for (int e = threadIdx.x; e < rows * (D / 2); e += blockDim.x) {
+        int r = e / (D / 2), w = e % (D / 2);
+        tile[r * MMA_ROW_WORDS + w] =
+            pack_bf16(mma_at<D>(x, b, r0 + r, n, heads, hh, 2 * w), mma_at<D>(x, b, r0 + r, n, heads, hh, 2 * w + 1));
+    }
+}
+
+// The same rows transposed: column c of the tensor is row c of the tile (MMA_COL_WORDS(rows)
+// words a row).
+template <int D>
+__device__ void mma_tile_cols(unsigned* tile, const float* x, i64 b, i64 r0, int rows, i64 n, i64 heads, i64 hh) {
+    unsigned short* half = (unsigned short*)tile;
+    for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
+        int r = e / D, c = e % D;
+        half[c * 2 * MMA_COL_WORDS(rows) + r] = (unsigned short)bf16_bits(mma_at<D>(x, b, r0 + r, n, heads, hh, c));
+    }
+}
+
+// acc[nt] += A · B over D columns, for `NT` n-tiles of 8 rows of a row-major tile (B[k][n] =
+// tile[n][k]).
+template <int D, int NT>
+__device__ void mma_rows(float (*acc)[4], const unsigned (*a)[4], const unsigned* tile, const MmaLane& l) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned* w = tile + (nt * 8 + l.group) * MMA_ROW_WORDS + kk * 8 + l.t;
+            mma_bf16(acc[nt], a[kk], w[0], w[4]);
+        }
+}
+
+// acc[dt] += P · X, P the accumulators `p` (16 × 8·NT, packed to bf16 as A fragments) and X a
+// transposed tile of 8·NT rows and D columns.
+template <int D, int NT>
+__device__ void mma_cols(float (*acc)[4], float (*p)[4], const unsigned* tile, const MmaLane& l) {
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk) {
+        unsigned a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                         pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const unsigned* w = tile + (dt * 8 + l.group) * MMA_COL_WORDS(8 * NT) + kk * 8 + l.t;
+            mma_bf16(acc[dt], a, w[0], w[4]);
+        }
+    }
+}
+
+// scale · s, soft-capped (attention.cu's `attn_score` on a product from the tensor cores).
+__device__ float mma_score(const Attention& a, float s) {
+    float x = s * (float)a.scale;
+    if (a.softcap > 0.0) {
+        float cap = (float)a.softcap;
+        x = cap * tanhf(x / cap);
+    }
+    return x;
+}
+
+// dS = P (dP − D) through the soft cap (attention.cu's `attn_score_grad`).
+__device__ float mma_score_grad(const Attention& a, float s, float p, float dp, float dsum) {
+    float ds = p * (dp - dsum);
+    if (a.softcap > 0.0) {
+        float c = s / (float)a.softcap;
+        ds *= 1.0f - c * c;
+    }
+    return ds;
+}
+
+// One block's 64 queries (batch `b`, head `h`, first query `q0`).
+struct MmaQueries {
+    i64 b, h, g, q0;
+};
+
+__device__ MmaQueries mma_queries(const Attention& a, i64 t) {
+    i64 tiles = (a.sq + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS;
+    MmaQueries x;
+    x.q0 = (t % tiles) * MMA_BLOCK_ROWS;
+    x.h = (t / tiles) % a.heads;
+    x.b = t / (tiles * a.heads);
+    x.g = x.h / (a.heads / a.kv);
+    return x;
+}
+
+__device__ i64 mma_query_blocks(const Attention& a) {
+    return a.batch * a.heads * ((a.sq + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS);
+}
+
+// Keys any query of the block sees.
+__device__ i64 mma_block_keys(const Attention& a, const float* qpos, i64 q0) {
+    i64 last = (q0 + MMA_BLOCK_ROWS < a.sq ? q0 + MMA_BLOCK_ROWS : a.sq) - 1;
+    return attn_visible(a, qpos, last);
+}
+
+// Keys query `qi` sees (none past the sequence).
+__device__ i64 mma_visible(const Attention& a, const float* qpos, i64 qi) {
+    return qi < a.sq ? attn_visible(a, qpos, qi) : 0;
+}
+
+// The forward over one block's queries: the output (STATS false), or the backward's row
+// statistics lse and D = dO·O (STATS true).
+template <int D, bool STATS>
+__device__ void mma_forward(float* o, float* lse, float* dsum, const float* q, const float* k, const float* v,
+                            const float* go, const float* qpos, const Attention& a, unsigned* ks, unsigned* vt) {
+    MmaLane l = mma_lane();
+    for (i64 t = blockIdx.x; t < mma_query_blocks(a); t += gridDim.x) {
+        MmaQueries x = mma_queries(a, t);
+        i64 w0 = x.q0 + l.warp * MMA_WARP_ROWS;
+        i64 rows[2] = {w0 + l.group, w0 + l.group + 8};
+        i64 vis[2] = {mma_visible(a, qpos, rows[0]), mma_visible(a, qpos, rows[1])};
+        unsigned qa[D / 16][4];
+        mma_load_a<D>(qa, q, x.b, w0, a.sq, a.heads, x.h, l);
+        float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+        float acc[D / 8][4];
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+        i64 keys = mma_block_keys(a, qpos, x.q0);
+        for (i64 k0 = 0; k0 < keys; k0 += MMA_FWD_TILE) {
+            __syncthreads();  // the last tile's readers are done
+            mma_tile_rows<D>(ks, k, x.b, k0, MMA_FWD_TILE, a.sk, a.kv, x.g);
+            mma_tile_cols<D>(vt, v, x.b, k0, MMA_FWD_TILE, a.sk, a.kv, x.g);
+            __syncthreads();
+            float s[MMA_FWD_TILE / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < MMA_FWD_TILE / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+            mma_rows<D, MMA_FWD_TILE / 8>(s, qa, ks, l);
+            float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nt = 0; nt < MMA_FWD_TILE / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    i64 j = k0 + nt * 8 + 2 * l.t + e % 2;
+                    s[nt][e] = j < vis[e / 2] ? mma_score(a, s[nt][e]) : -INFINITY;
+                    tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
+                }
+            float corr[2], tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+                corr[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
+                m[r] = m_new;
+            }
+#pragma unroll
+            for (int nt = 0; nt < MMA_FWD_TILE / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - m[e / 2]);
+                    tile_sum[e / 2] += s[nt][e];
+                }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) sum[r] = sum[r] * corr[r] + tile_sum[r];
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[dt][e] *= corr[e / 2];
+            mma_cols<D, MMA_FWD_TILE / 8>(acc, s, vt, l);
+        }
+        float dpart[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) sum[r] = quad_sum(sum[r]);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                i64 row = rows[e / 2];
+                int col = dt * 8 + 2 * l.t + e % 2;
+                float y = sum[e / 2] > 0.0f ? acc[dt][e] / sum[e / 2] : 0.0f;
+                if (row >= a.sq) continue;
+                i64 at = ((x.b * a.sq + row) * a.heads + x.h) * D + col;
+                if (STATS) dpart[e / 2] += go[at] * y;
+                else o[at] = y;
+            }
+        if (STATS) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float d = quad_sum(dpart[r]);
+                if (l.t == 0 && rows[r] < a.sq) {
+                    i64 row = (x.b * a.heads + x.h) * a.sq + rows[r];
+                    lse[row] = sum[r] > 0.0f ? m[r] + logf(sum[r]) : -INFINITY;
+                    dsum[row] = d;
+                }
+            }
+        }
+    }
+}
+
+// The backward's shared tiles (declared once per kernel at the widest head: a template's own
+// `__shared__` arrays would be allocated once per head width the kernel dispatches to).
+struct MmaBackwardTiles {
+    unsigned *rows, *rows2, *cols, *cols2;
+    float *lse, *d;
+};
+
+#define MMA_BACKWARD_TILES                                                  \
+    __shared__ unsigned rows[MMA_BWD_TILE * MMA_ROW_WORDS];                 \
+    __shared__ unsigned rows2[MMA_BWD_TILE * MMA_ROW_WORDS];                \
+    __shared__ unsigned cols[MMA_MAX_D * MMA_COL_WORDS(MMA_BWD_TILE)];      \
+    __shared__ unsigned cols2[MMA_MAX_D * MMA_COL_WORDS(MMA_BWD_TILE)];     \
+    __shared__ float tile_lse[MMA_BWD_TILE], tile_d[MMA_BWD_TILE];          \
+    MmaBackwardTiles w = {rows, rows2, cols, cols2, tile_lse, tile_d};
+
+#define MMA_FORWARD_TILES                                                   \
+    __shared__ unsigned ks[MMA_FWD_TILE * MMA_ROW_WORDS];                   \
+    __shared__ unsigned vt[MMA_MAX_D * MMA_COL_WORDS(MMA_FWD_TILE)];
+
+// dq over one block's queries: dq = scale · Σ_j dS_j k_j, key tiles of MMA_BWD_TILE.
+template <int D>
+__device__ void mma_backward_dq(float* dq, const float* q, const float* k, const float* v, const float* go,
+                                const float* lse, const float* dsum, const float* qpos, const Attention& a,
+                                const MmaBackwardTiles& w) {
+    unsigned *ks = w.rows, *vs = w.rows2, *kt = w.cols;
+    MmaLane l = mma_lane();
+    for (i64 t = blockIdx.x; t < mma_query_blocks(a); t += gridDim.x) {
+        MmaQueries x = mma_queries(a, t);
+        i64 w0 = x.q0 + l.warp * MMA_WARP_ROWS;
+        i64 rows[2] = {w0 + l.group, w0 + l.group + 8};
+        i64 vis[2] = {mma_visible(a, qpos, rows[0]), mma_visible(a, qpos, rows[1])};
+        float row_lse[2], row_d[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            i64 at = (x.b * a.heads + x.h) * a.sq + rows[r];
+            row_lse[r] = rows[r] < a.sq ? lse[at] : 0.0f;
+            row_d[r] = rows[r] < a.sq ? dsum[at] : 0.0f;
+        }
+        unsigned qa[D / 16][4], ga[D / 16][4];
+        mma_load_a<D>(qa, q, x.b, w0, a.sq, a.heads, x.h, l);
+        mma_load_a<D>(ga, go, x.b, w0, a.sq, a.heads, x.h, l);
+        float acc[D / 8][4];
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+        i64 keys = mma_block_keys(a, qpos, x.q0);
+        for (i64 k0 = 0; k0 < keys; k0 += MMA_BWD_TILE) {
+            __syncthreads();
+            mma_tile_rows<D>(ks, k, x.b, k0, MMA_BWD_TILE, a.sk, a.kv, x.g);
+            mma_tile_rows<D>(vs, v, x.b, k0, MMA_BWD_TILE, a.sk, a.kv, x.g);
+            mma_tile_cols<D>(kt, k, x.b, k0, MMA_BWD_TILE, a.sk, a.kv, x.g);
+            __syncthreads();
+            float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+            mma_rows<D, MMA_BWD_TILE / 8>(s, qa, ks, l);
+            mma_rows<D, MMA_BWD_TILE / 8>(dp, ga, vs, l);
+#pragma unroll
+            for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    i64 j = k0 + nt * 8 + 2 * l.t + e % 2;
+                    int r = e / 2;
+                    float sc = mma_score(a, s[nt][e]);
+                    s[nt][e] = j < vis[r] ? mma_score_grad(a, sc, expf(sc - row_lse[r]), dp[nt][e], row_d[r]) : 0.0f;
+                }
+            mma_cols<D, MMA_BWD_TILE / 8>(acc, s, kt, l);
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                i64 row = rows[e / 2];
+                if (row < a.sq)
+                    dq[((x.b * a.sq + row) * a.heads + x.h) * D + dt * 8 + 2 * l.t + e % 2] = (float)a.scale * acc[dt][e];
+            }
+    }
+}
+
+// dk and dv over one block's 64 keys (batch, kv head): Σ over the group's query heads and the
+// query tiles that see the keys of scale·dS q and P dO.
+template <int D>
+__device__ void mma_backward_dkv(float* dk, float* dv, const float* q, const float* k, const float* v,
+                                 const float* go, const float* lse, const float* dsum, const float* qpos,
+                                 const Attention& a, const MmaBackwardTiles& w) {
+    unsigned *qs = w.rows, *gs = w.rows2, *qt = w.cols, *gt = w.cols2;
+    float *tile_lse = w.lse, *tile_d = w.d;
+    MmaLane l = mma_lane();
+    i64 key_blocks = (a.sk + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS;
+    i64 group = a.heads / a.kv;
+    for (i64 t = blockIdx.x; t < a.batch * a.kv * key_blocks; t += gridDim.x) {
+        i64 k0 = (t % key_blocks) * MMA_BLOCK_ROWS, g = (t / key_blocks) % a.kv, b = t / (key_blocks * a.kv);
+        i64 w0 = k0 + l.warp * MMA_WARP_ROWS;
+        i64 keys[2] = {w0 + l.group, w0 + l.group + 8};
+        unsigned ka[D / 16][4], va[D / 16][4];
+        mma_load_a<D>(ka, k, b, w0, a.sk, a.kv, g, l);
+        mma_load_a<D>(va, v, b, w0, a.sk, a.kv, g, l);
+        float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dka[dt][e] = dva[dt][e] = 0.0f;
+        // The first query that sees key k0 (all of them without the mask; with positions the
+        // mask alone says).
+        i64 first = a.causal && !qpos ? k0 - (a.sk - a.sq) : 0;
+        if (first < 0) first = 0;
+        for (i64 h = g * group; h < (g + 1) * group; ++h) {
+            for (i64 i0 = first; i0 < a.sq; i0 += MMA_BWD_TILE) {
+                __syncthreads();
+                mma_tile_rows<D>(qs, q, b, i0, MMA_BWD_TILE, a.sq, a.heads, h);
+                mma_tile_rows<D>(gs, go, b, i0, MMA_BWD_TILE, a.sq, a.heads, h);
+                mma_tile_cols<D>(qt, q, b, i0, MMA_BWD_TILE, a.sq, a.heads, h);
+                mma_tile_cols<D>(gt, go, b, i0, MMA_BWD_TILE, a.sq, a.heads, h);
+                for (int i = threadIdx.x; i < MMA_BWD_TILE; i += blockDim.x) {
+                    i64 at = (b * a.heads + h) * a.sq + i0 + i;
+                    tile_lse[i] = i0 + i < a.sq ? lse[at] : 0.0f;
+                    tile_d[i] = i0 + i < a.sq ? dsum[at] : 0.0f;
+                }
+                __syncthreads();
+                // Sᵀ and dPᵀ: rows the warp's keys, columns the tile's queries.
+                float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
+#pragma unroll
+                for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+                mma_rows<D, MMA_BWD_TILE / 8>(s, ka, qs, l);
+                mma_rows<D, MMA_BWD_TILE / 8>(dp, va, gs, l);
+#pragma unroll
+                for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        int i = nt * 8 + 2 * l.t + e % 2;
+                        i64 j = keys[e / 2];
+                        bool seen = j < a.sk && j < mma_visible(a, qpos, i0 + i);
+                        float sc = mma_score(a, s[nt][e]);
+                        float p = seen ? expf(sc - tile_lse[i]) : 0.0f;
+                        s[nt][e] = p;
+                        dp[nt][e] = seen ? mma_score_grad(a, sc, p, dp[nt][e], tile_d[i]) : 0.0f;
+                    }
+                mma_cols<D, MMA_BWD_TILE / 8>(dva, s, gt, l);
+                mma_cols<D, MMA_BWD_TILE / 8>(dka, dp, qt, l);
+            }
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                i64 j = keys[e / 2];
+                if (j >= a.sk) continue;
+                i64 at = ((b * a.sk + j) * a.kv + g) * D + dt * 8 + 2 * l.t + e % 2;
+                dk[at] = (float)a.scale * dka[dt][e];
+                dv[at] = dva[dt][e];
+            }
+    }
+}
+
+#endif  // __CUDACC_RTC__
+
+// The kernels, one per head width (a kernel's registers are its widest path's, so one kernel
+// for all widths would run every width at the 128-wide head's occupancy): MMA_KERNELS in
+// ops/attention.rs. Under the emulator their bodies are empty (see the top of this file).
+#ifdef __CUDACC_RTC__
+#define MMA_BODY(...) __VA_ARGS__
+#else
+#define MMA_BODY(...)
+#endif
+#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, false>(o, 0, 0, q, k, v, 0, qpos, a, ks, vt); })
+#define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, true>(0, lse, dsum, q, k, v, go, qpos, a, ks, vt); })
+#define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dq<D>(dq, q, k, v, go, lse, dsum, qpos, a, w); })
+#define MMA_DKV(D) MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dkv<D>(dk, dv, q, k, v, go, lse, dsum, qpos, a, w); })
+#define MMA_FORWARD_ARGS float *o, const float *q, const float *k, const float *v, const float *qpos, Attention a
+#define MMA_STATS_ARGS                                                                                   \
+    float *lse, float *dsum, const float *q, const float *k, const float *v, const float *go, const float *qpos, \
+        Attention a
+#define MMA_DQ_ARGS                                                                                    \
+    float *dq, const float *q, const float *k, const float *v, const float *go, const float *lse,    \
+        const float *dsum, const float *qpos, Attention a
+#define MMA_DKV_ARGS                                                                                   \
+    float *dk, float *dv, const float *q, const float *k, const float *v, const float *go, const float *lse, \
+        const float *dsum, const float *qpos, Attention a
+
+extern "C" __global__ void attention_forward_mma32(MMA_FORWARD_ARGS) { MMA_FORWARD(32) }
+extern "C" __global__ void attention_forward_mma64(MMA_FORWARD_ARGS) { MMA_FORWARD(64) }
+extern "C" __global__ void attention_forward_mma128(MMA_FORWARD_ARGS) { MMA_FORWARD(128) }
+extern "C" __global__ void attention_row_stats_mma32(MMA_STATS_ARGS) { MMA_STATS(32) }
+extern "C" __global__ void attention_row_stats_mma64(MMA_STATS_ARGS) { MMA_STATS(64) }
+extern "C" __global__ void attention_row_stats_mma128(MMA_STATS_ARGS) { MMA_STATS(128) }
+extern "C" __global__ void attention_backward_dq_mma32(MMA_DQ_ARGS) { MMA_DQ(32) }
+extern "C" __global__ void attention_backward_dq_mma64(MMA_DQ_ARGS) { MMA_DQ(64) }
+extern "C" __global__ void attention_backward_dq_mma128(MMA_DQ_ARGS) { MMA_DQ(128) }
+extern "C" __global__ void attention_backward_dkv_mma32(MMA_DKV_ARGS) { MMA_DKV(32) }
+extern "C" __global__ void attention_backward_dkv_mma64(MMA_DKV_ARGS) { MMA_DKV(64) }
+extern "C" __global__ void attention_backward_dkv_mma128(MMA_DKV_ARGS) { MMA_DKV(128) }
