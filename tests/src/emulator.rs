@@ -25,6 +25,11 @@ impl Device for Emulator {
         Ok(vec![0.0; len])
     }
 
+    /// NaN everywhere: an element a kernel leaves unwritten shows in its result.
+    fn alloc(&self, len: usize) -> Result<Vec<f32>, RuntimeError> {
+        Ok(vec![f32::NAN; len])
+    }
+
     fn upload(&self, host: &[f32], dst: &mut Vec<f32>) -> Result<(), RuntimeError> {
         dst[..host.len()].copy_from_slice(host);
         Ok(())

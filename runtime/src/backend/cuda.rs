@@ -253,7 +253,7 @@ enum Value {
 impl CudaDevice {
     /// `len` elements whose values do not matter (they are written before they are read): a
     /// block from the pool, not zeroed.
-    fn scratch(&self, len: usize) -> Result<CudaMem, RuntimeError> {
+    fn uninit(&self, len: usize) -> Result<CudaMem, RuntimeError> {
         let data = self
             .pool
             .take(len.max(1) * std::mem::size_of::<f32>(), |bytes| {
@@ -270,7 +270,7 @@ impl CudaDevice {
     /// `x` as bf16 (`to_bf16`): `op`'s matrices, rows padded to its pitch.
     pub(super) fn to_bf16(&self, x: &CudaMem, op: &Bf16Operand) -> Result<CudaMem, RuntimeError> {
         let words = op.mats * op.rows * op.pitch / 2;
-        let mut y = self.scratch(words)?;
+        let mut y = self.uninit(words)?;
         let block = self.block_size();
         let grid = words.div_ceil(block as usize).clamp(1, 1 << 16) as u32;
         let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
@@ -325,6 +325,10 @@ impl Device for CudaDevice {
                 .map_err(cuda_err("zero"))?;
         }
         Ok(CudaMem { data })
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaMem, RuntimeError> {
+        self.uninit(len)
     }
 
     fn upload(&self, host: &[f32], dst: &mut CudaMem) -> Result<(), RuntimeError> {

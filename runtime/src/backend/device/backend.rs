@@ -181,8 +181,22 @@ impl<D: Device> DeviceBackend<D> {
         }
     }
 
-    /// A zeroed buffer of `shape`.
+    /// A buffer of `shape` for a kernel to write in full: its values are unspecified
+    /// ([`Device::alloc`]).
     pub(crate) fn alloc(&self, shape: &[usize]) -> Result<DeviceBuffer<D::Mem>, RuntimeError> {
+        let len = element_count(shape)?;
+        Ok(DeviceBuffer {
+            shape: shape.to_vec(),
+            len,
+            mem: self.device.alloc(len.max(1))?,
+        })
+    }
+
+    /// A zeroed buffer of `shape` (accumulators, and outputs a kernel writes only in part).
+    pub(crate) fn alloc_zeroed(
+        &self,
+        shape: &[usize],
+    ) -> Result<DeviceBuffer<D::Mem>, RuntimeError> {
         let len = element_count(shape)?;
         Ok(DeviceBuffer {
             shape: shape.to_vec(),
@@ -219,7 +233,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<Self::Buffer, RuntimeError> {
-        self.alloc(shape)
+        self.alloc_zeroed(shape)
     }
 
     fn free(&self, buffer: Self::Buffer) {
@@ -259,8 +273,11 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn fill(&self, shape: &[usize], value: f32) -> Result<Self::Buffer, RuntimeError> {
+        if value == 0.0 {
+            return self.alloc_zeroed(shape);
+        }
         let mut y = self.alloc(shape)?;
-        if value != 0.0 && y.len > 0 {
+        if y.len > 0 {
             ops::fill(self, &mut y, value)?;
         }
         Ok(y)
@@ -448,7 +465,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
 
     fn sgemm(&self, a: &Self::Buffer, b: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {
         let (m, k, n) = sgemm_dims(&a.shape, &b.shape)?;
-        let mut c = self.alloc(&[m, n])?;
+        let mut c = self.alloc_zeroed(&[m, n])?;
         if m > 0 && k > 0 && n > 0 {
             self.device
                 .gemm(&Gemm::plain(m, k, n), &a.mem, &b.mem, &mut c.mem)?;

@@ -232,7 +232,7 @@ pub(super) fn slice_backward<D: Device>(
         return Ok(None);
     }
     let strides = contiguous_strides(&x.shape);
-    let mut dx = b.alloc(&x.shape)?;
+    let mut dx = b.alloc_zeroed(&x.shape)?;
     let ok = copy_box(
         b,
         &mut dx,

@@ -135,7 +135,13 @@ pub(super) fn forward<D: Device>(
     let Some(((x, w, bias), p)) = operands::<D>(b.gemm_precision, kind, xs) else {
         return Ok(None);
     };
-    let mut y = b.alloc(&out_shape(&x.shape, p.n))?;
+    let shape = out_shape(&x.shape, p.n);
+    // An empty product (k = 0) is zeros, which no GEMM writes.
+    let mut y = if empty(&p) {
+        b.alloc_zeroed(&shape)?
+    } else {
+        b.alloc(&shape)?
+    };
     if !empty(&p) {
         b.device.gemm(&p.forward(), &x.mem, &w.mem, &mut y.mem)?;
     }
@@ -173,7 +179,11 @@ pub(super) fn backward<D: Device>(
             out.push(None);
             continue;
         }
-        let mut d = b.alloc(shape)?;
+        let mut d = if empty(&p) {
+            b.alloc_zeroed(shape)?
+        } else {
+            b.alloc(shape)?
+        };
         if !empty(&p) {
             b.device.gemm(&gemm, a, bm, &mut d.mem)?;
         }

@@ -52,7 +52,7 @@ pub(super) fn embedding_backward<D: Device>(
     if g.len != ids.len * h || g.shape.last() != Some(&h) {
         return Ok(None);
     }
-    let mut dtable = b.alloc(&table.shape)?;
+    let mut dtable = b.alloc_zeroed(&table.shape)?;
     let block = b.device.block_size();
     b.device.launch(
         "embedding_backward",

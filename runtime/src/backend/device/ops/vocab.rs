@@ -72,7 +72,7 @@ fn embedding_grad<D: Device>(
     if dy.len != ids.len * h || dy.shape.last() != Some(&h) {
         return Ok(None);
     }
-    let mut dtable = b.alloc(table_shape)?;
+    let mut dtable = b.alloc_zeroed(table_shape)?;
     let block = b.device.block_size();
     b.device.launch(
         "shard_embedding_grad",
