@@ -76,6 +76,9 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// The buffers each step instruction reads (`program::verify::operands`), computed once:
     /// the step loop checks them for pending zero-fills.
     step_reads: Vec<Vec<BufferId>>,
+    /// Step instructions that are copies whose source is freed before anything else uses it
+    /// ([`moving_copies`]): they move the buffer instead.
+    step_moves: Vec<bool>,
     /// Completed optimizer steps.
     steps: u64,
     /// The current pipeline task's micro-batch.
@@ -168,6 +171,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .iter()
                 .map(|i| program::verify::operands(i).0)
                 .collect(),
+            step_moves: moving_copies(&tpl.instrs),
             steps: 0,
             micro_batch: 0,
             op_times: None,
@@ -243,7 +247,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
-            let mut result = self.exec(ins, r, None, Some(batch));
+            let mut result = match ins {
+                Instr::Copy { src, dst } if self.step_moves.get(k).copied().unwrap_or(false) => {
+                    self.move_buffer(*src, *dst).map(|()| None)
+                }
+                _ => self.exec(ins, r, None, Some(batch)),
+            };
             if t0.is_some() && result.is_ok() {
                 // A device runs launches asynchronously: wait for this instruction's work, so
                 // that its time is the device's, not the launch's.
@@ -346,6 +355,18 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             .get(b.index())
             .and_then(Option::as_ref)
             .ok_or_else(|| self.prog(format!("buffer {b} is used but not allocated")))
+    }
+
+    /// `copy src -> dst` where `src` is freed next: `dst` takes `src`'s buffer (relabelled to
+    /// its shape), and the free finds nothing left to free.
+    fn move_buffer(&mut self, src: BufferId, dst: BufferId) -> Result<(), RuntimeError> {
+        self.zero_if_pending(src)?;
+        let t = self
+            .bufs
+            .get_mut(src.index())
+            .and_then(Option::take)
+            .ok_or_else(|| self.prog(format!("buffer {src} is used but not allocated")))?;
+        self.put_buffer(dst, t)
     }
 
     /// Zero-fills `b` if it was allocated and not written since.
@@ -1006,5 +1027,85 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
 
     pub(crate) fn parts(&self) -> (&'s ProgramSet, &'s Template, u32) {
         (self.set, self.tpl, self.rank)
+    }
+}
+
+/// Which of `instrs` are copies `src -> dst` whose source the program frees before any other
+/// instruction reads or writes it (the last copy of a gradient's fan-out to the branches of a
+/// residual: `copy dx -> a; copy dx -> b; free dx`): moving the buffer does the same without
+/// the copy or a second buffer alive at once.
+fn moving_copies(instrs: &[Instr]) -> Vec<bool> {
+    let mut moves = vec![false; instrs.len()];
+    for (i, ins) in instrs.iter().enumerate() {
+        let Instr::Copy { src, dst } = ins else {
+            continue;
+        };
+        if src == dst {
+            continue;
+        }
+        for next in &instrs[i + 1..] {
+            if let Instr::Free { buf } = next
+                && buf == src
+            {
+                moves[i] = true;
+                break;
+            }
+            let (reads, writes) = program::verify::operands(next);
+            let touches = reads.contains(src) || writes.contains(src);
+            let boundary = matches!(
+                next,
+                Instr::Alloc { buf } if buf == src
+            ) || matches!(next, Instr::Task { .. });
+            if touches || boundary {
+                break;
+            }
+        }
+    }
+    moves
+}
+
+#[cfg(test)]
+mod move_tests {
+    use super::*;
+
+    fn b(i: u32) -> BufferId {
+        BufferId(i)
+    }
+
+    #[test]
+    fn only_a_copy_whose_source_is_freed_before_any_other_use_moves() {
+        let add = |x: u32, y: u32| Instr::Compute {
+            kind: ir::OpKind::Add,
+            inputs: vec![b(x), b(x)],
+            outputs: vec![b(y)],
+            saves: vec![],
+            layer: None,
+        };
+        let program = [
+            Instr::Copy {
+                src: b(0),
+                dst: b(1),
+            }, // 0: b0 is copied again next: stays a copy
+            Instr::Alloc { buf: b(2) },
+            Instr::Copy {
+                src: b(0),
+                dst: b(2),
+            }, // 2: b0 freed next: a move
+            Instr::Free { buf: b(0) },
+            Instr::Copy {
+                src: b(1),
+                dst: b(3),
+            }, // 4: b1 read before its free: a copy
+            add(1, 4),
+            Instr::Free { buf: b(1) },
+            Instr::Copy {
+                src: b(3),
+                dst: b(5),
+            }, // 7: never freed: a copy
+        ];
+        assert_eq!(
+            moving_copies(&program),
+            vec![false, false, true, false, false, false, false, false]
+        );
     }
 }
