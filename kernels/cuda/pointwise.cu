@@ -225,3 +225,9 @@ extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows,
         words[i] = lo | (hi << 16);
     }
 }
+
+// y[r, c] += bias[c] in place over n elements of rows `cols` wide: a biased linear's output
+// straight after its GEMM (no second [rows, cols] buffer).
+extern "C" __global__ void add_bias(float* y, const float* bias, i64 n, i64 cols) {
+    for (i64 i = global_thread(); i < n; i += grid_threads()) y[i] += bias[i % cols];
+}

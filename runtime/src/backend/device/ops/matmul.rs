@@ -5,7 +5,7 @@ use ir::OpKind;
 
 use super::{Buf, Weighted};
 use crate::RuntimeError;
-use crate::backend::device::{Device, DeviceBackend, Gemm, GemmPrecision};
+use crate::backend::device::{Device, DeviceBackend, Gemm, GemmPrecision, KernelArg};
 
 /// The shapes of a product `x · w` the device runs: `w` one matrix (every leading dim of `x`
 /// folded into M), or both batched with equal batch dims. `None` otherwise (broadcast batch
@@ -145,10 +145,23 @@ pub(super) fn forward<D: Device>(
     if !empty(&p) {
         b.device.gemm(&p.forward(), &x.mem, &w.mem, &mut y.mem)?;
     }
-    let Some(bias) = bias else { return Ok(Some(y)) };
-    let biased = super::pointwise::forward(b, &OpKind::Add, &[&y, bias])?;
-    b.device.release(y.mem);
-    Ok(biased)
+    if let Some(bias) = bias
+        && y.len > 0
+    {
+        let block = b.device.block_size();
+        b.device.launch(
+            "add_bias",
+            super::pointwise_grid(block, y.len),
+            block,
+            &mut [
+                KernelArg::Out(&mut y.mem),
+                KernelArg::In(&bias.mem),
+                super::size(y.len),
+                super::size(p.n),
+            ],
+        )?;
+    }
+    Ok(Some(y))
 }
 
 /// `[dx, dw]`, and `db` after them for a biased linear; those `wanted` marks false are `None`
