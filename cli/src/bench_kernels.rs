@@ -23,23 +23,17 @@ pub struct KernelsArgs {
     only: Option<String>,
 }
 
+/// The cases whose family or op name contains `only` (all without it).
+fn chosen(cases: Vec<Case>, only: Option<&str>) -> Vec<Case> {
+    cases
+        .into_iter()
+        .filter(|c| only.is_none_or(|s| c.name.contains(s) || c.kind.mnemonic().contains(s)))
+        .collect()
+}
+
 pub fn run(args: &KernelsArgs) -> anyhow::Result<()> {
-    let chosen: Vec<Case> = cases()
-        .into_iter()
-        .filter(|c| {
-            args.only
-                .as_deref()
-                .is_none_or(|s| c.name.contains(s) || c.kind.mnemonic().contains(s))
-        })
-        .collect();
-    let chosen_bf16: Vec<Case> = bf16_cases()
-        .into_iter()
-        .filter(|c| {
-            args.only
-                .as_deref()
-                .is_none_or(|s| c.name.contains(s) || c.kind.mnemonic().contains(s))
-        })
-        .collect();
+    let only = args.only.as_deref();
+    let (chosen, chosen_bf16) = (chosen(cases(), only), chosen(bf16_cases(), only));
     match args.device {
         DeviceArg::Cpu => table(&runtime::CpuBackend::new(), &chosen),
         DeviceArg::Cuda => match runtime::backend::CudaBackend::new(0) {
