@@ -168,10 +168,7 @@ pub trait Backend: std::fmt::Debug {
     where
         Self: Sized,
     {
-        self.through_host(inputs, |ts| {
-            kernels::context_forward_with(kind, ts, at, acc)
-                .map_err(RuntimeError::kernel(kind.mnemonic()))
-        })
+        self.through_host(inputs, context_on_host(kind, at, acc))
     }
 
     /// A vocabulary-parallel shard op; by default the CPU kernel on downloaded operands.
@@ -385,6 +382,19 @@ pub(crate) fn sgemm_dims(a: &[usize], b: &[usize]) -> Result<(usize, usize, usiz
                 want: format!("a[m, k] and b[k, n], got {a:?} and {b:?}"),
             },
         }),
+    }
+}
+
+/// A context-parallel op's CPU kernel, as [`Backend::through_host`] runs it (the default
+/// backend's path, and a device's for an op it does not lower).
+pub(crate) fn context_on_host<'k>(
+    kind: &'k OpKind,
+    at: kernels::Chunks,
+    acc: kernels::Accumulate,
+) -> impl FnOnce(&[&Tensor32]) -> Result<Vec<Tensor32>, RuntimeError> + 'k {
+    move |ts| {
+        kernels::context_forward_with(kind, ts, at, acc)
+            .map_err(RuntimeError::kernel(kind.mnemonic()))
     }
 }
 

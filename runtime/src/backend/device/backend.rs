@@ -339,10 +339,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
             return Ok(ys);
         }
         self.count_host_op(format!("context {}", host_op_name(kind)));
-        self.through_host(inputs, |ts| {
-            kernels::context_forward_with(kind, ts, at, acc)
-                .map_err(RuntimeError::kernel(kind.mnemonic()))
-        })
+        self.through_host(inputs, crate::backend::context_on_host(kind, at, acc))
     }
 
     fn vocab_shard(
