@@ -17,8 +17,8 @@
 #   dp2-one-gpu     the same model, DP2 (two ranks on the one GPU): against one rank, 1e-4
 #   tp2-one-gpu     the same model, TP2 (two ranks on the one GPU): against one rank, 1e-4
 #   gpt2-124m       GPT-2 124M, seq 1024, micro-batch 8: plait's tokens/s on CUDA beside PyTorch
-#                   eager with scaled_dot_product_attention (bf16, AdamW) on the same GPU, and
-#                   the plan's predicted step time (dgx-h200) against the measured one
+#                   eager with scaled_dot_product_attention (bf16, AdamW) on the same GPU, each's
+#                   MFU, and the plan's predicted step time (dgx-h200) against the measured one
 #   bf16-one-gpu    the tiny GPT's bf16 plan on CUDA (bf16 GEMMs, f32 elsewhere) against the f32
 #                   CPU run: within 2e-2 relative, loss falling
 #   (every row: the kernels of kernels/cuda, compiled by NVRTC when the backend opens; the same
@@ -207,20 +207,23 @@ if "$PLAIT" compile "$work/gpt2.json" --cluster dgx-h200 --gpus 1 --global-batch
   budget=$(( $(left) - 20 )); [ "$budget" -gt 240 ] && budget=240
   if [ "$budget" -gt 30 ] && timeout "$budget" "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" \
        --steps 3 --log-json "$work/gpt2.jsonl" > "$OUT/gpt2-124m.log" 2>&1; then
-    read -r plait_tps measured predicted < <(python3 - "$work/gpt2.jsonl" "$work/gpt2-plan.json" <<'PY'
+    # MFU: tokens/s times the plan's model FLOPs per token, over the GPU's bf16 peak (both from
+    # the plan: its predicted model TFLOP/s over its tokens/s, and over its MFU).
+    read -r plait_tps measured predicted plait_mfu torch_mfu < <(python3 - "$work/gpt2.jsonl" "$work/gpt2-plan.json" "$torch_tps" <<'PY'
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1])][1:] or [json.loads(l) for l in open(sys.argv[1])]
-plan = json.load(open(sys.argv[2]))
+p = json.load(open(sys.argv[2]))["predicted"]
 tps = sum(s["tokens_per_s"] for s in steps) / len(steps)
 sec = sum(s["step_time_s"] for s in steps) / len(steps)
-print(tps, sec, plan["predicted"]["iteration_time_s"])
+mfu_per_tps = p["mfu"] / p["tokens_per_s"]
+print(tps, sec, p["iteration_time_s"], f"{tps * mfu_per_tps:.4f}", f"{float(sys.argv[3]) * mfu_per_tps:.4f}")
 PY
 )
     ratio=$(python3 -c "print(f'{$plait_tps / $torch_tps:.4f}' if $torch_tps > 0 else 'n/a')")
     err=$(python3 -c "print(f'{($measured - $predicted) / $predicted:+.1%}')")
     s=FAIL; [ "$ratio" != n/a ] && within 0.7 "$ratio" && s=pass
-    row gpt2-124m "$s" "plait $plait_tps tokens/s (f32 storage, bf16 GEMMs, device kernels), PyTorch eager bf16 $torch_tps: ratio $ratio (bar 0.7); step ${measured}s measured, ${predicted}s predicted ($err)" \
-      "{\"plait_tokens_per_s\": $plait_tps, \"torch_tokens_per_s\": $torch_tps, \"measured_step_s\": $measured, \"predicted_step_s\": $predicted}"
+    row gpt2-124m "$s" "plait $plait_tps tokens/s (MFU $plait_mfu; f32 storage, bf16 GEMMs, device kernels), PyTorch eager bf16 $torch_tps (MFU $torch_mfu): ratio $ratio (bar 0.7); step ${measured}s measured, ${predicted}s predicted ($err)" \
+      "{\"plait_tokens_per_s\": $plait_tps, \"torch_tokens_per_s\": $torch_tps, \"plait_mfu\": $plait_mfu, \"torch_mfu\": $torch_mfu, \"measured_step_s\": $measured, \"predicted_step_s\": $predicted}"
   else
     row gpt2-124m FAIL "plait run did not finish 3 steps in ${budget}s; PyTorch eager bf16 $torch_tps tokens/s" \
       "{\"torch_tokens_per_s\": $torch_tps}"
