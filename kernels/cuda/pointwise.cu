@@ -209,9 +209,8 @@ extern "C" __global__ void dropout(float* y, const float* x, i64 n, i64 per_row,
 // `mats` row-major [rows, cols] matrices of x (the m-th at m·stride) rounded to bf16 (to
 // nearest, ties to even; kernels::device::round_bf16), two to a word of `y`, each row padded
 // with zeros to `pitch` (even) columns and the matrices packed: the operands of a bf16 plan's
-// GEMMs, which cuBLAS then multiplies as bf16. (Given f32 operands it converts them itself, at
-// a fraction of the tensor cores' rate; and a row pitch of 8 elements, 16 bytes, lets it take
-// its fast kernels where the tensor's own row, a 50257-word vocabulary, would not.)
+// GEMMs, which cuBLAS then multiplies as bf16. The row pitch of 8 elements (16 bytes) is the
+// alignment cuBLAS's fast Hopper kernels want, which a 50257-word vocabulary row lacks.
 extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows, i64 cols, i64 stride, i64 pitch) {
     unsigned* words = (unsigned*)y;
     i64 per_row = pitch / 2, per_mat = rows * per_row;

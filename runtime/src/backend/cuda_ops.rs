@@ -36,10 +36,11 @@ fn op(transposed: bool) -> cublasOperation_t {
 }
 
 /// The operands as cuBLAS reads them: f32 for an f32 plan; for a bf16 plan, copies rounded to
-/// bf16 (`to_bf16`) with rows padded to a multiple of 8 elements (16 bytes), which cuBLAS
-/// multiplies on the tensor cores at their bf16 rate. (Given f32 operands and
-/// `CUBLAS_COMPUTE_32F_FAST_16BF` it converts them itself: GPT-2's GEMMs ran at ~135 TFLOP/s
-/// on an H200; and its 50257-wide vocabulary rows took slow kernels.)
+/// bf16 (`to_bf16`) with rows padded to a multiple of 8 elements (16 bytes), multiplied on the
+/// tensor cores. On an H200 the unpadded copies ran GPT-2's GEMMs about as fast as cuBLAS's
+/// own down-conversion of f32 operands (`CUBLAS_COMPUTE_32F_FAST_16BF`); the padding is for
+/// rows like a 50257-word vocabulary's, whose LM-head GEMMs took 16.5 ms of the step's ~40 ms
+/// of GEMMs there (the padded form has not yet run on a GPU).
 enum Operands<'m> {
     F32(&'m CudaMem, &'m CudaMem),
     Bf16([(CudaMem, Layout); 2]),

@@ -10,7 +10,7 @@
 //! when its [`Pooled`] handle drops, however the buffer that held it ends (freed by the
 //! executor, overwritten in its slot, or a temporary of an op): never to the driver, whose
 //! stream-ordered pool would otherwise hand the memory back at the next synchronization and
-//! map it afresh on the next request (seen on an H200: GPT-2's 150 gradient fills took 146 ms).
+//! map it afresh on the next request.
 //!
 //! [`MemoryStats`] keeps the high-water marks `plait run` compares with the plan's peak:
 //! bytes in live buffers (PyTorch's `max_memory_allocated`) and bytes held from the driver
