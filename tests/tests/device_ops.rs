@@ -124,7 +124,11 @@ fn attention_operands_pack_by_head_as_rows_and_as_columns() {
     };
     let half = |y: &[f32], i: usize| {
         let w = y[i / 2].to_bits();
-        if i % 2 == 0 { w & 0xffff } else { w >> 16 }
+        if i.is_multiple_of(2) {
+            w & 0xffff
+        } else {
+            w >> 16
+        }
     };
     let i = |v: usize| KernelArg::I64(i64::try_from(v).unwrap());
     for kernel in ["attn_pack_rows", "attn_pack_cols"] {
