@@ -35,8 +35,6 @@
 #define MMA_COL_WORDS(n) ((n) / 2 + 4)
 #define MMA_MAX_D 128
 
-#ifdef __CUDACC_RTC__
-
 // x rounded to bf16 (to nearest, ties to even), as its 16 bits.
 __device__ __forceinline__ unsigned bf16_bits(float x) {
     unsigned u = __float_as_uint(x);
@@ -45,6 +43,36 @@ __device__ __forceinline__ unsigned bf16_bits(float x) {
 
 // Two bf16 in one word, the lower column in the lower half (the fragments' order).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+
+// Rows of a tensor the kernels read, padded to whole blocks (zero rows past `n`).
+__device__ i64 mma_pad(i64 n) { return (n + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS * MMA_BLOCK_ROWS; }
+
+// The operands in the kernels' layout, made once per attention (the tiles then copy 16-byte
+// words, with no conversion in the loop): x [batch, n, heads, d] as bf16 words, each head's
+// rows together ([batch·heads, n_pad, d/2], `attn_pack_rows`), or each head transposed
+// ([batch·heads, d, n_pad/2], two rows to a word, `attn_pack_cols`); zero past `n`.
+extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
+    unsigned* words = (unsigned*)y;
+    i64 half = d / 2, n_pad = mma_pad(n);
+    for (i64 i = global_thread(); i < batch * heads * n_pad * half; i += grid_threads()) {
+        i64 c = 2 * (i % half), r = (i / half) % n_pad, bh = i / (half * n_pad);
+        const float* p = x + ((bh / heads * n + r) * heads + bh % heads) * d + c;
+        words[i] = r < n ? pack_bf16(p[0], p[1]) : 0u;
+    }
+}
+
+extern "C" __global__ void attn_pack_cols(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
+    unsigned* words = (unsigned*)y;
+    i64 n_pad = mma_pad(n), half = n_pad / 2;
+    for (i64 i = global_thread(); i < batch * heads * d * half; i += grid_threads()) {
+        i64 r = 2 * (i % half), c = (i / half) % d, bh = i / (half * d);
+        const float* p = x + ((bh / heads * n + r) * heads + bh % heads) * d + c;
+        float lo = r < n ? p[0] : 0.0f, hi = r + 1 < n ? p[heads * d] : 0.0f;
+        words[i] = pack_bf16(lo, hi);
+    }
+}
+
+#ifdef __CUDACC_RTC__
 
 // d += a · b on the tensor cores (one warp, 16×8×16, bf16 operands, f32 accumulators).
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
@@ -78,45 +106,36 @@ __device__ MmaLane mma_lane() {
     return l;
 }
 
-// Element (row, col) of a [batch, n, heads, D] tensor's head `hh`, zero past `n`.
+// The A fragments of 16 rows `r0 ..` of head `bh` of a row-packed tensor of `n_pad` rows.
 template <int D>
-__device__ float mma_at(const float* x, i64 b, i64 row, i64 n, i64 heads, i64 hh, int col) {
-    return row < n ? x[((b * n + row) * heads + hh) * D + col] : 0.0f;
-}
-
-// The A fragments of 16 rows `r0 ..` of a [batch, n, heads, D] tensor's head `hh`.
-template <int D>
-__device__ void mma_load_a(unsigned (*frag)[4], const float* x, i64 b, i64 r0, i64 n, i64 heads, i64 hh,
-                           const MmaLane& l) {
+__device__ void mma_load_a(unsigned (*frag)[4], const float* packed, i64 bh, i64 r0, i64 n_pad, const MmaLane& l) {
+    const unsigned* words = (const unsigned*)packed + (bh * n_pad + r0) * (D / 2);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            i64 row = r0 + l.group + (e % 2) * 8;
-            int col = kk * 16 + (e / 2) * 8 + 2 * l.t;
-            frag[kk][e] = pack_bf16(mma_at<D>(x, b, row, n, heads, hh, col), mma_at<D>(x, b, row, n, heads, hh, col + 1));
-        }
+        for (int e = 0; e < 4; ++e)
+            frag[kk][e] = words[(l.group + (e % 2) * 8) * (D / 2) + kk * 8 + (e / 2) * 4 + l.t];
 }
 
-// Rows `r0 .. r0 + rows` of a [batch, n, heads, D] tensor's head `hh` into a row-major bf16 tile
-// (MMA_ROW_WORDS words a row), zero past `n`.
+// Rows `r0 .. r0 + rows` of head `bh` of a row-packed tensor into a row-major tile
+// (MMA_ROW_WORDS words a row), 16 bytes at a time.
 template <int D>
-__device__ void mma_tile_rows(unsigned* tile, const float* x, i64 b, i64 r0, int rows, i64 n, i64 heads, i64 hh) {
-    for (int e = threadIdx.x; e < rows * (D / 2); e += blockDim.x) {
-        int r = e / (D / 2), w = e % (D / 2);
-        tile[r * MMA_ROW_WORDS + w] =
-            pack_bf16(mma_at<D>(x, b, r0 + r, n, heads, hh, 2 * w), mma_at<D>(x, b, r0 + r, n, heads, hh, 2 * w + 1));
+__device__ void mma_tile_rows(unsigned* tile, const float* packed, i64 bh, i64 r0, int rows, i64 n_pad) {
+    const uint4* src = (const uint4*)((const unsigned*)packed + (bh * n_pad + r0) * (D / 2));
+    for (int e = threadIdx.x; e < rows * (D / 8); e += blockDim.x) {
+        int r = e / (D / 8), w = e % (D / 8);
+        ((uint4*)(tile + r * MMA_ROW_WORDS))[w] = src[r * (D / 8) + w];
     }
 }
 
-// The same rows transposed: column c of the tensor is row c of the tile (MMA_COL_WORDS(rows)
-// words a row).
+// The same rows of a column-packed tensor: column c is row c of the tile (MMA_COL_WORDS(rows)
+// words a row); `r0` is a multiple of 8.
 template <int D>
-__device__ void mma_tile_cols(unsigned* tile, const float* x, i64 b, i64 r0, int rows, i64 n, i64 heads, i64 hh) {
-    unsigned short* half = (unsigned short*)tile;
-    for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
-        int r = e / D, c = e % D;
-        half[c * 2 * MMA_COL_WORDS(rows) + r] = (unsigned short)bf16_bits(mma_at<D>(x, b, r0 + r, n, heads, hh, c));
+__device__ void mma_tile_cols(unsigned* tile, const float* packed, i64 bh, i64 r0, int rows, i64 n_pad) {
+    const unsigned* src = (const unsigned*)packed + bh * D * (n_pad / 2) + r0 / 2;
+    for (int e = threadIdx.x; e < D * (rows / 8); e += blockDim.x) {
+        int c = e / (rows / 8), w = e % (rows / 8);
+        ((uint4*)(tile + c * MMA_COL_WORDS(rows)))[w] = ((const uint4*)(src + c * (n_pad / 2)))[w];
     }
 }
 
@@ -202,8 +221,9 @@ __device__ i64 mma_visible(const Attention& a, const float* qpos, i64 qi) {
 // The forward over one block's queries: the output (STATS false), or the backward's row
 // statistics lse and D = dO·O (STATS true).
 template <int D, bool STATS>
-__device__ void mma_forward(float* o, float* lse, float* dsum, const float* q, const float* k, const float* v,
+__device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, const float* kp, const float* vp,
                             const float* go, const float* qpos, const Attention& a, unsigned* ks, unsigned* vt) {
+    i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     MmaLane l = mma_lane();
     for (i64 t = blockIdx.x; t < mma_query_blocks(a); t += gridDim.x) {
         MmaQueries x = mma_queries(a, t);
@@ -211,7 +231,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* q, c
         i64 rows[2] = {w0 + l.group, w0 + l.group + 8};
         i64 vis[2] = {mma_visible(a, qpos, rows[0]), mma_visible(a, qpos, rows[1])};
         unsigned qa[D / 16][4];
-        mma_load_a<D>(qa, q, x.b, w0, a.sq, a.heads, x.h, l);
+        mma_load_a<D>(qa, qp, x.b * a.heads + x.h, w0, q_pad, l);
         float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
         float acc[D / 8][4];
 #pragma unroll
@@ -221,8 +241,8 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* q, c
         i64 keys = mma_block_keys(a, qpos, x.q0);
         for (i64 k0 = 0; k0 < keys; k0 += MMA_FWD_TILE) {
             __syncthreads();  // the last tile's readers are done
-            mma_tile_rows<D>(ks, k, x.b, k0, MMA_FWD_TILE, a.sk, a.kv, x.g);
-            mma_tile_cols<D>(vt, v, x.b, k0, MMA_FWD_TILE, a.sk, a.kv, x.g);
+            mma_tile_rows<D>(ks, kp, x.b * a.kv + x.g, k0, MMA_FWD_TILE, k_pad);
+            mma_tile_cols<D>(vt, vp, x.b * a.kv + x.g, k0, MMA_FWD_TILE, k_pad);
             __syncthreads();
             float s[MMA_FWD_TILE / 8][4];
 #pragma unroll
@@ -298,22 +318,23 @@ struct MmaBackwardTiles {
 };
 
 #define MMA_BACKWARD_TILES                                                  \
-    __shared__ unsigned rows[MMA_BWD_TILE * MMA_ROW_WORDS];                 \
-    __shared__ unsigned rows2[MMA_BWD_TILE * MMA_ROW_WORDS];                \
-    __shared__ unsigned cols[MMA_MAX_D * MMA_COL_WORDS(MMA_BWD_TILE)];      \
-    __shared__ unsigned cols2[MMA_MAX_D * MMA_COL_WORDS(MMA_BWD_TILE)];     \
+    __shared__ __align__(16) unsigned rows[MMA_BWD_TILE * MMA_ROW_WORDS];   \
+    __shared__ __align__(16) unsigned rows2[MMA_BWD_TILE * MMA_ROW_WORDS];  \
+    __shared__ __align__(16) unsigned cols[MMA_MAX_D * MMA_COL_WORDS(MMA_BWD_TILE)]; \
+    __shared__ __align__(16) unsigned cols2[MMA_MAX_D * MMA_COL_WORDS(MMA_BWD_TILE)]; \
     __shared__ float tile_lse[MMA_BWD_TILE], tile_d[MMA_BWD_TILE];          \
     MmaBackwardTiles w = {rows, rows2, cols, cols2, tile_lse, tile_d};
 
 #define MMA_FORWARD_TILES                                                   \
-    __shared__ unsigned ks[MMA_FWD_TILE * MMA_ROW_WORDS];                   \
-    __shared__ unsigned vt[MMA_MAX_D * MMA_COL_WORDS(MMA_FWD_TILE)];
+    __shared__ __align__(16) unsigned ks[MMA_FWD_TILE * MMA_ROW_WORDS];     \
+    __shared__ __align__(16) unsigned vt_s[MMA_MAX_D * MMA_COL_WORDS(MMA_FWD_TILE)];
 
 // dq over one block's queries: dq = scale · Σ_j dS_j k_j, key tiles of MMA_BWD_TILE.
 template <int D>
-__device__ void mma_backward_dq(float* dq, const float* q, const float* k, const float* v, const float* go,
-                                const float* lse, const float* dsum, const float* qpos, const Attention& a,
-                                const MmaBackwardTiles& w) {
+__device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, const float* kt_p, const float* vp,
+                                const float* gp, const float* lse, const float* dsum, const float* qpos,
+                                const Attention& a, const MmaBackwardTiles& w) {
+    i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     unsigned *ks = w.rows, *vs = w.rows2, *kt = w.cols;
     MmaLane l = mma_lane();
     for (i64 t = blockIdx.x; t < mma_query_blocks(a); t += gridDim.x) {
@@ -329,8 +350,8 @@ __device__ void mma_backward_dq(float* dq, const float* q, const float* k, const
             row_d[r] = rows[r] < a.sq ? dsum[at] : 0.0f;
         }
         unsigned qa[D / 16][4], ga[D / 16][4];
-        mma_load_a<D>(qa, q, x.b, w0, a.sq, a.heads, x.h, l);
-        mma_load_a<D>(ga, go, x.b, w0, a.sq, a.heads, x.h, l);
+        mma_load_a<D>(qa, qp, x.b * a.heads + x.h, w0, q_pad, l);
+        mma_load_a<D>(ga, gp, x.b * a.heads + x.h, w0, q_pad, l);
         float acc[D / 8][4];
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
@@ -339,9 +360,9 @@ __device__ void mma_backward_dq(float* dq, const float* q, const float* k, const
         i64 keys = mma_block_keys(a, qpos, x.q0);
         for (i64 k0 = 0; k0 < keys; k0 += MMA_BWD_TILE) {
             __syncthreads();
-            mma_tile_rows<D>(ks, k, x.b, k0, MMA_BWD_TILE, a.sk, a.kv, x.g);
-            mma_tile_rows<D>(vs, v, x.b, k0, MMA_BWD_TILE, a.sk, a.kv, x.g);
-            mma_tile_cols<D>(kt, k, x.b, k0, MMA_BWD_TILE, a.sk, a.kv, x.g);
+            mma_tile_rows<D>(ks, kp, x.b * a.kv + x.g, k0, MMA_BWD_TILE, k_pad);
+            mma_tile_rows<D>(vs, vp, x.b * a.kv + x.g, k0, MMA_BWD_TILE, k_pad);
+            mma_tile_cols<D>(kt, kt_p, x.b * a.kv + x.g, k0, MMA_BWD_TILE, k_pad);
             __syncthreads();
             float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
 #pragma unroll
@@ -375,9 +396,11 @@ __device__ void mma_backward_dq(float* dq, const float* q, const float* k, const
 // dk and dv over one block's 64 keys (batch, kv head): Σ over the group's query heads and the
 // query tiles that see the keys of scale·dS q and P dO.
 template <int D>
-__device__ void mma_backward_dkv(float* dk, float* dv, const float* q, const float* k, const float* v,
-                                 const float* go, const float* lse, const float* dsum, const float* qpos,
-                                 const Attention& a, const MmaBackwardTiles& w) {
+__device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const float* qt_p, const float* kp,
+                                 const float* vp, const float* gp, const float* gt_p, const float* lse,
+                                 const float* dsum, const float* qpos, const Attention& a,
+                                 const MmaBackwardTiles& w) {
+    i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     unsigned *qs = w.rows, *gs = w.rows2, *qt = w.cols, *gt = w.cols2;
     float *tile_lse = w.lse, *tile_d = w.d;
     MmaLane l = mma_lane();
@@ -388,8 +411,8 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* q, const flo
         i64 w0 = k0 + l.warp * MMA_WARP_ROWS;
         i64 keys[2] = {w0 + l.group, w0 + l.group + 8};
         unsigned ka[D / 16][4], va[D / 16][4];
-        mma_load_a<D>(ka, k, b, w0, a.sk, a.kv, g, l);
-        mma_load_a<D>(va, v, b, w0, a.sk, a.kv, g, l);
+        mma_load_a<D>(ka, kp, b * a.kv + g, w0, k_pad, l);
+        mma_load_a<D>(va, vp, b * a.kv + g, w0, k_pad, l);
         float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
@@ -399,13 +422,14 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* q, const flo
         // mask alone says).
         i64 first = a.causal && !qpos ? k0 - (a.sk - a.sq) : 0;
         if (first < 0) first = 0;
+        first -= first % MMA_BWD_TILE;  // the column-packed tiles start at whole words of 16 bytes
         for (i64 h = g * group; h < (g + 1) * group; ++h) {
             for (i64 i0 = first; i0 < a.sq; i0 += MMA_BWD_TILE) {
                 __syncthreads();
-                mma_tile_rows<D>(qs, q, b, i0, MMA_BWD_TILE, a.sq, a.heads, h);
-                mma_tile_rows<D>(gs, go, b, i0, MMA_BWD_TILE, a.sq, a.heads, h);
-                mma_tile_cols<D>(qt, q, b, i0, MMA_BWD_TILE, a.sq, a.heads, h);
-                mma_tile_cols<D>(gt, go, b, i0, MMA_BWD_TILE, a.sq, a.heads, h);
+                mma_tile_rows<D>(qs, qp, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
+                mma_tile_rows<D>(gs, gp, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
+                mma_tile_cols<D>(qt, qt_p, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
+                mma_tile_cols<D>(gt, gt_p, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
                 for (int i = threadIdx.x; i < MMA_BWD_TILE; i += blockDim.x) {
                     i64 at = (b * a.heads + h) * a.sq + i0 + i;
                     tile_lse[i] = i0 + i < a.sq ? lse[at] : 0.0f;
@@ -459,20 +483,24 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* q, const flo
 #else
 #define MMA_BODY(...)
 #endif
-#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, false>(o, 0, 0, q, k, v, 0, qpos, a, ks, vt); })
-#define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, true>(0, lse, dsum, q, k, v, go, qpos, a, ks, vt); })
-#define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dq<D>(dq, q, k, v, go, lse, dsum, qpos, a, w); })
-#define MMA_DKV(D) MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dkv<D>(dk, dv, q, k, v, go, lse, dsum, qpos, a, w); })
-#define MMA_FORWARD_ARGS float *o, const float *q, const float *k, const float *v, const float *qpos, Attention a
-#define MMA_STATS_ARGS                                                                                   \
-    float *lse, float *dsum, const float *q, const float *k, const float *v, const float *go, const float *qpos, \
+#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, false>(o, 0, 0, qp, kp, vt, 0, qpos, a, ks, vt_s); })
+#define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, true>(0, lse, dsum, qp, kp, vt, go, qpos, a, ks, vt_s); })
+#define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dq<D>(dq, qp, kp, kt, vp, gp, lse, dsum, qpos, a, w); })
+#define MMA_DKV(D) \
+    MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dkv<D>(dk, dv, qp, qt, kp, vp, gp, gt, lse, dsum, qpos, a, w); })
+// Arguments: the outputs (f32), then the packed operands (`attn_pack_rows`: qp, kp, vp, gp;
+// `attn_pack_cols`: qt, kt, vt, gt), dO in f32 where the row statistics read it, lse and D,
+// the queries' positions (null: none) and the shape.
+#define MMA_FORWARD_ARGS float *o, const float *qp, const float *kp, const float *vt, const float *qpos, Attention a
+#define MMA_STATS_ARGS                                                                                     \
+    float *lse, float *dsum, const float *qp, const float *kp, const float *vt, const float *go, const float *qpos, \
         Attention a
-#define MMA_DQ_ARGS                                                                                    \
-    float *dq, const float *q, const float *k, const float *v, const float *go, const float *lse,    \
-        const float *dsum, const float *qpos, Attention a
-#define MMA_DKV_ARGS                                                                                   \
-    float *dk, float *dv, const float *q, const float *k, const float *v, const float *go, const float *lse, \
-        const float *dsum, const float *qpos, Attention a
+#define MMA_DQ_ARGS                                                                                        \
+    float *dq, const float *qp, const float *kp, const float *kt, const float *vp, const float *gp,       \
+        const float *lse, const float *dsum, const float *qpos, Attention a
+#define MMA_DKV_ARGS                                                                                       \
+    float *dk, float *dv, const float *qp, const float *qt, const float *kp, const float *vp, const float *gp, \
+        const float *gt, const float *lse, const float *dsum, const float *qpos, Attention a
 
 extern "C" __global__ void attention_forward_mma32(MMA_FORWARD_ARGS) { MMA_FORWARD(32) }
 extern "C" __global__ void attention_forward_mma64(MMA_FORWARD_ARGS) { MMA_FORWARD(64) }

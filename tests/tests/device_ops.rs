@@ -108,6 +108,59 @@ fn to_bf16_rounds_as_the_host_and_pads_each_row_to_the_pitch() {
 }
 
 #[test]
+fn attention_operands_pack_by_head_as_rows_and_as_columns() {
+    use kernels::device::KernelArg;
+    use runtime::Device;
+    let dev = Emulator { block: 64 };
+    // [batch 2, n 70, heads 3, d 4]: 70 rows pad to 128, two blocks of 64.
+    let (batch, n, heads, d, n_pad) = (2usize, 70usize, 3usize, 4usize, 128usize);
+    let x = tensor(&[batch, n, heads * d], 7).data;
+    let at = |b: usize, r: usize, h: usize, c: usize| {
+        if r < n {
+            kernels::device::round_bf16(x[((b * n + r) * heads + h) * d + c]).to_bits() >> 16
+        } else {
+            0
+        }
+    };
+    let half = |y: &[f32], i: usize| {
+        let w = y[i / 2].to_bits();
+        if i.is_multiple_of(2) {
+            w & 0xffff
+        } else {
+            w >> 16
+        }
+    };
+    let i = |v: usize| KernelArg::I64(i64::try_from(v).unwrap());
+    for kernel in ["attn_pack_rows", "attn_pack_cols"] {
+        let mut y = vec![f32::NAN; batch * heads * n_pad * d / 2];
+        let mut args = [
+            KernelArg::Out(&mut y),
+            KernelArg::In(&x),
+            i(batch),
+            i(n),
+            i(heads),
+            i(d),
+        ];
+        dev.launch(kernel, 8, 64, &mut args).unwrap();
+        for b in 0..batch {
+            for h in 0..heads {
+                let bh = b * heads + h;
+                for r in 0..n_pad {
+                    for c in 0..d {
+                        let index = if kernel == "attn_pack_rows" {
+                            (bh * n_pad + r) * d + c
+                        } else {
+                            (bh * d + c) * n_pad + r
+                        };
+                        assert_eq!(half(&y, index), at(b, r, h, c), "{kernel} {b} {r} {h} {c}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn the_bf16_cases_pass_on_the_emulated_device() {
     // The emulator has no tensor cores: these run the CUDA-core tiles with bf16 GEMMs, the
     // path a bf16 plan takes on a device without them (the tensor-core kernels are checked by

@@ -107,6 +107,8 @@ const MMA_THREADS: u32 = 128;
 struct Kernels {
     /// Whether these are the tiled or tensor-core kernels (which take the queries' positions).
     tiled: bool,
+    /// Whether these are the tensor-core kernels (which take packed operands, [`Packed`]).
+    mma: bool,
     forward: &'static str,
     row_stats: &'static str,
     dq: &'static str,
@@ -128,6 +130,7 @@ impl Kernels {
         {
             Kernels {
                 tiled: true,
+                mma: true,
                 forward,
                 row_stats,
                 dq,
@@ -139,6 +142,7 @@ impl Kernels {
         } else if a.d <= TILE_D && a.dv <= TILE_D {
             Kernels {
                 tiled: true,
+                mma: false,
                 forward: "attention_forward_tiled",
                 row_stats: "attention_row_stats_tiled",
                 dq: "attention_backward_dq_tiled",
@@ -150,6 +154,7 @@ impl Kernels {
         } else {
             Kernels {
                 tiled: false,
+                mma: false,
                 forward: "attention_forward",
                 row_stats: "attention_row_stats",
                 dq: "attention_backward_dq",
@@ -202,6 +207,8 @@ pub(super) fn forward_at<D: Device>(
     if qpos.is_some() && !p.tiled {
         return Ok(None);
     }
+    let packed = p.mma.then(|| Packed::forward(b, &a, q, k, v)).transpose()?;
+    let (q, k, v) = packed.as_ref().map_or((q, k, v), |x| (&x.qp, &x.kp, &x.vt));
     let mut o = b.alloc(&out_shape(&a))?;
     let mut args = vec![
         KernelArg::Out(&mut o.mem),
@@ -243,6 +250,9 @@ pub(super) fn backward_at<D: Device>(
     let block = p.block;
     if g.shape != out_shape(&a) || (qpos.is_some() && !p.tiled) {
         return Ok(None);
+    }
+    if p.mma {
+        return backward_mma(b, &a, &p, [q, k, v, g], qpos).map(Some);
     }
 
     let (mut lse, mut dsum) = (b.alloc(&[rows(&a)])?, b.alloc(&[rows(&a)])?);
@@ -291,4 +301,136 @@ pub(super) fn backward_at<D: Device>(
     b.device.release(lse.mem);
     b.device.release(dsum.mem);
     Ok(Some(vec![dq, dk, dv]))
+}
+
+/// The tensor-core kernels' operands: bf16 copies, each head's rows together (`attn_pack_rows`)
+/// or transposed (`attn_pack_cols`), padded to whole 64-row blocks.
+struct Packed<D: Device> {
+    qp: Buf<D>,
+    kp: Buf<D>,
+    vt: Buf<D>,
+}
+
+/// Rows the packed copies hold: `n` rounded up to attention_mma.cu's MMA_BLOCK_ROWS.
+fn padded(n: i64) -> i64 {
+    (n + MMA_ROWS - 1) / MMA_ROWS * MMA_ROWS
+}
+
+/// `x` ([batch, n, heads·d]) packed by `kernel` (`attn_pack_rows` or `attn_pack_cols`).
+fn pack<D: Device>(
+    b: &DeviceBackend<D>,
+    kernel: &'static str,
+    x: &Buf<D>,
+    a: &AttentionShape,
+    (n, heads): (i64, i64),
+) -> Result<Buf<D>, RuntimeError> {
+    let words = (a.batch * heads * padded(n) * a.d / 2) as usize;
+    let mut y = b.alloc(&[words])?;
+    let block = b.device.block_size();
+    b.device.launch(
+        kernel,
+        super::pointwise_grid(block, words),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&x.mem),
+            KernelArg::I64(a.batch),
+            KernelArg::I64(n),
+            KernelArg::I64(heads),
+            KernelArg::I64(a.d),
+        ],
+    )?;
+    Ok(y)
+}
+
+impl<D: Device> Packed<D> {
+    fn forward(
+        b: &DeviceBackend<D>,
+        a: &AttentionShape,
+        q: &Buf<D>,
+        k: &Buf<D>,
+        v: &Buf<D>,
+    ) -> Result<Packed<D>, RuntimeError> {
+        Ok(Packed {
+            qp: pack(b, "attn_pack_rows", q, a, (a.sq, a.heads))?,
+            kp: pack(b, "attn_pack_rows", k, a, (a.sk, a.kv))?,
+            vt: pack(b, "attn_pack_cols", v, a, (a.sk, a.kv))?,
+        })
+    }
+}
+
+/// `[dq, dk, dv]` on the tensor cores: the operands packed once, then the row statistics, dq
+/// per query block and dk, dv per key block.
+fn backward_mma<D: Device>(
+    b: &DeviceBackend<D>,
+    a: &AttentionShape,
+    p: &Kernels,
+    [q, k, v, g]: [&Buf<D>; 4],
+    qpos: Option<&D::Mem>,
+) -> Result<Vec<Buf<D>>, RuntimeError> {
+    let fwd = Packed::forward(b, a, q, k, v)?;
+    let rows_of = |x, n, heads| pack(b, "attn_pack_rows", x, a, (n, heads));
+    let cols_of = |x, n, heads| pack(b, "attn_pack_cols", x, a, (n, heads));
+    let (qt, kt) = (cols_of(q, a.sq, a.heads)?, cols_of(k, a.sk, a.kv)?);
+    let (vp, gp, gt) = (
+        rows_of(v, a.sk, a.kv)?,
+        rows_of(g, a.sq, a.heads)?,
+        cols_of(g, a.sq, a.heads)?,
+    );
+    let pos = || qpos.map_or(KernelArg::Null, KernelArg::In);
+    let (mut lse, mut dsum) = (b.alloc(&[rows(a)])?, b.alloc(&[rows(a)])?);
+    b.device.launch(
+        p.row_stats,
+        p.query_grid,
+        p.block,
+        &mut [
+            KernelArg::Out(&mut lse.mem),
+            KernelArg::Out(&mut dsum.mem),
+            KernelArg::In(&fwd.qp.mem),
+            KernelArg::In(&fwd.kp.mem),
+            KernelArg::In(&fwd.vt.mem),
+            KernelArg::In(&g.mem),
+            pos(),
+            KernelArg::Attention(*a),
+        ],
+    )?;
+    let mut dq = b.alloc(&q.shape)?;
+    b.device.launch(
+        p.dq,
+        p.query_grid,
+        p.block,
+        &mut [
+            KernelArg::Out(&mut dq.mem),
+            KernelArg::In(&fwd.qp.mem),
+            KernelArg::In(&fwd.kp.mem),
+            KernelArg::In(&kt.mem),
+            KernelArg::In(&vp.mem),
+            KernelArg::In(&gp.mem),
+            KernelArg::In(&lse.mem),
+            KernelArg::In(&dsum.mem),
+            pos(),
+            KernelArg::Attention(*a),
+        ],
+    )?;
+    let (mut dk, mut dv) = (b.alloc(&k.shape)?, b.alloc(&v.shape)?);
+    b.device.launch(
+        p.dkv,
+        p.key_grid,
+        p.block,
+        &mut [
+            KernelArg::Out(&mut dk.mem),
+            KernelArg::Out(&mut dv.mem),
+            KernelArg::In(&fwd.qp.mem),
+            KernelArg::In(&qt.mem),
+            KernelArg::In(&fwd.kp.mem),
+            KernelArg::In(&vp.mem),
+            KernelArg::In(&gp.mem),
+            KernelArg::In(&gt.mem),
+            KernelArg::In(&lse.mem),
+            KernelArg::In(&dsum.mem),
+            pos(),
+            KernelArg::Attention(*a),
+        ],
+    )?;
+    Ok(vec![dq, dk, dv])
 }
