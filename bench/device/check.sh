@@ -239,11 +239,13 @@ if [ "$(left)" -gt 60 ] && [ -s "$work/gpt2-plan.json" ]; then
   row gpt2-op-times info "$(grep -A6 '^instruction ' "$OUT/gpt2-op-times.log" | head -7 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
 fi
 # CHECK_NCU=REGEX: Nsight Compute's speed-of-light, occupancy and launch sections for the first
-# kernels of one GPT-2 step whose names match REGEX (information for kernel work; where
+# kernels of one GPT-2 step whose names match REGEX, after skipping CHECK_NCU_SKIP of them
+# (default 0), CHECK_NCU_COUNT in all (default 6) (information for kernel work; where
 # `ncu` reads the counters: Firecracker machines, KINDS.md).
 if [ -n "${CHECK_NCU:-}" ] && command -v ncu >/dev/null 2>&1 && [ "$(left)" -gt 60 ] \
    && [ -s "$work/gpt2-plan.json" ]; then
-  timeout "$(( $(left) - 20 ))" ncu --clock-control none --kernel-name "regex:$CHECK_NCU" --launch-count 6 \
+  timeout "$(( $(left) - 20 ))" ncu --clock-control none --kernel-name "regex:$CHECK_NCU" \
+    --launch-skip "${CHECK_NCU_SKIP:-0}" --launch-count "${CHECK_NCU_COUNT:-6}" \
     --section SpeedOfLight --section Occupancy --section LaunchStats \
     "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" --steps 1 > "$OUT/ncu.log" 2>&1
   row ncu info "$(grep -cE '^  [a-z_]+.*\(' "$OUT/ncu.log") kernels profiled into ncu.log"

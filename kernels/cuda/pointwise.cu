@@ -225,6 +225,24 @@ extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows,
     }
 }
 
+// y[i] = the i-th bf16 of x's words, as f32 (exact): `to_bf16`'s copy of one row (mats = rows =
+// 1) back, for a tensor the executor kept as bf16 between its uses (Backend::unstash_bf16).
+extern "C" __global__ void from_bf16(float* y, const float* x, i64 n) {
+    const unsigned* words = (const unsigned*)x;
+    for (i64 i = global_thread(); i < n; i += grid_threads()) {
+        unsigned w = words[i / 2];
+        y[i] = __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xffff0000u);
+    }
+}
+
+// y[r, c] = x[r · pitch + c] for `rows` rows `cols` wide: a GEMM's output written at a padded
+// row pitch (cuBLAS's fast Hopper kernels need 16-byte aligned rows; a 50257-word
+// vocabulary's logits are not), copied to the dense layout. One block per row.
+extern "C" __global__ void unpad_rows(float* y, const float* x, i64 rows, i64 cols, i64 pitch) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x)
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) y[r * cols + c] = x[r * pitch + c];
+}
+
 // y[r, c] += bias[c] in place over n elements of rows `cols` wide: a biased linear's output
 // straight after its GEMM (no second [rows, cols] buffer).
 extern "C" __global__ void add_bias(float* y, const float* bias, i64 n, i64 cols) {

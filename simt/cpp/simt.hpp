@@ -33,6 +33,12 @@ inline unsigned __float_as_uint(float x) {
     return u;
 }
 
+inline float __uint_as_float(unsigned u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 inline float atomicAdd(float* address, float value) {
     float old = *address;
     *address = old + value;

@@ -108,6 +108,59 @@ fn to_bf16_rounds_as_the_host_and_pads_each_row_to_the_pitch() {
 }
 
 #[test]
+fn a_stashed_buffer_comes_back_rounded_to_bf16() {
+    use runtime::Backend;
+    let b = emulator(32);
+    // An odd element count: the last word holds one bf16 and a zero half.
+    let x = tensor(&[3, 7, 5], 11);
+    let buf = b.upload(&x).unwrap();
+    let words = b
+        .stash_bf16(&buf)
+        .unwrap()
+        .expect("a device backend stashes");
+    assert_eq!(b.shape(&words), [53], "⌈105 / 2⌉ words");
+    let back = b
+        .download(&b.unstash_bf16(words, &x.shape).unwrap())
+        .unwrap();
+    assert_eq!(back.shape, x.shape);
+    for (i, (got, want)) in back.data.iter().zip(&x.data).enumerate() {
+        assert_eq!(*got, kernels::device::round_bf16(*want), "element {i}");
+    }
+}
+
+#[test]
+fn unpad_rows_copies_each_row_out_of_its_pitch() {
+    use kernels::device::KernelArg;
+    use runtime::Device;
+    let dev = Emulator { block: 64 };
+    // 5 rows of 37 columns at a pitch of 40 (a GEMM output whose rows cuBLAS wrote aligned).
+    let (rows, cols, pitch) = (5usize, 37usize, 40usize);
+    let x = tensor(&[rows, pitch], 3).data;
+    let mut y = vec![f32::NAN; rows * cols];
+    let i = |v: usize| KernelArg::I64(i64::try_from(v).unwrap());
+    dev.launch(
+        "unpad_rows",
+        3,
+        64,
+        &mut [
+            KernelArg::Out(&mut y),
+            KernelArg::In(&x),
+            i(rows),
+            i(cols),
+            i(pitch),
+        ],
+    )
+    .unwrap();
+    for r in 0..rows {
+        assert_eq!(
+            y[r * cols..(r + 1) * cols],
+            x[r * pitch..r * pitch + cols],
+            "row {r}"
+        );
+    }
+}
+
+#[test]
 fn attention_operands_pack_by_head_as_rows_and_as_columns() {
     use kernels::device::KernelArg;
     use runtime::Device;

@@ -240,3 +240,51 @@ fn tiny_gpt_with_bf16_gemms_trains_within_2e2_of_f32() {
     assert!(diff > 1e-6, "bf16 rounding leaves a trace ({diff})");
     assert!(losses.last() < losses.first(), "the loss falls");
 }
+
+#[test]
+fn a_bf16_plans_activations_are_stashed_as_bf16_and_train_within_2e2() {
+    // The tiny GPT's program with its activations and their gradients declared bf16, as a
+    // mixed-precision plan declares them: the executor holds those with distant uses as bf16
+    // words on the device (`runtime::exec::stash`).
+    let mut set = programs(MODEL, &Config::new(1, 1, 1));
+    let f32_run = train_emulated(&set, emulator).0[0].losses.clone();
+    for t in &mut set.templates {
+        for b in &mut t.buffers {
+            if matches!(b.role, program::Role::Activation | program::Role::ActGrad) {
+                b.elem = program::Elem::Bf16;
+            }
+        }
+    }
+    let tpl = &set.templates[0];
+    let plan = runtime::exec::stash::plan(tpl);
+    let stashes: usize = plan.after.iter().map(Vec::len).sum();
+    let expansions: usize = plan.before.iter().map(Vec::len).sum();
+    assert!(
+        stashes > 0,
+        "the forward's activations are read by the backward"
+    );
+    assert_eq!(
+        stashes, expansions,
+        "every stash is expanded at its next use"
+    );
+    for (k, bufs) in plan.after.iter().enumerate() {
+        for b in bufs {
+            let next = (k + 1..plan.before.len()).find(|&j| plan.before[j].contains(b));
+            let gap = next.map(|j| j - k);
+            assert!(
+                gap.is_some_and(|g| g >= runtime::exec::stash::STASH_GAP),
+                "{b} stashed after {k}: next use {next:?}"
+            );
+        }
+    }
+    let one = train(&programs(MODEL, &Config::new(1, 1, 1)), STEPS, 7);
+    let stashed = train_emulated(&set, emulator).0[0].losses.clone();
+    let diff = loss_diff(&stashed, &one.losses);
+    println!(
+        "{stashes} stashes per step: losses {stashed:?}, f32 CPU {:?}, max relative difference {diff:.1e}",
+        one.losses
+    );
+    assert!(diff < 2e-2, "{diff}");
+    assert_ne!(stashed, f32_run, "the stashed values were rounded to bf16");
+    assert!(stashed.last() < stashed.first(), "the loss falls");
+}

@@ -253,11 +253,11 @@ enum Value {
 impl CudaDevice {
     /// `len` elements whose values do not matter (they are written before they are read): a
     /// block from the pool, not zeroed.
-    fn uninit(&self, len: usize) -> Result<CudaMem, RuntimeError> {
+    pub(super) fn uninit(&self, len: usize) -> Result<CudaMem, RuntimeError> {
         let data = self
             .pool
             .take(len.max(1) * std::mem::size_of::<f32>(), |bytes| {
-                // SAFETY: the memory is only written (by `to_bf16`) before it is read.
+                // SAFETY: callers write the memory (a kernel or a GEMM) before reading it.
                 #[allow(unsafe_code)]
                 unsafe {
                     self.stream.alloc::<f32>(bytes / std::mem::size_of::<f32>())

@@ -10,7 +10,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::cuda::{Bf16Operand, CudaDevice, CudaMem};
-use super::device::{Gemm, GemmPrecision};
+use super::device::{Device, Gemm, GemmPrecision, KernelArg};
 use crate::RuntimeError;
 
 fn int(x: usize) -> Result<c_int, RuntimeError> {
@@ -167,7 +167,24 @@ pub(super) fn gemm(
         .bind_to_thread()
         .map_err(super::cuda::cuda_err("bind context"))?;
     let [(a_ptr, _a_sync), (b_ptr, _b_sync)] = operands.pointers(stream);
-    let (c_ptr, _c_sync) = c.data.device_ptr_mut(stream);
+    let dims = Dims::of(g, &operands, [a_layout, b_layout]);
+    let mut padded = PaddedOutput::for_gemm(dev, g, dims.n)?;
+    let dims = if padded.is_some() {
+        dims
+    } else {
+        Dims { n: g.n, ..dims }
+    };
+    let c_layout = padded.as_ref().map_or(
+        Layout {
+            ld: g.n,
+            stride: g.stride_c,
+        },
+        |p| p.layout,
+    );
+    let (c_ptr, c_sync) = match padded.as_mut() {
+        Some(p) => p.mem.data.device_ptr_mut(stream),
+        None => c.data.device_ptr_mut(stream),
+    };
     // Column-major view: cᵀ[n, m] = op(b)ᵀ[n, k] · op(a)ᵀ[k, m]; a row-major [r, c] matrix
     // is a column-major [c, r] one with leading dimension c.
     // SAFETY: the pointers come from live allocations of at least the elements the lowering in
@@ -179,9 +196,9 @@ pub(super) fn gemm(
             *dev.blas.handle(),
             op(g.trans_b),
             op(g.trans_a),
-            int(g.n)?,
+            int(dims.n)?,
             int(g.m)?,
-            int(g.k)?,
+            int(dims.k)?,
             std::ptr::from_ref(&alpha).cast::<c_void>(),
             b_ptr as *const c_void,
             in_type,
@@ -194,8 +211,8 @@ pub(super) fn gemm(
             std::ptr::from_ref(&beta).cast::<c_void>(),
             c_ptr as *mut c_void,
             f32_type,
-            int(g.n)?,
-            long(g.stride_c)?,
+            int(c_layout.ld)?,
+            long(c_layout.stride)?,
             int(g.batch)?,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -204,5 +221,86 @@ pub(super) fn gemm(
     .map_err(|e: CublasError| RuntimeError::Cuda {
         op: "gemm",
         message: e.to_string(),
-    })
+    })?;
+    drop(c_sync);
+    match padded {
+        Some(p) => p.unpad_into(dev, g, c),
+        None => Ok(()),
+    }
+}
+
+/// The `n` and `k` cuBLAS multiplies over: `g`'s own, or for bf16 copies whose rows hold the
+/// dim padded with zeros (`to_bf16`'s pitch) that padded extent, so that every dim of the
+/// product is a multiple of 8. On an H200, GPT-2's LM-head products over a 50257-word
+/// vocabulary ran at about a fifth of the per-layer GEMMs' rate with the odd dims, and the
+/// padding only adds zero products. `n` pads when `b` stores it as columns (not transposed);
+/// `k` when both operands store it as columns (`a` plain, `b` transposed) at the same pitch.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    n: usize,
+    k: usize,
+}
+
+impl Dims {
+    fn of(g: &Gemm, operands: &Operands<'_>, [a, b]: [Layout; 2]) -> Dims {
+        if matches!(operands, Operands::F32(..)) {
+            return Dims { n: g.n, k: g.k };
+        }
+        Dims {
+            n: if g.trans_b { g.n } else { b.ld.max(g.n) },
+            k: if !g.trans_a && g.trans_b && a.ld == b.ld {
+                a.ld.max(g.k)
+            } else {
+                g.k
+            },
+        }
+    }
+}
+
+/// Where a bf16 GEMM writes an output `n` columns wide when cuBLAS computes `n_gemm ≥ n` of
+/// them (`Dims`) or its rows are not a whole number of 16-byte words (cuBLAS's Hopper
+/// kernels move tiles of 16-byte aligned rows): at a padded pitch, from which `unpad_rows`
+/// copies the first `n` columns to the dense layout (one pass over the output).
+struct PaddedOutput {
+    mem: CudaMem,
+    layout: Layout,
+}
+
+impl PaddedOutput {
+    fn for_gemm(
+        dev: &CudaDevice,
+        g: &Gemm,
+        n_gemm: usize,
+    ) -> Result<Option<PaddedOutput>, RuntimeError> {
+        let dense = g.batch == 1 || g.stride_c == g.m * g.n;
+        let aligned = n_gemm == g.n && g.n.is_multiple_of(4);
+        if g.precision != GemmPrecision::Bf16 || aligned || !dense {
+            return Ok(None);
+        }
+        let pitch = n_gemm.next_multiple_of(4);
+        let layout = Layout {
+            ld: pitch,
+            stride: g.m * pitch,
+        };
+        let mem = dev.uninit(g.batch * g.m * pitch)?;
+        Ok(Some(PaddedOutput { mem, layout }))
+    }
+
+    fn unpad_into(self, dev: &CudaDevice, g: &Gemm, c: &mut CudaMem) -> Result<(), RuntimeError> {
+        let rows = g.batch * g.m;
+        let block = dev.block_size();
+        let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
+        dev.launch(
+            "unpad_rows",
+            u32::try_from(rows.clamp(1, 1 << 16)).unwrap_or(1 << 16),
+            block,
+            &mut [
+                KernelArg::Out(c),
+                KernelArg::In(&self.mem),
+                i(rows),
+                i(g.n),
+                i(self.layout.ld),
+            ],
+        )
+    }
 }

@@ -279,6 +279,25 @@ pub trait Backend: std::fmt::Debug {
         Ok(None)
     }
 
+    /// `x` rounded to bf16 and kept in half its bytes, as a `[⌈len / 2⌉]` buffer of words,
+    /// two bf16 to a word: what a bf16 plan's activation takes while the executor holds it
+    /// between distant uses (`exec::stash`). `None`: this backend keeps f32 only (the host,
+    /// whose kernels read f32), and the executor keeps `x` as it is.
+    fn stash_bf16(&self, x: &Self::Buffer) -> Result<Option<Self::Buffer>, RuntimeError> {
+        let _ = x;
+        Ok(None)
+    }
+
+    /// A [`Backend::stash_bf16`] buffer back in f32, with `shape`.
+    fn unstash_bf16(
+        &self,
+        words: Self::Buffer,
+        shape: &[usize],
+    ) -> Result<Self::Buffer, RuntimeError> {
+        let _ = shape;
+        Ok(words)
+    }
+
     /// `c[m,n] = a[m,k] · b[k,n]` on 2-D row-major buffers, allocating `c`.
     fn sgemm(&self, a: &Self::Buffer, b: &Self::Buffer) -> Result<Self::Buffer, RuntimeError>;
 

@@ -31,6 +31,7 @@ pub mod layout;
 pub mod on_device;
 pub mod op_times;
 pub mod p2p;
+pub mod stash;
 mod state;
 
 use ir::OpKind;
@@ -79,6 +80,11 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Step instructions that are copies whose source is freed before anything else uses it
     /// ([`moving_copies`]): they move the buffer instead.
     step_moves: Vec<bool>,
+    /// Where a bf16 plan's activations are held as bf16 between distant uses ([`stash`]);
+    /// emptied when the backend keeps f32 only.
+    stash_plan: stash::StashPlan,
+    /// The buffers held as bf16 words now, by buffer ([`crate::Backend::stash_bf16`]).
+    stashed: Vec<Option<B::Buffer>>,
     /// Completed optimizer steps.
     steps: u64,
     /// The current pipeline task's micro-batch.
@@ -172,6 +178,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .map(|i| program::verify::operands(i).0)
                 .collect(),
             step_moves: moving_copies(&tpl.instrs),
+            stash_plan: stash::plan(tpl),
+            stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
             steps: 0,
             micro_batch: 0,
             op_times: None,
@@ -238,6 +246,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         let tpl = self.tpl;
         let mut loss = 0.0;
         let reads = std::mem::take(&mut self.step_reads);
+        let stash_plan = std::mem::take(&mut self.stash_plan);
         if self.op_times.is_some() {
             // The last step's queued device work (its backward, after the loss came down) is
             // not this step's first instruction's.
@@ -247,12 +256,20 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
-            let mut result = match ins {
-                Instr::Copy { src, dst } if self.step_moves.get(k).copied().unwrap_or(false) => {
+            let expand = stash_plan.before.get(k).map_or(&[][..], Vec::as_slice);
+            let mut result = match (self.unstash(expand), ins) {
+                (Err(e), _) => Err(e),
+                (Ok(()), Instr::Copy { src, dst })
+                    if self.step_moves.get(k).copied().unwrap_or(false) =>
+                {
                     self.move_buffer(*src, *dst).map(|()| None)
                 }
-                _ => self.exec(ins, r, None, Some(batch)),
+                (Ok(()), _) => self.exec(ins, r, None, Some(batch)),
             };
+            if result.is_ok() {
+                let keep = stash_plan.after.get(k).map_or(&[][..], Vec::as_slice);
+                result = self.stash(keep).and(result);
+            }
             if t0.is_some() && result.is_ok() {
                 // A device runs launches asynchronously: wait for this instruction's work, so
                 // that its time is the device's, not the launch's.
@@ -266,11 +283,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 Ok(None) => {}
                 Err(e) => {
                     self.step_reads = reads;
+                    self.stash_plan = stash_plan;
                     return Err(self.at("step", k, ins, e));
                 }
             }
         }
         self.step_reads = reads;
+        self.stash_plan = stash_plan;
+        self.unstash_all()?;
         self.exchange(&[])?;
         self.zero_all_pending()?;
         if let dp_comm::DpSync::LocalSgd { every } = self.dp_comm.sync
@@ -367,6 +387,53 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             .and_then(Option::take)
             .ok_or_else(|| self.prog(format!("buffer {src} is used but not allocated")))?;
         self.put_buffer(dst, t)
+    }
+
+    /// Holds each of `bufs` as bf16 words until its next use ([`stash`]): those written, with
+    /// no pending zero-fill or wide copy. A backend that keeps f32 only turns stashing off.
+    fn stash(&mut self, bufs: &[BufferId]) -> Result<(), RuntimeError> {
+        for &b in bufs {
+            let i = b.index();
+            let pending = self.zero_on_read.get(i).copied().unwrap_or(true);
+            let wide = self.wide.get(i).is_some_and(Option::is_some);
+            let Some(x) = self.bufs.get(i).and_then(Option::as_ref) else {
+                continue;
+            };
+            if pending || wide {
+                continue;
+            }
+            let Some(words) = self.backend.stash_bf16(x)? else {
+                self.stash_plan = stash::StashPlan::default();
+                return Ok(());
+            };
+            if let Some(x) = self.bufs[i].take() {
+                self.backend.free(x);
+            }
+            self.stashed[i] = Some(words);
+        }
+        Ok(())
+    }
+
+    /// Expands each of `bufs` that is held as bf16 back into its f32 buffer.
+    fn unstash(&mut self, bufs: &[BufferId]) -> Result<(), RuntimeError> {
+        for &b in bufs {
+            if let Some(words) = self.stashed.get_mut(b.index()).and_then(Option::take) {
+                let shape = self.decl_shape(b)?;
+                let x = self.backend.unstash_bf16(words, &shape)?;
+                self.bufs[b.index()] = Some(x);
+            }
+        }
+        Ok(())
+    }
+
+    /// Expands whatever a step left stashed (none in a verified program: every stash has a
+    /// next use in the step), so state read between steps is f32.
+    fn unstash_all(&mut self) -> Result<(), RuntimeError> {
+        let held: Vec<BufferId> = (0..self.stashed.len())
+            .filter(|&i| self.stashed[i].is_some())
+            .map(|i| BufferId(i as u32))
+            .collect();
+        self.unstash(&held)
     }
 
     /// Zero-fills `b` if it was allocated and not written since.
@@ -498,6 +565,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             Instr::Free { buf } => {
                 if let Some(z) = self.zero_on_read.get_mut(buf.index()) {
                     *z = false;
+                }
+                if let Some(s) = self.stashed.get_mut(buf.index())
+                    && let Some(words) = s.take()
+                {
+                    self.backend.free(words);
                 }
                 if let Some(w) = self.wide.get_mut(buf.index()) {
                     *w = None;

@@ -460,6 +460,20 @@ impl<D: Device> Backend for DeviceBackend<D> {
         ops::adamw(self, cfg, [param, m, v], grad, step, Some(frozen_after))
     }
 
+    fn stash_bf16(&self, x: &Self::Buffer) -> Result<Option<Self::Buffer>, RuntimeError> {
+        ops::stash_bf16(self, x).map(Some)
+    }
+
+    fn unstash_bf16(
+        &self,
+        words: Self::Buffer,
+        shape: &[usize],
+    ) -> Result<Self::Buffer, RuntimeError> {
+        let x = ops::unstash_bf16(self, &words, shape)?;
+        self.free(words);
+        Ok(x)
+    }
+
     fn sgemm(&self, a: &Self::Buffer, b: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {
         let (m, k, n) = sgemm_dims(&a.shape, &b.shape)?;
         let mut c = self.alloc_zeroed(&[m, n])?;

@@ -88,6 +88,64 @@ pub(super) fn fill<D: Device>(
 
 type Buf<D> = DeviceBuffer<<D as Device>::Mem>;
 
+/// `x` as bf16 words (`to_bf16` over one row of `len` elements): [`crate::Backend::stash_bf16`].
+pub(super) fn stash_bf16<D: Device>(
+    b: &DeviceBackend<D>,
+    x: &Buf<D>,
+) -> Result<Buf<D>, RuntimeError> {
+    let words = x.len.div_ceil(2);
+    let mut y = b.alloc(&[words])?;
+    if x.len > 0 {
+        let block = b.device.block_size();
+        b.device.launch(
+            "to_bf16",
+            pointwise_grid(block, words),
+            block,
+            &mut [
+                KernelArg::Out(&mut y.mem),
+                KernelArg::In(&x.mem),
+                size(1),
+                size(1),
+                size(x.len),
+                size(0),
+                size(2 * words),
+            ],
+        )?;
+    }
+    Ok(y)
+}
+
+/// [`stash_bf16`]'s words back as f32 of `shape` (`from_bf16`).
+pub(super) fn unstash_bf16<D: Device>(
+    b: &DeviceBackend<D>,
+    words: &Buf<D>,
+    shape: &[usize],
+) -> Result<Buf<D>, RuntimeError> {
+    let mut y = b.alloc(shape)?;
+    if y.len.div_ceil(2) != words.len {
+        return Err(RuntimeError::BadLength {
+            op: "unstash_bf16",
+            what: "bf16 words",
+            got: words.len,
+            want: y.len.div_ceil(2),
+        });
+    }
+    if y.len > 0 {
+        let block = b.device.block_size();
+        b.device.launch(
+            "from_bf16",
+            pointwise_grid(block, y.len),
+            block,
+            &mut [
+                KernelArg::Out(&mut y.mem),
+                KernelArg::In(&words.mem),
+                size(y.len),
+            ],
+        )?;
+    }
+    Ok(y)
+}
+
 /// An operand with its weight and optional bias (a linear's, a norm's γ and β).
 type Weighted<'a, D> = (&'a Buf<D>, &'a Buf<D>, Option<&'a Buf<D>>);
 
