@@ -236,7 +236,34 @@ fi
 if [ "$(left)" -gt 60 ] && [ -s "$work/gpt2-plan.json" ]; then
   timeout "$(( $(left) - 20 ))" "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" --steps 2 \
     --op-times > "$OUT/gpt2-op-times.log" 2>&1
-  row gpt2-op-times info "$(grep -A6 '^instruction ' "$OUT/gpt2-op-times.log" | head -7 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+  row gpt2-op-times info "$(grep -A6 '^instruction ' "$OUT/gpt2-op-times.log" | head -7 | tr -s ' ' | tr '\n' ';' | cut -c1-300) $(grep -m1 '^memory peak' "$OUT/gpt2-op-times.log")"
+fi
+# CHECK_KERNEL_TIMES=1: every kernel launch of one GPT-2 step timed on the device by Nsight
+# Compute (gpu__time_duration, one pass per kernel, caches not flushed), summed by kernel name
+# into kernel-times.txt: where the device time goes, without --op-times' per-instruction syncs.
+if [ -n "${CHECK_KERNEL_TIMES:-}" ] && command -v ncu >/dev/null 2>&1 && [ "$(left)" -gt 90 ] \
+   && [ -s "$work/gpt2-plan.json" ]; then
+  timeout "$(( $(left) - 30 ))" ncu --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv \
+    "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" --steps 1 > "$work/kernel-times.csv" 2>&1
+  python3 - "$work/kernel-times.csv" > "$OUT/kernel-times.txt" <<'PY'
+import csv, sys, collections
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+total, count = collections.Counter(), collections.Counter()
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    us = float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0)
+    name = r["Kernel Name"].split("(")[0]
+    total[name] += us
+    count[name] += 1
+all_us = sum(total.values())
+print(f"{sum(count.values())} kernels, {all_us / 1e3:.2f} ms of device time in one step")
+for name, us in total.most_common(40):
+    print(f"{name[:60]:<60} {count[name]:>6} {us / 1e3:>9.3f} ms {100 * us / max(all_us, 1e-9):>5.1f}%")
+PY
+  row kernel-times info "$(head -1 "$OUT/kernel-times.txt"); top: $(sed -n 2,6p "$OUT/kernel-times.txt" | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
 fi
 # CHECK_NCU=REGEX: Nsight Compute's speed-of-light, occupancy and launch sections for the first
 # kernels of one GPT-2 step whose names match REGEX, after skipping CHECK_NCU_SKIP of them

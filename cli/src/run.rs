@@ -574,6 +574,9 @@ fn print_op_times(set: &ProgramSet, outs: &[(usize, runtime::train::RankOutcome)
             t.table(),
             t.slowest(12)
         );
+        if let Some(line) = t.peak_line() {
+            println!("{line}");
+        }
     }
 }
 

@@ -51,11 +51,14 @@ __device__ i64 mma_pad(i64 n) { return (n + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS
 // words, with no conversion in the loop): x [batch, n, heads, d] as bf16 words, each head's
 // rows together ([batch·heads, n_pad, d/2], `attn_pack_rows`), or each head transposed
 // ([batch·heads, d, n_pad/2], two rows to a word, `attn_pack_cols`); zero past `n`.
+// (Their index arithmetic is 32-bit, unsigned: a 64-bit division costs several times as much,
+// and the packed words of one attention's operand number far fewer than 2³².)
 extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
     unsigned* words = (unsigned*)y;
-    i64 half = d / 2, n_pad = mma_pad(n);
+    unsigned half = (unsigned)(d / 2), n_pad = (unsigned)mma_pad(n);
     for (i64 i = global_thread(); i < batch * heads * n_pad * half; i += grid_threads()) {
-        i64 c = 2 * (i % half), r = (i / half) % n_pad, bh = i / (half * n_pad);
+        unsigned ui = (unsigned)i, rest = ui / half;
+        i64 c = 2 * (ui - rest * half), r = rest % n_pad, bh = rest / n_pad;
         const float* p = x + ((bh / heads * n + r) * heads + bh % heads) * d + c;
         words[i] = r < n ? pack_bf16(p[0], p[1]) : 0u;
     }
@@ -63,9 +66,10 @@ extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i
 
 extern "C" __global__ void attn_pack_cols(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
     unsigned* words = (unsigned*)y;
-    i64 n_pad = mma_pad(n), half = n_pad / 2;
-    for (i64 i = global_thread(); i < batch * heads * d * half; i += grid_threads()) {
-        i64 r = 2 * (i % half), c = (i / half) % d, bh = i / (half * d);
+    unsigned n_pad = (unsigned)mma_pad(n), half = n_pad / 2, ud = (unsigned)d;
+    for (i64 i = global_thread(); i < batch * heads * ud * half; i += grid_threads()) {
+        unsigned ui = (unsigned)i, rest = ui / half;
+        i64 r = 2 * (ui - rest * half), c = rest % ud, bh = rest / ud;
         const float* p = x + ((bh / heads * n + r) * heads + bh % heads) * d + c;
         float lo = r < n ? p[0] : 0.0f, hi = r + 1 < n ? p[heads * d] : 0.0f;
         words[i] = pack_bf16(lo, hi);
@@ -444,13 +448,18 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                     for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
                 mma_rows<D, MMA_BWD_TILE / 8>(s, ka, qs, l);
                 mma_rows<D, MMA_BWD_TILE / 8>(dp, va, gs, l);
+                // Every key of the block seen by every query of the tile (below the causal
+                // diagonal, or no mask): no per-element test (the visible count grows with
+                // the query, so the tile's first query decides).
+                bool full = !qpos && i0 + MMA_BWD_TILE <= a.sq && k0 + MMA_BLOCK_ROWS <= a.sk &&
+                            k0 + MMA_BLOCK_ROWS <= attn_visible(a, qpos, i0);
 #pragma unroll
                 for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         int i = nt * 8 + 2 * l.t + e % 2;
                         i64 j = keys[e / 2];
-                        bool seen = j < a.sk && j < mma_visible(a, qpos, i0 + i);
+                        bool seen = full || (j < a.sk && j < mma_visible(a, qpos, i0 + i));
                         float sc = mma_score(a, s[nt][e]);
                         float p = seen ? expf(sc - tile_lse[i]) : 0.0f;
                         s[nt][e] = p;

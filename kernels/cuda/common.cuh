@@ -75,6 +75,18 @@ struct Broadcast {
     i64 stride_b[PLAIT_MAX_RANK];
 };
 
+// Whether both operands are laid out as the output (no dim broadcast): then element i is at
+// offset i in each, and the kernels skip `broadcast_offsets`' divisions (a 64-bit division
+// per dim per element costs more than the memory traffic of a same-shape add).
+__device__ bool broadcast_is_dense(const Broadcast& s) {
+    i64 expect = 1;
+    for (int d = s.rank - 1; d >= 0; --d) {
+        if (s.dims[d] != 1 && (s.stride_a[d] != expect || s.stride_b[d] != expect)) return false;
+        expect *= s.dims[d];
+    }
+    return true;
+}
+
 // The offsets in `a` and `b` of output element `i`.
 __device__ void broadcast_offsets(const Broadcast& s, i64 i, i64* oa, i64* ob) {
     i64 a = 0, b = 0;

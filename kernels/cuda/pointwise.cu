@@ -92,9 +92,10 @@ __device__ double binary_apply(int op, double a, double b) {
 }
 
 extern "C" __global__ void binary_forward(float* y, const float* a, const float* b, Broadcast s, i64 n, int op) {
+    bool dense = broadcast_is_dense(s);
     for (i64 i = global_thread(); i < n; i += grid_threads()) {
-        i64 oa, ob;
-        broadcast_offsets(s, i, &oa, &ob);
+        i64 oa = i, ob = i;
+        if (!dense) broadcast_offsets(s, i, &oa, &ob);
         y[i] = (float)binary_apply(op, (double)a[oa], (double)b[ob]);
     }
 }
@@ -103,9 +104,10 @@ extern "C" __global__ void binary_forward(float* y, const float* a, const float*
 // when its operand needs none).
 extern "C" __global__ void binary_backward(float* ga, float* gb, const float* a, const float* b, const float* g,
                                            Broadcast s, i64 n, int op) {
+    bool dense = broadcast_is_dense(s);
     for (i64 i = global_thread(); i < n; i += grid_threads()) {
-        i64 oa, ob;
-        broadcast_offsets(s, i, &oa, &ob);
+        i64 oa = i, ob = i;
+        if (!dense) broadcast_offsets(s, i, &oa, &ob);
         double x = a[oa], z = b[ob], gi = g[i], da, db;
         switch (op) {
             case B_ADD: da = 1.0; db = 1.0; break;
@@ -206,22 +208,53 @@ extern "C" __global__ void dropout(float* y, const float* x, i64 n, i64 per_row,
     }
 }
 
+// Words of one row a block converts per turn (the launcher's grid is one block per segment):
+// the block divides once per segment, not per word, as 64-bit divisions cost tens of
+// instructions and this kernel should run at memory bandwidth.
+#define BF16_SEGMENT 2048
+
 // `mats` row-major [rows, cols] matrices of x (the m-th at m·stride) rounded to bf16 (to
 // nearest, ties to even; kernels::device::round_bf16), two to a word of `y`, each row padded
 // with zeros to `pitch` (even) columns and the matrices packed: the operands of a bf16 plan's
 // GEMMs, which cuBLAS then multiplies as bf16. The row pitch of 8 elements (16 bytes) is the
 // alignment cuBLAS's fast Hopper kernels want, which a 50257-word vocabulary row lacks.
+// Two floats rounded to bf16 (to nearest, ties to even) in one word, `lo` in the lower half.
+__device__ unsigned bf16_pair(float lo, float hi) {
+    unsigned a = __float_as_uint(lo), b = __float_as_uint(hi);
+    a = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
+    b = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return a | (b << 16);
+}
+
 extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows, i64 cols, i64 stride, i64 pitch) {
     unsigned* words = (unsigned*)y;
-    i64 per_row = pitch / 2, per_mat = rows * per_row;
-    for (i64 i = global_thread(); i < mats * per_mat; i += grid_threads()) {
-        i64 m = i / per_mat, r = (i % per_mat) / per_row, c = 2 * (i % per_row);
+    i64 per_row = pitch / 2, segments = (per_row + BF16_SEGMENT - 1) / BF16_SEGMENT;
+    for (i64 t = blockIdx.x; t < mats * rows * segments; t += gridDim.x) {
+        i64 mr = t / segments, first = (t - mr * segments) * BF16_SEGMENT;
+        i64 m = mr / rows, r = mr - m * rows;
         const float* row = x + m * stride + r * cols;
-        unsigned lo = c < cols ? __float_as_uint(row[c]) : 0u;
-        unsigned hi = c + 1 < cols ? __float_as_uint(row[c + 1]) : 0u;
-        lo = (lo + 0x7fffu + ((lo >> 16) & 1u)) >> 16;
-        hi = (hi + 0x7fffu + ((hi >> 16) & 1u)) >> 16;
-        words[i] = lo | (hi << 16);
+        unsigned* out = words + mr * per_row + first;
+        // Within a segment, 32-bit indices; pairs load as one 8-byte word where the row is
+        // 8-byte aligned.
+        int count = (int)(first + BF16_SEGMENT < per_row ? BF16_SEGMENT : per_row - first);
+        int full = (int)((cols - 2 * first) / 2);  // words whose two columns are both inside
+        if (full > count) full = count;
+        if (full < 0) full = 0;
+        const float* seg = row + 2 * first;
+        bool pairs = ((unsigned long long)seg & 7ull) == 0;
+        for (int w = threadIdx.x; w < count; w += blockDim.x) {
+            float lo, hi;
+            if (w < full && pairs) {
+                float2 v = ((const float2*)seg)[w];
+                lo = v.x;
+                hi = v.y;
+            } else {
+                i64 c = 2 * (first + w);
+                lo = c < cols ? seg[2 * w] : 0.0f;
+                hi = c + 1 < cols ? seg[2 * w + 1] : 0.0f;
+            }
+            out[w] = bf16_pair(lo, hi);
+        }
     }
 }
 
@@ -229,22 +262,37 @@ extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows,
 // 1) back, for a tensor the executor kept as bf16 between its uses (Backend::unstash_bf16).
 extern "C" __global__ void from_bf16(float* y, const float* x, i64 n) {
     const unsigned* words = (const unsigned*)x;
-    for (i64 i = global_thread(); i < n; i += grid_threads()) {
-        unsigned w = words[i / 2];
-        y[i] = __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xffff0000u);
+    for (i64 w = global_thread(); w < (n + 1) / 2; w += grid_threads()) {
+        unsigned v = words[w];
+        float lo = __uint_as_float(v << 16), hi = __uint_as_float(v & 0xffff0000u);
+        if (2 * w + 1 < n) {
+            float2 pair;
+            pair.x = lo;
+            pair.y = hi;
+            ((float2*)y)[w] = pair;  // y is a whole allocation: 8-byte aligned
+        } else {
+            y[2 * w] = lo;
+        }
     }
 }
 
-// y[r, c] = x[r · pitch + c] for `rows` rows `cols` wide: a GEMM's output written at a padded
-// row pitch (cuBLAS's fast Hopper kernels need 16-byte aligned rows; a 50257-word
+// y[row0 + r, c] = x[r · pitch + c] for `rows` rows `cols` wide: a GEMM's output written at a
+// padded row pitch (cuBLAS's fast Hopper kernels need 16-byte aligned rows; a 50257-word
 // vocabulary's logits are not), copied to the dense layout. One block per row.
-extern "C" __global__ void unpad_rows(float* y, const float* x, i64 rows, i64 cols, i64 pitch) {
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x)
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) y[r * cols + c] = x[r * pitch + c];
+extern "C" __global__ void unpad_rows(float* y, const float* x, i64 rows, i64 cols, i64 pitch, i64 row0) {
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        float* out = y + (row0 + r) * cols;
+        const float* in = x + r * pitch;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) out[c] = in[c];
+    }
 }
 
 // y[r, c] += bias[c] in place over n elements of rows `cols` wide: a biased linear's output
 // straight after its GEMM (no second [rows, cols] buffer).
 extern "C" __global__ void add_bias(float* y, const float* bias, i64 n, i64 cols) {
-    for (i64 i = global_thread(); i < n; i += grid_threads()) y[i] += bias[i % cols];
+    // One block per row (no division per element; the launcher's grid is the row count).
+    for (i64 r = blockIdx.x; r < n / cols; r += gridDim.x) {
+        float* row = y + r * cols;
+        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) row[c] += bias[c];
+    }
 }

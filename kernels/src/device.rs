@@ -115,6 +115,16 @@ pub fn round_bf16(x: f32) -> f32 {
     f32::from_bits(rounded)
 }
 
+/// Words of one row `to_bf16` converts per block turn (its `BF16_SEGMENT`).
+pub const BF16_SEGMENT: usize = 2048;
+
+/// The grid of a `to_bf16` launch over `mats · rows` rows of `pitch` elements: one block per
+/// segment of a row, at most 65535.
+pub fn to_bf16_grid(mats: usize, rows: usize, pitch: usize) -> u32 {
+    let segments = mats * rows * (pitch / 2).div_ceil(BF16_SEGMENT);
+    segments.clamp(1, 65535) as u32
+}
+
 /// The most ranks a [`Broadcast`] describes (`PLAIT_MAX_RANK`).
 pub const MAX_RANK: usize = 8;
 
@@ -280,6 +290,16 @@ impl<M: ?Sized> KernelArg<'_, M> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_bf16_segment_is_the_kernels() {
+        let define = format!("#define BF16_SEGMENT {}", super::BF16_SEGMENT);
+        assert!(
+            super::CUDA_SOURCE.contains(&define),
+            "pointwise.cu: {define}"
+        );
+    }
+
     use super::*;
 
     #[test]

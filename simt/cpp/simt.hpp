@@ -12,6 +12,11 @@ struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
 
+// CUDA's two-float vector (8-byte aligned loads and stores).
+struct alignas(8) float2 {
+    float x, y;
+};
+
 namespace simt {
 extern thread_local dim3 thread_idx, block_idx, block_dim, grid_dim;
 void sync_threads();

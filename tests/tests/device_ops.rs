@@ -60,14 +60,49 @@ fn the_conformance_cases_pass_on_the_emulated_device() {
     }
 }
 
-#[test]
-fn to_bf16_rounds_as_the_host_and_pads_each_row_to_the_pitch() {
+/// `to_bf16` of `mats` `[rows, cols]` matrices of `x` at `stride`, rows padded to `pitch`,
+/// against the host's rounding, on `grid` blocks.
+fn check_to_bf16(
+    x: &Vec<f32>,
+    (mats, rows, cols, stride, pitch): (usize, usize, usize, usize, usize),
+    grid: u32,
+) {
     use kernels::device::KernelArg;
     use runtime::Device;
     let dev = Emulator { block: 32 };
+    let mut y = vec![f32::NAN; mats * rows * pitch / 2];
+    let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap());
+    let mut args = [
+        KernelArg::Out(&mut y),
+        KernelArg::In(x),
+        i(mats),
+        i(rows),
+        i(cols),
+        i(stride),
+        i(pitch),
+    ];
+    dev.launch("to_bf16", grid, 32, &mut args).unwrap();
+    for h in 0..mats * rows * pitch {
+        let word = y[h / 2].to_bits();
+        let half = if h % 2 == 0 {
+            word & 0xffff
+        } else {
+            word >> 16
+        };
+        let (m, r, c) = (h / (rows * pitch), h / pitch % rows, h % pitch);
+        let want = if c < cols {
+            kernels::device::round_bf16(x[m * stride + r * cols + c]).to_bits() >> 16
+        } else {
+            0
+        };
+        assert_eq!(half, want, "matrix {m} row {r} column {c}");
+    }
+}
+
+#[test]
+fn to_bf16_rounds_as_the_host_and_pads_each_row_to_the_pitch() {
     // Two [3, 5] matrices, 15 apart, rows padded to 8: ties, a carry into the exponent and
     // negatives among the values.
-    let (mats, rows, cols, pitch) = (2usize, 3usize, 5usize, 8usize);
     let x: Vec<f32> = [
         1.0 + 1.0 / 256.0,
         1.0 + 3.0 / 256.0,
@@ -78,32 +113,18 @@ fn to_bf16_rounds_as_the_host_and_pads_each_row_to_the_pitch() {
     .into_iter()
     .chain(tensor(&[25], 3).data)
     .collect();
-    let mut y = vec![f32::NAN; mats * rows * pitch / 2];
-    let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap());
-    let mut args = [
-        KernelArg::Out(&mut y),
-        KernelArg::In(&x),
-        i(mats),
-        i(rows),
-        i(cols),
-        i(rows * cols),
-        i(pitch),
-    ];
-    dev.launch("to_bf16", 2, 32, &mut args).unwrap();
-    for h in 0..mats * rows * pitch {
-        let word = y[h / 2].to_bits();
-        let half = if h % 2 == 0 {
-            word & 0xffff
-        } else {
-            word >> 16
-        };
-        let (m, r, c) = (h / (rows * pitch), h / pitch % rows, h % pitch);
-        let want = if c < cols {
-            kernels::device::round_bf16(x[m * rows * cols + r * cols + c]).to_bits() >> 16
-        } else {
-            0
-        };
-        assert_eq!(half, want, "matrix {m} row {r} column {c}");
+    check_to_bf16(&x, (2, 3, 5, 15, 8), 2);
+    // Rows of 4101 (odd: every other row starts off an 8-byte boundary, so both the paired
+    // and the single loads run) over two segments of the kernel's loop, matrices 7 elements
+    // apart beyond their size, on the launcher's grid and on a grid of 3 blocks.
+    let (mats, rows, cols) = (2usize, 3usize, 4101usize);
+    let stride = rows * cols + 7;
+    let x = tensor(&[stride * mats], 5).data;
+    let pitch = cols.next_multiple_of(8);
+    let grid = kernels::device::to_bf16_grid(mats, rows, pitch);
+    assert_eq!(grid, 12, "two segments per row");
+    for g in [grid, 3] {
+        check_to_bf16(&x, (mats, rows, cols, stride, pitch), g);
     }
 }
 
@@ -133,10 +154,11 @@ fn unpad_rows_copies_each_row_out_of_its_pitch() {
     use kernels::device::KernelArg;
     use runtime::Device;
     let dev = Emulator { block: 64 };
-    // 5 rows of 37 columns at a pitch of 40 (a GEMM output whose rows cuBLAS wrote aligned).
-    let (rows, cols, pitch) = (5usize, 37usize, 40usize);
+    // 5 rows of 37 columns at a pitch of 40 (a GEMM output whose rows cuBLAS wrote aligned),
+    // into rows 2 .. 7 of a 9-row output (one chunk of a large product).
+    let (rows, cols, pitch, row0) = (5usize, 37usize, 40usize, 2usize);
     let x = tensor(&[rows, pitch], 3).data;
-    let mut y = vec![f32::NAN; rows * cols];
+    let mut y = vec![f32::NAN; 9 * cols];
     let i = |v: usize| KernelArg::I64(i64::try_from(v).unwrap());
     dev.launch(
         "unpad_rows",
@@ -148,16 +170,22 @@ fn unpad_rows_copies_each_row_out_of_its_pitch() {
             i(rows),
             i(cols),
             i(pitch),
+            i(row0),
         ],
     )
     .unwrap();
     for r in 0..rows {
+        let out = (row0 + r) * cols;
         assert_eq!(
-            y[r * cols..(r + 1) * cols],
+            y[out..out + cols],
             x[r * pitch..r * pitch + cols],
             "row {r}"
         );
     }
+    assert!(
+        y[..row0 * cols].iter().all(|v| v.is_nan()),
+        "rows before row0 untouched"
+    );
 }
 
 #[test]

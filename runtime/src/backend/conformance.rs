@@ -476,6 +476,24 @@ fn layout_cases() -> Vec<Case> {
             vec![x],
             0.0,
         ),
+        // Last dims of 64 and more, which strided_copy moves a row per block: contiguous on
+        // both sides, and strided on one (a transpose of the last two dims).
+        case(
+            "layout",
+            OpKind::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            vec![tensor(&[3, 20, 70], 29)],
+            0.0,
+        ),
+        case(
+            "layout",
+            OpKind::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            vec![tensor(&[2, 65, 80], 30)],
+            0.0,
+        ),
     ]
 }
 

@@ -272,7 +272,7 @@ impl CudaDevice {
         let words = op.mats * op.rows * op.pitch / 2;
         let mut y = self.uninit(words)?;
         let block = self.block_size();
-        let grid = words.div_ceil(block as usize).clamp(1, 1 << 16) as u32;
+        let grid = kernels::device::to_bf16_grid(op.mats, op.rows, op.pitch);
         let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
         self.launch(
             "to_bf16",

@@ -143,8 +143,6 @@ pub(super) fn gemm(
     if g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0 {
         return Ok(());
     }
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    let f32_type = cudaDataType::CUDA_R_32F;
     let operands = match g.precision {
         GemmPrecision::F32 => Operands::F32(a, b),
         GemmPrecision::Bf16 => {
@@ -168,64 +166,122 @@ pub(super) fn gemm(
         .map_err(super::cuda::cuda_err("bind context"))?;
     let [(a_ptr, _a_sync), (b_ptr, _b_sync)] = operands.pointers(stream);
     let dims = Dims::of(g, &operands, [a_layout, b_layout]);
-    let mut padded = PaddedOutput::for_gemm(dev, g, dims.n)?;
-    let dims = if padded.is_some() {
-        dims
-    } else {
-        Dims { n: g.n, ..dims }
+    let call = Call {
+        g,
+        dims,
+        rows: g.m,
+        in_type,
+        a: (a_ptr, a_layout),
+        b: (b_ptr, b_layout),
     };
-    let c_layout = padded.as_ref().map_or(
-        Layout {
+    let Some(pitch) = padded_pitch(g, dims.n) else {
+        let (c_ptr, _c_sync) = c.data.device_ptr_mut(stream);
+        let c_layout = Layout {
             ld: g.n,
             stride: g.stride_c,
-        },
-        |p| p.layout,
-    );
-    let (c_ptr, c_sync) = match padded.as_mut() {
-        Some(p) => p.mem.data.device_ptr_mut(stream),
-        None => c.data.device_ptr_mut(stream),
+        };
+        let call = Call {
+            dims: Dims { n: g.n, ..dims },
+            ..call
+        };
+        return call.run(dev, (c_ptr, c_layout));
     };
-    // Column-major view: cᵀ[n, m] = op(b)ᵀ[n, k] · op(a)ᵀ[k, m]; a row-major [r, c] matrix
-    // is a column-major [c, r] one with leading dimension c.
-    // SAFETY: the pointers come from live allocations of at least the elements the lowering in
-    // `device::ops::matmul` sized for these dims and strides; alpha and beta are f32 as the
-    // f32 compute types require; the handle is bound to `stream`.
-    #[allow(unsafe_code)]
-    unsafe {
-        gemm_strided_batched_ex(
-            *dev.blas.handle(),
-            op(g.trans_b),
-            op(g.trans_a),
-            int(dims.n)?,
-            int(g.m)?,
-            int(dims.k)?,
-            std::ptr::from_ref(&alpha).cast::<c_void>(),
-            b_ptr as *const c_void,
-            in_type,
-            int(b_layout.ld)?,
-            long(b_layout.stride)?,
-            a_ptr as *const c_void,
-            in_type,
-            int(a_layout.ld)?,
-            long(a_layout.stride)?,
-            std::ptr::from_ref(&beta).cast::<c_void>(),
-            c_ptr as *mut c_void,
-            f32_type,
-            int(c_layout.ld)?,
-            long(c_layout.stride)?,
-            int(g.batch)?,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
+    // One batch entry's rows at a time when the padded output would be large (an LM head's
+    // logits: 8192 × 50264 f32 is 1.6 GB): the scratch stays under PADDED_CHUNK_BYTES.
+    let chunk = if g.batch == 1 {
+        (PADDED_CHUNK_BYTES / (4 * pitch)).clamp(1, g.m)
+    } else {
+        g.m
+    };
+    let mut scratch = dev.uninit(g.batch * chunk * pitch)?;
+    for row0 in (0..g.m).step_by(chunk) {
+        let rows = chunk.min(g.m - row0);
+        // op(a)'s rows `row0 ..`: rows of a, or its columns when a is stored transposed.
+        let a_skip = if g.trans_a { row0 } else { row0 * a_layout.ld };
+        let part = Call {
+            rows,
+            a: (a_ptr + (2 * a_skip) as u64, a_layout),
+            ..call
+        };
+        {
+            let (s_ptr, _s_sync) = scratch.data.device_ptr_mut(stream);
+            let s_layout = Layout {
+                ld: pitch,
+                stride: chunk * pitch,
+            };
+            part.run(dev, (s_ptr, s_layout))?;
+        }
+        unpad(dev, &scratch, c, (g.batch * rows, g.n, pitch), row0)?;
     }
-    .map_err(|e: CublasError| RuntimeError::Cuda {
-        op: "gemm",
-        message: e.to_string(),
-    })?;
-    drop(c_sync);
-    match padded {
-        Some(p) => p.unpad_into(dev, g, c),
-        None => Ok(()),
+    drop(scratch);
+    Ok(())
+}
+
+/// Output chunks of a padded product stay under this (256 MiB): a bound on the extra memory
+/// the padding costs, at GEMMs still large enough to run at full rate.
+const PADDED_CHUNK_BYTES: usize = 256 << 20;
+
+/// One cuBLAS call: `rows` rows of `g`'s product over `dims`, from operands given as device
+/// pointers with their layouts (bf16 copies, or f32 buffers).
+#[derive(Clone, Copy)]
+struct Call<'g> {
+    g: &'g Gemm,
+    dims: Dims,
+    rows: usize,
+    in_type: cudaDataType,
+    a: (u64, Layout),
+    b: (u64, Layout),
+}
+
+impl Call<'_> {
+    fn run(self, dev: &CudaDevice, (c_ptr, c_layout): (u64, Layout)) -> Result<(), RuntimeError> {
+        let Call {
+            g,
+            dims,
+            rows,
+            in_type,
+            a: (a_ptr, a_layout),
+            b: (b_ptr, b_layout),
+        } = self;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Column-major view: cᵀ[n, m] = op(b)ᵀ[n, k] · op(a)ᵀ[k, m]; a row-major [r, c]
+        // matrix is a column-major [c, r] one with leading dimension c.
+        // SAFETY: the pointers come from live allocations of at least the elements the
+        // lowering in `device::ops::matmul` sized for these dims and strides (a chunk's rows
+        // lie inside them); alpha and beta are f32 as the f32 compute type requires; the
+        // handle is bound to the device's stream.
+        #[allow(unsafe_code)]
+        unsafe {
+            gemm_strided_batched_ex(
+                *dev.blas.handle(),
+                op(g.trans_b),
+                op(g.trans_a),
+                int(dims.n)?,
+                int(rows)?,
+                int(dims.k)?,
+                std::ptr::from_ref(&alpha).cast::<c_void>(),
+                b_ptr as *const c_void,
+                in_type,
+                int(b_layout.ld)?,
+                long(b_layout.stride)?,
+                a_ptr as *const c_void,
+                in_type,
+                int(a_layout.ld)?,
+                long(a_layout.stride)?,
+                std::ptr::from_ref(&beta).cast::<c_void>(),
+                c_ptr as *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                int(c_layout.ld)?,
+                long(c_layout.stride)?,
+                int(g.batch)?,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e: CublasError| RuntimeError::Cuda {
+            op: "gemm",
+            message: e.to_string(),
+        })
     }
 }
 
@@ -257,50 +313,36 @@ impl Dims {
     }
 }
 
-/// Where a bf16 GEMM writes an output `n` columns wide when cuBLAS computes `n_gemm ≥ n` of
-/// them (`Dims`) or its rows are not a whole number of 16-byte words (cuBLAS's Hopper
-/// kernels move tiles of 16-byte aligned rows): at a padded pitch, from which `unpad_rows`
-/// copies the first `n` columns to the dense layout (one pass over the output).
-struct PaddedOutput {
-    mem: CudaMem,
-    layout: Layout,
+/// The row pitch a bf16 GEMM writes its output at, when not the output's own: cuBLAS computes
+/// `n_gemm ≥ n` columns (`Dims`), or the rows are not a whole number of 16-byte words
+/// (cuBLAS's Hopper kernels move tiles of 16-byte aligned rows). `unpad_rows` then copies the
+/// first `n` columns to the dense output.
+fn padded_pitch(g: &Gemm, n_gemm: usize) -> Option<usize> {
+    let dense = g.batch == 1 || g.stride_c == g.m * g.n;
+    let aligned = n_gemm == g.n && g.n.is_multiple_of(4);
+    (g.precision == GemmPrecision::Bf16 && !aligned && dense).then(|| n_gemm.next_multiple_of(4))
 }
 
-impl PaddedOutput {
-    fn for_gemm(
-        dev: &CudaDevice,
-        g: &Gemm,
-        n_gemm: usize,
-    ) -> Result<Option<PaddedOutput>, RuntimeError> {
-        let dense = g.batch == 1 || g.stride_c == g.m * g.n;
-        let aligned = n_gemm == g.n && g.n.is_multiple_of(4);
-        if g.precision != GemmPrecision::Bf16 || aligned || !dense {
-            return Ok(None);
-        }
-        let pitch = n_gemm.next_multiple_of(4);
-        let layout = Layout {
-            ld: pitch,
-            stride: g.m * pitch,
-        };
-        let mem = dev.uninit(g.batch * g.m * pitch)?;
-        Ok(Some(PaddedOutput { mem, layout }))
-    }
-
-    fn unpad_into(self, dev: &CudaDevice, g: &Gemm, c: &mut CudaMem) -> Result<(), RuntimeError> {
-        let rows = g.batch * g.m;
-        let block = dev.block_size();
-        let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
-        dev.launch(
-            "unpad_rows",
-            u32::try_from(rows.clamp(1, 1 << 16)).unwrap_or(1 << 16),
-            block,
-            &mut [
-                KernelArg::Out(c),
-                KernelArg::In(&self.mem),
-                i(rows),
-                i(g.n),
-                i(self.layout.ld),
-            ],
-        )
-    }
+/// `rows` rows of `cols` columns of `padded` (at `pitch`) into `c` from row `row0` on.
+fn unpad(
+    dev: &CudaDevice,
+    padded: &CudaMem,
+    c: &mut CudaMem,
+    (rows, cols, pitch): (usize, usize, usize),
+    row0: usize,
+) -> Result<(), RuntimeError> {
+    let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
+    dev.launch(
+        "unpad_rows",
+        u32::try_from(rows.clamp(1, 1 << 16)).unwrap_or(1 << 16),
+        dev.block_size(),
+        &mut [
+            KernelArg::Out(c),
+            KernelArg::In(padded),
+            i(rows),
+            i(cols),
+            i(pitch),
+            i(row0),
+        ],
+    )
 }

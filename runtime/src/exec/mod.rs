@@ -277,6 +277,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
             if let (Some(t0), Some(ot)) = (t0, self.op_times.as_mut()) {
                 ot.add(k, op_times::kind(ins), t0.elapsed());
+                if let Some(m) = self.backend.memory_stats() {
+                    ot.note_peak(k, op_times::kind(ins), m.peak_in_use);
+                }
             }
             match result {
                 Ok(Some(l)) => loss += l,

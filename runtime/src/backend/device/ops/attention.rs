@@ -325,6 +325,13 @@ fn pack<D: Device>(
     (n, heads): (i64, i64),
 ) -> Result<Buf<D>, RuntimeError> {
     let words = (a.batch * heads * padded(n) * a.d / 2) as usize;
+    if u32::try_from(words).is_err() {
+        // The pack kernels index in 32 bits (attention_mma.cu).
+        return Err(RuntimeError::DeviceLaunch {
+            kernel,
+            message: format!("{words} packed words exceed the kernel's 32-bit indices"),
+        });
+    }
     let mut y = b.alloc(&[words])?;
     let block = b.device.block_size();
     b.device.launch(

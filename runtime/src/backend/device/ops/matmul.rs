@@ -151,7 +151,7 @@ pub(super) fn forward<D: Device>(
         let block = b.device.block_size();
         b.device.launch(
             "add_bias",
-            super::pointwise_grid(block, y.len),
+            super::row_grid(y.len / p.n),
             block,
             &mut [
                 KernelArg::Out(&mut y.mem),

@@ -99,7 +99,7 @@ pub(super) fn stash_bf16<D: Device>(
         let block = b.device.block_size();
         b.device.launch(
             "to_bf16",
-            pointwise_grid(block, words),
+            kernels::device::to_bf16_grid(1, 1, 2 * words),
             block,
             &mut [
                 KernelArg::Out(&mut y.mem),
@@ -134,7 +134,7 @@ pub(super) fn unstash_bf16<D: Device>(
         let block = b.device.block_size();
         b.device.launch(
             "from_bf16",
-            pointwise_grid(block, y.len),
+            pointwise_grid(block, words.len),
             block,
             &mut [
                 KernelArg::Out(&mut y.mem),
