@@ -486,13 +486,19 @@ fn print_peak_memory(
     outs: &[(usize, runtime::train::RankOutcome)],
     predicted: Option<&[f64]>,
 ) {
-    let mut by_stage: std::collections::BTreeMap<u32, u64> = Default::default();
+    // Stage → (peak, where the rank that reached it reached it).
+    let mut by_stage: std::collections::BTreeMap<u32, (u64, String)> = Default::default();
     for (rank, o) in outs {
         let (Some(m), Some(info)) = (&o.memory, set.rank(*rank as u32)) else {
             continue;
         };
         let peak = by_stage.entry(info.coords.pp).or_default();
-        *peak = (*peak).max(m.peak_in_use);
+        if m.peak_in_use > peak.0 {
+            let at = o.memory_peak_at.as_ref().map_or(String::new(), |p| {
+                format!(", reached in step {} ({}) of rank {rank}", p.index, p.kind)
+            });
+            *peak = (peak.0.max(m.peak_in_use), at);
+        }
     }
     let gib = |b: f64| b / f64::from(1u32 << 30);
     if let Some((rank, m)) = outs.iter().find_map(|(r, o)| o.memory.map(|m| (r, m))) {
@@ -504,10 +510,11 @@ fn print_peak_memory(
             gib(m.peak_reserved as f64)
         );
     }
-    for (stage, peak) in by_stage {
+    for (stage, (peak, at)) in by_stage {
         let measured = peak as f64;
         let line = format!(
-            "memory      stage {stage}: peak {:.2} GiB in buffers (the allocator's high-water mark)",
+            "memory      stage {stage}: peak {:.2} GiB in buffers (the allocator's high-water \
+             mark{at})",
             gib(measured)
         );
         // The plan's peak holds a reserve for the CUDA context, library workspaces and
@@ -574,9 +581,6 @@ fn print_op_times(set: &ProgramSet, outs: &[(usize, runtime::train::RankOutcome)
             t.table(),
             t.slowest(12)
         );
-        if let Some(line) = t.peak_line() {
-            println!("{line}");
-        }
     }
 }
 
@@ -711,6 +715,7 @@ impl MpiRun {
             states: Vec::new(),
             op_times: None,
             memory: None,
+            memory_peak_at: None,
             transfers_per_step: None,
         })
     }

@@ -61,6 +61,14 @@ __device__ double sigmoid64(double x) {
     return e / (1.0 + e);
 }
 
+// The logistic function with an f32 exponential (the activation kernels' SiLU: see
+// pointwise.cu), without overflow.
+__device__ double sigmoid32(double x) {
+    if (x >= 0.0) return 1.0 / (1.0 + (double)expf((float)-x));
+    double e = (double)expf((float)x);
+    return e / (1.0 + e);
+}
+
 // The flat index of this thread in a 1-D grid, and the grid's thread count (for grid-stride
 // loops over `n` elements).
 __device__ i64 global_thread() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }

@@ -2,13 +2,25 @@
 // mean over the N rows (kernels/src/loss.rs). A target outside [0, V) gives NaN, so a bad
 // batch shows in the loss instead of reading past the row.
 
+// log Σ exp(row) in one pass over the row (a vocabulary's row is read once, not twice): each
+// thread keeps its running maximum and its sum of exp(x − max), rescaled when the maximum
+// grows; the block then rescales every thread's sum to the row's maximum. The sums are f64,
+// the exponentials f32 (expf, within 2 ulp; f64 exp made these kernels compute-bound).
 __device__ double row_log_sum_exp(const float* row, i64 v) {
     float m = -INFINITY;
-    for (i64 j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, row[j]);
-    m = block_max(m);
     double s = 0.0;
-    for (i64 j = threadIdx.x; j < v; j += blockDim.x) s += exp((double)row[j] - m);
-    return (double)m + log(block_sum(s));
+    for (i64 j = threadIdx.x; j < v; j += blockDim.x) {
+        float x = row[j];
+        if (x == -INFINITY) continue;  // contributes nothing (and −∞ − −∞ is NaN)
+        if (x > m) {
+            s *= (double)expf(m - x);
+            m = x;
+        }
+        s += (double)expf(x - m);
+    }
+    float top = block_max(m);
+    double mine = m == -INFINITY ? 0.0 : s * (double)expf(m - top);
+    return (double)top + log(block_sum(mine));
 }
 
 __device__ i64 target_index(float t, i64 v) {
@@ -44,7 +56,7 @@ extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* l
         double lse = row_log_sum_exp(row, v);
         i64 t = target_index(targets[r], v);
         for (i64 j = threadIdx.x; j < v; j += blockDim.x) {
-            double p = exp((double)row[j] - lse) - (j == t ? 1.0 : 0.0);
+            double p = (double)expf((float)((double)row[j] - lse)) - (j == t ? 1.0 : 0.0);
             dlogits[r * v + j] = t < 0 ? NAN : (float)(p * scale);
         }
     }

@@ -116,6 +116,8 @@ pub struct RankOutcome {
     pub op_times: Option<OpTimes>,
     /// The device allocator's high-water marks, where the backend keeps them (CUDA).
     pub memory: Option<crate::backend::MemoryStats>,
+    /// The step instruction that raised that high-water mark last.
+    pub memory_peak_at: Option<crate::exec::peak::PeakAt>,
     /// Host transfers per step (the mean over this run's steps), where the backend counts
     /// them (CUDA).
     pub transfers_per_step: Option<crate::backend::TransferStats>,
@@ -217,6 +219,7 @@ pub fn train_rank<B: Backend, C: Communicator>(
         states: ex.shard_states()?,
         op_times: ex.op_times().cloned(),
         memory: ex.memory_stats(),
+        memory_peak_at: ex.peak_at().cloned(),
         transfers_per_step: transfers.map(|t| t.per_step(steps_run)),
     })
 }

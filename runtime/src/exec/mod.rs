@@ -31,6 +31,7 @@ pub mod layout;
 pub mod on_device;
 pub mod op_times;
 pub mod p2p;
+pub mod peak;
 pub mod stash;
 mod state;
 
@@ -85,6 +86,8 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     stash_plan: stash::StashPlan,
     /// The buffers held as bf16 words now, by buffer ([`crate::Backend::stash_bf16`]).
     stashed: Vec<Option<B::Buffer>>,
+    /// The step instruction that raised the device allocator's high-water mark last.
+    peak_at: Option<peak::PeakAt>,
     /// Completed optimizer steps.
     steps: u64,
     /// The current pipeline task's micro-batch.
@@ -180,6 +183,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             step_moves: moving_copies(&tpl.instrs),
             stash_plan: stash::plan(tpl),
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
+            peak_at: None,
             steps: 0,
             micro_batch: 0,
             op_times: None,
@@ -236,6 +240,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     }
 
     /// What [`Executor::record_op_times`] recorded.
+    /// Where the device allocator's high-water mark was reached ([`peak`]), on a backend
+    /// that keeps one.
+    pub fn peak_at(&self) -> Option<&peak::PeakAt> {
+        self.peak_at.as_ref()
+    }
+
     pub fn op_times(&self) -> Option<&OpTimes> {
         self.op_times.as_ref()
     }
@@ -277,9 +287,22 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
             if let (Some(t0), Some(ot)) = (t0, self.op_times.as_mut()) {
                 ot.add(k, op_times::kind(ins), t0.elapsed());
-                if let Some(m) = self.backend.memory_stats() {
-                    ot.note_peak(k, op_times::kind(ins), m.peak_in_use);
-                }
+            }
+            if let Some(m) = self.backend.memory_stats()
+                && self
+                    .peak_at
+                    .as_ref()
+                    .is_none_or(|p| m.peak_in_use > p.bytes)
+            {
+                let kind = op_times::kind(ins);
+                peak::note(
+                    &mut self.peak_at,
+                    peak::PeakAt {
+                        index: k,
+                        kind,
+                        bytes: m.peak_in_use,
+                    },
+                );
             }
             match result {
                 Ok(Some(l)) => loss += l,

@@ -20,10 +20,6 @@ pub struct OpTimes {
     pub total_s: f64,
     /// Step instruction index → (kind, seconds): which single instructions cost most.
     pub by_index: BTreeMap<usize, (String, f64)>,
-    /// Where the device allocator's high-water mark was reached (instruction index, kind,
-    /// bytes in buffers), on a backend that keeps one: the instruction whose run (its
-    /// temporaries included) first took memory to its peak.
-    pub memory_peak: Option<(usize, String, u64)>,
 }
 
 /// The kind an instruction is counted under: the op's name for computes (`grad.` prefixed for
@@ -53,23 +49,6 @@ impl OpTimes {
         e.0 += 1;
         e.1 += took.as_secs_f64();
         self.by_index.entry(index).or_insert((kind, 0.0)).1 += took.as_secs_f64();
-    }
-
-    /// The allocator's high-water mark is `peak_in_use` after instruction `index` ran.
-    pub(crate) fn note_peak(&mut self, index: usize, kind: String, peak_in_use: u64) {
-        if self.memory_peak.as_ref().is_none_or(|p| peak_in_use > p.2) {
-            self.memory_peak = Some((index, kind, peak_in_use));
-        }
-    }
-
-    /// Where the memory peak was reached, as a line (`None` without an allocator's marks).
-    pub fn peak_line(&self) -> Option<String> {
-        self.memory_peak.as_ref().map(|(i, k, bytes)| {
-            format!(
-                "memory peak {:.2} GiB in buffers, reached in step {i} ({k})",
-                *bytes as f64 / f64::from(1u32 << 30)
-            )
-        })
     }
 
     /// The `n` instructions that took longest per step: index in the step (the numbers of
@@ -137,29 +116,5 @@ impl OpTimes {
             1e3 * total / steps
         );
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::OpTimes;
-
-    #[test]
-    fn the_peak_is_the_instruction_that_raised_the_high_water_mark() {
-        let mut t = OpTimes::default();
-        assert_eq!(t.peak_line(), None);
-        for (i, mark) in [
-            (3, 10u64 << 30),
-            (7, 12 << 30),
-            (9, 12 << 30),
-            (11, 11 << 30),
-        ] {
-            t.note_peak(i, format!("op{i}"), mark);
-        }
-        assert_eq!(t.memory_peak, Some((7, "op7".into(), 12 << 30)));
-        assert_eq!(
-            t.peak_line().unwrap(),
-            "memory peak 12.00 GiB in buffers, reached in step 7 (op7)"
-        );
     }
 }

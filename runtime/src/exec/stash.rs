@@ -1,8 +1,9 @@
 //! A bf16 plan's activations held as bf16 between distant uses.
 //!
-//! The planner prices a mixed-precision plan's activations and their gradients in bf16 (the
-//! buffers' declared `Elem::Bf16`, as Megatron-LM and torchtitan store them), while plait's
-//! device kernels read and write f32. A buffer whose next use is at least [`STASH_GAP`]
+//! The planner prices a mixed-precision plan's activations, their gradients, the parameters'
+//! compute copies and (where it says so) the parameters' gradients in bf16 (the buffers'
+//! declared `Elem::Bf16`, as Megatron-LM and torchtitan store them), while plait's device
+//! kernels read and write f32. A buffer whose next use is at least [`STASH_GAP`]
 //! instructions after the last (typically a forward activation the backward reads again) is
 //! rounded to bf16 words once that use is done ([`Backend::stash_bf16`]) and expanded to f32
 //! just before the next ([`Backend::unstash_bf16`]), so the memory it holds across the gap is
@@ -32,12 +33,20 @@ pub struct StashPlan {
     pub before: Vec<Vec<BufferId>>,
 }
 
-/// Whether `b` holds a value the plan stores in bf16 and that lives within one step (an
-/// activation or a gradient flowing backward; parameters, gradients of parameters and
-/// optimizer state keep their own precision).
+/// Whether `b` holds a value the plan stores in bf16: an activation, a gradient flowing
+/// backward, a parameter's compute copy (the optimizer updates the f32 master and writes it
+/// back; between its forward and backward uses it is the bf16 copy a mixed-precision engine
+/// holds) or a parameter's gradient where the plan accumulates it in bf16. Master weights and
+/// optimizer state are f32 and never stashed; a step ends with nothing stashed
+/// (`Executor::step`).
 fn stashable(tpl: &Template, b: BufferId) -> bool {
     tpl.buffer(b).is_some_and(|d| {
-        d.elem == Elem::Bf16 && !d.partial && matches!(d.role, Role::Activation | Role::ActGrad)
+        d.elem == Elem::Bf16
+            && !d.partial
+            && matches!(
+                d.role,
+                Role::Activation | Role::ActGrad | Role::Param(_) | Role::Grad(_)
+            )
     })
 }
 

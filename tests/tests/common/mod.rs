@@ -46,6 +46,11 @@ pub struct Config {
     /// Context-parallel degree (beside dp: gpus = tp × pp × dp × cp); planned with fused
     /// attention, which context parallelism needs.
     pub cp: u32,
+    /// The training precision (fp32 by default: the CPU kernels' own).
+    pub precision: Precision,
+    /// The cluster the plan is priced for (`cpu` by default; a mixed-precision plan needs a
+    /// GPU cluster, whose file prices bf16).
+    pub cluster: &'static str,
 }
 
 impl Config {
@@ -62,6 +67,8 @@ impl Config {
             micro_batch: 1,
             ep: 1,
             cp: 1,
+            precision: Precision::Fp32,
+            cluster: "cpu",
         }
     }
 }
@@ -75,7 +82,7 @@ pub fn plan(model: &str, c: &Config) -> Plan {
 pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
     let m = import::load_model(model, 1, Some(seq)).unwrap();
     let info = ModelInfo::new(&m.graph).unwrap();
-    let cluster = Cluster::load("cpu").unwrap();
+    let cluster = Cluster::load(c.cluster).unwrap();
     let gpus = u64::from(c.tp * c.pp * c.dp * c.cp);
     let req = SearchRequest {
         gpus,
@@ -91,7 +98,7 @@ pub fn plan_for(model: &str, c: &Config, global_batch: u64, seq: u64) -> Plan {
             schedule: Some(c.schedule),
             virtual_stages: Some(c.v),
             sequence_parallel: Some(c.sp),
-            precision: Some(Precision::Fp32),
+            precision: Some(c.precision),
             stage_layers: None,
             attention: (c.cp > 1).then_some(AttentionKernel::Fused),
             kernels: None,
