@@ -248,13 +248,18 @@ if [ -n "${CHECK_KERNEL_TIMES:-}" ] && command -v ncu >/dev/null 2>&1 && [ "$(le
     "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" --steps 1 > "$work/kernel-times.csv" 2>&1
   python3 - "$work/kernel-times.csv" > "$OUT/kernel-times.txt" <<'PY'
 import csv, sys, collections
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# Microseconds per unit, as ncu may spell it (an H200 run printed nanoseconds as "ns").
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+         "s": 1e6, "second": 1e6}
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 total, count = collections.Counter(), collections.Counter()
 for r in csv.DictReader(lines):
     if r.get("Metric Name") != "gpu__time_duration.sum":
         continue
-    us = float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0)
+    unit = r["Metric Unit"]
+    if unit not in scale:
+        sys.exit(f"unknown time unit {unit!r} in ncu's output")
+    us = float(r["Metric Value"].replace(",", "")) * scale[unit]
     name = r["Kernel Name"].split("(")[0]
     total[name] += us
     count[name] += 1
