@@ -64,15 +64,30 @@ extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i
     }
 }
 
+// attn_pack_cols is a transpose: a block takes 64 rows of one head at a time through shared
+// memory, reading each row's d columns contiguously and writing each column's 32 words
+// contiguously (word by word it would read two rows per word, a warp's reads 64 rows apart).
+// Heads up to MMA_MAX_D wide (the tensor-core kernels' widths); one block per 64-row tile.
 extern "C" __global__ void attn_pack_cols(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
+    __shared__ float tile[MMA_BLOCK_ROWS][MMA_MAX_D + 1];
+    if (d > MMA_MAX_D) return;  // the launcher refuses these (ops/attention.rs)
     unsigned* words = (unsigned*)y;
-    unsigned n_pad = (unsigned)mma_pad(n), half = n_pad / 2, ud = (unsigned)d;
-    for (i64 i = global_thread(); i < batch * heads * ud * half; i += grid_threads()) {
-        unsigned ui = (unsigned)i, rest = ui / half;
-        i64 r = 2 * (ui - rest * half), c = rest % ud, bh = rest / ud;
-        const float* p = x + ((bh / heads * n + r) * heads + bh % heads) * d + c;
-        float lo = r < n ? p[0] : 0.0f, hi = r + 1 < n ? p[heads * d] : 0.0f;
-        words[i] = pack_bf16(lo, hi);
+    i64 n_pad = mma_pad(n), half = n_pad / 2, tiles = n_pad / MMA_BLOCK_ROWS;
+    int width = (int)d;
+    for (i64 t = blockIdx.x; t < batch * heads * tiles; t += gridDim.x) {
+        i64 bh = t / tiles, r0 = (t - bh * tiles) * MMA_BLOCK_ROWS;
+        i64 b = bh / heads, h = bh - b * heads;
+        __syncthreads();  // the last tile's readers are done
+        for (int e = threadIdx.x; e < MMA_BLOCK_ROWS * width; e += blockDim.x) {
+            int i = e / width, c = e - i * width;
+            i64 r = r0 + i;
+            tile[i][c] = r < n ? x[((b * n + r) * heads + h) * d + c] : 0.0f;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < width * (MMA_BLOCK_ROWS / 2); e += blockDim.x) {
+            int c = e / (MMA_BLOCK_ROWS / 2), w = e - c * (MMA_BLOCK_ROWS / 2);
+            words[(bh * d + c) * half + r0 / 2 + w] = pack_bf16(tile[2 * w][c], tile[2 * w + 1][c]);
+        }
     }
 }
 

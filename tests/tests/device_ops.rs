@@ -190,11 +190,18 @@ fn unpad_rows_copies_each_row_out_of_its_pitch() {
 
 #[test]
 fn attention_operands_pack_by_head_as_rows_and_as_columns() {
+    // [batch 2, n 70, heads 3, d]: 70 rows pad to 128, two blocks of 64; a narrow head and
+    // the tensor-core kernels' widest.
+    for d in [4usize, 128] {
+        pack_heads(d);
+    }
+}
+
+fn pack_heads(d: usize) {
     use kernels::device::KernelArg;
     use runtime::Device;
     let dev = Emulator { block: 64 };
-    // [batch 2, n 70, heads 3, d 4]: 70 rows pad to 128, two blocks of 64.
-    let (batch, n, heads, d, n_pad) = (2usize, 70usize, 3usize, 4usize, 128usize);
+    let (batch, n, heads, n_pad) = (2usize, 70usize, 3usize, 128usize);
     let x = tensor(&[batch, n, heads * d], 7).data;
     let at = |b: usize, r: usize, h: usize, c: usize| {
         if r < n {

@@ -98,6 +98,8 @@ const MMA_KERNELS: [(i64, [&str; 4]); 3] = [
 ];
 const MMA_ROWS: i64 = 64;
 const MMA_THREADS: u32 = 128;
+/// The widest head the tensor-core kernels take (attention_mma.cu's MMA_MAX_D).
+const MMA_MAX_D: i64 = 128;
 
 /// The kernels of one attention, their grids and blocks: on the tensor cores for a bf16 plan
 /// on a device that has them (`attention_mma.cu`: bf16 operands, as the plan rounds its GEMMs);
@@ -325,18 +327,29 @@ fn pack<D: Device>(
     (n, heads): (i64, i64),
 ) -> Result<Buf<D>, RuntimeError> {
     let words = (a.batch * heads * padded(n) * a.d / 2) as usize;
-    if u32::try_from(words).is_err() {
-        // The pack kernels index in 32 bits (attention_mma.cu).
+    if u32::try_from(words).is_err() || a.d > MMA_MAX_D {
+        // attn_pack_rows indexes in 32 bits, attn_pack_cols's tile holds heads up to
+        // MMA_MAX_D wide (attention_mma.cu).
         return Err(RuntimeError::DeviceLaunch {
             kernel,
-            message: format!("{words} packed words exceed the kernel's 32-bit indices"),
+            message: format!(
+                "{words} packed words of heads {} wide: past the kernel's 2³² words or {MMA_MAX_D} columns",
+                a.d
+            ),
         });
     }
     let mut y = b.alloc(&[words])?;
     let block = b.device.block_size();
+    let grid = if kernel == "attn_pack_cols" {
+        // One block per 64-row tile of a head.
+        let tiles = (a.batch * heads * padded(n) / MMA_ROWS) as usize;
+        tiles.clamp(1, 65535) as u32
+    } else {
+        super::pointwise_grid(block, words)
+    };
     b.device.launch(
         kernel,
-        super::pointwise_grid(block, words),
+        grid,
         block,
         &mut [
             KernelArg::Out(&mut y.mem),
@@ -440,4 +453,23 @@ fn backward_mma<D: Device>(
         ],
     )?;
     Ok(vec![dq, dk, dv])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MMA_KERNELS, MMA_MAX_D, MMA_ROWS, MMA_THREADS};
+
+    #[test]
+    fn the_launch_constants_are_attention_mma_cus() {
+        let src = kernels::device::CUDA_SOURCE;
+        for define in [
+            format!("#define MMA_BLOCK_ROWS {MMA_ROWS}"),
+            format!("#define MMA_THREADS {MMA_THREADS}"),
+            format!("#define MMA_MAX_D {MMA_MAX_D}"),
+        ] {
+            assert!(src.contains(&define), "attention_mma.cu: {define}");
+        }
+        let widest = MMA_KERNELS.iter().map(|(d, _)| *d).max();
+        assert_eq!(widest, Some(MMA_MAX_D));
+    }
 }
