@@ -68,7 +68,7 @@ enum Command {
     Verify(codegen::VerifyArgs),
     /// Benchmarks: the cost model against published runs, and the estimator's speed.
     Bench(bench::BenchArgs),
-    /// Train: run every rank's program (threads, or one process per rank under mpirun).
+    /// Train: run every rank's program (threads, or one process per rank under torchrun or mpirun).
     Run(run::RunArgs),
     /// Measure this machine (matmul, memory, threads communicator) and write a cluster file.
     Profile(profile::ProfileArgs),

@@ -291,7 +291,8 @@ fn device(args: &RunArgs, plan: Option<&planner::plan::Plan>) -> runtime::train:
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    refuse_foreign_launch(runtime::launch::Launch::from_env()?)?;
+    let launch = runtime::launch::Launch::from_env()?;
+    refuse_foreign_launch(launch.as_ref())?;
     let Job {
         set,
         init,
@@ -326,8 +327,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     if args.resume && args.checkpoint_dir.is_none() {
         anyhow::bail!("--resume needs --checkpoint-dir");
     }
-    let world = mpi_world()?;
-    let leader = world.as_ref().is_none_or(|w| w.rank == 0);
+    let world = launched_world(launch, &set, opts.timeout)?;
+    let leader = world.as_ref().is_none_or(|w| w.rank() == 0);
     // Only the leader (rank 0) writes the log; other MPI processes leave the file alone.
     let log = match args.log_json.as_ref().filter(|_| leader) {
         Some(p) => Some(Mutex::new(
@@ -429,7 +430,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let result = match &world {
         Some(w) => w
             .train(&set, &tokens, &opts, &on_step)
-            .map(|o| vec![(w.rank, o)]),
+            .map(|o| vec![(w.rank(), o)]),
         None => runtime::train::train_threads(&set, &tokens, &opts, &on_step)
             .map(|outs| outs.into_iter().enumerate().collect()),
     };
@@ -600,25 +601,19 @@ fn explain(e: runtime::RuntimeError, timeout: u64) -> anyhow::Error {
 }
 
 /// Refuses a process that a launcher started as one of several ranks that this build cannot
-/// join into one run (torchrun or srun; `mpirun` without the `mpi` feature): each process
-/// would run every rank as threads, the same training once per process.
-fn refuse_foreign_launch(launch: Option<runtime::launch::Launch>) -> anyhow::Result<()> {
-    use runtime::launch::Launcher;
+/// join into one run (`mpirun` without the `mpi` feature and without `MASTER_ADDR` for the
+/// ranks to meet over TCP): each process would run every rank as threads, the same training
+/// once per process.
+fn refuse_foreign_launch(launch: Option<&runtime::launch::Launch>) -> anyhow::Result<()> {
     let Some(l) = launch.filter(|l| l.world_size > 1) else {
         return Ok(());
     };
-    let mpi = matches!(l.launcher, Launcher::OpenMpi | Launcher::Mpich);
-    if mpi && cfg!(feature = "mpi") {
+    if !over_mpi(l) || cfg!(feature = "mpi") || l.master.is_some() {
         return Ok(());
     }
-    let how = if mpi {
-        "this plait was built without MPI: build it with `cargo build --release --features mpi` \
-         to run one rank per process"
-    } else {
-        "plait runs a plan's ranks as threads of one process, or one per process under \
-         `mpirun` (a build with `--features mpi`); NCCL ranks under torchrun are not yet \
-         joined into `plait run`"
-    };
+    let how = "this plait was built without MPI: build it with `cargo build --release --features \
+               mpi` to run one rank per process, or set MASTER_ADDR and MASTER_PORT for the ranks \
+               to meet over TCP";
     anyhow::bail!(
         "this process is rank {} of {} started by {}, and {how}. Run `plait run` once, \
          without the launcher (it starts every rank itself)",
@@ -626,6 +621,117 @@ fn refuse_foreign_launch(launch: Option<runtime::launch::Launch>) -> anyhow::Res
         l.world_size,
         l.launcher.name()
     )
+}
+
+/// Whether `launch` is an MPI launcher's (whose ranks meet over MPI in a build with `mpi`).
+fn over_mpi(launch: &runtime::launch::Launch) -> bool {
+    use runtime::launch::Launcher;
+    matches!(launch.launcher, Launcher::OpenMpi | Launcher::Mpich)
+}
+
+/// This process's place in a launched run of several processes: over MPI (`mpirun`, a build
+/// with `mpi`), else over TCP at the launch's master address (torchrun, `srun`, or `mpirun`
+/// with `MASTER_ADDR` in a build without MPI); `None` when no launcher started several.
+fn launched_world(
+    launch: Option<runtime::launch::Launch>,
+    set: &ProgramSet,
+    timeout: Duration,
+) -> anyhow::Result<Option<World>> {
+    let Some(l) = launch.filter(|l| l.world_size > 1) else {
+        return Ok(None);
+    };
+    if over_mpi(&l) && cfg!(feature = "mpi") {
+        return Ok(mpi_world()?.map(World::Mpi));
+    }
+    if l.world_size != set.ranks.len() {
+        anyhow::bail!(
+            "{} started {} processes, and the plan has {} ranks: launch one process per rank \
+             (e.g. `torchrun --nproc-per-node {}`)",
+            l.launcher.name(),
+            l.world_size,
+            set.ranks.len(),
+            set.ranks.len()
+        );
+    }
+    // Meeting waits for every rank to have built its programs: allow for slow starts.
+    let meet = timeout.max(Duration::from_secs(60));
+    let mut comm = runtime::comm::tcp::connect(&l, meet)?;
+    runtime::Communicator::set_timeout(&mut comm, timeout);
+    Ok(Some(World::Tcp(TcpRun {
+        comm: Mutex::new(Some(comm)),
+        rank: l.rank,
+        local_rank: l.local_rank,
+    })))
+}
+
+/// A launched process's world: MPI's or TCP's.
+enum World {
+    Mpi(MpiRun),
+    Tcp(TcpRun),
+}
+
+impl World {
+    fn rank(&self) -> usize {
+        match self {
+            World::Mpi(w) => w.rank,
+            World::Tcp(w) => w.rank,
+        }
+    }
+
+    fn train(
+        &self,
+        set: &ProgramSet,
+        tokens: &Tokens,
+        opts: &TrainOptions,
+        on_step: &(dyn Fn(u32, StepLog) + Sync),
+    ) -> Result<runtime::train::RankOutcome, runtime::RuntimeError> {
+        match self {
+            World::Mpi(w) => w.train(set, tokens, opts, on_step),
+            World::Tcp(w) => w.train(set, tokens, opts, on_step),
+        }
+    }
+
+    fn abort(&self, e: &anyhow::Error) -> ! {
+        match self {
+            World::Mpi(w) => w.abort(e),
+            // The peers' links break as this process exits: they stop at their next message
+            // naming the connection to this rank.
+            World::Tcp(w) => {
+                eprintln!("error: world rank {}: {}", w.rank, crate::one_line(e));
+                std::process::exit(i32::from(crate::EXIT_BAD_INPUT))
+            }
+        }
+    }
+}
+
+/// One rank of a run whose processes meet over TCP (`runtime::comm::TcpComm`).
+struct TcpRun {
+    /// Taken by the one training of this process.
+    comm: Mutex<Option<runtime::comm::TcpComm>>,
+    rank: usize,
+    /// The GPU this rank takes (the launcher's local rank).
+    local_rank: usize,
+}
+
+impl TcpRun {
+    fn train(
+        &self,
+        set: &ProgramSet,
+        tokens: &Tokens,
+        opts: &TrainOptions,
+        on_step: &(dyn Fn(u32, StepLog) + Sync),
+    ) -> Result<runtime::train::RankOutcome, runtime::RuntimeError> {
+        let comm = self
+            .comm
+            .lock()
+            .ok()
+            .and_then(|mut c| c.take())
+            .ok_or_else(|| runtime::RuntimeError::Poisoned {
+                op: "train",
+                reason: "this process's communicator was already used".into(),
+            })?;
+        runtime::train::train_rank_on_device(set, self.local_rank, comm, tokens, opts, on_step)
+    }
 }
 
 /// The MPI world when this process runs under `mpirun` (feature `mpi`).

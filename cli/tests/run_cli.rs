@@ -193,15 +193,16 @@ fn the_step_log_counts_the_bytes_a_rank_sends() {
     }
 }
 
-/// A process that torchrun (or srun) started as one of several ranks would run every rank
-/// as threads itself, the same training once per process: `plait run` refuses it at once,
-/// naming its rank and launcher, and says to run it once without the launcher. A bad
-/// launcher variable is named too. One rank under torchrun runs as usual.
+/// A process that torchrun (or srun) started as one of several ranks joins the others over
+/// TCP; where it cannot (the plan has another number of ranks, or no master address says where
+/// to meet) it stops at once naming what is wrong, before any step. A bad launcher variable is
+/// named too. One rank under torchrun runs as usual.
 #[test]
-fn a_torchrun_rank_is_refused_and_bad_launcher_variables_are_named() {
-    let run = |env: &[(&str, &str)]| {
+fn a_torchrun_rank_that_cannot_join_is_refused_and_bad_launcher_variables_are_named() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_plait"))
             .args(["run", "--steps", "1"])
+            .args(args)
             .envs(env.iter().copied())
             .output()
             .expect("plait runs");
@@ -212,16 +213,133 @@ fn a_torchrun_rank_is_refused_and_bad_launcher_variables_are_named() {
             text(&out.stderr),
         )
     };
-    let (code, out, err) = run(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")]);
+    // The built-in plan has two ranks: a third process cannot join it, and two cannot meet
+    // without a master address.
+    let (code, out, err) = run(&[], &[("RANK", "1"), ("WORLD_SIZE", "3")]);
     assert_eq!(code, 2, "{out}{err}");
     assert!(
-        err.contains("rank 1 of 2 started by torchrun") && err.contains("without the launcher"),
+        err.contains("torchrun started 3 processes, and the plan has 2 ranks"),
         "{err}"
     );
-    assert!(!out.contains("step"), "no step runs: {out}");
-    let (code, _, err) = run(&[("RANK", "0"), ("WORLD_SIZE", "2x")]);
+    assert!(!out.contains("step "), "no step runs: {out}");
+    let torchrun = [("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")];
+    let (code, out, err) = run(&[], &torchrun);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("MASTER_ADDR"), "{err}");
+    assert!(!out.contains("step "), "no step runs: {out}");
+    let (code, _, err) = run(&[], &[("RANK", "0"), ("WORLD_SIZE", "2x")]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("WORLD_SIZE=\"2x\""), "{err}");
-    let (code, out, err) = run(&[("RANK", "0"), ("WORLD_SIZE", "1")]);
+    let (code, out, err) = run(&[], &[("RANK", "0"), ("WORLD_SIZE", "1")]);
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// The tiny GPT's DP2 plan on the `cpu` cluster, written under a fresh test directory.
+fn dp2_plan(name: &str) -> String {
+    let d = dir(name);
+    let model = d.join("m.json");
+    std::fs::write(
+        &model,
+        r#"{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":4,"vocab_size":256,"n_positions":64}"#,
+    )
+    .expect("config written");
+    let plan = d.join("dp2.json").to_string_lossy().into_owned();
+    let (code, _, err) = plait(&[
+        "compile",
+        &model.to_string_lossy(),
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--seq",
+        "64",
+        "--dp",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--precision",
+        "fp32",
+        "-o",
+        &plan,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    plan
+}
+
+/// Two processes launched as torchrun launches them (RANK, WORLD_SIZE, LOCAL_RANK,
+/// MASTER_ADDR, MASTER_PORT) meet over TCP and train the DP2 plan to the very losses of one
+/// `plait run` running both ranks as threads: the communicators sum in rank order alike.
+#[test]
+fn two_processes_over_tcp_train_as_the_threads_do() {
+    let plan = dp2_plan("run-torchrun-tcp");
+    let d = dir("run-torchrun-tcp-logs");
+    let losses = |path: &std::path::Path| -> Vec<f64> {
+        std::fs::read_to_string(path)
+            .expect("log written")
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("a JSON line")["loss"]
+                    .as_f64()
+                    .expect("a loss")
+            })
+            .collect()
+    };
+    let threads = d.join("threads.jsonl");
+    let (code, out, err) = plait(&[
+        "run",
+        &plan,
+        "--steps",
+        "3",
+        "--log-json",
+        &threads.to_string_lossy(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map_or(29_611, |a| a.port());
+    // The mesh meets two ports past MASTER_PORT (the rendezvous takes the one after it).
+    let master_port = (port - 2).to_string();
+    let log = d.join("tcp.jsonl");
+    let procs: Vec<_> = (0..2)
+        .map(|r| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_plait"))
+                .args([
+                    "run",
+                    &plan,
+                    "--steps",
+                    "3",
+                    "--log-json",
+                    &log.to_string_lossy(),
+                ])
+                .envs([
+                    ("RANK", r.to_string()),
+                    ("WORLD_SIZE", "2".into()),
+                    ("LOCAL_RANK", r.to_string()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", master_port.clone()),
+                ])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("plait starts")
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|child| child.wait_with_output().expect("plait ends"))
+        .collect();
+    for (r, p) in procs.iter().enumerate() {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+        assert_eq!(
+            p.status.code(),
+            Some(0),
+            "rank {r}: {}{}",
+            text(&p.stdout),
+            text(&p.stderr)
+        );
+    }
+    assert_eq!(losses(&log), losses(&threads));
 }

@@ -60,6 +60,12 @@ impl Master {
     pub fn rendezvous_port(&self) -> Option<u16> {
         self.rendezvous.or_else(|| self.port.checked_add(1))
     }
+
+    /// The port rank 0 meets the other ranks on for `comm::TcpComm`: the one after the
+    /// rendezvous port (a run may use both: NCCL's id, and the host communicator).
+    pub fn mesh_port(&self) -> Option<u16> {
+        self.rendezvous_port()?.checked_add(1)
+    }
 }
 
 /// This process's place in a launched run.

@@ -18,8 +18,9 @@
 //! ranks (group rank `i` is `ranks[i]`). It exchanges no messages: every member must create
 //! the same groups with the same lists in the same order, and non-members do not take part.
 //!
-//! Implementations: [`ThreadComm`] (ranks are threads of one process, shared memory) and,
-//! behind the `mpi` feature, `MpiComm` (one process per rank under `mpirun`). [`rendezvous`]
+//! Implementations: [`ThreadComm`] (ranks are threads of one process, shared memory),
+//! [`TcpComm`] (one process per rank, connected over TCP: launches without MPI, such as
+//! torchrun's) and, behind the `mpi` feature, `MpiComm` (one process per rank under `mpirun`). [`rendezvous`]
 //! carries rank 0's NCCL id to every rank of a torchrun launch.
 
 pub mod conformance;
@@ -28,6 +29,7 @@ mod counted;
 pub mod mpi;
 pub(crate) mod reduce;
 pub mod rendezvous;
+pub mod tcp;
 mod threads;
 
 use std::time::Duration;
@@ -35,6 +37,7 @@ use std::time::Duration;
 use crate::RuntimeError;
 
 pub use counted::Counted;
+pub use tcp::TcpComm;
 pub use threads::ThreadComm;
 
 /// The deadline of every communicator operation unless set otherwise.
