@@ -16,6 +16,8 @@
 #                   the CPU backend: losses within 1e-4 relative
 #   dp2-one-gpu     the same model, DP2 (two ranks on the one GPU): against one rank, 1e-4
 #   tp2-one-gpu     the same model, TP2 (two ranks on the one GPU): against one rank, 1e-4
+#   dp2-two-procs,  DP2 and TP2 again as two processes on the one GPU, launched as torchrun
+#   tp2-two-procs   does (they meet over TCP; NCCL refuses two ranks on one device): 1e-4
 #   gpt2-124m       GPT-2 124M, seq 1024, micro-batch 8: plait's tokens/s on CUDA beside PyTorch
 #                   eager with scaled_dot_product_attention (bf16, AdamW) on the same GPU, each's
 #                   MFU, and the plan's predicted step time (dgx-h200) against the measured one
@@ -146,6 +148,35 @@ for mesh in dp tp; do
       "{\"max_rel\": \"$d\"}"
   else
     row "${mesh}2-one-gpu" FAIL "did not run (see above)"
+  fi
+done
+
+# --- DP2 and TP2 as two processes on the one GPU, launched as torchrun launches them -------
+# (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): the ranks meet over TCP, NCCL
+# refuses two ranks on one device, so the collectives stage through the TCP communicator.
+two_procs() { # plan device log
+  local port
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local pids=() r
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$(( port - 2 )) \
+      timeout "$(( $(left) > 90 ? 90 : $(left) ))" "$PLAIT" run "$1" --device "$2" --steps 20 \
+      --log-json "$3" > "$3.$r.out" 2>&1 &
+    pids+=($!)
+  done
+  local ok=0
+  for r in 0 1; do wait "${pids[$r]}" || ok=1; done
+  [ "$ok" = 0 ] || { echo "run failed: $(tail -3 "$3.0.out" "$3.1.out" | tr '\n' ' ')"; return 1; }
+  losses "$3" > "$3.losses"
+}
+for mesh in dp tp; do
+  if [ -s "$work/$mesh.json" ] && two_procs "$work/$mesh.json" "$DEVICE" "$work/$mesh-procs.jsonl"; then
+    d=$(max_rel "$work/$mesh-procs.jsonl.losses" "$work/cpu.jsonl.losses")
+    if within "$d" 1e-4; then s=pass; else s=FAIL; fi
+    row "${mesh}2-two-procs" "$s" "two processes (TCP) on GPU 0: max relative loss difference to one rank $d (bar 1e-4)" \
+      "{\"max_rel\": \"$d\"}"
+  else
+    row "${mesh}2-two-procs" FAIL "did not run: $(cat "$work/$mesh-procs.jsonl.0.out" 2>/dev/null | tail -2 | tr '\n' ' ')"
   fi
 done
 
