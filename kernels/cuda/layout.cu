@@ -5,18 +5,26 @@
 // the 64-bit divisions that place an element then run once per row, not per element.
 #define STRIDED_ROW_MIN 64
 
+// The source and destination offsets of element `index` of the box's first `dims` dims.
+__device__ void strided_offsets(const Strided& s, int dims, i64 index, i64* from, i64* to) {
+    i64 rest = index, a = s.src_offset, b = s.dst_offset;
+    for (int d = dims - 1; d >= 0; --d) {
+        i64 c = rest % s.dims[d];
+        rest /= s.dims[d];
+        a += c * s.src_stride[d];
+        b += c * s.dst_stride[d];
+    }
+    *from = a;
+    *to = b;
+}
+
 extern "C" __global__ void strided_copy(float* dst, const float* src, Strided s, i64 n) {
     i64 inner = s.rank > 0 ? s.dims[s.rank - 1] : 1;
     if (inner >= STRIDED_ROW_MIN) {
         i64 in_src = s.src_stride[s.rank - 1], in_dst = s.dst_stride[s.rank - 1];
         for (i64 r = blockIdx.x; r < n / inner; r += gridDim.x) {
-            i64 rest = r, from = s.src_offset, to = s.dst_offset;
-            for (int d = s.rank - 2; d >= 0; --d) {
-                i64 c = rest % s.dims[d];
-                rest /= s.dims[d];
-                from += c * s.src_stride[d];
-                to += c * s.dst_stride[d];
-            }
+            i64 from, to;
+            strided_offsets(s, s.rank - 1, r, &from, &to);
             const float* a = src + from;
             float* b = dst + to;
             if (in_src == 1 && in_dst == 1) {
@@ -28,13 +36,8 @@ extern "C" __global__ void strided_copy(float* dst, const float* src, Strided s,
         return;
     }
     for (i64 i = global_thread(); i < n; i += grid_threads()) {
-        i64 rest = i, from = s.src_offset, to = s.dst_offset;
-        for (int d = s.rank - 1; d >= 0; --d) {
-            i64 c = rest % s.dims[d];
-            rest /= s.dims[d];
-            from += c * s.src_stride[d];
-            to += c * s.dst_stride[d];
-        }
+        i64 from, to;
+        strided_offsets(s, s.rank, i, &from, &to);
         dst[to] = src[from];
     }
 }

@@ -211,8 +211,19 @@ fn connect(addr: &str) -> std::io::Result<TcpStream> {
 }
 
 fn timed_out(rank: usize, world_size: usize, missing: Vec<usize>, after: Duration) -> RuntimeError {
+    world_timeout("rendezvous", rank, world_size, missing, after)
+}
+
+/// `op`, waited on by world rank `rank` of `world_size`, timed out on the ranks `missing`.
+pub(crate) fn world_timeout(
+    op: &'static str,
+    rank: usize,
+    world_size: usize,
+    missing: Vec<usize>,
+    after: Duration,
+) -> RuntimeError {
     RuntimeError::Timeout {
-        op: "rendezvous",
+        op,
         rank,
         group: (0..world_size).collect(),
         missing,

@@ -126,13 +126,7 @@ fn greeting(stream: &mut TcpStream, left: Duration) -> Option<(usize, usize)> {
 }
 
 fn timed_out(rank: usize, world: usize, missing: Vec<usize>, after: Duration) -> RuntimeError {
-    RuntimeError::Timeout {
-        op: "connect",
-        rank,
-        group: (0..world).collect(),
-        missing,
-        after,
-    }
+    crate::comm::rendezvous::world_timeout("connect", rank, world, missing, after)
 }
 
 fn mismatch(rank: usize, detail: String) -> RuntimeError {
