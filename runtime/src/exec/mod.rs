@@ -81,9 +81,11 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Step instructions that are copies whose source is freed before anything else uses it
     /// ([`moving_copies`]): they move the buffer instead.
     step_moves: Vec<bool>,
-    /// Where a bf16 plan's activations are held as bf16 between distant uses ([`stash`]);
-    /// emptied when the backend keeps f32 only.
+    /// Where a bf16 plan's declared-bf16 buffers are held as bf16 between distant uses
+    /// ([`stash`]); emptied once the backend says it keeps f32 only.
     stash_plan: stash::StashPlan,
+    /// The backend keeps f32 only ([`crate::Backend::stash_bf16`] said `None`).
+    stash_off: bool,
     /// The buffers held as bf16 words now, by buffer ([`crate::Backend::stash_bf16`]).
     stashed: Vec<Option<B::Buffer>>,
     /// The step instruction that raised the device allocator's high-water mark last.
@@ -182,6 +184,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .collect(),
             step_moves: moving_copies(&tpl.instrs),
             stash_plan: stash::plan(tpl),
+            stash_off: false,
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
             peak_at: None,
             steps: 0,
@@ -239,13 +242,13 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.backend.transfer_stats()
     }
 
-    /// What [`Executor::record_op_times`] recorded.
     /// Where the device allocator's high-water mark was reached ([`peak`]), on a backend
     /// that keeps one.
     pub fn peak_at(&self) -> Option<&peak::PeakAt> {
         self.peak_at.as_ref()
     }
 
+    /// What [`Executor::record_op_times`] recorded.
     pub fn op_times(&self) -> Option<&OpTimes> {
         self.op_times.as_ref()
     }
@@ -309,13 +312,13 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 Ok(None) => {}
                 Err(e) => {
                     self.step_reads = reads;
-                    self.stash_plan = stash_plan;
+                    self.keep_stash_plan(stash_plan);
                     return Err(self.at("step", k, ins, e));
                 }
             }
         }
         self.step_reads = reads;
-        self.stash_plan = stash_plan;
+        self.keep_stash_plan(stash_plan);
         self.unstash_all()?;
         self.exchange(&[])?;
         self.zero_all_pending()?;
@@ -418,6 +421,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     /// Holds each of `bufs` as bf16 words until its next use ([`stash`]): those written, with
     /// no pending zero-fill or wide copy. A backend that keeps f32 only turns stashing off.
     fn stash(&mut self, bufs: &[BufferId]) -> Result<(), RuntimeError> {
+        if self.stash_off {
+            return Ok(());
+        }
         for &b in bufs {
             let i = b.index();
             let pending = self.zero_on_read.get(i).copied().unwrap_or(true);
@@ -429,7 +435,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 continue;
             }
             let Some(words) = self.backend.stash_bf16(x)? else {
-                self.stash_plan = stash::StashPlan::default();
+                self.stash_off = true;
                 return Ok(());
             };
             if let Some(x) = self.bufs[i].take() {
@@ -438,6 +444,16 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             self.stashed[i] = Some(words);
         }
         Ok(())
+    }
+
+    /// Puts the step's stash plan back for the next step, or an empty one once the backend
+    /// has said it keeps f32 only (the step loop then looks up nothing).
+    fn keep_stash_plan(&mut self, plan: stash::StashPlan) {
+        self.stash_plan = if self.stash_off {
+            stash::StashPlan::default()
+        } else {
+            plan
+        };
     }
 
     /// Expands each of `bufs` that is held as bf16 back into its f32 buffer.
