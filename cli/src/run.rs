@@ -687,7 +687,18 @@ impl World {
     ) -> Result<runtime::train::RankOutcome, runtime::RuntimeError> {
         match self {
             World::Mpi(w) => w.train(set, tokens, opts, on_step),
-            World::Tcp(w) => w.train(set, tokens, opts, on_step),
+            World::Tcp(w) => {
+                let comm = w
+                    .comm
+                    .lock()
+                    .ok()
+                    .and_then(|mut c| c.take())
+                    .ok_or_else(|| runtime::RuntimeError::Poisoned {
+                        op: "train",
+                        reason: "this process's communicator was already used".into(),
+                    })?;
+                runtime::train::train_rank_on_device(set, w.local_rank, comm, tokens, opts, on_step)
+            }
         }
     }
 
@@ -711,27 +722,6 @@ struct TcpRun {
     rank: usize,
     /// The GPU this rank takes (the launcher's local rank).
     local_rank: usize,
-}
-
-impl TcpRun {
-    fn train(
-        &self,
-        set: &ProgramSet,
-        tokens: &Tokens,
-        opts: &TrainOptions,
-        on_step: &(dyn Fn(u32, StepLog) + Sync),
-    ) -> Result<runtime::train::RankOutcome, runtime::RuntimeError> {
-        let comm = self
-            .comm
-            .lock()
-            .ok()
-            .and_then(|mut c| c.take())
-            .ok_or_else(|| runtime::RuntimeError::Poisoned {
-                op: "train",
-                reason: "this process's communicator was already used".into(),
-            })?;
-        runtime::train::train_rank_on_device(set, self.local_rank, comm, tokens, opts, on_step)
-    }
 }
 
 /// The MPI world when this process runs under `mpirun` (feature `mpi`).
