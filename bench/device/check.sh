@@ -21,6 +21,8 @@
 #   gpt2-124m       GPT-2 124M, seq 1024, micro-batch 8: plait's tokens/s on CUDA beside PyTorch
 #                   eager with scaled_dot_product_attention (bf16, AdamW) on the same GPU, each's
 #                   MFU, and the plan's predicted step time (dgx-h200) against the measured one
+#   step-predict    gpt2-124m's measured step against the same plan compiled for the cluster file
+#                   `plait profile --device cuda` measures (plait's own kernels): within 20 %
 #   bf16-one-gpu    the tiny GPT's bf16 plan on CUDA (bf16 GEMMs, f32 elsewhere) against the f32
 #                   CPU run: within 2e-2 relative, loss falling
 #   (every row: the kernels of kernels/cuda, compiled by NVRTC when the backend opens; the same
@@ -261,6 +263,27 @@ PY
   fi
 else
   row gpt2-124m FAIL "compile failed: $(tail -2 "$work/gpt2-compile.log" | tr '\n' ' ')"
+fi
+# The step-time prediction on this GPU as plait's runtime runs it: `plait profile` measures the
+# runtime's own GEMM, attention, memory-bound kernels, copy and dispatch (the profiled cluster
+# file), and the same GPT-2 plan compiled for that file predicts the step: within 20 % of the
+# measured one. (CPU dry run: the CPU profile, which prices no bf16, and an fp32 plan.)
+if [ -n "${measured:-}" ] && [ "$(left)" -gt 60 ]; then
+  if [ "$DEVICE" = cuda ]; then quick=; precision=bf16; else quick=--quick; precision=fp32; fi
+  if timeout "$(( $(left) > 150 ? 120 : $(left) - 30 ))" "$PLAIT" profile --device "$DEVICE" $quick \
+       -o "$work/profiled.toml" > "$OUT/profile.log" 2>&1 \
+     && cp "$work/profiled.toml" "$OUT/profiled.toml" \
+     && "$PLAIT" compile "$work/gpt2.json" --cluster "$work/profiled.toml" --gpus 1 --global-batch 8 \
+       --seq 1024 --micro-batch 8 --precision "$precision" -o "$work/gpt2-profiled-plan.json" \
+       > "$work/gpt2-profiled-compile.log" 2>&1; then
+    profiled=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["predicted"]["iteration_time_s"])' "$work/gpt2-profiled-plan.json")
+    perr=$(python3 -c "print(f'{($measured - $profiled) / $profiled:+.1%}')")
+    s=FAIL; python3 -c "import sys; sys.exit(0 if abs($measured - $profiled) <= 0.2 * $measured else 1)" && s=pass
+    row step-predict "$s" "gpt2-124m: ${measured}s measured, ${profiled}s predicted on the profiled cluster ($perr; bar 20 %), ${predicted}s on dgx-h200 ($err)" \
+      "{\"measured_step_s\": $measured, \"profiled_predicted_step_s\": $profiled, \"preset_predicted_step_s\": $predicted}"
+  else
+    row step-predict FAIL "plait profile or the compile on its cluster failed: $(tail -2 "$OUT/profile.log" "$work/gpt2-profiled-compile.log" 2>/dev/null | tr '\n' ' ' | cut -c1-300)"
+  fi
 fi
 # Where GPT-2's step goes on this GPU (information for the next round of kernel work): two
 # steps with --op-times, each instruction timed to its completion on the device.

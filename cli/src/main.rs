@@ -14,6 +14,7 @@ mod model;
 mod models;
 mod plan_file;
 mod profile;
+mod profile_gpu;
 mod report;
 mod run;
 mod step_time;

@@ -6,11 +6,18 @@ use anyhow::Context;
 use clap::Args;
 use runtime::profile::{ProfileOptions, measure};
 
+use crate::device::DeviceArg;
+
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
-    /// Where to write the cluster description (TOML, docs/hardware.md).
-    #[arg(short, long, default_value = "cpu.toml")]
-    output: PathBuf,
+    /// What to measure: cpu (this machine, one rank per hardware thread) or cuda (plait's
+    /// CUDA runtime on GPU 0; a build with `--features cuda`).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
+    /// Where to write the cluster description (TOML, docs/hardware.md) [default: cpu.toml,
+    /// or gpu.toml with `--device cuda`].
+    #[arg(short, long)]
+    output: Option<PathBuf>,
     /// The cluster's name inside the file.
     #[arg(long, default_value = "this-machine")]
     name: String,
@@ -20,25 +27,34 @@ pub struct ProfileArgs {
 }
 
 pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
+    let output = args.output.clone().unwrap_or_else(|| {
+        PathBuf::from(match args.device {
+            DeviceArg::Cpu => "cpu.toml",
+            DeviceArg::Cuda => "gpu.toml",
+        })
+    });
     // A path that cannot be written fails now, not after the measurements.
-    let existed = args.output.exists();
+    let existed = output.exists();
     std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .open(&args.output)
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
-    let p = match measure(&ProfileOptions { quick: args.quick }) {
-        Ok(p) => p,
-        Err(e) => {
-            if !existed {
-                let _ = std::fs::remove_file(&args.output);
-            }
-            return Err(e.into());
-        }
+        .open(&output)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    let measured = match args.device {
+        DeviceArg::Cpu => cpu(args, &output),
+        DeviceArg::Cuda => crate::profile_gpu::run(&output, &args.name, args.quick),
     };
+    if measured.is_err() && !existed {
+        let _ = std::fs::remove_file(&output);
+    }
+    measured
+}
+
+/// This machine's CPU, one rank per hardware thread.
+fn cpu(args: &ProfileArgs, output: &std::path::Path) -> anyhow::Result<()> {
+    let p = measure(&ProfileOptions { quick: args.quick })?;
     let text = p.to_cluster_toml(&args.name);
-    std::fs::write(&args.output, &text)
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    std::fs::write(output, &text).with_context(|| format!("cannot write {}", output.display()))?;
     println!("{} ({} threads)", p.cpu, p.threads);
     println!(
         "  matmul {n}^3:       {:.1} GFLOP/s per rank with all {} busy, {:.1} alone",
@@ -62,8 +78,8 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     );
     println!(
         "wrote {}; use it with `plait compile MODEL --cluster {} --gpus N --precision fp32`",
-        args.output.display(),
-        args.output.display()
+        output.display(),
+        output.display()
     );
     Ok(())
 }

@@ -70,3 +70,18 @@ fn a_quick_profile_drives_compile() {
     assert!(out.contains("(this-machine)"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Without a GPU (or a build without CUDA) the GPU profile stops at once, says why and what to
+/// do, and leaves no half-written file behind.
+#[test]
+fn a_gpu_profile_without_a_gpu_says_so_and_writes_nothing() {
+    let dir = scratch("profile-gpu");
+    let (code, out, err) = plait(&["profile", "--device", "cuda"], &dir);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("GPU 0") && err.contains("--device cpu"),
+        "{err}"
+    );
+    assert!(!dir.join("gpu.toml").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -262,7 +262,7 @@ fn extract(
         .first()
         .and_then(|&o| g.op(o).results.first().map(|&v| g.ty(v).dtype.size_bytes()))
         .unwrap_or(4) as f64;
-    let scale = s.precision.activation_bytes() / elem;
+    let scale = cluster.activation_traffic_bytes(s.precision) / elem;
     let mut costs = ClusterCosts::over(cluster, s, scale, group).ok_or_else(|| {
         PlanError::invalid(format!(
             "{} has no {} support",

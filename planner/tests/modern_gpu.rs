@@ -231,3 +231,27 @@ fn engines_differ_in_what_they_overlap() {
     }
     assert!("nemo".parse::<Engine>().is_err());
 }
+
+/// A runtime whose kernels and collectives move f32 whatever the plan's precision (plait's
+/// CUDA runtime, as `plait profile --device cuda` describes it) takes longer on a bf16 plan's
+/// memory-bound work and keeps the plan's memory: the buffers are still held in 16 bits.
+#[test]
+fn f32_activations_slow_the_memory_bound_work_and_keep_the_memory() {
+    let mut h200 = Cluster::load("dgx-h200").unwrap();
+    let g = llama();
+    let info = ModelInfo::new(&g).unwrap();
+    let mut s = strategy(8, 1, Precision::Bf16, AttentionKernel::Fused);
+    s.kernels = planner::cost::compute::Kernels::Eager;
+    let bf16 = estimate(&info, &h200, 8, &s).unwrap();
+    assert_eq!(h200.activation_traffic_bytes(Precision::Bf16), 2.0);
+    h200.gpu.f32_activations = true;
+    assert_eq!(h200.activation_traffic_bytes(Precision::Bf16), 4.0);
+    let f32 = estimate(&info, &h200, 8, &s).unwrap();
+    assert!(
+        f32.predicted.iteration_time_s > 1.05 * bf16.predicted.iteration_time_s,
+        "{} vs {}",
+        f32.predicted.iteration_time_s,
+        bf16.predicted.iteration_time_s
+    );
+    assert_eq!(f32.predicted.memory, bf16.predicted.memory);
+}

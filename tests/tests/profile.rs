@@ -34,3 +34,43 @@ fn quick_profile_writes_a_loadable_cluster() {
     }
     assert!(c.gpu.matmul_packs_operands);
 }
+
+/// `plait profile --device cuda`'s measurement, run here on the emulated device: every figure
+/// comes from the device backend's own kernels (no host fallback) and is a positive rate.
+#[test]
+fn the_gpu_profile_measures_the_device_backend() {
+    use runtime::profile::{GpuProfileOptions, measure_gpu};
+    let (f32, bf16) = (
+        tests::emulator::emulator(64),
+        tests::emulator::emulator_bf16(64),
+    );
+    let host_ops = bf16.host_ops();
+    let p = measure_gpu(
+        &f32,
+        &bf16,
+        bf16.properties(),
+        &GpuProfileOptions { quick: true },
+    )
+    .unwrap();
+    let k = p.kernel_fractions;
+    for (what, v) in [
+        ("copy", p.copy_gb_per_s),
+        ("launch", p.launch_us),
+        ("f32 gemm", p.gemm_f32_tflops),
+        ("bf16 gemm", p.gemm_bf16_tflops),
+        ("attention forward", p.attention_fwd_tflops),
+        ("attention backward", p.attention_bwd_tflops),
+        ("add", k.pointwise),
+        ("gelu", k.activation),
+        ("layernorm", k.norm),
+        ("softmax", k.softmax),
+        ("dropout", k.dropout),
+    ] {
+        assert!(v.is_finite() && v > 0.0, "{what}: {v}");
+    }
+    assert!(
+        host_ops.by_kind().is_empty(),
+        "ops ran on the host: {:?}",
+        host_ops.by_kind()
+    );
+}

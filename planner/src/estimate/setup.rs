@@ -79,7 +79,7 @@ impl<'a, 'g> Setup<'a, 'g> {
             ep,
             m: mesh_ep(cluster, tp, cp, dp, pp, ep),
             b,
-            act_scale: s.precision.activation_bytes() / graph_elem,
+            act_scale: cluster.activation_traffic_bytes(s.precision) / graph_elem,
             act_bytes: (b.batch * b.seq * info.hidden) as f64 * s.precision.activation_bytes(),
         })
     }

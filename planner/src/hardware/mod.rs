@@ -50,6 +50,13 @@ pub struct Gpu {
     /// stage tiles through shared memory inside the kernel instead: absent = false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub matmul_packs_operands: bool,
+    /// The runtime's memory-bound kernels and collectives read and write activations in f32
+    /// whatever the plan's precision (plait's CUDA runtime: only GEMM operands are rounded to
+    /// bf16), so their time is priced at 4 bytes per element. Memory is not: the runtime
+    /// holds declared-16-bit buffers in 16 bits between uses. Absent = false (the plan's
+    /// precision, as training stacks run it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub f32_activations: bool,
     /// Sustained bandwidth of this runtime's memory-bound kernels relative to a plain copy, by
     /// op class, as measured on this hardware (`plait profile` writes them for the CPU);
     /// a class left out uses plait's H200 measurement (docs/cost-model.md).
@@ -214,6 +221,18 @@ impl Cluster {
     /// rather than GPUs.
     pub fn runs_on_cpu_threads(&self) -> bool {
         self.gpu.name == Self::CPU_THREAD
+    }
+}
+
+impl Cluster {
+    /// Bytes per activation element that memory-bound kernels and collectives move for a
+    /// plan of `precision` on this cluster's runtime (see [`Gpu::f32_activations`]).
+    pub fn activation_traffic_bytes(&self, precision: Precision) -> f64 {
+        if self.gpu.f32_activations {
+            4.0
+        } else {
+            precision.activation_bytes()
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use kernels::device::{AttentionShape, Broadcast, KernelArg, Strided};
 
-use super::device::{Device, DeviceBackend, DeviceBuffer, Gemm};
+use super::device::{Device, DeviceBackend, DeviceBuffer, DeviceProperties, Gemm};
 use super::nvrtc;
 use super::pool::{MemoryStats, Pool, Pooled, Slab};
 use crate::RuntimeError;
@@ -429,5 +429,19 @@ impl Device for CudaDevice {
 
     fn synchronize(&self) -> Result<(), RuntimeError> {
         self.stream.synchronize().map_err(cuda_err("synchronize"))
+    }
+
+    fn properties(&self) -> DeviceProperties {
+        let ctx = self.stream.context();
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .ok();
+        DeviceProperties {
+            product: Some(self.device_name.clone()),
+            sm_count: sms.and_then(|n| u32::try_from(n).ok()),
+            memory_bytes: ctx.total_mem().ok().map(|b| b as u64),
+        }
     }
 }

@@ -34,6 +34,11 @@ impl CudaBackend {
         self
     }
 
+    /// What the device reports of itself (no value exists in this build).
+    pub fn properties(&self) -> super::DeviceProperties {
+        match self.never {}
+    }
+
     /// Number of visible CUDA devices: always an error in this build.
     pub fn device_count() -> Result<usize, RuntimeError> {
         Err(RuntimeError::NotCompiledWithCudaSupport)

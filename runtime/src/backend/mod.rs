@@ -42,7 +42,7 @@ pub use cpu::CpuBackend;
 pub use cuda::{CudaBackend, CudaBuffer};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, CudaMem};
-pub use device::{Device, DeviceBackend, DeviceBuffer, Gemm, GemmPrecision};
+pub use device::{Device, DeviceBackend, DeviceBuffer, DeviceProperties, Gemm, GemmPrecision};
 pub use dropout::DropoutMask;
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclCollectives, nccl_present};

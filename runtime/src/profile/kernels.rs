@@ -11,6 +11,7 @@ use std::time::Instant;
 use ir::{Binding, DType, Graph, OpKind, Shape, TensorType};
 use kernels::Tensor32;
 
+use crate::backend::DropoutMask;
 use crate::{Backend, CpuBackend, RuntimeError};
 
 /// Per-thread sgemm GFLOP/s at `n`³ with `threads` threads multiplying their own matrices at
@@ -91,38 +92,131 @@ fn case(kind: OpKind, rows: u64, cols: u64) -> Result<(Graph, ir::OpId), Runtime
     Ok((g, o))
 }
 
-/// Seconds of one forward plus backward of `o` on the CPU backend (best of `reps`).
-fn pass_seconds(g: &Graph, o: ir::OpId, reps: usize) -> Result<f64, RuntimeError> {
-    let be = CpuBackend::new();
-    let op = g.op(o);
+/// The operands of `o` as `be`'s buffers: deterministic values in [-0.4, 0.4].
+fn operands<B: Backend>(be: &B, g: &Graph, o: ir::OpId) -> Result<Vec<B::Buffer>, RuntimeError> {
     let b = Binding { batch: 1, seq: 1 };
-    let inputs: Vec<Tensor32> = op
+    g.op(o)
         .inputs
         .iter()
         .enumerate()
         .map(|(j, &v)| {
             let shape: Vec<usize> = g.ty(v).shape.eval(b).iter().map(|&d| d as usize).collect();
             let n: usize = shape.iter().product();
-            Tensor32::new(
+            let host = Tensor32::new(
                 shape,
                 (0..n)
                     .map(|i| ((i * 31 + j * 7) % 17) as f32 * 0.05 - 0.4)
                     .collect(),
             )
-            .map_err(RuntimeError::kernel("profile input"))
+            .map_err(RuntimeError::kernel("profile input"))?;
+            be.upload_owned(host)
         })
-        .collect::<Result<_, _>>()?;
-    let xs: Vec<&Tensor32> = inputs.iter().collect();
+        .collect()
+}
+
+/// One forward plus backward of `kind` on `xs`, as the executor runs it: dropout through
+/// [`Backend::dropout`] on its mask both ways, every other op through `forward` and `backward`.
+fn pass<B: Backend>(be: &B, kind: &OpKind, xs: &[&B::Buffer]) -> Result<(), RuntimeError> {
+    if let (OpKind::Dropout { p, seed }, [x]) = (kind, xs) {
+        let shape = be.shape(x);
+        let per_row = shape.last().copied().unwrap_or(1);
+        let mask = DropoutMask {
+            p: *p,
+            seed: *seed,
+            row: 0,
+            per_row,
+            seq: shape.iter().product::<usize>() / per_row.max(1),
+            shard: None,
+        };
+        let y = be.dropout(x, &mask)?;
+        let dx = be.dropout(&y, &mask)?;
+        black_box((&y, &dx));
+        return Ok(());
+    }
+    let ys = be.forward(kind, xs, Binding { batch: 1, seq: 1 })?;
+    let dys: Vec<&B::Buffer> = ys.iter().collect();
+    let dxs = be.backward(kind, xs, &dys)?;
+    black_box(&dxs);
+    Ok(())
+}
+
+/// Seconds of one forward plus backward of `o` on `be` (best of `reps` after a warm-up, each
+/// timed to the device's completion).
+pub(super) fn pass_seconds<B: Backend>(
+    be: &B,
+    g: &Graph,
+    o: ir::OpId,
+    reps: usize,
+) -> Result<f64, RuntimeError> {
+    let kind = &g.op(o).kind;
+    let inputs = operands(be, g, o)?;
+    let xs: Vec<&B::Buffer> = inputs.iter().collect();
+    pass(be, kind, &xs)?;
+    be.synchronize()?;
     let mut best = f64::INFINITY;
-    for _ in 0..=reps.max(1) {
+    for _ in 0..reps.max(1) {
         let t = Instant::now();
-        let ys = be.forward(&op.kind, &xs, b)?;
-        let dys: Vec<&Tensor32> = ys.iter().collect();
-        let dxs = be.backward(&op.kind, &xs, &dys)?;
-        black_box(&dxs);
+        pass(be, kind, &xs)?;
+        be.synchronize()?;
         best = best.min(t.elapsed().as_secs_f64());
     }
     Ok(best)
+}
+
+/// The cost model's bytes (operands read, results written) of one forward plus backward of
+/// each class's representative op on `[rows, cols]` activations, and that op.
+fn class_cases(rows: u64, cols: u64) -> Result<Vec<(Graph, ir::OpId, f64)>, RuntimeError> {
+    [
+        OpKind::Add,
+        OpKind::Gelu { tanh: true },
+        OpKind::LayerNorm { eps: 1e-5 },
+        OpKind::Softmax { causal: false },
+        OpKind::Dropout { p: 0.1, seed: 1 },
+    ]
+    .into_iter()
+    .map(|kind| {
+        let (g, o) = case(kind, rows, cols)?;
+        let c = ir::cost::op_cost(&g, o, Binding { batch: 1, seq: 1 });
+        Ok((g, o, c.fwd_bytes() + c.bwd_bytes()))
+    })
+    .collect()
+}
+
+impl KernelFractions {
+    /// From the five classes' fractions in [`class_cases`]' order.
+    fn from_classes(f: &[f64]) -> Result<KernelFractions, RuntimeError> {
+        match *f {
+            [pointwise, activation, norm, softmax, dropout] => Ok(KernelFractions {
+                pointwise,
+                activation,
+                norm,
+                softmax,
+                dropout,
+            }),
+            _ => Err(RuntimeError::Profile {
+                message: format!("{} kernel classes measured, 5 expected", f.len()),
+            }),
+        }
+    }
+}
+
+/// Every class on one backend (a GPU): its bytes per second over `copy_gb_per_s`, the
+/// device's own copy bandwidth.
+pub fn kernel_fractions_on<B: Backend>(
+    be: &B,
+    rows: u64,
+    cols: u64,
+    reps: usize,
+    copy_gb_per_s: f64,
+) -> Result<KernelFractions, RuntimeError> {
+    let f = class_cases(rows, cols)?
+        .iter()
+        .map(|(g, o, bytes)| {
+            let secs = pass_seconds(be, g, *o, reps)?;
+            Ok(bytes / secs.max(1e-12) / 1e9 / copy_gb_per_s.max(1e-9))
+        })
+        .collect::<Result<Vec<f64>, RuntimeError>>()?;
+    KernelFractions::from_classes(&f)
 }
 
 /// Measures every class with `threads` threads at once on `[rows, cols]` activations;
@@ -134,13 +228,10 @@ pub fn kernel_fractions(
     reps: usize,
     copy_gb_per_s: f64,
 ) -> Result<KernelFractions, RuntimeError> {
-    let measure = |kind: OpKind| -> Result<f64, RuntimeError> {
-        let (g, o) = case(kind, rows, cols)?;
-        let c = ir::cost::op_cost(&g, o, Binding { batch: 1, seq: 1 });
-        let bytes = c.fwd_bytes() + c.bwd_bytes();
+    let measure = |(g, o, bytes): &(Graph, ir::OpId, f64)| -> Result<f64, RuntimeError> {
         let secs = std::thread::scope(|s| {
             let hs: Vec<_> = (0..threads.max(1))
-                .map(|_| s.spawn(|| pass_seconds(&g, o, reps)))
+                .map(|_| s.spawn(|| pass_seconds(&CpuBackend::new(), g, *o, reps)))
                 .collect();
             hs.into_iter()
                 .map(|h| {
@@ -155,11 +246,9 @@ pub fn kernel_fractions(
         let mean = secs.iter().sum::<f64>() / secs.len() as f64;
         Ok(bytes / mean / 1e9 / copy_gb_per_s.max(1e-9))
     };
-    Ok(KernelFractions {
-        pointwise: measure(OpKind::Add)?,
-        activation: measure(OpKind::Gelu { tanh: true })?,
-        norm: measure(OpKind::LayerNorm { eps: 1e-5 })?,
-        softmax: measure(OpKind::Softmax { causal: false })?,
-        dropout: measure(OpKind::Dropout { p: 0.1, seed: 1 })?,
-    })
+    let f = class_cases(rows, cols)?
+        .iter()
+        .map(measure)
+        .collect::<Result<Vec<f64>, RuntimeError>>()?;
+    KernelFractions::from_classes(&f)
 }

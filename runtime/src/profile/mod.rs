@@ -8,14 +8,19 @@
 //! and β come from timing all-reduces of a small and a large buffer across 2 ranks. The file
 //! follows docs/hardware.md and loads with `planner::Cluster::load`.
 
+mod gpu;
 mod kernels;
 mod measure;
 mod write;
 
 use crate::RuntimeError;
 
-pub use kernels::{KernelFractions, kernel_fractions, sgemm_gflops_concurrent};
+pub use gpu::{AttentionCase, GpuProfile, GpuProfileOptions, measure_gpu};
+pub use kernels::{
+    KernelFractions, kernel_fractions, kernel_fractions_on, sgemm_gflops_concurrent,
+};
 pub use measure::{copy_gb_per_s, sgemm_gflops, threads_all_reduce_fit};
+pub use write::utc;
 
 /// How long to measure.
 #[derive(Debug, Clone, Copy, PartialEq)]

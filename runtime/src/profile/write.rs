@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use super::MachineProfile;
 
 /// `YYYY-MM-DD HH:MM UTC` from Unix seconds (Howard Hinnant's civil-from-days).
-fn utc(unix: u64) -> String {
+pub fn utc(unix: u64) -> String {
     let days = (unix / 86_400) as i64;
     let secs = unix % 86_400;
     let z = days + 719_468;

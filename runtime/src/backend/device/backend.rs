@@ -140,6 +140,11 @@ impl<D: Device> DeviceBackend<D> {
         &self.device
     }
 
+    /// What the device reports of itself.
+    pub fn properties(&self) -> super::DeviceProperties {
+        self.device.properties()
+    }
+
     /// Runs `f` on the constant table `key`, made by `make` (on the host) and uploaded the
     /// first time it is asked for: such tables are not per-step transfers.
     pub(crate) fn with_table<T>(

@@ -148,4 +148,21 @@ pub trait Device: std::fmt::Debug {
     fn synchronize(&self) -> Result<(), RuntimeError> {
         Ok(())
     }
+
+    /// What the device reports of itself (`plait profile --device cuda` writes it into the
+    /// cluster file); unknown fields are `None`.
+    fn properties(&self) -> DeviceProperties {
+        DeviceProperties::default()
+    }
+}
+
+/// A device's own description of itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceProperties {
+    /// The product name, e.g. `NVIDIA H200`.
+    pub product: Option<String>,
+    /// Streaming multiprocessors.
+    pub sm_count: Option<u32>,
+    /// Total device memory, bytes.
+    pub memory_bytes: Option<u64>,
 }
