@@ -254,4 +254,19 @@ fn f32_activations_slow_the_memory_bound_work_and_keep_the_memory() {
         bf16.predicted.iteration_time_s
     );
     assert_eq!(f32.predicted.memory, bf16.predicted.memory);
+    // Each layer's saved activations are converted to bf16 after the forward and back before
+    // the backward (6 bytes moved per element each way), on top of the f32 kernels' traffic.
+    let act = f32.profile.layer_activation_bytes;
+    let stash = 2.0 * act / 2.0 * 6.0 / (h200.hbm_bytes_per_s());
+    let grown = f32.profile.layer_s - bf16.profile.layer_s;
+    assert!(grown > stash, "{grown} vs stash {stash}");
+    // An fp32 plan moves f32 and holds f32 either way: priced the same.
+    s.precision = Precision::Fp32;
+    let on = estimate(&info, &h200, 8, &s).unwrap();
+    h200.gpu.f32_activations = false;
+    let off = estimate(&info, &h200, 8, &s).unwrap();
+    assert_eq!(
+        on.predicted.iteration_time_s,
+        off.predicted.iteration_time_s
+    );
 }

@@ -46,15 +46,18 @@ impl RunCost {
                 s.precision.activation_bytes(),
             ),
         };
-        let work = pricer.work(
+        let mut work = pricer.work(
             &run.layer_ops,
             &run.layer_groups,
             prices.layer_times,
             &|o| prices.layer_layout(cx, o),
         );
-        let (fwd, bwd, zero3) = stages::zero3_layer(cx, run, &work);
         let shape = layer_shape(g, run);
         let act = layer_activation_bytes(&shape, cx.b.seq as f64, cx.b.batch as f64, policy);
+        let stash = cx.stash_seconds(act);
+        work.fwd += stash;
+        work.bwd += stash;
+        let (fwd, bwd, zero3) = stages::zero3_layer(cx, run, &work);
         let transients = Transients::new(g, run, s, &shape, policy, cx.b);
         RunCost {
             prices,
