@@ -19,9 +19,10 @@
 // so an accumulator tile pair (n-tiles 2j, 2j+1) is, packed to bf16, the A fragment of the next
 // product (FlashAttention-2's register reuse of P).
 //
-// Compiled by NVRTC only: the `simt` emulator has no warps, so under it these kernels are empty
-// and the CUDA backend never chooses them there (`Device::tensor_cores`); `plait bench kernels
-// --device cuda` checks them against the CPU kernels on a GPU.
+// Under the `simt` emulator a warp's lanes meet at each product and shuffle (simt.hpp), so these
+// kernels run there too when the emulated device says it has tensor cores (`Device::
+// tensor_cores`; tests/tests/device_ops.rs); `plait bench kernels --device cuda` checks them
+// against the CPU kernels on a GPU.
 
 #define MMA_THREADS 128
 #define MMA_WARP_ROWS 16
@@ -91,15 +92,17 @@ extern "C" __global__ void attn_pack_cols(float* y, const float* x, i64 batch, i
     }
 }
 
-#ifdef __CUDACC_RTC__
-
 // d += a · b on the tensor cores (one warp, 16×8×16, bf16 operands, f32 accumulators).
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+#ifdef __CUDACC_RTC__
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    ::simt::mma_m16n8k16_bf16(d, a, b0, b1);
+#endif
 }
 
 // The maximum and the sum over the four lanes that hold one accumulator row.
@@ -497,16 +500,11 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
     }
 }
 
-#endif  // __CUDACC_RTC__
 
 // The kernels, one per head width (a kernel's registers are its widest path's, so one kernel
 // for all widths would run every width at the 128-wide head's occupancy): MMA_KERNELS in
-// ops/attention.rs. Under the emulator their bodies are empty (see the top of this file).
-#ifdef __CUDACC_RTC__
+// ops/attention.rs.
 #define MMA_BODY(...) __VA_ARGS__
-#else
-#define MMA_BODY(...)
-#endif
 #define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, false>(o, 0, 0, qp, kp, vt, 0, qpos, a, ks, vt_s); })
 #define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, true>(0, lse, dsum, qp, kp, vt, go, qpos, a, ks, vt_s); })
 #define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dq<D>(dq, qp, kp, kt, vp, gp, lse, dsum, qpos, a, w); })

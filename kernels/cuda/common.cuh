@@ -3,10 +3,10 @@
 // Every file here is compiled twice: by NVRTC for the GPU (runtime/src/backend/cuda), and by
 // g++ under the `simt` crate's emulator, which runs each thread block's threads as fibers on
 // one host thread so that the kernels are tested against the `kernels` crate on machines
-// without a GPU. Hence the rules: no warp intrinsics, no dynamic shared memory, and every
-// block-wide exchange goes through `__shared__` memory and `__syncthreads()`. The one
-// exception, attention_mma.cu (warp-wide tensor-core products), compiles its kernels' bodies
-// only under NVRTC (`__CUDACC_RTC__`) and is never launched on the emulator.
+// without a GPU. Hence the rules: no dynamic shared memory, every block-wide exchange goes
+// through `__shared__` memory and `__syncthreads()`, and of the warp-wide operations only those
+// the emulator provides (`__shfl_xor_sync` with a full mask, and attention_mma.cu's
+// `mma.sync.m16n8k16` bf16 products, which it emulates by their PTX fragment layouts).
 //
 // Conventions: tensors are dense row-major f32; element counts and offsets are `long long`;
 // blockDim.x is a power of two no larger than PLAIT_MAX_BLOCK (the launcher picks it); a

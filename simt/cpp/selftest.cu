@@ -8,3 +8,38 @@ extern "C" __global__ void simt_selftest_race(float* out) {
     unsigned prev = (threadIdx.x + blockDim.x - 1) % blockDim.x;
     out[blockIdx.x * blockDim.x + threadIdx.x] = s[prev];
 }
+
+// Each lane's value summed over its warp by a butterfly of shuffles; odd warps run the
+// butterfly twice (warps need not meet as often as each other), so they hold 32 × the sum.
+extern "C" __global__ void simt_selftest_shuffle(float* out) {
+    float v = (float)(threadIdx.x % 32 + 1);
+    int rounds = (threadIdx.x / 32) % 2 == 1 ? 2 : 1;
+    for (int r = 0; r < rounds; ++r)
+        for (int m = 1; m < 32; m *= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+    out[threadIdx.x] = v;
+}
+
+// One warp's mma.sync m16n8k16 of A[r][k] = r − k and B[k][n] = k + 2n (small integers, exact
+// in bf16), each lane loading its fragments by the PTX ISA's layout; out[16 × 8] is D.
+extern "C" __global__ void simt_selftest_mma(float* out) {
+    unsigned lane = threadIdx.x % 32, group = lane / 4, t = lane % 4;
+    auto bits = [](float x) { return __float_as_uint(x) >> 16; };
+    auto a_word = [&](unsigned r, unsigned k) {
+        return bits((float)r - (float)k) | (bits((float)r - (float)(k + 1)) << 16);
+    };
+    auto b_word = [&](unsigned k, unsigned n) {
+        return bits((float)(k + 2 * n)) | (bits((float)(k + 1 + 2 * n)) << 16);
+    };
+    unsigned a[4] = {a_word(group, 2 * t), a_word(group + 8, 2 * t), a_word(group, 2 * t + 8),
+                     a_word(group + 8, 2 * t + 8)};
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    ::simt::mma_m16n8k16_bf16(d, a, b_word(2 * t, group), b_word(2 * t + 8, group));
+    for (int e = 0; e < 4; ++e) out[(group + (e >= 2 ? 8 : 0)) * 8 + 2 * t + e % 2] = d[e];
+}
+
+// Half the threads return while the others wait at a barrier: undefined on a GPU, an error here.
+extern "C" __global__ void simt_selftest_skipped_barrier(float* out) {
+    if (threadIdx.x < blockDim.x / 2) return;
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}

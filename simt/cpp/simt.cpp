@@ -7,6 +7,7 @@
 #include <ucontext.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -66,11 +67,31 @@ struct Fiber {
     bool done = false;
 };
 
+// A barrier of `members` threads: they arrive one by one, the last one opens it (a new
+// generation), and those waiting yield to the scheduler until they see it open.
+struct Barrier {
+    unsigned members = 0, arrived = 0, generation = 0;
+};
+
+constexpr unsigned kWarp = 32;
+
+// What a warp's lanes exchange at a warp-wide operation.
+struct WarpSlots {
+    float value[kWarp];
+    unsigned a[kWarp][4], b[kWarp][2];
+};
+
 struct Block {
     std::function<void()>* body;
     std::vector<Fiber> fibers;
     ucontext_t scheduler;
     std::size_t current = 0;
+    Barrier block;
+    std::vector<Barrier> warps;
+    std::vector<WarpSlots> slots;
+    // Barriers opened since the scheduler last looked: a round without one (and without a
+    // thread returning) is a block that can never finish.
+    unsigned long long opened = 0;
 };
 
 thread_local Block* active = nullptr;
@@ -80,10 +101,33 @@ void fiber_main() {
     active->fibers[active->current].done = true;
 }
 
-// Runs one block: every fiber up to its next barrier, round and round (in a shuffled order),
-// until all return.
-// A barrier that some threads skip (they returned while others wait) is an error on a GPU
-// (undefined behaviour): reported, not hidden.
+void yield() {
+    Fiber& f = active->fibers[active->current];
+    swapcontext(&f.context, &active->scheduler);
+}
+
+// Arrives at `b` and returns once all its members have. The last to arrive yields too, so
+// that each phase starts in the scheduler's fresh (shuffled) order.
+void wait_at(Barrier& b) {
+    unsigned generation = b.generation;
+    if (++b.arrived == b.members) {
+        b.arrived = 0;
+        ++b.generation;
+        ++active->opened;
+    }
+    do yield();
+    while (b.generation == generation);
+}
+
+unsigned warp_of_current() { return static_cast<unsigned>(active->current) / kWarp; }
+unsigned lane_of_current() { return static_cast<unsigned>(active->current) % kWarp; }
+
+void sync_warp() { wait_at(active->warps[warp_of_current()]); }
+
+// Runs one block: every fiber up to its next yield, round and round (in a shuffled order),
+// until all return. A barrier that can never open (some threads returned, or wait at another
+// barrier, while others wait at it) is an error on a GPU (undefined behaviour or a hang):
+// reported, not hidden.
 bool run_block(Block& b, unsigned threads) {
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
@@ -94,9 +138,14 @@ bool run_block(Block& b, unsigned threads) {
         f.context.uc_link = &b.scheduler;
         makecontext(&f.context, fiber_main, 0);
     }
-    // Each phase (barrier to barrier) runs the threads in a different order, so a kernel that
-    // reads what another thread writes in the same phase (a race on a GPU) gives a different
-    // result than its tests expect instead of passing by the luck of a fixed order.
+    b.block = Barrier{threads, 0, 0};
+    unsigned warps = (threads + kWarp - 1) / kWarp;
+    b.warps.assign(warps, Barrier{});
+    for (unsigned w = 0; w < warps; ++w) b.warps[w].members = std::min(kWarp, threads - w * kWarp);
+    b.slots.resize(warps);
+    // Each round runs the threads in a different order, so a kernel that reads what another
+    // thread writes in the same phase (a race on a GPU) gives a different result than its
+    // tests expect instead of passing by the luck of a fixed order.
     std::vector<unsigned> order(threads);
     unsigned long long lcg = 0x9E3779B97F4A7C15ull ^ (unsigned long long)block_idx.x;
     for (;;) {
@@ -105,7 +154,8 @@ bool run_block(Block& b, unsigned threads) {
             lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
             std::swap(order[t - 1], order[(lcg >> 33) % t]);
         }
-        unsigned finished = 0;
+        unsigned finished = 0, returned = 0;
+        b.opened = 0;
         for (unsigned i = 0; i < threads; ++i) {
             unsigned t = order[i];
             if (b.fibers[t].done) {
@@ -115,18 +165,66 @@ bool run_block(Block& b, unsigned threads) {
             b.current = t;
             thread_idx = dim3{t, 1, 1};
             swapcontext(&b.scheduler, &b.fibers[t].context);
-            finished += b.fibers[t].done ? 1 : 0;
+            returned += b.fibers[t].done ? 1 : 0;
         }
-        if (finished == threads) return true;
-        if (finished != 0) return false;
+        if (finished + returned == threads) return true;
+        if (b.opened == 0 && returned == 0) return false;
     }
 }
 
 }  // namespace
 
-void sync_threads() {
-    Fiber& f = active->fibers[active->current];
-    swapcontext(&f.context, &active->scheduler);
+void sync_threads() { wait_at(active->block); }
+
+float shfl_xor(float v, int lane_mask) {
+    WarpSlots& s = active->slots[warp_of_current()];
+    unsigned lane = lane_of_current();
+    s.value[lane] = v;
+    sync_warp();
+    float other = s.value[(lane ^ static_cast<unsigned>(lane_mask)) % kWarp];
+    sync_warp();  // every lane has read before a next exchange overwrites the slots
+    return other;
+}
+
+namespace {
+// The bf16 in the lower (`high` false) or upper half of a word, as f32.
+float bf16_half(unsigned word, bool high) {
+    unsigned bits = high ? (word & 0xffff0000u) : (word << 16);
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// A[row][k] of the warp's 16×16 A fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+float fragment_a(const WarpSlots& s, unsigned row, unsigned k) {
+    unsigned lane = 4 * (row % 8) + (k % 8) / 2;
+    unsigned reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+    return bf16_half(s.a[lane][reg], k % 2 == 1);
+}
+
+// B[k][n] of the warp's 16×8 B fragments.
+float fragment_b(const WarpSlots& s, unsigned k, unsigned n) {
+    unsigned lane = 4 * n + (k % 8) / 2;
+    return bf16_half(s.b[lane][k >= 8 ? 1 : 0], k % 2 == 1);
+}
+}  // namespace
+
+void mma_m16n8k16_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    WarpSlots& s = active->slots[warp_of_current()];
+    unsigned lane = lane_of_current();
+    for (int r = 0; r < 4; ++r) s.a[lane][r] = a[r];
+    s.b[lane][0] = b0;
+    s.b[lane][1] = b1;
+    sync_warp();
+    // This lane's accumulators: c0, c1 = (group, 2t, 2t + 1), c2, c3 = (group + 8, ...).
+    unsigned group = lane / 4, t = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+        unsigned row = group + (e >= 2 ? 8 : 0), col = 2 * t + (e % 2);
+        float sum = 0.0f;
+        for (unsigned k = 0; k < 16; ++k) sum += fragment_a(s, row, k) * fragment_b(s, k, col);
+        d[e] += sum;
+    }
+    sync_warp();  // every lane has read the fragments before a next product overwrites them
 }
 
 }  // namespace simt
@@ -161,7 +259,8 @@ extern "C" int plait_simt_launch(const char* name, const char* signature, unsign
         block_idx = dim3{g, 1, 1};
         if (!run_block(b, block))
             status = fail(std::string("kernel ") + name + ": some threads of block " + std::to_string(g) +
-                          " returned while others wait at __syncthreads()");
+                          " wait at a barrier (__syncthreads() or a warp-wide operation) that others "
+                          "returned before or never reach");
     }
     active = outer;
     return status;

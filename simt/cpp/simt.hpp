@@ -1,5 +1,7 @@
 // The CUDA names plait's kernels use, for g++: each thread block's threads run as fibers
-// (ucontext) on the calling host thread, switching at __syncthreads(). Blocks run one after
+// (ucontext) on the calling host thread, switching at __syncthreads() and at the warp-wide
+// operations (__shfl_xor_sync, the tensor cores' mma.sync), each a barrier of the threads it
+// joins: the block, or the warp's 32 lanes (threads 32·w .. 32·w + 31). Blocks run one after
 // another, so a block's __shared__ arrays are function statics (thread_local, so launches on
 // different host threads stay apart), and atomics are plain read-modify-writes.
 #pragma once
@@ -17,10 +19,26 @@ struct alignas(8) float2 {
     float x, y;
 };
 
+// CUDA's four-word vector (16-byte aligned loads and stores).
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
 namespace simt {
 extern thread_local dim3 thread_idx, block_idx, block_dim, grid_dim;
 void sync_threads();
+// `v` of the lane `lane_mask` away (XOR) in the calling thread's warp; every lane of the warp
+// must call it (as `__shfl_xor_sync` with a full mask).
+float shfl_xor(float v, int lane_mask);
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 of the calling warp: d += a · b, each
+// lane holding its fragments in the PTX ISA's layout (attention_mma.cu's header).
+void mma_m16n8k16_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1);
 }  // namespace simt
+
+inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+    (void)mask;
+    return ::simt::shfl_xor(v, lane_mask);
+}
 
 #define threadIdx (::simt::thread_idx)
 #define blockIdx (::simt::block_idx)
@@ -31,6 +49,7 @@ void sync_threads();
 #define __forceinline__ inline
 #define __shared__ static thread_local
 #define __syncthreads() ::simt::sync_threads()
+#define __align__(n) __attribute__((aligned(n)))
 
 inline unsigned __float_as_uint(float x) {
     unsigned u;

@@ -253,4 +253,49 @@ mod tests {
             assert_eq!(out[0], 50.5, "block {block}");
         }
     }
+
+    #[test]
+    fn warps_shuffle_among_their_own_lanes() {
+        let mut out = vec![0.0f32; 128];
+        launch(
+            "simt_selftest_shuffle",
+            1,
+            128,
+            &mut [KernelArg::Out(&mut out)],
+        )
+        .expect("launch");
+        for (t, v) in out.iter().enumerate() {
+            let want = if (t / 32) % 2 == 1 {
+                528.0 * 32.0
+            } else {
+                528.0
+            };
+            assert_eq!(*v, want, "thread {t}");
+        }
+    }
+
+    #[test]
+    fn a_warp_multiplies_its_fragments_as_the_tensor_cores_do() {
+        let mut out = vec![0.0f32; 16 * 8];
+        launch("simt_selftest_mma", 1, 32, &mut [KernelArg::Out(&mut out)]).expect("launch");
+        for r in 0..16i32 {
+            for n in 0..8i32 {
+                let want: i32 = (0..16).map(|k| (r - k) * (k + 2 * n)).sum();
+                assert_eq!(out[(r * 8 + n) as usize], want as f32, "D[{r}][{n}]");
+            }
+        }
+    }
+
+    #[test]
+    fn threads_that_skip_a_barrier_are_an_error() {
+        let mut out = vec![0.0f32; 64];
+        let e = launch(
+            "simt_selftest_skipped_barrier",
+            1,
+            64,
+            &mut [KernelArg::Out(&mut out)],
+        )
+        .expect_err("refused");
+        assert!(e.to_string().contains("__syncthreads"), "{e}");
+    }
 }

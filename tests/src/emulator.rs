@@ -8,10 +8,12 @@ use runtime::{Communicator, Device, DeviceBackend, Gemm, GemmPrecision, RuntimeE
 use simt::KernelArg;
 
 /// Host memory standing in for a device's, with the kernels launched through `simt` on blocks
-/// of `block` threads.
+/// of `block` threads; with `tensor_cores`, bf16 attention runs `attention_mma.cu`'s warp-wide
+/// products, which `simt` emulates by their fragment layouts.
 #[derive(Debug)]
 pub struct Emulator {
     pub block: u32,
+    pub tensor_cores: bool,
 }
 
 impl Device for Emulator {
@@ -113,11 +115,28 @@ impl Device for Emulator {
     fn block_size(&self) -> u32 {
         self.block
     }
+
+    fn tensor_cores(&self) -> bool {
+        self.tensor_cores
+    }
 }
 
 /// The device backend on the emulator, with blocks of `block` threads.
 pub fn emulator(block: u32) -> DeviceBackend<Emulator> {
-    DeviceBackend::on(Emulator { block })
+    DeviceBackend::on(Emulator {
+        block,
+        tensor_cores: false,
+    })
+}
+
+/// [`emulator_bf16`] on a device with tensor cores: bf16 attention on the warp-wide kernels of
+/// `attention_mma.cu`, as a GPU of compute capability 8.0 or newer runs it.
+pub fn emulator_mma(block: u32) -> DeviceBackend<Emulator> {
+    DeviceBackend::on(Emulator {
+        block,
+        tensor_cores: true,
+    })
+    .with_gemm_precision(GemmPrecision::Bf16)
 }
 
 /// [`emulator`] with the ops' GEMMs on bf16-rounded operands, as cuBLAS's

@@ -69,7 +69,10 @@ fn check_to_bf16(
 ) {
     use kernels::device::KernelArg;
     use runtime::Device;
-    let dev = Emulator { block: 32 };
+    let dev = Emulator {
+        block: 32,
+        tensor_cores: false,
+    };
     let mut y = vec![f32::NAN; mats * rows * pitch / 2];
     let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap());
     let mut args = [
@@ -153,7 +156,10 @@ fn a_stashed_buffer_comes_back_rounded_to_bf16() {
 fn unpad_rows_copies_each_row_out_of_its_pitch() {
     use kernels::device::KernelArg;
     use runtime::Device;
-    let dev = Emulator { block: 64 };
+    let dev = Emulator {
+        block: 64,
+        tensor_cores: false,
+    };
     // 5 rows of 37 columns at a pitch of 40 (a GEMM output whose rows cuBLAS wrote aligned),
     // into rows 2 .. 7 of a 9-row output (one chunk of a large product).
     let (rows, cols, pitch, row0) = (5usize, 37usize, 40usize, 2usize);
@@ -200,7 +206,10 @@ fn attention_operands_pack_by_head_as_rows_and_as_columns() {
 fn pack_heads(d: usize) {
     use kernels::device::KernelArg;
     use runtime::Device;
-    let dev = Emulator { block: 64 };
+    let dev = Emulator {
+        block: 64,
+        tensor_cores: false,
+    };
     let (batch, n, heads, n_pad) = (2usize, 70usize, 3usize, 128usize);
     let x = tensor(&[batch, n, heads * d], 7).data;
     let at = |b: usize, r: usize, h: usize, c: usize| {
@@ -250,15 +259,35 @@ fn pack_heads(d: usize) {
 
 #[test]
 fn the_bf16_cases_pass_on_the_emulated_device() {
-    // The emulator has no tensor cores: these run the CUDA-core tiles with bf16 GEMMs, the
-    // path a bf16 plan takes on a device without them (the tensor-core kernels are checked by
-    // `plait bench kernels --device cuda` on a GPU).
+    // Without tensor cores: the CUDA-core tiles with bf16 GEMMs, the path a bf16 plan takes on
+    // a device without them.
     let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
     for case in &conformance::bf16_cases() {
         if let Err(e) = conformance::check(&b, case) {
             panic!("{e}");
         }
     }
+}
+
+/// The same cases with tensor cores: bf16 attention on `attention_mma.cu`'s warp-wide kernels
+/// (every head width they are built for, grouped heads, soft cap, no mask, sequences ending
+/// inside a tile), each `mma.sync` and shuffle emulated lane by lane, forward and backward
+/// against the CPU kernels. A GPU runs the same cases in `plait bench kernels --device cuda`.
+#[test]
+fn the_tensor_core_attention_passes_on_the_emulated_warps() {
+    let b = tests::emulator::emulator_mma(64);
+    let mut attention = 0;
+    for case in conformance::bf16_cases() {
+        if case.kind.mnemonic() != "attention" {
+            continue;
+        }
+        attention += 1;
+        match conformance::check(&b, &case) {
+            Ok(p) => println!("{} max error {:.1e}", case.name, p.max_error),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(attention >= 4, "{attention} attention cases");
 }
 
 #[test]
