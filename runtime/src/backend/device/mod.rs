@@ -134,7 +134,7 @@ pub trait Device: std::fmt::Debug {
 
     /// Whether the device runs `kernels/cuda`'s warp-level tensor-core kernels
     /// (`attention_mma.cu`: `mma.sync` on bf16, compute capability 8.0 and up). The `simt`
-    /// emulator has no warps and says no.
+    /// emulator runs them lane by lane when its device says yes (`emulator_mma` in the tests).
     fn tensor_cores(&self) -> bool {
         false
     }
