@@ -57,11 +57,22 @@ __device__ i64 mma_pad(i64 n) { return (n + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS
 extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
     unsigned* words = (unsigned*)y;
     unsigned half = (unsigned)(d / 2), n_pad = (unsigned)mma_pad(n);
-    for (i64 i = global_thread(); i < batch * heads * n_pad * half; i += grid_threads()) {
-        unsigned ui = (unsigned)i, rest = ui / half;
-        i64 c = 2 * (ui - rest * half), r = rest % n_pad, bh = rest / n_pad;
-        const float* p = x + ((bh / heads * n + r) * heads + bh % heads) * d + c;
-        words[i] = r < n ? pack_bf16(p[0], p[1]) : 0u;
+    i64 count = batch * heads * n_pad * half, stride = grid_threads();
+    for (i64 i0 = global_thread(); i0 < count; i0 += ILP * stride) {
+        float2 v[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            i64 i = i0 + u * stride;
+            unsigned ui = (unsigned)i, rest = ui / half;
+            i64 c = 2 * (ui - rest * half), r = rest % n_pad, bh = rest / n_pad;
+            const float* p = x + ((bh / heads * n + r) * heads + bh % heads) * d + c;
+            bool in = i < count && r < n;
+            v[u].x = in ? p[0] : 0.0f;
+            v[u].y = in ? p[1] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u)
+            if (i0 + u * stride < count) words[i0 + u * stride] = pack_bf16(v[u].x, v[u].y);
     }
 }
 

@@ -74,6 +74,14 @@ __device__ double sigmoid32(double x) {
 __device__ i64 global_thread() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ i64 grid_threads() { return (i64)gridDim.x * blockDim.x; }
 
+// Loads each thread of a streaming kernel keeps in flight: it issues ILP loads before using
+// any. A memory-bound kernel runs at (bytes in flight per SM) / (memory latency) (Little's
+// law): one 4-byte load per thread at a time, 2048 threads per SM, sustained 1.5 TB/s of an
+// H200's 4.2 (unary_forward and unpad_rows, bench/device/results/check-h200-2026-12-04b.json);
+// four reach the bandwidth. Grid-stride kernels written so are launched on n / (ILP · block)
+// blocks (`stream_grid` in runtime/src/backend/device/ops/mod.rs).
+#define ILP 4
+
 // A broadcast of two operands to one output shape (numpy rules, aligned on the right by the
 // launcher): the output's dims, and each operand's element strides (0 on a broadcast axis).
 struct Broadcast {

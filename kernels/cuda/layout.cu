@@ -18,20 +18,34 @@ __device__ void strided_offsets(const Strided& s, int dims, i64 index, i64* from
     *to = b;
 }
 
+// One row of `cols` elements, `src_step` and `dst_step` apart, by the block's threads with ILP
+// loads in flight each (a row's element count fits 32 bits; its offsets are 64-bit).
+__device__ void strided_row(float* b, const float* a, int cols, i64 src_step, i64 dst_step) {
+    for (int c0 = threadIdx.x; c0 < cols; c0 += ILP * (int)blockDim.x) {
+        float v[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            int c = c0 + u * (int)blockDim.x;
+            v[u] = c < cols ? a[(i64)c * src_step] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            int c = c0 + u * (int)blockDim.x;
+            if (c < cols) b[(i64)c * dst_step] = v[u];
+        }
+    }
+}
+
 extern "C" __global__ void strided_copy(float* dst, const float* src, Strided s, i64 n) {
     i64 inner = s.rank > 0 ? s.dims[s.rank - 1] : 1;
-    if (inner >= STRIDED_ROW_MIN) {
+    if (inner >= STRIDED_ROW_MIN && inner < (1LL << 31)) {
         i64 in_src = s.src_stride[s.rank - 1], in_dst = s.dst_stride[s.rank - 1];
         for (i64 r = blockIdx.x; r < n / inner; r += gridDim.x) {
             i64 from, to;
             strided_offsets(s, s.rank - 1, r, &from, &to);
             const float* a = src + from;
             float* b = dst + to;
-            if (in_src == 1 && in_dst == 1) {
-                for (i64 c = threadIdx.x; c < inner; c += blockDim.x) b[c] = a[c];
-            } else {
-                for (i64 c = threadIdx.x; c < inner; c += blockDim.x) b[c * in_dst] = a[c * in_src];
-            }
+            strided_row(b, a, (int)inner, in_src, in_dst);
         }
         return;
     }

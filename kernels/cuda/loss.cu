@@ -9,14 +9,20 @@
 __device__ double row_log_sum_exp(const float* row, i64 v) {
     float m = -INFINITY;
     double s = 0.0;
-    for (i64 j = threadIdx.x; j < v; j += blockDim.x) {
-        float x = row[j];
-        if (x == -INFINITY) continue;  // contributes nothing (and −∞ − −∞ is NaN)
-        if (x > m) {
-            s *= (double)expf(m - x);
-            m = x;
+    for (i64 j0 = threadIdx.x; j0 < v; j0 += ILP * blockDim.x) {
+        float xs[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) xs[u] = j0 + u * blockDim.x < v ? row[j0 + u * blockDim.x] : -INFINITY;
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            float x = xs[u];
+            if (x == -INFINITY) continue;  // contributes nothing (and −∞ − −∞ is NaN)
+            if (x > m) {
+                s *= (double)expf(m - x);
+                m = x;
+            }
+            s += (double)expf(x - m);
         }
-        s += (double)expf(x - m);
     }
     float top = block_max(m);
     double mine = m == -INFINITY ? 0.0 : s * (double)expf(m - top);
@@ -55,9 +61,17 @@ extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* l
         const float* row = logits + r * v;
         double lse = row_log_sum_exp(row, v);
         i64 t = target_index(targets[r], v);
-        for (i64 j = threadIdx.x; j < v; j += blockDim.x) {
-            double p = (double)expf((float)((double)row[j] - lse)) - (j == t ? 1.0 : 0.0);
-            dlogits[r * v + j] = t < 0 ? NAN : (float)(p * scale);
+        for (i64 j0 = threadIdx.x; j0 < v; j0 += ILP * blockDim.x) {
+            float x[ILP];
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) x[u] = j0 + u * blockDim.x < v ? row[j0 + u * blockDim.x] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) {
+                i64 j = j0 + u * blockDim.x;
+                if (j >= v) continue;
+                double p = (double)expf((float)((double)x[u] - lse)) - (j == t ? 1.0 : 0.0);
+                dlogits[r * v + j] = t < 0 ? NAN : (float)(p * scale);
+            }
         }
     }
 }

@@ -71,12 +71,32 @@ __device__ double unary_derivative(int op, double p, double x) {
 }
 
 extern "C" __global__ void unary_forward(float* y, const float* x, i64 n, int op, double p) {
-    for (i64 i = global_thread(); i < n; i += grid_threads()) y[i] = (float)unary_apply(op, p, (double)x[i]);
+    i64 stride = grid_threads();
+    for (i64 i0 = global_thread(); i0 < n; i0 += ILP * stride) {
+        float v[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) v[u] = i0 + u * stride < n ? x[i0 + u * stride] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < ILP; ++u)
+            if (i0 + u * stride < n) y[i0 + u * stride] = (float)unary_apply(op, p, (double)v[u]);
+    }
 }
 
 extern "C" __global__ void unary_backward(float* dx, const float* x, const float* g, i64 n, int op, double p) {
-    for (i64 i = global_thread(); i < n; i += grid_threads())
-        dx[i] = (float)((double)g[i] * unary_derivative(op, p, (double)x[i]));
+    i64 stride = grid_threads();
+    for (i64 i0 = global_thread(); i0 < n; i0 += ILP * stride) {
+        float v[ILP], d[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            bool in = i0 + u * stride < n;
+            v[u] = in ? x[i0 + u * stride] : 0.0f;
+            d[u] = in ? g[i0 + u * stride] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u)
+            if (i0 + u * stride < n)
+                dx[i0 + u * stride] = (float)((double)d[u] * unary_derivative(op, p, (double)v[u]));
+    }
 }
 
 // Binary op codes: the order of `kernels::elementwise::Binary`.
@@ -245,18 +265,24 @@ extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows,
         if (full < 0) full = 0;
         const float* seg = row + 2 * first;
         bool pairs = ((unsigned long long)seg & 7ull) == 0;
-        for (int w = threadIdx.x; w < count; w += blockDim.x) {
-            float lo, hi;
-            if (w < full && pairs) {
-                float2 v = ((const float2*)seg)[w];
-                lo = v.x;
-                hi = v.y;
-            } else {
-                i64 c = 2 * (first + w);
-                lo = c < cols ? seg[2 * w] : 0.0f;
-                hi = c + 1 < cols ? seg[2 * w + 1] : 0.0f;
+        for (int w0 = threadIdx.x; w0 < count; w0 += ILP * blockDim.x) {
+            float2 v[ILP];
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) {
+                int w = w0 + u * (int)blockDim.x;
+                if (w < full && pairs) {
+                    v[u] = ((const float2*)seg)[w];
+                } else {
+                    i64 c = 2 * (first + w);
+                    v[u].x = w < count && c < cols ? seg[2 * w] : 0.0f;
+                    v[u].y = w < count && c + 1 < cols ? seg[2 * w + 1] : 0.0f;
+                }
             }
-            out[w] = bf16_pair(lo, hi);
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) {
+                int w = w0 + u * (int)blockDim.x;
+                if (w < count) out[w] = bf16_pair(v[u].x, v[u].y);
+            }
         }
     }
 }
@@ -265,16 +291,24 @@ extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows,
 // 1) back, for a tensor the executor kept as bf16 between its uses (Backend::unstash_bf16).
 extern "C" __global__ void from_bf16(float* y, const float* x, i64 n) {
     const unsigned* words = (const unsigned*)x;
-    for (i64 w = global_thread(); w < (n + 1) / 2; w += grid_threads()) {
-        unsigned v = words[w];
-        float lo = __uint_as_float(v << 16), hi = __uint_as_float(v & 0xffff0000u);
-        if (2 * w + 1 < n) {
-            float2 pair;
-            pair.x = lo;
-            pair.y = hi;
-            ((float2*)y)[w] = pair;  // y is a whole allocation: 8-byte aligned
-        } else {
-            y[2 * w] = lo;
+    i64 count = (n + 1) / 2, stride = grid_threads();
+    for (i64 w0 = global_thread(); w0 < count; w0 += ILP * stride) {
+        unsigned v[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) v[u] = w0 + u * stride < count ? words[w0 + u * stride] : 0u;
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            i64 w = w0 + u * stride;
+            if (w >= count) continue;
+            float lo = __uint_as_float(v[u] << 16), hi = __uint_as_float(v[u] & 0xffff0000u);
+            if (2 * w + 1 < n) {
+                float2 pair;
+                pair.x = lo;
+                pair.y = hi;
+                ((float2*)y)[w] = pair;  // y is a whole allocation: 8-byte aligned
+            } else {
+                y[2 * w] = lo;
+            }
         }
     }
 }
@@ -286,7 +320,14 @@ extern "C" __global__ void unpad_rows(float* y, const float* x, i64 rows, i64 co
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         float* out = y + (row0 + r) * cols;
         const float* in = x + r * pitch;
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) out[c] = in[c];
+        for (i64 c0 = threadIdx.x; c0 < cols; c0 += ILP * blockDim.x) {
+            float v[ILP];
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) v[u] = c0 + u * blockDim.x < cols ? in[c0 + u * blockDim.x] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < ILP; ++u)
+                if (c0 + u * blockDim.x < cols) out[c0 + u * blockDim.x] = v[u];
+        }
     }
 }
 
@@ -296,6 +337,17 @@ extern "C" __global__ void add_bias(float* y, const float* bias, i64 n, i64 cols
     // One block per row (no division per element; the launcher's grid is the row count).
     for (i64 r = blockIdx.x; r < n / cols; r += gridDim.x) {
         float* row = y + r * cols;
-        for (i64 c = threadIdx.x; c < cols; c += blockDim.x) row[c] += bias[c];
+        for (i64 c0 = threadIdx.x; c0 < cols; c0 += ILP * blockDim.x) {
+            float v[ILP], b[ILP];
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) {
+                bool in = c0 + u * blockDim.x < cols;
+                v[u] = in ? row[c0 + u * blockDim.x] : 0.0f;
+                b[u] = in ? bias[c0 + u * blockDim.x] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < ILP; ++u)
+                if (c0 + u * blockDim.x < cols) row[c0 + u * blockDim.x] = v[u] + b[u];
+        }
     }
 }

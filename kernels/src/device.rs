@@ -115,6 +115,10 @@ pub fn round_bf16(x: f32) -> f32 {
     f32::from_bits(rounded)
 }
 
+/// Loads a streaming kernel's thread keeps in flight (`ILP` in `common.cuh`): its grid-stride
+/// kernels cover `ILP · block` elements per block.
+pub const ILP: usize = 4;
+
 /// Words of one row `to_bf16` converts per block turn (its `BF16_SEGMENT`).
 pub const BF16_SEGMENT: usize = 2048;
 
@@ -292,12 +296,16 @@ impl<M: ?Sized> KernelArg<'_, M> {
 mod tests {
 
     #[test]
-    fn the_bf16_segment_is_the_kernels() {
-        let define = format!("#define BF16_SEGMENT {}", super::BF16_SEGMENT);
-        assert!(
-            super::CUDA_SOURCE.contains(&define),
-            "pointwise.cu: {define}"
-        );
+    fn the_bf16_segment_and_loads_in_flight_are_the_kernels() {
+        for (define, file) in [
+            (
+                format!("#define BF16_SEGMENT {}", super::BF16_SEGMENT),
+                "pointwise.cu",
+            ),
+            (format!("#define ILP {}", super::ILP), "common.cuh"),
+        ] {
+            assert!(super::CUDA_SOURCE.contains(&define), "{file}: {define}");
+        }
     }
 
     use super::*;

@@ -135,20 +135,23 @@ fn to_bf16_rounds_as_the_host_and_pads_each_row_to_the_pitch() {
 fn a_stashed_buffer_comes_back_rounded_to_bf16() {
     use runtime::Backend;
     let b = emulator(32);
-    // An odd element count: the last word holds one bf16 and a zero half.
-    let x = tensor(&[3, 7, 5], 11);
-    let buf = b.upload(&x).unwrap();
-    let words = b
-        .stash_bf16(&buf)
-        .unwrap()
-        .expect("a device backend stashes");
-    assert_eq!(b.shape(&words), [53], "⌈105 / 2⌉ words");
-    let back = b
-        .download(&b.unstash_bf16(words, &x.shape).unwrap())
-        .unwrap();
-    assert_eq!(back.shape, x.shape);
-    for (i, (got, want)) in back.data.iter().zip(&x.data).enumerate() {
-        assert_eq!(*got, kernels::device::round_bf16(*want), "element {i}");
+    // Odd element counts: the last word holds one bf16 and a zero half. The larger spans
+    // many blocks of the grid-stride kernels (four words in flight per thread).
+    for shape in [[3, 7, 5], [7, 11, 131]] {
+        let x = tensor(&shape, 11);
+        let buf = b.upload(&x).unwrap();
+        let words = b
+            .stash_bf16(&buf)
+            .unwrap()
+            .expect("a device backend stashes");
+        assert_eq!(b.shape(&words), [x.data.len().div_ceil(2)]);
+        let back = b
+            .download(&b.unstash_bf16(words, &x.shape).unwrap())
+            .unwrap();
+        assert_eq!(back.shape, x.shape);
+        for (i, (got, want)) in back.data.iter().zip(&x.data).enumerate() {
+            assert_eq!(*got, kernels::device::round_bf16(*want), "element {i}");
+        }
     }
 }
 

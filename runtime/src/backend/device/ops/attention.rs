@@ -345,7 +345,7 @@ fn pack<D: Device>(
         let tiles = (a.batch * heads * padded(n) / MMA_ROWS) as usize;
         tiles.clamp(1, 65535) as u32
     } else {
-        super::pointwise_grid(block, words)
+        super::stream_grid(block, words)
     };
     b.device.launch(
         kernel,

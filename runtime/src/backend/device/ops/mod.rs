@@ -134,7 +134,7 @@ pub(super) fn unstash_bf16<D: Device>(
         let block = b.device.block_size();
         b.device.launch(
             "from_bf16",
-            pointwise_grid(block, words.len),
+            stream_grid(block, words.len),
             block,
             &mut [
                 KernelArg::Out(&mut y.mem),
@@ -441,6 +441,13 @@ const MAX_GRID: usize = 1 << 16;
 /// Blocks for a pointwise kernel over `n` elements.
 fn pointwise_grid(block: u32, n: usize) -> u32 {
     n.div_ceil(block as usize).clamp(1, MAX_GRID) as u32
+}
+
+/// Blocks for a grid-stride kernel that keeps `ILP` loads in flight per thread
+/// (`common.cuh`) over `n` elements.
+fn stream_grid(block: u32, n: usize) -> u32 {
+    n.div_ceil(block as usize * kernels::device::ILP)
+        .clamp(1, MAX_GRID) as u32
 }
 
 /// Blocks for a row kernel over `rows` rows (one block per row, grid-stride beyond).

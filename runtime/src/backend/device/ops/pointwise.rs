@@ -3,7 +3,7 @@
 use ir::OpKind;
 use kernels::device::{Broadcast, binary_code, broadcast_shape, unary_code};
 
-use super::{Buf, pointwise_grid, size};
+use super::{Buf, pointwise_grid, size, stream_grid};
 use crate::RuntimeError;
 use crate::backend::device::{Device, DeviceBackend, KernelArg};
 
@@ -17,7 +17,7 @@ pub(super) fn forward<D: Device>(
         let mut y = b.alloc(&x.shape)?;
         b.device.launch(
             "unary_forward",
-            pointwise_grid(block, x.len),
+            stream_grid(block, x.len),
             block,
             &mut [
                 KernelArg::Out(&mut y.mem),
@@ -66,7 +66,7 @@ pub(super) fn backward<D: Device>(
         let mut dx = b.alloc(&x.shape)?;
         b.device.launch(
             "unary_backward",
-            pointwise_grid(block, x.len),
+            stream_grid(block, x.len),
             block,
             &mut [
                 KernelArg::Out(&mut dx.mem),
