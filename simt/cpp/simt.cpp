@@ -78,6 +78,7 @@ constexpr unsigned kWarp = 32;
 // What a warp's lanes exchange at a warp-wide operation.
 struct WarpSlots {
     float value[kWarp];
+    double wide[kWarp];
     unsigned a[kWarp][4], b[kWarp][2];
 };
 
@@ -183,6 +184,16 @@ float shfl_xor(float v, int lane_mask) {
     sync_warp();
     float other = s.value[(lane ^ static_cast<unsigned>(lane_mask)) % kWarp];
     sync_warp();  // every lane has read before a next exchange overwrites the slots
+    return other;
+}
+
+double shfl_xor(double v, int lane_mask) {
+    WarpSlots& s = active->slots[warp_of_current()];
+    unsigned lane = lane_of_current();
+    s.wide[lane] = v;
+    sync_warp();
+    double other = s.wide[(lane ^ static_cast<unsigned>(lane_mask)) % kWarp];
+    sync_warp();
     return other;
 }
 

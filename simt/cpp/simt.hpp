@@ -30,12 +30,18 @@ void sync_threads();
 // `v` of the lane `lane_mask` away (XOR) in the calling thread's warp; every lane of the warp
 // must call it (as `__shfl_xor_sync` with a full mask).
 float shfl_xor(float v, int lane_mask);
+double shfl_xor(double v, int lane_mask);
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 of the calling warp: d += a · b, each
 // lane holding its fragments in the PTX ISA's layout (attention_mma.cu's header).
 void mma_m16n8k16_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1);
 }  // namespace simt
 
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+    (void)mask;
+    return ::simt::shfl_xor(v, lane_mask);
+}
+
+inline double __shfl_xor_sync(unsigned mask, double v, int lane_mask) {
     (void)mask;
     return ::simt::shfl_xor(v, lane_mask);
 }
