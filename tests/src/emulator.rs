@@ -74,6 +74,33 @@ impl Device for Emulator {
         })
     }
 
+    /// `to_bf16`'s copy of the matrix, made by the kernel the CUDA device runs for it.
+    fn bf16_operand(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Vec<f32>>, RuntimeError> {
+        let pitch = cols.next_multiple_of(8);
+        let mut y = self.alloc(rows * pitch / 2)?;
+        let i = |n: usize| KernelArg::I64(n as i64);
+        self.launch(
+            "to_bf16",
+            kernels::device::to_bf16_grid(1, rows, pitch),
+            self.block,
+            &mut [
+                KernelArg::Out(&mut y),
+                KernelArg::In(x),
+                i(1),
+                i(rows),
+                i(cols),
+                i(rows * cols),
+                i(pitch),
+            ],
+        )?;
+        Ok(Some(y))
+    }
+
     fn gemm(
         &self,
         g: &Gemm,
@@ -81,6 +108,20 @@ impl Device for Emulator {
         b: &Vec<f32>,
         c: &mut Vec<f32>,
     ) -> Result<(), RuntimeError> {
+        // Element (r, col) of a stored [rows, cols] operand: f32, or `bf16_operand`'s words.
+        let element = |m: &[f32], given: bool, cols: usize, r: usize, col: usize| {
+            if !given {
+                return m[r * cols + col];
+            }
+            let pitch = cols.next_multiple_of(8);
+            let word = m[(r * pitch + col) / 2].to_bits();
+            let half = if col.is_multiple_of(2) {
+                word << 16
+            } else {
+                word & 0xffff_0000
+            };
+            f32::from_bits(half)
+        };
         for e in 0..g.batch {
             let (a, b) = (&a[e * g.stride_a..], &b[e * g.stride_b..]);
             let c = &mut c[e * g.stride_c..];
@@ -93,14 +134,14 @@ impl Device for Emulator {
                     let s: f64 = (0..g.k)
                         .map(|p| {
                             let x = if g.trans_a {
-                                a[p * g.m + i]
+                                element(a, g.given_bf16[0], g.m, p, i)
                             } else {
-                                a[i * g.k + p]
+                                element(a, g.given_bf16[0], g.k, i, p)
                             };
                             let y = if g.trans_b {
-                                b[j * g.k + p]
+                                element(b, g.given_bf16[1], g.k, j, p)
                             } else {
-                                b[p * g.n + j]
+                                element(b, g.given_bf16[1], g.n, p, j)
                             };
                             f64::from(round(x)) * f64::from(round(y))
                         })

@@ -409,6 +409,15 @@ impl Device for CudaDevice {
             })
     }
 
+    fn bf16_operand(
+        &self,
+        x: &CudaMem,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<CudaMem>, RuntimeError> {
+        super::cuda_ops::bf16_operand(self, x, rows, cols).map(Some)
+    }
+
     fn gemm(
         &self,
         g: &Gemm,

@@ -43,7 +43,63 @@ fn op(transposed: bool) -> cublasOperation_t {
 /// of GEMMs there (the padded form has not yet run on a GPU).
 enum Operands<'m> {
     F32(&'m CudaMem, &'m CudaMem),
-    Bf16([(CudaMem, Layout); 2]),
+    Bf16([(Bf16Copy<'m>, Layout); 2]),
+}
+
+/// A bf16 operand: converted for this GEMM, or given already converted (`Gemm::given_bf16`:
+/// one copy serves the several GEMMs that read the same matrix).
+enum Bf16Copy<'m> {
+    Made(CudaMem),
+    Given(&'m CudaMem),
+}
+
+impl Bf16Copy<'_> {
+    fn mem(&self) -> &CudaMem {
+        match self {
+            Bf16Copy::Made(m) => m,
+            Bf16Copy::Given(m) => m,
+        }
+    }
+}
+
+/// One `[rows, cols]` matrix as bf16 at the padded pitch (`Device::bf16_operand`).
+pub(super) fn bf16_operand(
+    dev: &CudaDevice,
+    x: &CudaMem,
+    rows: usize,
+    cols: usize,
+) -> Result<CudaMem, RuntimeError> {
+    Ok(to_bf16(dev, x, 1, (rows, cols), rows * cols)?.0)
+}
+
+/// Operand `x` of `batch` `[rows, cols]` matrices at `stride` as the GEMM reads it: `given`
+/// already as [`bf16_operand`]'s copy (one matrix: `to_bf16`'s layout of it), else converted now.
+fn bf16_of<'m>(
+    dev: &CudaDevice,
+    x: &'m CudaMem,
+    given: bool,
+    batch: usize,
+    dims: (usize, usize),
+    stride: usize,
+) -> Result<(Bf16Copy<'m>, Layout), RuntimeError> {
+    if !given {
+        let (mem, layout) = to_bf16(dev, x, batch, dims, stride)?;
+        return Ok((Bf16Copy::Made(mem), layout));
+    }
+    if batch != 1 {
+        return Err(RuntimeError::Cuda {
+            op: "gemm",
+            message: format!("a bf16 operand given for a batch of {batch} products (one only)"),
+        });
+    }
+    let pitch = dims.1.next_multiple_of(8);
+    Ok((
+        Bf16Copy::Given(x),
+        Layout {
+            ld: pitch,
+            stride: dims.0 * pitch,
+        },
+    ))
 }
 
 /// An operand's leading dimension and batch stride, in elements.
@@ -102,7 +158,7 @@ impl Operands<'_> {
     fn pointers<'s>(&'s self, stream: &'s CudaStream) -> [(u64, SyncOnDrop<'s>); 2] {
         let (a, b) = match self {
             Operands::F32(a, b) => (*a, *b),
-            Operands::Bf16([(a, _), (b, _)]) => (a, b),
+            Operands::Bf16([(a, _), (b, _)]) => (a.mem(), b.mem()),
         };
         [a.data.device_ptr(stream), b.data.device_ptr(stream)]
     }
@@ -150,8 +206,8 @@ pub(super) fn gemm(
             let a_dims = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
             let b_dims = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
             Operands::Bf16([
-                to_bf16(dev, a, g.batch, a_dims, g.stride_a)?,
-                to_bf16(dev, b, g.batch, b_dims, g.stride_b)?,
+                bf16_of(dev, a, g.given_bf16[0], g.batch, a_dims, g.stride_a)?,
+                bf16_of(dev, b, g.given_bf16[1], g.batch, b_dims, g.stride_b)?,
             ])
         }
     };

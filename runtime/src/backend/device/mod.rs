@@ -55,6 +55,9 @@ pub struct Gemm {
     pub stride_b: usize,
     pub stride_c: usize,
     pub precision: GemmPrecision,
+    /// Operands `[a, b]` given already as [`Device::bf16_operand`]'s copy (one matrix, bf16
+    /// words at its padded pitch) rather than f32: a bf16 GEMM then converts only the other.
+    pub given_bf16: [bool; 2],
 }
 
 impl Gemm {
@@ -71,6 +74,7 @@ impl Gemm {
             stride_b: 0,
             stride_c: 0,
             precision: GemmPrecision::F32,
+            given_bf16: [false; 2],
         }
     }
 }
@@ -117,6 +121,20 @@ pub trait Device: std::fmt::Debug {
         block: u32,
         args: &mut [KernelArg<'_, Self::Mem>],
     ) -> Result<(), RuntimeError>;
+
+    /// One `[rows, cols]` matrix as the bf16 operand a bf16 GEMM makes of it before multiplying
+    /// (rounded to bf16, two to a word, rows padded with zeros to a multiple of 8 columns), to
+    /// pass to several GEMMs (`Gemm::given_bf16`) that would each convert it; `None` where the
+    /// device's GEMMs take f32 operands as they are.
+    fn bf16_operand(
+        &self,
+        x: &Self::Mem,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Self::Mem>, RuntimeError> {
+        let _ = (x, rows, cols);
+        Ok(None)
+    }
 
     /// The products of `g` (f32 in and out, f32 accumulation).
     fn gemm(

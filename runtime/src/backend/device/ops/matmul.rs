@@ -180,13 +180,25 @@ pub(super) fn backward<D: Device>(
         return Ok(None);
     }
     let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
+    // Both products read g ([m, n]); a bf16 plan's converts it once for the two.
+    let g16 =
+        if p.precision == GemmPrecision::Bf16 && p.batch == 1 && want(0) && want(1) && !empty(&p) {
+            b.device.bf16_operand(&g.mem, p.m, p.n)?
+        } else {
+            None
+        };
+    let (g_in, g_given) = match &g16 {
+        Some(m) => (m, true),
+        None => (&g.mem, false),
+    };
+    let mut dx = p.input_grad();
+    dx.given_bf16[0] = g_given;
+    let mut dw = p.weight_grad();
+    dw.given_bf16[1] = g_given;
     let mut out = Vec::with_capacity(3);
-    for (i, (gemm, a, bm, shape)) in [
-        (p.input_grad(), &g.mem, &w.mem, &x.shape),
-        (p.weight_grad(), &x.mem, &g.mem, &w.shape),
-    ]
-    .into_iter()
-    .enumerate()
+    for (i, (gemm, a, bm, shape)) in [(dx, g_in, &w.mem, &x.shape), (dw, &x.mem, g_in, &w.shape)]
+        .into_iter()
+        .enumerate()
     {
         if !want(i) {
             out.push(None);
@@ -201,6 +213,9 @@ pub(super) fn backward<D: Device>(
             b.device.gemm(&gemm, a, bm, &mut d.mem)?;
         }
         out.push(Some(d));
+    }
+    if let Some(m) = g16 {
+        b.device.release(m);
     }
     if bias.is_some() {
         out.push(if want(2) {
