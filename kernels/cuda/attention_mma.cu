@@ -90,10 +90,19 @@ extern "C" __global__ void attn_pack_cols(float* y, const float* x, i64 batch, i
         i64 bh = t / tiles, r0 = (t - bh * tiles) * MMA_BLOCK_ROWS;
         i64 b = bh / heads, h = bh - b * heads;
         __syncthreads();  // the last tile's readers are done
-        for (int e = threadIdx.x; e < MMA_BLOCK_ROWS * width; e += blockDim.x) {
-            int i = e / width, c = e - i * width;
-            i64 r = r0 + i;
-            tile[i][c] = r < n ? x[((b * n + r) * heads + h) * d + c] : 0.0f;
+        for (int e0 = threadIdx.x; e0 < MMA_BLOCK_ROWS * width; e0 += ILP * blockDim.x) {
+            float v[ILP];
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) {
+                int e = e0 + u * (int)blockDim.x, i = e / width, c = e - i * width;
+                i64 r = r0 + i;
+                v[u] = e < MMA_BLOCK_ROWS * width && r < n ? x[((b * n + r) * heads + h) * d + c] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) {
+                int e = e0 + u * (int)blockDim.x, i = e / width, c = e - i * width;
+                if (e < MMA_BLOCK_ROWS * width) tile[i][c] = v[u];
+            }
         }
         __syncthreads();
         for (int e = threadIdx.x; e < width * (MMA_BLOCK_ROWS / 2); e += blockDim.x) {
