@@ -28,7 +28,8 @@ pub(in crate::backend::device) fn adamw<D: Device>(
     let block = b.device.block_size();
     b.device.launch(
         "adamw_step",
-        pointwise_grid(block, n),
+        // Each thread updates two elements (adamw.cu).
+        pointwise_grid(block, n.div_ceil(2)),
         block,
         &mut [
             KernelArg::Out(&mut param.mem),
