@@ -7,6 +7,9 @@ use super::{Buf, pointwise, pointwise_grid, size};
 use crate::RuntimeError;
 use crate::backend::device::{Device, DeviceBackend, KernelArg};
 
+/// layout.cu's STRIDED_ROW_MIN: boxes with rows this long are copied a row per block.
+const STRIDED_ROW_MIN: usize = 64;
+
 /// Copies the box `dims` of `src` (its strides and first element) into `dst` (likewise).
 fn copy_box<D: Device>(
     b: &DeviceBackend<D>,
@@ -24,9 +27,16 @@ fn copy_box<D: Device>(
         return Ok(true);
     }
     let block = b.device.block_size();
+    // Long rows go a row per block (layout.cu's STRIDED_ROW_MIN): one block per row.
+    let inner = dims.last().copied().unwrap_or(1);
+    let grid = if inner >= STRIDED_ROW_MIN {
+        super::row_grid(n / inner)
+    } else {
+        pointwise_grid(block, n)
+    };
     b.device.launch(
         "strided_copy",
-        pointwise_grid(block, n),
+        grid,
         block,
         &mut [
             KernelArg::Out(&mut dst.mem),
@@ -255,5 +265,17 @@ fn finish<D: Device>(
     } else {
         b.device.release(y.mem);
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_row_threshold_is_layout_cus() {
+        let define = format!("#define STRIDED_ROW_MIN {}", super::STRIDED_ROW_MIN);
+        assert!(
+            kernels::device::CUDA_SOURCE.contains(&define),
+            "layout.cu: {define}"
+        );
     }
 }
