@@ -158,7 +158,8 @@ fn profiled_gpu(
         memory_efficiency: 1.0,
         peak_tflops,
         kernels: Some(Kernels::Eager),
-        matmul_packs_operands: true,
+        matmul_packs_operands: false,
+        matmul_casts_operands: true,
         f32_activations: true,
         kernel_fractions: Some(KernelFractions {
             pointwise: Some(k.pointwise),
@@ -196,8 +197,8 @@ fn header(p: &GpuProfile, preset: Option<&Cluster>) -> String {
             p.launch_us
         ),
         format!(
-            "bf16 GEMM {n}^3: {:.0} TFLOP/s with the f32 operands' conversions removed (they are \
-             the packing pass of matmul_packs_operands); f32 GEMM {:.1} TFLOP/s.",
+            "bf16 GEMM {n}^3: {:.0} TFLOP/s with the f32 operands' conversions removed (priced \
+             apart: matmul_casts_operands); f32 GEMM {:.1} TFLOP/s.",
             p.gemm_bf16_tflops,
             p.gemm_f32_tflops,
             n = p.gemm_size
@@ -258,7 +259,8 @@ mod tests {
         let h200 = Cluster::load("dgx-h200").expect("preset");
         assert_eq!(c.gpu.peak_tflops, h200.gpu.peak_tflops);
         assert_eq!(c.links, h200.links);
-        assert!(c.gpu.f32_activations && c.gpu.matmul_packs_operands);
+        assert!(c.gpu.f32_activations && c.gpu.matmul_casts_operands);
+        assert!(!c.gpu.matmul_packs_operands);
         assert_eq!(c.gpu.kernels, Some(Kernels::Eager));
         // A CPU's GEMM is far below an H200's peak: the efficiency says so, it is not clamped
         // to a datasheet figure.

@@ -1,6 +1,7 @@
 //! A cluster's own kernel measurements (what `plait profile` writes for the CPU): per-class
 //! bandwidth fractions replace plait's H200 ones, and a packing matmul library pays one
-//! read-and-write pass over both operands of every GEMM on top of the arithmetic.
+//! read-and-write pass over both operands of every GEMM on top of the arithmetic; a runtime
+//! whose bf16 GEMMs take f32 operands (plait's CUDA runtime) pays their conversions.
 #![allow(clippy::unwrap_used)]
 
 use ir::{Binding, DType, Graph, OpId, OpKind, Shape, TensorType};
@@ -91,4 +92,33 @@ fn packing_adds_one_pass_over_both_operands() {
     );
     let extra_bwd = packed.bwd - (2.0 * arithmetic + 2.0 * launch);
     assert!((extra_bwd - 2.0 * (x + w + 2.0 * y) / d.hbm).abs() < 1e-12);
+}
+
+/// A runtime whose bf16 GEMMs convert f32 operands first (plait's CUDA runtime) pays 1.5 × the
+/// f32 bytes of x and w forward, and of dy (once), x and w backward; an fp32 plan converts
+/// nothing.
+#[test]
+fn casting_adds_the_conversions_of_a_bf16_plans_operands() {
+    let mut c = Cluster::load("dgx-h200").unwrap();
+    let (g, linear, _) = graph();
+    let at = |c: &Cluster, p: Precision| {
+        let d = Device::new(c, p, AttentionKernel::Fused, Kernels::Eager, false).unwrap();
+        (
+            d.op_time(&g, linear, B, 1, TpLayout::Replicated, 1.0),
+            d.hbm,
+        )
+    };
+    let (plain, hbm) = at(&c, Precision::Bf16);
+    let (plain32, _) = at(&c, Precision::Fp32);
+    c.gpu.matmul_casts_operands = true;
+    let (cast, _) = at(&c, Precision::Bf16);
+    let (cast32, _) = at(&c, Precision::Fp32);
+    let (x, w, y) = (
+        (ROWS * H * 4) as f64,
+        (H * 4 * H * 4) as f64,
+        (ROWS * 4 * H * 4) as f64,
+    );
+    assert!((cast.fwd - plain.fwd - 1.5 * (x + w) / hbm).abs() < 1e-12);
+    assert!((cast.bwd - plain.bwd - 1.5 * (x + w + y) / hbm).abs() < 1e-12);
+    assert_eq!(cast32, plain32);
 }

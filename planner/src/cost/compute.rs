@@ -343,6 +343,9 @@ pub struct Device<'c> {
     pub cp: u64,
     /// FP8 GEMMs as Transformer Engine runs them (see [`FP8_GEMM_SPEEDUP`]).
     pub fp8: bool,
+    /// The GEMMs convert f32 operands to bf16 first (`gpu.matmul_casts_operands`, a 16-bit
+    /// plan).
+    pub casts: bool,
     pub hbm: f64,
     pub launch: f64,
 }
@@ -389,6 +392,7 @@ impl<'c> Device<'c> {
             flash_bwd,
             cp: 1,
             fp8: precision.is_fp8(),
+            casts: cluster.gpu.matmul_casts_operands && precision != Precision::Fp32,
             attention,
             kernels,
             score_dropout,
@@ -494,6 +498,15 @@ impl<'c> Device<'c> {
             let y = bytes(op.results[0]);
             t.fwd += 2.0 * (x + w) / self.hbm;
             t.bwd += 2.0 * (x + w + 2.0 * y) / self.hbm;
+        }
+        if self.casts && matches!(op.kind, OpKind::Linear { .. } | OpKind::MatMul) {
+            // Each conversion reads an f32 operand and writes it in bf16: 1.5 × its f32 bytes.
+            // Forward x and w; backward dy (once, for both products), x and w.
+            let f32_bytes = |v: ir::ValueId| 4.0 * g.ty(v).shape.numel(b) as f64 / split;
+            let (x, w) = (f32_bytes(op.inputs[0]), f32_bytes(op.inputs[1]));
+            let y = f32_bytes(op.results[0]);
+            t.fwd += 1.5 * (x + w) / self.hbm;
+            t.bwd += 1.5 * (x + w + y) / self.hbm;
         }
         if let (OpKind::Attention { causal, .. }, AttentionKernel::Fused) =
             (&op.kind, self.attention)

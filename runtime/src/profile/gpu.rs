@@ -5,8 +5,8 @@
 //! Every figure goes through the [`Backend`] the executor uses, timed to the device's
 //! completion: the copy bandwidth (a device-to-device copy), the cost of one op's dispatch
 //! (launches queued back to back, the executor's host work included), the GEMM rate of large
-//! square products (the MAMF of the schema; the bf16 operands' conversions are priced apart,
-//! as the packing pass of `matmul_packs_operands`), the bandwidth of each class of
+//! square products (the MAMF of the schema; the bf16 operands' conversions are priced apart:
+//! `matmul_casts_operands`), the bandwidth of each class of
 //! memory-bound kernel over the copy's (`kernel_fractions`), and the fused attention's rates
 //! (`flash_attention`), forward and backward with FlashAttention's FLOP convention.
 
