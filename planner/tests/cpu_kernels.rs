@@ -122,3 +122,49 @@ fn casting_adds_the_conversions_of_a_bf16_plans_operands() {
     assert!((cast.bwd - plain.bwd - 1.5 * (x + w + y) / hbm).abs() < 1e-12);
     assert_eq!(cast32, plain32);
 }
+
+/// Under casting GEMMs, an output whose rows are not whole 16-byte words (an LM head over a
+/// 50257-word vocabulary) is copied out of a padded pitch: one more read and write of it.
+#[test]
+fn casting_gemms_copy_unaligned_outputs_once_more() {
+    let ty = |d: &[u64]| TensorType::new(DType::F32, Shape::fixed(d));
+    let product = |n: u64| {
+        let mut g = Graph::new("head");
+        let x = g.push_source(OpKind::Input { name: "x".into() }, ty(&[ROWS, H]), None);
+        let w = g.push_source(OpKind::Param { name: "w".into() }, ty(&[H, n]), None);
+        g.push_op(OpKind::Linear { bias: false }, vec![x, w], None)
+            .unwrap();
+        let o = g.order()[2];
+        (g, o)
+    };
+    let mut c = Cluster::load("dgx-h200").unwrap();
+    c.gpu.matmul_casts_operands = true;
+    let d = Device::new(
+        &c,
+        Precision::Bf16,
+        AttentionKernel::Fused,
+        Kernels::Eager,
+        false,
+    )
+    .unwrap();
+    let time = |n: u64| {
+        let (g, o) = product(n);
+        d.op_time(&g, o, B, 1, TpLayout::Replicated, 1.0)
+    };
+    // 1001 columns against 1000 (aligned): beyond the one column's own share, the output's
+    // copy forward and the weight gradient's backward.
+    let (odd, even) = (time(1001), time(1000));
+    let y = (ROWS * 1001 * 4) as f64;
+    let w = (H * 1001 * 4) as f64;
+    let share = |t: f64| t * 1.0 / 1000.0;
+    let fwd_extra = odd.fwd - even.fwd - share(even.fwd - d.launch);
+    assert!(
+        (fwd_extra - 2.0 * y / d.hbm).abs() < 0.05 * 2.0 * y / d.hbm,
+        "{fwd_extra}"
+    );
+    let bwd_extra = odd.bwd - even.bwd - share(even.bwd - 2.0 * d.launch);
+    assert!(
+        (bwd_extra - 2.0 * w / d.hbm).abs() < 0.05 * 2.0 * w / d.hbm,
+        "{bwd_extra}"
+    );
+}

@@ -507,6 +507,19 @@ impl<'c> Device<'c> {
             let y = f32_bytes(op.results[0]);
             t.fwd += 1.5 * (x + w) / self.hbm;
             t.bwd += 1.5 * (x + w + y) / self.hbm;
+            // A product whose output rows are not whole 16-byte words (a 50257-word vocabulary)
+            // is written at a padded pitch and copied out: one more read and write of it.
+            let unaligned =
+                |v: ir::ValueId| g.ty(v).shape.eval(b).last().is_some_and(|&n| n % 4 != 0);
+            if unaligned(op.results[0]) {
+                t.fwd += 2.0 * y / self.hbm;
+            }
+            if unaligned(op.inputs[1]) {
+                t.bwd += 2.0 * w / self.hbm;
+            }
+            if unaligned(op.inputs[0]) {
+                t.bwd += 2.0 * x / self.hbm;
+            }
         }
         if let (OpKind::Attention { causal, .. }, AttentionKernel::Fused) =
             (&op.kind, self.attention)

@@ -53,8 +53,9 @@ pub struct Gpu {
     /// The runtime's 16-bit GEMMs convert their f32 operands to bf16 copies first, a
     /// memory-bound pass apart from the arithmetic (plait's CUDA runtime: 4 bytes read and 2
     /// written per element; the forward converts x and w, the backward the output gradient
-    /// once for both products and x and w again). Absent = false (training stacks keep 16-bit
-    /// activations and weights, nothing to convert).
+    /// once for both products and x and w again), and write a product whose rows are not whole
+    /// 16-byte words at a padded pitch, copied out after. Absent = false (training stacks keep
+    /// 16-bit activations and weights, nothing to convert).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub matmul_casts_operands: bool,
     /// The runtime's memory-bound kernels and collectives read and write activations in f32
