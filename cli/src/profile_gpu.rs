@@ -193,7 +193,8 @@ fn header(p: &GpuProfile, preset: Option<&Cluster>) -> String {
             p.copy_gb_per_s
         ),
         format!(
-            "launch_overhead_us: {:.2} us per op queued back to back (launch + host work).",
+            "launch_overhead_us: {:.2} us per op on the device, small ops queued behind a long \
+             product (the host's dispatch runs ahead of a busy device).",
             p.launch_us
         ),
         format!(

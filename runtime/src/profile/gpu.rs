@@ -3,8 +3,8 @@
 //! `plait run` rather than PyTorch or Megatron-LM on the same GPU.
 //!
 //! Every figure goes through the [`Backend`] the executor uses, timed to the device's
-//! completion: the copy bandwidth (a device-to-device copy), the cost of one op's dispatch
-//! (launches queued back to back, the executor's host work included), the GEMM rate of large
+//! completion: the copy bandwidth (a device-to-device copy), the device's time per op between
+//! kernels (small ops queued behind a long product), the GEMM rate of large
 //! square products (the MAMF of the schema; the bf16 operands' conversions are priced apart:
 //! `matmul_casts_operands`), the bandwidth of each class of
 //! memory-bound kernel over the copy's (`kernel_fractions`), and the fused attention's rates
@@ -54,7 +54,7 @@ pub struct GpuProfile {
     pub properties: DeviceProperties,
     /// Device-to-device copy, GB/s counting bytes read plus written.
     pub copy_gb_per_s: f64,
-    /// One small op queued behind the previous one, µs (host dispatch and launch).
+    /// The device's time per op between kernels, µs ([`dispatch_seconds`]).
     pub launch_us: f64,
     /// Square products of `gemm_size`: f32 operands, and bf16 operands (conversions removed).
     pub gemm_size: usize,
@@ -113,18 +113,27 @@ pub fn device_copy_gb_per_s<B: Backend>(
     Ok(8.0 * elements as f64 / secs / 1e9)
 }
 
-/// Seconds per op of `ops` one-element additions queued back to back.
-pub fn dispatch_seconds<B: Backend>(be: &B, ops: usize) -> Result<f64, RuntimeError> {
+/// Seconds the device spends per op between kernels: `ops` one-element additions queued
+/// behind an `[n, n]` product long enough that the host has queued them all before it ends,
+/// less the product alone. A run that keeps the device busy pays this per op (the host's own
+/// dispatch runs ahead, hidden); on a synchronous backend (the CPU) it is the host's cost.
+pub fn dispatch_seconds<B: Backend>(be: &B, n: usize, ops: usize) -> Result<f64, RuntimeError> {
     let (a, b) = (filled(be, &[1], 1)?, filled(be, &[1], 2)?);
-    let add = OpKind::Add;
+    let (x, w) = (filled(be, &[n, n], 3)?, filled(be, &[n, n], 4)?);
     let one = Binding { batch: 1, seq: 1 };
-    let secs = best_seconds(be, 2, || {
+    let product = || -> Result<(), RuntimeError> {
+        black_box(be.forward(&OpKind::MatMul, &[&x, &w], one)?);
+        Ok(())
+    };
+    let alone = best_seconds(be, 2, product)?;
+    let behind = best_seconds(be, 2, || {
+        product()?;
         for _ in 0..ops {
-            black_box(be.forward(&add, &[&a, &b], one)?);
+            black_box(be.forward(&OpKind::Add, &[&a, &b], one)?);
         }
         Ok(())
     })?;
-    Ok(secs / ops.max(1) as f64)
+    Ok((behind - alone).max(0.0) / ops.max(1) as f64)
 }
 
 /// TFLOP/s of `be`'s `[n, n] · [n, n]` product; `cast_bytes_per_s` (bf16 operands) removes
@@ -194,7 +203,13 @@ pub fn measure_gpu<B: Backend>(
     let reps = if quick { 1 } else { 5 };
     // 256 MiB: far past the last-level cache (H200: 60 MB of L2).
     let copy_gb_per_s = device_copy_gb_per_s(bf16, if quick { 1 << 12 } else { 1 << 26 }, reps)?;
-    let launch_us = dispatch_seconds(bf16, if quick { 20 } else { 2000 })? * 1e6;
+    // An f32 product of 8192³ (about 20 ms on an H200's CUDA cores) outlasts the host's
+    // queueing of 1000 small ops.
+    let launch_us = if quick {
+        dispatch_seconds(f32, 64, 20)?
+    } else {
+        dispatch_seconds(f32, 8192, 1000)?
+    } * 1e6;
     let gemm_size = if quick { 64 } else { 8192 };
     let gemm_f32_tflops = gemm_tflops(f32, gemm_size, reps, None)?;
     let gemm_bf16_tflops = gemm_tflops(bf16, gemm_size, reps, Some(copy_gb_per_s * 1e9))?;
