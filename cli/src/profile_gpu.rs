@@ -281,6 +281,50 @@ mod tests {
         Cluster::from_toml(&text, "profiled").expect("loads back");
     }
 
+    /// The file `plait compile` reads: GPT-2's bf16 plan for one of these GPUs compiles on it,
+    /// priced as this runtime runs (eager kernels), slower than on the H200 preset when the
+    /// "GPU" measured is a CPU.
+    #[test]
+    fn gpt2_compiles_on_the_profiled_file() {
+        use clap::Parser;
+        #[derive(Parser)]
+        #[command(no_binary_name = true)]
+        struct Line {
+            model: String,
+            #[command(flatten)]
+            cluster: crate::strategy_args::ClusterArgs,
+            #[command(flatten)]
+            pins: crate::strategy_args::StrategyArgs,
+        }
+        let (c, header) = profiled_cluster(&measured("NVIDIA H200"), "mine", 1).expect("cluster");
+        let path = std::env::temp_dir().join(format!("plait-gpu-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            format!("{header}{}", toml::to_string(&c).expect("toml")),
+        )
+        .expect("written");
+        let plan = |cluster: &str| {
+            let args = format!(
+                "gpt2 --cluster {cluster} --gpus 1 --global-batch 8 --seq 1024 --micro-batch 8 \
+                 --precision bf16"
+            );
+            let l = Line::try_parse_from(args.split_whitespace()).expect("arguments");
+            crate::compile::compile(&l.model, &l.cluster, &l.pins, 0, None)
+                .expect("compiles")
+                .plan
+        };
+        let profiled = plan(path.to_str().expect("utf-8 path"));
+        let _ = std::fs::remove_file(&path);
+        let preset = plan("dgx-h200");
+        assert_eq!(profiled.strategy.kernels, Kernels::Eager);
+        assert!(
+            profiled.predicted.iteration_time_s > preset.predicted.iteration_time_s,
+            "{} vs {}",
+            profiled.predicted.iteration_time_s,
+            preset.predicted.iteration_time_s
+        );
+    }
+
     #[test]
     fn presets_match_by_model_and_memory() {
         let name = |p: &str, m| datasheet_preset(p, m).map(|c| c.gpu.name);
