@@ -177,25 +177,21 @@ bool run_block(Block& b, unsigned threads) {
 
 void sync_threads() { wait_at(active->block); }
 
-float shfl_xor(float v, int lane_mask) {
-    WarpSlots& s = active->slots[warp_of_current()];
+namespace {
+// `v` of the lane `lane_mask` away in the calling warp, exchanged through the warp's `slots`.
+template <class T> T exchange(T (&slots)[kWarp], T v, int lane_mask) {
     unsigned lane = lane_of_current();
-    s.value[lane] = v;
+    slots[lane] = v;
     sync_warp();
-    float other = s.value[(lane ^ static_cast<unsigned>(lane_mask)) % kWarp];
+    T other = slots[(lane ^ static_cast<unsigned>(lane_mask)) % kWarp];
     sync_warp();  // every lane has read before a next exchange overwrites the slots
     return other;
 }
+}  // namespace
 
-double shfl_xor(double v, int lane_mask) {
-    WarpSlots& s = active->slots[warp_of_current()];
-    unsigned lane = lane_of_current();
-    s.wide[lane] = v;
-    sync_warp();
-    double other = s.wide[(lane ^ static_cast<unsigned>(lane_mask)) % kWarp];
-    sync_warp();
-    return other;
-}
+float shfl_xor(float v, int lane_mask) { return exchange(active->slots[warp_of_current()].value, v, lane_mask); }
+
+double shfl_xor(double v, int lane_mask) { return exchange(active->slots[warp_of_current()].wide, v, lane_mask); }
 
 namespace {
 // The bf16 in the lower (`high` false) or upper half of a word, as f32.
