@@ -30,8 +30,8 @@
 // Keys per shared tile in the forward; queries (dk, dv) or keys (dq) per tile in the backward.
 #define MMA_FWD_TILE 64
 #define MMA_BWD_TILE 32
-// Row stride, in 32-bit words, of a row-major tile of up to 128 bf16 columns (+4 words).
-#define MMA_ROW_WORDS 68
+// Row stride, in 32-bit words, of a row-major tile of `d` bf16 columns (+4 words).
+#define MMA_ROW_WORDS(d) ((d) / 2 + 4)
 // Row stride, in words, of a transposed tile of `n` rows (+4 words).
 #define MMA_COL_WORDS(n) ((n) / 2 + 4)
 #define MMA_MAX_D 128
@@ -42,8 +42,17 @@ __device__ __forceinline__ unsigned bf16_bits(float x) {
     return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
-// Two bf16 in one word, the lower column in the lower half (the fragments' order).
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+// Two bf16 in one word, the lower column in the lower half (the fragments' order): one
+// `cvt.rn.bf16x2.f32` on the GPU (sm_80 on), the same rounding by hand under the emulator.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+#ifdef __CUDACC_RTC__
+    unsigned w;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+    return w;
+#else
+    return bf16_bits(lo) | (bf16_bits(hi) << 16);
+#endif
+}
 
 // Rows of a tensor the kernels read, padded to whole blocks (zero rows past `n`).
 __device__ i64 mma_pad(i64 n) { return (n + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS * MMA_BLOCK_ROWS; }
@@ -160,13 +169,13 @@ __device__ void mma_load_a(unsigned (*frag)[4], const float* packed, i64 bh, i64
 }
 
 // Rows `r0 .. r0 + rows` of head `bh` of a row-packed tensor into a row-major tile
-// (MMA_ROW_WORDS words a row), 16 bytes at a time.
+// (MMA_ROW_WORDS(D) words a row), 16 bytes at a time.
 template <int D>
 __device__ void mma_tile_rows(unsigned* tile, const float* packed, i64 bh, i64 r0, int rows, i64 n_pad) {
     const uint4* src = (const uint4*)((const unsigned*)packed + (bh * n_pad + r0) * (D / 2));
     for (int e = threadIdx.x; e < rows * (D / 8); e += blockDim.x) {
         int r = e / (D / 8), w = e % (D / 8);
-        ((uint4*)(tile + r * MMA_ROW_WORDS))[w] = src[r * (D / 8) + w];
+        ((uint4*)(tile + r * MMA_ROW_WORDS(D)))[w] = src[r * (D / 8) + w];
     }
 }
 
@@ -189,7 +198,7 @@ __device__ void mma_rows(float (*acc)[4], const unsigned (*a)[4], const unsigned
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned* w = tile + (nt * 8 + l.group) * MMA_ROW_WORDS + kk * 8 + l.t;
+            const unsigned* w = tile + (nt * 8 + l.group) * MMA_ROW_WORDS(D) + kk * 8 + l.t;
             mma_bf16(acc[nt], a[kk], w[0], w[4]);
         }
 }
@@ -210,24 +219,60 @@ __device__ void mma_cols(float (*acc)[4], float (*p)[4], const unsigned* tile, c
     }
 }
 
-// scale · s, soft-capped (attention.cu's `attn_score` on a product from the tensor cores).
-__device__ float mma_score(const Attention& a, float s) {
-    float x = s * (float)a.scale;
-    if (a.softcap > 0.0) {
-        float cap = (float)a.softcap;
-        x = cap * tanhf(x / cap);
-    }
-    return x;
+// The softmax in base 2: exp2f is one instruction on the GPU (MUFU.EX2), expf several, and
+// the inner loops are bound by their instructions per score, not by the tensor cores. Scores
+// are kept as log₂e · score (lse stays natural at the kernels' interfaces).
+#define MMA_LOG2E 1.4426950408889634f
+#define MMA_LN2 0.6931471805599453f
+
+// attention.cu's `attn_score` constants, in log₂ units.
+struct MmaScore {
+    float scale2;     // scale · log₂e
+    float over_cap;   // scale / cap (0: no soft cap)
+    float cap2;       // cap · log₂e
+};
+
+__device__ MmaScore mma_score_of(const Attention& a) {
+    MmaScore c;
+    c.scale2 = (float)(a.scale * 1.4426950408889634);
+    c.over_cap = a.softcap > 0.0 ? (float)(a.scale / a.softcap) : 0.0f;
+    c.cap2 = (float)(a.softcap * 1.4426950408889634);
+    return c;
 }
 
-// dS = P (dP − D) through the soft cap (attention.cu's `attn_score_grad`).
-__device__ float mma_score_grad(const Attention& a, float s, float p, float dp, float dsum) {
+// log₂e · the scores of a lane's products over NT n-tiles: scale · s, soft-capped
+// (cap · tanh(scale · s / cap)); the soft cap is tested once per tile rather than per score.
+template <int NT>
+__device__ __forceinline__ void mma_scores2(float (*s)[4], const MmaScore& c) {
+    if (c.over_cap > 0.0f) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = c.cap2 * tanhf(s[nt][e] * c.over_cap);
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= c.scale2;
+    }
+}
+
+// dS = P (dP − D) through the soft cap (attention.cu's `attn_score_grad`): tanh' = 1 − tanh²,
+// tanh being x2 / cap2 for the score x2 of `mma_scores2`.
+__device__ __forceinline__ float mma_score_grad(const MmaScore& c, float x2, float p, float dp, float dsum) {
     float ds = p * (dp - dsum);
-    if (a.softcap > 0.0) {
-        float c = s / (float)a.softcap;
-        ds *= 1.0f - c * c;
+    if (c.over_cap > 0.0f) {
+        float t = x2 / c.cap2;
+        ds *= 1.0f - t * t;
     }
     return ds;
+}
+
+// How many of the `width` columns from `c0` on are below `limit`, as the 32-bit count the
+// inner loops compare with (a column c is seen when c < the count).
+__device__ __forceinline__ int mma_below(i64 limit, i64 c0, int width) {
+    i64 n = limit - c0;
+    return n < 0 ? 0 : (n > width ? width : (int)n);
 }
 
 // One block's 64 queries (batch `b`, head `h`, first query `q0`).
@@ -267,6 +312,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
                             const float* go, const float* qpos, const Attention& a, unsigned* ks, unsigned* vt) {
     i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     MmaLane l = mma_lane();
+    MmaScore sc = mma_score_of(a);
     for (i64 t = blockIdx.x; t < mma_query_blocks(a); t += gridDim.x) {
         MmaQueries x = mma_queries(a, t);
         i64 w0 = x.q0 + l.warp * MMA_WARP_ROWS;
@@ -292,27 +338,33 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
             mma_rows<D, MMA_FWD_TILE / 8>(s, qa, ks, l);
+            mma_scores2<MMA_FWD_TILE / 8>(s, sc);
+            // Columns from k0 each of the lane's two rows sees (all but on the diagonal).
+            int seen[2] = {mma_below(vis[0], k0, MMA_FWD_TILE), mma_below(vis[1], k0, MMA_FWD_TILE)};
             float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int nt = 0; nt < MMA_FWD_TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    i64 j = k0 + nt * 8 + 2 * l.t + e % 2;
-                    s[nt][e] = j < vis[e / 2] ? mma_score(a, s[nt][e]) : -INFINITY;
+                    int c = nt * 8 + 2 * l.t + e % 2;
+                    s[nt][e] = c < seen[e / 2] ? s[nt][e] : -INFINITY;
                     tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
                 }
-            float corr[2], tile_sum[2] = {0.0f, 0.0f};
+            // A row that has seen no key yet keeps max −∞ and subtracts 0: its exponents stay
+            // exp2(−∞) = 0, never exp2(−∞ + ∞).
+            float corr[2], base[2], tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 float m_new = fmaxf(m[r], quad_max(tile_max[r]));
-                corr[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
+                base[r] = m_new == -INFINITY ? 0.0f : m_new;
+                corr[r] = exp2f(m[r] - base[r]);
                 m[r] = m_new;
             }
 #pragma unroll
             for (int nt = 0; nt < MMA_FWD_TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - m[e / 2]);
+                    s[nt][e] = exp2f(s[nt][e] - base[e / 2]);
                     tile_sum[e / 2] += s[nt][e];
                 }
 #pragma unroll
@@ -323,16 +375,19 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
                 for (int e = 0; e < 4; ++e) acc[dt][e] *= corr[e / 2];
             mma_cols<D, MMA_FWD_TILE / 8>(acc, s, vt, l);
         }
-        float dpart[2] = {0.0f, 0.0f};
+        float dpart[2] = {0.0f, 0.0f}, inv[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) sum[r] = quad_sum(sum[r]);
+        for (int r = 0; r < 2; ++r) {
+            sum[r] = quad_sum(sum[r]);
+            inv[r] = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+        }
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 i64 row = rows[e / 2];
                 int col = dt * 8 + 2 * l.t + e % 2;
-                float y = sum[e / 2] > 0.0f ? acc[dt][e] / sum[e / 2] : 0.0f;
+                float y = acc[dt][e] * inv[e / 2];
                 if (row >= a.sq) continue;
                 i64 at = ((x.b * a.sq + row) * a.heads + x.h) * D + col;
                 if (STATS) dpart[e / 2] += go[at] * y;
@@ -344,7 +399,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
                 float d = quad_sum(dpart[r]);
                 if (l.t == 0 && rows[r] < a.sq) {
                     i64 row = (x.b * a.heads + x.h) * a.sq + rows[r];
-                    lse[row] = sum[r] > 0.0f ? m[r] + logf(sum[r]) : -INFINITY;
+                    lse[row] = sum[r] > 0.0f ? (m[r] + log2f(sum[r])) * MMA_LN2 : -INFINITY;
                     dsum[row] = d;
                 }
             }
@@ -352,24 +407,24 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
     }
 }
 
-// The backward's shared tiles (declared once per kernel at the widest head: a template's own
-// `__shared__` arrays would be allocated once per head width the kernel dispatches to).
+// The backward's shared tiles, declared in each kernel at its own head width `d` (a
+// template's own `__shared__` arrays would be allocated once per width it is instantiated at).
 struct MmaBackwardTiles {
     unsigned *rows, *rows2, *cols, *cols2;
     float *lse, *d;
 };
 
-#define MMA_BACKWARD_TILES                                                  \
-    __shared__ __align__(16) unsigned rows[MMA_BWD_TILE * MMA_ROW_WORDS];   \
-    __shared__ __align__(16) unsigned rows2[MMA_BWD_TILE * MMA_ROW_WORDS];  \
-    __shared__ __align__(16) unsigned cols[MMA_MAX_D * MMA_COL_WORDS(MMA_BWD_TILE)]; \
-    __shared__ __align__(16) unsigned cols2[MMA_MAX_D * MMA_COL_WORDS(MMA_BWD_TILE)]; \
-    __shared__ float tile_lse[MMA_BWD_TILE], tile_d[MMA_BWD_TILE];          \
+#define MMA_BACKWARD_TILES(d)                                                  \
+    __shared__ __align__(16) unsigned rows[MMA_BWD_TILE * MMA_ROW_WORDS(d)];   \
+    __shared__ __align__(16) unsigned rows2[MMA_BWD_TILE * MMA_ROW_WORDS(d)];  \
+    __shared__ __align__(16) unsigned cols[(d) * MMA_COL_WORDS(MMA_BWD_TILE)]; \
+    __shared__ __align__(16) unsigned cols2[(d) * MMA_COL_WORDS(MMA_BWD_TILE)]; \
+    __shared__ float tile_lse[MMA_BWD_TILE], tile_d[MMA_BWD_TILE];             \
     MmaBackwardTiles w = {rows, rows2, cols, cols2, tile_lse, tile_d};
 
-#define MMA_FORWARD_TILES                                                   \
-    __shared__ __align__(16) unsigned ks[MMA_FWD_TILE * MMA_ROW_WORDS];     \
-    __shared__ __align__(16) unsigned vt_s[MMA_MAX_D * MMA_COL_WORDS(MMA_FWD_TILE)];
+#define MMA_FORWARD_TILES(d)                                                   \
+    __shared__ __align__(16) unsigned ks[MMA_FWD_TILE * MMA_ROW_WORDS(d)];     \
+    __shared__ __align__(16) unsigned vt_s[(d) * MMA_COL_WORDS(MMA_FWD_TILE)];
 
 // dq over one block's queries: dq = scale · Σ_j dS_j k_j, key tiles of MMA_BWD_TILE.
 template <int D>
@@ -379,6 +434,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
     i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     unsigned *ks = w.rows, *vs = w.rows2, *kt = w.cols;
     MmaLane l = mma_lane();
+    MmaScore sc = mma_score_of(a);
     for (i64 t = blockIdx.x; t < mma_query_blocks(a); t += gridDim.x) {
         MmaQueries x = mma_queries(a, t);
         i64 w0 = x.q0 + l.warp * MMA_WARP_ROWS;
@@ -388,7 +444,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             i64 at = (x.b * a.heads + x.h) * a.sq + rows[r];
-            row_lse[r] = rows[r] < a.sq ? lse[at] : 0.0f;
+            row_lse[r] = rows[r] < a.sq ? lse[at] * MMA_LOG2E : 0.0f;
             row_d[r] = rows[r] < a.sq ? dsum[at] : 0.0f;
         }
         unsigned qa[D / 16][4], ga[D / 16][4];
@@ -413,14 +469,16 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
                 for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
             mma_rows<D, MMA_BWD_TILE / 8>(s, qa, ks, l);
             mma_rows<D, MMA_BWD_TILE / 8>(dp, ga, vs, l);
+            mma_scores2<MMA_BWD_TILE / 8>(s, sc);
+            int seen[2] = {mma_below(vis[0], k0, MMA_BWD_TILE), mma_below(vis[1], k0, MMA_BWD_TILE)};
 #pragma unroll
             for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    i64 j = k0 + nt * 8 + 2 * l.t + e % 2;
-                    int r = e / 2;
-                    float sc = mma_score(a, s[nt][e]);
-                    s[nt][e] = j < vis[r] ? mma_score_grad(a, sc, expf(sc - row_lse[r]), dp[nt][e], row_d[r]) : 0.0f;
+                    int c = nt * 8 + 2 * l.t + e % 2, r = e / 2;
+                    float x2 = s[nt][e];
+                    float ds = mma_score_grad(sc, x2, exp2f(x2 - row_lse[r]), dp[nt][e], row_d[r]);
+                    s[nt][e] = c < seen[r] ? ds : 0.0f;
                 }
             mma_cols<D, MMA_BWD_TILE / 8>(acc, s, kt, l);
         }
@@ -446,6 +504,7 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
     unsigned *qs = w.rows, *gs = w.rows2, *qt = w.cols, *gt = w.cols2;
     float *tile_lse = w.lse, *tile_d = w.d;
     MmaLane l = mma_lane();
+    MmaScore sc = mma_score_of(a);
     i64 key_blocks = (a.sk + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS;
     i64 group = a.heads / a.kv;
     for (i64 t = blockIdx.x; t < a.batch * a.kv * key_blocks; t += gridDim.x) {
@@ -474,7 +533,7 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                 mma_tile_cols<D>(gt, gt_p, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
                 for (int i = threadIdx.x; i < MMA_BWD_TILE; i += blockDim.x) {
                     i64 at = (b * a.heads + h) * a.sq + i0 + i;
-                    tile_lse[i] = i0 + i < a.sq ? lse[at] : 0.0f;
+                    tile_lse[i] = i0 + i < a.sq ? lse[at] * MMA_LOG2E : 0.0f;
                     tile_d[i] = i0 + i < a.sq ? dsum[at] : 0.0f;
                 }
                 __syncthreads();
@@ -486,22 +545,26 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                     for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
                 mma_rows<D, MMA_BWD_TILE / 8>(s, ka, qs, l);
                 mma_rows<D, MMA_BWD_TILE / 8>(dp, va, gs, l);
-                // Every key of the block seen by every query of the tile (below the causal
-                // diagonal, or no mask): no per-element test (the visible count grows with
-                // the query, so the tile's first query decides).
-                bool full = !qpos && i0 + MMA_BWD_TILE <= a.sq && k0 + MMA_BLOCK_ROWS <= a.sk &&
-                            k0 + MMA_BLOCK_ROWS <= attn_visible(a, qpos, i0);
+                // The tile's columns each of the lane's two keys is seen by: from the first
+                // query whose causal window reaches the key to the last query (or, with the
+                // queries' positions, as each position says).
+                mma_scores2<MMA_BWD_TILE / 8>(s, sc);
+                int hi = mma_below(a.sq, i0, MMA_BWD_TILE), lo[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+                    lo[r] = keys[r] >= a.sk ? MMA_BWD_TILE
+                                            : (a.causal ? mma_below(keys[r] - (a.sk - a.sq), i0, MMA_BWD_TILE) : 0);
 #pragma unroll
                 for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        int i = nt * 8 + 2 * l.t + e % 2;
-                        i64 j = keys[e / 2];
-                        bool seen = full || (j < a.sk && j < mma_visible(a, qpos, i0 + i));
-                        float sc = mma_score(a, s[nt][e]);
-                        float p = seen ? expf(sc - tile_lse[i]) : 0.0f;
+                        int c = nt * 8 + 2 * l.t + e % 2, r = e / 2;
+                        bool seen = qpos ? keys[r] < a.sk && keys[r] < mma_visible(a, qpos, i0 + c)
+                                         : c >= lo[r] && c < hi;
+                        float x2 = s[nt][e];
+                        float p = seen ? exp2f(x2 - tile_lse[c]) : 0.0f;
                         s[nt][e] = p;
-                        dp[nt][e] = seen ? mma_score_grad(a, sc, p, dp[nt][e], tile_d[i]) : 0.0f;
+                        dp[nt][e] = seen ? mma_score_grad(sc, x2, p, dp[nt][e], tile_d[c]) : 0.0f;
                     }
                 mma_cols<D, MMA_BWD_TILE / 8>(dva, s, gt, l);
                 mma_cols<D, MMA_BWD_TILE / 8>(dka, dp, qt, l);
@@ -525,11 +588,11 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
 // for all widths would run every width at the 128-wide head's occupancy): MMA_KERNELS in
 // ops/attention.rs.
 #define MMA_BODY(...) __VA_ARGS__
-#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, false>(o, 0, 0, qp, kp, vt, 0, qpos, a, ks, vt_s); })
-#define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES mma_forward<D, true>(0, lse, dsum, qp, kp, vt, go, qpos, a, ks, vt_s); })
-#define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dq<D>(dq, qp, kp, kt, vp, gp, lse, dsum, qpos, a, w); })
+#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, false>(o, 0, 0, qp, kp, vt, 0, qpos, a, ks, vt_s); })
+#define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, true>(0, lse, dsum, qp, kp, vt, go, qpos, a, ks, vt_s); })
+#define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dq<D>(dq, qp, kp, kt, vp, gp, lse, dsum, qpos, a, w); })
 #define MMA_DKV(D) \
-    MMA_BODY({ MMA_BACKWARD_TILES mma_backward_dkv<D>(dk, dv, qp, qt, kp, vp, gp, gt, lse, dsum, qpos, a, w); })
+    MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dkv<D>(dk, dv, qp, qt, kp, vp, gp, gt, lse, dsum, qpos, a, w); })
 // Arguments: the outputs (f32), then the packed operands (`attn_pack_rows`: qp, kp, vp, gp;
 // `attn_pack_cols`: qt, kt, vt, gt), dO in f32 where the row statistics read it, lse and D,
 // the queries' positions (null: none) and the shape.
