@@ -46,14 +46,16 @@ fn main() {
         .compile("plait_simt");
 }
 
-/// The names in a source's `extern "C" __global__ void NAME(` lines.
+/// The names in a source's `extern "C" __global__ void NAME(` lines (NAME the last word
+/// before the parenthesis: a launch-bounds macro may come first).
 fn kernel_names(file: &Path) -> Vec<String> {
     const DECL: &str = "extern \"C\" __global__ void ";
     let text = fs::read_to_string(file).expect("readable kernel source");
     text.lines()
         .filter_map(|l| l.trim_start().strip_prefix(DECL))
         .filter_map(|rest| rest.split('(').next())
-        .map(|n| n.trim().to_owned())
+        .filter_map(|head| head.split_whitespace().last())
+        .map(str::to_owned)
         .collect()
 }
 

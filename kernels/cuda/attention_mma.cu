@@ -6,10 +6,11 @@
 //
 // A block is four warps; each warp owns 16 rows (queries, or keys in dk/dv) and keeps its
 // operand fragments and accumulators in registers, while the block streams the other side's
-// tiles through shared memory as bf16: row-major tiles (a fragment of B reads two adjacent
-// columns of one row as one 32-bit word) and transposed ones (for the products whose B is
-// indexed by the tile's rows). Row strides are padded by four words so that the eight rows a
-// fragment load touches fall in different banks.
+// tiles through shared memory as bf16, row-major. `ldmatrix` reads a tile's B fragments four
+// 8×8 matrices at a time: as they lie for the products whose B is indexed by the tile's
+// columns (Q·Kᵀ), transposed (`.trans`) for those indexed by its rows (P·V), so one tile of
+// each operand serves both. Row strides are padded by four words so that the eight rows one
+// matrix reads fall in different banks.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"; lane = 4·group + t):
 //   A (16×16, row-major): a0 = (group, 2t..2t+1), a1 = (group+8, 2t..), a2 = (group, 2t+8..),
@@ -24,6 +25,15 @@
 // tensor_cores`; tests/tests/device_ops.rs); `plait bench kernels --device cuda` checks them
 // against the CPU kernels on a GPU.
 
+// The tensor-core instructions (mma.sync on bf16, ldmatrix, cvt to bf16x2) exist from sm_80
+// on. For an older GPU the program still compiles: these kernels never run there (the device
+// says it has no tensor cores, cuda.rs), and their products trap.
+#if defined(__CUDACC_RTC__) && __CUDA_ARCH__ >= 800
+#define MMA_PTX 1
+#else
+#define MMA_PTX 0
+#endif
+
 #define MMA_THREADS 128
 #define MMA_WARP_ROWS 16
 #define MMA_BLOCK_ROWS 64
@@ -33,8 +43,6 @@
 // Row stride, in 32-bit words, of a row-major tile of `d` bf16 columns (+4 words).
 #define MMA_ROW_WORDS(d) ((d) / 2 + 4)
 // Row stride, in words, of a transposed tile of `n` rows (+4 words).
-#define MMA_COL_WORDS(n) ((n) / 2 + 4)
-#define MMA_MAX_D 128
 
 // x rounded to bf16 (to nearest, ties to even), as its 16 bits.
 __device__ __forceinline__ unsigned bf16_bits(float x) {
@@ -45,7 +53,7 @@ __device__ __forceinline__ unsigned bf16_bits(float x) {
 // Two bf16 in one word, the lower column in the lower half (the fragments' order): one
 // `cvt.rn.bf16x2.f32` on the GPU (sm_80 on), the same rounding by hand under the emulator.
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-#ifdef __CUDACC_RTC__
+#if MMA_PTX
     unsigned w;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
     return w;
@@ -59,8 +67,7 @@ __device__ i64 mma_pad(i64 n) { return (n + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS
 
 // The operands in the kernels' layout, made once per attention (the tiles then copy 16-byte
 // words, with no conversion in the loop): x [batch, n, heads, d] as bf16 words, each head's
-// rows together ([batch·heads, n_pad, d/2], `attn_pack_rows`), or each head transposed
-// ([batch·heads, d, n_pad/2], two rows to a word, `attn_pack_cols`); zero past `n`.
+// rows together ([batch·heads, n_pad, d/2], `attn_pack_rows`); zero past `n`.
 // (Their index arithmetic is 32-bit, unsigned: a 64-bit division costs several times as much,
 // and the packed words of one attention's operand number far fewer than 2³².)
 extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
@@ -85,52 +92,46 @@ extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i
     }
 }
 
-// attn_pack_cols is a transpose: a block takes 64 rows of one head at a time through shared
-// memory, reading each row's d columns contiguously and writing each column's 32 words
-// contiguously (word by word it would read two rows per word, a warp's reads 64 rows apart).
-// Heads up to MMA_MAX_D wide (the tensor-core kernels' widths); one block per 64-row tile.
-extern "C" __global__ void attn_pack_cols(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
-    __shared__ float tile[MMA_BLOCK_ROWS][MMA_MAX_D + 1];
-    if (d > MMA_MAX_D) return;  // the launcher refuses these (ops/attention.rs)
-    unsigned* words = (unsigned*)y;
-    i64 n_pad = mma_pad(n), half = n_pad / 2, tiles = n_pad / MMA_BLOCK_ROWS;
-    int width = (int)d;
-    for (i64 t = blockIdx.x; t < batch * heads * tiles; t += gridDim.x) {
-        i64 bh = t / tiles, r0 = (t - bh * tiles) * MMA_BLOCK_ROWS;
-        i64 b = bh / heads, h = bh - b * heads;
-        __syncthreads();  // the last tile's readers are done
-        for (int e0 = threadIdx.x; e0 < MMA_BLOCK_ROWS * width; e0 += ILP * blockDim.x) {
-            float v[ILP];
-#pragma unroll
-            for (int u = 0; u < ILP; ++u) {
-                int e = e0 + u * (int)blockDim.x, i = e / width, c = e - i * width;
-                i64 r = r0 + i;
-                v[u] = e < MMA_BLOCK_ROWS * width && r < n ? x[((b * n + r) * heads + h) * d + c] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < ILP; ++u) {
-                int e = e0 + u * (int)blockDim.x, i = e / width, c = e - i * width;
-                if (e < MMA_BLOCK_ROWS * width) tile[i][c] = v[u];
-            }
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < width * (MMA_BLOCK_ROWS / 2); e += blockDim.x) {
-            int c = e / (MMA_BLOCK_ROWS / 2), w = e - c * (MMA_BLOCK_ROWS / 2);
-            words[(bh * d + c) * half + r0 / 2 + w] = pack_bf16(tile[2 * w][c], tile[2 * w + 1][c]);
-        }
-    }
-}
-
 // d += a · b on the tensor cores (one warp, 16×8×16, bf16 operands, f32 accumulators).
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#ifdef __CUDACC_RTC__
+#if MMA_PTX
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif defined(__CUDACC_RTC__)
+    __trap();
 #else
     ::simt::mma_m16n8k16_bf16(d, a, b0, b1);
+#endif
+}
+
+// Four 8×8 bf16 matrices from shared memory in fragment order (ldmatrix; simt.hpp states its
+// layout): lane l names row l % 8 of matrix l / 8; `_trans` loads each transposed.
+__device__ __forceinline__ void mma_ldm_x4(unsigned* r, const unsigned* row) {
+#if MMA_PTX
+    unsigned at = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+#elif defined(__CUDACC_RTC__)
+    __trap();
+#else
+    ::simt::ldmatrix_x4(r, row, false);
+#endif
+}
+
+__device__ __forceinline__ void mma_ldm_x4_trans(unsigned* r, const unsigned* row) {
+#if MMA_PTX
+    unsigned at = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+#elif defined(__CUDACC_RTC__)
+    __trap();
+#else
+    ::simt::ldmatrix_x4(r, row, true);
 #endif
 }
 
@@ -146,12 +147,13 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // The lane's place in its warp's fragments.
 struct MmaLane {
-    int warp, group, t;
+    int warp, lane, group, t;
 };
 
 __device__ MmaLane mma_lane() {
     MmaLane l;
     l.warp = threadIdx.x / 32;
+    l.lane = threadIdx.x % 32;
     l.group = (threadIdx.x % 32) / 4;
     l.t = threadIdx.x % 4;
     return l;
@@ -179,42 +181,37 @@ __device__ void mma_tile_rows(unsigned* tile, const float* packed, i64 bh, i64 r
     }
 }
 
-// The same rows of a column-packed tensor: column c is row c of the tile (MMA_COL_WORDS(rows)
-// words a row); `r0` is a multiple of 8.
-template <int D>
-__device__ void mma_tile_cols(unsigned* tile, const float* packed, i64 bh, i64 r0, int rows, i64 n_pad) {
-    const unsigned* src = (const unsigned*)packed + bh * D * (n_pad / 2) + r0 / 2;
-    for (int e = threadIdx.x; e < D * (rows / 8); e += blockDim.x) {
-        int c = e / (rows / 8), w = e % (rows / 8);
-        ((uint4*)(tile + c * MMA_COL_WORDS(rows)))[w] = ((const uint4*)(src + c * (n_pad / 2)))[w];
-    }
-}
-
 // acc[nt] += A · B over D columns, for `NT` n-tiles of 8 rows of a row-major tile (B[k][n] =
-// tile[n][k]).
+// tile[n][k]): one ldmatrix holds the B fragments of two k-steps.
 template <int D, int NT>
 __device__ void mma_rows(float (*acc)[4], const unsigned (*a)[4], const unsigned* tile, const MmaLane& l) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned* w = tile + (nt * 8 + l.group) * MMA_ROW_WORDS(D) + kk * 8 + l.t;
-            mma_bf16(acc[nt], a[kk], w[0], w[4]);
+        for (int kk = 0; kk < D / 16; kk += 2) {
+            unsigned b[4];
+            mma_ldm_x4(b, tile + (nt * 8 + l.lane % 8) * MMA_ROW_WORDS(D) + kk * 8 + (l.lane / 8) * 4);
+            mma_bf16(acc[nt], a[kk], b[0], b[1]);
+            mma_bf16(acc[nt], a[kk + 1], b[2], b[3]);
         }
 }
 
-// acc[dt] += P · X, P the accumulators `p` (16 × 8·NT, packed to bf16 as A fragments) and X a
-// transposed tile of 8·NT rows and D columns.
+// acc[dt] += P · X, P the accumulators `p` (16 × 8·NT, packed to bf16 as A fragments) and X
+// the row-major tile of 8·NT rows and D columns, read transposed (B[k][n] = tile[k][n]): one
+// ldmatrix.trans holds the B fragments of two d-tiles.
 template <int D, int NT>
 __device__ void mma_cols(float (*acc)[4], float (*p)[4], const unsigned* tile, const MmaLane& l) {
 #pragma unroll
     for (int kk = 0; kk < NT / 2; ++kk) {
         unsigned a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
                          pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        const unsigned* rows = tile + (kk * 16 + ((l.lane / 8) % 2) * 8 + l.lane % 8) * MMA_ROW_WORDS(D);
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            const unsigned* w = tile + (dt * 8 + l.group) * MMA_COL_WORDS(8 * NT) + kk * 8 + l.t;
-            mma_bf16(acc[dt], a, w[0], w[4]);
+        for (int dt = 0; dt < D / 8; dt += 2) {
+            unsigned b[4];
+            mma_ldm_x4_trans(b, rows + (dt + l.lane / 16) * 4);
+            mma_bf16(acc[dt], a, b[0], b[1]);
+            mma_bf16(acc[dt + 1], a, b[2], b[3]);
         }
     }
 }
@@ -309,7 +306,7 @@ __device__ i64 mma_visible(const Attention& a, const float* qpos, i64 qi) {
 // statistics lse and D = dO·O (STATS true).
 template <int D, bool STATS>
 __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, const float* kp, const float* vp,
-                            const float* go, const float* qpos, const Attention& a, unsigned* ks, unsigned* vt) {
+                            const float* go, const float* qpos, const Attention& a, unsigned* ks, unsigned* vs) {
     i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     MmaLane l = mma_lane();
     MmaScore sc = mma_score_of(a);
@@ -330,7 +327,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
         for (i64 k0 = 0; k0 < keys; k0 += MMA_FWD_TILE) {
             __syncthreads();  // the last tile's readers are done
             mma_tile_rows<D>(ks, kp, x.b * a.kv + x.g, k0, MMA_FWD_TILE, k_pad);
-            mma_tile_cols<D>(vt, vp, x.b * a.kv + x.g, k0, MMA_FWD_TILE, k_pad);
+            mma_tile_rows<D>(vs, vp, x.b * a.kv + x.g, k0, MMA_FWD_TILE, k_pad);
             __syncthreads();
             float s[MMA_FWD_TILE / 8][4];
 #pragma unroll
@@ -373,7 +370,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
             for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[dt][e] *= corr[e / 2];
-            mma_cols<D, MMA_FWD_TILE / 8>(acc, s, vt, l);
+            mma_cols<D, MMA_FWD_TILE / 8>(acc, s, vs, l);
         }
         float dpart[2] = {0.0f, 0.0f}, inv[2];
 #pragma unroll
@@ -410,29 +407,27 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
 // The backward's shared tiles, declared in each kernel at its own head width `d` (a
 // template's own `__shared__` arrays would be allocated once per width it is instantiated at).
 struct MmaBackwardTiles {
-    unsigned *rows, *rows2, *cols, *cols2;
+    unsigned *rows, *rows2;
     float *lse, *d;
 };
 
 #define MMA_BACKWARD_TILES(d)                                                  \
     __shared__ __align__(16) unsigned rows[MMA_BWD_TILE * MMA_ROW_WORDS(d)];   \
     __shared__ __align__(16) unsigned rows2[MMA_BWD_TILE * MMA_ROW_WORDS(d)];  \
-    __shared__ __align__(16) unsigned cols[(d) * MMA_COL_WORDS(MMA_BWD_TILE)]; \
-    __shared__ __align__(16) unsigned cols2[(d) * MMA_COL_WORDS(MMA_BWD_TILE)]; \
     __shared__ float tile_lse[MMA_BWD_TILE], tile_d[MMA_BWD_TILE];             \
-    MmaBackwardTiles w = {rows, rows2, cols, cols2, tile_lse, tile_d};
+    MmaBackwardTiles w = {rows, rows2, tile_lse, tile_d};
 
 #define MMA_FORWARD_TILES(d)                                                   \
     __shared__ __align__(16) unsigned ks[MMA_FWD_TILE * MMA_ROW_WORDS(d)];     \
-    __shared__ __align__(16) unsigned vt_s[(d) * MMA_COL_WORDS(MMA_FWD_TILE)];
+    __shared__ __align__(16) unsigned vs[MMA_FWD_TILE * MMA_ROW_WORDS(d)];
 
 // dq over one block's queries: dq = scale · Σ_j dS_j k_j, key tiles of MMA_BWD_TILE.
 template <int D>
-__device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, const float* kt_p, const float* vp,
+__device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, const float* vp,
                                 const float* gp, const float* lse, const float* dsum, const float* qpos,
                                 const Attention& a, const MmaBackwardTiles& w) {
     i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
-    unsigned *ks = w.rows, *vs = w.rows2, *kt = w.cols;
+    unsigned *ks = w.rows, *vs = w.rows2;
     MmaLane l = mma_lane();
     MmaScore sc = mma_score_of(a);
     for (i64 t = blockIdx.x; t < mma_query_blocks(a); t += gridDim.x) {
@@ -460,7 +455,6 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
             __syncthreads();
             mma_tile_rows<D>(ks, kp, x.b * a.kv + x.g, k0, MMA_BWD_TILE, k_pad);
             mma_tile_rows<D>(vs, vp, x.b * a.kv + x.g, k0, MMA_BWD_TILE, k_pad);
-            mma_tile_cols<D>(kt, kt_p, x.b * a.kv + x.g, k0, MMA_BWD_TILE, k_pad);
             __syncthreads();
             float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
 #pragma unroll
@@ -480,7 +474,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
                     float ds = mma_score_grad(sc, x2, exp2f(x2 - row_lse[r]), dp[nt][e], row_d[r]);
                     s[nt][e] = c < seen[r] ? ds : 0.0f;
                 }
-            mma_cols<D, MMA_BWD_TILE / 8>(acc, s, kt, l);
+            mma_cols<D, MMA_BWD_TILE / 8>(acc, s, ks, l);
         }
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
@@ -496,12 +490,12 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
 // dk and dv over one block's 64 keys (batch, kv head): Σ over the group's query heads and the
 // query tiles that see the keys of scale·dS q and P dO.
 template <int D>
-__device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const float* qt_p, const float* kp,
-                                 const float* vp, const float* gp, const float* gt_p, const float* lse,
+__device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const float* kp,
+                                 const float* vp, const float* gp, const float* lse,
                                  const float* dsum, const float* qpos, const Attention& a,
                                  const MmaBackwardTiles& w) {
     i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
-    unsigned *qs = w.rows, *gs = w.rows2, *qt = w.cols, *gt = w.cols2;
+    unsigned *qs = w.rows, *gs = w.rows2;
     float *tile_lse = w.lse, *tile_d = w.d;
     MmaLane l = mma_lane();
     MmaScore sc = mma_score_of(a);
@@ -529,8 +523,6 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                 __syncthreads();
                 mma_tile_rows<D>(qs, qp, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
                 mma_tile_rows<D>(gs, gp, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
-                mma_tile_cols<D>(qt, qt_p, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
-                mma_tile_cols<D>(gt, gt_p, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
                 for (int i = threadIdx.x; i < MMA_BWD_TILE; i += blockDim.x) {
                     i64 at = (b * a.heads + h) * a.sq + i0 + i;
                     tile_lse[i] = i0 + i < a.sq ? lse[at] * MMA_LOG2E : 0.0f;
@@ -566,8 +558,8 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                         s[nt][e] = p;
                         dp[nt][e] = seen ? mma_score_grad(sc, x2, p, dp[nt][e], tile_d[c]) : 0.0f;
                     }
-                mma_cols<D, MMA_BWD_TILE / 8>(dva, s, gt, l);
-                mma_cols<D, MMA_BWD_TILE / 8>(dka, dp, qt, l);
+                mma_cols<D, MMA_BWD_TILE / 8>(dva, s, gs, l);
+                mma_cols<D, MMA_BWD_TILE / 8>(dka, dp, qs, l);
             }
         }
 #pragma unroll
@@ -588,33 +580,38 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
 // for all widths would run every width at the 128-wide head's occupancy): MMA_KERNELS in
 // ops/attention.rs.
 #define MMA_BODY(...) __VA_ARGS__
-#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, false>(o, 0, 0, qp, kp, vt, 0, qpos, a, ks, vt_s); })
-#define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, true>(0, lse, dsum, qp, kp, vt, go, qpos, a, ks, vt_s); })
-#define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dq<D>(dq, qp, kp, kt, vp, gp, lse, dsum, qpos, a, w); })
+#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, false>(o, 0, 0, qp, kp, vp, 0, qpos, a, ks, vs); })
+#define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, true>(0, lse, dsum, qp, kp, vp, go, qpos, a, ks, vs); })
+#define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dq<D>(dq, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
 #define MMA_DKV(D) \
-    MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dkv<D>(dk, dv, qp, qt, kp, vp, gp, gt, lse, dsum, qpos, a, w); })
-// Arguments: the outputs (f32), then the packed operands (`attn_pack_rows`: qp, kp, vp, gp;
-// `attn_pack_cols`: qt, kt, vt, gt), dO in f32 where the row statistics read it, lse and D,
-// the queries' positions (null: none) and the shape.
-#define MMA_FORWARD_ARGS float *o, const float *qp, const float *kp, const float *vt, const float *qpos, Attention a
+    MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dkv<D>(dk, dv, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
+// Arguments: the outputs (f32), then the packed operands (`attn_pack_rows`: qp, kp, vp, gp),
+// dO in f32 where the row statistics read it, lse and D, the queries' positions (null: none)
+// and the shape.
+#define MMA_FORWARD_ARGS float *o, const float *qp, const float *kp, const float *vp, const float *qpos, Attention a
 #define MMA_STATS_ARGS                                                                                     \
-    float *lse, float *dsum, const float *qp, const float *kp, const float *vt, const float *go, const float *qpos, \
+    float *lse, float *dsum, const float *qp, const float *kp, const float *vp, const float *go, const float *qpos, \
         Attention a
 #define MMA_DQ_ARGS                                                                                        \
-    float *dq, const float *qp, const float *kp, const float *kt, const float *vp, const float *gp,       \
+    float *dq, const float *qp, const float *kp, const float *vp, const float *gp,                          \
         const float *lse, const float *dsum, const float *qpos, Attention a
 #define MMA_DKV_ARGS                                                                                       \
-    float *dk, float *dv, const float *qp, const float *qt, const float *kp, const float *vp, const float *gp, \
-        const float *gt, const float *lse, const float *dsum, const float *qpos, Attention a
+    float *dk, float *dv, const float *qp, const float *kp, const float *vp, const float *gp,              \
+        const float *lse, const float *dsum, const float *qpos, Attention a
+
+// Three blocks of the query-side kernels per SM at heads up to 64 wide (GPT-2's, Llama's 128
+// take two): at most 170 registers a thread, which ptxas meets without spilling; left alone it
+// spends up to 181 on hoisted tile loads and fits two.
+#define MMA_THREE_BLOCKS __launch_bounds__(MMA_THREADS, 3)
 
 extern "C" __global__ void attention_forward_mma32(MMA_FORWARD_ARGS) { MMA_FORWARD(32) }
-extern "C" __global__ void attention_forward_mma64(MMA_FORWARD_ARGS) { MMA_FORWARD(64) }
+extern "C" __global__ void MMA_THREE_BLOCKS attention_forward_mma64(MMA_FORWARD_ARGS) { MMA_FORWARD(64) }
 extern "C" __global__ void attention_forward_mma128(MMA_FORWARD_ARGS) { MMA_FORWARD(128) }
 extern "C" __global__ void attention_row_stats_mma32(MMA_STATS_ARGS) { MMA_STATS(32) }
-extern "C" __global__ void attention_row_stats_mma64(MMA_STATS_ARGS) { MMA_STATS(64) }
+extern "C" __global__ void MMA_THREE_BLOCKS attention_row_stats_mma64(MMA_STATS_ARGS) { MMA_STATS(64) }
 extern "C" __global__ void attention_row_stats_mma128(MMA_STATS_ARGS) { MMA_STATS(128) }
 extern "C" __global__ void attention_backward_dq_mma32(MMA_DQ_ARGS) { MMA_DQ(32) }
-extern "C" __global__ void attention_backward_dq_mma64(MMA_DQ_ARGS) { MMA_DQ(64) }
+extern "C" __global__ void MMA_THREE_BLOCKS attention_backward_dq_mma64(MMA_DQ_ARGS) { MMA_DQ(64) }
 extern "C" __global__ void attention_backward_dq_mma128(MMA_DQ_ARGS) { MMA_DQ(128) }
 extern "C" __global__ void attention_backward_dkv_mma32(MMA_DKV_ARGS) { MMA_DKV(32) }
 extern "C" __global__ void attention_backward_dkv_mma64(MMA_DKV_ARGS) { MMA_DKV(64) }

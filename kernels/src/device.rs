@@ -25,15 +25,16 @@ pub const CUDA_SOURCE: &str = concat!(
     include_str!("../cuda/context.cu"),
 );
 
-/// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines
-/// (the `simt` build script reads the same lines).
+/// The names of the kernels in [`CUDA_SOURCE`]: its `extern "C" __global__ void NAME(` lines,
+/// NAME the last word before the parenthesis (a launch-bounds macro may come first; the
+/// `simt` build script reads the same lines).
 pub fn kernel_names() -> Vec<&'static str> {
     const DECL: &str = "extern \"C\" __global__ void ";
     CUDA_SOURCE
         .lines()
         .filter_map(|l| l.trim_start().strip_prefix(DECL))
         .filter_map(|rest| rest.split('(').next())
-        .map(str::trim)
+        .filter_map(|head| head.split_whitespace().last())
         .collect()
 }
 

@@ -15,9 +15,11 @@ fn holds(haystack: &[u8], needle: &str) -> bool {
         .any(|w| w == needle.as_bytes())
 }
 
+/// Turing has no bf16 tensor-core instructions: the program still compiles for it (the
+/// tensor-core kernels' products trap there, and the backend never launches them).
 #[test]
-fn every_kernel_compiles_for_ampere_and_hopper() {
-    for (major, minor) in [(8, 0), (9, 0)] {
+fn every_kernel_compiles_for_turing_ampere_and_hopper() {
+    for (major, minor) in [(7, 5), (8, 0), (9, 0)] {
         let ptx = match compile_kernels(major, minor, Output::Ptx) {
             Ok(ptx) => ptx,
             Err(runtime::RuntimeError::NoCudaDevice { reason }) => {

@@ -43,3 +43,24 @@ extern "C" __global__ void simt_selftest_skipped_barrier(float* out) {
     __syncthreads();
     out[threadIdx.x] = 1.0f;
 }
+
+// One warp's ldmatrix x4 of four 8×8 matrices of bf16 words M_m[i][j] = 64m + 8i + j (exact in
+// bf16), plain and transposed; out[l][m] (and out[32 + l][m] transposed) is lane l's word m
+// as its two halves' values, lower + 1000 · upper.
+extern "C" __global__ void simt_selftest_ldmatrix(float* out) {
+    __shared__ __align__(16) unsigned short tile[4][8][8];
+    unsigned lane = threadIdx.x % 32;
+    for (unsigned e = lane; e < 256; e += 32) {
+        float v = (float)e;
+        tile[e / 64][(e / 8) % 8][e % 8] = (unsigned short)(__float_as_uint(v) >> 16);
+    }
+    __syncthreads();
+    auto value = [](unsigned w) {
+        return __uint_as_float(w << 16) + 1000.0f * __uint_as_float(w & 0xffff0000u);
+    };
+    for (int trans = 0; trans < 2; ++trans) {
+        unsigned r[4];
+        ::simt::ldmatrix_x4(r, &tile[lane / 8][lane % 8][0], trans == 1);
+        for (int m = 0; m < 4; ++m) out[(32 * trans + lane) * 4 + m] = value(r[m]);
+    }
+}

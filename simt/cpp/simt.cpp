@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -80,6 +81,7 @@ struct WarpSlots {
     float value[kWarp];
     double wide[kWarp];
     unsigned a[kWarp][4], b[kWarp][2];
+    const void* row[kWarp];
 };
 
 struct Block {
@@ -232,6 +234,22 @@ void mma_m16n8k16_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
         d[e] += sum;
     }
     sync_warp();  // every lane has read the fragments before a next product overwrites them
+}
+
+void ldmatrix_x4(unsigned* r, const void* row, bool trans) {
+    WarpSlots& s = active->slots[warp_of_current()];
+    unsigned lane = lane_of_current();
+    s.row[lane] = row;
+    sync_warp();
+    auto half = [&](unsigned matrix, unsigned i, unsigned j) {  // element (i, j) of a matrix
+        std::uint16_t h;
+        std::memcpy(&h, static_cast<const char*>(s.row[8 * matrix + i]) + 2 * j, sizeof h);
+        return static_cast<unsigned>(h);
+    };
+    unsigned i = lane / 4, j = 2 * (lane % 4);
+    for (unsigned m = 0; m < 4; ++m)
+        r[m] = trans ? half(m, j, i) | (half(m, j + 1, i) << 16) : half(m, i, j) | (half(m, i, j + 1) << 16);
+    sync_warp();  // every lane has read the rows before a next load overwrites them
 }
 
 }  // namespace simt

@@ -34,6 +34,11 @@ double shfl_xor(double v, int lane_mask);
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 of the calling warp: d += a · b, each
 // lane holding its fragments in the PTX ISA's layout (attention_mma.cu's header).
 void mma_m16n8k16_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1);
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 of the calling warp: lane l names row l % 8
+// of matrix l / 8 (eight bf16, 16 bytes at `row`) and receives, of each matrix i, the word
+// (row l / 4, columns 2(l % 4), +1) into r[i], or with `trans` the two bf16 of column l / 4 in
+// rows 2(l % 4) and 2(l % 4) + 1 (the lower row in the lower half).
+void ldmatrix_x4(unsigned* r, const void* row, bool trans);
 }  // namespace simt
 
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
@@ -56,6 +61,7 @@ inline double __shfl_xor_sync(unsigned mask, double v, int lane_mask) {
 #define __shared__ static thread_local
 #define __syncthreads() ::simt::sync_threads()
 #define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)  // a register budget for the GPU's compiler
 
 inline unsigned __float_as_uint(float x) {
     unsigned u;

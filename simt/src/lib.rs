@@ -287,6 +287,33 @@ mod tests {
     }
 
     #[test]
+    fn a_warp_loads_matrices_as_ldmatrix_does() {
+        let mut out = vec![0.0f32; 64 * 4];
+        launch(
+            "simt_selftest_ldmatrix",
+            1,
+            32,
+            &mut [KernelArg::Out(&mut out)],
+        )
+        .expect("launch");
+        // M_m[i][j] = 64m + 8i + j; a word's value is its lower half + 1000 · its upper half.
+        let m = |m: usize, i: usize, j: usize| (64 * m + 8 * i + j) as f32;
+        for lane in 0..32 {
+            let (i, j) = (lane / 4, 2 * (lane % 4));
+            for k in 0..4 {
+                let plain = m(k, i, j) + 1000.0 * m(k, i, j + 1);
+                let trans = m(k, j, i) + 1000.0 * m(k, j + 1, i);
+                assert_eq!(out[lane * 4 + k], plain, "lane {lane} matrix {k}");
+                assert_eq!(
+                    out[(32 + lane) * 4 + k],
+                    trans,
+                    "lane {lane} matrix {k}, .trans"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn threads_that_skip_a_barrier_are_an_error() {
         let mut out = vec![0.0f32; 64];
         let e = launch(

@@ -198,7 +198,7 @@ fn unpad_rows_copies_each_row_out_of_its_pitch() {
 }
 
 #[test]
-fn attention_operands_pack_by_head_as_rows_and_as_columns() {
+fn attention_operands_pack_by_head_as_rows() {
     // [batch 2, n 70, heads 3, d]: 70 rows pad to 128, two blocks of 64; a narrow head and
     // the tensor-core kernels' widest.
     for d in [4usize, 128] {
@@ -231,29 +231,23 @@ fn pack_heads(d: usize) {
         }
     };
     let i = |v: usize| KernelArg::I64(i64::try_from(v).unwrap());
-    for kernel in ["attn_pack_rows", "attn_pack_cols"] {
-        let mut y = vec![f32::NAN; batch * heads * n_pad * d / 2];
-        let mut args = [
-            KernelArg::Out(&mut y),
-            KernelArg::In(&x),
-            i(batch),
-            i(n),
-            i(heads),
-            i(d),
-        ];
-        dev.launch(kernel, 8, 64, &mut args).unwrap();
-        for b in 0..batch {
-            for h in 0..heads {
-                let bh = b * heads + h;
-                for r in 0..n_pad {
-                    for c in 0..d {
-                        let index = if kernel == "attn_pack_rows" {
-                            (bh * n_pad + r) * d + c
-                        } else {
-                            (bh * d + c) * n_pad + r
-                        };
-                        assert_eq!(half(&y, index), at(b, r, h, c), "{kernel} {b} {r} {h} {c}");
-                    }
+    let mut y = vec![f32::NAN; batch * heads * n_pad * d / 2];
+    let mut args = [
+        KernelArg::Out(&mut y),
+        KernelArg::In(&x),
+        i(batch),
+        i(n),
+        i(heads),
+        i(d),
+    ];
+    dev.launch("attn_pack_rows", 8, 64, &mut args).unwrap();
+    for b in 0..batch {
+        for h in 0..heads {
+            let bh = b * heads + h;
+            for r in 0..n_pad {
+                for c in 0..d {
+                    let index = (bh * n_pad + r) * d + c;
+                    assert_eq!(half(&y, index), at(b, r, h, c), "{b} {r} {h} {c}");
                 }
             }
         }

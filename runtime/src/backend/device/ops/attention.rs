@@ -98,8 +98,6 @@ const MMA_KERNELS: [(i64, [&str; 4]); 3] = [
 ];
 const MMA_ROWS: i64 = 64;
 const MMA_THREADS: u32 = 128;
-/// The widest head the tensor-core kernels take (attention_mma.cu's MMA_MAX_D).
-const MMA_MAX_D: i64 = 128;
 
 /// The kernels of one attention, their grids and blocks: on the tensor cores for a bf16 plan
 /// on a device that has them (`attention_mma.cu`: bf16 operands, as the plan rounds its GEMMs);
@@ -210,7 +208,7 @@ pub(super) fn forward_at<D: Device>(
         return Ok(None);
     }
     let packed = p.mma.then(|| Packed::forward(b, &a, q, k, v)).transpose()?;
-    let (q, k, v) = packed.as_ref().map_or((q, k, v), |x| (&x.qp, &x.kp, &x.vt));
+    let (q, k, v) = packed.as_ref().map_or((q, k, v), |x| (&x.qp, &x.kp, &x.vp));
     let mut o = b.alloc(&out_shape(&a))?;
     let mut args = vec![
         KernelArg::Out(&mut o.mem),
@@ -305,12 +303,12 @@ pub(super) fn backward_at<D: Device>(
     Ok(Some(vec![dq, dk, dv]))
 }
 
-/// The tensor-core kernels' operands: bf16 copies, each head's rows together (`attn_pack_rows`)
-/// or transposed (`attn_pack_cols`), padded to whole 64-row blocks.
+/// The tensor-core kernels' operands: bf16 copies, each head's rows together
+/// (`attn_pack_rows`), padded to whole 64-row blocks.
 struct Packed<D: Device> {
     qp: Buf<D>,
     kp: Buf<D>,
-    vt: Buf<D>,
+    vp: Buf<D>,
 }
 
 /// Rows the packed copies hold: `n` rounded up to attention_mma.cu's MMA_BLOCK_ROWS.
@@ -318,38 +316,27 @@ fn padded(n: i64) -> i64 {
     (n + MMA_ROWS - 1) / MMA_ROWS * MMA_ROWS
 }
 
-/// `x` ([batch, n, heads·d]) packed by `kernel` (`attn_pack_rows` or `attn_pack_cols`).
+/// `x` ([batch, n, heads·d]) packed by `attn_pack_rows`.
 fn pack<D: Device>(
     b: &DeviceBackend<D>,
-    kernel: &'static str,
     x: &Buf<D>,
     a: &AttentionShape,
     (n, heads): (i64, i64),
 ) -> Result<Buf<D>, RuntimeError> {
+    const KERNEL: &str = "attn_pack_rows";
     let words = (a.batch * heads * padded(n) * a.d / 2) as usize;
-    if u32::try_from(words).is_err() || a.d > MMA_MAX_D {
-        // attn_pack_rows indexes in 32 bits, attn_pack_cols's tile holds heads up to
-        // MMA_MAX_D wide (attention_mma.cu).
+    if u32::try_from(words).is_err() {
+        // attn_pack_rows indexes in 32 bits (attention_mma.cu).
         return Err(RuntimeError::DeviceLaunch {
-            kernel,
-            message: format!(
-                "{words} packed words of heads {} wide: past the kernel's 2³² words or {MMA_MAX_D} columns",
-                a.d
-            ),
+            kernel: KERNEL,
+            message: format!("{words} packed words: past the kernel's 2³² words"),
         });
     }
     let mut y = b.alloc(&[words])?;
     let block = b.device.block_size();
-    let grid = if kernel == "attn_pack_cols" {
-        // One block per 64-row tile of a head.
-        let tiles = (a.batch * heads * padded(n) / MMA_ROWS) as usize;
-        tiles.clamp(1, 65535) as u32
-    } else {
-        super::stream_grid(block, words)
-    };
     b.device.launch(
-        kernel,
-        grid,
+        KERNEL,
+        super::stream_grid(block, words),
         block,
         &mut [
             KernelArg::Out(&mut y.mem),
@@ -372,15 +359,15 @@ impl<D: Device> Packed<D> {
         v: &Buf<D>,
     ) -> Result<Packed<D>, RuntimeError> {
         Ok(Packed {
-            qp: pack(b, "attn_pack_rows", q, a, (a.sq, a.heads))?,
-            kp: pack(b, "attn_pack_rows", k, a, (a.sk, a.kv))?,
-            vt: pack(b, "attn_pack_cols", v, a, (a.sk, a.kv))?,
+            qp: pack(b, q, a, (a.sq, a.heads))?,
+            kp: pack(b, k, a, (a.sk, a.kv))?,
+            vp: pack(b, v, a, (a.sk, a.kv))?,
         })
     }
 }
 
-/// `[dq, dk, dv]` on the tensor cores: the operands packed once, then the row statistics, dq
-/// per query block and dk, dv per key block.
+/// `[dq, dk, dv]` on the tensor cores: the operands and dO packed once, then the row
+/// statistics, dq per query block and dk, dv per key block.
 fn backward_mma<D: Device>(
     b: &DeviceBackend<D>,
     a: &AttentionShape,
@@ -388,15 +375,8 @@ fn backward_mma<D: Device>(
     [q, k, v, g]: [&Buf<D>; 4],
     qpos: Option<&D::Mem>,
 ) -> Result<Vec<Buf<D>>, RuntimeError> {
-    let fwd = Packed::forward(b, a, q, k, v)?;
-    let rows_of = |x, n, heads| pack(b, "attn_pack_rows", x, a, (n, heads));
-    let cols_of = |x, n, heads| pack(b, "attn_pack_cols", x, a, (n, heads));
-    let (qt, kt) = (cols_of(q, a.sq, a.heads)?, cols_of(k, a.sk, a.kv)?);
-    let (vp, gp, gt) = (
-        rows_of(v, a.sk, a.kv)?,
-        rows_of(g, a.sq, a.heads)?,
-        cols_of(g, a.sq, a.heads)?,
-    );
+    let x = Packed::forward(b, a, q, k, v)?;
+    let gp = pack(b, g, a, (a.sq, a.heads))?;
     let pos = || qpos.map_or(KernelArg::Null, KernelArg::In);
     let (mut lse, mut dsum) = (b.alloc(&[rows(a)])?, b.alloc(&[rows(a)])?);
     b.device.launch(
@@ -406,9 +386,9 @@ fn backward_mma<D: Device>(
         &mut [
             KernelArg::Out(&mut lse.mem),
             KernelArg::Out(&mut dsum.mem),
-            KernelArg::In(&fwd.qp.mem),
-            KernelArg::In(&fwd.kp.mem),
-            KernelArg::In(&fwd.vt.mem),
+            KernelArg::In(&x.qp.mem),
+            KernelArg::In(&x.kp.mem),
+            KernelArg::In(&x.vp.mem),
             KernelArg::In(&g.mem),
             pos(),
             KernelArg::Attention(*a),
@@ -421,10 +401,9 @@ fn backward_mma<D: Device>(
         p.block,
         &mut [
             KernelArg::Out(&mut dq.mem),
-            KernelArg::In(&fwd.qp.mem),
-            KernelArg::In(&fwd.kp.mem),
-            KernelArg::In(&kt.mem),
-            KernelArg::In(&vp.mem),
+            KernelArg::In(&x.qp.mem),
+            KernelArg::In(&x.kp.mem),
+            KernelArg::In(&x.vp.mem),
             KernelArg::In(&gp.mem),
             KernelArg::In(&lse.mem),
             KernelArg::In(&dsum.mem),
@@ -440,24 +419,25 @@ fn backward_mma<D: Device>(
         &mut [
             KernelArg::Out(&mut dk.mem),
             KernelArg::Out(&mut dv.mem),
-            KernelArg::In(&fwd.qp.mem),
-            KernelArg::In(&qt.mem),
-            KernelArg::In(&fwd.kp.mem),
-            KernelArg::In(&vp.mem),
+            KernelArg::In(&x.qp.mem),
+            KernelArg::In(&x.kp.mem),
+            KernelArg::In(&x.vp.mem),
             KernelArg::In(&gp.mem),
-            KernelArg::In(&gt.mem),
             KernelArg::In(&lse.mem),
             KernelArg::In(&dsum.mem),
             pos(),
             KernelArg::Attention(*a),
         ],
     )?;
+    for buf in [x.qp, x.kp, x.vp, gp, lse, dsum] {
+        b.device.release(buf.mem);
+    }
     Ok(vec![dq, dk, dv])
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{MMA_KERNELS, MMA_MAX_D, MMA_ROWS, MMA_THREADS};
+    use super::{MMA_KERNELS, MMA_ROWS, MMA_THREADS};
 
     #[test]
     fn the_launch_constants_are_attention_mma_cus() {
@@ -465,11 +445,18 @@ mod tests {
         for define in [
             format!("#define MMA_BLOCK_ROWS {MMA_ROWS}"),
             format!("#define MMA_THREADS {MMA_THREADS}"),
-            format!("#define MMA_MAX_D {MMA_MAX_D}"),
         ] {
             assert!(src.contains(&define), "attention_mma.cu: {define}");
         }
-        let widest = MMA_KERNELS.iter().map(|(d, _)| *d).max();
-        assert_eq!(widest, Some(MMA_MAX_D));
+        let names = kernels::device::kernel_names();
+        for (d, kernels) in MMA_KERNELS {
+            for kernel in kernels {
+                assert!(names.contains(&kernel), "{kernel}");
+                assert!(
+                    kernel.ends_with(&format!("mma{d}")),
+                    "{kernel} for heads {d} wide"
+                );
+            }
+        }
     }
 }
