@@ -114,8 +114,30 @@ __device__ double binary_apply(int op, double a, double b) {
     }
 }
 
+// Operands laid out as the output (a residual add, a sum of two gradients): ILP loads of each
+// in flight per thread, as the streaming kernels keep.
+__device__ void binary_forward_dense(float* y, const float* a, const float* b, i64 n, int op) {
+    i64 stride = grid_threads();
+    for (i64 i0 = global_thread(); i0 < n; i0 += ILP * stride) {
+        float va[ILP], vb[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            bool in = i0 + u * stride < n;
+            va[u] = in ? a[i0 + u * stride] : 0.0f;
+            vb[u] = in ? b[i0 + u * stride] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u)
+            if (i0 + u * stride < n) y[i0 + u * stride] = (float)binary_apply(op, (double)va[u], (double)vb[u]);
+    }
+}
+
 extern "C" __global__ void binary_forward(float* y, const float* a, const float* b, Broadcast s, i64 n, int op) {
     bool dense = broadcast_is_dense(s);
+    if (dense) {
+        binary_forward_dense(y, a, b, n, op);
+        return;
+    }
     for (i64 i = global_thread(); i < n; i += grid_threads()) {
         i64 oa = i, ob = i;
         if (!dense) broadcast_offsets(s, i, &oa, &ob);
@@ -125,19 +147,55 @@ extern "C" __global__ void binary_forward(float* y, const float* a, const float*
 
 // The output-shaped gradients of both operands: ga = g·∂/∂a, gb = g·∂/∂b (either may be null
 // when its operand needs none).
+// ∂/∂a and ∂/∂b of `op` at (x, z).
+__device__ void binary_partials(int op, double x, double z, double* da, double* db) {
+    switch (op) {
+        case B_ADD: *da = 1.0; *db = 1.0; break;
+        case B_SUB: *da = 1.0; *db = -1.0; break;
+        case B_MUL: *da = z; *db = x; break;
+        default: *da = 1.0 / z; *db = -x / (z * z); break;
+    }
+}
+
+// binary_backward on operands laid out as the output, ILP elements in flight per thread; a
+// sum or difference reads neither operand (its partials are constants).
+__device__ void binary_backward_dense(float* ga, float* gb, const float* a, const float* b, const float* g, i64 n,
+                                      int op) {
+    bool reads = op == B_MUL || op == B_DIV;
+    i64 stride = grid_threads();
+    for (i64 i0 = global_thread(); i0 < n; i0 += ILP * stride) {
+        float vx[ILP], vz[ILP], vg[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            i64 i = i0 + u * stride;
+            bool in = i < n;
+            vg[u] = in ? g[i] : 0.0f;
+            vx[u] = in && reads ? a[i] : 0.0f;
+            vz[u] = in && reads ? b[i] : 1.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            i64 i = i0 + u * stride;
+            if (i >= n) continue;
+            double da, db;
+            binary_partials(op, (double)vx[u], (double)vz[u], &da, &db);
+            if (ga) ga[i] = (float)((double)vg[u] * da);
+            if (gb) gb[i] = (float)((double)vg[u] * db);
+        }
+    }
+}
+
 extern "C" __global__ void binary_backward(float* ga, float* gb, const float* a, const float* b, const float* g,
                                            Broadcast s, i64 n, int op) {
-    bool dense = broadcast_is_dense(s);
+    if (broadcast_is_dense(s)) {
+        binary_backward_dense(ga, gb, a, b, g, n, op);
+        return;
+    }
     for (i64 i = global_thread(); i < n; i += grid_threads()) {
         i64 oa = i, ob = i;
-        if (!dense) broadcast_offsets(s, i, &oa, &ob);
+        broadcast_offsets(s, i, &oa, &ob);
         double x = a[oa], z = b[ob], gi = g[i], da, db;
-        switch (op) {
-            case B_ADD: da = 1.0; db = 1.0; break;
-            case B_SUB: da = 1.0; db = -1.0; break;
-            case B_MUL: da = z; db = x; break;
-            default: da = 1.0 / z; db = -x / (z * z); break;
-        }
+        binary_partials(op, x, z, &da, &db);
         if (ga) ga[i] = (float)(gi * da);
         if (gb) gb[i] = (float)(gi * db);
     }

@@ -38,7 +38,7 @@ pub(super) fn forward<D: Device>(
     let mut y = b.alloc(&shape)?;
     b.device.launch(
         "binary_forward",
-        pointwise_grid(block, y.len),
+        binary_grid(block, [x.len, z.len], y.len),
         block,
         &mut [
             KernelArg::Out(&mut y.mem),
@@ -91,7 +91,7 @@ pub(super) fn backward<D: Device>(
     let (mut gx, mut gz) = (b.alloc(&shape)?, b.alloc(&shape)?);
     b.device.launch(
         "binary_backward",
-        pointwise_grid(block, g.len),
+        binary_grid(block, [x.len, z.len], g.len),
         block,
         &mut [
             KernelArg::Out(&mut gx.mem),
@@ -157,4 +157,15 @@ pub(super) fn sum_to<D: Device>(
     )?;
     b.device.release(full.mem);
     Ok(out)
+}
+
+/// Blocks of `binary_forward`/`binary_backward` over `n` outputs: streaming (`ILP` elements a
+/// thread) where both operands (of `lens` elements) have the output's size, the kernels'
+/// dense path; one element a thread where one is broadcast.
+fn binary_grid(block: u32, lens: [usize; 2], n: usize) -> u32 {
+    if lens.iter().all(|&len| len == n) {
+        stream_grid(block, n)
+    } else {
+        pointwise_grid(block, n)
+    }
 }
