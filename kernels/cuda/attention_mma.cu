@@ -38,7 +38,9 @@
 #define MMA_WARP_ROWS 16
 #define MMA_BLOCK_ROWS 64
 // Keys per shared tile in the forward; queries (dk, dv) or keys (dq) per tile in the backward.
-#define MMA_FWD_TILE 64
+// (The forward's tile is 64 keys up to heads 64 wide, 32 beyond: two buffers of each of K and
+// V must fit the 48 KB of static shared memory a block may declare.)
+#define MMA_FWD_TILE(d) ((d) > 64 ? 32 : 64)
 #define MMA_BWD_TILE 32
 // Row stride, in 32-bit words, of a row-major tile of `d` bf16 columns (+4 words).
 #define MMA_ROW_WORDS(d) ((d) / 2 + 4)
@@ -170,14 +172,50 @@ __device__ void mma_load_a(unsigned (*frag)[4], const float* packed, i64 bh, i64
             frag[kk][e] = words[(l.group + (e % 2) * 8) * (D / 2) + kk * 8 + (e / 2) * 4 + l.t];
 }
 
+// Copies into shared memory that run while the block computes (cp.async, sm_80 on): a tile is
+// fetched into one of two buffers while the other is multiplied, FlashAttention-2's pipeline.
+// A thread's copies land by its `mma_copies_land`; a barrier after it shows them to the block.
+// The emulator lands each at once or only at that wait (simt.hpp), so a tile read too early or
+// overwritten while read shows there; GPUs that never run these kernels copy plainly.
+__device__ __forceinline__ void mma_copy16(unsigned* dst, const unsigned* src) {
+#if MMA_PTX
+    unsigned at = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src));
+#elif defined(__CUDACC_RTC__)
+    *(uint4*)dst = *(const uint4*)src;
+#else
+    ::simt::async_copy(dst, src, 16, 16);
+#endif
+}
+
+// One float, or zero where `in` is false (then `src` is not read).
+__device__ __forceinline__ void mma_copy4(float* dst, const float* src, bool in) {
+#if MMA_PTX
+    unsigned at = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(at), "l"(src), "r"(in ? 4 : 0));
+#elif defined(__CUDACC_RTC__)
+    *dst = in ? *src : 0.0f;
+#else
+    ::simt::async_copy(dst, src, 4, in ? 4 : 0);
+#endif
+}
+
+__device__ __forceinline__ void mma_copies_land() {
+#if MMA_PTX
+    asm volatile("cp.async.wait_all;\n" ::);
+#elif !defined(__CUDACC_RTC__)
+    ::simt::async_wait();
+#endif
+}
+
 // Rows `r0 .. r0 + rows` of head `bh` of a row-packed tensor into a row-major tile
-// (MMA_ROW_WORDS(D) words a row), 16 bytes at a time.
+// (MMA_ROW_WORDS(D) words a row), 16 bytes at a time, asynchronously (`mma_copy16`).
 template <int D>
 __device__ void mma_tile_rows(unsigned* tile, const float* packed, i64 bh, i64 r0, int rows, i64 n_pad) {
-    const uint4* src = (const uint4*)((const unsigned*)packed + (bh * n_pad + r0) * (D / 2));
+    const unsigned* src = (const unsigned*)packed + (bh * n_pad + r0) * (D / 2);
     for (int e = threadIdx.x; e < rows * (D / 8); e += blockDim.x) {
         int r = e / (D / 8), w = e % (D / 8);
-        ((uint4*)(tile + r * MMA_ROW_WORDS(D)))[w] = src[r * (D / 8) + w];
+        mma_copy16(tile + r * MMA_ROW_WORDS(D) + 4 * w, src + r * (D / 2) + 4 * w);
     }
 }
 
@@ -218,9 +256,9 @@ __device__ void mma_cols(float (*acc)[4], float (*p)[4], const unsigned* tile, c
 
 // The softmax in base 2: exp2f is one instruction on the GPU (MUFU.EX2), expf several, and
 // the inner loops are bound by their instructions per score, not by the tensor cores. Scores
-// are kept as log₂e · score (lse stays natural at the kernels' interfaces).
+// are kept as log₂e · score, and so is the lse the row statistics pass to dq and dk, dv (only
+// these kernels read it).
 #define MMA_LOG2E 1.4426950408889634f
-#define MMA_LN2 0.6931471805599453f
 
 // attention.cu's `attn_score` constants, in log₂ units.
 struct MmaScore {
@@ -310,6 +348,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
     i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     MmaLane l = mma_lane();
     MmaScore sc = mma_score_of(a);
+    const int TILE = MMA_FWD_TILE(D);
     for (i64 t = blockIdx.x; t < mma_query_blocks(a); t += gridDim.x) {
         MmaQueries x = mma_queries(a, t);
         i64 w0 = x.q0 + l.warp * MMA_WARP_ROWS;
@@ -323,24 +362,34 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
-        i64 keys = mma_block_keys(a, qpos, x.q0);
-        for (i64 k0 = 0; k0 < keys; k0 += MMA_FWD_TILE) {
-            __syncthreads();  // the last tile's readers are done
-            mma_tile_rows<D>(ks, kp, x.b * a.kv + x.g, k0, MMA_FWD_TILE, k_pad);
-            mma_tile_rows<D>(vs, vp, x.b * a.kv + x.g, k0, MMA_FWD_TILE, k_pad);
-            __syncthreads();
-            float s[MMA_FWD_TILE / 8][4];
+        i64 keys = mma_block_keys(a, qpos, x.q0), kv = x.b * a.kv + x.g;
+        const int words = TILE * MMA_ROW_WORDS(D);  // one buffer
+        __syncthreads();  // the last block's readers are done with both buffers
+        if (keys > 0) {
+            mma_tile_rows<D>(ks, kp, kv, 0, TILE, k_pad);
+            mma_tile_rows<D>(vs, vp, kv, 0, TILE, k_pad);
+        }
+        for (i64 k0 = 0; k0 < keys; k0 += TILE) {
+            int now = (int)(k0 / TILE) % 2;
+            mma_copies_land();
+            __syncthreads();  // this tile is in, and the other buffer's readers are done
+            if (k0 + TILE < keys) {
+                mma_tile_rows<D>(ks + (1 - now) * words, kp, kv, k0 + TILE, TILE, k_pad);
+                mma_tile_rows<D>(vs + (1 - now) * words, vp, kv, k0 + TILE, TILE, k_pad);
+            }
+            const unsigned *kt = ks + now * words, *vt = vs + now * words;
+            float s[TILE / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < MMA_FWD_TILE / 8; ++nt)
+            for (int nt = 0; nt < TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-            mma_rows<D, MMA_FWD_TILE / 8>(s, qa, ks, l);
-            mma_scores2<MMA_FWD_TILE / 8>(s, sc);
+            mma_rows<D, TILE / 8>(s, qa, kt, l);
+            mma_scores2<TILE / 8>(s, sc);
             // Columns from k0 each of the lane's two rows sees (all but on the diagonal).
-            int seen[2] = {mma_below(vis[0], k0, MMA_FWD_TILE), mma_below(vis[1], k0, MMA_FWD_TILE)};
+            int seen[2] = {mma_below(vis[0], k0, TILE), mma_below(vis[1], k0, TILE)};
             float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int nt = 0; nt < MMA_FWD_TILE / 8; ++nt)
+            for (int nt = 0; nt < TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     int c = nt * 8 + 2 * l.t + e % 2;
@@ -358,7 +407,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
                 m[r] = m_new;
             }
 #pragma unroll
-            for (int nt = 0; nt < MMA_FWD_TILE / 8; ++nt)
+            for (int nt = 0; nt < TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     s[nt][e] = exp2f(s[nt][e] - base[e / 2]);
@@ -370,7 +419,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
             for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[dt][e] *= corr[e / 2];
-            mma_cols<D, MMA_FWD_TILE / 8>(acc, s, vs, l);
+            mma_cols<D, TILE / 8>(acc, s, vt, l);
         }
         float dpart[2] = {0.0f, 0.0f}, inv[2];
 #pragma unroll
@@ -396,7 +445,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
                 float d = quad_sum(dpart[r]);
                 if (l.t == 0 && rows[r] < a.sq) {
                     i64 row = (x.b * a.heads + x.h) * a.sq + rows[r];
-                    lse[row] = sum[r] > 0.0f ? (m[r] + log2f(sum[r])) * MMA_LN2 : -INFINITY;
+                    lse[row] = sum[r] > 0.0f ? m[r] + log2f(sum[r]) : -INFINITY;
                     dsum[row] = d;
                 }
             }
@@ -404,22 +453,23 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
     }
 }
 
-// The backward's shared tiles, declared in each kernel at its own head width `d` (a
-// template's own `__shared__` arrays would be allocated once per width it is instantiated at).
+// The backward's shared tiles, two buffers of each (`mma_copy16`), declared in each kernel at
+// its own head width `d` (a template's own `__shared__` arrays would be allocated once per
+// width it is instantiated at).
 struct MmaBackwardTiles {
     unsigned *rows, *rows2;
     float *lse, *d;
 };
 
-#define MMA_BACKWARD_TILES(d)                                                  \
-    __shared__ __align__(16) unsigned rows[MMA_BWD_TILE * MMA_ROW_WORDS(d)];   \
-    __shared__ __align__(16) unsigned rows2[MMA_BWD_TILE * MMA_ROW_WORDS(d)];  \
-    __shared__ float tile_lse[MMA_BWD_TILE], tile_d[MMA_BWD_TILE];             \
+#define MMA_BACKWARD_TILES(d)                                                   \
+    __shared__ __align__(16) unsigned rows[2 * MMA_BWD_TILE * MMA_ROW_WORDS(d)];  \
+    __shared__ __align__(16) unsigned rows2[2 * MMA_BWD_TILE * MMA_ROW_WORDS(d)]; \
+    __shared__ float tile_lse[2 * MMA_BWD_TILE], tile_d[2 * MMA_BWD_TILE];        \
     MmaBackwardTiles w = {rows, rows2, tile_lse, tile_d};
 
 #define MMA_FORWARD_TILES(d)                                                   \
-    __shared__ __align__(16) unsigned ks[MMA_FWD_TILE * MMA_ROW_WORDS(d)];     \
-    __shared__ __align__(16) unsigned vs[MMA_FWD_TILE * MMA_ROW_WORDS(d)];
+    __shared__ __align__(16) unsigned ks[2 * MMA_FWD_TILE(d) * MMA_ROW_WORDS(d)]; \
+    __shared__ __align__(16) unsigned vs[2 * MMA_FWD_TILE(d) * MMA_ROW_WORDS(d)];
 
 // dq over one block's queries: dq = scale · Σ_j dS_j k_j, key tiles of MMA_BWD_TILE.
 template <int D>
@@ -439,7 +489,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             i64 at = (x.b * a.heads + x.h) * a.sq + rows[r];
-            row_lse[r] = rows[r] < a.sq ? lse[at] * MMA_LOG2E : 0.0f;
+            row_lse[r] = rows[r] < a.sq ? lse[at] : 0.0f;
             row_d[r] = rows[r] < a.sq ? dsum[at] : 0.0f;
         }
         unsigned qa[D / 16][4], ga[D / 16][4];
@@ -450,19 +500,29 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
-        i64 keys = mma_block_keys(a, qpos, x.q0);
+        i64 keys = mma_block_keys(a, qpos, x.q0), kv = x.b * a.kv + x.g;
+        const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);  // one buffer
+        __syncthreads();  // the last block's readers are done with both buffers
+        if (keys > 0) {
+            mma_tile_rows<D>(ks, kp, kv, 0, MMA_BWD_TILE, k_pad);
+            mma_tile_rows<D>(vs, vp, kv, 0, MMA_BWD_TILE, k_pad);
+        }
         for (i64 k0 = 0; k0 < keys; k0 += MMA_BWD_TILE) {
-            __syncthreads();
-            mma_tile_rows<D>(ks, kp, x.b * a.kv + x.g, k0, MMA_BWD_TILE, k_pad);
-            mma_tile_rows<D>(vs, vp, x.b * a.kv + x.g, k0, MMA_BWD_TILE, k_pad);
-            __syncthreads();
+            int now = (int)(k0 / MMA_BWD_TILE) % 2;
+            mma_copies_land();
+            __syncthreads();  // this tile is in, and the other buffer's readers are done
+            if (k0 + MMA_BWD_TILE < keys) {
+                mma_tile_rows<D>(ks + (1 - now) * words, kp, kv, k0 + MMA_BWD_TILE, MMA_BWD_TILE, k_pad);
+                mma_tile_rows<D>(vs + (1 - now) * words, vp, kv, k0 + MMA_BWD_TILE, MMA_BWD_TILE, k_pad);
+            }
+            const unsigned *kt = ks + now * words, *vt = vs + now * words;
             float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
 #pragma unroll
             for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-            mma_rows<D, MMA_BWD_TILE / 8>(s, qa, ks, l);
-            mma_rows<D, MMA_BWD_TILE / 8>(dp, ga, vs, l);
+            mma_rows<D, MMA_BWD_TILE / 8>(s, qa, kt, l);
+            mma_rows<D, MMA_BWD_TILE / 8>(dp, ga, vt, l);
             mma_scores2<MMA_BWD_TILE / 8>(s, sc);
             int seen[2] = {mma_below(vis[0], k0, MMA_BWD_TILE), mma_below(vis[1], k0, MMA_BWD_TILE)};
 #pragma unroll
@@ -474,7 +534,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
                     float ds = mma_score_grad(sc, x2, exp2f(x2 - row_lse[r]), dp[nt][e], row_d[r]);
                     s[nt][e] = c < seen[r] ? ds : 0.0f;
                 }
-            mma_cols<D, MMA_BWD_TILE / 8>(acc, s, ks, l);
+            mma_cols<D, MMA_BWD_TILE / 8>(acc, s, kt, l);
         }
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
@@ -487,6 +547,22 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
     }
 }
 
+// Query tile `i0` of head `bh` into buffer `buf` of the backward's tiles: q and dO rows, and
+// the rows' lse (log₂ units) and D (zero past the sequence), all asynchronously.
+template <int D>
+__device__ void mma_query_tile(const MmaBackwardTiles& w, int buf, const float* qp, const float* gp,
+                               const float* lse, const float* dsum, i64 bh, i64 i0, i64 sq, i64 q_pad) {
+    const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);
+    mma_tile_rows<D>(w.rows + buf * words, qp, bh, i0, MMA_BWD_TILE, q_pad);
+    mma_tile_rows<D>(w.rows2 + buf * words, gp, bh, i0, MMA_BWD_TILE, q_pad);
+    for (int i = threadIdx.x; i < MMA_BWD_TILE; i += blockDim.x) {
+        bool in = i0 + i < sq;
+        i64 at = in ? bh * sq + i0 + i : 0;
+        mma_copy4(w.lse + buf * MMA_BWD_TILE + i, lse + at, in);
+        mma_copy4(w.d + buf * MMA_BWD_TILE + i, dsum + at, in);
+    }
+}
+
 // dk and dv over one block's 64 keys (batch, kv head): Σ over the group's query heads and the
 // query tiles that see the keys of scale·dS q and P dO.
 template <int D>
@@ -495,8 +571,6 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                                  const float* dsum, const float* qpos, const Attention& a,
                                  const MmaBackwardTiles& w) {
     i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
-    unsigned *qs = w.rows, *gs = w.rows2;
-    float *tile_lse = w.lse, *tile_d = w.d;
     MmaLane l = mma_lane();
     MmaScore sc = mma_score_of(a);
     i64 key_blocks = (a.sk + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS;
@@ -517,50 +591,58 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
         // mask alone says).
         i64 first = a.causal && !qpos ? k0 - (a.sk - a.sq) : 0;
         if (first < 0) first = 0;
-        first -= first % MMA_BWD_TILE;  // the column-packed tiles start at whole words of 16 bytes
-        for (i64 h = g * group; h < (g + 1) * group; ++h) {
-            for (i64 i0 = first; i0 < a.sq; i0 += MMA_BWD_TILE) {
-                __syncthreads();
-                mma_tile_rows<D>(qs, qp, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
-                mma_tile_rows<D>(gs, gp, b * a.heads + h, i0, MMA_BWD_TILE, q_pad);
-                for (int i = threadIdx.x; i < MMA_BWD_TILE; i += blockDim.x) {
-                    i64 at = (b * a.heads + h) * a.sq + i0 + i;
-                    tile_lse[i] = i0 + i < a.sq ? lse[at] * MMA_LOG2E : 0.0f;
-                    tile_d[i] = i0 + i < a.sq ? dsum[at] : 0.0f;
-                }
-                __syncthreads();
-                // Sᵀ and dPᵀ: rows the warp's keys, columns the tile's queries.
-                float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
-#pragma unroll
-                for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-                mma_rows<D, MMA_BWD_TILE / 8>(s, ka, qs, l);
-                mma_rows<D, MMA_BWD_TILE / 8>(dp, va, gs, l);
-                // The tile's columns each of the lane's two keys is seen by: from the first
-                // query whose causal window reaches the key to the last query (or, with the
-                // queries' positions, as each position says).
-                mma_scores2<MMA_BWD_TILE / 8>(s, sc);
-                int hi = mma_below(a.sq, i0, MMA_BWD_TILE), lo[2];
-#pragma unroll
-                for (int r = 0; r < 2; ++r)
-                    lo[r] = keys[r] >= a.sk ? MMA_BWD_TILE
-                                            : (a.causal ? mma_below(keys[r] - (a.sk - a.sq), i0, MMA_BWD_TILE) : 0);
-#pragma unroll
-                for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        int c = nt * 8 + 2 * l.t + e % 2, r = e / 2;
-                        bool seen = qpos ? keys[r] < a.sk && keys[r] < mma_visible(a, qpos, i0 + c)
-                                         : c >= lo[r] && c < hi;
-                        float x2 = s[nt][e];
-                        float p = seen ? exp2f(x2 - tile_lse[c]) : 0.0f;
-                        s[nt][e] = p;
-                        dp[nt][e] = seen ? mma_score_grad(sc, x2, p, dp[nt][e], tile_d[c]) : 0.0f;
-                    }
-                mma_cols<D, MMA_BWD_TILE / 8>(dva, s, gs, l);
-                mma_cols<D, MMA_BWD_TILE / 8>(dka, dp, qs, l);
+        first -= first % MMA_BWD_TILE;  // whole tiles
+        // The group's query heads' tiles in turn, each fetched while the one before is used.
+        const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);  // one buffer
+        i64 h = g * group, i0 = first;
+        bool any = first < a.sq;
+        __syncthreads();  // the last block's readers are done with both buffers
+        if (any) mma_query_tile<D>(w, 0, qp, gp, lse, dsum, b * a.heads + h, i0, a.sq, q_pad);
+        for (int it = 0; any && h < (g + 1) * group; ++it) {
+            i64 nh = h, ni0 = i0 + MMA_BWD_TILE;
+            if (ni0 >= a.sq) {
+                ++nh;
+                ni0 = first;
             }
+            int now = it % 2;
+            mma_copies_land();
+            __syncthreads();  // this tile is in, and the other buffer's readers are done
+            if (nh < (g + 1) * group) mma_query_tile<D>(w, 1 - now, qp, gp, lse, dsum, b * a.heads + nh, ni0, a.sq, q_pad);
+            const unsigned *qs = w.rows + now * words, *gs = w.rows2 + now * words;
+            const float *tl = w.lse + now * MMA_BWD_TILE, *td = w.d + now * MMA_BWD_TILE;
+            // Sᵀ and dPᵀ: rows the warp's keys, columns the tile's queries.
+            float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
+            mma_rows<D, MMA_BWD_TILE / 8>(s, ka, qs, l);
+            mma_rows<D, MMA_BWD_TILE / 8>(dp, va, gs, l);
+            // The tile's columns each of the lane's two keys is seen by: from the first
+            // query whose causal window reaches the key to the last query (or, with the
+            // queries' positions, as each position says).
+            mma_scores2<MMA_BWD_TILE / 8>(s, sc);
+            int hi = mma_below(a.sq, i0, MMA_BWD_TILE), lo[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                lo[r] = keys[r] >= a.sk ? MMA_BWD_TILE
+                                        : (a.causal ? mma_below(keys[r] - (a.sk - a.sq), i0, MMA_BWD_TILE) : 0);
+#pragma unroll
+            for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int c = nt * 8 + 2 * l.t + e % 2, r = e / 2;
+                    bool seen = qpos ? keys[r] < a.sk && keys[r] < mma_visible(a, qpos, i0 + c)
+                                     : c >= lo[r] && c < hi;
+                    float x2 = s[nt][e];
+                    float p = seen ? exp2f(x2 - tl[c]) : 0.0f;
+                    s[nt][e] = p;
+                    dp[nt][e] = seen ? mma_score_grad(sc, x2, p, dp[nt][e], td[c]) : 0.0f;
+                }
+            mma_cols<D, MMA_BWD_TILE / 8>(dva, s, gs, l);
+            mma_cols<D, MMA_BWD_TILE / 8>(dka, dp, qs, l);
+            h = nh;
+            i0 = ni0;
         }
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)

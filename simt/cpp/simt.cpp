@@ -62,10 +62,19 @@ const std::vector<Entry>& registry() {
 
 constexpr std::size_t kStackBytes = 64 * 1024;
 
+// A cp.async copy not yet landed: its bytes (read at issue: the kernels' sources are not
+// written while copies run) and where they go.
+struct PendingCopy {
+    void* dst;
+    unsigned char bytes[16];
+    unsigned len;
+};
+
 struct Fiber {
     ucontext_t context;
     std::vector<char> stack = std::vector<char>(kStackBytes);
     bool done = false;
+    std::vector<PendingCopy> pending;
 };
 
 // A barrier of `members` threads: they arrive one by one, the last one opens it (a new
@@ -95,6 +104,8 @@ struct Block {
     // Barriers opened since the scheduler last looked: a round without one (and without a
     // thread returning) is a block that can never finish.
     unsigned long long opened = 0;
+    // Decides when each asynchronous copy lands (`async_copy`).
+    unsigned long long coin = 0;
 };
 
 thread_local Block* active = nullptr;
@@ -135,6 +146,7 @@ bool run_block(Block& b, unsigned threads) {
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
         f.done = false;
+        f.pending.clear();  // a thread may end with copies in flight; they land nowhere
         getcontext(&f.context);
         f.context.uc_stack.ss_sp = f.stack.data();
         f.context.uc_stack.ss_size = f.stack.size();
@@ -149,14 +161,22 @@ bool run_block(Block& b, unsigned threads) {
     // Each round runs the threads in a different order, so a kernel that reads what another
     // thread writes in the same phase (a race on a GPU) gives a different result than its
     // tests expect instead of passing by the luck of a fixed order.
+    // And in some rounds some warps stand still (a GPU schedules its warps independently):
+    // the others run ahead to the next block barrier, so a warp that overwrites shared memory
+    // another warp still reads, with no barrier between, shows too.
     std::vector<unsigned> order(threads);
+    std::vector<char> stalled(warps, 0);
     unsigned long long lcg = 0x9E3779B97F4A7C15ull ^ (unsigned long long)block_idx.x;
+    auto next = [&lcg] { return lcg = lcg * 6364136223846793005ull + 1442695040888963407ull; };
     for (;;) {
         for (unsigned t = 0; t < threads; ++t) order[t] = t;
-        for (unsigned t = threads; t > 1; --t) {
-            lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
-            std::swap(order[t - 1], order[(lcg >> 33) % t]);
+        for (unsigned t = threads; t > 1; --t) std::swap(order[t - 1], order[(next() >> 33) % t]);
+        bool stalls = false;
+        for (unsigned w = 0; w < warps; ++w) {
+            stalled[w] = warps > 1 && ((next() >> 40) & 1);
+            stalls = stalls || stalled[w];
         }
+        if (stalls && std::count(stalled.begin(), stalled.end(), 1) == (long)warps) stalled[(next() >> 33) % warps] = 0;
         unsigned finished = 0, returned = 0;
         b.opened = 0;
         for (unsigned i = 0; i < threads; ++i) {
@@ -165,13 +185,15 @@ bool run_block(Block& b, unsigned threads) {
                 ++finished;
                 continue;
             }
+            if (stalled[t / kWarp]) continue;
             b.current = t;
             thread_idx = dim3{t, 1, 1};
             swapcontext(&b.scheduler, &b.fibers[t].context);
             returned += b.fibers[t].done ? 1 : 0;
         }
         if (finished + returned == threads) return true;
-        if (b.opened == 0 && returned == 0) return false;
+        // (A round that left warps out proves nothing about the others waiting forever.)
+        if (!stalls && b.opened == 0 && returned == 0) return false;
     }
 }
 
@@ -234,6 +256,24 @@ void mma_m16n8k16_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
         d[e] += sum;
     }
     sync_warp();  // every lane has read the fragments before a next product overwrites them
+}
+
+void async_copy(void* dst, const void* src, unsigned len, unsigned src_len) {
+    PendingCopy c{dst, {}, len};
+    std::memcpy(c.bytes, src, std::min(src_len, len));  // zero past src_len
+    // Half the copies land at once, half only at the thread's next wait: a kernel that reads
+    // a tile before waiting for it, or overwrites one another thread still reads, sees it.
+    active->coin = active->coin * 6364136223846793005ull + 1442695040888963407ull;
+    if ((active->coin >> 40) & 1)
+        std::memcpy(dst, c.bytes, len);
+    else
+        active->fibers[active->current].pending.push_back(c);
+}
+
+void async_wait() {
+    auto& pending = active->fibers[active->current].pending;
+    for (const PendingCopy& c : pending) std::memcpy(c.dst, c.bytes, c.len);
+    pending.clear();
 }
 
 void ldmatrix_x4(unsigned* r, const void* row, bool trans) {

@@ -39,6 +39,11 @@ void mma_m16n8k16_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1);
 // (row l / 4, columns 2(l % 4), +1) into r[i], or with `trans` the two bf16 of column l / 4 in
 // rows 2(l % 4) and 2(l % 4) + 1 (the lower row in the lower half).
 void ldmatrix_x4(unsigned* r, const void* row, bool trans);
+// cp.async of the calling thread: `len` bytes (up to 16) to `dst`, the first `src_len` from
+// `src` and zeros after; it lands at once or at the thread's next `async_wait`
+// (cp.async.wait_all), as the emulator's coin says, since a GPU promises no more.
+void async_copy(void* dst, const void* src, unsigned len, unsigned src_len);
+void async_wait();
 }  // namespace simt
 
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
