@@ -18,12 +18,26 @@ pub enum DeviceArg {
     Cuda,
 }
 
+/// The device `plait run --device` names: [`DeviceArg`]'s, or none at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RunDeviceArg {
+    /// This machine's CPU threads (f32 kernels).
+    Cpu,
+    /// CUDA GPUs: rank r of a node on GPU r mod the GPUs visible (needs a build with
+    /// `--features cuda` and an NVIDIA driver).
+    Cuda,
+    /// No device: a CUDA run's allocations counted by its caching allocator, no kernel run
+    /// (losses are 0), to see a GPU plan's memory high-water mark on any machine.
+    Dry,
+}
+
 /// The device a run uses: the flag's, else what the plan's cluster is (a GPU cluster means
 /// CUDA; the CPU cluster, and a program directory, the CPU).
-pub fn resolve(flag: Option<DeviceArg>, plan: Option<&planner::plan::Plan>) -> Device {
+pub fn resolve(flag: Option<RunDeviceArg>, plan: Option<&planner::plan::Plan>) -> Device {
     match flag {
-        Some(DeviceArg::Cpu) => Device::Cpu,
-        Some(DeviceArg::Cuda) => Device::Cuda,
+        Some(RunDeviceArg::Cpu) => Device::Cpu,
+        Some(RunDeviceArg::Cuda) => Device::Cuda,
+        Some(RunDeviceArg::Dry) => Device::Dry,
         None => match plan {
             Some(p) if !p.cluster.runs_on_cpu_threads() => Device::Cuda,
             _ => Device::Cpu,

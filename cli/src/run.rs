@@ -101,10 +101,12 @@ pub struct RunArgs {
     reproducible: bool,
     /// Where the ranks train: cpu (this machine's threads) or cuda (GPUs; a build with
     /// `--features cuda`). A GPU plan on the CPU checks that its programs train as one device
-    /// does; their speed and memory are not the plan's.
+    /// does; their speed and memory are not the plan's. dry runs no kernel and counts what a
+    /// CUDA run would allocate: the memory line then compares the GPU allocator's high-water
+    /// mark with the plan's peak, on any machine (losses print as 0).
     /// [default: the plan's cluster: cuda for a GPU cluster, cpu for `--cluster cpu`]
     #[arg(long, value_enum)]
-    device: Option<crate::device::DeviceArg>,
+    device: Option<crate::device::RunDeviceArg>,
     /// The same as `--device cpu` (kept for earlier scripts).
     #[arg(long, hide = true, conflicts_with = "device")]
     on_cpu: bool,
@@ -286,7 +288,7 @@ fn data(args: &RunArgs) -> anyhow::Result<Tokens> {
 fn device(args: &RunArgs, plan: Option<&planner::plan::Plan>) -> runtime::train::Device {
     let flag = args
         .device
-        .or(args.on_cpu.then_some(crate::device::DeviceArg::Cpu));
+        .or(args.on_cpu.then_some(crate::device::RunDeviceArg::Cpu));
     crate::device::resolve(flag, plan)
 }
 
@@ -363,6 +365,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
                 "device      cuda: rank r on GPU r mod the GPUs visible; plait's kernels and \
                  cuBLAS GEMMs (bf16 for a bf16 plan), f32 buffers; collectives on NCCL when \
                  each rank has its own GPU, else staged through host memory"
+            );
+        }
+        if device == Device::Dry {
+            println!(
+                "device      dry: the CUDA run's allocations counted, no kernel run: losses \
+                 print as 0 and times are not a GPU's; the memory line is what a GPU's \
+                 allocator would hold"
             );
         }
     }

@@ -63,6 +63,51 @@ fn a_gpu_plan_is_refused_on_cpu_threads_unless_asked() {
     refused_or_on_cuda(code, &out, &err);
 }
 
+#[test]
+fn a_dry_run_counts_a_gpu_plans_memory_without_a_gpu() {
+    let d = dir("run-dry");
+    let model = d.join("m.json");
+    std::fs::write(
+        &model,
+        r#"{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":4,"vocab_size":256,"n_positions":64}"#,
+    )
+    .unwrap_or_default();
+    let plan = d.join("plan.json");
+    let (m, p) = (model.to_string_lossy(), plan.to_string_lossy());
+    let (code, _, err) = plait(&[
+        "compile",
+        &m,
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "--seq",
+        "64",
+        "--precision",
+        "bf16",
+        "-o",
+        &p,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = plait(&["run", &p, "--steps", "2", "--device", "dry"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("device      dry"), "{out}");
+    // Each stage's allocator high-water mark beside the plan's peak (an independent model of
+    // the same memory): of the same size.
+    let ratios: Vec<f64> = out
+        .lines()
+        .filter(|l| l.starts_with("memory      stage"))
+        .filter_map(|l| l.split("measured / predicted ").nth(1))
+        .filter_map(|r| r.trim_end_matches(')').parse().ok())
+        .collect();
+    assert!(!ratios.is_empty(), "{out}");
+    for r in ratios {
+        assert!((0.5..2.0).contains(&r), "measured / predicted {r}: {out}");
+    }
+}
+
 /// Either CUDA cannot run here and the run was refused (exit 2, naming CUDA and the fix, no
 /// step), or it ran on CUDA (a build with `--features cuda` on a GPU machine).
 fn refused_or_on_cuda(code: i32, out: &str, err: &str) {

@@ -55,6 +55,9 @@ pub enum Device {
     Cpu,
     /// A CUDA GPU ([`CudaBackend`]); rank `r` of a node uses GPU `r mod count`.
     Cuda,
+    /// No device: the CUDA lowering on [`crate::backend::dry::DryDevice`], which runs no
+    /// kernel and counts the memory a GPU's caching allocator would hold (losses are 0).
+    Dry,
 }
 
 impl Device {
@@ -64,7 +67,7 @@ impl Device {
     /// nothing else, so a caller can refuse at once, before building programs.
     pub fn available(self) -> Result<usize, RuntimeError> {
         match self {
-            Device::Cpu => Ok(1),
+            Device::Cpu | Device::Dry => Ok(1),
             Device::Cuda => match CudaBackend::device_count()? {
                 0 => Err(RuntimeError::NoCudaDevice {
                     reason: "the CUDA driver sees no GPU".into(),
@@ -315,6 +318,12 @@ pub fn train_rank_on_device<C: Communicator>(
             let precision = crate::GemmPrecision::of_plan(&set.mesh.precision);
             let backend = CudaBackend::new(local_rank % gpus)?.with_gemm_precision(precision);
             let backend = with_nccl(backend, &comm, gpus)?;
+            train_rank(set, backend, comm, data, opts, on_step)
+        }
+        Device::Dry => {
+            let precision = crate::GemmPrecision::of_plan(&set.mesh.precision);
+            let device = crate::backend::dry::DryDevice::new(true);
+            let backend = crate::DeviceBackend::on(device).with_gemm_precision(precision);
             train_rank(set, backend, comm, data, opts, on_step)
         }
     }

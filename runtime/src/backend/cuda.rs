@@ -26,6 +26,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use kernels::device::{AttentionShape, Broadcast, KernelArg, Strided};
 
+use super::device::bf16_gemm::Bf16Operand;
 use super::device::{Device, DeviceBackend, DeviceBuffer, DeviceProperties, Gemm};
 use super::nvrtc;
 use super::pool::{MemoryStats, Pool, Pooled, Slab};
@@ -269,7 +270,7 @@ impl CudaDevice {
 
     /// `x` as bf16 (`to_bf16`): `op`'s matrices, rows padded to its pitch.
     pub(super) fn to_bf16(&self, x: &CudaMem, op: &Bf16Operand) -> Result<CudaMem, RuntimeError> {
-        let words = op.mats * op.rows * op.pitch / 2;
+        let words = op.words();
         let mut y = self.uninit(words)?;
         let block = self.block_size();
         let grid = kernels::device::to_bf16_grid(op.mats, op.rows, op.pitch);
@@ -290,17 +291,6 @@ impl CudaDevice {
         )?;
         Ok(y)
     }
-}
-
-/// How a GEMM operand of `mats` row-major `[rows, cols]` matrices, the m-th at `m · stride`,
-/// is copied to bf16: each row padded to `pitch` elements.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Bf16Operand {
-    pub mats: usize,
-    pub rows: usize,
-    pub cols: usize,
-    pub stride: usize,
-    pub pitch: usize,
 }
 
 impl Device for CudaDevice {

@@ -9,7 +9,8 @@ use cudarc::cublas::result::{CublasError, gemm_strided_batched_ex};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
-use super::cuda::{Bf16Operand, CudaDevice, CudaMem};
+use super::cuda::{CudaDevice, CudaMem};
+use super::device::bf16_gemm::{self, Layout};
 use super::device::{Device, Gemm, GemmPrecision, KernelArg};
 use crate::RuntimeError;
 
@@ -92,63 +93,19 @@ fn bf16_of<'m>(
             message: format!("a bf16 operand given for a batch of {batch} products (one only)"),
         });
     }
-    let pitch = dims.1.next_multiple_of(8);
-    Ok((
-        Bf16Copy::Given(x),
-        Layout {
-            ld: pitch,
-            stride: dims.0 * pitch,
-        },
-    ))
+    Ok((Bf16Copy::Given(x), bf16_gemm::given_layout(dims)))
 }
 
-/// An operand's leading dimension and batch stride, in elements.
-#[derive(Debug, Clone, Copy)]
-struct Layout {
-    ld: usize,
-    stride: usize,
-}
-
-/// A GEMM operand of `batch` `[rows, cols]` matrices at `stride` as bf16: padded rows where
-/// the matrices are dense (stride `rows · cols`) or one matrix serves all (stride 0); else
-/// its own layout, unpadded.
+/// A GEMM operand of `batch` `[rows, cols]` matrices at `stride` as bf16, laid out as
+/// `bf16_gemm::copy_layout` says.
 fn to_bf16(
     dev: &CudaDevice,
     x: &CudaMem,
     batch: usize,
-    (rows, cols): (usize, usize),
+    dims: (usize, usize),
     stride: usize,
 ) -> Result<(CudaMem, Layout), RuntimeError> {
-    let dense = stride == rows * cols || batch == 1;
-    let (op, layout) = if stride == 0 || dense {
-        let pitch = cols.next_multiple_of(8);
-        let mats = if stride == 0 { 1 } else { batch };
-        let stride_out = if stride == 0 { 0 } else { rows * pitch };
-        let op = Bf16Operand {
-            mats,
-            rows,
-            cols,
-            stride: rows * cols,
-            pitch,
-        };
-        (
-            op,
-            Layout {
-                ld: pitch,
-                stride: stride_out,
-            },
-        )
-    } else {
-        let span = (batch - 1) * stride + rows * cols;
-        let op = Bf16Operand {
-            mats: 1,
-            rows: 1,
-            cols: span,
-            stride: 0,
-            pitch: span.next_multiple_of(2),
-        };
-        (op, Layout { ld: cols, stride })
-    };
+    let (op, layout) = bf16_gemm::copy_layout(batch, dims, stride);
     Ok((dev.to_bf16(x, &op)?, layout))
 }
 
@@ -202,9 +159,7 @@ pub(super) fn gemm(
     let operands = match g.precision {
         GemmPrecision::F32 => Operands::F32(a, b),
         GemmPrecision::Bf16 => {
-            // Stored row-major: op(a) is [m, k], so a is [k, m] when transposed.
-            let a_dims = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
-            let b_dims = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+            let [a_dims, b_dims] = bf16_gemm::operand_dims(g);
             Operands::Bf16([
                 bf16_of(dev, a, g.given_bf16[0], g.batch, a_dims, g.stride_a)?,
                 bf16_of(dev, b, g.given_bf16[1], g.batch, b_dims, g.stride_b)?,
@@ -230,7 +185,7 @@ pub(super) fn gemm(
         a: (a_ptr, a_layout),
         b: (b_ptr, b_layout),
     };
-    let Some(pitch) = padded_pitch(g, dims.n) else {
+    let Some(pitch) = bf16_gemm::padded_pitch(g, dims.n) else {
         let (c_ptr, _c_sync) = c.data.device_ptr_mut(stream);
         let c_layout = Layout {
             ld: g.n,
@@ -242,13 +197,7 @@ pub(super) fn gemm(
         };
         return call.run(dev, (c_ptr, c_layout));
     };
-    // One batch entry's rows at a time when the padded output would be large (an LM head's
-    // logits: 8192 × 50264 f32 is 1.6 GB): the scratch stays under PADDED_CHUNK_BYTES.
-    let chunk = if g.batch == 1 {
-        (PADDED_CHUNK_BYTES / (4 * pitch)).clamp(1, g.m)
-    } else {
-        g.m
-    };
+    let chunk = bf16_gemm::padded_chunk(g, pitch);
     let mut scratch = dev.uninit(g.batch * chunk * pitch)?;
     for row0 in (0..g.m).step_by(chunk) {
         let rows = chunk.min(g.m - row0);
@@ -272,10 +221,6 @@ pub(super) fn gemm(
     drop(scratch);
     Ok(())
 }
-
-/// Output chunks of a padded product stay under this (256 MiB): a bound on the extra memory
-/// the padding costs, at GEMMs still large enough to run at full rate.
-const PADDED_CHUNK_BYTES: usize = 256 << 20;
 
 /// One cuBLAS call: `rows` rows of `g`'s product over `dims`, from operands given as device
 /// pointers with their layouts (bf16 copies, or f32 buffers).
@@ -341,12 +286,8 @@ impl Call<'_> {
     }
 }
 
-/// The `n` and `k` cuBLAS multiplies over: `g`'s own, or for bf16 copies whose rows hold the
-/// dim padded with zeros (`to_bf16`'s pitch) that padded extent, so that every dim of the
-/// product is a multiple of 8. On an H200, GPT-2's LM-head products over a 50257-word
-/// vocabulary ran at about a fifth of the per-layer GEMMs' rate with the odd dims, and the
-/// padding only adds zero products. `n` pads when `b` stores it as columns (not transposed);
-/// `k` when both operands store it as columns (`a` plain, `b` transposed) at the same pitch.
+/// The `n` and `k` cuBLAS multiplies over: `g`'s own for f32 operands, the bf16 copies'
+/// padded extents otherwise (`bf16_gemm::product_dims`).
 #[derive(Debug, Clone, Copy)]
 struct Dims {
     n: usize,
@@ -354,29 +295,13 @@ struct Dims {
 }
 
 impl Dims {
-    fn of(g: &Gemm, operands: &Operands<'_>, [a, b]: [Layout; 2]) -> Dims {
+    fn of(g: &Gemm, operands: &Operands<'_>, layouts: [Layout; 2]) -> Dims {
         if matches!(operands, Operands::F32(..)) {
             return Dims { n: g.n, k: g.k };
         }
-        Dims {
-            n: if g.trans_b { g.n } else { b.ld.max(g.n) },
-            k: if !g.trans_a && g.trans_b && a.ld == b.ld {
-                a.ld.max(g.k)
-            } else {
-                g.k
-            },
-        }
+        let (n, k) = bf16_gemm::product_dims(g, layouts);
+        Dims { n, k }
     }
-}
-
-/// The row pitch a bf16 GEMM writes its output at, when not the output's own: cuBLAS computes
-/// `n_gemm ≥ n` columns (`Dims`), or the rows are not a whole number of 16-byte words
-/// (cuBLAS's Hopper kernels move tiles of 16-byte aligned rows). `unpad_rows` then copies the
-/// first `n` columns to the dense output.
-fn padded_pitch(g: &Gemm, n_gemm: usize) -> Option<usize> {
-    let dense = g.batch == 1 || g.stride_c == g.m * g.n;
-    let aligned = n_gemm == g.n && g.n.is_multiple_of(4);
-    (g.precision == GemmPrecision::Bf16 && !aligned && dense).then(|| n_gemm.next_multiple_of(4))
 }
 
 /// `rows` rows of `cols` columns of `padded` (at `pitch`) into `c` from row `row0` on.

@@ -25,6 +25,7 @@ mod cuda;
 mod cuda_ops;
 pub mod device;
 mod dropout;
+pub mod dry;
 pub mod kernel_cache;
 #[cfg(feature = "cuda")]
 mod nccl;

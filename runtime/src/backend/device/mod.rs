@@ -9,6 +9,7 @@
 //! themselves, are checked against the CPU kernels on machines without a GPU.
 
 mod backend;
+pub mod bf16_gemm;
 mod ops;
 
 pub use backend::{DeviceBackend, DeviceBuffer, HostOps};

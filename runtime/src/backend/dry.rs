@@ -1,0 +1,144 @@
+//! A device that runs nothing and counts memory: every buffer the device backend asks for is
+//! taken from the same caching pool the CUDA device uses ([`super::pool`]), at the same sizes,
+//! and so are a bf16 GEMM's operand copies and padded output
+//! ([`super::device::bf16_gemm::temporaries`]); kernels, GEMMs and copies do nothing, and
+//! what comes back to the host is zeros. A step on it takes the allocations a step on a GPU
+//! takes, in the same order, so its high-water mark is the one `plait run` would print on
+//! the GPU (the values computed are not: a loss of 0), in a fraction of the time and with no
+//! GPU. What the CUDA device holds outside its pool (the CUDA context, cuBLAS's workspace)
+//! it does not count, as `plait run` does not.
+
+use super::device::{Device, Gemm, KernelArg, bf16_gemm};
+use super::pool::{MemoryStats, Pool, Pooled, Slab};
+use crate::RuntimeError;
+
+/// A block of memory that is not there: its size only.
+#[derive(Debug)]
+pub struct DrySlab(usize);
+
+impl Slab for DrySlab {
+    fn bytes(&self) -> usize {
+        self.0
+    }
+}
+
+/// A device with no memory and no compute: its allocations counted by a caching pool.
+#[derive(Debug)]
+pub struct DryDevice {
+    pool: Pool<DrySlab>,
+    tensor_cores: bool,
+}
+
+impl DryDevice {
+    /// A device whose kernels would be (`tensor_cores`) the tensor-core ones of compute
+    /// capability 8.0 and up: attention's operands then take packed copies.
+    pub fn new(tensor_cores: bool) -> DryDevice {
+        DryDevice {
+            pool: Pool::new(),
+            tensor_cores,
+        }
+    }
+
+    fn take(&self, len: usize) -> Result<Pooled<DrySlab>, RuntimeError> {
+        self.pool
+            .take(len.max(1) * std::mem::size_of::<f32>(), |bytes| {
+                Ok::<_, RuntimeError>(DrySlab(bytes))
+            })
+    }
+}
+
+impl Device for DryDevice {
+    type Mem = Pooled<DrySlab>;
+
+    fn name(&self) -> String {
+        "dry (counts memory, runs nothing)".into()
+    }
+
+    fn alloc_zeros(&self, len: usize) -> Result<Self::Mem, RuntimeError> {
+        self.take(len)
+    }
+
+    fn upload(&self, _: &[f32], _: &mut Self::Mem) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn download(&self, _: &Self::Mem, host: &mut [f32]) -> Result<(), RuntimeError> {
+        host.fill(0.0);
+        Ok(())
+    }
+
+    fn copy(&self, _: &Self::Mem, _: &mut Self::Mem, _: usize) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        _: &'static str,
+        _: u32,
+        _: u32,
+        _: &mut [KernelArg<'_, Self::Mem>],
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// `to_bf16`'s copy, as the CUDA device makes it: the matrix's rows padded to 8 columns.
+    fn bf16_operand(
+        &self,
+        _: &Self::Mem,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Self::Mem>, RuntimeError> {
+        let (op, _) = bf16_gemm::copy_layout(1, (rows, cols), rows * cols);
+        self.take(op.words()).map(Some)
+    }
+
+    /// The temporaries the CUDA device's GEMM takes, held together, then given back.
+    fn gemm(
+        &self,
+        g: &Gemm,
+        _: &Self::Mem,
+        _: &Self::Mem,
+        _: &mut Self::Mem,
+    ) -> Result<(), RuntimeError> {
+        let held = bf16_gemm::temporaries(g)
+            .into_iter()
+            .map(|len| self.take(len))
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(held);
+        Ok(())
+    }
+
+    fn tensor_cores(&self) -> bool {
+        self.tensor_cores
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        Some(self.pool.stats())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::device::GemmPrecision;
+
+    #[test]
+    fn a_gemm_holds_its_temporaries_at_once_and_gives_them_back() -> Result<(), RuntimeError> {
+        let dev = DryDevice::new(true);
+        let (a, b, mut c) = (dev.take(64 * 96)?, dev.take(96 * 128)?, dev.take(64 * 128)?);
+        let before = dev.memory_stats().map(|m| m.in_use);
+        let g = Gemm {
+            precision: GemmPrecision::Bf16,
+            ..Gemm::plain(64, 96, 128)
+        };
+        dev.gemm(&g, &a, &b, &mut c)?;
+        let m = dev.memory_stats().expect("counted");
+        assert_eq!(Some(m.in_use), before, "given back");
+        let copies: u64 = bf16_gemm::temporaries(&g)
+            .iter()
+            .map(|&len| super::super::pool::rounded(4 * len) as u64)
+            .sum();
+        assert_eq!(m.peak_in_use, before.unwrap_or(0) + copies);
+        Ok(())
+    }
+}
