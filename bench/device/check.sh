@@ -30,6 +30,8 @@
 #   host-transfers  gpt2-124m: ops run on the host and bytes copied each step (information)
 #   peak-memory     gpt2-124m's stage 0: the caching allocator's high-water mark that `plait run`
 #                   prints, against the plan's predicted peak: within 10 %
+#   dry-memory      the same plan on `--device dry` (allocations counted, no kernel run): its
+#                   high-water mark against the GPU's, within 1 %
 # Exit: 0 when every built row passes, 1 when one fails, 2 when this machine cannot run it
 # (no GPU, no binary): then within seconds, before anything is built or trained.
 set -uo pipefail
@@ -349,6 +351,19 @@ if [ -n "$ratio_mem" ]; then
     "{\"measured_over_predicted\": $ratio_mem}"
 else
   row peak-memory "n/a" "no allocator line in plait run's output (the CPU backend keeps no high-water mark)"
+fi
+
+# The same plan on `--device dry` (no kernel run, the CUDA run's allocations counted by the
+# same caching pool): its high-water mark is what `plait run --device dry` tells a user without
+# a GPU, so it should be the GPU's own (bar: within 1 %).
+gpu_peak=$(sed -n 's/.*stage 0: peak \([0-9.]*\) GiB in buffers.*/\1/p' <<< "$mem")
+if [ -n "$gpu_peak" ] && [ -s "$work/gpt2-plan.json" ] && [ "$(left)" -gt 30 ] \
+   && timeout 60 "$PLAIT" run "$work/gpt2-plan.json" --device dry --steps 3 > "$OUT/gpt2-dry.log" 2>&1; then
+  dry_peak=$(sed -n 's/^memory      stage 0: peak \([0-9.]*\) GiB in buffers.*/\1/p' "$OUT/gpt2-dry.log" | head -1)
+  s=FAIL; python3 -c "import sys; sys.exit(0 if abs(${dry_peak:-0} / $gpu_peak - 1) <= 0.01 else 1)" && s=pass
+  row dry-memory "$s" "gpt2-124m on --device dry: peak ${dry_peak:-?} GiB in buffers, on the GPU $gpu_peak GiB (bar: within 1 %)"
+else
+  row dry-memory "n/a" "no GPU peak to compare, or the dry run failed: $(tail -2 "$OUT/gpt2-dry.log" 2>/dev/null | tr '\n' ' ')"
 fi
 
 # What still crosses to the host each step (acceptance 1's goal: the batch up, the loss down).
