@@ -315,12 +315,15 @@ struct MmaQueries {
     i64 b, h, g, q0;
 };
 
+// Block t's queries: the last query tiles of every (batch, head) first, the first ones last.
+// Under the causal mask a tile late in the sequence sees the most keys, so the longest blocks
+// start in the first wave and the short ones fill the tail (longest-first scheduling).
 __device__ MmaQueries mma_queries(const Attention& a, i64 t) {
-    i64 tiles = (a.sq + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS;
+    i64 tiles = (a.sq + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS, heads = a.batch * a.heads;
     MmaQueries x;
-    x.q0 = (t % tiles) * MMA_BLOCK_ROWS;
-    x.h = (t / tiles) % a.heads;
-    x.b = t / (tiles * a.heads);
+    x.q0 = (tiles - 1 - t / heads) * MMA_BLOCK_ROWS;
+    x.h = (t % heads) % a.heads;
+    x.b = (t % heads) / a.heads;
     x.g = x.h / (a.heads / a.kv);
     return x;
 }
