@@ -42,6 +42,9 @@
 // V must fit the 48 KB of static shared memory a block may declare.)
 #define MMA_FWD_TILE(d) ((d) > 64 ? 32 : 64)
 #define MMA_BWD_TILE 32
+// Queries per tile in dk, dv: 16 for heads over 64 wide, whose key fragments and dk, dv
+// accumulators already take 192 registers a thread (at 32 the kernel spilled).
+#define MMA_DKV_TILE(d) ((d) > 64 ? 16 : MMA_BWD_TILE)
 // Row stride, in 32-bit words, of a row-major tile of `d` bf16 columns (+4 words).
 #define MMA_ROW_WORDS(d) ((d) / 2 + 4)
 // Row stride, in words, of a transposed tile of `n` rows (+4 words).
@@ -555,14 +558,14 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
 template <int D>
 __device__ void mma_query_tile(const MmaBackwardTiles& w, int buf, const float* qp, const float* gp,
                                const float* lse, const float* dsum, i64 bh, i64 i0, i64 sq, i64 q_pad) {
-    const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);
-    mma_tile_rows<D>(w.rows + buf * words, qp, bh, i0, MMA_BWD_TILE, q_pad);
-    mma_tile_rows<D>(w.rows2 + buf * words, gp, bh, i0, MMA_BWD_TILE, q_pad);
-    for (int i = threadIdx.x; i < MMA_BWD_TILE; i += blockDim.x) {
+    const int words = MMA_DKV_TILE(D) * MMA_ROW_WORDS(D);
+    mma_tile_rows<D>(w.rows + buf * words, qp, bh, i0, MMA_DKV_TILE(D), q_pad);
+    mma_tile_rows<D>(w.rows2 + buf * words, gp, bh, i0, MMA_DKV_TILE(D), q_pad);
+    for (int i = threadIdx.x; i < MMA_DKV_TILE(D); i += blockDim.x) {
         bool in = i0 + i < sq;
         i64 at = in ? bh * sq + i0 + i : 0;
-        mma_copy4(w.lse + buf * MMA_BWD_TILE + i, lse + at, in);
-        mma_copy4(w.d + buf * MMA_BWD_TILE + i, dsum + at, in);
+        mma_copy4(w.lse + buf * MMA_DKV_TILE(D) + i, lse + at, in);
+        mma_copy4(w.d + buf * MMA_DKV_TILE(D) + i, dsum + at, in);
     }
 }
 
@@ -594,15 +597,15 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
         // mask alone says).
         i64 first = a.causal && !qpos ? k0 - (a.sk - a.sq) : 0;
         if (first < 0) first = 0;
-        first -= first % MMA_BWD_TILE;  // whole tiles
+        first -= first % MMA_DKV_TILE(D);  // whole tiles
         // The group's query heads' tiles in turn, each fetched while the one before is used.
-        const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);  // one buffer
+        const int words = MMA_DKV_TILE(D) * MMA_ROW_WORDS(D);  // one buffer
         i64 h = g * group, i0 = first;
         bool any = first < a.sq;
         __syncthreads();  // the last block's readers are done with both buffers
         if (any) mma_query_tile<D>(w, 0, qp, gp, lse, dsum, b * a.heads + h, i0, a.sq, q_pad);
         for (int it = 0; any && h < (g + 1) * group; ++it) {
-            i64 nh = h, ni0 = i0 + MMA_BWD_TILE;
+            i64 nh = h, ni0 = i0 + MMA_DKV_TILE(D);
             if (ni0 >= a.sq) {
                 ++nh;
                 ni0 = first;
@@ -612,26 +615,26 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
             __syncthreads();  // this tile is in, and the other buffer's readers are done
             if (nh < (g + 1) * group) mma_query_tile<D>(w, 1 - now, qp, gp, lse, dsum, b * a.heads + nh, ni0, a.sq, q_pad);
             const unsigned *qs = w.rows + now * words, *gs = w.rows2 + now * words;
-            const float *tl = w.lse + now * MMA_BWD_TILE, *td = w.d + now * MMA_BWD_TILE;
+            const float *tl = w.lse + now * MMA_DKV_TILE(D), *td = w.d + now * MMA_DKV_TILE(D);
             // Sᵀ and dPᵀ: rows the warp's keys, columns the tile's queries.
-            float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
+            float s[MMA_DKV_TILE(D) / 8][4], dp[MMA_DKV_TILE(D) / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
+            for (int nt = 0; nt < MMA_DKV_TILE(D) / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-            mma_rows<D, MMA_BWD_TILE / 8>(s, ka, qs, l);
-            mma_rows<D, MMA_BWD_TILE / 8>(dp, va, gs, l);
+            mma_rows<D, MMA_DKV_TILE(D) / 8>(s, ka, qs, l);
+            mma_rows<D, MMA_DKV_TILE(D) / 8>(dp, va, gs, l);
             // The tile's columns each of the lane's two keys is seen by: from the first
             // query whose causal window reaches the key to the last query (or, with the
             // queries' positions, as each position says).
-            mma_scores2<MMA_BWD_TILE / 8>(s, sc);
-            int hi = mma_below(a.sq, i0, MMA_BWD_TILE), lo[2];
+            mma_scores2<MMA_DKV_TILE(D) / 8>(s, sc);
+            int hi = mma_below(a.sq, i0, MMA_DKV_TILE(D)), lo[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r)
-                lo[r] = keys[r] >= a.sk ? MMA_BWD_TILE
-                                        : (a.causal ? mma_below(keys[r] - (a.sk - a.sq), i0, MMA_BWD_TILE) : 0);
+                lo[r] = keys[r] >= a.sk ? MMA_DKV_TILE(D)
+                                        : (a.causal ? mma_below(keys[r] - (a.sk - a.sq), i0, MMA_DKV_TILE(D)) : 0);
 #pragma unroll
-            for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
+            for (int nt = 0; nt < MMA_DKV_TILE(D) / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     int c = nt * 8 + 2 * l.t + e % 2, r = e / 2;
@@ -642,8 +645,8 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                     s[nt][e] = p;
                     dp[nt][e] = seen ? mma_score_grad(sc, x2, p, dp[nt][e], td[c]) : 0.0f;
                 }
-            mma_cols<D, MMA_BWD_TILE / 8>(dva, s, gs, l);
-            mma_cols<D, MMA_BWD_TILE / 8>(dka, dp, qs, l);
+            mma_cols<D, MMA_DKV_TILE(D) / 8>(dva, s, gs, l);
+            mma_cols<D, MMA_DKV_TILE(D) / 8>(dka, dp, qs, l);
             h = nh;
             i0 = ni0;
         }
