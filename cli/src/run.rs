@@ -496,8 +496,8 @@ fn print_peak_memory(
     outs: &[(usize, runtime::train::RankOutcome)],
     predicted: Option<&[f64]>,
 ) {
-    // Stage → (peak, where the rank that reached it reached it).
-    let mut by_stage: std::collections::BTreeMap<u32, (u64, String)> = Default::default();
+    // Stage → (peak, where the rank that reached it reached it, what was live there).
+    let mut by_stage: std::collections::BTreeMap<u32, (u64, String, String)> = Default::default();
     for (rank, o) in outs {
         let (Some(m), Some(info)) = (&o.memory, set.rank(*rank as u32)) else {
             continue;
@@ -507,7 +507,11 @@ fn print_peak_memory(
             let at = o.memory_peak_at.as_ref().map_or(String::new(), |p| {
                 format!(", reached in step {} ({}) of rank {rank}", p.index, p.kind)
             });
-            *peak = (peak.0.max(m.peak_in_use), at);
+            let live = o
+                .memory_peak_at
+                .as_ref()
+                .map_or(String::new(), |p| live_at_peak(p, m.peak_in_use));
+            *peak = (peak.0.max(m.peak_in_use), at, live);
         }
     }
     let gib = |b: f64| b / f64::from(1u32 << 30);
@@ -520,7 +524,7 @@ fn print_peak_memory(
             gib(m.peak_reserved as f64)
         );
     }
-    for (stage, (peak, at)) in by_stage {
+    for (stage, (peak, at, live)) in by_stage {
         let measured = peak as f64;
         let line = format!(
             "memory      stage {stage}: peak {:.2} GiB in buffers (the allocator's high-water \
@@ -544,7 +548,30 @@ fn print_peak_memory(
             ),
             None => println!("{line}"),
         }
+        if !live.is_empty() {
+            println!("            at that peak: {live}");
+        }
     }
+}
+
+/// What the program held at the peak `p` of `peak` bytes, by class, and what only the
+/// instruction held while it ran.
+fn live_at_peak(p: &runtime::exec::peak::PeakAt, peak: u64) -> String {
+    if p.live.is_empty() {
+        return String::new();
+    }
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let held: u64 = p.live.iter().map(|(_, b)| b).sum();
+    let mut parts: Vec<String> = p
+        .live
+        .iter()
+        .map(|(class, b)| format!("{class} {:.2}", gib(*b)))
+        .collect();
+    parts.push(format!(
+        "the instruction's own {:.2} GiB",
+        gib(peak.saturating_sub(held))
+    ));
+    parts.join(", ")
 }
 
 /// The measured step time (the mean after the first step, a warm-up, when there are more)

@@ -106,6 +106,14 @@ fn a_dry_run_counts_a_gpu_plans_memory_without_a_gpu() {
     for r in ratios {
         assert!((0.5..2.0).contains(&r), "measured / predicted {r}: {out}");
     }
+    // What was live there, in the classes the plan's report itemizes.
+    let live = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("at that peak:"))
+        .unwrap_or_default();
+    for class in ["parameters", "optimizer state", "activations"] {
+        assert!(live.contains(class), "{class}: {out}");
+    }
 }
 
 /// Either CUDA cannot run here and the run was refused (exit 2, naming CUDA and the fix, no

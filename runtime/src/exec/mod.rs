@@ -298,12 +298,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                     .is_none_or(|p| m.peak_in_use > p.bytes)
             {
                 let kind = op_times::kind(ins);
+                let live = self.live_by_class();
                 peak::note(
                     &mut self.peak_at,
                     peak::PeakAt {
                         index: k,
                         kind,
                         bytes: m.peak_in_use,
+                        live,
                     },
                 );
             }
@@ -535,6 +537,20 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 self.put_buffer(b, t)
             }
         }
+    }
+
+    /// The bytes of the buffers live now (as f32, or as the bf16 words a stashed one holds;
+    /// rounded as the caching allocator rounds a request), by the class of their role
+    /// ([`peak::role_class`]).
+    fn live_by_class(&self) -> Vec<(&'static str, u64)> {
+        let held = self.bufs.iter().zip(&self.stashed).enumerate();
+        peak::by_class(held.filter_map(|(i, (buf, stashed))| {
+            let t = buf.as_ref().or(stashed.as_ref())?;
+            let role = &self.tpl.buffers.get(i)?.role;
+            let elems: usize = self.backend.shape(t).iter().product();
+            let bytes = crate::backend::pool::rounded(4 * elems) as u64;
+            Some((peak::role_class(role), bytes))
+        }))
     }
 
     /// Buffer `b` holds new values: it no longer reads as zero, nor has a wide copy.
