@@ -104,3 +104,130 @@ extern "C" __global__ void norm_param_grads(float* dgamma, float* dbeta, const f
         if (dbeta) dbeta[i] = (float)db;
     }
 }
+
+// The same four kernels with one warp per row, for rows up to NORM_WARP_COLS · 32 wide (GPT-2's
+// 768, Llama's up to 1024 do not; 4096 does not): the row lives in the lane's registers
+// (columns lane, lane + 32, …: each load a warp's 128 contiguous bytes, up to 32 in flight per
+// lane), and the row statistics are warp sums, with no block barrier. A block is
+// blockDim / 32 rows (blockDim a multiple of 32; ops/rows.rs launches the block kernels
+// otherwise). Sums in f64 as the block kernels'.
+#define NORM_WARP_COLS 32
+
+// Row r's values at the lane's columns (0 past h).
+__device__ __forceinline__ void norm_row(float* v, const float* xr, i64 h, int lane) {
+#pragma unroll
+    for (int u = 0; u < NORM_WARP_COLS; ++u) {
+        i64 i = lane + 32 * u;
+        v[u] = i < h ? xr[i] : 0.0f;
+    }
+}
+
+// The warp's first row and the stride between a warp's rows.
+__device__ __forceinline__ i64 norm_warp() { return global_thread() / 32; }
+__device__ __forceinline__ i64 norm_warps() { return grid_threads() / 32; }
+
+extern "C" __global__ void layer_norm_forward_warp(float* y, const float* x, const float* gamma, const float* beta,
+                                                   i64 rows, i64 h, double eps) {
+    int lane = threadIdx.x % 32;
+    for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
+        float v[NORM_WARP_COLS];
+        norm_row(v, x + r * h, h, lane);
+        double s = 0.0;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) s += v[u];
+        double mu = warp_sum(s) / (double)h, q = 0.0;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u)
+            if (lane + 32 * u < h) q += (v[u] - mu) * (v[u] - mu);
+        double rstd = 1.0 / sqrt(warp_sum(q) / (double)h + eps);
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) {
+            i64 i = lane + 32 * u;
+            if (i < h) y[r * h + i] = (float)((v[u] - mu) * rstd * gamma[i] + beta[i]);
+        }
+    }
+}
+
+extern "C" __global__ void layer_norm_backward_warp(float* dx, float* stats, const float* x, const float* gamma,
+                                                    const float* g, i64 rows, i64 h, double eps) {
+    int lane = threadIdx.x % 32;
+    for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
+        float v[NORM_WARP_COLS], d[NORM_WARP_COLS];
+        norm_row(v, x + r * h, h, lane);
+        norm_row(d, g + r * h, h, lane);
+        double s = 0.0;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) s += v[u];
+        double mu = warp_sum(s) / (double)h, q = 0.0;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u)
+            if (lane + 32 * u < h) q += (v[u] - mu) * (v[u] - mu);
+        double rstd = 1.0 / sqrt(warp_sum(q) / (double)h + eps);
+        double sd = 0.0, sdx = 0.0;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) {
+            i64 i = lane + 32 * u;
+            double di = i < h ? (double)d[u] * gamma[i] : 0.0;
+            sd += di;
+            sdx += di * (v[u] - mu) * rstd;
+        }
+        double mean_d = warp_sum(sd) / (double)h, mean_dx = warp_sum(sdx) / (double)h;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) {
+            i64 i = lane + 32 * u;
+            if (i >= h) continue;
+            double xhat = (v[u] - mu) * rstd, di = (double)d[u] * gamma[i];
+            dx[r * h + i] = (float)(rstd * (di - mean_d - xhat * mean_dx));
+        }
+        if (lane == 0) {
+            stats[2 * r] = (float)mu;
+            stats[2 * r + 1] = (float)rstd;
+        }
+    }
+}
+
+extern "C" __global__ void rms_norm_forward_warp(float* y, const float* x, const float* gamma, i64 rows, i64 h,
+                                                 double eps) {
+    int lane = threadIdx.x % 32;
+    for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
+        float v[NORM_WARP_COLS];
+        norm_row(v, x + r * h, h, lane);
+        double q = 0.0;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) q += (double)v[u] * v[u];
+        double rs = 1.0 / sqrt(warp_sum(q) / (double)h + eps);
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) {
+            i64 i = lane + 32 * u;
+            if (i < h) y[r * h + i] = (float)(v[u] * rs * gamma[i]);
+        }
+    }
+}
+
+extern "C" __global__ void rms_norm_backward_warp(float* dx, float* stats, const float* x, const float* gamma,
+                                                  const float* g, i64 rows, i64 h, double eps) {
+    int lane = threadIdx.x % 32;
+    for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
+        float v[NORM_WARP_COLS], d[NORM_WARP_COLS];
+        norm_row(v, x + r * h, h, lane);
+        norm_row(d, g + r * h, h, lane);
+        double q = 0.0, sdx = 0.0;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) {
+            i64 i = lane + 32 * u;
+            q += (double)v[u] * v[u];
+            sdx += i < h ? (double)d[u] * gamma[i] * v[u] : 0.0;
+        }
+        double rs = 1.0 / sqrt(warp_sum(q) / (double)h + eps);
+        double mean_dx = warp_sum(sdx) / (double)h;
+#pragma unroll
+        for (int u = 0; u < NORM_WARP_COLS; ++u) {
+            i64 i = lane + 32 * u;
+            if (i < h) dx[r * h + i] = (float)(rs * (double)d[u] * gamma[i] - v[u] * rs * rs * rs * mean_dx);
+        }
+        if (lane == 0) {
+            stats[2 * r] = 0.0f;
+            stats[2 * r + 1] = (float)rs;
+        }
+    }
+}

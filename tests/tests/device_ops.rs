@@ -386,16 +386,21 @@ fn broadcasting_arithmetic_sums_gradients_back() {
 
 #[test]
 fn norms_over_the_last_axis() {
+    // Blocks of whole warps take rows up to 1024 wide one warp per row (norm.cu's `_warp`
+    // kernels: a row partly across the lanes, and a row filling all 32 of each lane's
+    // columns); wider rows, and blocks of 1, one block per row.
     for block in [1, 32, 256] {
         let b = emulator(block);
-        let (x, gamma, beta) = (tensor(&[2, 5, 48], 5), tensor(&[48], 6), tensor(&[48], 7));
-        check(
-            &b,
-            OpKind::LayerNorm { eps: 1e-5 },
-            &[x.clone(), gamma.clone(), beta],
-            1e-5,
-        );
-        check(&b, OpKind::RmsNorm { eps: 1e-6 }, &[x, gamma], 1e-5);
+        for h in [48, 1024, 1030] {
+            let (x, gamma, beta) = (tensor(&[2, 5, h], 5), tensor(&[h], 6), tensor(&[h], 7));
+            check(
+                &b,
+                OpKind::LayerNorm { eps: 1e-5 },
+                &[x.clone(), gamma.clone(), beta],
+                1e-5,
+            );
+            check(&b, OpKind::RmsNorm { eps: 1e-6 }, &[x, gamma], 1e-5);
+        }
     }
 }
 

@@ -40,10 +40,14 @@ pub(super) fn norm_forward<D: Device>(
     };
     let mut y = b.alloc(&x.shape)?;
     let block = b.device.block_size();
-    let grid = row_grid(rows);
+    let (grid, warp) = norm_grid(block, rows, h);
     match beta {
         Some(beta) => b.device.launch(
-            "layer_norm_forward",
+            if warp {
+                "layer_norm_forward_warp"
+            } else {
+                "layer_norm_forward"
+            },
             grid,
             block,
             &mut [
@@ -57,7 +61,11 @@ pub(super) fn norm_forward<D: Device>(
             ],
         )?,
         None => b.device.launch(
-            "rms_norm_forward",
+            if warp {
+                "rms_norm_forward_warp"
+            } else {
+                "rms_norm_forward"
+            },
             grid,
             block,
             &mut [
@@ -71,6 +79,21 @@ pub(super) fn norm_forward<D: Device>(
         )?,
     }
     Ok(Some(y))
+}
+
+/// `norm.cu`'s NORM_WARP_COLS: the widest row its one-warp-per-row kernels take is 32 times it.
+const NORM_WARP_COLS: usize = 32;
+
+/// The blocks of a norm over `rows` rows of `h`, and whether the one-warp-per-row kernels
+/// (`_warp`, `block / 32` rows a block) run it: rows up to 32 · NORM_WARP_COLS wide, on blocks
+/// of whole warps; else one block per row.
+fn norm_grid(block: u32, rows: usize, h: usize) -> (u32, bool) {
+    let per_block = block as usize / 32;
+    if block.is_multiple_of(32) && h <= 32 * NORM_WARP_COLS {
+        (row_grid(rows.div_ceil(per_block)), true)
+    } else {
+        (row_grid(rows), false)
+    }
 }
 
 /// `[dx, dgamma]`, and `dbeta` after them for LayerNorm.
@@ -89,14 +112,16 @@ pub(super) fn norm_backward<D: Device>(
     }
     let (mut dx, mut stats) = (b.alloc(&x.shape)?, b.alloc(&[rows, 2])?);
     let block = b.device.block_size();
-    let kernel = if beta.is_some() {
-        "layer_norm_backward"
-    } else {
-        "rms_norm_backward"
+    let (grid, warp) = norm_grid(block, rows, h);
+    let kernel = match (beta.is_some(), warp) {
+        (true, false) => "layer_norm_backward",
+        (true, true) => "layer_norm_backward_warp",
+        (false, false) => "rms_norm_backward",
+        (false, true) => "rms_norm_backward_warp",
     };
     b.device.launch(
         kernel,
-        row_grid(rows),
+        grid,
         block,
         &mut [
             KernelArg::Out(&mut dx.mem),
@@ -350,4 +375,15 @@ pub(super) fn reduce_backward<D: Device>(
         ],
     )?;
     Ok(Some(vec![dx]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NORM_WARP_COLS;
+
+    #[test]
+    fn the_warp_row_width_is_norm_cus() {
+        let define = format!("#define NORM_WARP_COLS {NORM_WARP_COLS}");
+        assert!(kernels::device::CUDA_SOURCE.contains(&define), "{define}");
+    }
 }
