@@ -10,7 +10,8 @@
 // 8×8 matrices at a time: as they lie for the products whose B is indexed by the tile's
 // columns (Q·Kᵀ), transposed (`.trans`) for those indexed by its rows (P·V), so one tile of
 // each operand serves both. Row strides are padded by four words so that the eight rows one
-// matrix reads fall in different banks.
+// matrix reads fall in different banks. Tiles arrive by `cp.async` into one of two buffers
+// while the other is multiplied, and the softmax runs in base 2 (one `exp2f` a score).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"; lane = 4·group + t):
 //   A (16×16, row-major): a0 = (group, 2t..2t+1), a1 = (group+8, 2t..), a2 = (group, 2t+8..),
@@ -47,7 +48,6 @@
 #define MMA_DKV_TILE(d) ((d) > 64 ? 16 : MMA_BWD_TILE)
 // Row stride, in 32-bit words, of a row-major tile of `d` bf16 columns (+4 words).
 #define MMA_ROW_WORDS(d) ((d) / 2 + 4)
-// Row stride, in words, of a transposed tile of `n` rows (+4 words).
 
 // x rounded to bf16 (to nearest, ties to even), as its 16 bits.
 __device__ __forceinline__ unsigned bf16_bits(float x) {
