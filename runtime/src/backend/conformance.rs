@@ -265,7 +265,7 @@ fn case(name: &str, kind: OpKind, inputs: Vec<Tensor32>, tol: f32) -> Case {
 /// rounded to 8 significant bits; a wrong fragment layout or mask is off by O(1)): the GEMMs
 /// (bf16 copies of the operands on a GPU), and attention
 /// at each head width the tensor-core kernels are built for (`attention_mma.cu`), with grouped
-/// heads, a soft cap, no mask, and sequences that end inside a tile.
+/// heads, a soft cap, no mask, sequences that end inside a tile, and fewer queries than keys.
 pub fn bf16_cases() -> Vec<Case> {
     let attention = |heads, kv_heads, causal, softcap| OpKind::Attention {
         heads,
@@ -323,6 +323,18 @@ pub fn bf16_cases() -> Vec<Case> {
                 "attention",
                 attention(2, 1, true, None),
                 qkv(100, 2, 1, 128, 69),
+                tol,
+            ),
+            // Fewer queries than keys under the causal mask (the queries aligned with the last
+            // keys): the masks' offset, in the forward and in dk, dv's per-key bounds.
+            case(
+                "attention",
+                attention(4, 2, true, None),
+                vec![
+                    tensor(&[2, 40, 4 * 64], 72),
+                    tensor(&[2, 100, 2 * 64], 73),
+                    tensor(&[2, 100, 2 * 64], 74),
+                ],
                 tol,
             ),
         ])
