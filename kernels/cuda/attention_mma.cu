@@ -268,6 +268,11 @@ struct MmaScore {
     float scale2;     // scale · log₂e
     float over_cap;   // scale / cap (0: no soft cap)
     float cap2;       // cap · log₂e
+    // What the exponents multiply a raw product by: scale · log₂e where the score is that
+    // product scaled by a positive number (no soft cap), whose row maximum is then the raw
+    // maximum scaled, so one FFMA per score scales it and subtracts the maximum; 1 where
+    // `mma_scores2` computed the scores first.
+    float fold;
 };
 
 __device__ MmaScore mma_score_of(const Attention& a) {
@@ -275,13 +280,16 @@ __device__ MmaScore mma_score_of(const Attention& a) {
     c.scale2 = (float)(a.scale * 1.4426950408889634);
     c.over_cap = a.softcap > 0.0 ? (float)(a.scale / a.softcap) : 0.0f;
     c.cap2 = (float)(a.softcap * 1.4426950408889634);
+    c.fold = c.over_cap == 0.0f && c.scale2 > 0.0f ? c.scale2 : 1.0f;
     return c;
 }
 
 // log₂e · the scores of a lane's products over NT n-tiles: scale · s, soft-capped
 // (cap · tanh(scale · s / cap)); the soft cap is tested once per tile rather than per score.
+// Where the exponents fold the scale in (`MmaScore::fold`), the products stay as they are.
 template <int NT>
 __device__ __forceinline__ void mma_scores2(float (*s)[4], const MmaScore& c) {
+    if (c.fold != 1.0f) return;
     if (c.over_cap > 0.0f) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -407,7 +415,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
             float corr[2], base[2], tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+                float m_new = fmaxf(m[r], quad_max(tile_max[r]) * sc.fold);
                 base[r] = m_new == -INFINITY ? 0.0f : m_new;
                 corr[r] = exp2f(m[r] - base[r]);
                 m[r] = m_new;
@@ -416,7 +424,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
             for (int nt = 0; nt < TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[nt][e] = exp2f(s[nt][e] - base[e / 2]);
+                    s[nt][e] = exp2f(fmaf(s[nt][e], sc.fold, -base[e / 2]));
                     tile_sum[e / 2] += s[nt][e];
                 }
 #pragma unroll
@@ -537,7 +545,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
                 for (int e = 0; e < 4; ++e) {
                     int c = nt * 8 + 2 * l.t + e % 2, r = e / 2;
                     float x2 = s[nt][e];
-                    float ds = mma_score_grad(sc, x2, exp2f(x2 - row_lse[r]), dp[nt][e], row_d[r]);
+                    float ds = mma_score_grad(sc, x2, exp2f(fmaf(x2, sc.fold, -row_lse[r])), dp[nt][e], row_d[r]);
                     s[nt][e] = c < seen[r] ? ds : 0.0f;
                 }
             mma_cols<D, MMA_BWD_TILE / 8>(acc, s, kt, l);
@@ -641,7 +649,7 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                     bool seen = qpos ? keys[r] < a.sk && keys[r] < mma_visible(a, qpos, i0 + c)
                                      : c >= lo[r] && c < hi;
                     float x2 = s[nt][e];
-                    float p = seen ? exp2f(x2 - tl[c]) : 0.0f;
+                    float p = seen ? exp2f(fmaf(x2, sc.fold, -tl[c])) : 0.0f;
                     s[nt][e] = p;
                     dp[nt][e] = seen ? mma_score_grad(sc, x2, p, dp[nt][e], td[c]) : 0.0f;
                 }
