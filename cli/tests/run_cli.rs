@@ -7,9 +7,10 @@ mod common;
 
 use common::{dir, plait};
 
-#[test]
-fn a_gpu_plan_is_refused_on_cpu_threads_unless_asked() {
-    let d = dir("run-gpu-plan");
+/// A tiny GPT-2 compiled for two H100s (with `extra` compile flags) into directory `name`:
+/// the plan's path.
+fn gpu_plan(name: &str, extra: &[&str]) -> String {
+    let d = dir(name);
     let model = d.join("m.json");
     std::fs::write(
         &model,
@@ -18,7 +19,7 @@ fn a_gpu_plan_is_refused_on_cpu_threads_unless_asked() {
     .unwrap_or_default();
     let plan = d.join("plan.json");
     let (m, p) = (model.to_string_lossy(), plan.to_string_lossy());
-    let (code, _, err) = plait(&[
+    let mut args = vec![
         "compile",
         &m,
         "--cluster",
@@ -31,8 +32,16 @@ fn a_gpu_plan_is_refused_on_cpu_threads_unless_asked() {
         "64",
         "-o",
         &p,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let (code, _, err) = plait(&args);
     assert_eq!(code, 0, "{err}");
+    p.into_owned()
+}
+
+#[test]
+fn a_gpu_plan_is_refused_on_cpu_threads_unless_asked() {
+    let p = gpu_plan("run-gpu-plan", &[]);
     // The default device of a GPU plan is CUDA: without it here (this build has no `cuda`
     // feature, or the machine no GPU) the run stops before any step and says what to do.
     let t0 = std::time::Instant::now();
@@ -65,32 +74,7 @@ fn a_gpu_plan_is_refused_on_cpu_threads_unless_asked() {
 
 #[test]
 fn a_dry_run_counts_a_gpu_plans_memory_without_a_gpu() {
-    let d = dir("run-dry");
-    let model = d.join("m.json");
-    std::fs::write(
-        &model,
-        r#"{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":4,"vocab_size":256,"n_positions":64}"#,
-    )
-    .unwrap_or_default();
-    let plan = d.join("plan.json");
-    let (m, p) = (model.to_string_lossy(), plan.to_string_lossy());
-    let (code, _, err) = plait(&[
-        "compile",
-        &m,
-        "--cluster",
-        "dgx-h100",
-        "--gpus",
-        "2",
-        "--global-batch",
-        "4",
-        "--seq",
-        "64",
-        "--precision",
-        "bf16",
-        "-o",
-        &p,
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let p = gpu_plan("run-dry", &["--precision", "bf16"]);
     let (code, out, err) = plait(&["run", &p, "--steps", "2", "--device", "dry"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("device      dry"), "{out}");

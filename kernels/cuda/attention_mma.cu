@@ -222,6 +222,15 @@ __device__ void mma_tile_rows(unsigned* tile, const float* packed, i64 bh, i64 r
     }
 }
 
+// The key tile from key `k0` of kv head `kv`, K and V (`rows` rows each), into buffer `buf`
+// (of `words` words) of `ks` and `vs`, asynchronously.
+template <int D>
+__device__ void mma_kv_tile(unsigned* ks, unsigned* vs, int buf, int words, const float* kp, const float* vp, i64 kv,
+                            i64 k0, int rows, i64 k_pad) {
+    mma_tile_rows<D>(ks + buf * words, kp, kv, k0, rows, k_pad);
+    mma_tile_rows<D>(vs + buf * words, vp, kv, k0, rows, k_pad);
+}
+
 // acc[nt] += A · B over D columns, for `NT` n-tiles of 8 rows of a row-major tile (B[k][n] =
 // tile[n][k]): one ldmatrix holds the B fragments of two k-steps.
 template <int D, int NT>
@@ -379,18 +388,12 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
         i64 keys = mma_block_keys(a, qpos, x.q0), kv = x.b * a.kv + x.g;
         const int words = TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
-        if (keys > 0) {
-            mma_tile_rows<D>(ks, kp, kv, 0, TILE, k_pad);
-            mma_tile_rows<D>(vs, vp, kv, 0, TILE, k_pad);
-        }
+        if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kp, vp, kv, 0, TILE, k_pad);
         for (i64 k0 = 0; k0 < keys; k0 += TILE) {
             int now = (int)(k0 / TILE) % 2;
             mma_copies_land();
             __syncthreads();  // this tile is in, and the other buffer's readers are done
-            if (k0 + TILE < keys) {
-                mma_tile_rows<D>(ks + (1 - now) * words, kp, kv, k0 + TILE, TILE, k_pad);
-                mma_tile_rows<D>(vs + (1 - now) * words, vp, kv, k0 + TILE, TILE, k_pad);
-            }
+            if (k0 + TILE < keys) mma_kv_tile<D>(ks, vs, 1 - now, words, kp, vp, kv, k0 + TILE, TILE, k_pad);
             const unsigned *kt = ks + now * words, *vt = vs + now * words;
             float s[TILE / 8][4];
 #pragma unroll
@@ -517,18 +520,13 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
         i64 keys = mma_block_keys(a, qpos, x.q0), kv = x.b * a.kv + x.g;
         const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
-        if (keys > 0) {
-            mma_tile_rows<D>(ks, kp, kv, 0, MMA_BWD_TILE, k_pad);
-            mma_tile_rows<D>(vs, vp, kv, 0, MMA_BWD_TILE, k_pad);
-        }
+        if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kp, vp, kv, 0, MMA_BWD_TILE, k_pad);
         for (i64 k0 = 0; k0 < keys; k0 += MMA_BWD_TILE) {
             int now = (int)(k0 / MMA_BWD_TILE) % 2;
             mma_copies_land();
             __syncthreads();  // this tile is in, and the other buffer's readers are done
-            if (k0 + MMA_BWD_TILE < keys) {
-                mma_tile_rows<D>(ks + (1 - now) * words, kp, kv, k0 + MMA_BWD_TILE, MMA_BWD_TILE, k_pad);
-                mma_tile_rows<D>(vs + (1 - now) * words, vp, kv, k0 + MMA_BWD_TILE, MMA_BWD_TILE, k_pad);
-            }
+            if (k0 + MMA_BWD_TILE < keys)
+                mma_kv_tile<D>(ks, vs, 1 - now, words, kp, vp, kv, k0 + MMA_BWD_TILE, MMA_BWD_TILE, k_pad);
             const unsigned *kt = ks + now * words, *vt = vs + now * words;
             float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
 #pragma unroll

@@ -122,6 +122,20 @@ __device__ __forceinline__ void norm_row(float* v, const float* xr, i64 h, int l
     }
 }
 
+// A LayerNorm row's mean and 1 / standard deviation from the lane's values `v` (0 past h).
+__device__ __forceinline__ void norm_row_stats(const float* v, i64 h, int lane, double eps, double* mu,
+                                               double* rstd) {
+    double s = 0.0;
+#pragma unroll
+    for (int u = 0; u < NORM_WARP_COLS; ++u) s += v[u];
+    *mu = warp_sum(s) / (double)h;
+    double q = 0.0;
+#pragma unroll
+    for (int u = 0; u < NORM_WARP_COLS; ++u)
+        if (lane + 32 * u < h) q += (v[u] - *mu) * (v[u] - *mu);
+    *rstd = 1.0 / sqrt(warp_sum(q) / (double)h + eps);
+}
+
 // The warp's first row and the stride between a warp's rows.
 __device__ __forceinline__ i64 norm_warp() { return global_thread() / 32; }
 __device__ __forceinline__ i64 norm_warps() { return grid_threads() / 32; }
@@ -132,14 +146,8 @@ extern "C" __global__ void layer_norm_forward_warp(float* y, const float* x, con
     for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
         float v[NORM_WARP_COLS];
         norm_row(v, x + r * h, h, lane);
-        double s = 0.0;
-#pragma unroll
-        for (int u = 0; u < NORM_WARP_COLS; ++u) s += v[u];
-        double mu = warp_sum(s) / (double)h, q = 0.0;
-#pragma unroll
-        for (int u = 0; u < NORM_WARP_COLS; ++u)
-            if (lane + 32 * u < h) q += (v[u] - mu) * (v[u] - mu);
-        double rstd = 1.0 / sqrt(warp_sum(q) / (double)h + eps);
+        double mu, rstd;
+        norm_row_stats(v, h, lane, eps, &mu, &rstd);
 #pragma unroll
         for (int u = 0; u < NORM_WARP_COLS; ++u) {
             i64 i = lane + 32 * u;
@@ -155,14 +163,8 @@ extern "C" __global__ void layer_norm_backward_warp(float* dx, float* stats, con
         float v[NORM_WARP_COLS], d[NORM_WARP_COLS];
         norm_row(v, x + r * h, h, lane);
         norm_row(d, g + r * h, h, lane);
-        double s = 0.0;
-#pragma unroll
-        for (int u = 0; u < NORM_WARP_COLS; ++u) s += v[u];
-        double mu = warp_sum(s) / (double)h, q = 0.0;
-#pragma unroll
-        for (int u = 0; u < NORM_WARP_COLS; ++u)
-            if (lane + 32 * u < h) q += (v[u] - mu) * (v[u] - mu);
-        double rstd = 1.0 / sqrt(warp_sum(q) / (double)h + eps);
+        double mu, rstd;
+        norm_row_stats(v, h, lane, eps, &mu, &rstd);
         double sd = 0.0, sdx = 0.0;
 #pragma unroll
         for (int u = 0; u < NORM_WARP_COLS; ++u) {
