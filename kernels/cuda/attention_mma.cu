@@ -113,30 +113,23 @@ __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b
 }
 
 // Four 8×8 bf16 matrices from shared memory in fragment order (ldmatrix; simt.hpp states its
-// layout): lane l names row l % 8 of matrix l / 8; `_trans` loads each transposed.
+// layout): lane l names row l % 8 of matrix l / 8; with TRANS each is loaded transposed.
+template <bool TRANS>
 __device__ __forceinline__ void mma_ldm_x4(unsigned* r, const unsigned* row) {
 #if MMA_PTX
     unsigned at = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(at));
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(at));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(at));
 #elif defined(__CUDACC_RTC__)
     __trap();
 #else
-    ::simt::ldmatrix_x4(r, row, false);
-#endif
-}
-
-__device__ __forceinline__ void mma_ldm_x4_trans(unsigned* r, const unsigned* row) {
-#if MMA_PTX
-    unsigned at = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(at));
-#elif defined(__CUDACC_RTC__)
-    __trap();
-#else
-    ::simt::ldmatrix_x4(r, row, true);
+    ::simt::ldmatrix_x4(r, row, TRANS);
 #endif
 }
 
@@ -240,7 +233,7 @@ __device__ void mma_rows(float (*acc)[4], const unsigned (*a)[4], const unsigned
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk += 2) {
             unsigned b[4];
-            mma_ldm_x4(b, tile + (nt * 8 + l.lane % 8) * MMA_ROW_WORDS(D) + kk * 8 + (l.lane / 8) * 4);
+            mma_ldm_x4<false>(b, tile + (nt * 8 + l.lane % 8) * MMA_ROW_WORDS(D) + kk * 8 + (l.lane / 8) * 4);
             mma_bf16(acc[nt], a[kk], b[0], b[1]);
             mma_bf16(acc[nt], a[kk + 1], b[2], b[3]);
         }
@@ -259,7 +252,7 @@ __device__ void mma_cols(float (*acc)[4], float (*p)[4], const unsigned* tile, c
 #pragma unroll
         for (int dt = 0; dt < D / 8; dt += 2) {
             unsigned b[4];
-            mma_ldm_x4_trans(b, rows + (dt + l.lane / 16) * 4);
+            mma_ldm_x4<true>(b, rows + (dt + l.lane / 16) * 4);
             mma_bf16(acc[dt], a, b[0], b[1]);
             mma_bf16(acc[dt + 1], a, b[2], b[3]);
         }
