@@ -451,6 +451,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             print_step_time(&seconds, predicted_step_s);
             print_peak_memory(&set, outs, predicted_peak_bytes.as_deref());
             print_transfers(outs);
+            print_launches(outs);
         }
     }
     if let Err(e) = result {
@@ -488,6 +489,35 @@ fn print_transfers(outs: &[(usize, runtime::train::RankOutcome)]) {
         mb(t.download_bytes)
     );
 }
+
+/// Kernels the dry device counted in rank 0's last step: launches, and the bytes of the
+/// buffers they were handed (what a GPU's memory system would move, at most), the kernels
+/// with the most bytes first.
+fn print_launches(outs: &[(usize, runtime::train::RankOutcome)]) {
+    let Some(t) = outs
+        .first()
+        .and_then(|(_, o)| o.launches_last_step.as_ref())
+    else {
+        return;
+    };
+    let gb = |b: u64| b as f64 / 1e9;
+    println!(
+        "kernels     last step (rank {}): {} launches handed {:.1} GB of buffers; most bytes:",
+        outs[0].0,
+        t.launches(),
+        gb(t.bytes())
+    );
+    for (name, c) in t.by_bytes().into_iter().take(LAUNCH_LINES) {
+        println!(
+            "              {name:<34} {:>5} launches {:>8.2} GB",
+            c.launches,
+            gb(c.bytes)
+        );
+    }
+}
+
+/// Kernels [`print_launches`] lists.
+const LAUNCH_LINES: usize = 12;
 
 /// Each pipeline stage's largest allocator high-water mark (backends that keep one: CUDA)
 /// beside the plan's predicted peak for the stage where the run is on its hardware.
@@ -849,6 +879,7 @@ impl MpiRun {
             memory: None,
             memory_peak_at: None,
             transfers_per_step: None,
+            launches_last_step: None,
         })
     }
 

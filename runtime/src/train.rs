@@ -124,6 +124,8 @@ pub struct RankOutcome {
     /// Host transfers per step (the mean over this run's steps), where the backend counts
     /// them (CUDA).
     pub transfers_per_step: Option<crate::backend::TransferStats>,
+    /// The last step's kernel launches, where the backend counts them (the dry device).
+    pub launches_last_step: Option<crate::backend::launches::LaunchTally>,
 }
 
 /// Global batch size (sequences) of the programs.
@@ -173,6 +175,7 @@ pub fn train_rank<B: Backend, C: Communicator>(
     let seq = set.mesh.seq as usize;
     let mut losses = Vec::new();
     let first = ex.steps() + 1;
+    let mut launches_last_step = None;
     let mut transfers = ex
         .transfer_stats()
         .map(|_| crate::backend::TransferStats::default());
@@ -186,7 +189,11 @@ pub fn train_rank<B: Backend, C: Communicator>(
         let t0 = Instant::now();
         let sent_before = sent.load(std::sync::atomic::Ordering::Relaxed);
         let transfers_before = ex.transfer_stats();
+        let launches_before = ex.launch_tally();
         let loss = ex.step(&batch)?;
+        if let (Some(after), Some(before)) = (ex.launch_tally(), launches_before) {
+            launches_last_step = Some(after.since(&before));
+        }
         if let (Some(sum), Some(after), Some(before)) =
             (transfers.as_mut(), ex.transfer_stats(), transfers_before)
         {
@@ -224,6 +231,7 @@ pub fn train_rank<B: Backend, C: Communicator>(
         memory: ex.memory_stats(),
         memory_peak_at: ex.peak_at().cloned(),
         transfers_per_step: transfers.map(|t| t.per_step(steps_run)),
+        launches_last_step,
     })
 }
 

@@ -7,8 +7,14 @@
 //! the GPU (the values computed are not: a loss of 0), in a fraction of the time and with no
 //! GPU. What the CUDA device holds outside its pool (the CUDA context, cuBLAS's workspace)
 //! it does not count, as `plait run` does not.
+//!
+//! It also counts the launches a step makes, by kernel, with the bytes of the buffers each is
+//! handed ([`super::launches`]): a GEMM's as `bf16_gemm::launches` lists them.
+
+use std::sync::Mutex;
 
 use super::device::{Device, Gemm, KernelArg, bf16_gemm};
+use super::launches::LaunchTally;
 use super::pool::{MemoryStats, Pool, Pooled, Slab};
 use crate::RuntimeError;
 
@@ -22,11 +28,27 @@ impl Slab for DrySlab {
     }
 }
 
-/// A device with no memory and no compute: its allocations counted by a caching pool.
+/// An allocation on the dry device: the pool's block and the elements asked for.
+#[derive(Debug)]
+pub struct DryMem {
+    // Held for its lease: dropping it gives the block back to the pool.
+    _block: Pooled<DrySlab>,
+    len: usize,
+}
+
+impl DryMem {
+    fn bytes(&self) -> u64 {
+        (self.len * std::mem::size_of::<f32>()) as u64
+    }
+}
+
+/// A device with no memory and no compute: its allocations counted by a caching pool, its
+/// launches by kernel.
 #[derive(Debug)]
 pub struct DryDevice {
     pool: Pool<DrySlab>,
     tensor_cores: bool,
+    launches: Mutex<LaunchTally>,
 }
 
 impl DryDevice {
@@ -36,19 +58,28 @@ impl DryDevice {
         DryDevice {
             pool: Pool::new(),
             tensor_cores,
+            launches: Mutex::default(),
         }
     }
 
-    fn take(&self, len: usize) -> Result<Pooled<DrySlab>, RuntimeError> {
-        self.pool
+    fn take(&self, len: usize) -> Result<DryMem, RuntimeError> {
+        let block = self
+            .pool
             .take(len.max(1) * std::mem::size_of::<f32>(), |bytes| {
                 Ok::<_, RuntimeError>(DrySlab(bytes))
-            })
+            })?;
+        Ok(DryMem { _block: block, len })
+    }
+
+    fn count(&self, kernel: &'static str, bytes: u64) {
+        if let Ok(mut t) = self.launches.lock() {
+            t.add(kernel, bytes);
+        }
     }
 }
 
 impl Device for DryDevice {
-    type Mem = Pooled<DrySlab>;
+    type Mem = DryMem;
 
     fn name(&self) -> String {
         "dry (counts memory, runs nothing)".into()
@@ -67,17 +98,27 @@ impl Device for DryDevice {
         Ok(())
     }
 
-    fn copy(&self, _: &Self::Mem, _: &mut Self::Mem, _: usize) -> Result<(), RuntimeError> {
+    fn copy(&self, _: &Self::Mem, _: &mut Self::Mem, len: usize) -> Result<(), RuntimeError> {
+        self.count("copy", (2 * len * std::mem::size_of::<f32>()) as u64);
         Ok(())
     }
 
     fn launch(
         &self,
-        _: &'static str,
+        kernel: &'static str,
         _: u32,
         _: u32,
-        _: &mut [KernelArg<'_, Self::Mem>],
+        args: &mut [KernelArg<'_, Self::Mem>],
     ) -> Result<(), RuntimeError> {
+        let bytes = args
+            .iter()
+            .map(|a| match a {
+                KernelArg::Out(m) => m.bytes(),
+                KernelArg::In(m) => m.bytes(),
+                _ => 0,
+            })
+            .sum();
+        self.count(kernel, bytes);
         Ok(())
     }
 
@@ -89,10 +130,13 @@ impl Device for DryDevice {
         cols: usize,
     ) -> Result<Option<Self::Mem>, RuntimeError> {
         let (op, _) = bf16_gemm::copy_layout(1, (rows, cols), rows * cols);
-        self.take(op.words()).map(Some)
+        let words = self.take(op.words())?;
+        self.count("to_bf16", 4 * (rows * cols) as u64 + words.bytes());
+        Ok(Some(words))
     }
 
-    /// The temporaries the CUDA device's GEMM takes, held together, then given back.
+    /// The temporaries the CUDA device's GEMM takes, held together, then given back; its
+    /// launches counted.
     fn gemm(
         &self,
         g: &Gemm,
@@ -105,7 +149,14 @@ impl Device for DryDevice {
             .map(|len| self.take(len))
             .collect::<Result<Vec<_>, _>>()?;
         drop(held);
+        for (kernel, bytes) in bf16_gemm::launches(g) {
+            self.count(kernel, bytes);
+        }
         Ok(())
+    }
+
+    fn launch_tally(&self) -> Option<LaunchTally> {
+        self.launches.lock().ok().map(|t| t.clone())
     }
 
     fn tensor_cores(&self) -> bool {
@@ -139,6 +190,13 @@ mod tests {
             .map(|&len| super::super::pool::rounded(4 * len) as u64)
             .sum();
         assert_eq!(m.peak_in_use, before.unwrap_or(0) + copies);
+        // Counted as the CUDA device launches it: two operand copies, one product.
+        let t = dev.launch_tally().expect("counted");
+        assert_eq!(t.get("to_bf16").launches, 2);
+        assert_eq!(t.get(bf16_gemm::CUBLAS).launches, 1);
+        // The product reads both copies (bf16) and writes the f32 result.
+        let product = 2 * (64 * 96 + 96 * 128) + 4 * 64 * 128;
+        assert_eq!(t.get(bf16_gemm::CUBLAS).bytes, product);
         Ok(())
     }
 }

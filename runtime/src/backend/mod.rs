@@ -27,6 +27,7 @@ pub mod device;
 mod dropout;
 pub mod dry;
 pub mod kernel_cache;
+pub mod launches;
 #[cfg(feature = "cuda")]
 mod nccl;
 #[cfg(feature = "cuda")]
@@ -310,6 +311,12 @@ pub trait Backend: std::fmt::Debug {
 
     /// The host transfers this backend has made, where it counts them (the CUDA backend:
     /// every upload, download and op it runs on the host); `None` on the host.
+    /// The kernel launches so far, by kernel, where the backend counts them (the dry device:
+    /// [`launches`]).
+    fn launch_tally(&self) -> Option<launches::LaunchTally> {
+        None
+    }
+
     fn transfer_stats(&self) -> Option<TransferStats> {
         None
     }

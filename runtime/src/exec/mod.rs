@@ -242,6 +242,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.backend.transfer_stats()
     }
 
+    /// The backend's kernel launches so far ([`Backend::launch_tally`]).
+    pub fn launch_tally(&self) -> Option<crate::backend::launches::LaunchTally> {
+        self.backend.launch_tally()
+    }
+
     /// Where the device allocator's high-water mark was reached ([`peak`]), on a backend
     /// that keeps one.
     pub fn peak_at(&self) -> Option<&peak::PeakAt> {

@@ -493,6 +493,10 @@ impl<D: Device> Backend for DeviceBackend<D> {
         self.device.memory_stats()
     }
 
+    fn launch_tally(&self) -> Option<crate::backend::launches::LaunchTally> {
+        self.device.launch_tally()
+    }
+
     fn transfer_stats(&self) -> Option<TransferStats> {
         Some(self.transfers.stats())
     }

@@ -159,6 +159,64 @@ pub fn temporaries(g: &Gemm) -> Vec<usize> {
     taken
 }
 
+/// The launches `g` takes on a GPU, each with the bytes of the buffers it is handed
+/// ([`super::super::launches`]): for a bf16 product the `to_bf16` copy of each operand not
+/// given converted (f32 read, words written), then cuBLAS's product (operands as it reads
+/// them, its output as written), then `unpad_rows` per chunk of a padded output. The dry
+/// device counts them (`backend::dry`).
+pub fn launches(g: &Gemm) -> Vec<(&'static str, u64)> {
+    if g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0 {
+        return Vec::new();
+    }
+    let [a_dims, b_dims] = operand_dims(g);
+    let elems = |(r, c): (usize, usize), stride: usize| {
+        if stride == 0 { r * c } else { g.batch * r * c }
+    };
+    let sizes = [elems(a_dims, g.stride_a), elems(b_dims, g.stride_b)];
+    let out = (g.batch * g.m * g.n) as u64;
+    if g.precision != GemmPrecision::Bf16 {
+        return vec![(CUBLAS, 4 * (sizes[0] + sizes[1]) as u64 + 4 * out)];
+    }
+    let mut v = Vec::new();
+    let mut layouts = [Layout { ld: 0, stride: 0 }; 2];
+    for (i, (dims, stride)) in [(a_dims, g.stride_a), (b_dims, g.stride_b)]
+        .into_iter()
+        .enumerate()
+    {
+        layouts[i] = if g.given_bf16[i] {
+            given_layout(dims)
+        } else {
+            let (op, layout) = copy_layout(g.batch, dims, stride);
+            v.push((
+                "to_bf16",
+                4 * (op.mats * op.rows * op.cols + op.words()) as u64,
+            ));
+            layout
+        };
+    }
+    let (n, _) = product_dims(g, layouts);
+    let Some(pitch) = padded_pitch(g, n) else {
+        v.push((CUBLAS, 2 * (sizes[0] + sizes[1]) as u64 + 4 * out));
+        return v;
+    };
+    // One product and one unpad per chunk of rows: each reads its rows of `a` and all of `b`.
+    let chunk = padded_chunk(g, pitch);
+    for row0 in (0..g.m).step_by(chunk) {
+        let rows = chunk.min(g.m - row0);
+        let a_rows = (2 * sizes[0] * rows / g.m) as u64;
+        let written = (g.batch * rows) as u64;
+        v.push((
+            CUBLAS,
+            a_rows + 2 * sizes[1] as u64 + 4 * written * pitch as u64,
+        ));
+        v.push(("unpad_rows", 4 * written * (pitch + g.n) as u64));
+    }
+    v
+}
+
+/// The name [`launches`] counts cuBLAS's products under.
+pub const CUBLAS: &str = "gemm (cuBLAS)";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +253,30 @@ mod tests {
         };
         assert!(temporaries(&given).is_empty());
         assert!(temporaries(&Gemm::plain(64, 96, 128)).is_empty(), "f32");
+    }
+
+    #[test]
+    fn a_gemm_launches_one_copy_per_operand_not_given_and_unpads_each_chunk() {
+        let g = bf16(Gemm::plain(64, 96, 128));
+        let names = |g: &Gemm| launches(g).iter().map(|l| l.0).collect::<Vec<_>>();
+        assert_eq!(names(&g), ["to_bf16", "to_bf16", CUBLAS]);
+        // The first copy reads 64 × 96 f32 and writes half as many words.
+        assert_eq!(launches(&g)[0].1, 4 * (64 * 96 + 64 * 96 / 2));
+        let given = Gemm {
+            given_bf16: [true, false],
+            ..g
+        };
+        assert_eq!(names(&given), ["to_bf16", CUBLAS]);
+        // The LM head: rows chunked under 256 MiB of padded output, one unpad per chunk.
+        let head = bf16(Gemm {
+            trans_b: true,
+            ..Gemm::plain(8192, 768, 50257)
+        });
+        let pitch = 50257usize.next_multiple_of(4);
+        let chunks = 8192usize.div_ceil(padded_chunk(&head, pitch));
+        let count = |name: &str| names(&head).iter().filter(|n| **n == name).count();
+        assert_eq!((count("unpad_rows"), count(CUBLAS)), (chunks, chunks));
+        assert!(chunks > 1);
+        assert_eq!(names(&Gemm::plain(4, 4, 4)), [CUBLAS], "f32: no copies");
     }
 }

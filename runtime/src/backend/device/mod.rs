@@ -163,6 +163,11 @@ pub trait Device: std::fmt::Debug {
         None
     }
 
+    /// The launches so far by kernel, where the device counts them (the dry device).
+    fn launch_tally(&self) -> Option<super::launches::LaunchTally> {
+        None
+    }
+
     /// Waits for all queued work.
     fn synchronize(&self) -> Result<(), RuntimeError> {
         Ok(())
