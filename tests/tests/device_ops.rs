@@ -12,7 +12,7 @@ use runtime::backend::DropoutMask;
 use runtime::backend::conformance::{self, Case, ids, positive, tensor};
 use runtime::backend::vocab::VocabShard;
 use runtime::{Backend, DeviceBackend, GemmPrecision};
-use tests::emulator::{Emulator, emulator};
+use tests::emulator::{Emulator, emulator, emulator_bf16};
 
 fn assert_close(got: &Tensor32, want: &Tensor32, tol: f32, what: &str) {
     assert_eq!(got.shape, want.shape, "{what}: shape");
@@ -140,10 +140,9 @@ fn a_stashed_buffer_comes_back_rounded_to_bf16() {
     for shape in [[3, 7, 5], [7, 11, 131]] {
         let x = tensor(&shape, 11);
         let buf = b.upload(&x).unwrap();
-        let words = b
-            .stash_bf16(&buf)
-            .unwrap()
-            .expect("a device backend stashes");
+        let runtime::backend::Stashed::Words(words) = b.stash_bf16(buf).unwrap() else {
+            panic!("a device backend stashes");
+        };
         assert_eq!(b.shape(&words), [x.data.len().div_ceil(2)]);
         let back = b
             .download(&b.unstash_bf16(words, &x.shape).unwrap())
@@ -153,6 +152,92 @@ fn a_stashed_buffer_comes_back_rounded_to_bf16() {
             assert_eq!(*got, kernels::device::round_bf16(*want), "element {i}");
         }
     }
+}
+
+/// `t` rounded to bf16, as a bf16 GEMM reads it.
+fn bf16(t: &Tensor32) -> Tensor32 {
+    let data = t
+        .data
+        .iter()
+        .map(|&v| kernels::device::round_bf16(v))
+        .collect();
+    Tensor32::new(t.shape.clone(), data).unwrap()
+}
+
+/// A linear's forward makes bf16 copies of its input and weight (their twins). The stash
+/// keeps the input's copy as its words, the backward reads both copies, and a weight written
+/// in place (AdamW) drops its copy: the next product reads the new values.
+#[test]
+fn a_bf16_gemm_operand_copy_serves_the_stash_and_the_backward_until_written() {
+    use runtime::backend::Stashed;
+    let b = emulator_bf16(32);
+    let linear = OpKind::Linear { bias: false };
+    let (x, w, dy) = (
+        tensor(&[4, 6, 16], 41),
+        tensor(&[16, 24], 42),
+        tensor(&[4, 6, 24], 43),
+    );
+    let (xb, mut wb) = (b.upload(&x).unwrap(), b.upload(&w).unwrap());
+    let y = b.forward(&linear, &[&xb, &wb], BINDING).unwrap();
+    assert_close(
+        &b.download(&y[0]).unwrap(),
+        &kernels::forward(&linear, &[&bf16(&x), &bf16(&w)], BINDING).unwrap()[0],
+        1e-5,
+        "forward on the copies",
+    );
+    let Stashed::Words(words) = b.stash_bf16(xb).unwrap() else {
+        panic!("a device backend stashes");
+    };
+    let fresh = b.upload(&x).unwrap();
+    let Stashed::Words(want) = b.stash_bf16(fresh).unwrap() else {
+        panic!("a device backend stashes");
+    };
+    assert_eq!(
+        b.download(&words)
+            .unwrap()
+            .data
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>(),
+        b.download(&want)
+            .unwrap()
+            .data
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>(),
+        "the stash kept the GEMM's copy, bit for bit"
+    );
+    let xb = b.unstash_bf16(words, &x.shape).unwrap();
+    let dyb = b.upload(&dy).unwrap();
+    let grad = OpKind::Grad {
+        of: Box::new(linear.clone()),
+        wrt: vec![0, 1],
+    };
+    let got = b.forward(&grad, &[&xb, &wb, &dyb], BINDING).unwrap();
+    let host = kernels::backward(&linear, &[&bf16(&x), &bf16(&w)], &[&bf16(&dy)]).unwrap();
+    for (i, (g, h)) in got.iter().zip(&host).enumerate() {
+        let h = h.as_ref().expect("a gradient");
+        assert_close(&b.download(g).unwrap(), h, 1e-4, &format!("gradient {i}"));
+    }
+    // AdamW writes the weight in place: the next product must read the new values.
+    let zeros = Tensor32::new(w.shape.clone(), vec![0.0; w.data.len()]).unwrap();
+    let (mut m, mut v) = (b.upload(&zeros).unwrap(), b.upload(&zeros).unwrap());
+    let g = b.upload(&tensor(&w.shape, 44)).unwrap();
+    let cfg = AdamWConfig {
+        lr: 0.5,
+        ..AdamWConfig::default()
+    };
+    b.adamw(&cfg, &mut wb, &g, &mut m, &mut v, 1).unwrap();
+    let stepped = b.download(&wb).unwrap();
+    let xb = b.upload(&x).unwrap();
+    let y = b.forward(&linear, &[&xb, &wb], BINDING).unwrap();
+    let want = kernels::forward(&linear, &[&bf16(&x), &bf16(&stepped)], BINDING).unwrap();
+    assert_close(
+        &b.download(&y[0]).unwrap(),
+        &want[0],
+        1e-5,
+        "after the update",
+    );
 }
 
 #[test]

@@ -50,6 +50,15 @@ pub use dropout::DropoutMask;
 pub use nccl::{NcclCollectives, nccl_present};
 pub use pool::MemoryStats;
 
+/// What [`Backend::stash_bf16`] made of a buffer.
+#[derive(Debug)]
+pub enum Stashed<B> {
+    /// Its bf16 words.
+    Words(B),
+    /// The buffer as it was: the backend keeps f32 only.
+    Kept(B),
+}
+
 /// A device that holds f32 buffers and runs plait's ops on them.
 pub trait Backend: std::fmt::Debug {
     /// A tensor in this backend's memory (shape and data).
@@ -283,11 +292,37 @@ pub trait Backend: std::fmt::Debug {
 
     /// `x` rounded to bf16 and kept in half its bytes, as a `[⌈len / 2⌉]` buffer of words,
     /// two bf16 to a word: what a bf16 plan's activation takes while the executor holds it
-    /// between distant uses (`exec::stash`). `None`: this backend keeps f32 only (the host,
-    /// whose kernels read f32), and the executor keeps `x` as it is.
-    fn stash_bf16(&self, x: &Self::Buffer) -> Result<Option<Self::Buffer>, RuntimeError> {
+    /// between distant uses (`exec::stash`); `x` itself is given back to the backend.
+    /// [`Stashed::Kept`]: this backend keeps f32 only (the host, whose kernels read f32), and
+    /// the executor keeps `x` as it is.
+    fn stash_bf16(&self, x: Self::Buffer) -> Result<Stashed<Self::Buffer>, RuntimeError> {
+        Ok(Stashed::Kept(x))
+    }
+
+    /// Whether this backend's op `kind`, on inputs of `shapes`, reads input `operand` only as
+    /// the bf16 words a stash holds (a bf16 GEMM's operand), never as f32: the executor then
+    /// brings such a buffer back from the stash without expanding it
+    /// ([`Backend::unstash_bf16_words`]).
+    fn reads_stashed_words(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
+        let _ = (kind, shapes, operand);
+        false
+    }
+
+    /// A [`Backend::stash_bf16`] buffer back with `shape` and its words, its f32 values not
+    /// written: only an op that [`Backend::reads_stashed_words`] may read it before
+    /// [`Backend::expand_stashed`] writes them.
+    fn unstash_bf16_words(
+        &self,
+        words: Self::Buffer,
+        shape: &[usize],
+    ) -> Result<Self::Buffer, RuntimeError> {
+        self.unstash_bf16(words, shape)
+    }
+
+    /// Writes the f32 values of a buffer [`Backend::unstash_bf16_words`] gave back.
+    fn expand_stashed(&self, x: &mut Self::Buffer) -> Result<(), RuntimeError> {
         let _ = x;
-        Ok(None)
+        Ok(())
     }
 
     /// A [`Backend::stash_bf16`] buffer back in f32, with `shape`.

@@ -34,6 +34,7 @@ pub mod p2p;
 pub mod peak;
 pub mod stash;
 mod state;
+mod words_only;
 
 use ir::OpKind;
 use kernels::Tensor32;
@@ -84,10 +85,12 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Where a bf16 plan's declared-bf16 buffers are held as bf16 between distant uses
     /// ([`stash`]); emptied once the backend says it keeps f32 only.
     stash_plan: stash::StashPlan,
-    /// The backend keeps f32 only ([`crate::Backend::stash_bf16`] said `None`).
+    /// The backend keeps f32 only ([`crate::Backend::stash_bf16`] kept the buffer).
     stash_off: bool,
     /// The buffers held as bf16 words now, by buffer ([`crate::Backend::stash_bf16`]).
     stashed: Vec<Option<B::Buffer>>,
+    /// Buffers back from the stash whose f32 values are not yet expanded ([`words_only`]).
+    words_only: Vec<bool>,
     /// The step instruction that raised the device allocator's high-water mark last.
     peak_at: Option<peak::PeakAt>,
     /// Completed optimizer steps.
@@ -186,6 +189,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             stash_plan: stash::plan(tpl),
             stash_off: false,
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
+            words_only: vec![false; tpl.buffers.len()],
             peak_at: None,
             steps: 0,
             micro_batch: 0,
@@ -275,7 +279,10 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
             let expand = stash_plan.before.get(k).map_or(&[][..], Vec::as_slice);
-            let mut result = match (self.unstash(expand), ins) {
+            let back = self
+                .expand_words_for(ins, r)
+                .and_then(|()| self.unstash(expand, Some(ins)));
+            let mut result = match (back, ins) {
                 (Err(e), _) => Err(e),
                 (Ok(()), Instr::Copy { src, dst })
                     if self.step_moves.get(k).copied().unwrap_or(false) =>
@@ -327,6 +334,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.step_reads = reads;
         self.keep_stash_plan(stash_plan);
         self.unstash_all()?;
+        self.expand_all_words()?;
         self.exchange(&[])?;
         self.zero_all_pending()?;
         if let dp_comm::DpSync::LocalSgd { every } = self.dp_comm.sync
@@ -435,20 +443,22 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             let i = b.index();
             let pending = self.zero_on_read.get(i).copied().unwrap_or(true);
             let wide = self.wide.get(i).is_some_and(Option::is_some);
-            let Some(x) = self.bufs.get(i).and_then(Option::as_ref) else {
-                continue;
-            };
             if pending || wide {
                 continue;
             }
-            let Some(words) = self.backend.stash_bf16(x)? else {
-                self.stash_off = true;
-                return Ok(());
+            let Some(x) = self.bufs.get_mut(i).and_then(Option::take) else {
+                continue;
             };
-            if let Some(x) = self.bufs[i].take() {
-                self.backend.free(x);
+            // Its words are what the stash keeps (the device backend's twin).
+            self.words_only[i] = false;
+            match self.backend.stash_bf16(x)? {
+                crate::backend::Stashed::Words(words) => self.stashed[i] = Some(words),
+                crate::backend::Stashed::Kept(x) => {
+                    self.bufs[i] = Some(x);
+                    self.stash_off = true;
+                    return Ok(());
+                }
             }
-            self.stashed[i] = Some(words);
         }
         Ok(())
     }
@@ -463,13 +473,21 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         };
     }
 
-    /// Expands each of `bufs` that is held as bf16 back into its f32 buffer.
-    fn unstash(&mut self, bufs: &[BufferId]) -> Result<(), RuntimeError> {
+    /// Brings each of `bufs` that is held as bf16 back into its f32 buffer: expanded, or as
+    /// words only where `ins`, the instruction about to run, reads it only so
+    /// ([`words_only`]).
+    fn unstash(&mut self, bufs: &[BufferId], ins: Option<&Instr>) -> Result<(), RuntimeError> {
         for &b in bufs {
             if let Some(words) = self.stashed.get_mut(b.index()).and_then(Option::take) {
                 let shape = self.decl_shape(b)?;
-                let x = self.backend.unstash_bf16(words, &shape)?;
+                let lazy = ins.is_some_and(|ins| self.reads_words_only(ins, b));
+                let x = if lazy {
+                    self.backend.unstash_bf16_words(words, &shape)?
+                } else {
+                    self.backend.unstash_bf16(words, &shape)?
+                };
                 self.bufs[b.index()] = Some(x);
+                self.words_only[b.index()] = lazy;
             }
         }
         Ok(())
@@ -482,10 +500,34 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             .filter(|&i| self.stashed[i].is_some())
             .map(|i| BufferId(i as u32))
             .collect();
-        self.unstash(&held)
+        self.unstash(&held, None)
     }
 
     /// Zero-fills `b` if it was allocated and not written since.
+    /// Fills `b` with zeros when it is next read, as an allocation is ([`Self::zero_if_pending`]):
+    /// until then it holds no memory, and a stash finds nothing to convert. A gradient
+    /// accumulator zeroed at the top of the step and first added to in the backward, a
+    /// thousand instructions on, would otherwise be held (or stashed, then expanded) across
+    /// the whole forward.
+    fn zero_later(&mut self, b: BufferId) -> Result<(), RuntimeError> {
+        let i = b.index();
+        if i >= self.bufs.len() {
+            return Err(self.prog(format!("fill: buffer {b} is not declared")));
+        }
+        if let Some(t) = self.bufs[i].take() {
+            self.backend.free(t);
+        }
+        if let Some(words) = self.stashed[i].take() {
+            self.backend.free(words);
+        }
+        if let Some(w) = self.wide.get_mut(i) {
+            *w = None;
+        }
+        self.words_only[i] = false;
+        self.zero_on_read[i] = true;
+        Ok(())
+    }
+
     fn zero_if_pending(&mut self, b: BufferId) -> Result<(), RuntimeError> {
         if self.zero_on_read.get(b.index()).copied().unwrap_or(false) {
             let z = self.backend.zeros(&self.decl_shape(b)?)?;
@@ -529,6 +571,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     /// Sets buffer `b` to `value`: in place where it holds a buffer of its declared shape
     /// already (a gradient accumulator from the last step), else as a new buffer.
     fn fill(&mut self, b: BufferId, value: f32) -> Result<(), RuntimeError> {
+        if value == 0.0 && !self.skipped(b) {
+            return self.zero_later(b);
+        }
         let shape = self.decl_shape(b)?;
         let backend = &self.backend;
         match self.bufs.get_mut(b.index()) {
@@ -560,6 +605,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
 
     /// Buffer `b` holds new values: it no longer reads as zero, nor has a wide copy.
     fn mark_written(&mut self, b: BufferId) {
+        if let Some(w) = self.words_only.get_mut(b.index()) {
+            *w = false;
+        }
         if let Some(z) = self.zero_on_read.get_mut(b.index()) {
             *z = false;
         }
@@ -628,6 +676,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             Instr::Free { buf } => {
                 if let Some(z) = self.zero_on_read.get_mut(buf.index()) {
                     *z = false;
+                }
+                if let Some(w) = self.words_only.get_mut(buf.index()) {
+                    *w = false;
                 }
                 if let Some(s) = self.stashed.get_mut(buf.index())
                     && let Some(words) = s.take()
@@ -1006,9 +1057,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 if let Some(s) = self.bufs.get_mut(o.index()) {
                     *s = Some(t);
                 }
-                if let Some(z) = self.zero_on_read.get_mut(o.index()) {
-                    *z = false;
-                }
+                self.mark_written(o);
             } else {
                 let h = self.backend.download(&t)?;
                 self.put(o, h.data)?;

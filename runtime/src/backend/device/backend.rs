@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
@@ -12,7 +12,7 @@ use crate::Communicator;
 use crate::RuntimeError;
 use crate::backend::collectives::{Collectives, DeviceCollective};
 use crate::backend::vocab::VocabShard;
-use crate::backend::{Backend, DropoutMask, MemoryStats, TransferStats, sgemm_dims};
+use crate::backend::{Backend, DropoutMask, MemoryStats, Stashed, TransferStats, sgemm_dims};
 
 /// plait's ops on a [`Device`]: kernels where `ops` has a lowering, the host otherwise.
 #[derive(Debug)]
@@ -57,6 +57,13 @@ pub struct DeviceBuffer<M> {
     /// empty allocations).
     pub(crate) len: usize,
     pub(crate) mem: M,
+    /// `mem` rounded to bf16, two to a word in order (`⌈len / 2⌉` words: the stash's layout),
+    /// where a bf16 GEMM made that copy of it or the buffer came back from the stash: a later
+    /// GEMM reads it as it is, and stashing the buffer keeps it, instead of converting `mem`
+    /// again (`ops::matmul::bf16_twin`). Ops take their inputs by shared reference and write
+    /// only buffers they allocate; every [`crate::Backend`] method that writes a buffer in
+    /// place (`fill_in_place`, `adamw`) drops its twin first ([`DeviceBackend::written`]).
+    pub(crate) bf16: OnceLock<M>,
 }
 
 /// Counters of [`TransferStats`], shared by the threads that use the backend.
@@ -194,6 +201,7 @@ impl<D: Device> DeviceBackend<D> {
             shape: shape.to_vec(),
             len,
             mem: self.device.alloc(len.max(1))?,
+            bf16: OnceLock::new(),
         })
     }
 
@@ -207,7 +215,15 @@ impl<D: Device> DeviceBackend<D> {
             shape: shape.to_vec(),
             len,
             mem: self.device.alloc_zeros(len.max(1))?,
+            bf16: OnceLock::new(),
         })
+    }
+
+    /// Drops `x`'s bf16 twin before `mem` is written in place (its words would be stale).
+    pub(crate) fn written(&self, x: &mut DeviceBuffer<D::Mem>) {
+        if let Some(twin) = x.bf16.take() {
+            self.device.release(twin);
+        }
     }
 
     /// Runs a CPU kernel on downloaded operands (the path of ops without a device lowering).
@@ -242,6 +258,9 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn free(&self, buffer: Self::Buffer) {
+        if let Some(twin) = buffer.bf16.into_inner() {
+            self.device.release(twin);
+        }
         self.device.release(buffer.mem);
     }
 
@@ -289,6 +308,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn fill_in_place(&self, buffer: &mut Self::Buffer, value: f32) -> Result<(), RuntimeError> {
+        self.written(buffer);
         if buffer.len > 0 {
             ops::fill(self, buffer, value)?;
         }
@@ -449,6 +469,9 @@ impl<D: Device> Backend for DeviceBackend<D> {
         v: &mut Self::Buffer,
         step: u64,
     ) -> Result<(), RuntimeError> {
+        for x in [&mut *param, &mut *m, &mut *v] {
+            self.written(x);
+        }
         ops::adamw(self, cfg, [param, m, v], grad, step, None)
     }
 
@@ -462,20 +485,62 @@ impl<D: Device> Backend for DeviceBackend<D> {
         step: u64,
         frozen_after: u64,
     ) -> Result<(), RuntimeError> {
+        for x in [&mut *param, &mut *m, &mut *v] {
+            self.written(x);
+        }
         ops::adamw(self, cfg, [param, m, v], grad, step, Some(frozen_after))
     }
 
-    fn stash_bf16(&self, x: &Self::Buffer) -> Result<Option<Self::Buffer>, RuntimeError> {
-        ops::stash_bf16(self, x).map(Some)
+    /// `x`'s twin where it has one (made by a GEMM that read it), else its words made now.
+    fn stash_bf16(&self, mut x: Self::Buffer) -> Result<Stashed<Self::Buffer>, RuntimeError> {
+        let words = match x.bf16.take() {
+            Some(twin) => DeviceBuffer {
+                shape: vec![x.len.div_ceil(2)],
+                len: x.len.div_ceil(2),
+                mem: twin,
+                bf16: OnceLock::new(),
+            },
+            None => ops::stash_bf16(self, &x)?,
+        };
+        self.free(x);
+        Ok(Stashed::Words(words))
     }
 
+    fn reads_stashed_words(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
+        ops::reads_only_bf16_twin(self, kind, shapes, operand)
+    }
+
+    /// An allocation of `shape` whose twin is `words`; its f32 values are written when
+    /// [`Backend::expand_stashed`] asks (no kernel runs until then).
+    fn unstash_bf16_words(
+        &self,
+        words: Self::Buffer,
+        shape: &[usize],
+    ) -> Result<Self::Buffer, RuntimeError> {
+        let x = self.alloc(shape)?;
+        ops::check_words(&x, &words)?;
+        if let Err(twin) = x.bf16.set(words.mem) {
+            self.device.release(twin);
+        }
+        Ok(x)
+    }
+
+    fn expand_stashed(&self, x: &mut Self::Buffer) -> Result<(), RuntimeError> {
+        ops::expand_twin(self, x)
+    }
+
+    /// The f32 expansion, with the words kept as its twin: a GEMM that reads it next (a
+    /// linear's weight or input, in the backward) takes them as they are, and a later stash
+    /// keeps them.
     fn unstash_bf16(
         &self,
         words: Self::Buffer,
         shape: &[usize],
     ) -> Result<Self::Buffer, RuntimeError> {
         let x = ops::unstash_bf16(self, &words, shape)?;
-        self.free(words);
+        if let Err(twin) = x.bf16.set(words.mem) {
+            self.device.release(twin);
+        }
         Ok(x)
     }
 

@@ -117,6 +117,107 @@ fn operands<'a, D: Device>(
     Some(((x, w, bias), p))
 }
 
+/// `x`'s bf16 twin ([`super::super::DeviceBuffer::bf16`]) for a bf16 GEMM that reads it as
+/// one row-major matrix `cols` wide, made now where it has none: then this copy serves every
+/// later GEMM that reads `x` (a weight's forward and backward products, an input's forward
+/// product and its weight gradient) and the stash, each of which would convert it again.
+/// `None` where the GEMMs are f32, the device makes no bf16 copies, or `cols` is not a
+/// multiple of 8 (the twin's dense words are then not the padded rows a GEMM reads): the
+/// GEMM converts `x` itself.
+fn bf16_twin<'x, D: Device>(
+    b: &DeviceBackend<D>,
+    x: &'x Buf<D>,
+    cols: usize,
+) -> Result<Option<&'x D::Mem>, RuntimeError> {
+    if b.gemm_precision != GemmPrecision::Bf16 || x.len == 0 || !cols.is_multiple_of(8) {
+        return Ok(None);
+    }
+    if x.bf16.get().is_none() {
+        let Some(made) = b.device.bf16_operand(&x.mem, x.len / cols, cols)? else {
+            return Ok(None);
+        };
+        if let Err(made) = x.bf16.set(made) {
+            b.device.release(made);
+        }
+    }
+    Ok(x.bf16.get())
+}
+
+/// A GEMM operand: `x`'s f32 memory, or its bf16 twin where it has or takes one.
+fn operand<'x, D: Device>(
+    b: &DeviceBackend<D>,
+    x: &'x Buf<D>,
+    cols: usize,
+    one_matrix: bool,
+) -> Result<(&'x D::Mem, bool), RuntimeError> {
+    if one_matrix && let Some(twin) = bf16_twin(b, x, cols)? {
+        return Ok((twin, true));
+    }
+    Ok((&x.mem, false))
+}
+
+/// Whether op `kind` on inputs of `shapes` reads input `operand` only through its bf16 twin
+/// (`Backend::reads_stashed_words`), as [`forward`] and [`backward`] would run it: a bf16
+/// product's `x` or `w` that is one matrix with rows a multiple of 8 wide (a twin is read
+/// before any conversion), or an operand a gradient's products do not read at all. False
+/// for anything those lowerings would send to the host, which reads every operand in f32.
+pub(crate) fn reads_only_bf16_twin<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    shapes: &[&[usize]],
+    operand: usize,
+) -> bool {
+    if b.gemm_precision != GemmPrecision::Bf16 || operand > 1 {
+        return false;
+    }
+    let (of, wanted, operands) = match kind {
+        OpKind::MatMul | OpKind::Linear { .. } => (kind, None, shapes),
+        OpKind::Grad { of, wrt } if matches!(**of, OpKind::MatMul | OpKind::Linear { .. }) => {
+            let Some((dy, xs)) = shapes.split_last() else {
+                return false;
+            };
+            (&**of, Some((wrt, *dy)), xs)
+        }
+        _ => return false,
+    };
+    let Some(p) = product_of_shapes(of, operands) else {
+        return false;
+    };
+    let x_as_twin = p.batch == 1 && p.k.is_multiple_of(8);
+    let w_as_twin = !p.batched_w && p.n.is_multiple_of(8);
+    match wanted {
+        None => [x_as_twin, w_as_twin][operand],
+        Some((wrt, dy)) => {
+            if dy != out_shape(operands[0], p.n).as_slice() {
+                return false;
+            }
+            // x is read by dw = xᵀ · g (wanted: operand 1), w by dx = g · wᵀ (operand 0).
+            let read_by = usize::from(operand == 0);
+            let dw_one = p.weight_grad().batch == 1;
+            !wrt.contains(&read_by)
+                || if operand == 0 {
+                    x_as_twin && dw_one
+                } else {
+                    w_as_twin
+                }
+        }
+    }
+}
+
+/// [`operands`]' product from shapes alone: `None` where the lowering would refuse them.
+fn product_of_shapes(kind: &OpKind, shapes: &[&[usize]]) -> Option<Product> {
+    let (x, w, bias) = match (kind, shapes) {
+        (OpKind::MatMul | OpKind::Linear { bias: false }, &[x, w]) => (x, w, None),
+        (OpKind::Linear { bias: true }, &[x, w, bias]) => (x, w, Some(bias)),
+        _ => return None,
+    };
+    let p = product(kind, x, w)?;
+    if bias.is_some_and(|b| b != [p.n]) || empty(&p) {
+        return None;
+    }
+    Some(p)
+}
+
 fn out_shape(x: &[usize], n: usize) -> Vec<usize> {
     let mut shape = x[..x.len() - 1].to_vec();
     shape.push(n);
@@ -143,7 +244,11 @@ pub(super) fn forward<D: Device>(
         b.alloc(&shape)?
     };
     if !empty(&p) {
-        b.device.gemm(&p.forward(), &x.mem, &w.mem, &mut y.mem)?;
+        let mut g = p.forward();
+        let (xm, x_given) = operand(b, x, p.k, p.batch == 1)?;
+        let (wm, w_given) = operand(b, w, p.n, !p.batched_w)?;
+        g.given_bf16 = [x_given, w_given];
+        b.device.gemm(&g, xm, wm, &mut y.mem)?;
     }
     if let Some(bias) = bias
         && y.len > 0
@@ -191,19 +296,24 @@ pub(super) fn backward<D: Device>(
         Some(m) => (m, true),
         None => (&g.mem, false),
     };
-    let mut dx = p.input_grad();
-    dx.given_bf16[0] = g_given;
-    let mut dw = p.weight_grad();
-    dw.given_bf16[1] = g_given;
     let mut out = Vec::with_capacity(3);
-    for (i, (gemm, a, bm, shape)) in [(dx, g_in, &w.mem, &x.shape), (dw, &x.mem, g_in, &w.shape)]
-        .into_iter()
-        .enumerate()
-    {
+    for i in 0..2 {
         if !want(i) {
             out.push(None);
             continue;
         }
+        // dx = g · wᵀ reads w as the forward did; dw = xᵀ · g reads x so (stored [m, k]).
+        let (gemm, a, bm, shape) = if i == 0 {
+            let mut dx = p.input_grad();
+            let (wm, w_given) = operand(b, w, p.n, !p.batched_w && !empty(&p))?;
+            dx.given_bf16 = [g_given, w_given];
+            (dx, g_in, wm, &x.shape)
+        } else {
+            let mut dw = p.weight_grad();
+            let (xm, x_given) = operand(b, x, p.k, dw.batch == 1 && !empty(&p))?;
+            dw.given_bf16 = [x_given, g_given];
+            (dw, xm, g_in, &w.shape)
+        };
         let mut d = if empty(&p) {
             b.alloc_zeroed(shape)?
         } else {

@@ -21,6 +21,7 @@ use super::{Device, DeviceBackend, DeviceBuffer, KernelArg};
 use crate::RuntimeError;
 
 pub(super) use context::run as context_op;
+pub(super) use matmul::reads_only_bf16_twin;
 pub(super) use optim::adamw;
 pub(super) use vocab::run as vocab_shard;
 
@@ -122,28 +123,65 @@ pub(super) fn unstash_bf16<D: Device>(
     shape: &[usize],
 ) -> Result<Buf<D>, RuntimeError> {
     let mut y = b.alloc(shape)?;
-    if y.len.div_ceil(2) != words.len {
+    check_words(&y, words)?;
+    from_bf16(b, &words.mem, &mut y)?;
+    Ok(y)
+}
+
+/// That `words` are the ⌈len / 2⌉ words of a stash of `x`.
+pub(super) fn check_words<M>(
+    x: &DeviceBuffer<M>,
+    words: &DeviceBuffer<M>,
+) -> Result<(), RuntimeError> {
+    if x.len.div_ceil(2) != words.len {
         return Err(RuntimeError::BadLength {
             op: "unstash_bf16",
             what: "bf16 words",
             got: words.len,
-            want: y.len.div_ceil(2),
+            want: x.len.div_ceil(2),
         });
     }
-    if y.len > 0 {
-        let block = b.device.block_size();
-        b.device.launch(
-            "from_bf16",
-            stream_grid(block, words.len),
-            block,
-            &mut [
-                KernelArg::Out(&mut y.mem),
-                KernelArg::In(&words.mem),
-                size(y.len),
-            ],
-        )?;
+    Ok(())
+}
+
+/// `y`'s f32 values from `words`, its stash (`from_bf16`).
+fn from_bf16<D: Device>(
+    b: &DeviceBackend<D>,
+    words: &D::Mem,
+    y: &mut Buf<D>,
+) -> Result<(), RuntimeError> {
+    if y.len == 0 {
+        return Ok(());
     }
-    Ok(y)
+    let block = b.device.block_size();
+    b.device.launch(
+        "from_bf16",
+        stream_grid(block, y.len.div_ceil(2)),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(words),
+            size(y.len),
+        ],
+    )
+}
+
+/// `x`'s f32 values from its twin ([`crate::Backend::expand_stashed`]).
+pub(super) fn expand_twin<D: Device>(
+    b: &DeviceBackend<D>,
+    x: &mut Buf<D>,
+) -> Result<(), RuntimeError> {
+    let Some(twin) = x.bf16.take() else {
+        return Err(RuntimeError::DeviceLaunch {
+            kernel: "from_bf16",
+            message: "expand_stashed: the buffer has no bf16 words to expand".into(),
+        });
+    };
+    let expanded = from_bf16(b, &twin, x);
+    if let Err(twin) = x.bf16.set(twin) {
+        b.device.release(twin);
+    }
+    expanded
 }
 
 /// An operand with its weight and optional bias (a linear's, a norm's γ and β).
