@@ -98,6 +98,19 @@ fn a_dry_run_counts_a_gpu_plans_memory_without_a_gpu() {
     for class in ["parameters", "optimizer state", "activations"] {
         assert!(live.contains(class), "{class}: {out}");
     }
+    // The launches a GPU would run, counted: a bf16 plan converts GEMM operands to bf16.
+    let kernels = out
+        .lines()
+        .find(|l| l.starts_with("kernels     last step"))
+        .unwrap_or_default();
+    let launches: u64 = kernels
+        .split(": ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(launches > 0, "{out}");
+    assert!(out.contains("gemm (cuBLAS)"), "{out}");
 }
 
 /// Either CUDA cannot run here and the run was refused (exit 2, naming CUDA and the fix, no
