@@ -37,11 +37,15 @@ pub struct StashPlan {
 /// backward, a parameter's compute copy (the optimizer updates the f32 master and writes it
 /// back; between its forward and backward uses it is the bf16 copy a mixed-precision engine
 /// holds) or a parameter's gradient where the plan accumulates it in bf16. Master weights and
-/// optimizer state are f32 and never stashed; a step ends with nothing stashed
-/// (`Executor::step`).
+/// optimizer state are f32 and never stashed. Nor are vectors (norm weights, biases and
+/// their gradients: one element per feature, where a model's matrices and activations hold
+/// thousands): a stash and its expansion are two launches, bound by launch latency at that
+/// size (a few microseconds each on a GPU), to save a few KiB, and GPT-2's step ran about
+/// 290 such pairs. A step ends with nothing stashed (`Executor::step`).
 fn stashable(tpl: &Template, b: BufferId) -> bool {
     tpl.buffer(b).is_some_and(|d| {
         d.elem == Elem::Bf16
+            && d.shape.len() >= 2
             && !d.partial
             && matches!(
                 d.role,
