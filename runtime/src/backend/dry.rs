@@ -18,6 +18,9 @@ use super::launches::LaunchTally;
 use super::pool::{MemoryStats, Pool, Pooled, Slab};
 use crate::RuntimeError;
 
+/// The name [`DryDevice`] counts a zeroed allocation's memset under.
+pub const MEMSET: &str = "memset (zeroed allocation)";
+
 /// A block of memory that is not there: its size only.
 #[derive(Debug)]
 pub struct DrySlab(usize);
@@ -85,7 +88,14 @@ impl Device for DryDevice {
         "dry (counts memory, runs nothing)".into()
     }
 
+    /// Zeroed on a GPU by a memset, counted as one.
     fn alloc_zeros(&self, len: usize) -> Result<Self::Mem, RuntimeError> {
+        let mem = self.take(len)?;
+        self.count(MEMSET, mem.bytes());
+        Ok(mem)
+    }
+
+    fn alloc(&self, len: usize) -> Result<Self::Mem, RuntimeError> {
         self.take(len)
     }
 

@@ -28,6 +28,7 @@ pub mod dp_comm;
 pub mod dropout;
 pub mod init;
 pub mod layout;
+mod moves;
 pub mod on_device;
 pub mod op_times;
 pub mod p2p;
@@ -82,6 +83,9 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Step instructions that are copies whose source is freed before anything else uses it
     /// ([`moving_copies`]): they move the buffer instead.
     step_moves: Vec<bool>,
+    /// Step instructions that are additions whose operand freed next is moved to the output
+    /// when the other holds pending zeros ([`moves::moving_adds`]).
+    step_adds: Vec<Option<usize>>,
     /// Where a bf16 plan's declared-bf16 buffers are held as bf16 between distant uses
     /// ([`stash`]); emptied once the backend says it keeps f32 only.
     stash_plan: stash::StashPlan,
@@ -185,7 +189,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .iter()
                 .map(|i| program::verify::operands(i).0)
                 .collect(),
-            step_moves: moving_copies(&tpl.instrs),
+            step_moves: moves::moving_copies(&tpl.instrs),
+            step_adds: moves::moving_adds(tpl),
             stash_plan: stash::plan(tpl),
             stash_off: false,
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
@@ -282,14 +287,16 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             let back = self
                 .expand_words_for(ins, r)
                 .and_then(|()| self.unstash(expand, Some(ins)));
-            let mut result = match (back, ins) {
-                (Err(e), _) => Err(e),
-                (Ok(()), Instr::Copy { src, dst })
+            let zero_add = self.zero_add_source(k, ins);
+            let mut result = match (back, ins, zero_add) {
+                (Err(e), _, _) => Err(e),
+                (Ok(()), _, Some((src, out))) => self.move_buffer(src, out).map(|()| None),
+                (Ok(()), Instr::Copy { src, dst }, None)
                     if self.step_moves.get(k).copied().unwrap_or(false) =>
                 {
                     self.move_buffer(*src, *dst).map(|()| None)
                 }
-                (Ok(()), _) => self.exec(ins, r, None, Some(batch)),
+                (Ok(()), _, None) => self.exec(ins, r, None, Some(batch)),
             };
             if result.is_ok() {
                 let keep = stash_plan.after.get(k).map_or(&[][..], Vec::as_slice);
@@ -1211,85 +1218,5 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
 
     pub(crate) fn parts(&self) -> (&'s ProgramSet, &'s Template, u32) {
         (self.set, self.tpl, self.rank)
-    }
-}
-
-/// Which of `instrs` are copies `src -> dst` whose source the program frees before any other
-/// instruction reads or writes it (the last copy of a gradient's fan-out to the branches of a
-/// residual: `copy dx -> a; copy dx -> b; free dx`): moving the buffer does the same without
-/// the copy or a second buffer alive at once.
-fn moving_copies(instrs: &[Instr]) -> Vec<bool> {
-    let mut moves = vec![false; instrs.len()];
-    for (i, ins) in instrs.iter().enumerate() {
-        let Instr::Copy { src, dst } = ins else {
-            continue;
-        };
-        if src == dst {
-            continue;
-        }
-        for next in &instrs[i + 1..] {
-            if let Instr::Free { buf } = next
-                && buf == src
-            {
-                moves[i] = true;
-                break;
-            }
-            let (reads, writes) = program::verify::operands(next);
-            let touches = reads.contains(src) || writes.contains(src);
-            let boundary = matches!(
-                next,
-                Instr::Alloc { buf } if buf == src
-            ) || matches!(next, Instr::Task { .. });
-            if touches || boundary {
-                break;
-            }
-        }
-    }
-    moves
-}
-
-#[cfg(test)]
-mod move_tests {
-    use super::*;
-
-    fn b(i: u32) -> BufferId {
-        BufferId(i)
-    }
-
-    #[test]
-    fn only_a_copy_whose_source_is_freed_before_any_other_use_moves() {
-        let add = |x: u32, y: u32| Instr::Compute {
-            kind: ir::OpKind::Add,
-            inputs: vec![b(x), b(x)],
-            outputs: vec![b(y)],
-            saves: vec![],
-            layer: None,
-        };
-        let program = [
-            Instr::Copy {
-                src: b(0),
-                dst: b(1),
-            }, // 0: b0 is copied again next: stays a copy
-            Instr::Alloc { buf: b(2) },
-            Instr::Copy {
-                src: b(0),
-                dst: b(2),
-            }, // 2: b0 freed next: a move
-            Instr::Free { buf: b(0) },
-            Instr::Copy {
-                src: b(1),
-                dst: b(3),
-            }, // 4: b1 read before its free: a copy
-            add(1, 4),
-            Instr::Free { buf: b(1) },
-            Instr::Copy {
-                src: b(3),
-                dst: b(5),
-            }, // 7: never freed: a copy
-        ];
-        assert_eq!(
-            moving_copies(&program),
-            vec![false, false, true, false, false, false, false, false]
-        );
     }
 }
