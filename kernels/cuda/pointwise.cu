@@ -226,13 +226,31 @@ extern "C" __global__ void sum_to_operand(float* out, const float* g, Broadcast 
     }
 }
 
-// out[c] = Σ_r x[r, c] over `rows` rows of `cols`, in f64, one thread per column: the second
-// pass of a column reduction (over `column_sum_chunks`' partial sums) or a short one.
+// out[c] = Σ_r x[r, c] over `rows` rows of `cols`, in f64: the second pass of a column
+// reduction (over `column_sum_chunks`' partial sums) or a short one. A block takes
+// COLUMN_SUM_WIDTH columns (a warp's loads coalesce along a row), its other threads split the
+// rows among them, and the block adds their sums in lane order (the same every run). One
+// thread per column, as this was, summed 128 partial rows in one dependent chain: about 10 µs
+// a launch on an H200 whatever the width, for ~100 launches a GPT-2 step.
+#define COLUMN_SUM_WIDTH 32
 extern "C" __global__ void column_sum(float* out, const float* x, i64 rows, i64 cols) {
-    for (i64 c = global_thread(); c < cols; c += grid_threads()) {
+    __shared__ double lane_sums[PLAIT_MAX_BLOCK];
+    int width = blockDim.x < COLUMN_SUM_WIDTH ? (int)blockDim.x : COLUMN_SUM_WIDTH;
+    int lanes = (int)blockDim.x / width;
+    int col = (int)threadIdx.x % width, lane = (int)threadIdx.x / width;
+    for (i64 c0 = (i64)blockIdx.x * width; c0 < cols; c0 += (i64)gridDim.x * width) {
+        i64 c = c0 + col;
         double total = 0.0;
-        for (i64 r = 0; r < rows; ++r) total += x[r * cols + c];
-        out[c] = (float)total;
+        if (c < cols)
+            for (i64 r = lane; r < rows; r += lanes) total += x[r * cols + c];
+        lane_sums[threadIdx.x] = total;
+        __syncthreads();
+        if (lane == 0 && c < cols) {
+            double sum = 0.0;
+            for (int l = 0; l < lanes; ++l) sum += lane_sums[l * width + col];
+            out[c] = (float)sum;
+        }
+        __syncthreads();
     }
 }
 

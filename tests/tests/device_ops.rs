@@ -240,6 +240,49 @@ fn a_bf16_gemm_operand_copy_serves_the_stash_and_the_backward_until_written() {
     );
 }
 
+/// `column_sum` splits each block's rows among lanes of threads and adds the lanes' sums in
+/// order: every column of a width that is not a whole number of blocks, on blocks of one to
+/// many lanes, on a grid smaller than the column groups (grid-stride).
+#[test]
+fn column_sums_split_rows_among_lanes_and_stride_over_column_groups() {
+    use kernels::device::KernelArg;
+    use runtime::Device;
+    let (rows, cols) = (300usize, 70usize);
+    let x = tensor(&[rows, cols], 45).data;
+    let want: Vec<f32> = (0..cols)
+        .map(|c| (0..rows).map(|r| f64::from(x[r * cols + c])).sum::<f64>() as f32)
+        .collect();
+    for (block, grid) in [(16, 5), (32, 1), (64, 2), (256, 3)] {
+        let dev = Emulator {
+            block,
+            tensor_cores: false,
+        };
+        let mut out = vec![f32::NAN; cols];
+        let i = |v: usize| KernelArg::I64(i64::try_from(v).unwrap());
+        dev.launch(
+            "column_sum",
+            grid,
+            block,
+            &mut [
+                KernelArg::Out(&mut out),
+                KernelArg::In(&x),
+                i(rows),
+                i(cols),
+            ],
+        )
+        .unwrap();
+        for c in 0..cols {
+            let tol = 1e-6 * want[c].abs().max(1.0);
+            assert!(
+                (out[c] - want[c]).abs() <= tol,
+                "block {block}, column {c}: {} vs {}",
+                out[c],
+                want[c]
+            );
+        }
+    }
+}
+
 #[test]
 fn unpad_rows_copies_each_row_out_of_its_pitch() {
     use kernels::device::KernelArg;

@@ -432,9 +432,11 @@ fn finish_columns<D: Device>(
 ) -> Result<Buf<D>, RuntimeError> {
     let mut out = b.alloc(&[cols])?;
     let block = b.device.block_size();
+    // `column_sum`'s blocks take COLUMN_SUM_WIDTH (32) columns each.
+    let width = (block as usize).min(32);
     let r = b.device.launch(
         "column_sum",
-        pointwise_grid(block, cols),
+        cols.div_ceil(width).clamp(1, MAX_GRID) as u32,
         block,
         &mut [
             KernelArg::Out(&mut out.mem),
