@@ -84,7 +84,10 @@ pub struct RunArgs {
     /// Seconds a rank waits for another at any collective or message before failing with an
     /// error that names it (it died or hung). With the default, a rank that dies or hangs ends
     /// the run within 30 s even when the launcher does not notice; raise it when ranks compute
-    /// longer than this between messages (large models, long pipeline stages).
+    /// longer than this between messages (large models, long pipeline stages). On a GPU the
+    /// collectives run on the device: a rank waits for its GPU's queued work up to
+    /// `PLAIT_DEVICE_TIMEOUT` seconds (default 600), then asks the other ranks, under this
+    /// timeout, which one is missing.
     #[arg(long, default_value_t = DEFAULT_TIMEOUT_S)]
     timeout: u64,
     /// After training, print where a step's time goes: wall time per instruction kind
@@ -657,12 +660,17 @@ fn explain(e: runtime::RuntimeError, timeout: u64) -> anyhow::Error {
     while let runtime::RuntimeError::Instr { source, .. } = root {
         root = source;
     }
-    if matches!(root, runtime::RuntimeError::Timeout { .. }) {
-        anyhow::anyhow!(
-            "{e}; it may have died or hung (or needs more than --timeout {timeout} s between messages)"
-        )
-    } else {
-        e.into()
+    match root {
+        runtime::RuntimeError::Timeout { .. } | runtime::RuntimeError::DeviceWaitMissing { .. } => {
+            anyhow::anyhow!(
+                "{e}; it may have died or hung (or needs more than --timeout {timeout} s between messages)"
+            )
+        }
+        runtime::RuntimeError::DeviceTimeout { .. } => anyhow::anyhow!(
+            "{e}; every rank is still here, so the GPUs themselves are stuck or slow (if a \
+             step needs longer, set PLAIT_DEVICE_TIMEOUT to more seconds)"
+        ),
+        _ => e.into(),
     }
 }
 

@@ -75,6 +75,20 @@ pub enum RuntimeError {
         missing: Vec<usize>,
         after: Duration,
     },
+    /// The device's queued work did not finish before the deadline (`backend::watchdog`): a
+    /// collective on it may be waiting for a rank that died or hung.
+    #[error(
+        "the GPU's queued work ({op}) did not finish within {after:?}: a collective on it may be \
+         waiting for a rank that died or hung"
+    )]
+    DeviceTimeout { op: &'static str, after: Duration },
+    /// A device timeout, and the rank the host network then found missing.
+    #[error("{device}; asked over the host network which rank is missing: {host}")]
+    DeviceWaitMissing {
+        device: Box<RuntimeError>,
+        #[source]
+        host: Box<RuntimeError>,
+    },
     /// The ranks called different collectives (or with different sizes) at the same point.
     #[error("{op} on rank {rank}: collective mismatch, {detail}")]
     Mismatch {

@@ -190,7 +190,10 @@ pub fn train_rank<B: Backend, C: Communicator>(
         let sent_before = sent.load(std::sync::atomic::Ordering::Relaxed);
         let transfers_before = ex.transfer_stats();
         let launches_before = ex.launch_tally();
-        let loss = ex.step(&batch)?;
+        // A GPU rank that gives up waiting on its device asks the others who is missing.
+        let loss = ex
+            .step(&batch)
+            .map_err(|e| crate::backend::watchdog::name_missing_rank(e, ex.world()))?;
         if let (Some(after), Some(before)) = (ex.launch_tally(), launches_before) {
             launches_last_step = Some(after.since(&before));
         }
@@ -324,7 +327,9 @@ pub fn train_rank_on_device<C: Communicator>(
             let gpus = Device::Cuda.available()?;
             // A mixed-precision plan's GEMMs in bf16 on the tensor cores (autocast's choice).
             let precision = crate::GemmPrecision::of_plan(&set.mesh.precision);
-            let backend = CudaBackend::new(local_rank % gpus)?.with_gemm_precision(precision);
+            let backend = CudaBackend::new(local_rank % gpus)?
+                .with_gemm_precision(precision)
+                .with_device_timeout(device_timeout()?);
             let backend = with_nccl(backend, &comm, gpus)?;
             train_rank(set, backend, comm, data, opts, on_step)
         }
@@ -334,6 +339,23 @@ pub fn train_rank_on_device<C: Communicator>(
             let backend = crate::DeviceBackend::on(device).with_gemm_precision(precision);
             train_rank(set, backend, comm, data, opts, on_step)
         }
+    }
+}
+
+/// How long a GPU rank waits on its device before it gives up (`backend::watchdog`):
+/// `PLAIT_DEVICE_TIMEOUT` seconds, by default 600 (PyTorch's NCCL watchdog's).
+fn device_timeout() -> Result<std::time::Duration, RuntimeError> {
+    const VAR: &str = "PLAIT_DEVICE_TIMEOUT";
+    match std::env::var(VAR) {
+        Err(_) => Ok(crate::backend::watchdog::DEFAULT_DEVICE_TIMEOUT),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if s > 0 => Ok(std::time::Duration::from_secs(s)),
+            _ => Err(RuntimeError::Launch {
+                var: VAR,
+                value: v,
+                reason: "is not a whole number of seconds above 0".into(),
+            }),
+        },
     }
 }
 

@@ -72,4 +72,8 @@ pub trait Collectives<M>: std::fmt::Debug + Send + Sync {
         sends: &[(&M, usize, usize)],
         recvs: &mut [(&mut M, usize, usize)],
     ) -> Result<(), RuntimeError>;
+
+    /// Abandons every device communicator after a device timeout (`backend::watchdog`), so
+    /// that collectives stuck waiting for a lost rank stop; later collectives fail or reopen.
+    fn abort(&self) {}
 }

@@ -48,6 +48,8 @@ pub struct CudaDevice {
     pub(super) blas: CudaBlas,
     functions: HashMap<&'static str, CudaFunction>,
     pub(super) pool: Pool<CudaSlice<f32>>,
+    /// How long a wait for the queued work may take (`backend::watchdog`).
+    wait_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -156,6 +158,12 @@ impl DeviceBackend<CudaDevice> {
     pub fn new(ordinal: usize) -> Result<CudaBackend, RuntimeError> {
         Ok(DeviceBackend::on(CudaDevice::open(ordinal)?))
     }
+
+    /// The backend whose waits for the GPU give up after `limit` (`backend::watchdog`).
+    pub fn with_device_timeout(mut self, limit: std::time::Duration) -> CudaBackend {
+        self.device.wait_timeout = limit;
+        self
+    }
 }
 
 impl CudaDevice {
@@ -191,6 +199,21 @@ impl CudaDevice {
             blas,
             functions,
             pool: Pool::new(),
+            wait_timeout: super::watchdog::DEFAULT_DEVICE_TIMEOUT,
+        })
+    }
+
+    /// Waits for the work queued so far, polling an event, until the device timeout
+    /// (`backend::watchdog`): a blocking synchronize would hang for good behind a collective
+    /// whose peer is gone.
+    fn wait_idle(&self, op: &'static str) -> Result<(), RuntimeError> {
+        let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        let event = self
+            .stream
+            .record_event(Some(flags))
+            .map_err(cuda_err(op))?;
+        super::watchdog::wait_until(op, self.wait_timeout, || {
+            event.try_is_complete().map_err(cuda_err(op))
         })
     }
 }
@@ -328,6 +351,9 @@ impl Device for CudaDevice {
     }
 
     fn download(&self, src: &CudaMem, host: &mut [f32]) -> Result<(), RuntimeError> {
+        // The copy to pageable host memory blocks until the queued work is done: wait for
+        // that first, under the deadline.
+        self.wait_idle("download")?;
         self.stream
             .memcpy_dtoh(&src.data.slice(..host.len()), host)
             .map_err(cuda_err("download"))?;
@@ -427,7 +453,7 @@ impl Device for CudaDevice {
     }
 
     fn synchronize(&self) -> Result<(), RuntimeError> {
-        self.stream.synchronize().map_err(cuda_err("synchronize"))
+        self.wait_idle("synchronize")
     }
 
     fn properties(&self) -> DeviceProperties {

@@ -34,6 +34,12 @@ impl CudaBackend {
         self
     }
 
+    /// The backend whose device waits give up after `limit` (no value exists in this build).
+    pub fn with_device_timeout(self, limit: std::time::Duration) -> CudaBackend {
+        let _ = limit;
+        self
+    }
+
     /// What the device reports of itself (no value exists in this build).
     pub fn properties(&self) -> super::DeviceProperties {
         match self.never {}

@@ -34,6 +34,7 @@ mod nccl;
 pub mod nvrtc;
 pub mod pool;
 pub mod vocab;
+pub mod watchdog;
 
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;

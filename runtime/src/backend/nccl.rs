@@ -184,6 +184,14 @@ impl Collectives<CudaMem> for NcclCollectives {
         self.with_comm(group, |_| Ok(()))
     }
 
+    /// Drops every communicator: cudarc's `Comm` calls `ncclCommAbort` as it drops, which
+    /// stops the kernels of collectives still waiting for a peer.
+    fn abort(&self) {
+        if let Ok(mut comms) = self.comms() {
+            comms.clear();
+        }
+    }
+
     fn exchange(
         &self,
         world: &dyn Communicator,

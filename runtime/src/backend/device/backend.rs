@@ -219,6 +219,17 @@ impl<D: Device> DeviceBackend<D> {
         })
     }
 
+    /// `r`, having aborted the device communicators where it is a device timeout: their
+    /// kernels may be waiting for a rank that is gone (`backend::watchdog`).
+    fn aborting_on_timeout<T>(&self, r: Result<T, RuntimeError>) -> Result<T, RuntimeError> {
+        if let Err(RuntimeError::DeviceTimeout { .. }) = &r
+            && let Some(c) = &self.collectives
+        {
+            c.abort();
+        }
+        r
+    }
+
     /// Drops `x`'s bf16 twin before `mem` is written in place (its words would be stale).
     pub(crate) fn written(&self, x: &mut DeviceBuffer<D::Mem>) {
         if let Some(twin) = x.bf16.take() {
@@ -291,7 +302,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         Transfers::count(&t.downloads, &t.download_bytes, buffer.len);
         let mut data = vec![0.0f32; buffer.len];
         if buffer.len > 0 {
-            self.device.download(&buffer.mem, &mut data)?;
+            self.aborting_on_timeout(self.device.download(&buffer.mem, &mut data))?;
         }
         Tensor32::new(buffer.shape.clone(), data).map_err(RuntimeError::kernel("download"))
     }
@@ -567,6 +578,6 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn synchronize(&self) -> Result<(), RuntimeError> {
-        self.device.synchronize()
+        self.aborting_on_timeout(self.device.synchronize())
     }
 }
