@@ -19,6 +19,11 @@ struct alignas(8) float2 {
     float x, y;
 };
 
+// CUDA's four-float vector (16-byte aligned loads and stores).
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
 // CUDA's four-word vector (16-byte aligned loads and stores).
 struct alignas(16) uint4 {
     unsigned x, y, z, w;

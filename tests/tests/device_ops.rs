@@ -240,6 +240,42 @@ fn a_bf16_gemm_operand_copy_serves_the_stash_and_the_backward_until_written() {
     );
 }
 
+/// A unary function's gradient reads a stashed input's bf16 words as they are: brought back
+/// without its f32 expansion (the emulator leaves those NaN), the gradient equals the host's on
+/// the rounded input, for an odd element count (a last word half used) and a large one.
+#[test]
+fn a_unary_gradient_reads_a_stashed_inputs_words() {
+    use runtime::backend::Stashed;
+    let b = emulator(32);
+    let gelu = OpKind::Gelu { tanh: false };
+    let grad = OpKind::Grad {
+        of: Box::new(gelu.clone()),
+        wrt: vec![0],
+    };
+    for shape in [vec![3, 7, 5], vec![4, 9, 131]] {
+        let (x, dy) = (tensor(&shape, 46), tensor(&shape, 47));
+        let shapes = [shape.as_slice(), shape.as_slice()];
+        assert!(b.reads_stashed_words(&grad, &shapes, 0));
+        assert!(
+            !b.reads_stashed_words(&grad, &shapes, 1),
+            "the output gradient"
+        );
+        assert!(
+            !b.reads_stashed_words(&gelu, &shapes[..1], 0),
+            "the forward"
+        );
+        let Stashed::Words(words) = b.stash_bf16(b.upload(&x).unwrap()).unwrap() else {
+            panic!("a device backend stashes");
+        };
+        let xb = b.unstash_bf16_words(words, &shape).unwrap();
+        let dyb = b.upload(&dy).unwrap();
+        let got = b.forward(&grad, &[&xb, &dyb], BINDING).unwrap();
+        let want = kernels::backward(&gelu, &[&bf16(&x)], &[&dy]).unwrap();
+        let want = want[0].as_ref().expect("a gradient");
+        assert_close(&b.download(&got[0]).unwrap(), want, 1e-6, "gelu gradient");
+    }
+}
+
 /// `column_sum` splits each block's rows among lanes of threads and adds the lanes' sums in
 /// order: every column of a width that is not a whole number of blocks, on blocks of one to
 /// many lanes, on a grid smaller than the column groups (grid-stride).

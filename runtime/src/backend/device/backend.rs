@@ -64,6 +64,18 @@ pub struct DeviceBuffer<M> {
     /// only buffers they allocate; every [`crate::Backend`] method that writes a buffer in
     /// place (`fill_in_place`, `adamw`) drops its twin first ([`DeviceBackend::written`]).
     pub(crate) bf16: OnceLock<M>,
+    /// The twin holds exactly `mem`'s values (the buffer came back from the stash, so its
+    /// f32 values are the words expanded, or are not written yet): any kernel may read the
+    /// words instead ([`DeviceBuffer::exact_bf16`]). A twin a GEMM made is `mem` rounded,
+    /// which only a bf16 GEMM may read in its place.
+    pub(crate) bf16_exact: bool,
+}
+
+impl<M> DeviceBuffer<M> {
+    /// The bf16 words that hold exactly this buffer's values, where it has them.
+    pub(crate) fn exact_bf16(&self) -> Option<&M> {
+        self.bf16.get().filter(|_| self.bf16_exact)
+    }
 }
 
 /// Counters of [`TransferStats`], shared by the threads that use the backend.
@@ -202,6 +214,7 @@ impl<D: Device> DeviceBackend<D> {
             len,
             mem: self.device.alloc(len.max(1))?,
             bf16: OnceLock::new(),
+            bf16_exact: false,
         })
     }
 
@@ -216,6 +229,7 @@ impl<D: Device> DeviceBackend<D> {
             len,
             mem: self.device.alloc_zeros(len.max(1))?,
             bf16: OnceLock::new(),
+            bf16_exact: false,
         })
     }
 
@@ -235,6 +249,7 @@ impl<D: Device> DeviceBackend<D> {
         if let Some(twin) = x.bf16.take() {
             self.device.release(twin);
         }
+        x.bf16_exact = false;
     }
 
     /// Runs a CPU kernel on downloaded operands (the path of ops without a device lowering).
@@ -510,6 +525,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
                 len: x.len.div_ceil(2),
                 mem: twin,
                 bf16: OnceLock::new(),
+                bf16_exact: false,
             },
             None => ops::stash_bf16(self, &x)?,
         };
@@ -518,7 +534,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn reads_stashed_words(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
-        ops::reads_only_bf16_twin(self, kind, shapes, operand)
+        ops::reads_stashed_words(self, kind, shapes, operand)
     }
 
     /// An allocation of `shape` whose twin is `words`; its f32 values are written when
@@ -528,11 +544,12 @@ impl<D: Device> Backend for DeviceBackend<D> {
         words: Self::Buffer,
         shape: &[usize],
     ) -> Result<Self::Buffer, RuntimeError> {
-        let x = self.alloc(shape)?;
+        let mut x = self.alloc(shape)?;
         ops::check_words(&x, &words)?;
         if let Err(twin) = x.bf16.set(words.mem) {
             self.device.release(twin);
         }
+        x.bf16_exact = true;
         Ok(x)
     }
 
@@ -548,10 +565,11 @@ impl<D: Device> Backend for DeviceBackend<D> {
         words: Self::Buffer,
         shape: &[usize],
     ) -> Result<Self::Buffer, RuntimeError> {
-        let x = ops::unstash_bf16(self, &words, shape)?;
+        let mut x = ops::unstash_bf16(self, &words, shape)?;
         if let Err(twin) = x.bf16.set(words.mem) {
             self.device.release(twin);
         }
+        x.bf16_exact = true;
         Ok(x)
     }
 

@@ -21,9 +21,26 @@ use super::{Device, DeviceBackend, DeviceBuffer, KernelArg};
 use crate::RuntimeError;
 
 pub(super) use context::run as context_op;
-pub(super) use matmul::reads_only_bf16_twin;
 pub(super) use optim::adamw;
 pub(super) use vocab::run as vocab_shard;
+
+/// Whether op `kind` on inputs of `shapes` reads input `operand` only as the bf16 words a
+/// stash holds ([`crate::Backend::reads_stashed_words`]): a bf16 product's operand
+/// (`matmul`), or a unary function's input in its gradient (`pointwise`).
+pub(super) fn reads_stashed_words<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    shapes: &[&[usize]],
+    operand: usize,
+) -> bool {
+    if matmul::reads_only_bf16_twin(b, kind, shapes, operand) {
+        return true;
+    }
+    match kind {
+        OpKind::Grad { of, wrt } => pointwise::grad_reads_words(of, wrt, shapes, operand),
+        _ => false,
+    }
+}
 
 /// `x` with inverted dropout `mask` applied (`dropout` in `pointwise.cu`).
 pub(super) fn dropout<D: Device>(

@@ -52,6 +52,18 @@ pub(super) fn forward<D: Device>(
     Ok(Some(y))
 }
 
+/// Whether the gradient of `of` (with respect to `wrt`, from inputs of `shapes`: `x` then the
+/// output gradient) reads `operand` only as the bf16 words a stash holds: a unary function's
+/// `x` (`unary_backward_bf16x`), where [`backward`] runs it on the device.
+pub(super) fn grad_reads_words(
+    of: &OpKind,
+    wrt: &[usize],
+    shapes: &[&[usize]],
+    operand: usize,
+) -> bool {
+    unary_code(of).is_some() && operand == 0 && wrt == [0] && matches!(shapes, [x, g] if x == g)
+}
+
 pub(super) fn backward<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -64,13 +76,18 @@ pub(super) fn backward<D: Device>(
             return Ok(None);
         }
         let mut dx = b.alloc(&x.shape)?;
+        // Back from the stash, x's words are its values: read them, not the f32 expansion.
+        let (kernel, xm, work) = match x.exact_bf16() {
+            Some(words) => ("unary_backward_bf16x", words, x.len.div_ceil(2)),
+            None => ("unary_backward", &x.mem, x.len),
+        };
         b.device.launch(
-            "unary_backward",
-            stream_grid(block, x.len),
+            kernel,
+            stream_grid(block, work),
             block,
             &mut [
                 KernelArg::Out(&mut dx.mem),
-                KernelArg::In(&x.mem),
+                KernelArg::In(xm),
                 KernelArg::In(&g.mem),
                 size(x.len),
                 KernelArg::I32(op),
