@@ -242,7 +242,8 @@ fn a_bf16_gemm_operand_copy_serves_the_stash_and_the_backward_until_written() {
 
 /// A unary function's gradient reads a stashed input's bf16 words as they are: brought back
 /// without its f32 expansion (the emulator leaves those NaN), the gradient equals the host's on
-/// the rounded input, for an odd element count (a last word half used) and a large one.
+/// the rounded input, for an odd element count (a last word half used) and a large one. An
+/// embedding's gradient reads no values of its table at all.
 #[test]
 fn a_unary_gradient_reads_a_stashed_inputs_words() {
     use runtime::backend::Stashed;
@@ -274,6 +275,34 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
         let want = want[0].as_ref().expect("a gradient");
         assert_close(&b.download(&got[0]).unwrap(), want, 1e-6, "gelu gradient");
     }
+    // An embedding table's gradient reads only the table's shape: a stashed (tied) table
+    // comes back for it without its f32 values.
+    let (table, tokens, dy) = (
+        tensor(&[20, 12], 48),
+        ids(&[4, 6], 20, 49),
+        tensor(&[4, 6, 12], 50),
+    );
+    let grad = OpKind::Grad {
+        of: Box::new(OpKind::Embedding),
+        wrt: vec![0],
+    };
+    let shapes = [&table.shape[..], &tokens.shape[..], &dy.shape[..]];
+    assert!(b.reads_stashed_words(&grad, &shapes, 0));
+    assert!(!b.reads_stashed_words(&grad, &shapes[..2], 0), "malformed");
+    let Stashed::Words(words) = b.stash_bf16(b.upload(&table).unwrap()).unwrap() else {
+        panic!("a device backend stashes");
+    };
+    let tb = b.unstash_bf16_words(words, &table.shape).unwrap();
+    let (ib, gb) = (b.upload(&tokens).unwrap(), b.upload(&dy).unwrap());
+    let got = b.forward(&grad, &[&tb, &ib, &gb], BINDING).unwrap();
+    let want = kernels::backward(&OpKind::Embedding, &[&table, &tokens], &[&dy]).unwrap();
+    let want = want[0].as_ref().expect("a gradient");
+    assert_close(
+        &b.download(&got[0]).unwrap(),
+        want,
+        1e-6,
+        "embedding gradient",
+    );
 }
 
 /// `column_sum` splits each block's rows among lanes of threads and adds the lanes' sums in

@@ -59,6 +59,13 @@ pub struct Batch {
     pub targets: Vec<u32>,
 }
 
+/// Whether `ins` writes `b` whole without reading it (every instruction writes its outputs
+/// whole: `program::verify::operands`): `b`'s earlier value is dead.
+fn overwrites(ins: &Instr, b: BufferId) -> bool {
+    let (reads, writes) = program::verify::operands(ins);
+    writes.contains(&b) && !reads.contains(&b)
+}
+
 /// One rank's program, its buffers and its communicators.
 #[derive(Debug)]
 pub struct Executor<'s, B: Backend, C: Communicator> {
@@ -486,6 +493,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     fn unstash(&mut self, bufs: &[BufferId], ins: Option<&Instr>) -> Result<(), RuntimeError> {
         for &b in bufs {
             if let Some(words) = self.stashed.get_mut(b.index()).and_then(Option::take) {
+                if ins.is_some_and(|ins| overwrites(ins, b)) {
+                    // Its value ends here: the instruction writes it whole without reading it.
+                    self.backend.free(words);
+                    continue;
+                }
                 let shape = self.decl_shape(b)?;
                 let lazy = ins.is_some_and(|ins| self.reads_words_only(ins, b));
                 let x = if lazy {

@@ -25,8 +25,9 @@ pub(super) use optim::adamw;
 pub(super) use vocab::run as vocab_shard;
 
 /// Whether op `kind` on inputs of `shapes` reads input `operand` only as the bf16 words a
-/// stash holds ([`crate::Backend::reads_stashed_words`]): a bf16 product's operand
-/// (`matmul`), or a unary function's input in its gradient (`pointwise`).
+/// stash holds ([`crate::Backend::reads_stashed_words`]), or not at all: a bf16 product's
+/// operand (`matmul`), a unary function's input in its gradient (`pointwise`), an embedding
+/// table in its gradient (`table`: only its shape).
 pub(super) fn reads_stashed_words<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -37,6 +38,9 @@ pub(super) fn reads_stashed_words<D: Device>(
         return true;
     }
     match kind {
+        OpKind::Grad { of, wrt } if matches!(**of, OpKind::Embedding) => {
+            operand == 0 && wrt == &[0] && table::grad_reads_no_table(shapes)
+        }
         OpKind::Grad { of, wrt } => pointwise::grad_reads_words(of, wrt, shapes, operand),
         _ => false,
     }

@@ -40,6 +40,19 @@ pub(super) fn embedding_forward<D: Device>(
     Ok(Some(y))
 }
 
+/// Whether the table's gradient, from inputs of `shapes` (table, ids, output gradient), runs on
+/// the device ([`embedding_backward`]), which reads only the table's shape: a stashed table
+/// (a tied embedding's weight) need not be expanded for it.
+pub(super) fn grad_reads_no_table(shapes: &[&[usize]]) -> bool {
+    match shapes {
+        &[&[v, h], ids, g] if v > 0 => {
+            let n = |s: &[usize]| s.iter().product::<usize>();
+            n(g) == n(ids) * h && g.last() == Some(&h)
+        }
+        _ => false,
+    }
+}
+
 pub(super) fn embedding_backward<D: Device>(
     b: &DeviceBackend<D>,
     xs: &[&Buf<D>],
