@@ -97,6 +97,30 @@ extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i
     }
 }
 
+// attn_pack_rows from x given as its bf16 words (two to a word, in order: a bf16 plan's stash
+// of q, k or v between the forward and the backward): the packed words are x's own, gathered
+// (d is even, so a pair of columns is one word of x), with no conversion and half the reads.
+extern "C" __global__ void attn_pack_rows_bf16(float* y, const float* xw, i64 batch, i64 n, i64 heads, i64 d) {
+    unsigned* words = (unsigned*)y;
+    const unsigned* src = (const unsigned*)xw;
+    unsigned half = (unsigned)(d / 2), n_pad = (unsigned)mma_pad(n);
+    i64 count = batch * heads * n_pad * half, stride = grid_threads();
+    for (i64 i0 = global_thread(); i0 < count; i0 += ILP * stride) {
+        unsigned v[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            i64 i = i0 + u * stride;
+            unsigned ui = (unsigned)i, rest = ui / half;
+            i64 c = ui - rest * half, r = rest % n_pad, bh = rest / n_pad;
+            bool in = i < count && r < n;
+            v[u] = in ? src[((bh / heads * n + r) * heads + bh % heads) * half + c] : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u)
+            if (i0 + u * stride < count) words[i0 + u * stride] = v[u];
+    }
+}
+
 // d += a · b on the tensor cores (one warp, 16×8×16, bf16 operands, f32 accumulators).
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
 #if MMA_PTX

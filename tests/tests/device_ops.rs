@@ -305,6 +305,68 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
     );
 }
 
+/// On the tensor cores, attention packs q, k and v from a stash's bf16 words as they are:
+/// brought back without their f32 expansion (NaN on the emulator), the backward equals, bit for
+/// bit, the one that packs the same values from f32.
+#[test]
+fn tensor_core_attention_packs_stashed_operands_from_their_words() {
+    use runtime::backend::Stashed;
+    let b = tests::emulator::emulator_mma(64);
+    let attention = OpKind::Attention {
+        heads: 2,
+        kv_heads: 2,
+        scale: 0.3,
+        causal: true,
+        softcap: None,
+    };
+    let grad = OpKind::Grad {
+        of: Box::new(attention.clone()),
+        wrt: vec![0, 1, 2],
+    };
+    let shape = [1usize, 24, 64];
+    let qkv: Vec<Tensor32> = (0..3).map(|i| tensor(&shape, 51 + i)).collect();
+    let dy = b.upload(&tensor(&shape, 54)).unwrap();
+    let shapes = [&shape[..]; 4];
+    for operand in 0..3 {
+        assert!(b.reads_stashed_words(&grad, &shapes, operand), "{operand}");
+        assert!(b.reads_stashed_words(&attention, &shapes[..3], operand));
+    }
+    assert!(
+        !b.reads_stashed_words(&grad, &shapes, 3),
+        "the output gradient"
+    );
+    assert!(
+        !emulator(64).reads_stashed_words(&grad, &shapes, 0),
+        "no tensor cores: the f32 kernels read q"
+    );
+    let words_only: Vec<_> = qkv
+        .iter()
+        .map(|t| {
+            let Stashed::Words(w) = b.stash_bf16(b.upload(t).unwrap()).unwrap() else {
+                panic!("a device backend stashes");
+            };
+            b.unstash_bf16_words(w, &shape).unwrap()
+        })
+        .collect();
+    let from_f32: Vec<_> = qkv.iter().map(|t| b.upload(&bf16(t)).unwrap()).collect();
+    let run = |x: &[runtime::DeviceBuffer<Vec<f32>>]| {
+        let got = b
+            .forward(&grad, &[&x[0], &x[1], &x[2], &dy], BINDING)
+            .unwrap();
+        got.iter()
+            .map(|g| {
+                b.download(g)
+                    .unwrap()
+                    .data
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            })
+            .collect::<Vec<Vec<u32>>>()
+    };
+    assert_eq!(run(&words_only), run(&from_f32));
+}
+
 /// `column_sum` splits each block's rows among lanes of threads and adds the lanes' sums in
 /// order: every column of a width that is not a whole number of blocks, on blocks of one to
 /// many lanes, on a grid smaller than the column groups (grid-stride).

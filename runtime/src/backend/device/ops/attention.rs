@@ -12,6 +12,12 @@ use crate::backend::device::{Device, DeviceBackend, GemmPrecision, KernelArg};
 /// The kernel's view of an `Attention` op on `q`, `k`, `v` (`kernels/src/attention.rs`'s
 /// layout); `None` for shapes it does not take (the host path reports bad ones).
 fn shape<D: Device>(kind: &OpKind, xs: &[&Buf<D>]) -> Option<AttentionShape> {
+    let shapes: Vec<&[usize]> = xs.iter().map(|x| x.shape.as_slice()).collect();
+    shape_of(kind, &shapes)
+}
+
+/// [`shape`] from the operands' shapes alone.
+fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
     let (
         &OpKind::Attention {
             heads,
@@ -21,7 +27,7 @@ fn shape<D: Device>(kind: &OpKind, xs: &[&Buf<D>]) -> Option<AttentionShape> {
             softcap,
         },
         &[q, k, v],
-    ) = (kind, xs)
+    ) = (kind, shapes)
     else {
         return None;
     };
@@ -32,9 +38,7 @@ fn shape<D: Device>(kind: &OpKind, xs: &[&Buf<D>]) -> Option<AttentionShape> {
     if heads == 0 || kv == 0 || heads % kv != 0 {
         return None;
     }
-    let (&[b, sq, qw], &[kb, sk, kw], &[vb, vs, vw]) =
-        (q.shape.as_slice(), k.shape.as_slice(), v.shape.as_slice())
-    else {
+    let (&[b, sq, qw], &[kb, sk, kw], &[vb, vs, vw]) = (q, k, v) else {
         return None;
     };
     if qw % heads != 0 || vw % kv != 0 {
@@ -57,6 +61,28 @@ fn shape<D: Device>(kind: &OpKind, xs: &[&Buf<D>]) -> Option<AttentionShape> {
         softcap: softcap.unwrap_or(0.0),
         causal: i32::from(causal),
     })
+}
+
+/// Whether attention `kind` on inputs of `shapes` (q, k, v, and for its gradient, `grad`, the
+/// output's) reads `operand` only through [`pack`], which takes a stashed operand's bf16
+/// words as they are: q, k and v on the tensor-core kernels.
+pub(super) fn reads_packed_only<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    shapes: &[&[usize]],
+    grad: bool,
+    operand: usize,
+) -> bool {
+    let (qkv, rest) = shapes.split_at(shapes.len().min(3));
+    let Some(a) = shape_of(kind, qkv) else {
+        return false;
+    };
+    let output_grad = match rest {
+        [] => !grad,
+        [g] => grad && *g == out_shape(&a).as_slice(),
+        _ => false,
+    };
+    operand < 3 && output_grad && Kernels::of(b, &a).mma
 }
 
 /// `attention.cu`'s ATTN_TILE_Q, ATTN_TILE_K and ATTN_TILE_D: queries and keys per tile,
@@ -334,13 +360,18 @@ fn pack<D: Device>(
     }
     let mut y = b.alloc(&[words])?;
     let block = b.device.block_size();
+    // Back from the stash, x's words are its values: gather them, not the f32 expansion.
+    let (kernel, src) = match x.exact_bf16() {
+        Some(w) => ("attn_pack_rows_bf16", w),
+        None => (KERNEL, &x.mem),
+    };
     b.device.launch(
-        KERNEL,
+        kernel,
         super::stream_grid(block, words),
         block,
         &mut [
             KernelArg::Out(&mut y.mem),
-            KernelArg::In(&x.mem),
+            KernelArg::In(src),
             KernelArg::I64(a.batch),
             KernelArg::I64(n),
             KernelArg::I64(heads),
