@@ -18,27 +18,43 @@ extern "C" __global__ void layer_norm_forward(float* y, const float* x, const fl
 }
 
 // dx = r·(d − mean(d) − x̂·mean(d·x̂)) with x̂ = (x − μ)·r and d = g·γ; stats[2r] = μ, stats[2r+1] = r.
-extern "C" __global__ void layer_norm_backward(float* dx, float* stats, const float* x, const float* gamma,
+// How the backward kernels read x: f32, or a stash's bf16 words (two to a word, in order) read
+// as they are (the `_bf16x` kernels: a bf16 plan's norm input back from its stash, with no f32
+// expansion first).
+struct XF32 {
+    const float* p;
+    __device__ float operator[](i64 i) const { return p[i]; }
+};
+struct XBf16 {
+    const unsigned* w;
+    __device__ float operator[](i64 i) const {
+        unsigned v = w[i >> 1];
+        return __uint_as_float((i & 1) ? (v & 0xffff0000u) : (v << 16));
+    }
+};
+
+template <class X>
+__device__ void layer_norm_backward_of(float* dx, float* stats, X x, const float* gamma,
                                                const float* g, i64 rows, i64 h, double eps) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * h;
+        i64 xr = r * h;
         const float* gr = g + r * h;
         double s = 0.0;
-        for (i64 i = threadIdx.x; i < h; i += blockDim.x) s += xr[i];
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) s += x[xr + i];
         double mu = block_sum(s) / (double)h;
         double q = 0.0;
-        for (i64 i = threadIdx.x; i < h; i += blockDim.x) q += (xr[i] - mu) * (xr[i] - mu);
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) q += (x[xr + i] - mu) * (x[xr + i] - mu);
         double rstd = 1.0 / sqrt(block_sum(q) / (double)h + eps);
         double sd = 0.0, sdx = 0.0;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
             double d = (double)gr[i] * gamma[i];
             sd += d;
-            sdx += d * (xr[i] - mu) * rstd;
+            sdx += d * (x[xr + i] - mu) * rstd;
         }
         double mean_d = block_sum(sd) / (double)h;
         double mean_dx = block_sum(sdx) / (double)h;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
-            double xhat = (xr[i] - mu) * rstd;
+            double xhat = (x[xr + i] - mu) * rstd;
             double d = (double)gr[i] * gamma[i];
             dx[r * h + i] = (float)(rstd * (d - mean_d - xhat * mean_dx));
         }
@@ -47,6 +63,16 @@ extern "C" __global__ void layer_norm_backward(float* dx, float* stats, const fl
             stats[2 * r + 1] = (float)rstd;
         }
     }
+}
+
+extern "C" __global__ void layer_norm_backward(float* dx, float* stats, const float* x, const float* gamma,
+                                               const float* g, i64 rows, i64 h, double eps) {
+    layer_norm_backward_of(dx, stats, XF32{x}, gamma, g, rows, h, eps);
+}
+
+extern "C" __global__ void layer_norm_backward_bf16x(float* dx, float* stats, const float* x, const float* gamma,
+                                               const float* g, i64 rows, i64 h, double eps) {
+    layer_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
 }
 
 extern "C" __global__ void rms_norm_forward(float* y, const float* x, const float* gamma, i64 rows, i64 h,
@@ -62,21 +88,22 @@ extern "C" __global__ void rms_norm_forward(float* y, const float* x, const floa
 
 // dx = r·d − x·r³·mean(d·x) with d = g·γ; stats[2r] = 0, stats[2r+1] = r (LayerNorm's layout
 // with μ = 0, so `norm_param_grads` serves both).
-extern "C" __global__ void rms_norm_backward(float* dx, float* stats, const float* x, const float* gamma,
+template <class X>
+__device__ void rms_norm_backward_of(float* dx, float* stats, X x, const float* gamma,
                                              const float* g, i64 rows, i64 h, double eps) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * h;
+        i64 xr = r * h;
         const float* gr = g + r * h;
         double q = 0.0, sdx = 0.0;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
-            q += (double)xr[i] * xr[i];
-            sdx += (double)gr[i] * gamma[i] * xr[i];
+            q += (double)x[xr + i] * x[xr + i];
+            sdx += (double)gr[i] * gamma[i] * x[xr + i];
         }
         double rs = 1.0 / sqrt(block_sum(q) / (double)h + eps);
         double mean_dx = block_sum(sdx) / (double)h;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
             double d = (double)gr[i] * gamma[i];
-            dx[r * h + i] = (float)(rs * d - xr[i] * rs * rs * rs * mean_dx);
+            dx[r * h + i] = (float)(rs * d - x[xr + i] * rs * rs * rs * mean_dx);
         }
         if (threadIdx.x == 0) {
             stats[2 * r] = 0.0f;
@@ -85,10 +112,21 @@ extern "C" __global__ void rms_norm_backward(float* dx, float* stats, const floa
     }
 }
 
+extern "C" __global__ void rms_norm_backward(float* dx, float* stats, const float* x, const float* gamma,
+                                             const float* g, i64 rows, i64 h, double eps) {
+    rms_norm_backward_of(dx, stats, XF32{x}, gamma, g, rows, h, eps);
+}
+
+extern "C" __global__ void rms_norm_backward_bf16x(float* dx, float* stats, const float* x, const float* gamma,
+                                             const float* g, i64 rows, i64 h, double eps) {
+    rms_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
+}
+
 // The first pass of dγ[c] = Σ_r g·(x − μ_r)·r_r and dβ[c] = Σ_r g (when `dbeta` is not null):
 // their partial sums over the rows of chunk k (`chunk` rows each) at [k, c], one thread per
 // (chunk, column); `column_sum` adds the chunks.
-extern "C" __global__ void norm_param_grads(float* dgamma, float* dbeta, const float* x, const float* g,
+template <class X>
+__device__ void norm_param_grads_of(float* dgamma, float* dbeta, X x, const float* g,
                                             const float* stats, i64 rows, i64 h, i64 chunk) {
     i64 chunks = (rows + chunk - 1) / chunk;
     for (i64 i = global_thread(); i < chunks * h; i += grid_threads()) {
@@ -105,6 +143,16 @@ extern "C" __global__ void norm_param_grads(float* dgamma, float* dbeta, const f
     }
 }
 
+extern "C" __global__ void norm_param_grads(float* dgamma, float* dbeta, const float* x, const float* g,
+                                            const float* stats, i64 rows, i64 h, i64 chunk) {
+    norm_param_grads_of(dgamma, dbeta, XF32{x}, g, stats, rows, h, chunk);
+}
+
+extern "C" __global__ void norm_param_grads_bf16x(float* dgamma, float* dbeta, const float* x, const float* g,
+                                            const float* stats, i64 rows, i64 h, i64 chunk) {
+    norm_param_grads_of(dgamma, dbeta, XBf16{(const unsigned*)x}, g, stats, rows, h, chunk);
+}
+
 // The same four kernels with one warp per row, for rows up to NORM_WARP_COLS · 32 wide (GPT-2's
 // 768, Llama's up to 1024 do not; 4096 does not): the row lives in the lane's registers
 // (columns lane, lane + 32, …: each load a warp's 128 contiguous bytes, up to 32 in flight per
@@ -119,6 +167,16 @@ __device__ __forceinline__ void norm_row(float* v, const float* xr, i64 h, int l
     for (int u = 0; u < NORM_WARP_COLS; ++u) {
         i64 i = lane + 32 * u;
         v[u] = i < h ? xr[i] : 0.0f;
+    }
+}
+
+// Row values of x at `base` (the lane's columns, 0 past h), through a loader (XF32, XBf16).
+template <class X>
+__device__ __forceinline__ void norm_row_of(float* v, X x, i64 base, i64 h, int lane) {
+#pragma unroll
+    for (int u = 0; u < NORM_WARP_COLS; ++u) {
+        i64 i = lane + 32 * u;
+        v[u] = i < h ? x[base + i] : 0.0f;
     }
 }
 
@@ -156,12 +214,13 @@ extern "C" __global__ void layer_norm_forward_warp(float* y, const float* x, con
     }
 }
 
-extern "C" __global__ void layer_norm_backward_warp(float* dx, float* stats, const float* x, const float* gamma,
+template <class X>
+__device__ void layer_norm_backward_warp_of(float* dx, float* stats, X x, const float* gamma,
                                                     const float* g, i64 rows, i64 h, double eps) {
     int lane = threadIdx.x % 32;
     for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
         float v[NORM_WARP_COLS], d[NORM_WARP_COLS];
-        norm_row(v, x + r * h, h, lane);
+        norm_row_of(v, x, r * h, h, lane);
         norm_row(d, g + r * h, h, lane);
         double mu, rstd;
         norm_row_stats(v, h, lane, eps, &mu, &rstd);
@@ -188,6 +247,16 @@ extern "C" __global__ void layer_norm_backward_warp(float* dx, float* stats, con
     }
 }
 
+extern "C" __global__ void layer_norm_backward_warp(float* dx, float* stats, const float* x, const float* gamma,
+                                                    const float* g, i64 rows, i64 h, double eps) {
+    layer_norm_backward_warp_of(dx, stats, XF32{x}, gamma, g, rows, h, eps);
+}
+
+extern "C" __global__ void layer_norm_backward_warp_bf16x(float* dx, float* stats, const float* x, const float* gamma,
+                                                    const float* g, i64 rows, i64 h, double eps) {
+    layer_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
+}
+
 extern "C" __global__ void rms_norm_forward_warp(float* y, const float* x, const float* gamma, i64 rows, i64 h,
                                                  double eps) {
     int lane = threadIdx.x % 32;
@@ -206,12 +275,13 @@ extern "C" __global__ void rms_norm_forward_warp(float* y, const float* x, const
     }
 }
 
-extern "C" __global__ void rms_norm_backward_warp(float* dx, float* stats, const float* x, const float* gamma,
+template <class X>
+__device__ void rms_norm_backward_warp_of(float* dx, float* stats, X x, const float* gamma,
                                                   const float* g, i64 rows, i64 h, double eps) {
     int lane = threadIdx.x % 32;
     for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
         float v[NORM_WARP_COLS], d[NORM_WARP_COLS];
-        norm_row(v, x + r * h, h, lane);
+        norm_row_of(v, x, r * h, h, lane);
         norm_row(d, g + r * h, h, lane);
         double q = 0.0, sdx = 0.0;
 #pragma unroll
@@ -232,4 +302,14 @@ extern "C" __global__ void rms_norm_backward_warp(float* dx, float* stats, const
             stats[2 * r + 1] = (float)rs;
         }
     }
+}
+
+extern "C" __global__ void rms_norm_backward_warp(float* dx, float* stats, const float* x, const float* gamma,
+                                                  const float* g, i64 rows, i64 h, double eps) {
+    rms_norm_backward_warp_of(dx, stats, XF32{x}, gamma, g, rows, h, eps);
+}
+
+extern "C" __global__ void rms_norm_backward_warp_bf16x(float* dx, float* stats, const float* x, const float* gamma,
+                                                  const float* g, i64 rows, i64 h, double eps) {
+    rms_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
 }

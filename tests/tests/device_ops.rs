@@ -367,6 +367,58 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
     assert_eq!(run(&words_only), run(&from_f32));
 }
 
+/// A norm's gradient reads a stashed input's bf16 words as they are (the `_bf16x` kernels): on
+/// the one-warp-per-row kernels (48 wide) and the block kernels (1030 wide), LayerNorm and
+/// RMSNorm equal, bit for bit, the gradients of the same values read as f32.
+#[test]
+fn norm_gradients_read_a_stashed_inputs_words() {
+    use runtime::backend::Stashed;
+    let b = emulator(64);
+    for h in [48usize, 1030] {
+        let shape = [3usize, 5, h];
+        let x = tensor(&shape, 55);
+        let params = [tensor(&[h], 56), tensor(&[h], 57)];
+        let dy = b.upload(&tensor(&shape, 58)).unwrap();
+        let Stashed::Words(w) = b.stash_bf16(b.upload(&x).unwrap()).unwrap() else {
+            panic!("a device backend stashes");
+        };
+        let words_only = b.unstash_bf16_words(w, &shape).unwrap();
+        let from_f32 = b.upload(&bf16(&x)).unwrap();
+        let pb: Vec<_> = params.iter().map(|p| b.upload(p).unwrap()).collect();
+        for (of, n) in [
+            (OpKind::LayerNorm { eps: 1e-5 }, 2),
+            (OpKind::RmsNorm { eps: 1e-6 }, 1),
+        ] {
+            let grad = OpKind::Grad {
+                of: Box::new(of),
+                wrt: (0..=n).collect(),
+            };
+            let mut shapes = vec![&shape[..]];
+            shapes.extend(params[..n].iter().map(|p| &p.shape[..]));
+            shapes.push(&shape[..]);
+            assert!(b.reads_stashed_words(&grad, &shapes, 0));
+            assert!(!b.reads_stashed_words(&grad, &shapes, 1), "γ");
+            let run = |x: &runtime::DeviceBuffer<Vec<f32>>| {
+                let mut inputs = vec![x];
+                inputs.extend(pb[..n].iter());
+                inputs.push(&dy);
+                let got = b.forward(&grad, &inputs, BINDING).unwrap();
+                got.iter()
+                    .map(|g| {
+                        b.download(g)
+                            .unwrap()
+                            .data
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect()
+                    })
+                    .collect::<Vec<Vec<u32>>>()
+            };
+            assert_eq!(run(&words_only), run(&from_f32), "width {h}");
+        }
+    }
+}
+
 /// `column_sum` splits each block's rows among lanes of threads and adds the lanes' sums in
 /// order: every column of a width that is not a whole number of blocks, on blocks of one to
 /// many lanes, on a grid smaller than the column groups (grid-stride).

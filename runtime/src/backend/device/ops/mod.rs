@@ -28,7 +28,7 @@ pub(super) use vocab::run as vocab_shard;
 /// stash holds ([`crate::Backend::reads_stashed_words`]), or not at all: a bf16 product's
 /// operand (`matmul`), a unary function's input in its gradient (`pointwise`), an embedding
 /// table in its gradient (`table`: only its shape), attention's q, k and v on the tensor
-/// cores (`attention`: packed from the words).
+/// cores (`attention`: packed from the words), a norm's input in its gradient (`rows`).
 pub(super) fn reads_stashed_words<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -42,6 +42,11 @@ pub(super) fn reads_stashed_words<D: Device>(
         OpKind::Attention { .. } => attention::reads_packed_only(b, kind, shapes, false, operand),
         OpKind::Grad { of, .. } if matches!(**of, OpKind::Attention { .. }) => {
             attention::reads_packed_only(b, of, shapes, true, operand)
+        }
+        OpKind::Grad { of, .. }
+            if matches!(**of, OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. }) =>
+        {
+            rows::grad_reads_words(of, shapes, operand)
         }
         OpKind::Grad { of, wrt } if matches!(**of, OpKind::Embedding) => {
             operand == 0 && wrt == &[0] && table::grad_reads_no_table(shapes)

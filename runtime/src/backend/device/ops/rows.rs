@@ -97,6 +97,22 @@ fn norm_grid(block: u32, rows: usize, h: usize) -> (u32, bool) {
 }
 
 /// `[dx, dgamma]`, and `dbeta` after them for LayerNorm.
+/// Whether a norm's gradient (`of`, inputs of `shapes`: x, γ, β for LayerNorm, the output
+/// gradient) runs on the device ([`norm_backward`]), which reads a stashed x's bf16 words as
+/// they are (the `_bf16x` kernels).
+pub(super) fn grad_reads_words(of: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
+    let (params, g) = match (of, shapes) {
+        (OpKind::LayerNorm { .. }, &[x, gamma, beta, g]) => ([Some(gamma), Some(beta)], (x, g)),
+        (OpKind::RmsNorm { .. }, &[x, gamma, g]) => ([Some(gamma), None], (x, g)),
+        _ => return false,
+    };
+    let (x, g) = g;
+    let Some((_, h)) = rows_of(x) else {
+        return false;
+    };
+    operand == 0 && x == g && params.iter().flatten().all(|p| *p == [h])
+}
+
 pub(super) fn norm_backward<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -113,12 +129,19 @@ pub(super) fn norm_backward<D: Device>(
     let (mut dx, mut stats) = (b.alloc(&x.shape)?, b.alloc(&[rows, 2])?);
     let block = b.device.block_size();
     let (grid, warp) = norm_grid(block, rows, h);
-    let kernel = match (beta.is_some(), warp) {
-        (true, false) => "layer_norm_backward",
-        (true, true) => "layer_norm_backward_warp",
-        (false, false) => "rms_norm_backward",
-        (false, true) => "rms_norm_backward_warp",
+    // Back from the stash, x's words are its values: the `_bf16x` kernels read them as they are.
+    let words = x.exact_bf16();
+    let kernel = match (beta.is_some(), warp, words.is_some()) {
+        (true, false, false) => "layer_norm_backward",
+        (true, false, true) => "layer_norm_backward_bf16x",
+        (true, true, false) => "layer_norm_backward_warp",
+        (true, true, true) => "layer_norm_backward_warp_bf16x",
+        (false, false, false) => "rms_norm_backward",
+        (false, false, true) => "rms_norm_backward_bf16x",
+        (false, true, false) => "rms_norm_backward_warp",
+        (false, true, true) => "rms_norm_backward_warp_bf16x",
     };
+    let xm = words.unwrap_or(&x.mem);
     b.device.launch(
         kernel,
         grid,
@@ -126,7 +149,7 @@ pub(super) fn norm_backward<D: Device>(
         &mut [
             KernelArg::Out(&mut dx.mem),
             KernelArg::Out(&mut stats.mem),
-            KernelArg::In(&x.mem),
+            KernelArg::In(xm),
             KernelArg::In(&gamma.mem),
             KernelArg::In(&g.mem),
             size(rows),
@@ -142,7 +165,11 @@ pub(super) fn norm_backward<D: Device>(
         None => None,
     };
     b.device.launch(
-        "norm_param_grads",
+        if words.is_some() {
+            "norm_param_grads_bf16x"
+        } else {
+            "norm_param_grads"
+        },
         pointwise_grid(block, chunks * h),
         block,
         &mut [
@@ -150,7 +177,7 @@ pub(super) fn norm_backward<D: Device>(
             dbeta
                 .as_mut()
                 .map_or(KernelArg::Null, |d| KernelArg::Out(&mut d.mem)),
-            KernelArg::In(&x.mem),
+            KernelArg::In(xm),
             KernelArg::In(&g.mem),
             KernelArg::In(&stats.mem),
             size(rows),
