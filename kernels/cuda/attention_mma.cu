@@ -75,21 +75,26 @@ __device__ i64 mma_pad(i64 n) { return (n + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS
 // rows together ([batch·heads, n_pad, d/2], `attn_pack_rows`); zero past `n`.
 // (Their index arithmetic is 32-bit, unsigned: a 64-bit division costs several times as much,
 // and the packed words of one attention's operand number far fewer than 2³².)
+// The element of x [batch, n, heads, d] at which packed word i (< the packed count) starts
+// (its pair's first column), or -1 for a word of a padding row.
+__device__ __forceinline__ i64 pack_source(i64 i, i64 n, i64 heads, i64 d) {
+    unsigned half = (unsigned)(d / 2), n_pad = (unsigned)mma_pad(n);
+    unsigned ui = (unsigned)i, rest = ui / half;
+    i64 c = 2 * (ui - rest * half), r = rest % n_pad, bh = rest / n_pad;
+    return r < n ? ((bh / heads * n + r) * heads + bh % heads) * d + c : -1;
+}
+
 extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
     unsigned* words = (unsigned*)y;
-    unsigned half = (unsigned)(d / 2), n_pad = (unsigned)mma_pad(n);
-    i64 count = batch * heads * n_pad * half, stride = grid_threads();
+    i64 count = batch * heads * mma_pad(n) * (d / 2), stride = grid_threads();
     for (i64 i0 = global_thread(); i0 < count; i0 += ILP * stride) {
         float2 v[ILP];
 #pragma unroll
         for (int u = 0; u < ILP; ++u) {
             i64 i = i0 + u * stride;
-            unsigned ui = (unsigned)i, rest = ui / half;
-            i64 c = 2 * (ui - rest * half), r = rest % n_pad, bh = rest / n_pad;
-            const float* p = x + ((bh / heads * n + r) * heads + bh % heads) * d + c;
-            bool in = i < count && r < n;
-            v[u].x = in ? p[0] : 0.0f;
-            v[u].y = in ? p[1] : 0.0f;
+            i64 e = i < count ? pack_source(i, n, heads, d) : -1;
+            v[u].x = e >= 0 ? x[e] : 0.0f;
+            v[u].y = e >= 0 ? x[e + 1] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < ILP; ++u)
@@ -103,17 +108,14 @@ extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i
 extern "C" __global__ void attn_pack_rows_bf16(float* y, const float* xw, i64 batch, i64 n, i64 heads, i64 d) {
     unsigned* words = (unsigned*)y;
     const unsigned* src = (const unsigned*)xw;
-    unsigned half = (unsigned)(d / 2), n_pad = (unsigned)mma_pad(n);
-    i64 count = batch * heads * n_pad * half, stride = grid_threads();
+    i64 count = batch * heads * mma_pad(n) * (d / 2), stride = grid_threads();
     for (i64 i0 = global_thread(); i0 < count; i0 += ILP * stride) {
         unsigned v[ILP];
 #pragma unroll
         for (int u = 0; u < ILP; ++u) {
             i64 i = i0 + u * stride;
-            unsigned ui = (unsigned)i, rest = ui / half;
-            i64 c = ui - rest * half, r = rest % n_pad, bh = rest / n_pad;
-            bool in = i < count && r < n;
-            v[u] = in ? src[((bh / heads * n + r) * heads + bh % heads) * half + c] : 0u;
+            i64 e = i < count ? pack_source(i, n, heads, d) : -1;
+            v[u] = e >= 0 ? src[e / 2] : 0u;
         }
 #pragma unroll
         for (int u = 0; u < ILP; ++u)

@@ -164,6 +164,15 @@ fn bf16(t: &Tensor32) -> Tensor32 {
     Tensor32::new(t.shape.clone(), data).unwrap()
 }
 
+/// `t` uploaded, stashed and brought back as its bf16 words only: its f32 values are never
+/// written (NaN on the emulator), so a kernel that read them would show it.
+fn words_only(b: &DeviceBackend<Emulator>, t: &Tensor32) -> runtime::DeviceBuffer<Vec<f32>> {
+    let runtime::backend::Stashed::Words(w) = b.stash_bf16(b.upload(t).unwrap()).unwrap() else {
+        panic!("a device backend stashes");
+    };
+    b.unstash_bf16_words(w, &t.shape).unwrap()
+}
+
 /// A linear's forward makes bf16 copies of its input and weight (their twins). The stash
 /// keeps the input's copy as its words, the backward reads both copies, and a weight written
 /// in place (AdamW) drops its copy: the next product reads the new values.
@@ -246,7 +255,6 @@ fn a_bf16_gemm_operand_copy_serves_the_stash_and_the_backward_until_written() {
 /// embedding's gradient reads no values of its table at all.
 #[test]
 fn a_unary_gradient_reads_a_stashed_inputs_words() {
-    use runtime::backend::Stashed;
     let b = emulator(32);
     let gelu = OpKind::Gelu { tanh: false };
     let grad = OpKind::Grad {
@@ -265,10 +273,7 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
             !b.reads_stashed_words(&gelu, &shapes[..1], 0),
             "the forward"
         );
-        let Stashed::Words(words) = b.stash_bf16(b.upload(&x).unwrap()).unwrap() else {
-            panic!("a device backend stashes");
-        };
-        let xb = b.unstash_bf16_words(words, &shape).unwrap();
+        let xb = words_only(&b, &x);
         let dyb = b.upload(&dy).unwrap();
         let got = b.forward(&grad, &[&xb, &dyb], BINDING).unwrap();
         let want = kernels::backward(&gelu, &[&bf16(&x)], &[&dy]).unwrap();
@@ -289,10 +294,7 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
     let shapes = [&table.shape[..], &tokens.shape[..], &dy.shape[..]];
     assert!(b.reads_stashed_words(&grad, &shapes, 0));
     assert!(!b.reads_stashed_words(&grad, &shapes[..2], 0), "malformed");
-    let Stashed::Words(words) = b.stash_bf16(b.upload(&table).unwrap()).unwrap() else {
-        panic!("a device backend stashes");
-    };
-    let tb = b.unstash_bf16_words(words, &table.shape).unwrap();
+    let tb = words_only(&b, &table);
     let (ib, gb) = (b.upload(&tokens).unwrap(), b.upload(&dy).unwrap());
     let got = b.forward(&grad, &[&tb, &ib, &gb], BINDING).unwrap();
     let want = kernels::backward(&OpKind::Embedding, &[&table, &tokens], &[&dy]).unwrap();
@@ -310,7 +312,6 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
 /// bit, the one that packs the same values from f32.
 #[test]
 fn tensor_core_attention_packs_stashed_operands_from_their_words() {
-    use runtime::backend::Stashed;
     let b = tests::emulator::emulator_mma(64);
     let attention = OpKind::Attention {
         heads: 2,
@@ -339,15 +340,7 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
         !emulator(64).reads_stashed_words(&grad, &shapes, 0),
         "no tensor cores: the f32 kernels read q"
     );
-    let words_only: Vec<_> = qkv
-        .iter()
-        .map(|t| {
-            let Stashed::Words(w) = b.stash_bf16(b.upload(t).unwrap()).unwrap() else {
-                panic!("a device backend stashes");
-            };
-            b.unstash_bf16_words(w, &shape).unwrap()
-        })
-        .collect();
+    let stashed: Vec<_> = qkv.iter().map(|t| words_only(&b, t)).collect();
     let from_f32: Vec<_> = qkv.iter().map(|t| b.upload(&bf16(t)).unwrap()).collect();
     let run = |x: &[runtime::DeviceBuffer<Vec<f32>>]| {
         let got = b
@@ -364,7 +357,7 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
             })
             .collect::<Vec<Vec<u32>>>()
     };
-    assert_eq!(run(&words_only), run(&from_f32));
+    assert_eq!(run(&stashed), run(&from_f32));
 }
 
 /// A norm's gradient reads a stashed input's bf16 words as they are (the `_bf16x` kernels): on
@@ -372,17 +365,13 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
 /// RMSNorm equal, bit for bit, the gradients of the same values read as f32.
 #[test]
 fn norm_gradients_read_a_stashed_inputs_words() {
-    use runtime::backend::Stashed;
     let b = emulator(64);
     for h in [48usize, 1030] {
         let shape = [3usize, 5, h];
         let x = tensor(&shape, 55);
         let params = [tensor(&[h], 56), tensor(&[h], 57)];
         let dy = b.upload(&tensor(&shape, 58)).unwrap();
-        let Stashed::Words(w) = b.stash_bf16(b.upload(&x).unwrap()).unwrap() else {
-            panic!("a device backend stashes");
-        };
-        let words_only = b.unstash_bf16_words(w, &shape).unwrap();
+        let stashed = words_only(&b, &x);
         let from_f32 = b.upload(&bf16(&x)).unwrap();
         let pb: Vec<_> = params.iter().map(|p| b.upload(p).unwrap()).collect();
         for (of, n) in [
@@ -414,7 +403,7 @@ fn norm_gradients_read_a_stashed_inputs_words() {
                     })
                     .collect::<Vec<Vec<u32>>>()
             };
-            assert_eq!(run(&words_only), run(&from_f32), "width {h}");
+            assert_eq!(run(&stashed), run(&from_f32), "width {h}");
         }
     }
 }
