@@ -116,8 +116,13 @@ pub struct RunArgs {
 }
 
 fn demo_plan() -> anyhow::Result<planner::plan::Plan> {
-    let path = std::env::temp_dir().join("plait-demo-tiny-gpt2.json");
-    std::fs::write(&path, DEMO_CONFIG)
+    // Written whole under a name of this process's, then renamed: demo runs started together
+    // (tests, a launcher's ranks) never read another's half-written file.
+    let dir = std::env::temp_dir();
+    let path = dir.join("plait-demo-tiny-gpt2.json");
+    let part = dir.join(format!("plait-demo-tiny-gpt2.json.{}", std::process::id()));
+    std::fs::write(&part, DEMO_CONFIG)
+        .and_then(|()| std::fs::rename(&part, &path))
         .with_context(|| format!("cannot write {}", path.display()))?;
     let cluster = ClusterArgs {
         cluster: "cpu".into(),
