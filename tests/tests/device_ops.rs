@@ -173,6 +173,19 @@ fn words_only(b: &DeviceBackend<Emulator>, t: &Tensor32) -> runtime::DeviceBuffe
     b.unstash_bf16_words(w, &t.shape).unwrap()
 }
 
+/// Each buffer's values as bit patterns, to compare two runs bit for bit.
+fn bits(b: &DeviceBackend<Emulator>, bufs: &[runtime::DeviceBuffer<Vec<f32>>]) -> Vec<Vec<u32>> {
+    let download = |x| {
+        b.download(x)
+            .unwrap()
+            .data
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    bufs.iter().map(download).collect()
+}
+
 /// A linear's forward makes bf16 copies of its input and weight (their twins). The stash
 /// keeps the input's copy as its words, the backward reads both copies, and a weight written
 /// in place (AdamW) drops its copy: the next product reads the new values.
@@ -346,16 +359,7 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
         let got = b
             .forward(&grad, &[&x[0], &x[1], &x[2], &dy], BINDING)
             .unwrap();
-        got.iter()
-            .map(|g| {
-                b.download(g)
-                    .unwrap()
-                    .data
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            })
-            .collect::<Vec<Vec<u32>>>()
+        bits(&b, &got)
     };
     assert_eq!(run(&stashed), run(&from_f32));
 }
@@ -392,16 +396,7 @@ fn norm_gradients_read_a_stashed_inputs_words() {
                 inputs.extend(pb[..n].iter());
                 inputs.push(&dy);
                 let got = b.forward(&grad, &inputs, BINDING).unwrap();
-                got.iter()
-                    .map(|g| {
-                        b.download(g)
-                            .unwrap()
-                            .data
-                            .iter()
-                            .map(|v| v.to_bits())
-                            .collect()
-                    })
-                    .collect::<Vec<Vec<u32>>>()
+                bits(&b, &got)
             };
             assert_eq!(run(&stashed), run(&from_f32), "width {h}");
         }
