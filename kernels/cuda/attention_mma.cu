@@ -382,8 +382,9 @@ __device__ i64 mma_visible(const Attention& a, const float* qpos, i64 qi) {
     return qi < a.sq ? attn_visible(a, qpos, qi) : 0;
 }
 
-// The forward over one block's queries: the output (STATS false), or the backward's row
-// statistics lse and D = dO·O (STATS true).
+// The forward over one block's queries: the output and, where `lse` is given, each row's
+// log-sum-exp, kept for the backward as FlashAttention-2 keeps it (STATS false); or the
+// backward's row statistics lse and D = dO·O recomputed (STATS true: the forward kept none).
 template <int D, bool STATS>
 __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, const float* kp, const float* vp,
                             const float* go, const float* qpos, const Attention& a, unsigned* ks, unsigned* vs) {
@@ -463,6 +464,14 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
             sum[r] = quad_sum(sum[r]);
             inv[r] = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
         }
+        // The lse before the output, so that m is dead through its loop (written after it,
+        // the 64-wide forward spilled at its three-blocks register bound).
+        if (lse) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                if (l.t == 0 && rows[r] < a.sq)
+                    lse[(x.b * a.heads + x.h) * a.sq + rows[r]] = sum[r] > 0.0f ? m[r] + log2f(sum[r]) : -INFINITY;
+        }
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
@@ -479,11 +488,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 float d = quad_sum(dpart[r]);
-                if (l.t == 0 && rows[r] < a.sq) {
-                    i64 row = (x.b * a.heads + x.h) * a.sq + rows[r];
-                    lse[row] = sum[r] > 0.0f ? m[r] + log2f(sum[r]) : -INFINITY;
-                    dsum[row] = d;
-                }
+                if (l.t == 0 && rows[r] < a.sq) dsum[(x.b * a.heads + x.h) * a.sq + rows[r]] = d;
             }
         }
     }
@@ -693,15 +698,16 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
 // for all widths would run every width at the 128-wide head's occupancy): MMA_KERNELS in
 // ops/attention.rs.
 #define MMA_BODY(...) __VA_ARGS__
-#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, false>(o, 0, 0, qp, kp, vp, 0, qpos, a, ks, vs); })
+#define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, false>(o, lse, 0, qp, kp, vp, 0, qpos, a, ks, vs); })
 #define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, true>(0, lse, dsum, qp, kp, vp, go, qpos, a, ks, vs); })
 #define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dq<D>(dq, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
 #define MMA_DKV(D) \
     MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dkv<D>(dk, dv, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
-// Arguments: the outputs (f32), then the packed operands (`attn_pack_rows`: qp, kp, vp, gp),
-// dO in f32 where the row statistics read it, lse and D, the queries' positions (null: none)
-// and the shape.
-#define MMA_FORWARD_ARGS float *o, const float *qp, const float *kp, const float *vp, const float *qpos, Attention a
+// Arguments: the outputs (f32; the forward's lse may be null: not kept), then the packed
+// operands (`attn_pack_rows`: qp, kp, vp, gp), dO in f32 where the row statistics read it, lse
+// and D, the queries' positions (null: none) and the shape.
+#define MMA_FORWARD_ARGS \
+    float *o, float *lse, const float *qp, const float *kp, const float *vp, const float *qpos, Attention a
 #define MMA_STATS_ARGS                                                                                     \
     float *lse, float *dsum, const float *qp, const float *kp, const float *vp, const float *go, const float *qpos, \
         Attention a
@@ -729,3 +735,27 @@ extern "C" __global__ void attention_backward_dq_mma128(MMA_DQ_ARGS) { MMA_DQ(12
 extern "C" __global__ void attention_backward_dkv_mma32(MMA_DKV_ARGS) { MMA_DKV(32) }
 extern "C" __global__ void attention_backward_dkv_mma64(MMA_DKV_ARGS) { MMA_DKV(64) }
 extern "C" __global__ void attention_backward_dkv_mma128(MMA_DKV_ARGS) { MMA_DKV(128) }
+
+// D = dO·O of each query row, FlashAttention-2's first backward pass where the forward kept the
+// rows' lse (no recomputed forward): dsum[(b·heads + h)·sq + i] from dO and O at [b, i, h·d],
+// one thread per row (a row's d columns are contiguous; D is a few microseconds of a step).
+template <class O>
+__device__ void attention_dsum_of(float* dsum, const float* go, O o, i64 batch, i64 sq, i64 heads, i64 d) {
+    i64 rows = batch * sq * heads;
+    for (i64 r = global_thread(); r < rows; r += grid_threads()) {
+        float acc = 0.0f;
+        for (i64 c = 0; c < d; ++c) acc = fmaf(go[r * d + c], o[r * d + c], acc);
+        i64 h = r % heads, bi = r / heads;
+        dsum[(bi / sq * heads + h) * sq + bi % sq] = acc;
+    }
+}
+
+extern "C" __global__ void attention_dsum(float* dsum, const float* go, const float* o, i64 batch, i64 sq, i64 heads,
+                                          i64 d) {
+    attention_dsum_of(dsum, go, XF32{o}, batch, sq, heads, d);
+}
+
+extern "C" __global__ void attention_dsum_bf16x(float* dsum, const float* go, const float* o, i64 batch, i64 sq,
+                                                i64 heads, i64 d) {
+    attention_dsum_of(dsum, go, XBf16{(const unsigned*)o}, batch, sq, heads, d);
+}

@@ -109,6 +109,21 @@ __device__ double sigmoid32(double x) {
 
 // The flat index of this thread in a 1-D grid, and the grid's thread count (for grid-stride
 // loops over `n` elements).
+// How a kernel reads an input given either way: f32, or a stash's bf16 words (two to a word,
+// in order) read as they are (the `_bf16x` kernels: a bf16 plan's value back from its stash,
+// with no f32 expansion first).
+struct XF32 {
+    const float* p;
+    __device__ float operator[](i64 i) const { return p[i]; }
+};
+struct XBf16 {
+    const unsigned* w;
+    __device__ float operator[](i64 i) const {
+        unsigned v = w[i >> 1];
+        return __uint_as_float((i & 1) ? (v & 0xffff0000u) : (v << 16));
+    }
+};
+
 __device__ i64 global_thread() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ i64 grid_threads() { return (i64)gridDim.x * blockDim.x; }
 

@@ -18,20 +18,8 @@ extern "C" __global__ void layer_norm_forward(float* y, const float* x, const fl
 }
 
 // dx = r·(d − mean(d) − x̂·mean(d·x̂)) with x̂ = (x − μ)·r and d = g·γ; stats[2r] = μ, stats[2r+1] = r.
-// How the backward kernels read x: f32, or a stash's bf16 words (two to a word, in order) read
-// as they are (the `_bf16x` kernels: a bf16 plan's norm input back from its stash, with no f32
-// expansion first).
-struct XF32 {
-    const float* p;
-    __device__ float operator[](i64 i) const { return p[i]; }
-};
-struct XBf16 {
-    const unsigned* w;
-    __device__ float operator[](i64 i) const {
-        unsigned v = w[i >> 1];
-        return __uint_as_float((i & 1) ? (v & 0xffff0000u) : (v << 16));
-    }
-};
+// The backward kernels read x as XF32 or, in the `_bf16x` kernels, as XBf16 (common.cuh: a
+// bf16 plan's norm input back from its stash, with no f32 expansion first).
 
 template <class X>
 __device__ void layer_norm_backward_of(float* dx, float* stats, X x, const float* gamma,

@@ -3,7 +3,10 @@
 //! `DeviceBackend<Emulator>` is the CUDA backend's lowering and kernel source, run without a
 //! GPU.
 
+use std::sync::Mutex;
+
 use runtime::backend::collectives::{Collectives, DeviceCollective};
+use runtime::backend::launches::LaunchTally;
 use runtime::{Communicator, Device, DeviceBackend, Gemm, GemmPrecision, RuntimeError};
 use simt::KernelArg;
 
@@ -14,6 +17,19 @@ use simt::KernelArg;
 pub struct Emulator {
     pub block: u32,
     pub tensor_cores: bool,
+    /// Every launch by kernel, with the bytes of the buffers it was handed (as the dry device
+    /// counts them): which kernels a run took.
+    launches: Mutex<LaunchTally>,
+}
+
+impl Emulator {
+    pub fn new(block: u32, tensor_cores: bool) -> Emulator {
+        Emulator {
+            block,
+            tensor_cores,
+            launches: Mutex::default(),
+        }
+    }
 }
 
 impl Device for Emulator {
@@ -54,6 +70,17 @@ impl Device for Emulator {
         block: u32,
         args: &mut [KernelArg<'_, Vec<f32>>],
     ) -> Result<(), RuntimeError> {
+        let bytes = args
+            .iter()
+            .map(|a| match a {
+                KernelArg::Out(m) => 4 * m.len() as u64,
+                KernelArg::In(m) => 4 * m.len() as u64,
+                _ => 0,
+            })
+            .sum();
+        if let Ok(mut t) = self.launches.lock() {
+            t.add(kernel, bytes);
+        }
         let mut host: Vec<KernelArg<'_, [f32]>> = args
             .iter_mut()
             .map(|a| match a {
@@ -160,24 +187,21 @@ impl Device for Emulator {
     fn tensor_cores(&self) -> bool {
         self.tensor_cores
     }
+
+    fn launch_tally(&self) -> Option<LaunchTally> {
+        self.launches.lock().ok().map(|t| t.clone())
+    }
 }
 
 /// The device backend on the emulator, with blocks of `block` threads.
 pub fn emulator(block: u32) -> DeviceBackend<Emulator> {
-    DeviceBackend::on(Emulator {
-        block,
-        tensor_cores: false,
-    })
+    DeviceBackend::on(Emulator::new(block, false))
 }
 
 /// [`emulator_bf16`] on a device with tensor cores: bf16 attention on the warp-wide kernels of
 /// `attention_mma.cu`, as a GPU of compute capability 8.0 or newer runs it.
 pub fn emulator_mma(block: u32) -> DeviceBackend<Emulator> {
-    DeviceBackend::on(Emulator {
-        block,
-        tensor_cores: true,
-    })
-    .with_gemm_precision(GemmPrecision::Bf16)
+    DeviceBackend::on(Emulator::new(block, true)).with_gemm_precision(GemmPrecision::Bf16)
 }
 
 /// [`emulator`] with the ops' GEMMs on bf16-rounded operands, as cuBLAS's

@@ -69,10 +69,7 @@ fn check_to_bf16(
 ) {
     use kernels::device::KernelArg;
     use runtime::Device;
-    let dev = Emulator {
-        block: 32,
-        tensor_cores: false,
-    };
+    let dev = Emulator::new(32, false);
     let mut y = vec![f32::NAN; mats * rows * pitch / 2];
     let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap());
     let mut args = [
@@ -320,15 +317,12 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
     );
 }
 
-/// On the tensor cores, attention packs q, k and v from a stash's bf16 words as they are:
-/// brought back without their f32 expansion (NaN on the emulator), the backward equals, bit for
-/// bit, the one that packs the same values from f32.
-#[test]
-fn tensor_core_attention_packs_stashed_operands_from_their_words() {
-    let b = tests::emulator::emulator_mma(64);
+/// A causal attention of `heads` query and `kv` key/value heads (scale 0.3), and its gradient
+/// with respect to q, k and v.
+fn causal_attention(heads: u64, kv: u64) -> (OpKind, OpKind) {
     let attention = OpKind::Attention {
-        heads: 2,
-        kv_heads: 2,
+        heads,
+        kv_heads: kv,
         scale: 0.3,
         causal: true,
         softcap: None,
@@ -337,6 +331,16 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
         of: Box::new(attention.clone()),
         wrt: vec![0, 1, 2],
     };
+    (attention, grad)
+}
+
+/// On the tensor cores, attention packs q, k and v from a stash's bf16 words as they are:
+/// brought back without their f32 expansion (NaN on the emulator), the backward equals, bit for
+/// bit, the one that packs the same values from f32.
+#[test]
+fn tensor_core_attention_packs_stashed_operands_from_their_words() {
+    let b = tests::emulator::emulator_mma(64);
+    let (attention, grad) = causal_attention(2, 2);
     let shape = [1usize, 24, 64];
     let qkv: Vec<Tensor32> = (0..3).map(|i| tensor(&shape, 51 + i)).collect();
     let dy = b.upload(&tensor(&shape, 54)).unwrap();
@@ -416,10 +420,7 @@ fn column_sums_split_rows_among_lanes_and_stride_over_column_groups() {
         .map(|c| (0..rows).map(|r| f64::from(x[r * cols + c])).sum::<f64>() as f32)
         .collect();
     for (block, grid) in [(16, 5), (32, 1), (64, 2), (256, 3)] {
-        let dev = Emulator {
-            block,
-            tensor_cores: false,
-        };
+        let dev = Emulator::new(block, false);
         let mut out = vec![f32::NAN; cols];
         let i = |v: usize| KernelArg::I64(i64::try_from(v).unwrap());
         dev.launch(
@@ -450,10 +451,7 @@ fn column_sums_split_rows_among_lanes_and_stride_over_column_groups() {
 fn unpad_rows_copies_each_row_out_of_its_pitch() {
     use kernels::device::KernelArg;
     use runtime::Device;
-    let dev = Emulator {
-        block: 64,
-        tensor_cores: false,
-    };
+    let dev = Emulator::new(64, false);
     // 5 rows of 37 columns at a pitch of 40 (a GEMM output whose rows cuBLAS wrote aligned),
     // into rows 2 .. 7 of a 9-row output (one chunk of a large product).
     let (rows, cols, pitch, row0) = (5usize, 37usize, 40usize, 2usize);
@@ -500,10 +498,7 @@ fn attention_operands_pack_by_head_as_rows() {
 fn pack_heads(d: usize) {
     use kernels::device::KernelArg;
     use runtime::Device;
-    let dev = Emulator {
-        block: 64,
-        tensor_cores: false,
-    };
+    let dev = Emulator::new(64, false);
     let (batch, n, heads, n_pad) = (2usize, 70usize, 3usize, 128usize);
     let x = tensor(&[batch, n, heads * d], 7).data;
     let at = |b: usize, r: usize, h: usize, c: usize| {
@@ -1104,4 +1099,74 @@ fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
         .forward(&OpKind::MatMul, &[&bad, &bad], BINDING)
         .unwrap_err();
     assert!(err.to_string().contains("matmul"), "{err}");
+}
+
+/// The tensor-core attention's forward keeps each query row's log-sum-exp (FlashAttention-2):
+/// its output is the plain forward's bit for bit, and the backward from the kept statistics
+/// and the output (D = dO·O in one pass, no forward recomputed) equals the recomputing one up
+/// to the order D is summed in; with the output as a stash's bf16 words (`attention_dsum_bf16x`)
+/// it equals, bit for bit, the same values read as f32. Without tensor cores nothing is kept.
+#[test]
+fn tensor_core_attention_keeps_its_row_statistics_for_the_backward() {
+    let b = tests::emulator::emulator_mma(64);
+    for (heads, kv, d, n) in [(2usize, 1usize, 64usize, 40usize), (2, 2, 32, 70)] {
+        let (attention, grad) = causal_attention(heads as u64, kv as u64);
+        let host = [
+            tensor(&[2, n, heads * d], 60),
+            tensor(&[2, n, kv * d], 61),
+            tensor(&[2, n, kv * d], 62),
+        ];
+        let x: Vec<_> = host.iter().map(|t| b.upload(t).unwrap()).collect();
+        let xs = [&x[0], &x[1], &x[2]];
+        let dy = b.upload(&tensor(&[2, n, heads * d], 63)).unwrap();
+        let runtime::backend::KeptForward { out: o, stats: lse } = b
+            .attention_forward_keeping(&attention, &xs)
+            .unwrap()
+            .expect("kept on the tensor cores");
+        assert_eq!(
+            b.shape(&lse),
+            [2 * heads * n],
+            "one statistic per query row"
+        );
+        let plain = b.forward(&attention, &xs, BINDING).unwrap();
+        assert_eq!(bits(&b, &[o]), bits(&b, &plain), "the same output");
+        let o = &plain[0];
+        let kept = b
+            .attention_backward_kept(&attention, &xs, [&dy, o, &lse])
+            .unwrap()
+            .expect("the kept backward on the tensor cores");
+        let recomputed = b
+            .forward(&grad, &[&x[0], &x[1], &x[2], &dy], BINDING)
+            .unwrap();
+        for (i, (g, w)) in kept.iter().zip(&recomputed).enumerate() {
+            let (g, w) = (b.download(g).unwrap(), b.download(w).unwrap());
+            assert_close(
+                &g,
+                &w,
+                1e-4,
+                &format!("heads {heads}/{kv} d {d}: gradient {i}"),
+            );
+        }
+        let o_host = b.download(o).unwrap();
+        let from_words = words_only(&b, &o_host);
+        let from_f32 = b.upload(&bf16(&o_host)).unwrap();
+        let run = |o: &runtime::DeviceBuffer<Vec<f32>>| {
+            let got = b
+                .attention_backward_kept(&attention, &xs, [&dy, o, &lse])
+                .unwrap()
+                .expect("kept");
+            bits(&b, &got)
+        };
+        assert_eq!(run(&from_words), run(&from_f32), "heads {heads} d {d}");
+    }
+    let plain = emulator(64);
+    let x = plain.upload(&tensor(&[1, 8, 64], 64)).unwrap();
+    let (attention, _) = causal_attention(1, 1);
+    assert!(
+        plain
+            .attention_forward_keeping(&attention, &[&x, &x, &x])
+            .unwrap()
+            .is_none(),
+        "the f32 kernels recompute"
+    );
 }

@@ -9,13 +9,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Config, LLAMA, MODEL, loss_diff, programs, text, train};
+use common::{Config, LLAMA, MODEL, WIDE_HEADS, loss_diff, programs, text, train};
 use planner::Schedule;
 use runtime::DeviceBackend;
 use runtime::comm::ThreadComm;
 use runtime::exec::{Init, p2p};
 use runtime::train::{RankOutcome, TrainOptions, train_rank};
-use tests::emulator::{Emulator, emulator, emulator_bf16, emulator_with_collectives};
+use tests::emulator::{Emulator, emulator, emulator_bf16, emulator_mma, emulator_with_collectives};
 
 const STEPS: u64 = 4;
 
@@ -325,4 +325,81 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
     );
     assert!(diff < 2e-2, "{diff}");
     assert!(losses.last() < losses.first(), "the loss falls");
+}
+
+/// The program without its attention forwards' `saves` (their gradients then recompute the
+/// row statistics).
+fn without_attention_saves(set: &codegen::ProgramSet) -> codegen::ProgramSet {
+    let mut set = set.clone();
+    for t in &mut set.templates {
+        for ins in &mut t.instrs {
+            if let program::Instr::Compute {
+                kind: ir::OpKind::Attention { .. },
+                saves,
+                ..
+            } = ins
+            {
+                saves.clear();
+            }
+        }
+    }
+    set
+}
+
+#[test]
+fn on_tensor_cores_attention_keeps_its_row_statistics_and_trains_as_when_recomputing() {
+    // A bf16 plan's attention forwards declare each query row's log-sum-exp (`saves`): on
+    // tensor cores the executor keeps it for the gradient (`runtime::exec::kept`), which then
+    // takes D = dO·O from the forward's output in one pass, and no forward is recomputed for the
+    // row statistics. Training matches the same program without the saves (which recomputes
+    // them) and stays within 2e-2 of the f32 CPU run.
+    let c = Config {
+        precision: planner::Precision::Bf16,
+        cluster: "dgx-h100",
+        ..Config::new(1, 1, 1)
+    };
+    let set = programs(WIDE_HEADS, &c);
+    let plan = runtime::exec::kept::plan(&set.templates[0]);
+    let forwards = plan.forward.iter().flatten().count() as u64;
+    let per_step = 2 * u64::from(set.mesh.micro_batches);
+    assert_eq!(forwards, per_step, "one per layer and micro-batch");
+    assert_eq!(plan.grad.iter().flatten().count() as u64, forwards);
+    let recomputing = without_attention_saves(&set);
+    let none = runtime::exec::kept::plan(&recomputing.templates[0]);
+    assert_eq!(none.forward.iter().flatten().count(), 0);
+
+    let run = |set: &codegen::ProgramSet| {
+        let out = train_emulated(set, emulator_mma).0.remove(0);
+        let t = out
+            .launches_last_step
+            .expect("the emulator counts launches");
+        let count = |k: &str| t.get(k).launches;
+        (
+            out.losses,
+            count("attention_dsum_bf16x") + count("attention_dsum"),
+            count("attention_row_stats_mma32"),
+        )
+    };
+    let (kept, dsums, stats) = run(&set);
+    assert_eq!(
+        (dsums, stats),
+        (per_step, 0),
+        "D from the output, nothing recomputed"
+    );
+    let (recomputed, dsums, stats) = run(&recomputing);
+    assert_eq!(
+        (dsums, stats),
+        (0, per_step),
+        "the row statistics recomputed"
+    );
+    let diff = loss_diff(&kept, &recomputed);
+    let one = train(&programs(WIDE_HEADS, &Config::new(1, 1, 1)), STEPS, 7);
+    let to_f32 = loss_diff(&kept, &one.losses);
+    println!(
+        "kept {kept:?}, recomputed {recomputed:?} (max relative difference {diff:.1e}), f32 CPU {:?} ({to_f32:.1e})",
+        one.losses
+    );
+    assert!(diff < 1e-3, "{diff}");
+    assert!(to_f32 < 2e-2, "{to_f32}");
+    assert!(kept.last() < kept.first(), "the loss falls");
 }

@@ -300,6 +300,32 @@ pub trait Backend: std::fmt::Debug {
         Ok(Stashed::Kept(x))
     }
 
+    /// Attention's forward (`kind` an `Attention`) that also returns what its backward would
+    /// otherwise recompute: each query row's log-sum-exp, FlashAttention-2's saved statistic
+    /// (the program's `saves`). `None` where this backend keeps nothing (the executor then runs
+    /// [`Backend::forward`]).
+    fn attention_forward_keeping(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<KeptForward<Self::Buffer>>, RuntimeError> {
+        let _ = (kind, inputs);
+        Ok(None)
+    }
+
+    /// `[dq, dk, dv]` of attention `kind` on `xs` (q, k, v) and output gradient `dy`, from the
+    /// forward's output `out` and what [`Backend::attention_forward_keeping`] kept. `None` where
+    /// this backend cannot (the executor then runs the `Grad`, which recomputes).
+    fn attention_backward_kept(
+        &self,
+        kind: &OpKind,
+        xs: &[&Self::Buffer],
+        [dy, out, kept]: [&Self::Buffer; 3],
+    ) -> Result<Option<Vec<Self::Buffer>>, RuntimeError> {
+        let _ = (kind, xs, dy, out, kept);
+        Ok(None)
+    }
+
     /// Whether this backend's op `kind`, on inputs of `shapes`, reads input `operand` only as
     /// the bf16 words a stash holds (a bf16 GEMM's operand), never as f32: the executor then
     /// brings such a buffer back from the stash without expanding it
@@ -409,6 +435,15 @@ impl TransferStats {
             host_ops: self.host_ops + other.host_ops,
         }
     }
+}
+
+/// An attention forward's output and the row statistic it keeps for its gradient
+/// ([`Backend::attention_forward_keeping`]).
+#[derive(Debug)]
+pub struct KeptForward<T> {
+    pub out: T,
+    /// Each query row's log-sum-exp, `[batch · heads · sq]`.
+    pub stats: T,
 }
 
 /// Checks the operands of [`Backend::sgemm`]: `(m, k, n)`.

@@ -27,6 +27,7 @@ pub mod collective;
 pub mod dp_comm;
 pub mod dropout;
 pub mod init;
+pub mod kept;
 pub mod layout;
 mod moves;
 pub mod on_device;
@@ -102,6 +103,10 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     stashed: Vec<Option<B::Buffer>>,
     /// Buffers back from the stash whose f32 values are not yet expanded ([`words_only`]).
     words_only: Vec<bool>,
+    /// Attention forwards that keep their row statistics for their gradients ([`kept`]).
+    kept_plan: kept::KeptPlan,
+    /// The statistics kept now, and the outputs held for their gradients.
+    kept: kept::Kept<B::Buffer>,
     /// The step instruction that raised the device allocator's high-water mark last.
     peak_at: Option<peak::PeakAt>,
     /// Completed optimizer steps.
@@ -199,6 +204,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             step_moves: moves::moving_copies(&tpl.instrs),
             step_adds: moves::moving_adds(tpl),
             stash_plan: stash::plan(tpl),
+            kept_plan: kept::plan(tpl),
+            kept: kept::Kept::default(),
             stash_off: false,
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
             words_only: vec![false; tpl.buffers.len()],
@@ -303,7 +310,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 {
                     self.move_buffer(*src, *dst).map(|()| None)
                 }
-                (Ok(()), _, None) => self.exec(ins, r, None, Some(batch)),
+                (Ok(()), _, None) => match self.run_kept(k, ins) {
+                    Ok(true) => Ok(None),
+                    Ok(false) => self.exec(ins, r, None, Some(batch)),
+                    Err(e) => Err(e),
+                },
             };
             if result.is_ok() {
                 let keep = stash_plan.after.get(k).map_or(&[][..], Vec::as_slice);
@@ -348,6 +359,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.step_reads = reads;
         self.keep_stash_plan(stash_plan);
         self.unstash_all()?;
+        for t in self.kept.drain() {
+            self.backend.free(t);
+        }
         self.expand_all_words()?;
         self.exchange(&[])?;
         self.zero_all_pending()?;
@@ -709,6 +723,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 }
                 if let Some(s) = self.bufs.get_mut(buf.index())
                     && let Some(b) = s.take()
+                    && let Some(b) = self.kept.free(*buf, b)
                 {
                     self.backend.free(b);
                 }
@@ -997,6 +1012,77 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             self.put_buffer(o, y)?;
         }
         Ok(())
+    }
+
+    /// Runs step instruction `k` where it is an attention forward that keeps its row
+    /// statistics or the gradient that reads them ([`kept`]); `false` where it is neither, or
+    /// the backend keeps none, or the forward's output is not at hand (then it runs as usual:
+    /// the gradient recomputes the statistics).
+    fn run_kept(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
+        let Instr::Compute {
+            kind,
+            inputs,
+            outputs,
+            ..
+        } = ins
+        else {
+            return Ok(false);
+        };
+        if let Some(keep) = self.kept_plan.forward.get(k).copied().flatten() {
+            let xs = inputs
+                .iter()
+                .map(|&i| self.get(i))
+                .collect::<Result<Vec<_>, _>>()?;
+            let Some(kf) = self.backend.attention_forward_keeping(kind, &xs)? else {
+                return Ok(false);
+            };
+            self.put_buffer(keep.out, kf.out)?;
+            for old in self.kept.keep(keep, kf.stats) {
+                self.backend.free(old);
+            }
+            return Ok(true);
+        }
+        let (Some(keep), OpKind::Grad { of, .. }, &[q, k_in, v, dy]) = (
+            self.kept_plan.grad.get(k).copied().flatten(),
+            kind,
+            inputs.as_slice(),
+        ) else {
+            return Ok(false);
+        };
+        let Some((stats, held)) = self.kept.take(keep) else {
+            return Ok(false);
+        };
+        let grads = {
+            let xs = [self.get(q)?, self.get(k_in)?, self.get(v)?];
+            let dy = self.get(dy)?;
+            let out = held
+                .as_ref()
+                .or_else(|| self.bufs.get(keep.out.index()).and_then(Option::as_ref));
+            match out {
+                Some(o) => self
+                    .backend
+                    .attention_backward_kept(of, &xs, [dy, o, &stats])?,
+                None => None,
+            }
+        };
+        self.backend.free(stats);
+        if let Some(h) = held {
+            self.backend.free(h);
+        }
+        let Some(grads) = grads else {
+            return Ok(false);
+        };
+        if grads.len() != outputs.len() {
+            return Err(self.prog(format!(
+                "attention's kept backward gave {} gradients for {} outputs",
+                grads.len(),
+                outputs.len()
+            )));
+        }
+        for (g, &o) in grads.into_iter().zip(outputs) {
+            self.put_buffer(o, g)?;
+        }
+        Ok(true)
     }
 
     fn compute(

@@ -25,6 +25,11 @@ pub const LLAMA_MQA: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/data/tiny-llama-mqa.json"
 );
+/// A 2-layer GPT with heads 32 wide, the narrowest the tensor-core attention takes.
+pub const WIDE_HEADS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/tiny-gpt2-wide-heads.json"
+);
 pub const GLOBAL_BATCH: u64 = 8;
 pub const SEQ: u64 = 32;
 

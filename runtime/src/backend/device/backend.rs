@@ -533,6 +533,23 @@ impl<D: Device> Backend for DeviceBackend<D> {
         Ok(Stashed::Words(words))
     }
 
+    fn attention_forward_keeping(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<crate::backend::KeptForward<Self::Buffer>>, RuntimeError> {
+        ops::attention_forward_keeping(self, kind, inputs)
+    }
+
+    fn attention_backward_kept(
+        &self,
+        kind: &OpKind,
+        xs: &[&Self::Buffer],
+        dy_out_kept: [&Self::Buffer; 3],
+    ) -> Result<Option<Vec<Self::Buffer>>, RuntimeError> {
+        ops::attention_backward_kept(self, kind, xs, dy_out_kept)
+    }
+
     fn reads_stashed_words(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
         ops::reads_stashed_words(self, kind, shapes, operand)
     }

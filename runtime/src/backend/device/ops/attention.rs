@@ -1,12 +1,16 @@
 //! Scaled dot-product attention (`attention.cu`): one fused forward kernel, and a backward in
 //! three (row statistics, dq per query, dk and dv per key); no `[sq, sk]` buffer, the backward
-//! recomputes the probabilities.
+//! recomputes the probabilities. On the tensor cores the forward may keep each query row's
+//! log-sum-exp for the backward ([`forward_keeping`]), which then takes D = dO·O from the
+//! forward's output in one cheap pass ([`backward_kept`]) instead of recomputing the forward
+//! for its row statistics: FlashAttention-2's backward (Dao 2023, Algorithm 2).
 
 use ir::OpKind;
 use kernels::device::{AttentionShape, MAX_HEAD_DIM};
 
 use super::{Buf, row_grid};
 use crate::RuntimeError;
+use crate::backend::KeptForward;
 use crate::backend::device::{Device, DeviceBackend, GemmPrecision, KernelArg};
 
 /// The kernel's view of an `Attention` op on `q`, `k`, `v` (`kernels/src/attention.rs`'s
@@ -206,7 +210,12 @@ fn rows(a: &AttentionShape) -> usize {
 }
 
 fn out_shape(a: &AttentionShape) -> Vec<usize> {
-    vec![a.batch as usize, a.sq as usize, (a.heads * a.dv) as usize]
+    out_shape_of(a, a.sq, a.heads, a.dv)
+}
+
+/// `[batch, n, heads·d]`: the layout of q, k, v, the output and their gradients.
+fn out_shape_of(a: &AttentionShape, n: i64, heads: i64, d: i64) -> Vec<usize> {
+    vec![a.batch as usize, n as usize, (heads * d) as usize]
 }
 
 pub(super) fn forward<D: Device>(
@@ -233,21 +242,58 @@ pub(super) fn forward_at<D: Device>(
     if qpos.is_some() && !p.tiled {
         return Ok(None);
     }
-    let packed = p.mma.then(|| Packed::forward(b, &a, q, k, v)).transpose()?;
+    run_forward(b, &a, &p, [q, k, v], qpos, None).map(Some)
+}
+
+/// The forward on the tensor cores with each query row's log-sum-exp (`[batch, heads, sq]`,
+/// log₂ units, as the backward's kernels read it) kept for [`backward_kept`]; `None` where the
+/// kernels are not the tensor cores' (their backward recomputes the statistics).
+pub(crate) fn forward_keeping<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+) -> Result<Option<KeptForward<Buf<D>>>, RuntimeError> {
+    let Some(a) = shape::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    let &[q, k, v] = xs else { return Ok(None) };
+    let p = Kernels::of(b, &a);
+    if !p.mma {
+        return Ok(None);
+    }
+    let mut lse = b.alloc(&[rows(&a)])?;
+    let out = run_forward(b, &a, &p, [q, k, v], None, Some(&mut lse))?;
+    Ok(Some(KeptForward { out, stats: lse }))
+}
+
+/// One forward launch (after the tensor-core kernels' packs), writing `lse` where given (the
+/// tensor-core kernels only).
+fn run_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    a: &AttentionShape,
+    p: &Kernels,
+    [q, k, v]: [&Buf<D>; 3],
+    qpos: Option<&D::Mem>,
+    lse: Option<&mut Buf<D>>,
+) -> Result<Buf<D>, RuntimeError> {
+    let packed = p.mma.then(|| Packed::forward(b, a, q, k, v)).transpose()?;
     let (q, k, v) = packed.as_ref().map_or((q, k, v), |x| (&x.qp, &x.kp, &x.vp));
-    let mut o = b.alloc(&out_shape(&a))?;
-    let mut args = vec![
-        KernelArg::Out(&mut o.mem),
+    let mut o = b.alloc(&out_shape(a))?;
+    let mut args = vec![KernelArg::Out(&mut o.mem)];
+    if p.mma {
+        args.push(lse.map_or(KernelArg::Null, |l| KernelArg::Out(&mut l.mem)));
+    }
+    args.extend([
         KernelArg::In(&q.mem),
         KernelArg::In(&k.mem),
         KernelArg::In(&v.mem),
-    ];
+    ]);
     positions(&mut args, p.tiled, qpos);
-    args.push(KernelArg::Attention(a));
+    args.push(KernelArg::Attention(*a));
     b.device
         .launch(p.forward, p.query_grid, p.block, &mut args)?;
     drop(args);
-    Ok(Some(o))
+    Ok(o)
 }
 
 /// `[dq, dk, dv]`: the row statistics, then dq per query and dk, dv per key (no atomics).
@@ -407,8 +453,6 @@ fn backward_mma<D: Device>(
     qpos: Option<&D::Mem>,
 ) -> Result<Vec<Buf<D>>, RuntimeError> {
     let x = Packed::forward(b, a, q, k, v)?;
-    let gp = pack(b, g, a, (a.sq, a.heads))?;
-    let pos = || qpos.map_or(KernelArg::Null, KernelArg::In);
     let (mut lse, mut dsum) = (b.alloc(&[rows(a)])?, b.alloc(&[rows(a)])?);
     b.device.launch(
         p.row_stats,
@@ -421,11 +465,70 @@ fn backward_mma<D: Device>(
             KernelArg::In(&x.kp.mem),
             KernelArg::In(&x.vp.mem),
             KernelArg::In(&g.mem),
-            pos(),
+            qpos.map_or(KernelArg::Null, KernelArg::In),
             KernelArg::Attention(*a),
         ],
     )?;
-    let mut dq = b.alloc(&q.shape)?;
+    mma_gradients(b, a, p, &x, g, [&lse, &dsum], qpos)
+}
+
+/// [`backward_mma`] from the row statistics the forward kept: `lse` as
+/// [`forward_keeping`] wrote it and the forward's output `o` (f32, or its exact bf16 words
+/// where it came back from the stash), D = dO·O per query row in one pass
+/// (`attention_dsum`). `None` where the kernels are not the tensor cores'.
+pub(crate) fn backward_kept<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+    [g, o, lse]: [&Buf<D>; 3],
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let Some(a) = shape::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    let &[q, k, v] = xs else { return Ok(None) };
+    let p = Kernels::of(b, &a);
+    let fits = g.shape == out_shape(&a) && o.shape == g.shape && lse.len == rows(&a);
+    if !p.mma || !fits {
+        return Ok(None);
+    }
+    let mut dsum = b.alloc(&[rows(&a)])?;
+    let (kernel, src) = match o.exact_bf16() {
+        Some(w) => ("attention_dsum_bf16x", w),
+        None => ("attention_dsum", &o.mem),
+    };
+    let block = b.device.block_size();
+    b.device.launch(
+        kernel,
+        super::pointwise_grid(block, rows(&a)),
+        block,
+        &mut [
+            KernelArg::Out(&mut dsum.mem),
+            KernelArg::In(&g.mem),
+            KernelArg::In(src),
+            KernelArg::I64(a.batch),
+            KernelArg::I64(a.sq),
+            KernelArg::I64(a.heads),
+            KernelArg::I64(a.dv),
+        ],
+    )?;
+    let x = Packed::forward(b, &a, q, k, v)?;
+    mma_gradients(b, &a, &p, &x, g, [lse, &dsum], None).map(Some)
+}
+
+/// dq per query block and dk, dv per key block from the packed operands and the row
+/// statistics `[lse, dsum]` (dO packed here).
+fn mma_gradients<D: Device>(
+    b: &DeviceBackend<D>,
+    a: &AttentionShape,
+    p: &Kernels,
+    x: &Packed<D>,
+    g: &Buf<D>,
+    [lse, dsum]: [&Buf<D>; 2],
+    qpos: Option<&D::Mem>,
+) -> Result<Vec<Buf<D>>, RuntimeError> {
+    let gp = pack(b, g, a, (a.sq, a.heads))?;
+    let pos = || qpos.map_or(KernelArg::Null, KernelArg::In);
+    let mut dq = b.alloc(&out_shape_of(a, a.sq, a.heads, a.d))?;
     b.device.launch(
         p.dq,
         p.query_grid,
@@ -442,7 +545,10 @@ fn backward_mma<D: Device>(
             KernelArg::Attention(*a),
         ],
     )?;
-    let (mut dk, mut dv) = (b.alloc(&k.shape)?, b.alloc(&v.shape)?);
+    let (mut dk, mut dv) = (
+        b.alloc(&out_shape_of(a, a.sk, a.kv, a.d))?,
+        b.alloc(&out_shape_of(a, a.sk, a.kv, a.dv))?,
+    );
     b.device.launch(
         p.dkv,
         p.key_grid,
@@ -460,9 +566,6 @@ fn backward_mma<D: Device>(
             KernelArg::Attention(*a),
         ],
     )?;
-    for buf in [x.qp, x.kp, x.vp, gp, lse, dsum] {
-        b.device.release(buf.mem);
-    }
     Ok(vec![dq, dk, dv])
 }
 

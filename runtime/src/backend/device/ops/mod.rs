@@ -20,6 +20,9 @@ use ir::{Binding, OpKind};
 use super::{Device, DeviceBackend, DeviceBuffer, KernelArg};
 use crate::RuntimeError;
 
+pub(super) use attention::{
+    backward_kept as attention_backward_kept, forward_keeping as attention_forward_keeping,
+};
 pub(super) use context::run as context_op;
 pub(super) use optim::adamw;
 pub(super) use vocab::run as vocab_shard;
