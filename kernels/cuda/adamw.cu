@@ -2,9 +2,25 @@
 // moments; the per-step scalars (step size, √(1 − β₂ᵗ), decay) come from the launcher in f64.
 // `frozen` != 0 keeps each nonzero second moment as it is (and `frozen_bias2_sqrt` with it).
 
-extern "C" __global__ void adamw_step(float* param, float* m, float* v, const float* grad, i64 n, double beta1,
-                                      double beta2, double eps, double step_size, double decay,
-                                      double bias2_sqrt, double frozen_bias2_sqrt, int frozen) {
+#define ADAMW_ARGS                                                                                        \
+    double beta1, double beta2, double eps, double step_size, double decay, double bias2_sqrt, \
+        double frozen_bias2_sqrt, int frozen
+
+// One element's update: p, m, v in place from g.
+__device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float g, ADAMW_ARGS) {
+    double p64 = (double)p * decay;
+    double m64 = beta1 * m + (1.0 - beta1) * g;
+    bool keep = frozen && v > 0.0f;
+    double v64 = keep ? (double)v : beta2 * v + (1.0 - beta2) * (double)g * g;
+    double denom = sqrt(v64) / (keep ? frozen_bias2_sqrt : bias2_sqrt) + eps;
+    p = (float)(p64 - step_size * m64 / denom);
+    m = (float)m64;
+    v = (float)v64;
+}
+
+#define ADAMW_PASS beta1, beta2, eps, step_size, decay, bias2_sqrt, frozen_bias2_sqrt, frozen
+
+extern "C" __global__ void adamw_step(float* param, float* m, float* v, const float* grad, i64 n, ADAMW_ARGS) {
     // Two elements per thread in flight (eight loads: each element reads four tensors).
     i64 stride = grid_threads();
     for (i64 i0 = global_thread(); i0 < n; i0 += 2 * stride) {
@@ -22,15 +38,39 @@ extern "C" __global__ void adamw_step(float* param, float* m, float* v, const fl
         for (int u = 0; u < 2; ++u) {
             i64 i = i0 + u * stride;
             if (i >= n) continue;
-            double g = gs[u];
-            double p = (double)ps[u] * decay;
-            double m64 = beta1 * ms[u] + (1.0 - beta1) * g;
-            bool keep = frozen && vs[u] > 0.0f;
-            double v64 = keep ? (double)vs[u] : beta2 * vs[u] + (1.0 - beta2) * g * g;
-            double denom = sqrt(v64) / (keep ? frozen_bias2_sqrt : bias2_sqrt) + eps;
-            param[i] = (float)(p - step_size * m64 / denom);
-            m[i] = (float)m64;
-            v[i] = (float)v64;
+            adamw_one(ps[u], ms[u], vs[u], gs[u], ADAMW_PASS);
+            param[i] = ps[u];
+            m[i] = ms[u];
+            v[i] = vs[u];
         }
+    }
+}
+
+// adamw_step that also writes the updated parameter to `copy` (a mixed-precision program's
+// compute copy, which it copies the master weight to next) and, where `words` is not null, its
+// bf16 words (two to a word, in order: the copy's twin, which the next forward's GEMM reads
+// instead of converting the copy): one pass instead of the update, a copy and a conversion.
+// Each thread updates a pair of neighbours, whose two bf16 make one word.
+extern "C" __global__ void adamw_step_copy(float* param, float* m, float* v, float* copy, float* words,
+                                           const float* grad, i64 n, ADAMW_ARGS) {
+    for (i64 j = global_thread(); 2 * j < n; j += grid_threads()) {
+        float gs[2] = {0.0f, 0.0f}, ps[2] = {0.0f, 0.0f}, ms[2] = {0.0f, 0.0f}, vs[2] = {0.0f, 0.0f};
+        int count = 2 * j + 1 < n ? 2 : 1;
+        for (int u = 0; u < count; ++u) {
+            i64 i = 2 * j + u;
+            gs[u] = grad[i];
+            ps[u] = param[i];
+            ms[u] = m[i];
+            vs[u] = v[i];
+        }
+        for (int u = 0; u < count; ++u) {
+            i64 i = 2 * j + u;
+            adamw_one(ps[u], ms[u], vs[u], gs[u], ADAMW_PASS);
+            param[i] = ps[u];
+            copy[i] = ps[u];
+            m[i] = ms[u];
+            v[i] = vs[u];
+        }
+        if (words) ((unsigned*)words)[j] = bf16_pair(ps[0], ps[1]);
     }
 }

@@ -49,12 +49,6 @@
 // Row stride, in 32-bit words, of a row-major tile of `d` bf16 columns (+4 words).
 #define MMA_ROW_WORDS(d) ((d) / 2 + 4)
 
-// x rounded to bf16 (to nearest, ties to even), as its 16 bits.
-__device__ __forceinline__ unsigned bf16_bits(float x) {
-    unsigned u = __float_as_uint(x);
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
 // Two bf16 in one word, the lower column in the lower half (the fragments' order): one
 // `cvt.rn.bf16x2.f32` on the GPU (sm_80 on), the same rounding by hand under the emulator.
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {

@@ -109,6 +109,15 @@ __device__ double sigmoid32(double x) {
 
 // The flat index of this thread in a 1-D grid, and the grid's thread count (for grid-stride
 // loops over `n` elements).
+// x rounded to bf16 (to nearest, ties to even; kernels::device::round_bf16), as its 16 bits.
+__device__ __forceinline__ unsigned bf16_bits(float x) {
+    unsigned u = __float_as_uint(x);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+// Two floats rounded to bf16 in one word, `lo` in the lower half: the stash's layout.
+__device__ __forceinline__ unsigned bf16_pair(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+
 // How a kernel reads an input given either way: f32, or a stash's bf16 words (two to a word,
 // in order) read as they are (the `_bf16x` kernels: a bf16 plan's value back from its stash,
 // with no f32 expansion first).

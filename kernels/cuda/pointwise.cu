@@ -356,14 +356,6 @@ extern "C" __global__ void dropout(float* y, const float* x, i64 n, i64 per_row,
 // with zeros to `pitch` (even) columns and the matrices packed: the operands of a bf16 plan's
 // GEMMs, which cuBLAS then multiplies as bf16. The row pitch of 8 elements (16 bytes) is the
 // alignment cuBLAS's fast Hopper kernels want, which a 50257-word vocabulary row lacks.
-// Two floats rounded to bf16 (to nearest, ties to even) in one word, `lo` in the lower half.
-__device__ unsigned bf16_pair(float lo, float hi) {
-    unsigned a = __float_as_uint(lo), b = __float_as_uint(hi);
-    a = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
-    b = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-    return a | (b << 16);
-}
-
 extern "C" __global__ void to_bf16(float* y, const float* x, i64 mats, i64 rows, i64 cols, i64 stride, i64 pitch) {
     unsigned* words = (unsigned*)y;
     i64 per_row = pitch / 2, segments = (per_row + BF16_SEGMENT - 1) / BF16_SEGMENT;

@@ -8,9 +8,9 @@
 use ir::routing::Routing;
 use ir::{AdamWConfig, Binding, Dim, OpKind, RopeScaling};
 use kernels::Tensor32;
-use runtime::backend::DropoutMask;
 use runtime::backend::conformance::{self, Case, ids, positive, tensor};
 use runtime::backend::vocab::VocabShard;
+use runtime::backend::{DropoutMask, Stashed};
 use runtime::{Backend, DeviceBackend, GemmPrecision};
 use tests::emulator::{Emulator, emulator, emulator_bf16};
 
@@ -969,6 +969,78 @@ fn adamw_on_the_device_equals_the_cpu_update() {
     assert_close(&b.download(&pb).unwrap(), &p, 1e-6, "param");
     assert_close(&b.download(&mb).unwrap(), &m, 1e-6, "m");
     assert_close(&b.download(&vb).unwrap(), &v, 1e-6, "v");
+}
+
+/// The update that also writes the compute copy (`adamw_step_copy`: a program's `AdamW` and
+/// the `Copy` after it) equals, bit for bit, the update then a copy, frozen second moment
+/// included; with bf16 GEMMs a matrix's copy carries its bf16 twin, the words the stash (and a
+/// GEMM) would otherwise make from it, so the stash converts nothing; an odd length ends in
+/// half a word. A vector gets none, nor a copy without bf16 GEMMs.
+#[test]
+fn adamw_with_its_copy_equals_the_update_then_the_copy() {
+    let cfg = AdamWConfig::default();
+    for (shape, bf16_gemms) in [
+        (vec![6usize, 7], true),
+        (vec![5, 3], true),
+        (vec![9], true),
+        (vec![6, 7], false),
+    ] {
+        let b = if bf16_gemms {
+            emulator_bf16(32)
+        } else {
+            emulator(32)
+        };
+        let (p, g, m) = (tensor(&shape, 25), tensor(&shape, 26), tensor(&shape, 27));
+        let v = positive(&shape, 28, 0.0);
+        let up = |t: &Tensor32| b.upload(t).unwrap();
+        let (mut p1, mut m1, mut v1, gb) = (up(&p), up(&m), up(&v), up(&g));
+        let (mut p2, mut m2, mut v2) = (up(&p), up(&m), up(&v));
+        let mut copy = None;
+        for step in 1..=3 {
+            b.adamw_frozen_variance(&cfg, &mut p1, &gb, &mut m1, &mut v1, step, 2)
+                .unwrap();
+            let given = copy.is_some();
+            assert!(
+                b.adamw_copy(
+                    &cfg,
+                    [&mut p2, &mut m2, &mut v2],
+                    &gb,
+                    (step, Some(2)),
+                    &mut copy
+                )
+                .unwrap(),
+                "{shape:?}: done on the device"
+            );
+            assert!(copy.is_some(), "made where not given ({given})");
+        }
+        let copy = copy.expect("written");
+        let dup = |x| b.duplicate(x).unwrap();
+        assert_eq!(
+            bits(&b, &[dup(&p1), m1, v1]),
+            bits(&b, &[p2, m2, v2]),
+            "{shape:?}: the same update"
+        );
+        assert_eq!(bits(&b, &[dup(&copy)]), bits(&b, &[dup(&p1)]), "the copy");
+        let launches = || b.launch_tally().expect("counted").launches();
+        let before = launches();
+        let Stashed::Words(twin) = b.stash_bf16(copy).unwrap() else {
+            panic!("a device backend stashes");
+        };
+        let twin_expected = bf16_gemms && shape.len() == 2;
+        assert_eq!(
+            launches() - before,
+            u64::from(!twin_expected),
+            "{shape:?}: the stash keeps the twin (no conversion) where one was written"
+        );
+        let Stashed::Words(made) = b.stash_bf16(p1).unwrap() else {
+            panic!("a device backend stashes");
+        };
+        assert_eq!(
+            bits(&b, &[twin]),
+            bits(&b, &[made]),
+            "{shape:?}: the twin's words"
+        );
+    }
 }
 
 /// Mixtral's router (softmax, top 2 renormalized), Qwen-MoE's (unnormalized shares) and

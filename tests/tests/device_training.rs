@@ -323,6 +323,21 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
         "bf16 plan: losses {losses:?}, f32 CPU {:?}, max relative difference {diff:.1e}",
         one.losses
     );
+    // Each master weight's update writes its compute copy too (`exec/adamw_copy.rs`).
+    let updates = tpl
+        .instrs
+        .iter()
+        .filter(|i| matches!(i, program::Instr::AdamW { .. }))
+        .count() as u64;
+    let t = outs[0].launches_last_step.as_ref().expect("counted");
+    assert_eq!(
+        (
+            t.get("adamw_step_copy").launches,
+            t.get("adamw_step").launches
+        ),
+        (updates, 0),
+        "every update with its copy"
+    );
     assert!(diff < 2e-2, "{diff}");
     assert!(losses.last() < losses.first(), "the loss falls");
 }

@@ -271,6 +271,22 @@ pub trait Backend: std::fmt::Debug {
         adamw_on_host(self, cfg, [param, m, v], grad, step, Some(frozen_after))
     }
 
+    /// [`Backend::adamw`] (with the second moment frozen after `frozen_after`, where given)
+    /// that also leaves the updated parameter in `copy` (made here where it is `None`): a
+    /// program's `AdamW` and the `Copy` of the master weight to its compute copy after it, in
+    /// one pass. `false`: nothing done (the executor runs the two).
+    fn adamw_copy(
+        &self,
+        cfg: &AdamWConfig,
+        state: [&mut Self::Buffer; 3],
+        grad: &Self::Buffer,
+        step: (u64, Option<u64>),
+        copy: &mut Option<Self::Buffer>,
+    ) -> Result<bool, RuntimeError> {
+        let _ = (cfg, state, grad, step, copy);
+        Ok(false)
+    }
+
     /// Whether this backend carries tensor-parallel partial sums in f64 (reproducible mode):
     /// then the executor reduces every buffer codegen marks `partial` in f64.
     fn wide_partial_sums(&self) -> bool {

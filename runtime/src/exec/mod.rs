@@ -23,6 +23,7 @@
 //! - The reported loss is Σ weight × value over the rank's `Loss` instructions, summed over
 //!   the world in rank order in f64 (each share sent as two f32s).
 
+mod adamw_copy;
 pub mod collective;
 pub mod dp_comm;
 pub mod dropout;
@@ -91,6 +92,9 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Step instructions that are copies whose source is freed before anything else uses it
     /// ([`moving_copies`]): they move the buffer instead.
     step_moves: Vec<bool>,
+    /// Step instructions that are `AdamW`s whose parameter the next instruction copies: the
+    /// copy's destination, written by the update ([`adamw_copy`]).
+    step_adamw_copies: Vec<Option<BufferId>>,
     /// Step instructions that are additions whose operand freed next is moved to the output
     /// when the other holds pending zeros ([`moves::moving_adds`]).
     step_adds: Vec<Option<usize>>,
@@ -202,6 +206,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .map(|i| program::verify::operands(i).0)
                 .collect(),
             step_moves: moves::moving_copies(&tpl.instrs),
+            step_adamw_copies: adamw_copy::adamw_copies(&tpl.instrs),
             step_adds: moves::moving_adds(tpl),
             stash_plan: stash::plan(tpl),
             kept_plan: kept::plan(tpl),
@@ -294,6 +299,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             self.backend.synchronize()?;
         }
         let step_start = std::time::Instant::now();
+        let mut copy_written = false;
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
@@ -302,8 +308,23 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .expand_words_for(ins, r)
                 .and_then(|()| self.unstash(expand, Some(ins)));
             let zero_add = self.zero_add_source(k, ins);
+            // The copy the update before it already wrote ([`adamw_copy`]).
+            let written_by_update = std::mem::take(&mut copy_written);
             let mut result = match (back, ins, zero_add) {
                 (Err(e), _, _) => Err(e),
+                (Ok(()), Instr::Copy { .. }, None) if written_by_update => Ok(None),
+                (Ok(()), Instr::AdamW { .. }, None)
+                    if let Some(dst) = self.step_adamw_copies.get(k).copied().flatten() =>
+                {
+                    match self.run_adamw_copy(ins, dst) {
+                        Ok(true) => {
+                            copy_written = true;
+                            Ok(None)
+                        }
+                        Ok(false) => self.exec(ins, r, None, Some(batch)),
+                        Err(e) => Err(e),
+                    }
+                }
                 (Ok(()), _, Some((src, out))) => self.move_buffer(src, out).map(|()| None),
                 (Ok(()), Instr::Copy { src, dst }, None)
                     if self.step_moves.get(k).copied().unwrap_or(false) =>
@@ -879,12 +900,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 let mut p = take(self, *param)?;
                 let mut mm = take(self, *m)?;
                 let mut vv = take(self, *v)?;
-                // Only gradients top-k exchanged (not those of a rank without a data-parallel
-                // group, nor experts' reduced over their own group).
-                let frozen = self
-                    .dp_comm
-                    .frozen_variance_after()
-                    .filter(|_| self.topk_grads.contains(grad));
+                let frozen = self.frozen_variance(*grad);
                 let r = self.get(*grad).and_then(|g| match frozen {
                     Some(f) => self
                         .backend
@@ -907,6 +923,15 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
         }
         Ok(None)
+    }
+
+    /// The update after which `grad`'s parameter keeps its second moment, where it does:
+    /// only gradients top-k exchanged (not those of a rank without a data-parallel group, nor
+    /// experts' reduced over their own group).
+    fn frozen_variance(&self, grad: BufferId) -> Option<u64> {
+        self.dp_comm
+            .frozen_variance_after()
+            .filter(|_| self.topk_grads.contains(&grad))
     }
 
     fn info(&self) -> Result<&'s program::RankInfo, RuntimeError> {

@@ -517,6 +517,20 @@ impl<D: Device> Backend for DeviceBackend<D> {
         ops::adamw(self, cfg, [param, m, v], grad, step, Some(frozen_after))
     }
 
+    fn adamw_copy(
+        &self,
+        cfg: &AdamWConfig,
+        [param, m, v]: [&mut Self::Buffer; 3],
+        grad: &Self::Buffer,
+        step: (u64, Option<u64>),
+        copy: &mut Option<Self::Buffer>,
+    ) -> Result<bool, RuntimeError> {
+        for x in [&mut *param, &mut *m, &mut *v] {
+            self.written(x);
+        }
+        ops::adamw_copy(self, cfg, [param, m, v], grad, step, copy)
+    }
+
     /// `x`'s twin where it has one (made by a GEMM that read it), else its words made now.
     fn stash_bf16(&self, mut x: Self::Buffer) -> Result<Stashed<Self::Buffer>, RuntimeError> {
         let words = match x.bf16.take() {

@@ -24,7 +24,7 @@ pub(super) use attention::{
     backward_kept as attention_backward_kept, forward_keeping as attention_forward_keeping,
 };
 pub(super) use context::run as context_op;
-pub(super) use optim::adamw;
+pub(super) use optim::{adamw, adamw_copy};
 pub(super) use vocab::run as vocab_shard;
 
 /// Whether op `kind` on inputs of `shapes` reads input `operand` only as the bf16 words a
