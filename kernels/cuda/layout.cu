@@ -55,3 +55,17 @@ extern "C" __global__ void strided_copy(float* dst, const float* src, Strided s,
         dst[to] = src[from];
     }
 }
+
+// Columns start .. start + len of each of x's `rows` rows of `cols` as bf16 words only (two to a
+// word, in order; len even): a last-axis split (q, k and v out of one fused projection) whose
+// parts are read only as words (attention's operands on the tensor cores), with no f32 copy.
+// One block per row.
+extern "C" __global__ void split_cols_words(float* y, const float* x, i64 rows, i64 cols, i64 start, i64 len) {
+    unsigned* words = (unsigned*)y;
+    int half = (int)(len / 2);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* src = x + r * cols + start;
+        unsigned* out = words + r * half;
+        for (int w = threadIdx.x; w < half; w += blockDim.x) out[w] = bf16_pair(src[2 * w], src[2 * w + 1]);
+    }
+}

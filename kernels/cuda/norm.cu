@@ -2,8 +2,22 @@
 // statistics in f64. The backward writes each row's statistics to `stats` so that the
 // parameter gradients (sums over rows, `norm_param_grads`) need not recompute them.
 
-extern "C" __global__ void layer_norm_forward(float* y, const float* x, const float* gamma, const float* beta,
-                                              i64 rows, i64 h, double eps) {
+// Row r of a norm's output, y[r·h + i] = f(i): f32, or (WORDS) only y's bf16 words, two to a
+// word in order (h even), for an output every reader of which reads words (a norm's output
+// that a linear multiplies next as bf16). The block's threads stride over the row.
+template <bool WORDS, class F>
+__device__ __forceinline__ void norm_put_row(float* y, i64 r, i64 h, F f) {
+    if (WORDS) {
+        unsigned* w = (unsigned*)y + r * (h / 2);
+        for (i64 j = threadIdx.x; j < h / 2; j += blockDim.x) w[j] = bf16_pair(f(2 * j), f(2 * j + 1));
+    } else {
+        for (i64 i = threadIdx.x; i < h; i += blockDim.x) y[r * h + i] = f(i);
+    }
+}
+
+template <bool WORDS>
+__device__ void layer_norm_forward_of(float* y, const float* x, const float* gamma, const float* beta, i64 rows,
+                                      i64 h, double eps) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + r * h;
         double s = 0.0;
@@ -12,9 +26,18 @@ extern "C" __global__ void layer_norm_forward(float* y, const float* x, const fl
         double q = 0.0;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) q += (xr[i] - mu) * (xr[i] - mu);
         double rstd = 1.0 / sqrt(block_sum(q) / (double)h + eps);
-        for (i64 i = threadIdx.x; i < h; i += blockDim.x)
-            y[r * h + i] = (float)((xr[i] - mu) * rstd * gamma[i] + beta[i]);
+        norm_put_row<WORDS>(y, r, h, [&](i64 i) { return (float)((xr[i] - mu) * rstd * gamma[i] + beta[i]); });
     }
+}
+
+extern "C" __global__ void layer_norm_forward(float* y, const float* x, const float* gamma, const float* beta,
+                                              i64 rows, i64 h, double eps) {
+    layer_norm_forward_of<false>(y, x, gamma, beta, rows, h, eps);
+}
+
+extern "C" __global__ void layer_norm_forward_words(float* y, const float* x, const float* gamma,
+                                                    const float* beta, i64 rows, i64 h, double eps) {
+    layer_norm_forward_of<true>(y, x, gamma, beta, rows, h, eps);
 }
 
 // dx = r·(d − mean(d) − x̂·mean(d·x̂)) with x̂ = (x − μ)·r and d = g·γ; stats[2r] = μ, stats[2r+1] = r.
@@ -63,15 +86,25 @@ extern "C" __global__ void layer_norm_backward_bf16x(float* dx, float* stats, co
     layer_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
 }
 
-extern "C" __global__ void rms_norm_forward(float* y, const float* x, const float* gamma, i64 rows, i64 h,
-                                            double eps) {
+template <bool WORDS>
+__device__ void rms_norm_forward_of(float* y, const float* x, const float* gamma, i64 rows, i64 h, double eps) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + r * h;
         double q = 0.0;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) q += (double)xr[i] * xr[i];
         double rs = 1.0 / sqrt(block_sum(q) / (double)h + eps);
-        for (i64 i = threadIdx.x; i < h; i += blockDim.x) y[r * h + i] = (float)(xr[i] * rs * gamma[i]);
+        norm_put_row<WORDS>(y, r, h, [&](i64 i) { return (float)(xr[i] * rs * gamma[i]); });
     }
+}
+
+extern "C" __global__ void rms_norm_forward(float* y, const float* x, const float* gamma, i64 rows, i64 h,
+                                            double eps) {
+    rms_norm_forward_of<false>(y, x, gamma, rows, h, eps);
+}
+
+extern "C" __global__ void rms_norm_forward_words(float* y, const float* x, const float* gamma, i64 rows, i64 h,
+                                                  double eps) {
+    rms_norm_forward_of<true>(y, x, gamma, rows, h, eps);
 }
 
 // dx = r·d − x·r³·mean(d·x) with d = g·γ; stats[2r] = 0, stats[2r+1] = r (LayerNorm's layout
@@ -186,8 +219,26 @@ __device__ __forceinline__ void norm_row_stats(const float* v, i64 h, int lane, 
 __device__ __forceinline__ i64 norm_warp() { return global_thread() / 32; }
 __device__ __forceinline__ i64 norm_warps() { return grid_threads() / 32; }
 
-extern "C" __global__ void layer_norm_forward_warp(float* y, const float* x, const float* gamma, const float* beta,
-                                                   i64 rows, i64 h, double eps) {
+// The warp's row r of a norm's output from the lane's values y_u at columns lane + 32u: f32,
+// or (WORDS) only bf16 words, two to a word in order (h even): an even lane pairs its value
+// with its odd neighbour's (a shuffle every lane takes part in).
+template <bool WORDS>
+__device__ __forceinline__ void norm_put_warp_row(float* y, i64 r, i64 h, int lane, const float* yu) {
+#pragma unroll
+    for (int u = 0; u < NORM_WARP_COLS; ++u) {
+        i64 i = lane + 32 * u;
+        if (WORDS) {
+            float odd = __shfl_xor_sync(FULL_WARP, yu[u], 1);
+            if (lane % 2 == 0 && i < h) ((unsigned*)y)[(r * h + i) / 2] = bf16_pair(yu[u], odd);
+        } else if (i < h) {
+            y[r * h + i] = yu[u];
+        }
+    }
+}
+
+template <bool WORDS>
+__device__ void layer_norm_forward_warp_of(float* y, const float* x, const float* gamma, const float* beta,
+                                           i64 rows, i64 h, double eps) {
     int lane = threadIdx.x % 32;
     for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
         float v[NORM_WARP_COLS];
@@ -197,9 +248,20 @@ extern "C" __global__ void layer_norm_forward_warp(float* y, const float* x, con
 #pragma unroll
         for (int u = 0; u < NORM_WARP_COLS; ++u) {
             i64 i = lane + 32 * u;
-            if (i < h) y[r * h + i] = (float)((v[u] - mu) * rstd * gamma[i] + beta[i]);
+            v[u] = i < h ? (float)((v[u] - mu) * rstd * gamma[i] + beta[i]) : 0.0f;
         }
+        norm_put_warp_row<WORDS>(y, r, h, lane, v);
     }
+}
+
+extern "C" __global__ void layer_norm_forward_warp(float* y, const float* x, const float* gamma, const float* beta,
+                                                   i64 rows, i64 h, double eps) {
+    layer_norm_forward_warp_of<false>(y, x, gamma, beta, rows, h, eps);
+}
+
+extern "C" __global__ void layer_norm_forward_warp_words(float* y, const float* x, const float* gamma,
+                                                         const float* beta, i64 rows, i64 h, double eps) {
+    layer_norm_forward_warp_of<true>(y, x, gamma, beta, rows, h, eps);
 }
 
 template <class X>
@@ -245,8 +307,9 @@ extern "C" __global__ void layer_norm_backward_warp_bf16x(float* dx, float* stat
     layer_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
 }
 
-extern "C" __global__ void rms_norm_forward_warp(float* y, const float* x, const float* gamma, i64 rows, i64 h,
-                                                 double eps) {
+template <bool WORDS>
+__device__ void rms_norm_forward_warp_of(float* y, const float* x, const float* gamma, i64 rows, i64 h,
+                                         double eps) {
     int lane = threadIdx.x % 32;
     for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
         float v[NORM_WARP_COLS];
@@ -258,9 +321,20 @@ extern "C" __global__ void rms_norm_forward_warp(float* y, const float* x, const
 #pragma unroll
         for (int u = 0; u < NORM_WARP_COLS; ++u) {
             i64 i = lane + 32 * u;
-            if (i < h) y[r * h + i] = (float)(v[u] * rs * gamma[i]);
+            v[u] = i < h ? (float)(v[u] * rs * gamma[i]) : 0.0f;
         }
+        norm_put_warp_row<WORDS>(y, r, h, lane, v);
     }
+}
+
+extern "C" __global__ void rms_norm_forward_warp(float* y, const float* x, const float* gamma, i64 rows, i64 h,
+                                                 double eps) {
+    rms_norm_forward_warp_of<false>(y, x, gamma, rows, h, eps);
+}
+
+extern "C" __global__ void rms_norm_forward_warp_words(float* y, const float* x, const float* gamma, i64 rows,
+                                                       i64 h, double eps) {
+    rms_norm_forward_warp_of<true>(y, x, gamma, rows, h, eps);
 }
 
 template <class X>

@@ -82,6 +82,18 @@ extern "C" __global__ void unary_forward(float* y, const float* x, i64 n, int op
     }
 }
 
+// unary_forward writing only y's bf16 words (two to a word, in order: y's twin), for a result
+// every reader of which reads words (a GELU's output, which the next linear multiplies as
+// bf16): half the bytes written, and no conversion after. One word per thread.
+extern "C" __global__ void unary_forward_words(float* y, const float* x, i64 n, int op, double p) {
+    unsigned* words = (unsigned*)y;
+    for (i64 w = global_thread(); 2 * w < n; w += grid_threads()) {
+        float lo = (float)unary_apply(op, p, (double)x[2 * w]);
+        float hi = 2 * w + 1 < n ? (float)unary_apply(op, p, (double)x[2 * w + 1]) : 0.0f;
+        words[w] = bf16_pair(lo, hi);
+    }
+}
+
 extern "C" __global__ void unary_backward(float* dx, const float* x, const float* g, i64 n, int op, double p) {
     i64 stride = grid_threads();
     for (i64 i0 = global_thread(); i0 < n; i0 += ILP * stride) {

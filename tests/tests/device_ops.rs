@@ -368,6 +368,73 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
     assert_eq!(run(&stashed), run(&from_f32));
 }
 
+/// Results made as bf16 words only (`Backend::forward_words`): a LayerNorm's and an RMSNorm's
+/// output (one warp per row at 48 wide, a block per row at 1030), a GELU's (odd length: the
+/// last word half empty) and a last-axis split's parts are, bit for bit, the words the stash
+/// keeps of the f32 forward's results; expanded, they are those results rounded to bf16. Odd
+/// rows and splits along another axis are not made so.
+#[test]
+fn results_made_as_words_are_the_f32_results_rounded() {
+    let b = emulator(64);
+    let gelu = OpKind::Gelu { tanh: true };
+    let ln = OpKind::LayerNorm { eps: 1e-5 };
+    let rms = OpKind::RmsNorm { eps: 1e-6 };
+    let split = |axis| OpKind::Split {
+        axis,
+        sizes: vec![4, 6, 2],
+    };
+    let mut cases: Vec<(OpKind, Vec<Tensor32>)> = vec![
+        (gelu.clone(), vec![tensor(&[3, 5, 7], 90)]),
+        (split(2), vec![tensor(&[2, 3, 12], 91)]),
+    ];
+    for h in [48usize, 1030] {
+        let x = tensor(&[3, 4, h], 92);
+        cases.push((
+            ln.clone(),
+            vec![x.clone(), tensor(&[h], 93), tensor(&[h], 94)],
+        ));
+        cases.push((rms.clone(), vec![x, tensor(&[h], 95)]));
+    }
+    let words_of = |x: runtime::DeviceBuffer<Vec<f32>>| {
+        let Stashed::Words(w) = b.stash_bf16(x).unwrap() else {
+            panic!("a device backend stashes");
+        };
+        w
+    };
+    for (kind, inputs) in &cases {
+        let bufs: Vec<_> = inputs.iter().map(|t| b.upload(t).unwrap()).collect();
+        let xs: Vec<_> = bufs.iter().collect();
+        let made = b
+            .forward_words(kind, &xs)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{kind:?} made as words"));
+        let plain = b.forward(kind, &xs, BINDING).unwrap();
+        assert_eq!(made.len(), plain.len());
+        for (mut m, p) in made.into_iter().zip(plain) {
+            assert_eq!(b.shape(&m), b.shape(&p), "{kind:?}");
+            let want = bf16(&b.download(&p).unwrap());
+            assert!(
+                b.download(&m).unwrap().data.iter().all(|v| v.is_nan()),
+                "{kind:?}: no f32 values written"
+            );
+            b.expand_stashed(&mut m).unwrap();
+            assert_eq!(b.download(&m).unwrap(), want, "{kind:?}: expanded");
+            // The stash keeps the words made (the expansion keeps them as the twin).
+            let (mw, pw) = (words_of(m), words_of(p));
+            assert_eq!(bits(&b, &[mw]), bits(&b, &[pw]), "{kind:?}: the words");
+        }
+    }
+    let odd = [tensor(&[2, 3, 7], 96), tensor(&[7], 97), tensor(&[7], 98)];
+    let odd: Vec<_> = odd.iter().map(|t| b.upload(t).unwrap()).collect();
+    assert!(
+        b.forward_words(&ln, &odd.iter().collect::<Vec<_>>())
+            .unwrap()
+            .is_none()
+    );
+    let x = b.upload(&tensor(&[12, 3], 99)).unwrap();
+    assert!(b.forward_words(&split(0), &[&x]).unwrap().is_none());
+}
+
 /// A norm's gradient reads a stashed input's bf16 words as they are (the `_bf16x` kernels): on
 /// the one-warp-per-row kernels (48 wide) and the block kernels (1030 wide), LayerNorm and
 /// RMSNorm equal, bit for bit, the gradients of the same values read as f32.

@@ -338,6 +338,24 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
         (updates, 0),
         "every update with its copy"
     );
+    // The norms' outputs feed only linears: made as bf16 words, never as f32
+    // (`exec/words_only.rs`).
+    let norms = tpl
+        .instrs
+        .iter()
+        .filter(|i| {
+            matches!(
+                i,
+                program::Instr::Compute {
+                    kind: ir::OpKind::LayerNorm { .. },
+                    ..
+                }
+            )
+        })
+        .count() as u64;
+    let words = t.get("layer_norm_forward_warp_words").launches
+        + t.get("layer_norm_forward_words").launches;
+    assert_eq!(words, norms, "every norm's output made as words");
     assert!(diff < 2e-2, "{diff}");
     assert!(losses.last() < losses.first(), "the loss falls");
 }

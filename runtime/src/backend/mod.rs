@@ -316,6 +316,20 @@ pub trait Backend: std::fmt::Debug {
         Ok(Stashed::Kept(x))
     }
 
+    /// The results of `kind` on `inputs` made as bf16 words only, where every reader of each
+    /// reads it only as words ([`Backend::reads_stashed_words`]) and the plan stores it in
+    /// bf16: each comes back with exact words and its f32 values not yet written
+    /// ([`Backend::expand_stashed`] writes them). `None`: not made so here (the executor then
+    /// runs [`Backend::forward`]).
+    fn forward_words(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<Vec<Self::Buffer>>, RuntimeError> {
+        let _ = (kind, inputs);
+        Ok(None)
+    }
+
     /// Attention's forward (`kind` an `Attention`) that also returns what its backward would
     /// otherwise recompute: each query row's log-sum-exp, FlashAttention-2's saved statistic
     /// (the program's `saves`). `None` where this backend keeps nothing (the executor then runs

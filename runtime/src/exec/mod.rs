@@ -105,6 +105,8 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     stash_off: bool,
     /// The buffers held as bf16 words now, by buffer ([`crate::Backend::stash_bf16`]).
     stashed: Vec<Option<B::Buffer>>,
+    /// Step instructions whose results are made as bf16 words only ([`words_only`]).
+    step_words: Vec<bool>,
     /// Buffers back from the stash whose f32 values are not yet expanded ([`words_only`]).
     words_only: Vec<bool>,
     /// Attention forwards that keep their row statistics for their gradients ([`kept`]).
@@ -190,7 +192,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
         }
         let backend_p2p = backend.has_device_collectives();
-        Ok(Executor {
+        let mut exec = Executor {
             set,
             rank,
             tpl,
@@ -214,6 +216,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             stash_off: false,
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
             words_only: vec![false; tpl.buffers.len()],
+            step_words: Vec::new(),
             peak_at: None,
             steps: 0,
             micro_batch: 0,
@@ -223,7 +226,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             topk_grads: std::collections::HashSet::new(),
             pending_sends: Vec::new(),
             device_p2p: backend_p2p && p2p::deadlock_free(set),
-        })
+        };
+        exec.step_words = exec.word_results();
+        Ok(exec)
     }
 
     pub fn rank(&self) -> u32 {
@@ -333,7 +338,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 }
                 (Ok(()), _, None) => match self.run_kept(k, ins) {
                     Ok(true) => Ok(None),
-                    Ok(false) => self.exec(ins, r, None, Some(batch)),
+                    Ok(false) => match self.run_words(k, ins) {
+                        Ok(true) => Ok(None),
+                        Ok(false) => self.exec(ins, r, None, Some(batch)),
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 },
             };

@@ -6,10 +6,31 @@
 //! every weight and every linear's input once in the backward only for the GEMM to read the
 //! words it was expanded from.
 
-use program::{BufferId, Instr};
+//!
+//! Results are made so too ([`Executor::word_results`], [`Backend::forward_words`]): a
+//! computation's result that the plan stores in bf16 and that every later reader reads only
+//! as words (a norm's or a GELU's output a linear multiplies next, attention's q, k and v out of
+//! their fused projection) is written as words alone, and neither its f32 values nor a
+//! conversion of them are ever made.
+
+use program::{BufferId, Elem, Instr, Role};
 
 use super::Executor;
 use crate::{Backend, Communicator, RuntimeError};
+
+/// What the readers of a buffer's value, from some point to the value's end, ask of it.
+#[derive(Clone, Copy)]
+struct Readers {
+    /// Every one reads it only as words.
+    words: bool,
+    count: usize,
+}
+
+/// A value no instruction reads yet, which ends (is freed or written again).
+const ENDS_UNREAD: Readers = Readers {
+    words: true,
+    count: 0,
+};
 
 impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// Whether `ins` reads `b` only as bf16 words: a computation each of whose operands that
@@ -28,6 +49,95 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
         let mut positions = inputs.iter().enumerate().filter(|(_, i)| **i == b);
         positions.all(|(p, _)| self.backend.reads_stashed_words(kind, &shapes, p))
+    }
+
+    /// Per step instruction, whether its results are made as words only: a computation each
+    /// result of which the plan stores in bf16 (an activation or its gradient, a matrix,
+    /// written whole, not in place) and every later reader of which reads it only as words,
+    /// until it is freed or written again (a value still live at the step's end is read
+    /// after it: not so). One pass from the last instruction back.
+    pub(super) fn word_results(&self) -> Vec<bool> {
+        let instrs = &self.tpl.instrs;
+        let mut ahead = vec![
+            Readers {
+                words: false,
+                count: 0
+            };
+            self.tpl.buffers.len()
+        ];
+        let mut out = vec![false; instrs.len()];
+        for (k, ins) in instrs.iter().enumerate().rev() {
+            if let Instr::Compute {
+                inputs, outputs, ..
+            } = ins
+            {
+                out[k] = !outputs.is_empty()
+                    && outputs.iter().all(|&o| {
+                        let r = ahead.get(o.index()).copied().unwrap_or(ENDS_UNREAD);
+                        r.words && r.count > 0 && !inputs.contains(&o) && self.stored_bf16(o)
+                    });
+            }
+            let (reads, writes) = program::verify::operands(ins);
+            let ended = match ins {
+                Instr::Alloc { buf } | Instr::Free { buf } => vec![*buf],
+                _ => writes,
+            };
+            for b in ended {
+                if let Some(r) = ahead.get_mut(b.index()) {
+                    *r = ENDS_UNREAD;
+                }
+            }
+            for b in reads {
+                let words = self.reads_words_only(ins, b);
+                if let Some(r) = ahead.get_mut(b.index()) {
+                    r.words &= words;
+                    r.count += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the plan stores `b` in bf16 as a matrix of activations or their gradients.
+    fn stored_bf16(&self, b: BufferId) -> bool {
+        self.tpl.buffer(b).is_some_and(|d| {
+            d.elem == Elem::Bf16
+                && d.shape.len() >= 2
+                && !d.partial
+                && matches!(d.role, Role::Activation | Role::ActGrad)
+        })
+    }
+
+    /// Runs step instruction `k` where [`Executor::word_results`] chose it and the backend
+    /// makes its results as words only; `false`: not here (it runs as usual).
+    pub(super) fn run_words(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
+        let Instr::Compute {
+            kind,
+            inputs,
+            outputs,
+            ..
+        } = ins
+        else {
+            return Ok(false);
+        };
+        if !self.step_words.get(k).copied().unwrap_or(false) {
+            return Ok(false);
+        }
+        let results = {
+            let xs = inputs
+                .iter()
+                .map(|&i| self.get(i))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.backend.forward_words(kind, &xs)?
+        };
+        let Some(results) = results.filter(|r| r.len() == outputs.len()) else {
+            return Ok(false);
+        };
+        for (t, &o) in results.into_iter().zip(outputs) {
+            self.put_buffer(o, t)?;
+            self.words_only[o.index()] = true;
+        }
+        Ok(true)
     }
 
     /// Expands the f32 values of each buffer `ins` reads (`reads`) that is held as words only,

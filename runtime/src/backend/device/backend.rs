@@ -547,6 +547,14 @@ impl<D: Device> Backend for DeviceBackend<D> {
         Ok(Stashed::Words(words))
     }
 
+    fn forward_words(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<Vec<Self::Buffer>>, RuntimeError> {
+        ops::forward_words(self, kind, inputs)
+    }
+
     fn attention_forward_keeping(
         &self,
         kind: &OpKind,

@@ -14,6 +14,7 @@ mod rotary;
 mod rows;
 mod table;
 mod vocab;
+mod words;
 
 use ir::{Binding, OpKind};
 
@@ -26,6 +27,7 @@ pub(super) use attention::{
 pub(super) use context::run as context_op;
 pub(super) use optim::{adamw, adamw_copy};
 pub(super) use vocab::run as vocab_shard;
+pub(super) use words::forward as forward_words;
 
 /// Whether op `kind` on inputs of `shapes` reads input `operand` only as the bf16 words a
 /// stash holds ([`crate::Backend::reads_stashed_words`]), or not at all: a bf16 product's

@@ -35,50 +35,66 @@ pub(super) fn norm_forward<D: Device>(
     eps: f64,
     xs: &[&Buf<D>],
 ) -> Result<Option<Buf<D>>, RuntimeError> {
-    let Some(((x, gamma, beta), rows, h)) = norm_operands::<D>(kind, xs) else {
+    let Some(((x, ..), ..)) = norm_operands::<D>(kind, xs) else {
         return Ok(None);
     };
     let mut y = b.alloc(&x.shape)?;
+    launch_norm_forward(b, kind, eps, xs, (&mut y.mem, false))?;
+    Ok(Some(y))
+}
+
+/// [`norm_forward`] writing only the output's bf16 words ([`super::words`]; rows of even
+/// width).
+pub(super) fn norm_forward_words<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    eps: f64,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some(((x, ..), _, h)) = norm_operands::<D>(kind, xs) else {
+        return Ok(None);
+    };
+    if !h.is_multiple_of(2) {
+        return Ok(None);
+    }
+    super::words::words_only(b, &x.shape, |w| {
+        launch_norm_forward(b, kind, eps, xs, (w, true))
+    })
+    .map(Some)
+}
+
+/// The forward kernel of a norm (warp or block, LayerNorm or RMSNorm), writing `y`: f32, or
+/// only bf16 words (`true`: the `_words` kernels).
+fn launch_norm_forward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    eps: f64,
+    xs: &[&Buf<D>],
+    (y, words): (&mut D::Mem, bool),
+) -> Result<(), RuntimeError> {
+    let Some(((x, gamma, beta), rows, h)) = norm_operands::<D>(kind, xs) else {
+        return Ok(());
+    };
     let block = b.device.block_size();
     let (grid, warp) = norm_grid(block, rows, h);
-    match beta {
-        Some(beta) => b.device.launch(
-            if warp {
-                "layer_norm_forward_warp"
-            } else {
-                "layer_norm_forward"
-            },
-            grid,
-            block,
-            &mut [
-                KernelArg::Out(&mut y.mem),
-                KernelArg::In(&x.mem),
-                KernelArg::In(&gamma.mem),
-                KernelArg::In(&beta.mem),
-                size(rows),
-                size(h),
-                KernelArg::F64(eps),
-            ],
-        )?,
-        None => b.device.launch(
-            if warp {
-                "rms_norm_forward_warp"
-            } else {
-                "rms_norm_forward"
-            },
-            grid,
-            block,
-            &mut [
-                KernelArg::Out(&mut y.mem),
-                KernelArg::In(&x.mem),
-                KernelArg::In(&gamma.mem),
-                size(rows),
-                size(h),
-                KernelArg::F64(eps),
-            ],
-        )?,
-    }
-    Ok(Some(y))
+    let kernel = match (beta.is_some(), warp, words) {
+        (true, true, false) => "layer_norm_forward_warp",
+        (true, true, true) => "layer_norm_forward_warp_words",
+        (true, false, false) => "layer_norm_forward",
+        (true, false, true) => "layer_norm_forward_words",
+        (false, true, false) => "rms_norm_forward_warp",
+        (false, true, true) => "rms_norm_forward_warp_words",
+        (false, false, false) => "rms_norm_forward",
+        (false, false, true) => "rms_norm_forward_words",
+    };
+    let mut args = vec![
+        KernelArg::Out(y),
+        KernelArg::In(&x.mem),
+        KernelArg::In(&gamma.mem),
+    ];
+    args.extend(beta.map(|beta| KernelArg::In(&beta.mem)));
+    args.extend([size(rows), size(h), KernelArg::F64(eps)]);
+    b.device.launch(kernel, grid, block, &mut args)
 }
 
 /// `norm.cu`'s NORM_WARP_COLS: the widest row its one-warp-per-row kernels take is 32 times it.

@@ -1,0 +1,115 @@
+//! Results made as bf16 words only ([`crate::Backend::forward_words`]): where every reader of
+//! a result reads it only as words (a linear's input, attention's q, k and v on the tensor
+//! cores), the kernel that makes it writes its bf16 words and no f32 values, which are
+//! expanded later only if something reads them (`exec/words_only.rs`). A bf16 plan stores the
+//! result so; the words are what a GEMM or the attention packs would have rounded it to, so
+//! nothing downstream changes. Made so: a norm's output (`*_norm_forward*_words`), a unary
+//! function's (`unary_forward_words`), a last-axis split's parts (`split_cols_words`).
+
+use ir::OpKind;
+use kernels::device::unary_code;
+
+use super::{Buf, row_grid, rows, size, stream_grid};
+use crate::RuntimeError;
+use crate::backend::device::{Device, DeviceBackend, KernelArg};
+
+/// The results of `kind` on `inputs` as words only, or `None` where it is not made so here.
+pub(in crate::backend::device) fn forward<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    inputs: &[&Buf<D>],
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    Ok(match (kind, inputs) {
+        (OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps }, _) => {
+            rows::norm_forward_words(b, kind, *eps, inputs)?.map(|y| vec![y])
+        }
+        (OpKind::Split { axis, sizes }, &[x]) => split(b, x, *axis, sizes)?,
+        (_, &[x]) if unary_code(kind).is_some() => Some(vec![unary(b, kind, x)?]),
+        _ => None,
+    })
+}
+
+/// A buffer of `shape` whose f32 values are not written and whose exact bf16 words `fill`
+/// writes (two to a word, in order).
+pub(super) fn words_only<D: Device>(
+    b: &DeviceBackend<D>,
+    shape: &[usize],
+    fill: impl FnOnce(&mut D::Mem) -> Result<(), RuntimeError>,
+) -> Result<Buf<D>, RuntimeError> {
+    let mut y = b.alloc(shape)?;
+    let mut words = b.device.alloc(y.len.div_ceil(2).max(1))?;
+    fill(&mut words)?;
+    if let Err(w) = y.bf16.set(words) {
+        b.device.release(w);
+    }
+    y.bf16_exact = true;
+    Ok(y)
+}
+
+fn unary<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    x: &Buf<D>,
+) -> Result<Buf<D>, RuntimeError> {
+    let (op, p) = unary_code(kind).unwrap_or_default();
+    let block = b.device.block_size();
+    words_only(b, &x.shape, |w| {
+        b.device.launch(
+            "unary_forward_words",
+            stream_grid(block, x.len.div_ceil(2)),
+            block,
+            &mut [
+                KernelArg::Out(w),
+                KernelArg::In(&x.mem),
+                size(x.len),
+                KernelArg::I32(op),
+                KernelArg::F64(p),
+            ],
+        )
+    })
+}
+
+/// `x`'s parts of `sizes` along its last axis (each even), as words only.
+fn split<D: Device>(
+    b: &DeviceBackend<D>,
+    x: &Buf<D>,
+    axis: usize,
+    sizes: &[u64],
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let Some((&cols, outer)) = x.shape.split_last() else {
+        return Ok(None);
+    };
+    let sizes: Option<Vec<usize>> = sizes.iter().map(|&s| usize::try_from(s).ok()).collect();
+    let Some(sizes) = sizes else { return Ok(None) };
+    let fits = axis + 1 == x.shape.len()
+        && sizes.iter().sum::<usize>() == cols
+        && sizes.iter().all(|s| s.is_multiple_of(2));
+    if !fits {
+        return Ok(None);
+    }
+    let rows: usize = outer.iter().product();
+    let block = b.device.block_size();
+    let mut parts = Vec::with_capacity(sizes.len());
+    let mut start = 0;
+    for len in sizes {
+        let mut shape = x.shape.clone();
+        shape[axis] = len;
+        parts.push(words_only(b, &shape, |w| {
+            b.device.launch(
+                "split_cols_words",
+                row_grid(rows),
+                block,
+                &mut [
+                    KernelArg::Out(w),
+                    KernelArg::In(&x.mem),
+                    size(rows),
+                    size(cols),
+                    size(start),
+                    size(len),
+                ],
+            )
+        })?);
+        start += len;
+    }
+    Ok(Some(parts))
+}
