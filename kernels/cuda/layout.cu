@@ -69,3 +69,17 @@ extern "C" __global__ void split_cols_words(float* y, const float* x, i64 rows, 
         for (int w = threadIdx.x; w < half; w += blockDim.x) out[w] = bf16_pair(src[2 * w], src[2 * w + 1]);
     }
 }
+
+// x ([rows, len], f32) placed at columns start .. start + len of y's rows of `cols` as bf16
+// words (two to a word, in order; start and len even): one part of a last-axis concatenation
+// made as words only (dq, dk, dv joined into the fused projection's output gradient, which
+// its linear reads only as words). One block per row.
+extern "C" __global__ void place_cols_words(float* y, const float* x, i64 rows, i64 cols, i64 start, i64 len) {
+    unsigned* words = (unsigned*)y;
+    int half = (int)(len / 2);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* src = x + r * len;
+        unsigned* out = words + (r * cols + start) / 2;
+        for (int w = threadIdx.x; w < half; w += blockDim.x) out[w] = bf16_pair(src[2 * w], src[2 * w + 1]);
+    }
+}

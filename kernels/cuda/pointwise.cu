@@ -94,6 +94,31 @@ extern "C" __global__ void unary_forward_words(float* y, const float* x, i64 n, 
     }
 }
 
+// unary_backward writing only dx's bf16 words (two to a word, in order), x read as f32
+// (`unary_backward_words`) or as its words (`_bf16x`): a GELU's input gradient, which the
+// linear before it reads only as words (its GEMMs and its bias's column sums). One word per
+// thread.
+template <class X>
+__device__ void unary_backward_words_of(float* dx, X x, const float* g, i64 n, int op, double p) {
+    unsigned* words = (unsigned*)dx;
+    for (i64 w = global_thread(); 2 * w < n; w += grid_threads()) {
+        float lo = (float)((double)g[2 * w] * unary_derivative(op, p, (double)x[2 * w]));
+        float hi = 2 * w + 1 < n ? (float)((double)g[2 * w + 1] * unary_derivative(op, p, (double)x[2 * w + 1]))
+                                 : 0.0f;
+        words[w] = bf16_pair(lo, hi);
+    }
+}
+
+extern "C" __global__ void unary_backward_words(float* dx, const float* x, const float* g, i64 n, int op,
+                                                double p) {
+    unary_backward_words_of(dx, XF32{x}, g, n, op, p);
+}
+
+extern "C" __global__ void unary_backward_words_bf16x(float* dx, const float* x, const float* g, i64 n, int op,
+                                                      double p) {
+    unary_backward_words_of(dx, XBf16{(const unsigned*)x}, g, n, op, p);
+}
+
 extern "C" __global__ void unary_backward(float* dx, const float* x, const float* g, i64 n, int op, double p) {
     i64 stride = grid_threads();
     for (i64 i0 = global_thread(); i0 < n; i0 += ILP * stride) {
@@ -308,7 +333,8 @@ extern "C" __global__ void column_sum(float* out, const float* x, i64 rows, i64 
 // The first pass of a column reduction over many rows (a bias's gradient): part[k, c] = Σ x[r, c]
 // over the rows r of chunk k (`chunk` rows each), one thread per (chunk, column), so that the
 // whole grid works instead of one thread per column.
-extern "C" __global__ void column_sum_chunks(float* part, const float* x, i64 rows, i64 cols, i64 chunk) {
+template <class X>
+__device__ void column_sum_chunks_of(float* part, X x, i64 rows, i64 cols, i64 chunk) {
     i64 chunks = (rows + chunk - 1) / chunk;
     for (i64 i = global_thread(); i < chunks * cols; i += grid_threads()) {
         i64 k = i / cols, c = i % cols;
@@ -317,6 +343,16 @@ extern "C" __global__ void column_sum_chunks(float* part, const float* x, i64 ro
         for (i64 r = k * chunk; r < end; ++r) total += x[r * cols + c];
         part[i] = (float)total;
     }
+}
+
+extern "C" __global__ void column_sum_chunks(float* part, const float* x, i64 rows, i64 cols, i64 chunk) {
+    column_sum_chunks_of(part, XF32{x}, rows, cols, chunk);
+}
+
+// column_sum_chunks of x given as its bf16 words (a linear's output gradient made as words:
+// its bias's gradient).
+extern "C" __global__ void column_sum_chunks_bf16x(float* part, const float* x, i64 rows, i64 cols, i64 chunk) {
+    column_sum_chunks_of(part, XBf16{(const unsigned*)x}, rows, cols, chunk);
 }
 
 // y[i] = value for i < n (a constant buffer: zeros for accumulators, a loss scale).

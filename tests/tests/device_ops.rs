@@ -369,10 +369,11 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
 }
 
 /// Results made as bf16 words only (`Backend::forward_words`): a LayerNorm's and an RMSNorm's
-/// output (one warp per row at 48 wide, a block per row at 1030), a GELU's (odd length: the
-/// last word half empty) and a last-axis split's parts are, bit for bit, the words the stash
-/// keeps of the f32 forward's results; expanded, they are those results rounded to bf16. Odd
-/// rows and splits along another axis are not made so.
+/// output (one warp per row at 48 wide, a block per row at 1030), a GELU's and its input
+/// gradient (odd length: the last word half empty), a last-axis split's parts and a last-axis
+/// concatenation are, bit for bit, the words the stash keeps of the f32 forward's results;
+/// expanded, they are those results rounded to bf16. Odd rows and splits along another axis
+/// are not made so.
 #[test]
 fn results_made_as_words_are_the_f32_results_rounded() {
     let b = emulator(64);
@@ -383,9 +384,21 @@ fn results_made_as_words_are_the_f32_results_rounded() {
         axis,
         sizes: vec![4, 6, 2],
     };
+    let gelu_grad = OpKind::Grad {
+        of: Box::new(gelu.clone()),
+        wrt: vec![0],
+    };
     let mut cases: Vec<(OpKind, Vec<Tensor32>)> = vec![
         (gelu.clone(), vec![tensor(&[3, 5, 7], 90)]),
         (split(2), vec![tensor(&[2, 3, 12], 91)]),
+        (
+            gelu_grad.clone(),
+            vec![tensor(&[3, 5, 7], 88), tensor(&[3, 5, 7], 89)],
+        ),
+        (
+            OpKind::Concat { axis: 2 },
+            [4, 6, 2].iter().map(|&w| tensor(&[2, 3, w], 87)).collect(),
+        ),
     ];
     for h in [48usize, 1030] {
         let x = tensor(&[3, 4, h], 92);
@@ -424,6 +437,23 @@ fn results_made_as_words_are_the_f32_results_rounded() {
             assert_eq!(bits(&b, &[mw]), bits(&b, &[pw]), "{kind:?}: the words");
         }
     }
+    // A GELU's gradient from its input's words (`unary_backward_words_bf16x`) is the one from
+    // the same values in f32.
+    let (x, g) = (
+        tensor(&[3, 5, 7], 86),
+        b.upload(&tensor(&[3, 5, 7], 85)).unwrap(),
+    );
+    let from_words = b
+        .forward_words(&gelu_grad, &[&words_only(&b, &x), &g])
+        .unwrap()
+        .expect("made as words");
+    let from_f32 = b
+        .forward_words(&gelu_grad, &[&b.upload(&bf16(&x)).unwrap(), &g])
+        .unwrap()
+        .expect("made as words");
+    let twin =
+        |v: Vec<runtime::DeviceBuffer<Vec<f32>>>| v.into_iter().map(words_of).collect::<Vec<_>>();
+    assert_eq!(bits(&b, &twin(from_words)), bits(&b, &twin(from_f32)));
     let odd = [tensor(&[2, 3, 7], 96), tensor(&[7], 97), tensor(&[7], 98)];
     let odd: Vec<_> = odd.iter().map(|t| b.upload(t).unwrap()).collect();
     assert!(
@@ -433,6 +463,41 @@ fn results_made_as_words_are_the_f32_results_rounded() {
     );
     let x = b.upload(&tensor(&[12, 3], 99)).unwrap();
     assert!(b.forward_words(&split(0), &[&x]).unwrap().is_none());
+}
+
+/// A bf16 linear's gradient reads an output gradient made as words (or back from the stash)
+/// as its twin, in both products and the bias's column sums (`column_sum_chunks_bf16x`): bit
+/// for bit the gradients of the same values given as f32.
+#[test]
+fn a_linears_gradient_reads_its_output_gradients_words() {
+    let b = emulator_bf16(32);
+    let linear = OpKind::Linear { bias: true };
+    let grad = OpKind::Grad {
+        of: Box::new(linear.clone()),
+        wrt: vec![0, 1, 2],
+    };
+    let (x, w, bias) = (
+        tensor(&[2, 8, 16], 81),
+        tensor(&[16, 24], 82),
+        tensor(&[24], 83),
+    );
+    let g = tensor(&[2, 8, 24], 84);
+    let shapes = [&x.shape[..], &w.shape[..], &bias.shape[..], &g.shape[..]];
+    assert!(
+        b.reads_stashed_words(&grad, &shapes, 3),
+        "the output gradient"
+    );
+    let odd = [&x.shape[..], &[16, 20][..], &[20][..], &[2, 8, 20][..]];
+    assert!(
+        !b.reads_stashed_words(&grad, &odd, 3),
+        "rows of 20: not whole 16-byte words"
+    );
+    let up = |t: &Tensor32| b.upload(t).unwrap();
+    let (xb, wb, bb) = (up(&x), up(&w), up(&bias));
+    let run = |g: &runtime::DeviceBuffer<Vec<f32>>| {
+        bits(&b, &b.forward(&grad, &[&xb, &wb, &bb, g], BINDING).unwrap())
+    };
+    assert_eq!(run(&words_only(&b, &g)), run(&up(&bf16(&g))));
 }
 
 /// A norm's gradient reads a stashed input's bf16 words as they are (the `_bf16x` kernels): on

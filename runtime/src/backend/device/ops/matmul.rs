@@ -167,7 +167,19 @@ pub(crate) fn reads_only_bf16_twin<D: Device>(
     shapes: &[&[usize]],
     operand: usize,
 ) -> bool {
-    if b.gemm_precision != GemmPrecision::Bf16 || operand > 1 {
+    if b.gemm_precision != GemmPrecision::Bf16 {
+        return false;
+    }
+    if let OpKind::Grad { of, .. } = kind
+        && matches!(**of, OpKind::MatMul | OpKind::Linear { .. })
+        && operand + 1 == shapes.len()
+        && operand >= 2
+    {
+        // The output gradient: both products and the bias's sums read its twin.
+        return product_of_shapes(of, &shapes[..operand])
+            .is_some_and(|p| g_twin_fits(&p) && shapes[operand] == out_shape(shapes[0], p.n));
+    }
+    if operand > 1 {
         return false;
     }
     let (of, wanted, operands) = match kind {
@@ -285,16 +297,26 @@ pub(super) fn backward<D: Device>(
         return Ok(None);
     }
     let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
-    // Both products read g ([m, n]); a bf16 plan's converts it once for the two.
-    let g16 =
-        if p.precision == GemmPrecision::Bf16 && p.batch == 1 && want(0) && want(1) && !empty(&p) {
-            b.device.bf16_operand(&g.mem, p.m, p.n)?
-        } else {
-            None
-        };
-    let (g_in, g_given) = match &g16 {
-        Some(m) => (m, true),
-        None => (&g.mem, false),
+    // Both products read g ([m, n]): as its twin where it has one (made as words), else a bf16
+    // plan's converts it once for the two.
+    let twin = g
+        .bf16
+        .get()
+        .filter(|_| p.precision == GemmPrecision::Bf16 && g_twin_fits(&p) && !empty(&p));
+    let g16 = if twin.is_none()
+        && p.precision == GemmPrecision::Bf16
+        && p.batch == 1
+        && want(0)
+        && want(1)
+        && !empty(&p)
+    {
+        b.device.bf16_operand(&g.mem, p.m, p.n)?
+    } else {
+        None
+    };
+    let (g_in, g_given) = match (twin, &g16) {
+        (Some(m), _) | (None, Some(m)) => (m, true),
+        (None, None) => (&g.mem, false),
     };
     let mut out = Vec::with_capacity(3);
     for i in 0..2 {
@@ -337,11 +359,18 @@ pub(super) fn backward<D: Device>(
     Ok(Some(out))
 }
 
-/// A bias's gradient: `g` summed over every row.
+/// A bias's gradient: `g` summed over every row (from its words where it has only those).
 fn bias_grad<D: Device>(
     b: &DeviceBackend<D>,
     g: &Buf<D>,
     n: usize,
 ) -> Result<Buf<D>, RuntimeError> {
     super::column_total(b, g, g.len / n.max(1), n)
+}
+
+/// Whether a product's output gradient can be read as its twin in a bf16 plan (`[m, n]` words,
+/// rows of whole 16-byte words, one matrix), as both of the linear's products and its bias's
+/// column sums then read it.
+fn g_twin_fits(p: &Product) -> bool {
+    p.batch == 1 && p.n.is_multiple_of(8)
 }

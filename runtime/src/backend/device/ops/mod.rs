@@ -496,13 +496,18 @@ fn column_total<D: Device>(
     let chunks = column_chunks(rows);
     let mut part = b.alloc(&[chunks, cols])?;
     let block = b.device.block_size();
+    // Made as words (or back from the stash), x's words are its values.
+    let (kernel, src) = match x.exact_bf16() {
+        Some(w) => ("column_sum_chunks_bf16x", w),
+        None => ("column_sum_chunks", &x.mem),
+    };
     b.device.launch(
-        "column_sum_chunks",
+        kernel,
         pointwise_grid(block, chunks * cols),
         block,
         &mut [
             KernelArg::Out(&mut part.mem),
-            KernelArg::In(&x.mem),
+            KernelArg::In(src),
             size(rows),
             size(cols),
             size(COLUMN_CHUNK),

@@ -4,7 +4,8 @@
 //! expanded later only if something reads them (`exec/words_only.rs`). A bf16 plan stores the
 //! result so; the words are what a GEMM or the attention packs would have rounded it to, so
 //! nothing downstream changes. Made so: a norm's output (`*_norm_forward*_words`), a unary
-//! function's (`unary_forward_words`), a last-axis split's parts (`split_cols_words`).
+//! function's (`unary_forward_words`) and its input gradient (`unary_backward_words*`), a
+//! last-axis split's parts (`split_cols_words`) and their gradient (`place_cols_words`).
 
 use ir::OpKind;
 use kernels::device::unary_code;
@@ -25,6 +26,16 @@ pub(in crate::backend::device) fn forward<D: Device>(
         }
         (OpKind::Split { axis, sizes }, &[x]) => split(b, x, *axis, sizes)?,
         (_, &[x]) if unary_code(kind).is_some() => Some(vec![unary(b, kind, x)?]),
+        (OpKind::Grad { of, wrt }, _) if wrt.as_slice() == [0] => match (&**of, inputs) {
+            (_, &[x, g]) if unary_code(of).is_some() && x.shape == g.shape => {
+                Some(vec![unary_backward(b, of, x, g)?])
+            }
+            (OpKind::Split { axis, .. }, [_, parts @ ..]) => {
+                concat(b, *axis, parts)?.map(|y| vec![y])
+            }
+            _ => None,
+        },
+        (OpKind::Concat { axis }, parts) => concat(b, *axis, parts)?.map(|y| vec![y]),
         _ => None,
     })
 }
@@ -69,6 +80,99 @@ fn unary<D: Device>(
     })
 }
 
+/// A unary function's input gradient from `x` (f32, or its words where it has only those)
+/// and the output gradient `g`.
+fn unary_backward<D: Device>(
+    b: &DeviceBackend<D>,
+    of: &OpKind,
+    x: &Buf<D>,
+    g: &Buf<D>,
+) -> Result<Buf<D>, RuntimeError> {
+    let (op, p) = unary_code(of).unwrap_or_default();
+    let (kernel, xm) = match x.exact_bf16() {
+        Some(w) => ("unary_backward_words_bf16x", w),
+        None => ("unary_backward_words", &x.mem),
+    };
+    let block = b.device.block_size();
+    words_only(b, &x.shape, |w| {
+        b.device.launch(
+            kernel,
+            stream_grid(block, x.len.div_ceil(2)),
+            block,
+            &mut [
+                KernelArg::Out(w),
+                KernelArg::In(xm),
+                KernelArg::In(&g.mem),
+                size(x.len),
+                KernelArg::I32(op),
+                KernelArg::F64(p),
+            ],
+        )
+    })
+}
+
+/// Rows, columns and the part widths of a buffer of `shape` cut along its last axis (`axis`)
+/// into parts of `sizes`, where each is even (its words are whole words of each row).
+fn last_axis_parts(
+    shape: &[usize],
+    axis: usize,
+    sizes: Vec<usize>,
+) -> Option<(usize, usize, Vec<usize>)> {
+    let (&cols, outer) = shape.split_last()?;
+    let fits = axis + 1 == shape.len()
+        && sizes.iter().sum::<usize>() == cols
+        && sizes.iter().all(|s| s.is_multiple_of(2));
+    fits.then(|| (outer.iter().product(), cols, sizes))
+}
+
+/// The parts (f32) joined along their last axis (`axis`) into a buffer made as words only: a
+/// concatenation, or the gradient of a last-axis split.
+fn concat<D: Device>(
+    b: &DeviceBackend<D>,
+    axis: usize,
+    parts: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some(first) = parts.first() else {
+        return Ok(None);
+    };
+    let same_rows = |p: &&Buf<D>| {
+        p.shape.len() == first.shape.len()
+            && axis + 1 == p.shape.len()
+            && p.shape[..axis] == first.shape[..axis]
+    };
+    if !parts.iter().all(same_rows) {
+        return Ok(None);
+    }
+    let sizes: Vec<usize> = parts.iter().map(|p| p.shape[axis]).collect();
+    let mut shape = first.shape.clone();
+    shape[axis] = sizes.iter().sum();
+    let Some((rows, cols, sizes)) = last_axis_parts(&shape, axis, sizes) else {
+        return Ok(None);
+    };
+    let block = b.device.block_size();
+    words_only(b, &shape, |w| {
+        let mut start = 0;
+        for (part, &len) in parts.iter().zip(&sizes) {
+            b.device.launch(
+                "place_cols_words",
+                row_grid(rows),
+                block,
+                &mut [
+                    KernelArg::Out(&mut *w),
+                    KernelArg::In(&part.mem),
+                    size(rows),
+                    size(cols),
+                    size(start),
+                    size(len),
+                ],
+            )?;
+            start += len;
+        }
+        Ok(())
+    })
+    .map(Some)
+}
+
 /// `x`'s parts of `sizes` along its last axis (each even), as words only.
 fn split<D: Device>(
     b: &DeviceBackend<D>,
@@ -76,18 +180,10 @@ fn split<D: Device>(
     axis: usize,
     sizes: &[u64],
 ) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
-    let Some((&cols, outer)) = x.shape.split_last() else {
+    let sizes: Option<Vec<usize>> = sizes.iter().map(|&s| usize::try_from(s).ok()).collect();
+    let Some((rows, cols, sizes)) = sizes.and_then(|s| last_axis_parts(&x.shape, axis, s)) else {
         return Ok(None);
     };
-    let sizes: Option<Vec<usize>> = sizes.iter().map(|&s| usize::try_from(s).ok()).collect();
-    let Some(sizes) = sizes else { return Ok(None) };
-    let fits = axis + 1 == x.shape.len()
-        && sizes.iter().sum::<usize>() == cols
-        && sizes.iter().all(|s| s.is_multiple_of(2));
-    if !fits {
-        return Ok(None);
-    }
-    let rows: usize = outer.iter().product();
     let block = b.device.block_size();
     let mut parts = Vec::with_capacity(sizes.len());
     let mut start = 0;
