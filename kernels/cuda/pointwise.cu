@@ -84,14 +84,32 @@ extern "C" __global__ void unary_forward(float* y, const float* x, i64 n, int op
 
 // unary_forward writing only y's bf16 words (two to a word, in order: y's twin), for a result
 // every reader of which reads words (a GELU's output, which the next linear multiplies as
-// bf16): half the bytes written, and no conversion after. One word per thread.
-extern "C" __global__ void unary_forward_words(float* y, const float* x, i64 n, int op, double p) {
-    unsigned* words = (unsigned*)y;
+// bf16): half the bytes written, and no conversion after. x is read as f32 or, in the `_bf16x`
+// kernels, as its words (a linear's output made as words: a GELU's input). One word per thread.
+template <bool WORDS, class X>
+__device__ void unary_forward_of(float* y, X x, i64 n, int op, double p) {
     for (i64 w = global_thread(); 2 * w < n; w += grid_threads()) {
         float lo = (float)unary_apply(op, p, (double)x[2 * w]);
         float hi = 2 * w + 1 < n ? (float)unary_apply(op, p, (double)x[2 * w + 1]) : 0.0f;
-        words[w] = bf16_pair(lo, hi);
+        if (WORDS) {
+            ((unsigned*)y)[w] = bf16_pair(lo, hi);
+        } else {
+            y[2 * w] = lo;
+            if (2 * w + 1 < n) y[2 * w + 1] = hi;
+        }
     }
+}
+
+extern "C" __global__ void unary_forward_words(float* y, const float* x, i64 n, int op, double p) {
+    unary_forward_of<true>(y, XF32{x}, n, op, p);
+}
+
+extern "C" __global__ void unary_forward_words_bf16x(float* y, const float* x, i64 n, int op, double p) {
+    unary_forward_of<true>(y, XBf16{(const unsigned*)x}, n, op, p);
+}
+
+extern "C" __global__ void unary_forward_bf16x(float* y, const float* x, i64 n, int op, double p) {
+    unary_forward_of<false>(y, XBf16{(const unsigned*)x}, n, op, p);
 }
 
 // unary_backward writing only dx's bf16 words (two to a word, in order), x read as f32
@@ -496,6 +514,19 @@ __device__ void add_bias_words(float4* y, const float4* bias, unsigned words, un
         v.z += b.z;
         v.w += b.w;
         y[i] = v;
+    }
+}
+
+// The words of y[r, c] + bias[c] (two to a word, in order; cols even) into `words`, y's own
+// values left as they are: a biased linear's output made as bf16 words alone (its readers read
+// only words), straight after its GEMM wrote y. One block per row.
+extern "C" __global__ void add_bias_to_words(float* words, const float* y, const float* bias, i64 n, i64 cols) {
+    unsigned* out = (unsigned*)words;
+    int half = (int)(cols / 2);
+    for (i64 r = blockIdx.x; r < n / cols; r += gridDim.x) {
+        const float* row = y + r * cols;
+        for (int w = threadIdx.x; w < half; w += blockDim.x)
+            out[r * half + w] = bf16_pair(row[2 * w] + bias[2 * w], row[2 * w + 1] + bias[2 * w + 1]);
     }
 }
 

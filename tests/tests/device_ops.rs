@@ -280,8 +280,8 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
             "the output gradient"
         );
         assert!(
-            !b.reads_stashed_words(&gelu, &shapes[..1], 0),
-            "the forward"
+            b.reads_stashed_words(&gelu, &shapes[..1], 0),
+            "the forward too (unary_forward_bf16x)"
         );
         let xb = words_only(&b, &x);
         let dyb = b.upload(&dy).unwrap();
@@ -370,13 +370,14 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
 
 /// Results made as bf16 words only (`Backend::forward_words`): a LayerNorm's and an RMSNorm's
 /// output (one warp per row at 48 wide, a block per row at 1030), a GELU's and its input
-/// gradient (odd length: the last word half empty), a last-axis split's parts and a last-axis
-/// concatenation are, bit for bit, the words the stash keeps of the f32 forward's results;
+/// gradient (odd length: the last word half empty), a last-axis split's parts, a last-axis
+/// concatenation and a biased linear's output (`add_bias_to_words`, bf16 GEMMs) are, bit for
+/// bit, the words the stash keeps of the f32 forward's results;
 /// expanded, they are those results rounded to bf16. Odd rows and splits along another axis
 /// are not made so.
 #[test]
 fn results_made_as_words_are_the_f32_results_rounded() {
-    let b = emulator(64);
+    let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
     let gelu = OpKind::Gelu { tanh: true };
     let ln = OpKind::LayerNorm { eps: 1e-5 };
     let rms = OpKind::RmsNorm { eps: 1e-6 };
@@ -398,6 +399,14 @@ fn results_made_as_words_are_the_f32_results_rounded() {
         (
             OpKind::Concat { axis: 2 },
             [4, 6, 2].iter().map(|&w| tensor(&[2, 3, w], 87)).collect(),
+        ),
+        (
+            OpKind::Linear { bias: true },
+            vec![
+                tensor(&[2, 3, 16], 84),
+                tensor(&[16, 10], 83),
+                tensor(&[10], 82),
+            ],
         ),
     ];
     for h in [48usize, 1030] {
@@ -426,8 +435,10 @@ fn results_made_as_words_are_the_f32_results_rounded() {
         for (mut m, p) in made.into_iter().zip(plain) {
             assert_eq!(b.shape(&m), b.shape(&p), "{kind:?}");
             let want = bf16(&b.download(&p).unwrap());
+            // (A linear's buffer holds its GEMM's product, the bias not added: not its values.)
+            let linear = matches!(kind, OpKind::Linear { .. });
             assert!(
-                b.download(&m).unwrap().data.iter().all(|v| v.is_nan()),
+                linear || b.download(&m).unwrap().data.iter().all(|v| v.is_nan()),
                 "{kind:?}: no f32 values written"
             );
             b.expand_stashed(&mut m).unwrap();
@@ -437,23 +448,31 @@ fn results_made_as_words_are_the_f32_results_rounded() {
             assert_eq!(bits(&b, &[mw]), bits(&b, &[pw]), "{kind:?}: the words");
         }
     }
-    // A GELU's gradient from its input's words (`unary_backward_words_bf16x`) is the one from
-    // the same values in f32.
+    // A GELU and its gradient from its input's words (`unary_forward_bf16x`,
+    // `unary_forward_words_bf16x`, `unary_backward_words_bf16x`) are the ones from the same
+    // values in f32.
     let (x, g) = (
         tensor(&[3, 5, 7], 86),
         b.upload(&tensor(&[3, 5, 7], 85)).unwrap(),
     );
-    let from_words = b
-        .forward_words(&gelu_grad, &[&words_only(&b, &x), &g])
-        .unwrap()
-        .expect("made as words");
-    let from_f32 = b
-        .forward_words(&gelu_grad, &[&b.upload(&bf16(&x)).unwrap(), &g])
-        .unwrap()
-        .expect("made as words");
     let twin =
         |v: Vec<runtime::DeviceBuffer<Vec<f32>>>| v.into_iter().map(words_of).collect::<Vec<_>>();
-    assert_eq!(bits(&b, &twin(from_words)), bits(&b, &twin(from_f32)));
+    for (kind, rest) in [(&gelu_grad, vec![&g]), (&gelu, vec![])] {
+        let shapes = vec![&x.shape[..]; 1 + rest.len()];
+        assert!(
+            b.reads_stashed_words(kind, &shapes, 0),
+            "{kind:?} reads x's words"
+        );
+        let run = |x: &runtime::DeviceBuffer<Vec<f32>>| {
+            let mut xs = vec![x];
+            xs.extend(&rest);
+            let made = b.forward_words(kind, &xs).unwrap().expect("made as words");
+            let plain = b.forward(kind, &xs, BINDING).unwrap();
+            (bits(&b, &twin(made)), bits(&b, &plain))
+        };
+        let from_words = run(&words_only(&b, &x));
+        assert_eq!(from_words, run(&b.upload(&bf16(&x)).unwrap()), "{kind:?}");
+    }
     let odd = [tensor(&[2, 3, 7], 96), tensor(&[7], 97), tensor(&[7], 98)];
     let odd: Vec<_> = odd.iter().map(|t| b.upload(t).unwrap()).collect();
     assert!(

@@ -248,20 +248,7 @@ pub(super) fn forward<D: Device>(
     let Some(((x, w, bias), p)) = operands::<D>(b.gemm_precision, kind, xs) else {
         return Ok(None);
     };
-    let shape = out_shape(&x.shape, p.n);
-    // An empty product (k = 0) is zeros, which no GEMM writes.
-    let mut y = if empty(&p) {
-        b.alloc_zeroed(&shape)?
-    } else {
-        b.alloc(&shape)?
-    };
-    if !empty(&p) {
-        let mut g = p.forward();
-        let (xm, x_given) = operand(b, x, p.k, p.batch == 1)?;
-        let (wm, w_given) = operand(b, w, p.n, !p.batched_w)?;
-        g.given_bf16 = [x_given, w_given];
-        b.device.gemm(&g, xm, wm, &mut y.mem)?;
-    }
+    let mut y = product_of(b, x, w, &p)?;
     if let Some(bias) = bias
         && y.len > 0
     {
@@ -278,6 +265,64 @@ pub(super) fn forward<D: Device>(
             ],
         )?;
     }
+    Ok(Some(y))
+}
+
+/// `x · w` into a new buffer (zeros for an empty product, which no GEMM writes).
+fn product_of<D: Device>(
+    b: &DeviceBackend<D>,
+    x: &Buf<D>,
+    w: &Buf<D>,
+    p: &Product,
+) -> Result<Buf<D>, RuntimeError> {
+    let shape = out_shape(&x.shape, p.n);
+    if empty(p) {
+        return b.alloc_zeroed(&shape);
+    }
+    let mut y = b.alloc(&shape)?;
+    let mut g = p.forward();
+    let (xm, x_given) = operand(b, x, p.k, p.batch == 1)?;
+    let (wm, w_given) = operand(b, w, p.n, !p.batched_w)?;
+    g.given_bf16 = [x_given, w_given];
+    b.device.gemm(&g, xm, wm, &mut y.mem)?;
+    Ok(y)
+}
+
+/// A biased linear's output made as bf16 words alone ([`super::words`]): the GEMM's product,
+/// then its words with the bias added (`add_bias_to_words`) as the twin of the product's
+/// buffer, whose f32 values count as not yet expanded. `None` without a bias, or for rows of
+/// odd width.
+pub(super) fn forward_words<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some(((x, w, Some(bias)), p)) = operands::<D>(b.gemm_precision, kind, xs) else {
+        return Ok(None);
+    };
+    if empty(&p) || !p.n.is_multiple_of(2) {
+        return Ok(None);
+    }
+    let mut y = product_of(b, x, w, &p)?;
+    let mut words = b.device.alloc(y.len.div_ceil(2))?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "add_bias_to_words",
+        super::row_grid(y.len / p.n),
+        block,
+        &mut [
+            KernelArg::Out(&mut words),
+            KernelArg::In(&y.mem),
+            KernelArg::In(&bias.mem),
+            super::size(y.len),
+            super::size(p.n),
+        ],
+    )?;
+    // The product's memory stays the output's f32 values, not yet expanded.
+    if let Err(w) = y.bf16.set(words) {
+        b.device.release(w);
+    }
+    y.bf16_exact = true;
     Ok(Some(y))
 }
 

@@ -57,7 +57,7 @@ pub(super) fn reads_stashed_words<D: Device>(
             operand == 0 && wrt == &[0] && table::grad_reads_no_table(shapes)
         }
         OpKind::Grad { of, wrt } => pointwise::grad_reads_words(of, wrt, shapes, operand),
-        _ => false,
+        _ => pointwise::reads_words(kind, shapes, operand),
     }
 }
 

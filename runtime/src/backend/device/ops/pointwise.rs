@@ -15,13 +15,18 @@ pub(super) fn forward<D: Device>(
     let block = b.device.block_size();
     if let (Some((op, p)), &[x]) = (unary_code(kind), inputs) {
         let mut y = b.alloc(&x.shape)?;
+        // Made as words (or back from the stash), x's words are its values.
+        let (kernel, xm, work) = match x.exact_bf16() {
+            Some(w) => ("unary_forward_bf16x", w, x.len.div_ceil(2)),
+            None => ("unary_forward", &x.mem, x.len),
+        };
         b.device.launch(
-            "unary_forward",
-            stream_grid(block, x.len),
+            kernel,
+            stream_grid(block, work),
             block,
             &mut [
                 KernelArg::Out(&mut y.mem),
-                KernelArg::In(&x.mem),
+                KernelArg::In(xm),
                 size(x.len),
                 KernelArg::I32(op),
                 KernelArg::F64(p),
@@ -50,6 +55,12 @@ pub(super) fn forward<D: Device>(
         ],
     )?;
     Ok(Some(y))
+}
+
+/// Whether a unary function reads its input only as words where it has them ([`forward`]:
+/// `unary_forward_bf16x`, or made as words: `unary_forward_words_bf16x`).
+pub(super) fn reads_words(kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
+    unary_code(kind).is_some() && operand == 0 && shapes.len() == 1
 }
 
 /// Whether the gradient of `of` (with respect to `wrt`, from inputs of `shapes`: `x` then the

@@ -3,14 +3,15 @@
 //! cores), the kernel that makes it writes its bf16 words and no f32 values, which are
 //! expanded later only if something reads them (`exec/words_only.rs`). A bf16 plan stores the
 //! result so; the words are what a GEMM or the attention packs would have rounded it to, so
-//! nothing downstream changes. Made so: a norm's output (`*_norm_forward*_words`), a unary
+//! nothing downstream changes. Made so: a biased linear's output (`add_bias_to_words`), a
+//! norm's output (`*_norm_forward*_words`), a unary
 //! function's (`unary_forward_words`) and its input gradient (`unary_backward_words*`), a
 //! last-axis split's parts (`split_cols_words`) and their gradient (`place_cols_words`).
 
 use ir::OpKind;
 use kernels::device::unary_code;
 
-use super::{Buf, row_grid, rows, size, stream_grid};
+use super::{Buf, matmul, row_grid, rows, size, stream_grid};
 use crate::RuntimeError;
 use crate::backend::device::{Device, DeviceBackend, KernelArg};
 
@@ -23,6 +24,9 @@ pub(in crate::backend::device) fn forward<D: Device>(
     Ok(match (kind, inputs) {
         (OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps }, _) => {
             rows::norm_forward_words(b, kind, *eps, inputs)?.map(|y| vec![y])
+        }
+        (OpKind::Linear { bias: true }, _) => {
+            matmul::forward_words(b, kind, inputs)?.map(|y| vec![y])
         }
         (OpKind::Split { axis, sizes }, &[x]) => split(b, x, *axis, sizes)?,
         (_, &[x]) if unary_code(kind).is_some() => Some(vec![unary(b, kind, x)?]),
@@ -63,15 +67,19 @@ fn unary<D: Device>(
     x: &Buf<D>,
 ) -> Result<Buf<D>, RuntimeError> {
     let (op, p) = unary_code(kind).unwrap_or_default();
+    let (kernel, xm) = match x.exact_bf16() {
+        Some(w) => ("unary_forward_words_bf16x", w),
+        None => ("unary_forward_words", &x.mem),
+    };
     let block = b.device.block_size();
     words_only(b, &x.shape, |w| {
         b.device.launch(
-            "unary_forward_words",
+            kernel,
             stream_grid(block, x.len.div_ceil(2)),
             block,
             &mut [
                 KernelArg::Out(w),
-                KernelArg::In(&x.mem),
+                KernelArg::In(xm),
                 size(x.len),
                 KernelArg::I32(op),
                 KernelArg::F64(p),
