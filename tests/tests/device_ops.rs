@@ -1316,6 +1316,20 @@ fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
     let y = b.forward(&router, &[&x, &w], BINDING).unwrap();
     assert_eq!(y.len(), 1);
     assert_eq!(b.transfer_stats().unwrap().since(before).host_ops, 1);
+    // The host path reads an operand held as bf16 words alone (its f32 values unwritten, NaN
+    // on the emulator) from its words.
+    let x_host = tensor(&[1, 3, 8], 29);
+    let from_words = b
+        .forward(&router, &[&words_only(&b, &x_host), &w], BINDING)
+        .unwrap();
+    let from_f32 = b
+        .forward(&router, &[&b.upload(&bf16(&x_host)).unwrap(), &w], BINDING)
+        .unwrap();
+    assert_eq!(
+        bits(&b, &from_words),
+        bits(&b, &from_f32),
+        "the words' values"
+    );
     // Malformed operands are reported by the CPU kernels, never launched.
     let bad = b.upload(&tensor(&[3, 4], 30)).unwrap();
     let err = b

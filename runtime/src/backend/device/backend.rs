@@ -262,10 +262,36 @@ impl<D: Device> DeviceBackend<D> {
         self.count_host_op(name);
         let host: Vec<Tensor32> = buffers
             .iter()
-            .map(|b| self.download(b))
+            .map(|b| self.host_values(b))
             .collect::<Result<_, _>>()?;
         let refs: Vec<&Tensor32> = host.iter().collect();
         run(&refs)
+    }
+
+    /// `x`'s values on the host: from its exact bf16 words where it has them (a buffer made as
+    /// words, or back from the stash, may have no f32 values written yet), else its f32.
+    fn host_values(&self, x: &DeviceBuffer<D::Mem>) -> Result<Tensor32, RuntimeError> {
+        let Some(words) = x.exact_bf16() else {
+            return self.download(x);
+        };
+        let t = &self.transfers;
+        let n = x.len.div_ceil(2);
+        Transfers::count(&t.downloads, &t.download_bytes, n);
+        let mut w = vec![0.0f32; n];
+        if n > 0 {
+            self.aborting_on_timeout(self.device.download(words, &mut w))?;
+        }
+        let data = (0..x.len)
+            .map(|i| {
+                let word = w[i / 2].to_bits();
+                f32::from_bits(if i % 2 == 0 {
+                    word << 16
+                } else {
+                    word & 0xffff_0000
+                })
+            })
+            .collect();
+        Tensor32::new(x.shape.clone(), data).map_err(RuntimeError::kernel("download"))
     }
 }
 
