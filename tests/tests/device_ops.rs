@@ -372,9 +372,9 @@ fn tensor_core_attention_packs_stashed_operands_from_their_words() {
 /// output (one warp per row at 48 wide, a block per row at 1030), a GELU's and its input
 /// gradient (odd length: the last word half empty), a last-axis split's parts, a last-axis
 /// concatenation and a biased linear's output (`add_bias_to_words`, bf16 GEMMs) are, bit for
-/// bit, the words the stash keeps of the f32 forward's results;
-/// expanded, they are those results rounded to bf16. Odd rows and splits along another axis
-/// are not made so.
+/// bit, the words the stash keeps of the f32 forward's results, and read back they are those
+/// results rounded to bf16; only kernels that write words ran. Odd rows and splits along
+/// another axis are not made so.
 #[test]
 fn results_made_as_words_are_the_f32_results_rounded() {
     let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
@@ -426,23 +426,31 @@ fn results_made_as_words_are_the_f32_results_rounded() {
     for (kind, inputs) in &cases {
         let bufs: Vec<_> = inputs.iter().map(|t| b.upload(t).unwrap()).collect();
         let xs: Vec<_> = bufs.iter().collect();
+        let before = b.launch_tally().expect("counted");
         let made = b
             .forward_words(kind, &xs)
             .unwrap()
             .unwrap_or_else(|| panic!("{kind:?} made as words"));
+        // Only kernels that write words ran (a linear's also convert its GEMM's operands).
+        let launched = b.launch_tally().expect("counted").since(&before);
+        let linear = matches!(kind, OpKind::Linear { .. });
+        for (name, _) in launched.by_bytes() {
+            assert!(
+                name.contains("words") || (linear && name == "to_bf16"),
+                "{kind:?}: {name} ran"
+            );
+        }
         let plain = b.forward(kind, &xs, BINDING).unwrap();
         assert_eq!(made.len(), plain.len());
         for (mut m, p) in made.into_iter().zip(plain) {
             assert_eq!(b.shape(&m), b.shape(&p), "{kind:?}");
             let want = bf16(&b.download(&p).unwrap());
-            // (A linear's buffer holds its GEMM's product, the bias not added: not its values.)
-            let linear = matches!(kind, OpKind::Linear { .. });
-            assert!(
-                linear || b.download(&m).unwrap().data.iter().all(|v| v.is_nan()),
-                "{kind:?}: no f32 values written"
+            assert_eq!(
+                b.download(&m).unwrap(),
+                want,
+                "{kind:?}: read from its words"
             );
             b.expand_stashed(&mut m).unwrap();
-            assert_eq!(b.download(&m).unwrap(), want, "{kind:?}: expanded");
             // The stash keeps the words made (the expansion keeps them as the twin).
             let (mw, pw) = (words_of(m), words_of(p));
             assert_eq!(bits(&b, &[mw]), bits(&b, &[pw]), "{kind:?}: the words");

@@ -42,6 +42,11 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         else {
             return Ok(false);
         };
+        // As `exec` does for every operand: an allocation never written reads as zeros (a
+        // gradient nothing contributed to this step).
+        for b in [*param, *grad, *m, *v] {
+            self.zero_if_pending(b)?;
+        }
         let [p, mm, vv] =
             [*param, *m, *v].map(|b| self.bufs.get_mut(b.index()).and_then(Option::take));
         let (Some(mut p), Some(mut mm), Some(mut vv)) = (p, mm, vv) else {

@@ -591,7 +591,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         Ok(())
     }
 
-    fn zero_if_pending(&mut self, b: BufferId) -> Result<(), RuntimeError> {
+    pub(super) fn zero_if_pending(&mut self, b: BufferId) -> Result<(), RuntimeError> {
         if self.zero_on_read.get(b.index()).copied().unwrap_or(false) {
             let z = self.backend.zeros(&self.decl_shape(b)?)?;
             self.zero_on_read[b.index()] = false;
@@ -1062,6 +1062,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         else {
             return Ok(false);
         };
+        if self.kept_plan.forward.get(k).is_some_and(Option::is_some)
+            || self.kept_plan.grad.get(k).is_some_and(Option::is_some)
+        {
+            // As `exec` does for every operand: an allocation never written reads as zeros.
+            for &b in inputs {
+                self.zero_if_pending(b)?;
+            }
+        }
         if let Some(keep) = self.kept_plan.forward.get(k).copied().flatten() {
             let xs = inputs
                 .iter()

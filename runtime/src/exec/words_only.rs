@@ -123,6 +123,10 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         if !self.step_words.get(k).copied().unwrap_or(false) {
             return Ok(false);
         }
+        // As `exec` does for every operand: an allocation never written reads as zeros.
+        for &b in inputs {
+            self.zero_if_pending(b)?;
+        }
         let results = {
             let xs = inputs
                 .iter()

@@ -262,18 +262,19 @@ impl<D: Device> DeviceBackend<D> {
         self.count_host_op(name);
         let host: Vec<Tensor32> = buffers
             .iter()
-            .map(|b| self.host_values(b))
+            .map(|b| self.download(b))
             .collect::<Result<_, _>>()?;
         let refs: Vec<&Tensor32> = host.iter().collect();
         run(&refs)
     }
 
-    /// `x`'s values on the host: from its exact bf16 words where it has them (a buffer made as
-    /// words, or back from the stash, may have no f32 values written yet), else its f32.
-    fn host_values(&self, x: &DeviceBuffer<D::Mem>) -> Result<Tensor32, RuntimeError> {
-        let Some(words) = x.exact_bf16() else {
-            return self.download(x);
-        };
+    /// `x`'s values on the host from its exact bf16 words (a buffer made as words, or back
+    /// from the stash, may have no f32 values written yet).
+    fn download_words(
+        &self,
+        x: &DeviceBuffer<D::Mem>,
+        words: &D::Mem,
+    ) -> Result<Tensor32, RuntimeError> {
         let t = &self.transfers;
         let n = x.len.div_ceil(2);
         Transfers::count(&t.downloads, &t.download_bytes, n);
@@ -338,7 +339,12 @@ impl<D: Device> Backend for DeviceBackend<D> {
         Ok(buf)
     }
 
+    /// From the buffer's exact bf16 words where it has them (its f32 values may not be
+    /// written), else its f32 values.
     fn download(&self, buffer: &Self::Buffer) -> Result<Tensor32, RuntimeError> {
+        if let Some(words) = buffer.exact_bf16() {
+            return self.download_words(buffer, words);
+        }
         let t = &self.transfers;
         Transfers::count(&t.downloads, &t.download_bytes, buffer.len);
         let mut data = vec![0.0f32; buffer.len];

@@ -2,8 +2,10 @@
 //! a result reads it only as words (a linear's input, attention's q, k and v on the tensor
 //! cores), the kernel that makes it writes its bf16 words and no f32 values, which are
 //! expanded later only if something reads them (`exec/words_only.rs`). A bf16 plan stores the
-//! result so; the words are what a GEMM or the attention packs would have rounded it to, so
-//! nothing downstream changes. Made so: a biased linear's output (`add_bias_to_words`), a
+//! result so. Where the readers are GEMMs or the attention packs, the words are what they would
+//! have rounded it to; a GELU on a linear's output and a bias's column sums over an output
+//! gradient now read bf16-rounded values where they read f32 before, as engines that store
+//! activations in bf16 do. Made so: a biased linear's output (`add_bias_to_words`), a
 //! norm's output (`*_norm_forward*_words`), a unary
 //! function's (`unary_forward_words`) and its input gradient (`unary_backward_words*`), a
 //! last-axis split's parts (`split_cols_words`) and their gradient (`place_cols_words`).
@@ -34,9 +36,9 @@ pub(in crate::backend::device) fn forward<D: Device>(
             (_, &[x, g]) if unary_code(of).is_some() && x.shape == g.shape => {
                 Some(vec![unary_backward(b, of, x, g)?])
             }
-            (OpKind::Split { axis, .. }, [_, parts @ ..]) => {
-                concat(b, *axis, parts)?.map(|y| vec![y])
-            }
+            (OpKind::Split { axis, .. }, [x, parts @ ..]) => concat(b, *axis, parts)?
+                .filter(|y| y.shape == x.shape)
+                .map(|y| vec![y]),
             _ => None,
         },
         (OpKind::Concat { axis }, parts) => concat(b, *axis, parts)?.map(|y| vec![y]),
