@@ -20,7 +20,10 @@ __device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float g,
 
 #define ADAMW_PASS beta1, beta2, eps, step_size, decay, bias2_sqrt, frozen_bias2_sqrt, frozen
 
-extern "C" __global__ void adamw_step(float* param, float* m, float* v, const float* grad, i64 n, ADAMW_ARGS) {
+// The gradient is read as f32 (XF32) or, in the `_bf16g` kernels, as its bf16 words (XBf16: a
+// bf16 plan's gradient held in the stash until the update, read with no f32 expansion first).
+template <class G>
+__device__ void adamw_step_of(float* param, float* m, float* v, G grad, i64 n, ADAMW_ARGS) {
     // Two elements per thread in flight (eight loads: each element reads four tensors).
     i64 stride = grid_threads();
     for (i64 i0 = global_thread(); i0 < n; i0 += 2 * stride) {
@@ -46,13 +49,23 @@ extern "C" __global__ void adamw_step(float* param, float* m, float* v, const fl
     }
 }
 
+extern "C" __global__ void adamw_step(float* param, float* m, float* v, const float* grad, i64 n, ADAMW_ARGS) {
+    adamw_step_of(param, m, v, XF32{grad}, n, ADAMW_PASS);
+}
+
+extern "C" __global__ void adamw_step_bf16g(float* param, float* m, float* v, const float* grad, i64 n,
+                                            ADAMW_ARGS) {
+    adamw_step_of(param, m, v, XBf16{(const unsigned*)grad}, n, ADAMW_PASS);
+}
+
 // adamw_step that also writes the updated parameter to `copy` (a mixed-precision program's
 // compute copy, which it copies the master weight to next) and, where `words` is not null, its
 // bf16 words (two to a word, in order: the copy's twin, which the next forward's GEMM reads
 // instead of converting the copy): one pass instead of the update, a copy and a conversion.
 // Each thread updates a pair of neighbours, whose two bf16 make one word.
-extern "C" __global__ void adamw_step_copy(float* param, float* m, float* v, float* copy, float* words,
-                                           const float* grad, i64 n, ADAMW_ARGS) {
+template <class G>
+__device__ void adamw_step_copy_of(float* param, float* m, float* v, float* copy, float* words, G grad, i64 n,
+                                   ADAMW_ARGS) {
     for (i64 j = global_thread(); 2 * j < n; j += grid_threads()) {
         float gs[2] = {0.0f, 0.0f}, ps[2] = {0.0f, 0.0f}, ms[2] = {0.0f, 0.0f}, vs[2] = {0.0f, 0.0f};
         int count = 2 * j + 1 < n ? 2 : 1;
@@ -73,4 +86,14 @@ extern "C" __global__ void adamw_step_copy(float* param, float* m, float* v, flo
         }
         if (words) ((unsigned*)words)[j] = bf16_pair(ps[0], ps[1]);
     }
+}
+
+extern "C" __global__ void adamw_step_copy(float* param, float* m, float* v, float* copy, float* words,
+                                           const float* grad, i64 n, ADAMW_ARGS) {
+    adamw_step_copy_of(param, m, v, copy, words, XF32{grad}, n, ADAMW_PASS);
+}
+
+extern "C" __global__ void adamw_step_copy_bf16g(float* param, float* m, float* v, float* copy, float* words,
+                                                 const float* grad, i64 n, ADAMW_ARGS) {
+    adamw_step_copy_of(param, m, v, copy, words, XBf16{(const unsigned*)grad}, n, ADAMW_PASS);
 }

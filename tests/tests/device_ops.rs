@@ -1202,6 +1202,46 @@ fn adamw_with_its_copy_equals_the_update_then_the_copy() {
     }
 }
 
+/// AdamW reads a gradient held as bf16 words alone (`adamw_step_bf16g`,
+/// `adamw_step_copy_bf16g`: back from the stash for its update): bit for bit the update from
+/// the same values in f32.
+#[test]
+fn adamw_reads_a_stashed_gradients_words() {
+    let b = emulator_bf16(32);
+    assert!(b.adamw_reads_grad_words());
+    let cfg = AdamWConfig::default();
+    let shape = [6usize, 7];
+    let (p, g, m) = (tensor(&shape, 25), tensor(&shape, 26), tensor(&shape, 27));
+    let v = positive(&shape, 28, 0.0);
+    let run = |grad: &runtime::DeviceBuffer<Vec<f32>>, with_copy: bool| {
+        let up = |t: &Tensor32| b.upload(t).unwrap();
+        let (mut pb, mut mb, mut vb) = (up(&p), up(&m), up(&v));
+        let mut copy = None;
+        if with_copy {
+            assert!(
+                b.adamw_copy(
+                    &cfg,
+                    [&mut pb, &mut mb, &mut vb],
+                    grad,
+                    (1, None),
+                    &mut copy
+                )
+                .unwrap()
+            );
+        } else {
+            b.adamw(&cfg, &mut pb, grad, &mut mb, &mut vb, 1).unwrap();
+        }
+        let mut all = vec![pb, mb, vb];
+        all.extend(copy);
+        bits(&b, &all)
+    };
+    for with_copy in [false, true] {
+        let from_words = run(&words_only(&b, &g), with_copy);
+        let from_f32 = run(&b.upload(&bf16(&g)).unwrap(), with_copy);
+        assert_eq!(from_words, from_f32, "with the copy: {with_copy}");
+    }
+}
+
 /// Mixtral's router (softmax, top 2 renormalized), Qwen-MoE's (unnormalized shares) and
 /// DeepSeek-V3's (sigmoid, the best 2 of 4 groups), then SwiGLU experts on real gates (zero
 /// for the experts not chosen).

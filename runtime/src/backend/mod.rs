@@ -287,6 +287,12 @@ pub trait Backend: std::fmt::Debug {
         Ok(false)
     }
 
+    /// Whether [`Backend::adamw`] and its kin read a gradient's exact bf16 words where it has
+    /// them (then the executor brings a stashed gradient back for its update as words alone).
+    fn adamw_reads_grad_words(&self) -> bool {
+        false
+    }
+
     /// Whether this backend carries tensor-parallel partial sums in f64 (reproducible mode):
     /// then the executor reduces every buffer codegen marks `partial` in f64.
     fn wide_partial_sums(&self) -> bool {

@@ -36,6 +36,14 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// Whether `ins` reads `b` only as bf16 words: a computation each of whose operands that
     /// is `b` the backend reads so ([`Backend::reads_stashed_words`]).
     pub(super) fn reads_words_only(&self, ins: &Instr, b: BufferId) -> bool {
+        if let Instr::AdamW {
+            grad, param, m, v, ..
+        } = ins
+        {
+            return *grad == b
+                && ![*param, *m, *v].contains(&b)
+                && self.backend.adamw_reads_grad_words();
+        }
         let Instr::Compute { kind, inputs, .. } = ins else {
             return false;
         };
@@ -161,11 +169,18 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         Ok(())
     }
 
-    /// Expands every buffer still held as words only (a step's end: state read between steps
-    /// is f32).
+    /// Expands every buffer still held as words only that is state read between steps
+    /// (parameters and optimizer state: f32 from outside). Gradients stay as words: only the
+    /// program reads them, and each of its reads expands them first or reads the words.
     pub(super) fn expand_all_words(&mut self) -> Result<(), RuntimeError> {
         for i in 0..self.words_only.len() {
-            if self.words_only[i] {
+            let gradient = self.tpl.buffer(BufferId(i as u32)).is_some_and(|d| {
+                matches!(
+                    d.role,
+                    Role::Grad(_) | Role::GradSlice(_) | Role::GradPart(_)
+                )
+            });
+            if self.words_only[i] && !gradient {
                 self.expand_words(BufferId(i as u32))?;
             }
         }

@@ -549,6 +549,10 @@ impl<D: Device> Backend for DeviceBackend<D> {
         ops::adamw(self, cfg, [param, m, v], grad, step, Some(frozen_after))
     }
 
+    fn adamw_reads_grad_words(&self) -> bool {
+        true
+    }
+
     fn adamw_copy(
         &self,
         cfg: &AdamWConfig,

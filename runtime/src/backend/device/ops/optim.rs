@@ -21,17 +21,18 @@ pub(in crate::backend::device) fn adamw<D: Device>(
     }
     let n = param.len;
     let block = b.device.block_size();
+    let (kernel, g) = grad_words(grad, ["adamw_step", "adamw_step_bf16g"]);
     let mut args = vec![
         KernelArg::Out(&mut param.mem),
         KernelArg::Out(&mut m.mem),
         KernelArg::Out(&mut v.mem),
-        KernelArg::In(&grad.mem),
+        KernelArg::In(g),
         size(n),
     ];
     args.extend(scalars(cfg, step, frozen_after));
     // Each thread updates two elements (adamw.cu).
     b.device.launch(
-        "adamw_step",
+        kernel,
         pointwise_grid(block, n.div_ceil(2)),
         block,
         &mut args,
@@ -64,19 +65,20 @@ pub(in crate::backend::device) fn adamw_copy<D: Device>(
         .then(|| b.device.alloc(n.div_ceil(2).max(1)))
         .transpose()?;
     let block = b.device.block_size();
+    let (kernel, g) = grad_words(grad, ["adamw_step_copy", "adamw_step_copy_bf16g"]);
     let mut args = vec![
         KernelArg::Out(&mut param.mem),
         KernelArg::Out(&mut m.mem),
         KernelArg::Out(&mut v.mem),
         KernelArg::Out(&mut out.mem),
         words.as_mut().map_or(KernelArg::Null, KernelArg::Out),
-        KernelArg::In(&grad.mem),
+        KernelArg::In(g),
         size(n),
     ];
     args.extend(scalars(cfg, step, frozen_after));
     // Each thread updates a pair of neighbours (adamw.cu).
     let launched = b.device.launch(
-        "adamw_step_copy",
+        kernel,
         pointwise_grid(block, n.div_ceil(2)),
         block,
         &mut args,
@@ -89,6 +91,19 @@ pub(in crate::backend::device) fn adamw_copy<D: Device>(
     }
     *copy = Some(out);
     launched.map(|()| true)
+}
+
+/// The kernel of `[f32 gradient, gradient as words]` and what it reads: the gradient's exact
+/// bf16 words where it has them (held in the stash until the update, it comes back as words
+/// alone: [`crate::Backend::adamw_reads_grad_words`]), else its f32 values.
+fn grad_words<'g, M>(
+    grad: &'g DeviceBuffer<M>,
+    [f32_kernel, words_kernel]: [&'static str; 2],
+) -> (&'static str, &'g M) {
+    match grad.exact_bf16() {
+        Some(w) => (words_kernel, w),
+        None => (f32_kernel, &grad.mem),
+    }
 }
 
 /// Whether the device kernels take this update: a step counted from 1, and the gradient and
