@@ -31,10 +31,10 @@ pub(in crate::backend::device) fn forward<D: Device>(
             matmul::forward_words(b, kind, inputs)?.map(|y| vec![y])
         }
         (OpKind::Split { axis, sizes }, &[x]) => split(b, x, *axis, sizes)?,
-        (_, &[x]) if unary_code(kind).is_some() => Some(vec![unary(b, kind, x)?]),
+        (_, &[x]) if unary_code(kind).is_some() => Some(vec![unary(b, kind, x, None)?]),
         (OpKind::Grad { of, wrt }, _) if wrt.as_slice() == [0] => match (&**of, inputs) {
             (_, &[x, g]) if unary_code(of).is_some() && x.shape == g.shape => {
-                Some(vec![unary_backward(b, of, x, g)?])
+                Some(vec![unary(b, of, x, Some(g))?])
             }
             (OpKind::Split { axis, .. }, [x, parts @ ..]) => concat(b, *axis, parts)?
                 .filter(|y| y.shape == x.shape)
@@ -63,60 +63,32 @@ pub(super) fn words_only<D: Device>(
     Ok(y)
 }
 
+/// A unary function of `x` (f32, or its words where it has only those), or with the output
+/// gradient `g` its input gradient (`unary_forward_words*`, `unary_backward_words*`).
 fn unary<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     x: &Buf<D>,
+    g: Option<&Buf<D>>,
 ) -> Result<Buf<D>, RuntimeError> {
     let (op, p) = unary_code(kind).unwrap_or_default();
-    let (kernel, xm) = match x.exact_bf16() {
-        Some(w) => ("unary_forward_words_bf16x", w),
-        None => ("unary_forward_words", &x.mem),
+    let kernel = match (g.is_some(), x.exact_bf16().is_some()) {
+        (false, false) => "unary_forward_words",
+        (false, true) => "unary_forward_words_bf16x",
+        (true, false) => "unary_backward_words",
+        (true, true) => "unary_backward_words_bf16x",
     };
+    let xm = x.exact_bf16().unwrap_or(&x.mem);
     let block = b.device.block_size();
     words_only(b, &x.shape, |w| {
+        let mut args = vec![KernelArg::Out(w), KernelArg::In(xm)];
+        args.extend(g.map(|g| KernelArg::In(&g.mem)));
+        args.extend([size(x.len), KernelArg::I32(op), KernelArg::F64(p)]);
         b.device.launch(
             kernel,
             stream_grid(block, x.len.div_ceil(2)),
             block,
-            &mut [
-                KernelArg::Out(w),
-                KernelArg::In(xm),
-                size(x.len),
-                KernelArg::I32(op),
-                KernelArg::F64(p),
-            ],
-        )
-    })
-}
-
-/// A unary function's input gradient from `x` (f32, or its words where it has only those)
-/// and the output gradient `g`.
-fn unary_backward<D: Device>(
-    b: &DeviceBackend<D>,
-    of: &OpKind,
-    x: &Buf<D>,
-    g: &Buf<D>,
-) -> Result<Buf<D>, RuntimeError> {
-    let (op, p) = unary_code(of).unwrap_or_default();
-    let (kernel, xm) = match x.exact_bf16() {
-        Some(w) => ("unary_backward_words_bf16x", w),
-        None => ("unary_backward_words", &x.mem),
-    };
-    let block = b.device.block_size();
-    words_only(b, &x.shape, |w| {
-        b.device.launch(
-            kernel,
-            stream_grid(block, x.len.div_ceil(2)),
-            block,
-            &mut [
-                KernelArg::Out(w),
-                KernelArg::In(xm),
-                KernelArg::In(&g.mem),
-                size(x.len),
-                KernelArg::I32(op),
-                KernelArg::F64(p),
-            ],
+            &mut args,
         )
     })
 }
