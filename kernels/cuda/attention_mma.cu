@@ -61,60 +61,25 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 #endif
 }
 
-// Rows of a tensor the kernels read, padded to whole blocks (zero rows past `n`).
-__device__ i64 mma_pad(i64 n) { return (n + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS * MMA_BLOCK_ROWS; }
+// The operands as the kernels read them: q, k, v and dO as bf16 words in their own layout
+// [batch, n, heads, d] (two to a word, in order: a bf16 plan's words of them, made by the
+// kernel that wrote them, back from the stash, or one `to_bf16` of f32 values), so that no
+// copy gathers each head's rows first. A head's rows are `heads·d/2` words apart; a tile's rows
+// past `n` read as zeros. Each head row is d/2 words, whole 16-byte words for d a multiple of 8.
+struct MmaHead {
+    const unsigned* base;  // row 0 of the head
+    i64 stride;            // words from one row to the next
+    i64 rows;              // n: rows past it are zeros
+};
 
-// The operands in the kernels' layout, made once per attention (the tiles then copy 16-byte
-// words, with no conversion in the loop): x [batch, n, heads, d] as bf16 words, each head's
-// rows together ([batch·heads, n_pad, d/2], `attn_pack_rows`); zero past `n`.
-// (Their index arithmetic is 32-bit, unsigned: a 64-bit division costs several times as much,
-// and the packed words of one attention's operand number far fewer than 2³².)
-// The element of x [batch, n, heads, d] at which packed word i (< the packed count) starts
-// (its pair's first column), or -1 for a word of a padding row.
-__device__ __forceinline__ i64 pack_source(i64 i, i64 n, i64 heads, i64 d) {
-    unsigned half = (unsigned)(d / 2), n_pad = (unsigned)mma_pad(n);
-    unsigned ui = (unsigned)i, rest = ui / half;
-    i64 c = 2 * (ui - rest * half), r = rest % n_pad, bh = rest / n_pad;
-    return r < n ? ((bh / heads * n + r) * heads + bh % heads) * d + c : -1;
-}
-
-extern "C" __global__ void attn_pack_rows(float* y, const float* x, i64 batch, i64 n, i64 heads, i64 d) {
-    unsigned* words = (unsigned*)y;
-    i64 count = batch * heads * mma_pad(n) * (d / 2), stride = grid_threads();
-    for (i64 i0 = global_thread(); i0 < count; i0 += ILP * stride) {
-        float2 v[ILP];
-#pragma unroll
-        for (int u = 0; u < ILP; ++u) {
-            i64 i = i0 + u * stride;
-            i64 e = i < count ? pack_source(i, n, heads, d) : -1;
-            v[u].x = e >= 0 ? x[e] : 0.0f;
-            v[u].y = e >= 0 ? x[e + 1] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < ILP; ++u)
-            if (i0 + u * stride < count) words[i0 + u * stride] = pack_bf16(v[u].x, v[u].y);
-    }
-}
-
-// attn_pack_rows from x given as its bf16 words (two to a word, in order: a bf16 plan's stash
-// of q, k or v between the forward and the backward): the packed words are x's own, gathered
-// (d is even, so a pair of columns is one word of x), with no conversion and half the reads.
-extern "C" __global__ void attn_pack_rows_bf16(float* y, const float* xw, i64 batch, i64 n, i64 heads, i64 d) {
-    unsigned* words = (unsigned*)y;
-    const unsigned* src = (const unsigned*)xw;
-    i64 count = batch * heads * mma_pad(n) * (d / 2), stride = grid_threads();
-    for (i64 i0 = global_thread(); i0 < count; i0 += ILP * stride) {
-        unsigned v[ILP];
-#pragma unroll
-        for (int u = 0; u < ILP; ++u) {
-            i64 i = i0 + u * stride;
-            i64 e = i < count ? pack_source(i, n, heads, d) : -1;
-            v[u] = e >= 0 ? src[e / 2] : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < ILP; ++u)
-            if (i0 + u * stride < count) words[i0 + u * stride] = v[u];
-    }
+// Head `h` of batch entry `b` of x [batch, n, heads, d] given as its words.
+template <int D>
+__device__ MmaHead mma_head(const float* x, i64 b, i64 h, i64 heads, i64 n) {
+    MmaHead head;
+    head.base = (const unsigned*)x + (b * n * heads + h) * (D / 2);
+    head.stride = heads * (D / 2);
+    head.rows = n;
+    return head;
 }
 
 // d += a · b on the tensor cores (one warp, 16×8×16, bf16 operands, f32 accumulators).
@@ -177,15 +142,21 @@ __device__ MmaLane mma_lane() {
     return l;
 }
 
-// The A fragments of 16 rows `r0 ..` of head `bh` of a row-packed tensor of `n_pad` rows.
+// The A fragments of 16 rows `r0 ..` of head `x` (zeros past its rows): a0, a2 from the
+// lane's row `group`, a1, a3 from row `group + 8`.
 template <int D>
-__device__ void mma_load_a(unsigned (*frag)[4], const float* packed, i64 bh, i64 r0, i64 n_pad, const MmaLane& l) {
-    const unsigned* words = (const unsigned*)packed + (bh * n_pad + r0) * (D / 2);
+__device__ void mma_load_a(unsigned (*frag)[4], const MmaHead& x, i64 r0, const MmaLane& l) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
+    for (int half = 0; half < 2; ++half) {
+        i64 r = r0 + l.group + 8 * half;
+        const unsigned* row = x.base + r * x.stride;
+        bool in = r < x.rows;
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            frag[kk][e] = words[(l.group + (e % 2) * 8) * (D / 2) + kk * 8 + (e / 2) * 4 + l.t];
+        for (int kk = 0; kk < D / 16; ++kk) {
+            frag[kk][half] = in ? row[kk * 8 + l.t] : 0u;
+            frag[kk][half + 2] = in ? row[kk * 8 + 4 + l.t] : 0u;
+        }
+    }
 }
 
 // Copies into shared memory that run while the block computes (cp.async, sm_80 on): a tile is
@@ -193,14 +164,14 @@ __device__ void mma_load_a(unsigned (*frag)[4], const float* packed, i64 bh, i64
 // A thread's copies land by its `mma_copies_land`; a barrier after it shows them to the block.
 // The emulator lands each at once or only at that wait (simt.hpp), so a tile read too early or
 // overwritten while read shows there; GPUs that never run these kernels copy plainly.
-__device__ __forceinline__ void mma_copy16(unsigned* dst, const unsigned* src) {
+__device__ __forceinline__ void mma_copy16(unsigned* dst, const unsigned* src, bool in) {
 #if MMA_PTX
     unsigned at = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src), "r"(in ? 16 : 0));
 #elif defined(__CUDACC_RTC__)
-    *(uint4*)dst = *(const uint4*)src;
+    *(uint4*)dst = in ? *(const uint4*)src : make_uint4(0u, 0u, 0u, 0u);
 #else
-    ::simt::async_copy(dst, src, 16, 16);
+    ::simt::async_copy(dst, src, 16, in ? 16 : 0);
 #endif
 }
 
@@ -224,24 +195,26 @@ __device__ __forceinline__ void mma_copies_land() {
 #endif
 }
 
-// Rows `r0 .. r0 + rows` of head `bh` of a row-packed tensor into a row-major tile
-// (MMA_ROW_WORDS(D) words a row), 16 bytes at a time, asynchronously (`mma_copy16`).
+// Rows `r0 .. r0 + rows` of head `x` into a row-major tile (MMA_ROW_WORDS(D) words a row),
+// 16 bytes at a time, asynchronously (`mma_copy16`; zeros past the head's rows).
 template <int D>
-__device__ void mma_tile_rows(unsigned* tile, const float* packed, i64 bh, i64 r0, int rows, i64 n_pad) {
-    const unsigned* src = (const unsigned*)packed + (bh * n_pad + r0) * (D / 2);
+__device__ void mma_tile_rows(unsigned* tile, const MmaHead& x, i64 r0, int rows) {
     for (int e = threadIdx.x; e < rows * (D / 8); e += blockDim.x) {
         int r = e / (D / 8), w = e % (D / 8);
-        mma_copy16(tile + r * MMA_ROW_WORDS(D) + 4 * w, src + r * (D / 2) + 4 * w);
+        bool in = r0 + r < x.rows;
+        // A row past the head copies nothing (src-size 0): any address in the tensor serves.
+        const unsigned* src = x.base + (in ? (r0 + r) * x.stride : 0) + 4 * w;
+        mma_copy16(tile + r * MMA_ROW_WORDS(D) + 4 * w, src, in);
     }
 }
 
-// The key tile from key `k0` of kv head `kv`, K and V (`rows` rows each), into buffer `buf`
-// (of `words` words) of `ks` and `vs`, asynchronously.
+// The key tile from key `k0`, K and V (`rows` rows each), into buffer `buf` (of `words` words)
+// of `ks` and `vs`, asynchronously.
 template <int D>
-__device__ void mma_kv_tile(unsigned* ks, unsigned* vs, int buf, int words, const float* kp, const float* vp, i64 kv,
-                            i64 k0, int rows, i64 k_pad) {
-    mma_tile_rows<D>(ks + buf * words, kp, kv, k0, rows, k_pad);
-    mma_tile_rows<D>(vs + buf * words, vp, kv, k0, rows, k_pad);
+__device__ void mma_kv_tile(unsigned* ks, unsigned* vs, int buf, int words, const MmaHead& k, const MmaHead& v,
+                            i64 k0, int rows) {
+    mma_tile_rows<D>(ks + buf * words, k, k0, rows);
+    mma_tile_rows<D>(vs + buf * words, v, k0, rows);
 }
 
 // acc[nt] += A · B over D columns, for `NT` n-tiles of 8 rows of a row-major tile (B[k][n] =
@@ -382,7 +355,6 @@ __device__ i64 mma_visible(const Attention& a, const float* qpos, i64 qi) {
 template <int D, bool STATS>
 __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, const float* kp, const float* vp,
                             const float* go, const float* qpos, const Attention& a, unsigned* ks, unsigned* vs) {
-    i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     MmaLane l = mma_lane();
     MmaScore sc = mma_score_of(a);
     const int TILE = MMA_FWD_TILE(D);
@@ -392,22 +364,23 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
         i64 rows[2] = {w0 + l.group, w0 + l.group + 8};
         i64 vis[2] = {mma_visible(a, qpos, rows[0]), mma_visible(a, qpos, rows[1])};
         unsigned qa[D / 16][4];
-        mma_load_a<D>(qa, qp, x.b * a.heads + x.h, w0, q_pad, l);
+        mma_load_a<D>(qa, mma_head<D>(qp, x.b, x.h, a.heads, a.sq), w0, l);
         float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
         float acc[D / 8][4];
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
-        i64 keys = mma_block_keys(a, qpos, x.q0), kv = x.b * a.kv + x.g;
+        i64 keys = mma_block_keys(a, qpos, x.q0);
+        MmaHead kh = mma_head<D>(kp, x.b, x.g, a.kv, a.sk), vh = mma_head<D>(vp, x.b, x.g, a.kv, a.sk);
         const int words = TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
-        if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kp, vp, kv, 0, TILE, k_pad);
+        if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kh, vh, 0, TILE);
         for (i64 k0 = 0; k0 < keys; k0 += TILE) {
             int now = (int)(k0 / TILE) % 2;
             mma_copies_land();
             __syncthreads();  // this tile is in, and the other buffer's readers are done
-            if (k0 + TILE < keys) mma_kv_tile<D>(ks, vs, 1 - now, words, kp, vp, kv, k0 + TILE, TILE, k_pad);
+            if (k0 + TILE < keys) mma_kv_tile<D>(ks, vs, 1 - now, words, kh, vh, k0 + TILE, TILE);
             const unsigned *kt = ks + now * words, *vt = vs + now * words;
             float s[TILE / 8][4];
 #pragma unroll
@@ -511,7 +484,6 @@ template <int D>
 __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, const float* vp,
                                 const float* gp, const float* lse, const float* dsum, const float* qpos,
                                 const Attention& a, const MmaBackwardTiles& w) {
-    i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     unsigned *ks = w.rows, *vs = w.rows2;
     MmaLane l = mma_lane();
     MmaScore sc = mma_score_of(a);
@@ -528,23 +500,24 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
             row_d[r] = rows[r] < a.sq ? dsum[at] : 0.0f;
         }
         unsigned qa[D / 16][4], ga[D / 16][4];
-        mma_load_a<D>(qa, qp, x.b * a.heads + x.h, w0, q_pad, l);
-        mma_load_a<D>(ga, gp, x.b * a.heads + x.h, w0, q_pad, l);
+        mma_load_a<D>(qa, mma_head<D>(qp, x.b, x.h, a.heads, a.sq), w0, l);
+        mma_load_a<D>(ga, mma_head<D>(gp, x.b, x.h, a.heads, a.sq), w0, l);
         float acc[D / 8][4];
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
-        i64 keys = mma_block_keys(a, qpos, x.q0), kv = x.b * a.kv + x.g;
+        i64 keys = mma_block_keys(a, qpos, x.q0);
+        MmaHead kh = mma_head<D>(kp, x.b, x.g, a.kv, a.sk), vh = mma_head<D>(vp, x.b, x.g, a.kv, a.sk);
         const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
-        if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kp, vp, kv, 0, MMA_BWD_TILE, k_pad);
+        if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kh, vh, 0, MMA_BWD_TILE);
         for (i64 k0 = 0; k0 < keys; k0 += MMA_BWD_TILE) {
             int now = (int)(k0 / MMA_BWD_TILE) % 2;
             mma_copies_land();
             __syncthreads();  // this tile is in, and the other buffer's readers are done
             if (k0 + MMA_BWD_TILE < keys)
-                mma_kv_tile<D>(ks, vs, 1 - now, words, kp, vp, kv, k0 + MMA_BWD_TILE, MMA_BWD_TILE, k_pad);
+                mma_kv_tile<D>(ks, vs, 1 - now, words, kh, vh, k0 + MMA_BWD_TILE, MMA_BWD_TILE);
             const unsigned *kt = ks + now * words, *vt = vs + now * words;
             float s[MMA_BWD_TILE / 8][4], dp[MMA_BWD_TILE / 8][4];
 #pragma unroll
@@ -577,14 +550,15 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
     }
 }
 
-// Query tile `i0` of head `bh` into buffer `buf` of the backward's tiles: q and dO rows, and
+// Query tile `i0` of head `h` of batch entry `b` into buffer `buf` of the backward's tiles: q and dO rows, and
 // the rows' lse (log₂ units) and D (zero past the sequence), all asynchronously.
 template <int D>
 __device__ void mma_query_tile(const MmaBackwardTiles& w, int buf, const float* qp, const float* gp,
-                               const float* lse, const float* dsum, i64 bh, i64 i0, i64 sq, i64 q_pad) {
+                               const float* lse, const float* dsum, i64 b, i64 h, i64 i0, const Attention& a) {
     const int words = MMA_DKV_TILE(D) * MMA_ROW_WORDS(D);
-    mma_tile_rows<D>(w.rows + buf * words, qp, bh, i0, MMA_DKV_TILE(D), q_pad);
-    mma_tile_rows<D>(w.rows2 + buf * words, gp, bh, i0, MMA_DKV_TILE(D), q_pad);
+    i64 bh = b * a.heads + h, sq = a.sq;
+    mma_tile_rows<D>(w.rows + buf * words, mma_head<D>(qp, b, h, a.heads, sq), i0, MMA_DKV_TILE(D));
+    mma_tile_rows<D>(w.rows2 + buf * words, mma_head<D>(gp, b, h, a.heads, sq), i0, MMA_DKV_TILE(D));
     for (int i = threadIdx.x; i < MMA_DKV_TILE(D); i += blockDim.x) {
         bool in = i0 + i < sq;
         i64 at = in ? bh * sq + i0 + i : 0;
@@ -600,7 +574,6 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
                                  const float* vp, const float* gp, const float* lse,
                                  const float* dsum, const float* qpos, const Attention& a,
                                  const MmaBackwardTiles& w) {
-    i64 q_pad = mma_pad(a.sq), k_pad = mma_pad(a.sk);
     MmaLane l = mma_lane();
     MmaScore sc = mma_score_of(a);
     i64 key_blocks = (a.sk + MMA_BLOCK_ROWS - 1) / MMA_BLOCK_ROWS;
@@ -610,8 +583,8 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
         i64 w0 = k0 + l.warp * MMA_WARP_ROWS;
         i64 keys[2] = {w0 + l.group, w0 + l.group + 8};
         unsigned ka[D / 16][4], va[D / 16][4];
-        mma_load_a<D>(ka, kp, b * a.kv + g, w0, k_pad, l);
-        mma_load_a<D>(va, vp, b * a.kv + g, w0, k_pad, l);
+        mma_load_a<D>(ka, mma_head<D>(kp, b, g, a.kv, a.sk), w0, l);
+        mma_load_a<D>(va, mma_head<D>(vp, b, g, a.kv, a.sk), w0, l);
         float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
@@ -627,7 +600,7 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
         i64 h = g * group, i0 = first;
         bool any = first < a.sq;
         __syncthreads();  // the last block's readers are done with both buffers
-        if (any) mma_query_tile<D>(w, 0, qp, gp, lse, dsum, b * a.heads + h, i0, a.sq, q_pad);
+        if (any) mma_query_tile<D>(w, 0, qp, gp, lse, dsum, b, h, i0, a);
         for (int it = 0; any && h < (g + 1) * group; ++it) {
             i64 nh = h, ni0 = i0 + MMA_DKV_TILE(D);
             if (ni0 >= a.sq) {
@@ -637,7 +610,7 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
             int now = it % 2;
             mma_copies_land();
             __syncthreads();  // this tile is in, and the other buffer's readers are done
-            if (nh < (g + 1) * group) mma_query_tile<D>(w, 1 - now, qp, gp, lse, dsum, b * a.heads + nh, ni0, a.sq, q_pad);
+            if (nh < (g + 1) * group) mma_query_tile<D>(w, 1 - now, qp, gp, lse, dsum, b, nh, ni0, a);
             const unsigned *qs = w.rows + now * words, *gs = w.rows2 + now * words;
             const float *tl = w.lse + now * MMA_DKV_TILE(D), *td = w.d + now * MMA_DKV_TILE(D);
             // Sᵀ and dPᵀ: rows the warp's keys, columns the tile's queries.
@@ -697,9 +670,9 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
 #define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dq<D>(dq, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
 #define MMA_DKV(D) \
     MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dkv<D>(dk, dv, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
-// Arguments: the outputs (f32; the forward's lse may be null: not kept), then the packed
-// operands (`attn_pack_rows`: qp, kp, vp, gp), dO in f32 where the row statistics read it, lse
-// and D, the queries' positions (null: none) and the shape.
+// Arguments: the outputs (f32; the forward's lse may be null: not kept), then the operands
+// as their bf16 words in their own layout (`MmaHead`: qp, kp, vp, gp), dO in f32 where the
+// row statistics read it, lse and D, the queries' positions (null: none) and the shape.
 #define MMA_FORWARD_ARGS \
     float *o, float *lse, const float *qp, const float *kp, const float *vp, const float *qpos, Attention a
 #define MMA_STATS_ARGS                                                                                     \

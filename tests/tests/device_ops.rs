@@ -334,11 +334,11 @@ fn causal_attention(heads: u64, kv: u64) -> (OpKind, OpKind) {
     (attention, grad)
 }
 
-/// On the tensor cores, attention packs q, k and v from a stash's bf16 words as they are:
+/// On the tensor cores, attention reads q, k and v from a stash's bf16 words as they are:
 /// brought back without their f32 expansion (NaN on the emulator), the backward equals, bit for
-/// bit, the one that packs the same values from f32.
+/// bit, the one that converts the same values from f32.
 #[test]
-fn tensor_core_attention_packs_stashed_operands_from_their_words() {
+fn tensor_core_attention_reads_stashed_operands_as_their_words() {
     let b = tests::emulator::emulator_mma(64);
     let (attention, grad) = causal_attention(2, 2);
     let shape = [1usize, 24, 64];
@@ -645,58 +645,52 @@ fn unpad_rows_copies_each_row_out_of_its_pitch() {
     );
 }
 
+/// The tensor-core attention reads q, k and v as their bf16 words where they lie: operands
+/// made as words (or back from the stash) cost the forward no launch but its own, and f32
+/// operands one conversion each, kept as their twins, which a stash after takes as they are
+/// (no second conversion). The rows past the sequence read as zeros: 70 rows end inside the
+/// second 64-row block, and the output equals the f32 operands' bit for bit.
 #[test]
-fn attention_operands_pack_by_head_as_rows() {
-    // [batch 2, n 70, heads 3, d]: 70 rows pad to 128, two blocks of 64; a narrow head and
-    // the tensor-core kernels' widest.
-    for d in [4usize, 128] {
-        pack_heads(d);
-    }
-}
-
-fn pack_heads(d: usize) {
-    use kernels::device::KernelArg;
-    use runtime::Device;
-    let dev = Emulator::new(64, false);
-    let (batch, n, heads, n_pad) = (2usize, 70usize, 3usize, 128usize);
-    let x = tensor(&[batch, n, heads * d], 7).data;
-    let at = |b: usize, r: usize, h: usize, c: usize| {
-        if r < n {
-            kernels::device::round_bf16(x[((b * n + r) * heads + h) * d + c]).to_bits() >> 16
-        } else {
-            0
-        }
+fn tensor_core_attention_reads_its_operands_words_in_place() {
+    let b = tests::emulator::emulator_mma(64);
+    let (attention, _) = causal_attention(3, 3);
+    let shape = [2usize, 70, 3 * 32];
+    let host: Vec<Tensor32> = (0..3).map(|i| tensor(&shape, 71 + i)).collect();
+    let launched = |f: &mut dyn FnMut()| {
+        let before = b.launch_tally().expect("counted");
+        f();
+        b.launch_tally().expect("counted").since(&before)
     };
-    let half = |y: &[f32], i: usize| {
-        let w = y[i / 2].to_bits();
-        if i.is_multiple_of(2) {
-            w & 0xffff
-        } else {
-            w >> 16
+    let words: Vec<_> = host.iter().map(|t| words_only(&b, t)).collect();
+    let mut from_words = Vec::new();
+    let t = launched(&mut || {
+        from_words = b
+            .forward(&attention, &[&words[0], &words[1], &words[2]], BINDING)
+            .unwrap();
+    });
+    assert_eq!(t.launches(), 1, "the forward alone: {t:?}");
+    let mut f32s: Vec<_> = host.iter().map(|t| b.upload(&bf16(t)).unwrap()).collect();
+    let mut from_f32 = Vec::new();
+    let t = launched(&mut || {
+        from_f32 = b
+            .forward(&attention, &[&f32s[0], &f32s[1], &f32s[2]], BINDING)
+            .unwrap();
+    });
+    assert_eq!(
+        (t.get("to_bf16").launches, t.launches()),
+        (3, 4),
+        "one conversion an operand: {t:?}"
+    );
+    assert_eq!(bits(&b, &from_words), bits(&b, &from_f32));
+    let t = launched(&mut || {
+        for x in f32s.drain(..) {
+            assert!(matches!(
+                b.stash_bf16(x).unwrap(),
+                runtime::backend::Stashed::Words(_)
+            ));
         }
-    };
-    let i = |v: usize| KernelArg::I64(i64::try_from(v).unwrap());
-    let mut y = vec![f32::NAN; batch * heads * n_pad * d / 2];
-    let mut args = [
-        KernelArg::Out(&mut y),
-        KernelArg::In(&x),
-        i(batch),
-        i(n),
-        i(heads),
-        i(d),
-    ];
-    dev.launch("attn_pack_rows", 8, 64, &mut args).unwrap();
-    for b in 0..batch {
-        for h in 0..heads {
-            let bh = b * heads + h;
-            for r in 0..n_pad {
-                for c in 0..d {
-                    let index = (bh * n_pad + r) * d + c;
-                    assert_eq!(half(&y, index), at(b, r, h, c), "{b} {r} {h} {c}");
-                }
-            }
-        }
-    }
+    });
+    assert_eq!(t.launches(), 0, "the stash keeps the twins: {t:?}");
 }
 
 #[test]

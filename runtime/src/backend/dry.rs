@@ -56,7 +56,7 @@ pub struct DryDevice {
 
 impl DryDevice {
     /// A device whose kernels would be (`tensor_cores`) the tensor-core ones of compute
-    /// capability 8.0 and up: attention's operands then take packed copies.
+    /// capability 8.0 and up: attention then reads its operands as bf16 words.
     pub fn new(tensor_cores: bool) -> DryDevice {
         DryDevice {
             pool: Pool::new(),

@@ -68,9 +68,9 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
 }
 
 /// Whether attention `kind` on inputs of `shapes` (q, k, v, and for its gradient, `grad`, the
-/// output's) reads `operand` only through [`pack`], which takes a stashed operand's bf16
-/// words as they are: q, k and v on the tensor-core kernels.
-pub(super) fn reads_packed_only<D: Device>(
+/// output's) reads `operand` only as its bf16 words ([`words`], which takes a twin as it is):
+/// q, k and v on the tensor-core kernels.
+pub(super) fn reads_words_only<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     shapes: &[&[usize]],
@@ -137,7 +137,7 @@ const MMA_THREADS: u32 = 128;
 struct Kernels {
     /// Whether these are the tiled or tensor-core kernels (which take the queries' positions).
     tiled: bool,
-    /// Whether these are the tensor-core kernels (which take packed operands, [`Packed`]).
+    /// Whether these are the tensor-core kernels (which take bf16 words, [`words`]).
     mma: bool,
     forward: &'static str,
     row_stats: &'static str,
@@ -266,8 +266,8 @@ pub(crate) fn forward_keeping<D: Device>(
     Ok(Some(KeptForward { out, stats: lse }))
 }
 
-/// One forward launch (after the tensor-core kernels' packs), writing `lse` where given (the
-/// tensor-core kernels only).
+/// One forward launch (the tensor-core kernels on the operands' words), writing `lse` where
+/// given (the tensor-core kernels only).
 fn run_forward<D: Device>(
     b: &DeviceBackend<D>,
     a: &AttentionShape,
@@ -276,18 +276,21 @@ fn run_forward<D: Device>(
     qpos: Option<&D::Mem>,
     lse: Option<&mut Buf<D>>,
 ) -> Result<Buf<D>, RuntimeError> {
-    let packed = p.mma.then(|| Packed::forward(b, a, q, k, v)).transpose()?;
-    let (q, k, v) = packed.as_ref().map_or((q, k, v), |x| (&x.qp, &x.kp, &x.vp));
+    let x = if p.mma {
+        Operands::of(b, [q, k, v])?
+    } else {
+        Operands {
+            q: &q.mem,
+            k: &k.mem,
+            v: &v.mem,
+        }
+    };
     let mut o = b.alloc(&out_shape(a))?;
     let mut args = vec![KernelArg::Out(&mut o.mem)];
     if p.mma {
         args.push(lse.map_or(KernelArg::Null, |l| KernelArg::Out(&mut l.mem)));
     }
-    args.extend([
-        KernelArg::In(&q.mem),
-        KernelArg::In(&k.mem),
-        KernelArg::In(&v.mem),
-    ]);
+    args.extend([KernelArg::In(x.q), KernelArg::In(x.k), KernelArg::In(x.v)]);
     positions(&mut args, p.tiled, qpos);
     args.push(KernelArg::Attention(*a));
     b.device
@@ -375,76 +378,46 @@ pub(super) fn backward_at<D: Device>(
     Ok(Some(vec![dq, dk, dv]))
 }
 
-/// The tensor-core kernels' operands: bf16 copies, each head's rows together
-/// (`attn_pack_rows`), padded to whole 64-row blocks.
-struct Packed<D: Device> {
-    qp: Buf<D>,
-    kp: Buf<D>,
-    vp: Buf<D>,
-}
-
-/// Rows the packed copies hold: `n` rounded up to attention_mma.cu's MMA_BLOCK_ROWS.
-fn padded(n: i64) -> i64 {
-    (n + MMA_ROWS - 1) / MMA_ROWS * MMA_ROWS
-}
-
-/// `x` ([batch, n, heads·d]) packed by `attn_pack_rows`.
-fn pack<D: Device>(
-    b: &DeviceBackend<D>,
-    x: &Buf<D>,
-    a: &AttentionShape,
-    (n, heads): (i64, i64),
-) -> Result<Buf<D>, RuntimeError> {
-    const KERNEL: &str = "attn_pack_rows";
-    let words = (a.batch * heads * padded(n) * a.d / 2) as usize;
-    if u32::try_from(words).is_err() {
-        // attn_pack_rows indexes in 32 bits (attention_mma.cu).
-        return Err(RuntimeError::DeviceLaunch {
-            kernel: KERNEL,
-            message: format!("{words} packed words: past the kernel's 2³² words"),
-        });
+/// `x`'s bf16 words, in order, as the tensor-core kernels read q, k, v and dO in their own
+/// layout (`attention_mma.cu`'s `MmaHead`: no copy gathers a head's rows): its twin where it
+/// has one (made as words, back from the stash, or a GEMM's copy: each holds its values rounded
+/// to bf16 in order), else converted now and kept as its twin, which a stash after this then
+/// keeps as it is.
+fn words<'x, D: Device>(b: &DeviceBackend<D>, x: &'x Buf<D>) -> Result<&'x D::Mem, RuntimeError> {
+    if x.bf16.get().is_none() {
+        let made = super::stash_bf16(b, x)?;
+        if let Err(made) = x.bf16.set(made.mem) {
+            b.device.release(made);
+        }
     }
-    let mut y = b.alloc(&[words])?;
-    let block = b.device.block_size();
-    // Back from the stash, x's words are its values: gather them, not the f32 expansion.
-    let (kernel, src) = match x.exact_bf16() {
-        Some(w) => ("attn_pack_rows_bf16", w),
-        None => (KERNEL, &x.mem),
-    };
-    b.device.launch(
-        kernel,
-        super::stream_grid(block, words),
-        block,
-        &mut [
-            KernelArg::Out(&mut y.mem),
-            KernelArg::In(src),
-            KernelArg::I64(a.batch),
-            KernelArg::I64(n),
-            KernelArg::I64(heads),
-            KernelArg::I64(a.d),
-        ],
-    )?;
-    Ok(y)
+    x.bf16.get().ok_or_else(|| RuntimeError::DeviceLaunch {
+        kernel: "to_bf16",
+        message: "attention: an operand's bf16 words vanished".into(),
+    })
 }
 
-impl<D: Device> Packed<D> {
-    fn forward(
+/// q, k and v as [`words`].
+struct Operands<'x, M> {
+    q: &'x M,
+    k: &'x M,
+    v: &'x M,
+}
+
+impl<'x, M> Operands<'x, M> {
+    fn of<D: Device<Mem = M>>(
         b: &DeviceBackend<D>,
-        a: &AttentionShape,
-        q: &Buf<D>,
-        k: &Buf<D>,
-        v: &Buf<D>,
-    ) -> Result<Packed<D>, RuntimeError> {
-        Ok(Packed {
-            qp: pack(b, q, a, (a.sq, a.heads))?,
-            kp: pack(b, k, a, (a.sk, a.kv))?,
-            vp: pack(b, v, a, (a.sk, a.kv))?,
+        [q, k, v]: [&'x Buf<D>; 3],
+    ) -> Result<Operands<'x, M>, RuntimeError> {
+        Ok(Operands {
+            q: words(b, q)?,
+            k: words(b, k)?,
+            v: words(b, v)?,
         })
     }
 }
 
-/// `[dq, dk, dv]` on the tensor cores: the operands and dO packed once, then the row
-/// statistics, dq per query block and dk, dv per key block.
+/// `[dq, dk, dv]` on the tensor cores: the row statistics, then dq per query block and dk, dv
+/// per key block, from the operands' and dO's words.
 fn backward_mma<D: Device>(
     b: &DeviceBackend<D>,
     a: &AttentionShape,
@@ -452,7 +425,7 @@ fn backward_mma<D: Device>(
     [q, k, v, g]: [&Buf<D>; 4],
     qpos: Option<&D::Mem>,
 ) -> Result<Vec<Buf<D>>, RuntimeError> {
-    let x = Packed::forward(b, a, q, k, v)?;
+    let x = Operands::of(b, [q, k, v])?;
     let (mut lse, mut dsum) = (b.alloc(&[rows(a)])?, b.alloc(&[rows(a)])?);
     b.device.launch(
         p.row_stats,
@@ -461,9 +434,9 @@ fn backward_mma<D: Device>(
         &mut [
             KernelArg::Out(&mut lse.mem),
             KernelArg::Out(&mut dsum.mem),
-            KernelArg::In(&x.qp.mem),
-            KernelArg::In(&x.kp.mem),
-            KernelArg::In(&x.vp.mem),
+            KernelArg::In(x.q),
+            KernelArg::In(x.k),
+            KernelArg::In(x.v),
             KernelArg::In(&g.mem),
             qpos.map_or(KernelArg::Null, KernelArg::In),
             KernelArg::Attention(*a),
@@ -511,22 +484,22 @@ pub(crate) fn backward_kept<D: Device>(
             KernelArg::I64(a.dv),
         ],
     )?;
-    let x = Packed::forward(b, &a, q, k, v)?;
+    let x = Operands::of(b, [q, k, v])?;
     mma_gradients(b, &a, &p, &x, g, [lse, &dsum], None).map(Some)
 }
 
-/// dq per query block and dk, dv per key block from the packed operands and the row
-/// statistics `[lse, dsum]` (dO packed here).
+/// dq per query block and dk, dv per key block from the operands' words and the row
+/// statistics `[lse, dsum]` (dO's words made here where it has none).
 fn mma_gradients<D: Device>(
     b: &DeviceBackend<D>,
     a: &AttentionShape,
     p: &Kernels,
-    x: &Packed<D>,
+    x: &Operands<'_, D::Mem>,
     g: &Buf<D>,
     [lse, dsum]: [&Buf<D>; 2],
     qpos: Option<&D::Mem>,
 ) -> Result<Vec<Buf<D>>, RuntimeError> {
-    let gp = pack(b, g, a, (a.sq, a.heads))?;
+    let gp = words(b, g)?;
     let pos = || qpos.map_or(KernelArg::Null, KernelArg::In);
     let mut dq = b.alloc(&out_shape_of(a, a.sq, a.heads, a.d))?;
     b.device.launch(
@@ -535,10 +508,10 @@ fn mma_gradients<D: Device>(
         p.block,
         &mut [
             KernelArg::Out(&mut dq.mem),
-            KernelArg::In(&x.qp.mem),
-            KernelArg::In(&x.kp.mem),
-            KernelArg::In(&x.vp.mem),
-            KernelArg::In(&gp.mem),
+            KernelArg::In(x.q),
+            KernelArg::In(x.k),
+            KernelArg::In(x.v),
+            KernelArg::In(gp),
             KernelArg::In(&lse.mem),
             KernelArg::In(&dsum.mem),
             pos(),
@@ -556,10 +529,10 @@ fn mma_gradients<D: Device>(
         &mut [
             KernelArg::Out(&mut dk.mem),
             KernelArg::Out(&mut dv.mem),
-            KernelArg::In(&x.qp.mem),
-            KernelArg::In(&x.kp.mem),
-            KernelArg::In(&x.vp.mem),
-            KernelArg::In(&gp.mem),
+            KernelArg::In(x.q),
+            KernelArg::In(x.k),
+            KernelArg::In(x.v),
+            KernelArg::In(gp),
             KernelArg::In(&lse.mem),
             KernelArg::In(&dsum.mem),
             pos(),

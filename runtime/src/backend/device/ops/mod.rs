@@ -33,7 +33,7 @@ pub(super) use words::forward as forward_words;
 /// stash holds ([`crate::Backend::reads_stashed_words`]), or not at all: a bf16 product's
 /// operand (`matmul`), a unary function's input in its gradient (`pointwise`), an embedding
 /// table in its gradient (`table`: only its shape), attention's q, k and v on the tensor
-/// cores (`attention`: packed from the words), a norm's input in its gradient (`rows`).
+/// cores (`attention`: its kernels read the words), a norm's input in its gradient (`rows`).
 pub(super) fn reads_stashed_words<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -44,9 +44,9 @@ pub(super) fn reads_stashed_words<D: Device>(
         return true;
     }
     match kind {
-        OpKind::Attention { .. } => attention::reads_packed_only(b, kind, shapes, false, operand),
+        OpKind::Attention { .. } => attention::reads_words_only(b, kind, shapes, false, operand),
         OpKind::Grad { of, .. } if matches!(**of, OpKind::Attention { .. }) => {
-            attention::reads_packed_only(b, of, shapes, true, operand)
+            attention::reads_words_only(b, of, shapes, true, operand)
         }
         OpKind::Grad { of, .. }
             if matches!(**of, OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. }) =>
