@@ -349,10 +349,11 @@ __device__ i64 mma_visible(const Attention& a, const float* qpos, i64 qi) {
     return qi < a.sq ? attn_visible(a, qpos, qi) : 0;
 }
 
-// The forward over one block's queries: the output and, where `lse` is given, each row's
-// log-sum-exp, kept for the backward as FlashAttention-2 keeps it (STATS false); or the
+// The forward over one block's queries: the output (f32, or with WORDS its bf16 words, two to
+// a word in order, where every reader of it reads only those) and, where `lse` is given, each
+// row's log-sum-exp, kept for the backward as FlashAttention-2 keeps it (STATS false); or the
 // backward's row statistics lse and D = dO·O recomputed (STATS true: the forward kept none).
-template <int D, bool STATS>
+template <int D, bool STATS, bool WORDS = false>
 __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, const float* kp, const float* vp,
                             const float* go, const float* qpos, const Attention& a, unsigned* ks, unsigned* vs) {
     MmaLane l = mma_lane();
@@ -439,17 +440,23 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
                 if (l.t == 0 && rows[r] < a.sq)
                     lse[(x.b * a.heads + x.h) * a.sq + rows[r]] = sum[r] > 0.0f ? m[r] + log2f(sum[r]) : -INFINITY;
         }
+        // Each lane holds two adjacent columns of each of its rows: one bf16 word of O.
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                i64 row = rows[e / 2];
-                int col = dt * 8 + 2 * l.t + e % 2;
-                float y = acc[dt][e] * inv[e / 2];
-                if (row >= a.sq) continue;
-                i64 at = ((x.b * a.sq + row) * a.heads + x.h) * D + col;
-                if (STATS) dpart[e / 2] += go[at] * y;
-                else o[at] = y;
+            for (int r = 0; r < 2; ++r) {
+                if (rows[r] >= a.sq) continue;
+                float y0 = acc[dt][2 * r] * inv[r], y1 = acc[dt][2 * r + 1] * inv[r];
+                i64 at = ((x.b * a.sq + rows[r]) * a.heads + x.h) * D + dt * 8 + 2 * l.t;
+                if (STATS) {
+                    dpart[r] += go[at] * y0;
+                    dpart[r] += go[at + 1] * y1;
+                } else if (WORDS) {
+                    ((unsigned*)o)[at / 2] = pack_bf16(y0, y1);
+                } else {
+                    o[at] = y0;
+                    o[at + 1] = y1;
+                }
             }
         if (STATS) {
 #pragma unroll
@@ -666,6 +673,8 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
 // ops/attention.rs.
 #define MMA_BODY(...) __VA_ARGS__
 #define MMA_FORWARD(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, false>(o, lse, 0, qp, kp, vp, 0, qpos, a, ks, vs); })
+#define MMA_FORWARD_WORDS(D) \
+    MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, false, true>(o, lse, 0, qp, kp, vp, 0, qpos, a, ks, vs); })
 #define MMA_STATS(D) MMA_BODY({ MMA_FORWARD_TILES(D) mma_forward<D, true>(0, lse, dsum, qp, kp, vp, go, qpos, a, ks, vs); })
 #define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dq<D>(dq, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
 #define MMA_DKV(D) \
@@ -693,6 +702,9 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
 extern "C" __global__ void attention_forward_mma32(MMA_FORWARD_ARGS) { MMA_FORWARD(32) }
 extern "C" __global__ void MMA_THREE_BLOCKS attention_forward_mma64(MMA_FORWARD_ARGS) { MMA_FORWARD(64) }
 extern "C" __global__ void attention_forward_mma128(MMA_FORWARD_ARGS) { MMA_FORWARD(128) }
+extern "C" __global__ void attention_forward_words_mma32(MMA_FORWARD_ARGS) { MMA_FORWARD_WORDS(32) }
+extern "C" __global__ void MMA_THREE_BLOCKS attention_forward_words_mma64(MMA_FORWARD_ARGS) { MMA_FORWARD_WORDS(64) }
+extern "C" __global__ void attention_forward_words_mma128(MMA_FORWARD_ARGS) { MMA_FORWARD_WORDS(128) }
 extern "C" __global__ void attention_row_stats_mma32(MMA_STATS_ARGS) { MMA_STATS(32) }
 extern "C" __global__ void MMA_THREE_BLOCKS attention_row_stats_mma64(MMA_STATS_ARGS) { MMA_STATS(64) }
 extern "C" __global__ void attention_row_stats_mma128(MMA_STATS_ARGS) { MMA_STATS(128) }

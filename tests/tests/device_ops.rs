@@ -1398,10 +1398,15 @@ fn tensor_core_attention_keeps_its_row_statistics_for_the_backward() {
         let x: Vec<_> = host.iter().map(|t| b.upload(t).unwrap()).collect();
         let xs = [&x[0], &x[1], &x[2]];
         let dy = b.upload(&tensor(&[2, n, heads * d], 63)).unwrap();
-        let runtime::backend::KeptForward { out: o, stats: lse } = b
-            .attention_forward_keeping(&attention, &xs)
+        let runtime::backend::KeptForward {
+            out: o,
+            stats: lse,
+            out_as_words,
+        } = b
+            .attention_forward_keeping(&attention, &xs, false)
             .unwrap()
             .expect("kept on the tensor cores");
+        assert!(!out_as_words, "f32 unless asked");
         assert_eq!(
             b.shape(&lse),
             [2 * heads * n],
@@ -1409,6 +1414,39 @@ fn tensor_core_attention_keeps_its_row_statistics_for_the_backward() {
         );
         let plain = b.forward(&attention, &xs, BINDING).unwrap();
         assert_eq!(bits(&b, &[o]), bits(&b, &plain), "the same output");
+        // Made as words: the f32 output's words, bit for bit, from the words kernel alone.
+        let before = b.launch_tally().expect("counted");
+        let kf = b
+            .attention_forward_keeping(&attention, &xs, true)
+            .unwrap()
+            .expect("kept");
+        let t = b.launch_tally().expect("counted").since(&before);
+        assert!(kf.out_as_words, "made as words on the tensor cores");
+        assert_eq!(t.launches(), 1, "one launch: {t:?}");
+        assert_eq!(
+            t.get(&format!("attention_forward_words_mma{d}")).launches,
+            1,
+            "{t:?}"
+        );
+        let host_bits = |x: &runtime::DeviceBuffer<Vec<f32>>| -> Vec<u32> {
+            b.download(x)
+                .unwrap()
+                .data
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(host_bits(&kf.stats), host_bits(&lse), "the same statistics");
+        let stash = |x| match b.stash_bf16(x).unwrap() {
+            runtime::backend::Stashed::Words(w) => bits(&b, &[w]),
+            runtime::backend::Stashed::Kept(_) => panic!("a device backend stashes"),
+        };
+        let f32_out = b.upload(&b.download(&plain[0]).unwrap()).unwrap();
+        assert_eq!(
+            stash(kf.out),
+            stash(f32_out),
+            "heads {heads} d {d}: O's words"
+        );
         let o = &plain[0];
         let kept = b
             .attention_backward_kept(&attention, &xs, [&dy, o, &lse])
@@ -1443,7 +1481,7 @@ fn tensor_core_attention_keeps_its_row_statistics_for_the_backward() {
     let (attention, _) = causal_attention(1, 1);
     assert!(
         plain
-            .attention_forward_keeping(&attention, &[&x, &x, &x])
+            .attention_forward_keeping(&attention, &[&x, &x, &x], true)
             .unwrap()
             .is_none(),
         "the f32 kernels recompute"

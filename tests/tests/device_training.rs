@@ -384,7 +384,7 @@ fn on_tensor_cores_attention_keeps_its_row_statistics_and_trains_as_when_recompu
     // tensor cores the executor keeps it for the gradient (`runtime::exec::kept`), which then
     // takes D = dO·O from the forward's output in one pass, and no forward is recomputed for the
     // row statistics. Training matches the same program without the saves (which recomputes
-    // them) and stays within 2e-2 of the f32 CPU run.
+    // them, from an f32 output) and stays within 2e-2 of the f32 CPU run.
     let c = Config {
         precision: planner::Precision::Bf16,
         cluster: "dgx-h100",
@@ -410,15 +410,18 @@ fn on_tensor_cores_attention_keeps_its_row_statistics_and_trains_as_when_recompu
             out.losses,
             count("attention_dsum_bf16x") + count("attention_dsum"),
             count("attention_row_stats_mma32"),
+            count("attention_forward_words_mma32"),
         )
     };
-    let (kept, dsums, stats) = run(&set);
+    // The kept forward also writes its output as bf16 words alone: the projection after it and
+    // that projection's weight gradient read only those (`exec/words_only.rs`).
+    let (kept, dsums, stats, words) = run(&set);
     assert_eq!(
-        (dsums, stats),
-        (per_step, 0),
-        "D from the output, nothing recomputed"
+        (dsums, stats, words),
+        (per_step, 0, per_step),
+        "D from the output, nothing recomputed, the output made as words"
     );
-    let (recomputed, dsums, stats) = run(&recomputing);
+    let (recomputed, dsums, stats, _) = run(&recomputing);
     assert_eq!(
         (dsums, stats),
         (0, per_step),

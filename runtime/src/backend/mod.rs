@@ -338,14 +338,16 @@ pub trait Backend: std::fmt::Debug {
 
     /// Attention's forward (`kind` an `Attention`) that also returns what its backward would
     /// otherwise recompute: each query row's log-sum-exp, FlashAttention-2's saved statistic
-    /// (the program's `saves`). `None` where this backend keeps nothing (the executor then runs
-    /// [`Backend::forward`]).
+    /// (the program's `saves`). With `as_words` (every reader of the output reads it only as
+    /// bf16 words: [`Backend::forward_words`]) the output may be made as words alone. `None`
+    /// where this backend keeps nothing (the executor then runs [`Backend::forward`]).
     fn attention_forward_keeping(
         &self,
         kind: &OpKind,
         inputs: &[&Self::Buffer],
+        as_words: bool,
     ) -> Result<Option<KeptForward<Self::Buffer>>, RuntimeError> {
-        let _ = (kind, inputs);
+        let _ = (kind, inputs, as_words);
         Ok(None)
     }
 
@@ -480,6 +482,8 @@ pub struct KeptForward<T> {
     pub out: T,
     /// Each query row's log-sum-exp, `[batch · heads · sq]`.
     pub stats: T,
+    /// Whether `out` was made as bf16 words alone (its f32 values not written).
+    pub out_as_words: bool,
 }
 
 /// Checks the operands of [`Backend::sgemm`]: `(m, k, n)`.

@@ -1075,10 +1075,17 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .iter()
                 .map(|&i| self.get(i))
                 .collect::<Result<Vec<_>, _>>()?;
-            let Some(kf) = self.backend.attention_forward_keeping(kind, &xs)? else {
+            let as_words = self.step_words.get(k).copied().unwrap_or(false);
+            let Some(kf) = self
+                .backend
+                .attention_forward_keeping(kind, &xs, as_words)?
+            else {
                 return Ok(false);
             };
             self.put_buffer(keep.out, kf.out)?;
+            if let Some(w) = self.words_only.get_mut(keep.out.index()) {
+                *w = kf.out_as_words;
+            }
             for old in self.kept.keep(keep, kf.stats) {
                 self.backend.free(old);
             }

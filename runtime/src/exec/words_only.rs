@@ -10,7 +10,8 @@
 //! Results are made so too ([`Executor::word_results`], [`Backend::forward_words`]): a
 //! computation's result that the plan stores in bf16 and that every later reader reads only
 //! as words (a norm's or a GELU's output a linear multiplies next, attention's q, k and v out of
-//! their fused projection) is written as words alone, and neither its f32 values nor a
+//! their fused projection, attention's output the projection after it multiplies: the kept
+//! forward, [`super::kept`], makes it so) is written as words alone, and neither its f32 values nor a
 //! conversion of them are ever made.
 
 use program::{BufferId, Elem, Instr, Role};

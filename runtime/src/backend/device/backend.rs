@@ -595,8 +595,9 @@ impl<D: Device> Backend for DeviceBackend<D> {
         &self,
         kind: &OpKind,
         inputs: &[&Self::Buffer],
+        as_words: bool,
     ) -> Result<Option<crate::backend::KeptForward<Self::Buffer>>, RuntimeError> {
-        ops::attention_forward_keeping(self, kind, inputs)
+        ops::attention_forward_keeping(self, kind, inputs, as_words)
     }
 
     fn attention_backward_kept(

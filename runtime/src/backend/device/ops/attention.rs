@@ -96,8 +96,9 @@ const TILE_K: i64 = 16;
 const TILE_D: i64 = 128;
 
 /// `attention_mma.cu`'s kernels by head width (d = dv): forward, row statistics, dq, dk and
-/// dv; its queries or keys per block (MMA_BLOCK_ROWS) and threads per block (MMA_THREADS).
-const MMA_KERNELS: [(i64, [&str; 4]); 3] = [
+/// dv, and the forward that writes its output as bf16 words; its queries or keys per block
+/// (MMA_BLOCK_ROWS) and threads per block (MMA_THREADS).
+const MMA_KERNELS: [(i64, [&str; 5]); 3] = [
     (
         32,
         [
@@ -105,6 +106,7 @@ const MMA_KERNELS: [(i64, [&str; 4]); 3] = [
             "attention_row_stats_mma32",
             "attention_backward_dq_mma32",
             "attention_backward_dkv_mma32",
+            "attention_forward_words_mma32",
         ],
     ),
     (
@@ -114,6 +116,7 @@ const MMA_KERNELS: [(i64, [&str; 4]); 3] = [
             "attention_row_stats_mma64",
             "attention_backward_dq_mma64",
             "attention_backward_dkv_mma64",
+            "attention_forward_words_mma64",
         ],
     ),
     (
@@ -123,6 +126,7 @@ const MMA_KERNELS: [(i64, [&str; 4]); 3] = [
             "attention_row_stats_mma128",
             "attention_backward_dq_mma128",
             "attention_backward_dkv_mma128",
+            "attention_forward_words_mma128",
         ],
     ),
 ];
@@ -140,6 +144,8 @@ struct Kernels {
     /// Whether these are the tensor-core kernels (which take bf16 words, [`words`]).
     mma: bool,
     forward: &'static str,
+    /// The forward whose output is bf16 words alone (the tensor-core kernels).
+    forward_words: Option<&'static str>,
     row_stats: &'static str,
     dq: &'static str,
     dkv: &'static str,
@@ -155,13 +161,14 @@ impl Kernels {
     fn of<D: Device>(b: &DeviceBackend<D>, a: &AttentionShape) -> Kernels {
         let tiles = |n: i64, per: i64| (n + per - 1) / per;
         let mma = b.gemm_precision == GemmPrecision::Bf16 && b.device.tensor_cores() && a.d == a.dv;
-        if let Some(&(_, [forward, row_stats, dq, dkv])) =
+        if let Some(&(_, [forward, row_stats, dq, dkv, forward_words])) =
             MMA_KERNELS.iter().find(|(d, _)| mma && *d == a.d)
         {
             Kernels {
                 tiled: true,
                 mma: true,
                 forward,
+                forward_words: Some(forward_words),
                 row_stats,
                 dq,
                 dkv,
@@ -174,6 +181,7 @@ impl Kernels {
                 tiled: true,
                 mma: false,
                 forward: "attention_forward_tiled",
+                forward_words: None,
                 row_stats: "attention_row_stats_tiled",
                 dq: "attention_backward_dq_tiled",
                 dkv: "attention_backward_dkv_tiled",
@@ -186,6 +194,7 @@ impl Kernels {
                 tiled: false,
                 mma: false,
                 forward: "attention_forward",
+                forward_words: None,
                 row_stats: "attention_row_stats",
                 dq: "attention_backward_dq",
                 dkv: "attention_backward_dkv",
@@ -242,16 +251,19 @@ pub(super) fn forward_at<D: Device>(
     if qpos.is_some() && !p.tiled {
         return Ok(None);
     }
-    run_forward(b, &a, &p, [q, k, v], qpos, None).map(Some)
+    run_forward(b, &a, &p, [q, k, v], qpos, None, false).map(Some)
 }
 
 /// The forward on the tensor cores with each query row's log-sum-exp (`[batch, heads, sq]`,
-/// log₂ units, as the backward's kernels read it) kept for [`backward_kept`]; `None` where the
-/// kernels are not the tensor cores' (their backward recomputes the statistics).
+/// log₂ units, as the backward's kernels read it) kept for [`backward_kept`], its output made
+/// as bf16 words alone where `as_words` (every reader reads only those: [`super::words`]);
+/// `None` where the kernels are not the tensor cores' (their backward recomputes the
+/// statistics).
 pub(crate) fn forward_keeping<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     xs: &[&Buf<D>],
+    as_words: bool,
 ) -> Result<Option<KeptForward<Buf<D>>>, RuntimeError> {
     let Some(a) = shape::<D>(kind, xs) else {
         return Ok(None);
@@ -262,12 +274,18 @@ pub(crate) fn forward_keeping<D: Device>(
         return Ok(None);
     }
     let mut lse = b.alloc(&[rows(&a)])?;
-    let out = run_forward(b, &a, &p, [q, k, v], None, Some(&mut lse))?;
-    Ok(Some(KeptForward { out, stats: lse }))
+    let as_words = as_words && p.forward_words.is_some();
+    let out = run_forward(b, &a, &p, [q, k, v], None, Some(&mut lse), as_words)?;
+    Ok(Some(KeptForward {
+        out,
+        stats: lse,
+        out_as_words: as_words,
+    }))
 }
 
 /// One forward launch (the tensor-core kernels on the operands' words), writing `lse` where
-/// given (the tensor-core kernels only).
+/// given (the tensor-core kernels only), and the output as bf16 words alone where `as_words`
+/// and the kernels can.
 fn run_forward<D: Device>(
     b: &DeviceBackend<D>,
     a: &AttentionShape,
@@ -275,6 +293,7 @@ fn run_forward<D: Device>(
     [q, k, v]: [&Buf<D>; 3],
     qpos: Option<&D::Mem>,
     lse: Option<&mut Buf<D>>,
+    as_words: bool,
 ) -> Result<Buf<D>, RuntimeError> {
     let x = if p.mma {
         Operands::of(b, [q, k, v])?
@@ -285,18 +304,25 @@ fn run_forward<D: Device>(
             v: &v.mem,
         }
     };
-    let mut o = b.alloc(&out_shape(a))?;
-    let mut args = vec![KernelArg::Out(&mut o.mem)];
-    if p.mma {
-        args.push(lse.map_or(KernelArg::Null, |l| KernelArg::Out(&mut l.mem)));
+    let lse = lse.map(|l| &mut l.mem);
+    let launch = |kernel, o: &mut D::Mem| {
+        let mut args = vec![KernelArg::Out(o)];
+        if p.mma {
+            args.push(lse.map_or(KernelArg::Null, KernelArg::Out));
+        }
+        args.extend([KernelArg::In(x.q), KernelArg::In(x.k), KernelArg::In(x.v)]);
+        positions(&mut args, p.tiled, qpos);
+        args.push(KernelArg::Attention(*a));
+        b.device.launch(kernel, p.query_grid, p.block, &mut args)
+    };
+    match p.forward_words.filter(|_| as_words) {
+        Some(kernel) => super::words::words_only(b, &out_shape(a), |w| launch(kernel, w)),
+        None => {
+            let mut o = b.alloc(&out_shape(a))?;
+            launch(p.forward, &mut o.mem)?;
+            Ok(o)
+        }
     }
-    args.extend([KernelArg::In(x.q), KernelArg::In(x.k), KernelArg::In(x.v)]);
-    positions(&mut args, p.tiled, qpos);
-    args.push(KernelArg::Attention(*a));
-    b.device
-        .launch(p.forward, p.query_grid, p.block, &mut args)?;
-    drop(args);
-    Ok(o)
 }
 
 /// `[dq, dk, dv]`: the row statistics, then dq per query and dk, dv per key (no atomics).
