@@ -209,4 +209,44 @@ mod tests {
         assert_eq!(t.get(bf16_gemm::CUBLAS).bytes, product);
         Ok(())
     }
+
+    /// A buffer back from the stash as its words alone holds the words and no f32 memory (the
+    /// plan's bf16 bytes), until its values are expanded or it is written in place.
+    #[test]
+    fn a_buffer_held_as_words_holds_no_f32_memory_until_expanded() -> Result<(), RuntimeError> {
+        use crate::backend::{Backend, Stashed};
+        let b = crate::backend::device::DeviceBackend::on(DryDevice::new(true));
+        let in_use = || b.device().memory_stats().map_or(0, |m| m.in_use);
+        let (rows, cols) = (1024usize, 1024usize);
+        let f32_bytes = super::super::pool::rounded(4 * rows * cols) as u64;
+        let words_bytes = super::super::pool::rounded(2 * rows * cols) as u64;
+        let one = super::super::pool::rounded(4) as u64;
+        let x = b.zeros(&[rows, cols])?;
+        let Stashed::Words(words) = b.stash_bf16(x)? else {
+            panic!("a device backend stashes");
+        };
+        assert_eq!(in_use(), words_bytes, "the stash holds the words");
+        let mut x = b.unstash_bf16_words(words, &[rows, cols])?;
+        assert_eq!(in_use(), words_bytes + one, "the words and a placeholder");
+        b.expand_stashed(&mut x)?;
+        assert_eq!(
+            in_use(),
+            words_bytes + f32_bytes,
+            "expanded: the f32 values too"
+        );
+        b.free(x);
+        let Stashed::Words(words) = b.stash_bf16(b.zeros(&[rows, cols])?)? else {
+            panic!("a device backend stashes");
+        };
+        let mut x = b.unstash_bf16_words(words, &[rows, cols])?;
+        b.fill_in_place(&mut x, 1.0)?;
+        assert_eq!(
+            in_use(),
+            f32_bytes,
+            "written in place: f32 alone, no stale words"
+        );
+        b.free(x);
+        assert_eq!(in_use(), 0);
+        Ok(())
+    }
 }

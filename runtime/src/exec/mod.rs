@@ -652,17 +652,22 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         }
     }
 
-    /// The bytes of the buffers live now (as f32, or as the bf16 words a stashed one holds;
-    /// rounded as the caching allocator rounds a request), by the class of their role
-    /// ([`peak::role_class`]).
+    /// The bytes of the buffers live now (as f32, or as the bf16 words a stashed one or one
+    /// held as words alone holds; rounded as the caching allocator rounds a request), by the
+    /// class of their role ([`peak::role_class`]).
     fn live_by_class(&self) -> Vec<(&'static str, u64)> {
         let held = self.bufs.iter().zip(&self.stashed).enumerate();
         peak::by_class(held.filter_map(|(i, (buf, stashed))| {
             let t = buf.as_ref().or(stashed.as_ref())?;
             let role = &self.tpl.buffers.get(i)?.role;
             let elems: usize = self.backend.shape(t).iter().product();
-            let bytes = crate::backend::pool::rounded(4 * elems) as u64;
-            Some((peak::role_class(role), bytes))
+            let words = buf.is_some() && self.words_only.get(i).copied().unwrap_or(false);
+            let bytes = if words {
+                crate::backend::pool::rounded(4 * elems.div_ceil(2))
+            } else {
+                crate::backend::pool::rounded(4 * elems)
+            };
+            Some((peak::role_class(role), bytes as u64))
         }))
     }
 

@@ -69,6 +69,12 @@ pub struct DeviceBuffer<M> {
     /// words instead ([`DeviceBuffer::exact_bf16`]). A twin a GEMM made is `mem` rounded,
     /// which only a bf16 GEMM may read in its place.
     pub(crate) bf16_exact: bool,
+    /// `mem` is a one-element placeholder, not `len` elements: a buffer made as words alone
+    /// (a result every reader of which reads only its words, or one back from the stash so)
+    /// holds no f32 memory until something writes its f32 values
+    /// ([`DeviceBackend::ensure_f32`]), so that it costs the plan's bf16 bytes, not 1.5 times
+    /// them.
+    pub(crate) f32_lazy: bool,
 }
 
 impl<M> DeviceBuffer<M> {
@@ -215,7 +221,56 @@ impl<D: Device> DeviceBackend<D> {
             mem: self.device.alloc(len.max(1))?,
             bf16: OnceLock::new(),
             bf16_exact: false,
+            f32_lazy: false,
         })
+    }
+
+    /// A buffer of `shape` held as its exact bf16 `words` alone (`⌈len / 2⌉` words): no f32
+    /// memory until [`DeviceBackend::ensure_f32`].
+    pub(crate) fn words_only(
+        &self,
+        shape: &[usize],
+        words: D::Mem,
+    ) -> Result<DeviceBuffer<D::Mem>, RuntimeError> {
+        let placeholder = match self.device.alloc(1) {
+            Ok(m) => m,
+            Err(e) => {
+                self.device.release(words);
+                return Err(e);
+            }
+        };
+        Ok(DeviceBuffer {
+            shape: shape.to_vec(),
+            len: element_count(shape)?,
+            mem: placeholder,
+            bf16: OnceLock::from(words),
+            bf16_exact: true,
+            f32_lazy: true,
+        })
+    }
+
+    /// Gives `x` its `len` elements of f32 memory (values unwritten) where it holds only a
+    /// placeholder ([`DeviceBuffer::f32_lazy`]): before anything writes its f32 values.
+    pub(crate) fn ensure_f32(&self, x: &mut DeviceBuffer<D::Mem>) -> Result<(), RuntimeError> {
+        if x.f32_lazy {
+            let full = self.device.alloc(x.len.max(1))?;
+            self.device.release(std::mem::replace(&mut x.mem, full));
+            x.f32_lazy = false;
+        }
+        Ok(())
+    }
+
+    /// Drops `x`'s f32 memory for a placeholder: its values are its exact twin's, and nothing
+    /// reads them as f32 before [`DeviceBackend::ensure_f32`] (a result made as words, whose
+    /// kernel needed the f32 memory as scratch).
+    pub(crate) fn drop_f32(&self, x: &mut DeviceBuffer<D::Mem>) -> Result<(), RuntimeError> {
+        if x.exact_bf16().is_some() && !x.f32_lazy {
+            let placeholder = self.device.alloc(1)?;
+            self.device
+                .release(std::mem::replace(&mut x.mem, placeholder));
+            x.f32_lazy = true;
+        }
+        Ok(())
     }
 
     /// A zeroed buffer of `shape` (accumulators, and outputs a kernel writes only in part).
@@ -230,6 +285,7 @@ impl<D: Device> DeviceBackend<D> {
             mem: self.device.alloc_zeros(len.max(1))?,
             bf16: OnceLock::new(),
             bf16_exact: false,
+            f32_lazy: false,
         })
     }
 
@@ -244,12 +300,14 @@ impl<D: Device> DeviceBackend<D> {
         r
     }
 
-    /// Drops `x`'s bf16 twin before `mem` is written in place (its words would be stale).
-    pub(crate) fn written(&self, x: &mut DeviceBuffer<D::Mem>) {
+    /// Drops `x`'s bf16 twin before `mem` is written in place (its words would be stale), and
+    /// gives it its f32 memory where it held none.
+    pub(crate) fn written(&self, x: &mut DeviceBuffer<D::Mem>) -> Result<(), RuntimeError> {
         if let Some(twin) = x.bf16.take() {
             self.device.release(twin);
         }
         x.bf16_exact = false;
+        self.ensure_f32(x)
     }
 
     /// Runs a CPU kernel on downloaded operands (the path of ops without a device lowering).
@@ -366,7 +424,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn fill_in_place(&self, buffer: &mut Self::Buffer, value: f32) -> Result<(), RuntimeError> {
-        self.written(buffer);
+        self.written(buffer)?;
         if buffer.len > 0 {
             ops::fill(self, buffer, value)?;
         }
@@ -528,7 +586,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         step: u64,
     ) -> Result<(), RuntimeError> {
         for x in [&mut *param, &mut *m, &mut *v] {
-            self.written(x);
+            self.written(x)?;
         }
         ops::adamw(self, cfg, [param, m, v], grad, step, None)
     }
@@ -544,7 +602,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         frozen_after: u64,
     ) -> Result<(), RuntimeError> {
         for x in [&mut *param, &mut *m, &mut *v] {
-            self.written(x);
+            self.written(x)?;
         }
         ops::adamw(self, cfg, [param, m, v], grad, step, Some(frozen_after))
     }
@@ -562,7 +620,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         copy: &mut Option<Self::Buffer>,
     ) -> Result<bool, RuntimeError> {
         for x in [&mut *param, &mut *m, &mut *v] {
-            self.written(x);
+            self.written(x)?;
         }
         ops::adamw_copy(self, cfg, [param, m, v], grad, step, copy)
     }
@@ -576,6 +634,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
                 mem: twin,
                 bf16: OnceLock::new(),
                 bf16_exact: false,
+                f32_lazy: false,
             },
             None => ops::stash_bf16(self, &x)?,
         };
@@ -620,13 +679,8 @@ impl<D: Device> Backend for DeviceBackend<D> {
         words: Self::Buffer,
         shape: &[usize],
     ) -> Result<Self::Buffer, RuntimeError> {
-        let mut x = self.alloc(shape)?;
-        ops::check_words(&x, &words)?;
-        if let Err(twin) = x.bf16.set(words.mem) {
-            self.device.release(twin);
-        }
-        x.bf16_exact = true;
-        Ok(x)
+        ops::check_words(element_count(shape)?, &words)?;
+        self.words_only(shape, words.mem)
     }
 
     fn expand_stashed(&self, x: &mut Self::Buffer) -> Result<(), RuntimeError> {

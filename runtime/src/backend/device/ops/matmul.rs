@@ -290,8 +290,8 @@ fn product_of<D: Device>(
 
 /// A biased linear's output made as bf16 words alone ([`super::words`]): the GEMM's product,
 /// then its words with the bias added (`add_bias_to_words`) as the twin of the product's
-/// buffer, whose f32 values count as not yet expanded. `None` without a bias, or for rows of
-/// odd width.
+/// buffer, whose f32 memory (the product, scratch) is then given back until the values are
+/// expanded. `None` without a bias, or for rows of odd width.
 pub(super) fn forward_words<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -318,11 +318,12 @@ pub(super) fn forward_words<D: Device>(
             super::size(p.n),
         ],
     )?;
-    // The product's memory stays the output's f32 values, not yet expanded.
     if let Err(w) = y.bf16.set(words) {
         b.device.release(w);
     }
     y.bf16_exact = true;
+    // The product was scratch: the output holds its words alone until expanded.
+    b.drop_f32(&mut y)?;
     Ok(Some(y))
 }
 

@@ -159,22 +159,19 @@ pub(super) fn unstash_bf16<D: Device>(
     shape: &[usize],
 ) -> Result<Buf<D>, RuntimeError> {
     let mut y = b.alloc(shape)?;
-    check_words(&y, words)?;
+    check_words(y.len, words)?;
     from_bf16(b, &words.mem, &mut y)?;
     Ok(y)
 }
 
-/// That `words` are the ⌈len / 2⌉ words of a stash of `x`.
-pub(super) fn check_words<M>(
-    x: &DeviceBuffer<M>,
-    words: &DeviceBuffer<M>,
-) -> Result<(), RuntimeError> {
-    if x.len.div_ceil(2) != words.len {
+/// That `words` are the ⌈len / 2⌉ words of a stash of a buffer of `len` elements.
+pub(super) fn check_words<M>(len: usize, words: &DeviceBuffer<M>) -> Result<(), RuntimeError> {
+    if len.div_ceil(2) != words.len {
         return Err(RuntimeError::BadLength {
             op: "unstash_bf16",
             what: "bf16 words",
             got: words.len,
-            want: x.len.div_ceil(2),
+            want: len.div_ceil(2),
         });
     }
     Ok(())
@@ -213,7 +210,7 @@ pub(super) fn expand_twin<D: Device>(
             message: "expand_stashed: the buffer has no bf16 words to expand".into(),
         });
     };
-    let expanded = from_bf16(b, &twin, x);
+    let expanded = b.ensure_f32(x).and_then(|()| from_bf16(b, &twin, x));
     if let Err(twin) = x.bf16.set(twin) {
         b.device.release(twin);
     }

@@ -59,7 +59,7 @@ pub(in crate::backend::device) fn adamw_copy<D: Device>(
         Some(c) => c,
         None => b.alloc(&param.shape)?,
     };
-    b.written(&mut out);
+    b.written(&mut out)?;
     let twin = b.gemm_precision == GemmPrecision::Bf16 && out.shape.len() >= 2;
     let mut words = twin
         .then(|| b.device.alloc(n.div_ceil(2).max(1)))

@@ -46,21 +46,20 @@ pub(in crate::backend::device) fn forward<D: Device>(
     })
 }
 
-/// A buffer of `shape` whose f32 values are not written and whose exact bf16 words `fill`
-/// writes (two to a word, in order).
+/// A buffer of `shape` whose exact bf16 words `fill` writes (two to a word, in order), with no
+/// f32 memory until its values are expanded (`DeviceBuffer::f32_lazy`).
 pub(super) fn words_only<D: Device>(
     b: &DeviceBackend<D>,
     shape: &[usize],
     fill: impl FnOnce(&mut D::Mem) -> Result<(), RuntimeError>,
 ) -> Result<Buf<D>, RuntimeError> {
-    let mut y = b.alloc(shape)?;
-    let mut words = b.device.alloc(y.len.div_ceil(2).max(1))?;
-    fill(&mut words)?;
-    if let Err(w) = y.bf16.set(words) {
-        b.device.release(w);
+    let len: usize = shape.iter().product();
+    let mut words = b.device.alloc(len.div_ceil(2).max(1))?;
+    if let Err(e) = fill(&mut words) {
+        b.device.release(words);
+        return Err(e);
     }
-    y.bf16_exact = true;
-    Ok(y)
+    b.words_only(shape, words)
 }
 
 /// A unary function of `x` (f32, or its words where it has only those), or with the output
