@@ -239,6 +239,37 @@ extern "C" __global__ void binary_forward(float* y, const float* a, const float*
     }
 }
 
+// binary_forward on operands laid out as the output that also writes the result's bf16 twin
+// (two to a word, in order, the last word's upper half zero when n is odd): the words the
+// stash keeps, or a bf16 GEMM reads, of a residual add or a gradient sum, made while the
+// result is in registers instead of by a second pass over it (`to_bf16`). One thread a word.
+extern "C" __global__ void binary_forward_twin(float* y, float* twin, const float* a, const float* b, i64 n,
+                                               int op) {
+    unsigned* words = (unsigned*)twin;
+    i64 count = (n + 1) / 2, stride = grid_threads();
+    for (i64 w0 = global_thread(); w0 < count; w0 += ILP * stride) {
+        float va[ILP][2], vb[ILP][2];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                i64 i = 2 * (w0 + u * stride) + h;
+                va[u][h] = i < n ? a[i] : 0.0f;
+                vb[u][h] = i < n ? b[i] : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            i64 w = w0 + u * stride;
+            if (w >= count) continue;
+            float lo = (float)binary_apply(op, (double)va[u][0], (double)vb[u][0]);
+            float hi = 2 * w + 1 < n ? (float)binary_apply(op, (double)va[u][1], (double)vb[u][1]) : 0.0f;
+            y[2 * w] = lo;
+            if (2 * w + 1 < n) y[2 * w + 1] = hi;
+            words[w] = bf16_pair(lo, hi);
+        }
+    }
+}
+
 // The output-shaped gradients of both operands: ga = g·∂/∂a, gb = g·∂/∂b (either may be null
 // when its operand needs none).
 // ∂/∂a and ∂/∂b of `op` at (x, z).

@@ -693,6 +693,55 @@ fn tensor_core_attention_reads_its_operands_words_in_place() {
     assert_eq!(t.launches(), 0, "the stash keeps the twins: {t:?}");
 }
 
+/// A binary op made with its bf16 twin (`binary_forward_twin`) gives the plain forward's f32
+/// values bit for bit, and a twin that is, bit for bit, the words the stash makes of them (odd
+/// length: the last word's upper half zero), which the stash then keeps with no launch. f32
+/// GEMMs and broadcast operands are not made so.
+#[test]
+fn a_binary_result_made_with_its_twin_is_the_stash_of_its_values() {
+    let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
+    for (kind, shape) in [(OpKind::Add, [3usize, 5, 7]), (OpKind::Mul, [2, 4, 16])] {
+        let x = b.upload(&tensor(&shape, 21)).unwrap();
+        let z = b.upload(&tensor(&shape, 22)).unwrap();
+        let plain = b.forward(&kind, &[&x, &z], BINDING).unwrap();
+        let made = b
+            .forward_with_twin(&kind, &[&x, &z])
+            .unwrap()
+            .expect("made with its twin");
+        let stash = |x| match b.stash_bf16(x).unwrap() {
+            runtime::backend::Stashed::Words(w) => bits(&b, &[w]),
+            runtime::backend::Stashed::Kept(_) => panic!("a device backend stashes"),
+        };
+        let copy = b.upload(&b.download(&made).unwrap()).unwrap();
+        assert_eq!(
+            bits(&b, &[copy]),
+            bits(&b, &plain),
+            "{kind:?}: the f32 values"
+        );
+        let before = b.launch_tally().expect("counted");
+        let twin = stash(made);
+        let t = b.launch_tally().expect("counted").since(&before);
+        assert_eq!(t.launches(), 0, "the stash keeps the twin: {t:?}");
+        let [p] = <[_; 1]>::try_from(plain).unwrap();
+        assert_eq!(twin, stash(p), "{kind:?}: the twin is the stash's words");
+    }
+    let x = b.upload(&tensor(&[4, 8], 23)).unwrap();
+    let row = b.upload(&tensor(&[8], 24)).unwrap();
+    assert!(
+        b.forward_with_twin(&OpKind::Add, &[&x, &row])
+            .unwrap()
+            .is_none()
+    );
+    let f32_gemms = emulator(64);
+    let y = f32_gemms.upload(&tensor(&[4, 8], 25)).unwrap();
+    assert!(
+        f32_gemms
+            .forward_with_twin(&OpKind::Add, &[&y, &y])
+            .unwrap()
+            .is_none()
+    );
+}
+
 #[test]
 fn the_bf16_cases_pass_on_the_emulated_device() {
     // Without tensor cores: the CUDA-core tiles with bf16 GEMMs, the path a bf16 plan takes on

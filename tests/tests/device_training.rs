@@ -355,8 +355,49 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
     let words = t.get("layer_norm_forward_warp_words").launches
         + t.get("layer_norm_forward_words").launches;
     assert_eq!(words, norms, "every norm's output made as words");
+    // The residual adds whose outputs the backward reads again (stashed in between) write
+    // their bf16 twin in the same launch (`exec/twins.rs`), and so do the gradient
+    // accumulations the stash holds, except those the executor runs as moves (the first
+    // addition into an accumulator of zeros).
+    let residuals = stashed_add_results(tpl, |r| matches!(r, program::Role::Activation));
+    let all = stashed_add_results(tpl, |_| true);
+    let twins = t.get("binary_forward_twin").launches;
+    assert!(residuals > 0, "the plan stashes residual sums");
+    assert!(
+        (residuals..=all).contains(&twins),
+        "{twins} twins, {residuals} stashed residual sums, {all} stashed sums"
+    );
     assert!(diff < 2e-2, "{diff}");
     assert!(losses.last() < losses.first(), "the loss falls");
+}
+
+/// The additions of `tpl`'s step whose result (of a role `role` accepts) the executor stashes
+/// before its value ends, counted from the stash plan (`runtime::exec::stash`) and the
+/// instructions themselves.
+fn stashed_add_results(tpl: &program::Template, role: impl Fn(&program::Role) -> bool) -> u64 {
+    let plan = runtime::exec::stash::plan(tpl);
+    let mut stashed = std::collections::HashSet::new();
+    let mut count = 0;
+    for (k, ins) in tpl.instrs.iter().enumerate().rev() {
+        stashed.extend(plan.after[k].iter().copied());
+        if let program::Instr::Compute { kind, outputs, .. } = ins
+            && let &[o] = outputs.as_slice()
+        {
+            let of_role = tpl.buffer(o).is_some_and(|d| role(&d.role));
+            if matches!(kind, ir::OpKind::Add) && stashed.contains(&o) && of_role {
+                count += 1;
+            }
+        }
+        let (_, writes) = program::verify::operands(ins);
+        let ended = match ins {
+            program::Instr::Alloc { buf } | program::Instr::Free { buf } => vec![*buf],
+            _ => writes,
+        };
+        for b in ended {
+            stashed.remove(&b);
+        }
+    }
+    count
 }
 
 /// The program without its attention forwards' `saves` (their gradients then recompute the

@@ -336,6 +336,20 @@ pub trait Backend: std::fmt::Debug {
         Ok(None)
     }
 
+    /// `kind`'s result (one) with its bf16 twin made by the same launch, for a result the
+    /// executor stashes right after or a bf16 GEMM reads as its output gradient
+    /// ([`Executor::twin_results`](crate::exec)): the words are those the stash or the GEMM
+    /// would make of it. `None`: not made so here (the executor then runs
+    /// [`Backend::forward`]).
+    fn forward_with_twin(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        let _ = (kind, inputs);
+        Ok(None)
+    }
+
     /// Attention's forward (`kind` an `Attention`) that also returns what its backward would
     /// otherwise recompute: each query row's log-sum-exp, FlashAttention-2's saved statistic
     /// (the program's `saves`). With `as_words` (every reader of the output reads it only as

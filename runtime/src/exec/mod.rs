@@ -37,6 +37,7 @@ pub mod p2p;
 pub mod peak;
 pub mod stash;
 mod state;
+mod twins;
 mod words_only;
 
 use ir::OpKind;
@@ -107,6 +108,8 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     stashed: Vec<Option<B::Buffer>>,
     /// Step instructions whose results are made as bf16 words only ([`words_only`]).
     step_words: Vec<bool>,
+    /// Step instructions whose result is made with its bf16 twin ([`twins`]).
+    step_twins: Vec<bool>,
     /// Buffers back from the stash whose f32 values are not yet expanded ([`words_only`]).
     words_only: Vec<bool>,
     /// Attention forwards that keep their row statistics for their gradients ([`kept`]).
@@ -217,6 +220,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
             words_only: vec![false; tpl.buffers.len()],
             step_words: Vec::new(),
+            step_twins: Vec::new(),
             peak_at: None,
             steps: 0,
             micro_batch: 0,
@@ -228,6 +232,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             device_p2p: backend_p2p && p2p::deadlock_free(set),
         };
         exec.step_words = exec.word_results();
+        exec.step_twins = exec.twin_results();
         Ok(exec)
     }
 
@@ -336,13 +341,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 {
                     self.move_buffer(*src, *dst).map(|()| None)
                 }
-                (Ok(()), _, None) => match self.run_kept(k, ins) {
+                (Ok(()), _, None) => match self.run_fused(k, ins) {
                     Ok(true) => Ok(None),
-                    Ok(false) => match self.run_words(k, ins) {
-                        Ok(true) => Ok(None),
-                        Ok(false) => self.exec(ins, r, None, Some(batch)),
-                        Err(e) => Err(e),
-                    },
+                    Ok(false) => self.exec(ins, r, None, Some(batch)),
                     Err(e) => Err(e),
                 },
             };
@@ -1051,6 +1052,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             self.put_buffer(o, y)?;
         }
         Ok(())
+    }
+
+    /// Runs step instruction `k` in one of the ways the backend fuses more into (in this
+    /// order): attention keeping its statistics ([`kept`]), results made as words alone
+    /// ([`words_only`]), a result made with its twin ([`twins`]); `false` where none applies
+    /// (it runs as usual).
+    fn run_fused(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
+        Ok(self.run_kept(k, ins)? || self.run_words(k, ins)? || self.run_twin(k, ins)?)
     }
 
     /// Runs step instruction `k` where it is an attention forward that keeps its row

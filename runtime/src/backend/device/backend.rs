@@ -650,6 +650,14 @@ impl<D: Device> Backend for DeviceBackend<D> {
         ops::forward_words(self, kind, inputs)
     }
 
+    fn forward_with_twin(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        ops::forward_with_twin(self, kind, inputs)
+    }
+
     fn attention_forward_keeping(
         &self,
         kind: &OpKind,

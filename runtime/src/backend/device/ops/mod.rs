@@ -26,6 +26,7 @@ pub(super) use attention::{
 };
 pub(super) use context::run as context_op;
 pub(super) use optim::{adamw, adamw_copy};
+pub(super) use pointwise::forward_twin as forward_with_twin;
 pub(super) use vocab::run as vocab_shard;
 pub(super) use words::forward as forward_words;
 

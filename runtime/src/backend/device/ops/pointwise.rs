@@ -5,7 +5,7 @@ use kernels::device::{Broadcast, binary_code, broadcast_shape, unary_code};
 
 use super::{Buf, pointwise_grid, size, stream_grid};
 use crate::RuntimeError;
-use crate::backend::device::{Device, DeviceBackend, KernelArg};
+use crate::backend::device::{Device, DeviceBackend, GemmPrecision, KernelArg};
 
 pub(super) fn forward<D: Device>(
     b: &DeviceBackend<D>,
@@ -54,6 +54,49 @@ pub(super) fn forward<D: Device>(
             KernelArg::I32(op),
         ],
     )?;
+    Ok(Some(y))
+}
+
+/// A binary op on operands laid out as its output, with the result's bf16 twin written by the
+/// same launch (`binary_forward_twin`): the words a stash right after it keeps, or a bf16 GEMM
+/// that reads it takes, without a pass of `to_bf16` over it. The twin is the result rounded
+/// (not exact: its f32 values stay the ones every other reader reads). `None` for another op,
+/// broadcast operands, or f32 GEMMs (no twins).
+pub(in crate::backend::device) fn forward_twin<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    inputs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let (Some(op), &[x, z]) = (binary_code(kind), inputs) else {
+        return Ok(None);
+    };
+    if x.shape != z.shape || x.len == 0 || b.gemm_precision != GemmPrecision::Bf16 {
+        return Ok(None);
+    }
+    let mut y = b.alloc(&x.shape)?;
+    let mut twin = b.device.alloc(x.len.div_ceil(2))?;
+    let block = b.device.block_size();
+    let launched = b.device.launch(
+        "binary_forward_twin",
+        stream_grid(block, x.len.div_ceil(2)),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::Out(&mut twin),
+            KernelArg::In(&x.mem),
+            KernelArg::In(&z.mem),
+            size(x.len),
+            KernelArg::I32(op),
+        ],
+    );
+    if let Err(e) = launched {
+        b.device.release(twin);
+        b.device.release(y.mem);
+        return Err(e);
+    }
+    if let Err(t) = y.bf16.set(twin) {
+        b.device.release(t);
+    }
     Ok(Some(y))
 }
 
