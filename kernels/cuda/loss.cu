@@ -1,6 +1,8 @@
 // Cross-entropy of logits[N, V] against integer targets (stored as f32, as the IR does), the
 // mean over the N rows (kernels/src/loss.rs). A target outside [0, V) gives NaN, so a bad
-// batch shows in the loss instead of reading past the row.
+// batch shows in the loss instead of reading past the row. The logits' rows lie `pitch` ≥ V
+// elements apart: V for a dense tensor, more where a bf16 GEMM wrote them at its padded pitch
+// (an LM head over a vocabulary of odd width), read where they lie instead of copied out.
 
 // log Σ exp(row) in one pass over the row (a vocabulary's row is read once, not twice): each
 // thread keeps its running maximum and its sum of exp(x − max), rescaled when the maximum
@@ -36,9 +38,9 @@ __device__ i64 target_index(float t, i64 v) {
 
 // One block per row: per_row[r] = lse(row) − row[target].
 extern "C" __global__ void cross_entropy_rows(float* per_row, const float* logits, const float* targets, i64 n,
-                                              i64 v) {
+                                              i64 v, i64 pitch) {
     for (i64 r = blockIdx.x; r < n; r += gridDim.x) {
-        const float* row = logits + r * v;
+        const float* row = logits + r * pitch;
         double lse = row_log_sum_exp(row, v);
         i64 t = target_index(targets[r], v);
         if (threadIdx.x == 0) per_row[r] = t < 0 ? NAN : (float)(lse - row[t]);
@@ -54,11 +56,12 @@ extern "C" __global__ void mean_all(float* out, const float* x, i64 n) {
 }
 
 // d logits = g/N · (softmax(row) − onehot(target)); `g` is the loss gradient (one element).
+// dlogits is dense ([N, V]).
 extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* logits, const float* targets,
-                                                  const float* g, i64 n, i64 v) {
+                                                  const float* g, i64 n, i64 v, i64 pitch) {
     double scale = (double)g[0] / (double)n;
     for (i64 r = blockIdx.x; r < n; r += gridDim.x) {
-        const float* row = logits + r * v;
+        const float* row = logits + r * pitch;
         double lse = row_log_sum_exp(row, v);
         i64 t = target_index(targets[r], v);
         for (i64 j0 = threadIdx.x; j0 < v; j0 += ILP * blockDim.x) {

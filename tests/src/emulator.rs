@@ -149,9 +149,19 @@ impl Device for Emulator {
             };
             f32::from_bits(half)
         };
+        // Counted as the CUDA device launches it (operand copies, products, copies out of a
+        // padded pitch), as the dry device counts it.
+        if let Ok(mut t) = self.launches.lock() {
+            for (kernel, bytes) in runtime::backend::device::bf16_gemm::launches(g) {
+                t.add(kernel, bytes);
+            }
+        }
+        // Rows of `c` at its own pitch where it has one (the columns past `n` left as they are).
+        let ld = if g.c_pitch != 0 { g.c_pitch } else { g.n };
+        let stride_c = if g.c_pitch != 0 { g.m * ld } else { g.stride_c };
         for e in 0..g.batch {
             let (a, b) = (&a[e * g.stride_a..], &b[e * g.stride_b..]);
-            let c = &mut c[e * g.stride_c..];
+            let c = &mut c[e * stride_c..];
             for i in 0..g.m {
                 for j in 0..g.n {
                     let round = |v: f32| match g.precision {
@@ -173,7 +183,7 @@ impl Device for Emulator {
                             f64::from(round(x)) * f64::from(round(y))
                         })
                         .sum();
-                    c[i * g.n + j] = s as f32;
+                    c[i * ld + j] = s as f32;
                 }
             }
         }

@@ -431,12 +431,21 @@ fn results_made_as_words_are_the_f32_results_rounded() {
             .forward_words(kind, &xs)
             .unwrap()
             .unwrap_or_else(|| panic!("{kind:?} made as words"));
-        // Only kernels that write words ran (a linear's also convert its GEMM's operands).
+        // Only kernels that write words ran (a linear's GEMM also converts its operands,
+        // multiplies them and copies a padded product out).
         let launched = b.launch_tally().expect("counted").since(&before);
         let linear = matches!(kind, OpKind::Linear { .. });
+        let gemm = |name: &str| {
+            [
+                "to_bf16",
+                "unpad_rows",
+                runtime::backend::device::bf16_gemm::CUBLAS,
+            ]
+            .contains(&name)
+        };
         for (name, _) in launched.by_bytes() {
             assert!(
-                name.contains("words") || (linear && name == "to_bf16"),
+                name.contains("words") || (linear && gemm(name)),
                 "{kind:?}: {name} ran"
             );
         }
@@ -739,6 +748,85 @@ fn a_binary_result_made_with_its_twin_is_the_stash_of_its_values() {
             .forward_with_twin(&OpKind::Add, &[&y, &y])
             .unwrap()
             .is_none()
+    );
+}
+
+/// An LM head's logits held at its GEMM's padded pitch (`Backend::forward_pitched`: a vocabulary
+/// of odd width, bf16 GEMMs) are the dense product's values; the cross-entropy and its
+/// gradient read them where they lie and equal the dense run bit for bit; read back, stashed or
+/// made dense they are the dense values; any other op refuses them. A product whose rows are
+/// whole 16-byte words, or an f32 plan's, is not held so.
+#[test]
+fn logits_held_at_the_gemms_pitch_read_as_the_dense_ones() {
+    use runtime::backend::Stashed;
+    let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
+    let head = OpKind::Linear { bias: false };
+    let (rows, hidden, vocab) = (12usize, 16usize, 37usize);
+    let x = b.upload(&tensor(&[2, rows / 2, hidden], 31)).unwrap();
+    let w = b.upload(&tensor(&[hidden, vocab], 32)).unwrap();
+    let targets: Vec<f32> = (0..rows).map(|i| ((i * 7) % vocab) as f32).collect();
+    let targets = b
+        .upload(&Tensor32::new(vec![2, rows / 2], targets).unwrap())
+        .unwrap();
+    let dense = b.forward(&head, &[&x, &w], BINDING).unwrap().remove(0);
+    let pitched = b
+        .forward_pitched(&head, &[&x, &w])
+        .unwrap()
+        .expect("held at the pitch");
+    let dl = |t: &runtime::DeviceBuffer<Vec<f32>>| -> Vec<u32> {
+        b.download(t)
+            .unwrap()
+            .data
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    assert_eq!(dl(&pitched), dl(&dense), "the product's values");
+    let ce = OpKind::CrossEntropy;
+    let loss = |l: &runtime::DeviceBuffer<Vec<f32>>| {
+        let out = b.forward(&ce, &[l, &targets], BINDING).unwrap();
+        bits(&b, &out)
+    };
+    assert_eq!(loss(&pitched), loss(&dense), "the loss");
+    let one = b
+        .upload(&Tensor32::new(vec![], vec![1.0]).unwrap())
+        .unwrap();
+    let grad = |l: &runtime::DeviceBuffer<Vec<f32>>| {
+        let g = b.backward(&ce, &[l, &targets], &[&one]).unwrap();
+        dl(g[0].as_ref().expect("the logits' gradient"))
+    };
+    assert_eq!(grad(&pitched), grad(&dense), "the logits' gradient");
+    let err = b
+        .forward(&OpKind::Gelu { tanh: true }, &[&pitched], BINDING)
+        .unwrap_err();
+    assert!(err.to_string().contains("pitch"), "{err}");
+    let stash = |x| match b.stash_bf16(x).unwrap() {
+        Stashed::Words(w) => bits(&b, &[w]),
+        Stashed::Kept(_) => panic!("a device backend stashes"),
+    };
+    let mut made_dense = b
+        .forward_pitched(&head, &[&x, &w])
+        .unwrap()
+        .expect("pitched");
+    b.expand_stashed(&mut made_dense).unwrap();
+    assert_eq!(dl(&made_dense), dl(&dense), "made dense");
+    assert_eq!(stash(pitched), stash(dense), "the stash's words");
+    let w8 = b.upload(&tensor(&[hidden, 40], 33)).unwrap();
+    assert!(
+        b.forward_pitched(&head, &[&x, &w8]).unwrap().is_none(),
+        "whole words"
+    );
+    let f32_gemms = emulator(64);
+    let (xf, wf) = (
+        f32_gemms.upload(&tensor(&[rows, hidden], 34)).unwrap(),
+        f32_gemms.upload(&tensor(&[hidden, vocab], 35)).unwrap(),
+    );
+    assert!(
+        f32_gemms
+            .forward_pitched(&head, &[&xf, &wf])
+            .unwrap()
+            .is_none(),
+        "f32"
     );
 }
 

@@ -187,12 +187,19 @@ pub(super) fn gemm(
     };
     let Some(pitch) = bf16_gemm::padded_pitch(g, dims.n) else {
         let (c_ptr, _c_sync) = c.data.device_ptr_mut(stream);
+        // At `c`'s own pitch (≥ the padded columns), cuBLAS writes the padded product's rows
+        // where they stay; else the product's `n` columns densely.
+        let (ld, n) = if g.c_pitch != 0 {
+            (g.c_pitch, dims.n.min(g.c_pitch))
+        } else {
+            (g.n, g.n)
+        };
         let c_layout = Layout {
-            ld: g.n,
-            stride: g.stride_c,
+            ld,
+            stride: if g.c_pitch != 0 { g.m * ld } else { g.stride_c },
         };
         let call = Call {
-            dims: Dims { n: g.n, ..dims },
+            dims: Dims { n, ..dims },
             ..call
         };
         return call.run(dev, (c_ptr, c_layout));

@@ -336,6 +336,27 @@ pub trait Backend: std::fmt::Debug {
         Ok(None)
     }
 
+    /// `kind`'s result (one) held with its rows at a padded pitch, as a bf16 GEMM writes them
+    /// where a row is not a whole number of 16-byte words (an LM head's logits over a
+    /// vocabulary of odd width), for a result every reader of which reads it so
+    /// ([`Backend::reads_pitched`]): no copy makes it dense. `None`: not made so here.
+    fn forward_pitched(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        let _ = (kind, inputs);
+        Ok(None)
+    }
+
+    /// Whether this backend's op `kind`, on inputs of `shapes`, reads input `operand` where it
+    /// lies when it is held at a pitch ([`Backend::forward_pitched`]); every other reader needs
+    /// [`Backend::expand_stashed`] first, which makes it dense.
+    fn reads_pitched(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
+        let _ = (kind, shapes, operand);
+        false
+    }
+
     /// `kind`'s result (one) with its bf16 twin made by the same launch, for a result the
     /// executor stashes right after or a bf16 GEMM reads as its output gradient
     /// ([`Executor::twin_results`](crate::exec)): the words are those the stash or the GEMM

@@ -35,6 +35,7 @@ pub mod on_device;
 pub mod op_times;
 pub mod p2p;
 pub mod peak;
+mod pitched;
 pub mod stash;
 mod state;
 mod twins;
@@ -110,6 +111,10 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     step_words: Vec<bool>,
     /// Step instructions whose result is made with its bf16 twin ([`twins`]).
     step_twins: Vec<bool>,
+    /// Step instructions whose result is held at its GEMM's padded pitch ([`pitched`]).
+    step_pitched: Vec<bool>,
+    /// Buffers held at a padded row pitch now ([`pitched`]).
+    pitched: Vec<bool>,
     /// Buffers back from the stash whose f32 values are not yet expanded ([`words_only`]).
     words_only: Vec<bool>,
     /// Attention forwards that keep their row statistics for their gradients ([`kept`]).
@@ -221,6 +226,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             words_only: vec![false; tpl.buffers.len()],
             step_words: Vec::new(),
             step_twins: Vec::new(),
+            step_pitched: Vec::new(),
+            pitched: vec![false; tpl.buffers.len()],
             peak_at: None,
             steps: 0,
             micro_batch: 0,
@@ -233,6 +240,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         };
         exec.step_words = exec.word_results();
         exec.step_twins = exec.twin_results();
+        exec.step_pitched = exec.pitched_results();
         Ok(exec)
     }
 
@@ -316,6 +324,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             let expand = stash_plan.before.get(k).map_or(&[][..], Vec::as_slice);
             let back = self
                 .expand_words_for(ins, r)
+                .and_then(|()| self.make_dense_for(ins, r))
                 .and_then(|()| self.unstash(expand, Some(ins)));
             let zero_add = self.zero_add_source(k, ins);
             // The copy the update before it already wrote ([`adamw_copy`]).
@@ -508,8 +517,10 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             let Some(x) = self.bufs.get_mut(i).and_then(Option::take) else {
                 continue;
             };
-            // Its words are what the stash keeps (the device backend's twin).
+            // Its words are what the stash keeps (the device backend's twin; a buffer held at
+            // a pitch is made dense first).
             self.words_only[i] = false;
+            self.pitched[i] = false;
             match self.backend.stash_bf16(x)? {
                 crate::backend::Stashed::Words(words) => self.stashed[i] = Some(words),
                 crate::backend::Stashed::Kept(x) => {
@@ -588,6 +599,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             *w = None;
         }
         self.words_only[i] = false;
+        self.pitched[i] = false;
         self.zero_on_read[i] = true;
         Ok(())
     }
@@ -677,6 +689,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         if let Some(w) = self.words_only.get_mut(b.index()) {
             *w = false;
         }
+        if let Some(p) = self.pitched.get_mut(b.index()) {
+            *p = false;
+        }
         if let Some(z) = self.zero_on_read.get_mut(b.index()) {
             *z = false;
         }
@@ -748,6 +763,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 }
                 if let Some(w) = self.words_only.get_mut(buf.index()) {
                     *w = false;
+                }
+                if let Some(p) = self.pitched.get_mut(buf.index()) {
+                    *p = false;
                 }
                 if let Some(s) = self.stashed.get_mut(buf.index())
                     && let Some(words) = s.take()
@@ -1056,10 +1074,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
 
     /// Runs step instruction `k` in one of the ways the backend fuses more into (in this
     /// order): attention keeping its statistics ([`kept`]), results made as words alone
-    /// ([`words_only`]), a result made with its twin ([`twins`]); `false` where none applies
+    /// ([`words_only`]), a result held at its GEMM's pitch ([`pitched`]), a result made with
+    /// its twin ([`twins`]); `false` where none applies
     /// (it runs as usual).
     fn run_fused(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
-        Ok(self.run_kept(k, ins)? || self.run_words(k, ins)? || self.run_twin(k, ins)?)
+        Ok(self.run_kept(k, ins)?
+            || self.run_words(k, ins)?
+            || self.run_pitched(k, ins)?
+            || self.run_twin(k, ins)?)
     }
 
     /// Runs step instruction `k` where it is an attention forward that keeps its row

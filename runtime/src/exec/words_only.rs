@@ -22,7 +22,7 @@ use crate::{Backend, Communicator, RuntimeError};
 /// What the readers of a buffer's value, from some point to the value's end, ask of it.
 #[derive(Clone, Copy)]
 struct Readers {
-    /// Every one reads it only as words.
+    /// Every one reads it only as words (or in the form asked about).
     words: bool,
     count: usize,
 }
@@ -66,6 +66,18 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// until it is freed or written again (a value still live at the step's end is read
     /// after it: not so). One pass from the last instruction back.
     pub(super) fn word_results(&self) -> Vec<bool> {
+        self.results_read_only(Self::reads_words_only, Self::stored_bf16)
+    }
+
+    /// Per step instruction, whether it is a computation each result of which `keep` accepts
+    /// and every later reader of which, until it is freed or written again, reads it only as
+    /// `reads_so` says (a value still live at the step's end is read after it: not so), and
+    /// not an operand of its own. One pass from the last instruction back.
+    pub(super) fn results_read_only(
+        &self,
+        reads_so: impl Fn(&Self, &Instr, BufferId) -> bool,
+        keep: impl Fn(&Self, BufferId) -> bool,
+    ) -> Vec<bool> {
         let instrs = &self.tpl.instrs;
         let mut ahead = vec![
             Readers {
@@ -83,7 +95,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                 out[k] = !outputs.is_empty()
                     && outputs.iter().all(|&o| {
                         let r = ahead.get(o.index()).copied().unwrap_or(ENDS_UNREAD);
-                        r.words && r.count > 0 && !inputs.contains(&o) && self.stored_bf16(o)
+                        r.words && r.count > 0 && !inputs.contains(&o) && keep(self, o)
                     });
             }
             let (reads, writes) = program::verify::operands(ins);
@@ -97,7 +109,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                 }
             }
             for b in reads {
-                let words = self.reads_words_only(ins, b);
+                let words = reads_so(self, ins, b);
                 if let Some(r) = ahead.get_mut(b.index()) {
                     r.words &= words;
                     r.count += 1;
@@ -174,6 +186,9 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// (parameters and optimizer state: f32 from outside). Gradients stay as words: only the
     /// program reads them, and each of its reads expands them first or reads the words.
     pub(super) fn expand_all_words(&mut self) -> Result<(), RuntimeError> {
+        for i in 0..self.pitched.len() {
+            self.make_dense(BufferId(i as u32))?;
+        }
         for i in 0..self.words_only.len() {
             let gradient = self.tpl.buffer(BufferId(i as u32)).is_some_and(|d| {
                 matches!(

@@ -26,6 +26,12 @@ pub const LLAMA_MQA: &str = concat!(
     "/tests/data/tiny-llama-mqa.json"
 );
 /// A 2-layer GPT with heads 32 wide, the narrowest the tensor-core attention takes.
+/// GPT-2 with a vocabulary of odd width (251), as GPT-2's own 50257: a bf16 plan's LM head then
+/// writes its logits at a padded row pitch (`runtime::exec::pitched`).
+pub const ODD_VOCAB: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/tiny-gpt2-odd-vocab.json"
+);
 pub const WIDE_HEADS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/data/tiny-gpt2-wide-heads.json"

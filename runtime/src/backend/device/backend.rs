@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use ir::{AdamWConfig, Binding, OpKind};
 use kernels::Tensor32;
 
-use super::{Device, Gemm, GemmPrecision, ops};
+use super::{Device, Gemm, GemmPrecision, KernelArg, ops};
 use crate::Communicator;
 use crate::RuntimeError;
 use crate::backend::collectives::{Collectives, DeviceCollective};
@@ -75,6 +75,12 @@ pub struct DeviceBuffer<M> {
     /// ([`DeviceBackend::ensure_f32`]), so that it costs the plan's bf16 bytes, not 1.5 times
     /// them.
     pub(crate) f32_lazy: bool,
+    /// `mem` holds the rows (of the last dim) this many elements apart, not densely: a bf16
+    /// GEMM's product written at its padded pitch (an LM head's logits over a vocabulary of odd
+    /// width), which only kernels that take a pitch read as it lies (the cross-entropy's,
+    /// `Backend::reads_pitched`); [`DeviceBackend::make_dense`] copies it out before anything
+    /// else reads it.
+    pub(crate) pitch: Option<usize>,
 }
 
 impl<M> DeviceBuffer<M> {
@@ -120,6 +126,25 @@ fn host_op_name(kind: &OpKind) -> String {
         OpKind::Grad { of, .. } => format!("{} backward", of.mnemonic()),
         k => k.mnemonic().to_owned(),
     }
+}
+
+/// An error where a buffer held at a pitch reaches an op that reads rows densely (all but the
+/// cross-entropy: the executor makes such a buffer dense before any other reader).
+fn refuse_pitched<M>(kind: &OpKind, inputs: &[&DeviceBuffer<M>]) -> Result<(), RuntimeError> {
+    let of = match kind {
+        OpKind::Grad { of, .. } => of,
+        k => k,
+    };
+    if matches!(of, OpKind::CrossEntropy) || inputs.iter().all(|x| x.pitch.is_none()) {
+        return Ok(());
+    }
+    Err(RuntimeError::DeviceLaunch {
+        kernel: "unpad_rows",
+        message: format!(
+            "{}: an operand is held at a padded row pitch; only the cross-entropy reads it so",
+            kind.mnemonic()
+        ),
+    })
 }
 
 fn element_count(shape: &[usize]) -> Result<usize, RuntimeError> {
@@ -222,6 +247,7 @@ impl<D: Device> DeviceBackend<D> {
             bf16: OnceLock::new(),
             bf16_exact: false,
             f32_lazy: false,
+            pitch: None,
         })
     }
 
@@ -246,6 +272,7 @@ impl<D: Device> DeviceBackend<D> {
             bf16: OnceLock::from(words),
             bf16_exact: true,
             f32_lazy: true,
+            pitch: None,
         })
     }
 
@@ -256,6 +283,71 @@ impl<D: Device> DeviceBackend<D> {
             let full = self.device.alloc(x.len.max(1))?;
             self.device.release(std::mem::replace(&mut x.mem, full));
             x.f32_lazy = false;
+        }
+        Ok(())
+    }
+
+    /// A buffer of `shape` whose rows (of the last dim) lie `pitch` elements apart in its
+    /// memory ([`DeviceBuffer::pitch`]), values unwritten.
+    pub(crate) fn alloc_pitched(
+        &self,
+        shape: &[usize],
+        pitch: usize,
+    ) -> Result<DeviceBuffer<D::Mem>, RuntimeError> {
+        let len = element_count(shape)?;
+        let cols = shape.last().copied().unwrap_or(1).max(1);
+        let held = element_count(&[len / cols, pitch])?;
+        Ok(DeviceBuffer {
+            shape: shape.to_vec(),
+            len,
+            mem: self.device.alloc(held.max(1))?,
+            bf16: OnceLock::new(),
+            bf16_exact: false,
+            f32_lazy: false,
+            pitch: Some(pitch),
+        })
+    }
+
+    /// `x`'s rows copied out densely (`unpad_rows`) into new memory, where `x` holds them at a
+    /// pitch; `None` where it is dense already.
+    pub(crate) fn dense_copy(
+        &self,
+        x: &DeviceBuffer<D::Mem>,
+    ) -> Result<Option<D::Mem>, RuntimeError> {
+        let Some(pitch) = x.pitch else {
+            return Ok(None);
+        };
+        let cols = x.shape.last().copied().unwrap_or(1).max(1);
+        let rows = x.len / cols;
+        let mut dense = self.device.alloc(x.len.max(1))?;
+        let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
+        let launched = self.device.launch(
+            "unpad_rows",
+            ops::row_grid(rows),
+            self.device.block_size(),
+            &mut [
+                KernelArg::Out(&mut dense),
+                KernelArg::In(&x.mem),
+                i(rows),
+                i(cols),
+                i(pitch),
+                i(0),
+            ],
+        );
+        match launched {
+            Ok(()) => Ok(Some(dense)),
+            Err(e) => {
+                self.device.release(dense);
+                Err(e)
+            }
+        }
+    }
+
+    /// Holds `x`'s rows densely, where it held them at a pitch ([`DeviceBuffer::pitch`]).
+    pub(crate) fn make_dense(&self, x: &mut DeviceBuffer<D::Mem>) -> Result<(), RuntimeError> {
+        if let Some(dense) = self.dense_copy(x)? {
+            self.device.release(std::mem::replace(&mut x.mem, dense));
+            x.pitch = None;
         }
         Ok(())
     }
@@ -286,6 +378,7 @@ impl<D: Device> DeviceBackend<D> {
             bf16: OnceLock::new(),
             bf16_exact: false,
             f32_lazy: false,
+            pitch: None,
         })
     }
 
@@ -307,6 +400,7 @@ impl<D: Device> DeviceBackend<D> {
             self.device.release(twin);
         }
         x.bf16_exact = false;
+        self.make_dense(x)?;
         self.ensure_f32(x)
     }
 
@@ -403,12 +497,20 @@ impl<D: Device> Backend for DeviceBackend<D> {
         if let Some(words) = buffer.exact_bf16() {
             return self.download_words(buffer, words);
         }
+        let dense = self.dense_copy(buffer)?;
         let t = &self.transfers;
         Transfers::count(&t.downloads, &t.download_bytes, buffer.len);
         let mut data = vec![0.0f32; buffer.len];
-        if buffer.len > 0 {
-            self.aborting_on_timeout(self.device.download(&buffer.mem, &mut data))?;
+        let mem = dense.as_ref().unwrap_or(&buffer.mem);
+        let got = if buffer.len > 0 {
+            self.aborting_on_timeout(self.device.download(mem, &mut data))
+        } else {
+            Ok(())
+        };
+        if let Some(d) = dense {
+            self.device.release(d);
         }
+        got?;
         Tensor32::new(buffer.shape.clone(), data).map_err(RuntimeError::kernel("download"))
     }
 
@@ -547,6 +649,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         inputs: &[&Self::Buffer],
         binding: Binding,
     ) -> Result<Vec<Self::Buffer>, RuntimeError> {
+        refuse_pitched(kind, inputs)?;
         if let Some(out) = ops::forward(self, kind, inputs, binding)? {
             return Ok(out);
         }
@@ -562,6 +665,8 @@ impl<D: Device> Backend for DeviceBackend<D> {
         xs: &[&Self::Buffer],
         dys: &[&Self::Buffer],
     ) -> Result<Vec<Option<Self::Buffer>>, RuntimeError> {
+        refuse_pitched(kind, xs)?;
+        refuse_pitched(kind, dys)?;
         if let Some(grads) = ops::backward(self, kind, xs, dys)? {
             return Ok(grads);
         }
@@ -627,6 +732,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
 
     /// `x`'s twin where it has one (made by a GEMM that read it), else its words made now.
     fn stash_bf16(&self, mut x: Self::Buffer) -> Result<Stashed<Self::Buffer>, RuntimeError> {
+        self.make_dense(&mut x)?;
         let words = match x.bf16.take() {
             Some(twin) => DeviceBuffer {
                 shape: vec![x.len.div_ceil(2)],
@@ -635,6 +741,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
                 bf16: OnceLock::new(),
                 bf16_exact: false,
                 f32_lazy: false,
+                pitch: None,
             },
             None => ops::stash_bf16(self, &x)?,
         };
@@ -691,8 +798,24 @@ impl<D: Device> Backend for DeviceBackend<D> {
         self.words_only(shape, words.mem)
     }
 
+    /// Also makes a buffer held at a pitch dense ([`DeviceBackend::make_dense`]).
     fn expand_stashed(&self, x: &mut Self::Buffer) -> Result<(), RuntimeError> {
+        if x.pitch.is_some() {
+            return self.make_dense(x);
+        }
         ops::expand_twin(self, x)
+    }
+
+    fn forward_pitched(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        ops::forward_pitched(self, kind, inputs)
+    }
+
+    fn reads_pitched(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
+        ops::reads_pitched(kind, shapes, operand)
     }
 
     /// The f32 expansion, with the words kept as its twin: a GEMM that reads it next (a

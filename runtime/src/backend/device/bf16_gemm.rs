@@ -113,6 +113,10 @@ pub(crate) fn product_dims(g: &Gemm, [a, b]: [Layout; 2]) -> (usize, usize) {
 /// kernels move tiles of 16-byte aligned rows). `unpad_rows` then copies the first `n`
 /// columns to the dense output.
 pub(crate) fn padded_pitch(g: &Gemm, n_gemm: usize) -> Option<usize> {
+    if g.c_pitch != 0 {
+        // Written at `c`'s own pitch: nothing to copy out.
+        return None;
+    }
     let dense = g.batch == 1 || g.stride_c == g.m * g.n;
     let aligned = n_gemm == g.n && g.n.is_multiple_of(4);
     (g.precision == GemmPrecision::Bf16 && !aligned && dense).then(|| n_gemm.next_multiple_of(4))
@@ -142,21 +146,33 @@ pub fn temporaries(g: &Gemm) -> Vec<usize> {
     }
     let strides = [g.stride_a, g.stride_b];
     let mut taken = Vec::new();
+    for (i, dims) in operand_dims(g).into_iter().enumerate() {
+        if !g.given_bf16[i] {
+            taken.push(copy_layout(g.batch, dims, strides[i]).0.words());
+        }
+    }
+    if let Some(pitch) = padded_output(g) {
+        taken.push(g.batch * padded_chunk(g, pitch) * pitch);
+    }
+    taken
+}
+
+/// The padded pitch `g`'s product is written at ([`padded_pitch`]), given its operands'
+/// layouts: `None` where cuBLAS writes it to `c` as it is (or at `c`'s own pitch).
+pub fn padded_output(g: &Gemm) -> Option<usize> {
+    if g.precision != GemmPrecision::Bf16 || g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0 {
+        return None;
+    }
+    let strides = [g.stride_a, g.stride_b];
     let mut layouts = [Layout { ld: 0, stride: 0 }; 2];
     for (i, dims) in operand_dims(g).into_iter().enumerate() {
         layouts[i] = if g.given_bf16[i] {
             given_layout(dims)
         } else {
-            let (op, layout) = copy_layout(g.batch, dims, strides[i]);
-            taken.push(op.words());
-            layout
+            copy_layout(g.batch, dims, strides[i]).1
         };
     }
-    let (n, _) = product_dims(g, layouts);
-    if let Some(pitch) = padded_pitch(g, n) {
-        taken.push(g.batch * padded_chunk(g, pitch) * pitch);
-    }
-    taken
+    padded_pitch(g, product_dims(g, layouts).0)
 }
 
 /// The launches `g` takes on a GPU, each with the bytes of the buffers it is handed
@@ -196,7 +212,12 @@ pub fn launches(g: &Gemm) -> Vec<(&'static str, u64)> {
     }
     let (n, _) = product_dims(g, layouts);
     let Some(pitch) = padded_pitch(g, n) else {
-        v.push((CUBLAS, 2 * (sizes[0] + sizes[1]) as u64 + 4 * out));
+        let written = if g.c_pitch != 0 {
+            (g.batch * g.m * g.c_pitch) as u64
+        } else {
+            out
+        };
+        v.push((CUBLAS, 2 * (sizes[0] + sizes[1]) as u64 + 4 * written));
         return v;
     };
     // One product and one unpad per chunk of rows: each reads its rows of `a` and all of `b`.

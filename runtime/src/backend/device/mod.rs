@@ -59,6 +59,9 @@ pub struct Gemm {
     /// Operands `[a, b]` given already as [`Device::bf16_operand`]'s copy (one matrix, bf16
     /// words at its padded pitch) rather than f32: a bf16 GEMM then converts only the other.
     pub given_bf16: [bool; 2],
+    /// `c`'s rows lie this many elements apart (≥ the product's padded columns), as cuBLAS
+    /// writes a bf16 product's padded rows directly ([`bf16_gemm::padded_output`]); 0: dense.
+    pub c_pitch: usize,
 }
 
 impl Gemm {
@@ -76,6 +79,7 @@ impl Gemm {
             stride_c: 0,
             precision: GemmPrecision::F32,
             given_bf16: [false; 2],
+            c_pitch: 0,
         }
     }
 }

@@ -5,7 +5,7 @@ use ir::OpKind;
 
 use super::{Buf, Weighted};
 use crate::RuntimeError;
-use crate::backend::device::{Device, DeviceBackend, Gemm, GemmPrecision, KernelArg};
+use crate::backend::device::{Device, DeviceBackend, Gemm, GemmPrecision, KernelArg, bf16_gemm};
 
 /// The shapes of a product `x · w` the device runs: `w` one matrix (every leading dim of `x`
 /// folded into M), or both batched with equal batch dims. `None` otherwise (broadcast batch
@@ -286,6 +286,34 @@ fn product_of<D: Device>(
     g.given_bf16 = [x_given, w_given];
     b.device.gemm(&g, xm, wm, &mut y.mem)?;
     Ok(y)
+}
+
+/// A product without a bias held at the padded pitch its bf16 GEMM writes its rows at
+/// ([`DeviceBuffer::pitch`](crate::backend::device::DeviceBuffer)): cuBLAS writes them into the
+/// output itself, with no scratch and no copy out (`unpad_rows`). `None` where the product is
+/// not padded so (its rows are whole 16-byte words), or not a bf16 one.
+pub(in crate::backend::device) fn forward_pitched<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let Some(((x, w, None), p)) = operands::<D>(b.gemm_precision, kind, xs) else {
+        return Ok(None);
+    };
+    if empty(&p) || p.precision != GemmPrecision::Bf16 || p.batch != 1 {
+        return Ok(None);
+    }
+    let mut g = p.forward();
+    let (xm, x_given) = operand(b, x, p.k, true)?;
+    let (wm, w_given) = operand(b, w, p.n, !p.batched_w)?;
+    g.given_bf16 = [x_given, w_given];
+    let Some(pitch) = bf16_gemm::padded_output(&g) else {
+        return Ok(None);
+    };
+    g.c_pitch = pitch;
+    let mut y = b.alloc_pitched(&out_shape(&x.shape, p.n), pitch)?;
+    b.device.gemm(&g, xm, wm, &mut y.mem)?;
+    Ok(Some(y))
 }
 
 /// A biased linear's output made as bf16 words alone ([`super::words`]): the GEMM's product,

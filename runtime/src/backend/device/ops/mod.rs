@@ -25,8 +25,10 @@ pub(super) use attention::{
     backward_kept as attention_backward_kept, forward_keeping as attention_forward_keeping,
 };
 pub(super) use context::run as context_op;
+pub(super) use matmul::forward_pitched;
 pub(super) use optim::{adamw, adamw_copy};
 pub(super) use pointwise::forward_twin as forward_with_twin;
+pub(super) use rows::reads_pitched;
 pub(super) use vocab::run as vocab_shard;
 pub(super) use words::forward as forward_words;
 
@@ -530,7 +532,7 @@ fn stream_grid(block: u32, n: usize) -> u32 {
 }
 
 /// Blocks for a row kernel over `rows` rows (one block per row, grid-stride beyond).
-fn row_grid(rows: usize) -> u32 {
+pub(super) fn row_grid(rows: usize) -> u32 {
     rows.clamp(1, MAX_GRID) as u32
 }
 

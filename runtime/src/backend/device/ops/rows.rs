@@ -289,6 +289,22 @@ fn loss_dims<D: Device>(logits: &Buf<D>, targets: &Buf<D>) -> Option<(usize, usi
     (n > 0 && lead == targets.shape.as_slice()).then_some((n, v))
 }
 
+/// Whether the cross-entropy (or its gradient: `kind` is `Grad` of it) on inputs of `shapes`
+/// reads `operand` where it lies when held at a pitch: the logits (the kernels take their
+/// row pitch).
+pub(in crate::backend::device) fn reads_pitched(
+    kind: &OpKind,
+    shapes: &[&[usize]],
+    operand: usize,
+) -> bool {
+    let of_loss = match kind {
+        OpKind::CrossEntropy => shapes.len() == 2,
+        OpKind::Grad { of, .. } => matches!(**of, OpKind::CrossEntropy) && shapes.len() == 3,
+        _ => false,
+    };
+    of_loss && operand == 0 && shapes[0].len() >= 2
+}
+
 pub(super) fn cross_entropy_forward<D: Device>(
     b: &DeviceBackend<D>,
     xs: &[&Buf<D>],
@@ -311,6 +327,7 @@ pub(super) fn cross_entropy_forward<D: Device>(
             KernelArg::In(&targets.mem),
             size(n),
             size(v),
+            size(logits.pitch.unwrap_or(v)),
         ],
     )?;
     let mut loss = b.alloc(&[])?;
@@ -354,6 +371,7 @@ pub(super) fn cross_entropy_backward<D: Device>(
             KernelArg::In(&g.mem),
             size(n),
             size(v),
+            size(logits.pitch.unwrap_or(v)),
         ],
     )?;
     Ok(Some(dl))

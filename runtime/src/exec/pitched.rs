@@ -1,0 +1,111 @@
+//! Results held at the padded row pitch their GEMM writes ([`Backend::forward_pitched`]): a
+//! bf16 product whose rows are not a whole number of 16-byte words (an LM head's logits over
+//! GPT-2's 50257-word vocabulary) is computed by cuBLAS at a padded pitch; where every reader
+//! of it reads it where it lies ([`Backend::reads_pitched`]: the cross-entropy and its
+//! gradient), it stays there, and the copy out to dense rows (`unpad_rows`: 3.3 GB of traffic
+//! in a GPT-2 step, 2.3 ms on an H200) is never made. Before any other reader the executor
+//! makes it dense ([`Backend::expand_stashed`]).
+
+use program::{BufferId, Elem, Instr, Role};
+
+use super::Executor;
+use crate::{Backend, Communicator, RuntimeError};
+
+impl<B: Backend, C: Communicator> Executor<'_, B, C> {
+    /// Per step instruction, whether its results are held at their GEMM's pitch: every later
+    /// reader reads them where they lie ([`Executor::results_read_only`]); f32 activations only
+    /// (the plan's bf16 values go to the stash and the words paths).
+    pub(super) fn pitched_results(&self) -> Vec<bool> {
+        self.results_read_only(Self::reads_pitched_only, |e, o| {
+            e.tpl.buffer(o).is_some_and(|d| {
+                d.elem == Elem::F32 && d.shape.len() >= 2 && matches!(d.role, Role::Activation)
+            })
+        })
+    }
+
+    /// Whether `ins` reads `b` only where it lies when it is held at a pitch.
+    pub(super) fn reads_pitched_only(&self, ins: &Instr, b: BufferId) -> bool {
+        let Instr::Compute { kind, inputs, .. } = ins else {
+            return false;
+        };
+        let Ok(shapes) = inputs
+            .iter()
+            .map(|&i| self.decl_shape(i))
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            return false;
+        };
+        let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+        let mut positions = inputs.iter().enumerate().filter(|(_, i)| **i == b);
+        positions.all(|(p, _)| self.backend.reads_pitched(kind, &shapes, p))
+    }
+
+    /// Runs step instruction `k` where [`Executor::pitched_results`] chose it and the backend
+    /// holds its result at a pitch; `false`: not here (it runs as usual).
+    pub(super) fn run_pitched(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
+        let Instr::Compute {
+            kind,
+            inputs,
+            outputs,
+            ..
+        } = ins
+        else {
+            return Ok(false);
+        };
+        let (&[o], true) = (
+            outputs.as_slice(),
+            self.step_pitched.get(k).copied().unwrap_or(false),
+        ) else {
+            return Ok(false);
+        };
+        // As `exec` does for every operand: an allocation never written reads as zeros.
+        for &b in inputs {
+            self.zero_if_pending(b)?;
+        }
+        let made = {
+            let xs = inputs
+                .iter()
+                .map(|&i| self.get(i))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.backend.forward_pitched(kind, &xs)?
+        };
+        let Some(y) = made else {
+            return Ok(false);
+        };
+        self.put_buffer(o, y)?;
+        if let Some(p) = self.pitched.get_mut(o.index()) {
+            *p = true;
+        }
+        Ok(true)
+    }
+
+    /// Makes each buffer `ins` reads (`reads`) that is held at a pitch dense, unless `ins`
+    /// reads it where it lies.
+    pub(super) fn make_dense_for(
+        &mut self,
+        ins: &Instr,
+        reads: &[BufferId],
+    ) -> Result<(), RuntimeError> {
+        for &b in reads {
+            if self.pitched.get(b.index()).copied().unwrap_or(false)
+                && !self.reads_pitched_only(ins, b)
+            {
+                self.make_dense(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `b` dense where it is held at a pitch.
+    pub(super) fn make_dense(&mut self, b: BufferId) -> Result<(), RuntimeError> {
+        let i = b.index();
+        if !self.pitched.get(i).copied().unwrap_or(false) {
+            return Ok(());
+        }
+        self.pitched[i] = false;
+        match self.bufs.get_mut(i).and_then(Option::as_mut) {
+            Some(x) => self.backend.expand_stashed(x),
+            None => Ok(()),
+        }
+    }
+}
