@@ -189,8 +189,17 @@ pub(super) fn gemm(
         let (c_ptr, _c_sync) = c.data.device_ptr_mut(stream);
         // At `c`'s own pitch (≥ the padded columns), cuBLAS writes the padded product's rows
         // where they stay; else the product's `n` columns densely.
+        if g.c_pitch != 0 && g.c_pitch < dims.n {
+            return Err(RuntimeError::DeviceLaunch {
+                kernel: "cublasGemmStridedBatchedEx",
+                message: format!(
+                    "an output pitch of {} columns under the product's {}",
+                    g.c_pitch, dims.n
+                ),
+            });
+        }
         let (ld, n) = if g.c_pitch != 0 {
-            (g.c_pitch, dims.n.min(g.c_pitch))
+            (g.c_pitch, dims.n)
         } else {
             (g.n, g.n)
         };

@@ -228,6 +228,7 @@ mod tests {
         assert_eq!(in_use(), words_bytes, "the stash holds the words");
         let mut x = b.unstash_bf16_words(words, &[rows, cols])?;
         assert_eq!(in_use(), words_bytes + one, "the words and a placeholder");
+        assert!(b.duplicate(&x).is_err(), "no f32 values to copy: refused");
         b.expand_stashed(&mut x)?;
         assert_eq!(
             in_use(),

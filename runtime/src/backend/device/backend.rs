@@ -128,6 +128,21 @@ fn host_op_name(kind: &OpKind) -> String {
     }
 }
 
+/// An error where `x`'s f32 values are not held as `len` dense elements (held as bf16 words
+/// alone, or at a padded pitch): the executor expands such a buffer before `op`, which reads
+/// them so.
+fn dense_f32<M>(op: &'static str, x: &DeviceBuffer<M>) -> Result<(), RuntimeError> {
+    if !x.f32_lazy && x.pitch.is_none() {
+        return Ok(());
+    }
+    Err(RuntimeError::DeviceLaunch {
+        kernel: op,
+        message: "an operand's f32 values are not held densely (bf16 words alone, or a padded \
+                  row pitch): expand it first"
+            .into(),
+    })
+}
+
 /// An error where a buffer held at a pitch reaches an op that reads rows densely (all but the
 /// cross-entropy: the executor makes such a buffer dense before any other reader).
 fn refuse_pitched<M>(kind: &OpKind, inputs: &[&DeviceBuffer<M>]) -> Result<(), RuntimeError> {
@@ -546,6 +561,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn duplicate(&self, buffer: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {
+        dense_f32("duplicate", buffer)?;
         let mut y = self.alloc(&buffer.shape)?;
         if buffer.len > 0 {
             self.device.copy(&buffer.mem, &mut y.mem, buffer.len)?;
@@ -566,6 +582,10 @@ impl<D: Device> Backend for DeviceBackend<D> {
                 got: buffer.len,
                 want: n,
             });
+        }
+        // A pitch is the last dim's: rows of another width are made dense first.
+        if buffer.pitch.is_some() && shape.last() != buffer.shape.last() {
+            self.make_dense(&mut buffer)?;
         }
         buffer.shape = shape.to_vec();
         Ok(buffer)
@@ -609,6 +629,9 @@ impl<D: Device> Backend for DeviceBackend<D> {
     ) -> Option<Result<Vec<Self::Buffer>, RuntimeError>> {
         let collectives = self.collectives.as_ref()?;
         let run = || {
+            for (b, _) in sends {
+                dense_f32("exchange", b)?;
+            }
             let mut got = recvs
                 .iter()
                 .map(|(shape, _)| self.alloc(shape))
@@ -636,6 +659,9 @@ impl<D: Device> Backend for DeviceBackend<D> {
         input: &Self::Buffer,
     ) -> Option<Result<Self::Buffer, RuntimeError>> {
         let collectives = self.collectives.as_ref()?;
+        if let Err(e) = dense_f32("collective", input) {
+            return Some(Err(e));
+        }
         let n = op.out_len(input.len, group.size());
         Some(self.alloc(&[n]).and_then(|mut out| {
             collectives.run(group, op, &input.mem, input.len, &mut out.mem)?;
@@ -754,6 +780,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         kind: &OpKind,
         inputs: &[&Self::Buffer],
     ) -> Result<Option<Vec<Self::Buffer>>, RuntimeError> {
+        refuse_pitched(kind, inputs)?;
         ops::forward_words(self, kind, inputs)
     }
 
@@ -762,6 +789,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         kind: &OpKind,
         inputs: &[&Self::Buffer],
     ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        refuse_pitched(kind, inputs)?;
         ops::forward_with_twin(self, kind, inputs)
     }
 
@@ -771,6 +799,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         inputs: &[&Self::Buffer],
         as_words: bool,
     ) -> Result<Option<crate::backend::KeptForward<Self::Buffer>>, RuntimeError> {
+        refuse_pitched(kind, inputs)?;
         ops::attention_forward_keeping(self, kind, inputs, as_words)
     }
 
@@ -780,6 +809,8 @@ impl<D: Device> Backend for DeviceBackend<D> {
         xs: &[&Self::Buffer],
         dy_out_kept: [&Self::Buffer; 3],
     ) -> Result<Option<Vec<Self::Buffer>>, RuntimeError> {
+        refuse_pitched(kind, xs)?;
+        refuse_pitched(kind, &dy_out_kept)?;
         ops::attention_backward_kept(self, kind, xs, dy_out_kept)
     }
 
@@ -811,6 +842,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         kind: &OpKind,
         inputs: &[&Self::Buffer],
     ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        refuse_pitched(kind, inputs)?;
         ops::forward_pitched(self, kind, inputs)
     }
 
@@ -836,6 +868,8 @@ impl<D: Device> Backend for DeviceBackend<D> {
 
     fn sgemm(&self, a: &Self::Buffer, b: &Self::Buffer) -> Result<Self::Buffer, RuntimeError> {
         let (m, k, n) = sgemm_dims(&a.shape, &b.shape)?;
+        dense_f32("sgemm", a)?;
+        dense_f32("sgemm", b)?;
         let mut c = self.alloc_zeroed(&[m, n])?;
         if m > 0 && k > 0 && n > 0 {
             self.device

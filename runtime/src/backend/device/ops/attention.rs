@@ -410,6 +410,15 @@ pub(super) fn backward_at<D: Device>(
 /// to bf16 in order), else converted now and kept as its twin, which a stash after this then
 /// keeps as it is.
 fn words<'x, D: Device>(b: &DeviceBackend<D>, x: &'x Buf<D>) -> Result<&'x D::Mem, RuntimeError> {
+    // A twin a GEMM made is dense in order only for rows of a multiple of 8 (`matmul::bf16_twin`),
+    // which q, k, v and dO ([batch, n, heads·d], d a multiple of 16) always are.
+    let dense = x.bf16_exact || x.shape.last().is_some_and(|c| c.is_multiple_of(8));
+    if !dense {
+        return Err(RuntimeError::DeviceLaunch {
+            kernel: "attention",
+            message: format!("an operand's bf16 twin of shape {:?} is not dense", x.shape),
+        });
+    }
     if x.bf16.get().is_none() {
         let made = super::stash_bf16(b, x)?;
         if let Err(made) = x.bf16.set(made.mem) {
