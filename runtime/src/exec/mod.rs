@@ -30,6 +30,7 @@ pub mod dropout;
 pub mod init;
 pub mod kept;
 pub mod layout;
+mod made;
 mod moves;
 pub mod on_device;
 pub mod op_times;

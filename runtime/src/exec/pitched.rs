@@ -25,58 +25,19 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
 
     /// Whether `ins` reads `b` only where it lies when it is held at a pitch.
     pub(super) fn reads_pitched_only(&self, ins: &Instr, b: BufferId) -> bool {
-        let Instr::Compute { kind, inputs, .. } = ins else {
-            return false;
-        };
-        let Ok(shapes) = inputs
-            .iter()
-            .map(|&i| self.decl_shape(i))
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            return false;
-        };
-        let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-        let mut positions = inputs.iter().enumerate().filter(|(_, i)| **i == b);
-        positions.all(|(p, _)| self.backend.reads_pitched(kind, &shapes, p))
+        self.reads_each_position(ins, b, B::reads_pitched)
     }
 
     /// Runs step instruction `k` where [`Executor::pitched_results`] chose it and the backend
     /// holds its result at a pitch; `false`: not here (it runs as usual).
     pub(super) fn run_pitched(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
-        let Instr::Compute {
-            kind,
-            inputs,
-            outputs,
-            ..
-        } = ins
-        else {
-            return Ok(false);
-        };
-        let (&[o], true) = (
-            outputs.as_slice(),
-            self.step_pitched.get(k).copied().unwrap_or(false),
-        ) else {
-            return Ok(false);
-        };
-        // As `exec` does for every operand: an allocation never written reads as zeros.
-        for &b in inputs {
-            self.zero_if_pending(b)?;
-        }
-        let made = {
-            let xs = inputs
-                .iter()
-                .map(|&i| self.get(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            self.backend.forward_pitched(kind, &xs)?
-        };
-        let Some(y) = made else {
-            return Ok(false);
-        };
-        self.put_buffer(o, y)?;
-        if let Some(p) = self.pitched.get_mut(o.index()) {
-            *p = true;
-        }
-        Ok(true)
+        let chosen = self.step_pitched.get(k).copied().unwrap_or(false);
+        self.run_made(
+            ins,
+            chosen,
+            |b, kind, xs| Ok(b.forward_pitched(kind, xs)?.map(|y| vec![y])),
+            |e, o| e.pitched[o.index()] = true,
+        )
     }
 
     /// Makes each buffer `ins` reads (`reads`) that is held at a pitch dense, unless `ins`

@@ -79,35 +79,12 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// Runs step instruction `k` where [`Executor::twin_results`] chose it and the backend
     /// makes its result with its twin; `false`: not here (it runs as usual).
     pub(super) fn run_twin(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
-        let Instr::Compute {
-            kind,
-            inputs,
-            outputs,
-            ..
-        } = ins
-        else {
-            return Ok(false);
-        };
-        let (&[o], true) = (
-            outputs.as_slice(),
-            self.step_twins.get(k).copied().unwrap_or(false),
-        ) else {
-            return Ok(false);
-        };
-        // As `exec` does for every operand: an allocation never written reads as zeros.
-        for &b in inputs {
-            self.zero_if_pending(b)?;
-        }
-        let made = {
-            let xs = inputs
-                .iter()
-                .map(|&i| self.get(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            self.backend.forward_with_twin(kind, &xs)?
-        };
-        match made {
-            Some(y) => self.put_buffer(o, y).map(|()| true),
-            None => Ok(false),
-        }
+        let chosen = self.step_twins.get(k).copied().unwrap_or(false);
+        self.run_made(
+            ins,
+            chosen,
+            |b, kind, xs| Ok(b.forward_with_twin(kind, xs)?.map(|y| vec![y])),
+            |_, _| {},
+        )
     }
 }

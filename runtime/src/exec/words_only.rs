@@ -45,19 +45,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                 && ![*param, *m, *v].contains(&b)
                 && self.backend.adamw_reads_grad_words();
         }
-        let Instr::Compute { kind, inputs, .. } = ins else {
-            return false;
-        };
-        let Ok(shapes) = inputs
-            .iter()
-            .map(|&i| self.decl_shape(i))
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            return false;
-        };
-        let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
-        let mut positions = inputs.iter().enumerate().filter(|(_, i)| **i == b);
-        positions.all(|(p, _)| self.backend.reads_stashed_words(kind, &shapes, p))
+        self.reads_each_position(ins, b, B::reads_stashed_words)
     }
 
     /// Per step instruction, whether its results are made as words only: a computation each
@@ -132,37 +120,13 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// Runs step instruction `k` where [`Executor::word_results`] chose it and the backend
     /// makes its results as words only; `false`: not here (it runs as usual).
     pub(super) fn run_words(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
-        let Instr::Compute {
-            kind,
-            inputs,
-            outputs,
-            ..
-        } = ins
-        else {
-            return Ok(false);
-        };
-        if !self.step_words.get(k).copied().unwrap_or(false) {
-            return Ok(false);
-        }
-        // As `exec` does for every operand: an allocation never written reads as zeros.
-        for &b in inputs {
-            self.zero_if_pending(b)?;
-        }
-        let results = {
-            let xs = inputs
-                .iter()
-                .map(|&i| self.get(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            self.backend.forward_words(kind, &xs)?
-        };
-        let Some(results) = results.filter(|r| r.len() == outputs.len()) else {
-            return Ok(false);
-        };
-        for (t, &o) in results.into_iter().zip(outputs) {
-            self.put_buffer(o, t)?;
-            self.words_only[o.index()] = true;
-        }
-        Ok(true)
+        let chosen = self.step_words.get(k).copied().unwrap_or(false);
+        self.run_made(
+            ins,
+            chosen,
+            |b, kind, xs| b.forward_words(kind, xs),
+            |e, o| e.words_only[o.index()] = true,
+        )
     }
 
     /// Expands the f32 values of each buffer `ins` reads (`reads`) that is held as words only,

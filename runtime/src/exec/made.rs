@@ -1,0 +1,78 @@
+//! What the fused ways of running a step instruction share (results made as words alone,
+//! held at a pitch, made with their twin: [`super::words_only`], [`super::pitched`],
+//! [`super::twins`]): asking the backend, per operand position, how an instruction reads a
+//! buffer, and running the instruction through a backend method that makes its results.
+
+use ir::OpKind;
+use program::{BufferId, Instr};
+
+use super::Executor;
+use crate::{Backend, Communicator, RuntimeError};
+
+impl<B: Backend, C: Communicator> Executor<'_, B, C> {
+    /// Whether `ins` is a computation that reads `b` at each position it takes it as `reads`
+    /// says (from the op, the declared shapes of its inputs and the position).
+    pub(super) fn reads_each_position(
+        &self,
+        ins: &Instr,
+        b: BufferId,
+        reads: impl Fn(&B, &OpKind, &[&[usize]], usize) -> bool,
+    ) -> bool {
+        let Instr::Compute { kind, inputs, .. } = ins else {
+            return false;
+        };
+        let Ok(shapes) = inputs
+            .iter()
+            .map(|&i| self.decl_shape(i))
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            return false;
+        };
+        let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+        let mut positions = inputs.iter().enumerate().filter(|(_, i)| **i == b);
+        positions.all(|(p, _)| reads(&self.backend, kind, &shapes, p))
+    }
+
+    /// Runs computation `ins` where `chosen`, by `make` on its operands (an allocation never
+    /// written reads as zeros, as in `exec`), and puts the results in place of its outputs,
+    /// each then marked by `mark`; `false` where not chosen, not a computation, or `make`
+    /// makes none (or not one a result): it then runs as usual.
+    pub(super) fn run_made(
+        &mut self,
+        ins: &Instr,
+        chosen: bool,
+        make: impl FnOnce(&B, &OpKind, &[&B::Buffer]) -> Result<Option<Vec<B::Buffer>>, RuntimeError>,
+        mark: impl Fn(&mut Self, BufferId),
+    ) -> Result<bool, RuntimeError> {
+        let Instr::Compute {
+            kind,
+            inputs,
+            outputs,
+            ..
+        } = ins
+        else {
+            return Ok(false);
+        };
+        if !chosen {
+            return Ok(false);
+        }
+        for &b in inputs {
+            self.zero_if_pending(b)?;
+        }
+        let results = {
+            let xs = inputs
+                .iter()
+                .map(|&i| self.get(i))
+                .collect::<Result<Vec<_>, _>>()?;
+            make(&self.backend, kind, &xs)?
+        };
+        let Some(results) = results.filter(|r| r.len() == outputs.len()) else {
+            return Ok(false);
+        };
+        for (t, &o) in results.into_iter().zip(outputs) {
+            self.put_buffer(o, t)?;
+            mark(self, o);
+        }
+        Ok(true)
+    }
+}
