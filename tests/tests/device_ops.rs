@@ -170,6 +170,24 @@ fn words_only(b: &DeviceBackend<Emulator>, t: &Tensor32) -> runtime::DeviceBuffe
     b.unstash_bf16_words(w, &t.shape).unwrap()
 }
 
+/// `x` stashed, as the bit patterns of the bf16 words the stash keeps.
+fn stashed_bits(b: &DeviceBackend<Emulator>, x: runtime::DeviceBuffer<Vec<f32>>) -> Vec<Vec<u32>> {
+    match b.stash_bf16(x).unwrap() {
+        runtime::backend::Stashed::Words(w) => bits(b, &[w]),
+        runtime::backend::Stashed::Kept(_) => panic!("a device backend stashes"),
+    }
+}
+
+/// `x`'s values, read back, as bit patterns (the buffer kept).
+fn host_bits(b: &DeviceBackend<Emulator>, x: &runtime::DeviceBuffer<Vec<f32>>) -> Vec<u32> {
+    b.download(x)
+        .unwrap()
+        .data
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
 /// Each buffer's values as bit patterns, to compare two runs bit for bit.
 fn bits(b: &DeviceBackend<Emulator>, bufs: &[runtime::DeviceBuffer<Vec<f32>>]) -> Vec<Vec<u32>> {
     let download = |x| {
@@ -717,10 +735,7 @@ fn a_binary_result_made_with_its_twin_is_the_stash_of_its_values() {
             .forward_with_twin(&kind, &[&x, &z])
             .unwrap()
             .expect("made with its twin");
-        let stash = |x| match b.stash_bf16(x).unwrap() {
-            runtime::backend::Stashed::Words(w) => bits(&b, &[w]),
-            runtime::backend::Stashed::Kept(_) => panic!("a device backend stashes"),
-        };
+        let stash = |x| stashed_bits(&b, x);
         let copy = b.upload(&b.download(&made).unwrap()).unwrap();
         assert_eq!(
             bits(&b, &[copy]),
@@ -758,7 +773,6 @@ fn a_binary_result_made_with_its_twin_is_the_stash_of_its_values() {
 /// whole 16-byte words, or an f32 plan's, is not held so.
 #[test]
 fn logits_held_at_the_gemms_pitch_read_as_the_dense_ones() {
-    use runtime::backend::Stashed;
     let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
     let head = OpKind::Linear { bias: false };
     let (rows, hidden, vocab) = (12usize, 16usize, 37usize);
@@ -773,14 +787,7 @@ fn logits_held_at_the_gemms_pitch_read_as_the_dense_ones() {
         .forward_pitched(&head, &[&x, &w])
         .unwrap()
         .expect("held at the pitch");
-    let dl = |t: &runtime::DeviceBuffer<Vec<f32>>| -> Vec<u32> {
-        b.download(t)
-            .unwrap()
-            .data
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    };
+    let dl = |t: &runtime::DeviceBuffer<Vec<f32>>| host_bits(&b, t);
     assert_eq!(dl(&pitched), dl(&dense), "the product's values");
     let ce = OpKind::CrossEntropy;
     let loss = |l: &runtime::DeviceBuffer<Vec<f32>>| {
@@ -800,10 +807,7 @@ fn logits_held_at_the_gemms_pitch_read_as_the_dense_ones() {
         .forward(&OpKind::Gelu { tanh: true }, &[&pitched], BINDING)
         .unwrap_err();
     assert!(err.to_string().contains("pitch"), "{err}");
-    let stash = |x| match b.stash_bf16(x).unwrap() {
-        Stashed::Words(w) => bits(&b, &[w]),
-        Stashed::Kept(_) => panic!("a device backend stashes"),
-    };
+    let stash = |x| stashed_bits(&b, x);
     let mut made_dense = b
         .forward_pitched(&head, &[&x, &w])
         .unwrap()
@@ -1565,19 +1569,12 @@ fn tensor_core_attention_keeps_its_row_statistics_for_the_backward() {
             1,
             "{t:?}"
         );
-        let host_bits = |x: &runtime::DeviceBuffer<Vec<f32>>| -> Vec<u32> {
-            b.download(x)
-                .unwrap()
-                .data
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
-        assert_eq!(host_bits(&kf.stats), host_bits(&lse), "the same statistics");
-        let stash = |x| match b.stash_bf16(x).unwrap() {
-            runtime::backend::Stashed::Words(w) => bits(&b, &[w]),
-            runtime::backend::Stashed::Kept(_) => panic!("a device backend stashes"),
-        };
+        assert_eq!(
+            host_bits(&b, &kf.stats),
+            host_bits(&b, &lse),
+            "the same statistics"
+        );
+        let stash = |x| stashed_bits(&b, x);
         let f32_out = b.upload(&b.download(&plain[0]).unwrap()).unwrap();
         assert_eq!(
             stash(kf.out),
