@@ -190,15 +190,7 @@ fn host_bits(b: &DeviceBackend<Emulator>, x: &runtime::DeviceBuffer<Vec<f32>>) -
 
 /// Each buffer's values as bit patterns, to compare two runs bit for bit.
 fn bits(b: &DeviceBackend<Emulator>, bufs: &[runtime::DeviceBuffer<Vec<f32>>]) -> Vec<Vec<u32>> {
-    let download = |x| {
-        b.download(x)
-            .unwrap()
-            .data
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    };
-    bufs.iter().map(download).collect()
+    bufs.iter().map(|x| host_bits(b, x)).collect()
 }
 
 /// A linear's forward makes bf16 copies of its input and weight (their twins). The stash
