@@ -70,6 +70,21 @@ extern "C" __global__ void split_cols_words(float* y, const float* x, i64 rows, 
     }
 }
 
+// The same from x's bf16 words (two to a word, in order; cols and start even): a split of a
+// result held as words only (the fused projection's output, which no kernel then writes in
+// f32). One block per row.
+extern "C" __global__ void split_cols_words_bf16x(float* y, const float* x, i64 rows, i64 cols, i64 start,
+                                                  i64 len) {
+    unsigned* words = (unsigned*)y;
+    const unsigned* in = (const unsigned*)x;
+    int half = (int)(len / 2);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const unsigned* src = in + (r * cols + start) / 2;
+        unsigned* out = words + r * half;
+        for (int w = threadIdx.x; w < half; w += blockDim.x) out[w] = src[w];
+    }
+}
+
 // x ([rows, len], f32) placed at columns start .. start + len of y's rows of `cols` as bf16
 // words (two to a word, in order; start and len even): one part of a last-axis concatenation
 // made as words only (dq, dk, dv joined into the fused projection's output gradient, which

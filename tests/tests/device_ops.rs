@@ -476,15 +476,21 @@ fn results_made_as_words_are_the_f32_results_rounded() {
         }
     }
     // A GELU and its gradient from its input's words (`unary_forward_bf16x`,
-    // `unary_forward_words_bf16x`, `unary_backward_words_bf16x`) are the ones from the same
-    // values in f32.
+    // `unary_forward_words_bf16x`, `unary_backward_words_bf16x`), and a last-axis split's
+    // parts (`split_cols_words_bf16x`, and expanded where they are wanted in f32), are the
+    // ones from the same values in f32.
     let (x, g) = (
         tensor(&[3, 5, 7], 86),
         b.upload(&tensor(&[3, 5, 7], 85)).unwrap(),
     );
     let twin =
         |v: Vec<runtime::DeviceBuffer<Vec<f32>>>| v.into_iter().map(words_of).collect::<Vec<_>>();
-    for (kind, rest) in [(&gelu_grad, vec![&g]), (&gelu, vec![])] {
+    let qkv = split(2);
+    for (kind, x, rest) in [
+        (&gelu_grad, x.clone(), vec![&g]),
+        (&gelu, x, vec![]),
+        (&qkv, tensor(&[2, 3, 12], 81), vec![]),
+    ] {
         let shapes = vec![&x.shape[..]; 1 + rest.len()];
         assert!(
             b.reads_stashed_words(kind, &shapes, 0),

@@ -60,6 +60,7 @@ pub(super) fn reads_stashed_words<D: Device>(
             operand == 0 && wrt == &[0] && table::grad_reads_no_table(shapes)
         }
         OpKind::Grad { of, wrt } => pointwise::grad_reads_words(of, wrt, shapes, operand),
+        OpKind::Split { .. } => words::split_reads_words(kind, shapes, operand),
         _ => pointwise::reads_words(kind, shapes, operand),
     }
 }
@@ -262,6 +263,7 @@ pub(super) fn forward<D: Device>(
             _ => None,
         },
         OpKind::Split { axis, sizes } => match (inputs, usizes(sizes)) {
+            (&[x], _) if x.f32_lazy => words::split_expanded(b, x, *axis, sizes)?,
             (&[x], Some(sizes)) => layout::split(b, x, *axis, &sizes)?,
             _ => None,
         },

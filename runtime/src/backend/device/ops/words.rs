@@ -154,7 +154,37 @@ fn concat<D: Device>(
     .map(Some)
 }
 
-/// `x`'s parts of `sizes` along its last axis (each even), as words only.
+/// Whether a split (`kind`, of one input of `shapes`) reads `operand` only as words where it
+/// has them: along its last axis into even parts, whose words are whole words of each row
+/// (`split_cols_words_bf16x`; [`split_expanded`] where its parts are wanted in f32).
+pub(super) fn split_reads_words(kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
+    let (OpKind::Split { axis, sizes }, &[x], 0) = (kind, shapes, operand) else {
+        return false;
+    };
+    let sizes: Option<Vec<usize>> = sizes.iter().map(|&s| usize::try_from(s).ok()).collect();
+    sizes.is_some_and(|s| last_axis_parts(x, *axis, s).is_some())
+}
+
+/// A split of `x` held as words only ([`split_reads_words`]) into parts with their f32 values:
+/// the parts' words, each expanded. `None` where the split is not one of those.
+pub(super) fn split_expanded<D: Device>(
+    b: &DeviceBackend<D>,
+    x: &Buf<D>,
+    axis: usize,
+    sizes: &[u64],
+) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    let Some(mut parts) = split(b, x, axis, sizes)? else {
+        return Ok(None);
+    };
+    if let Err(e) = parts.iter_mut().try_for_each(|p| super::expand_twin(b, p)) {
+        parts.into_iter().for_each(|p| crate::Backend::free(b, p));
+        return Err(e);
+    }
+    Ok(Some(parts))
+}
+
+/// `x`'s parts of `sizes` along its last axis (each even), as words only: from its words
+/// where it has them exactly (then its f32 values need not exist), else from its f32 values.
 fn split<D: Device>(
     b: &DeviceBackend<D>,
     x: &Buf<D>,
@@ -165,6 +195,10 @@ fn split<D: Device>(
     let Some((rows, cols, sizes)) = sizes.and_then(|s| last_axis_parts(&x.shape, axis, s)) else {
         return Ok(None);
     };
+    let (kernel, xm) = match x.exact_bf16() {
+        Some(words) => ("split_cols_words_bf16x", words),
+        None => ("split_cols_words", &x.mem),
+    };
     let block = b.device.block_size();
     let mut parts = Vec::with_capacity(sizes.len());
     let mut start = 0;
@@ -173,12 +207,12 @@ fn split<D: Device>(
         shape[axis] = len;
         parts.push(words_only(b, &shape, |w| {
             b.device.launch(
-                "split_cols_words",
+                kernel,
                 row_grid(rows),
                 block,
                 &mut [
                     KernelArg::Out(w),
-                    KernelArg::In(&x.mem),
+                    KernelArg::In(xm),
                     size(rows),
                     size(cols),
                     size(start),
