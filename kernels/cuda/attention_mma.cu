@@ -486,8 +486,21 @@ struct MmaBackwardTiles {
     __shared__ __align__(16) unsigned ks[2 * MMA_FWD_TILE(d) * MMA_ROW_WORDS(d)]; \
     __shared__ __align__(16) unsigned vs[2 * MMA_FWD_TILE(d) * MMA_ROW_WORDS(d)];
 
-// dq over one block's queries: dq = scale · Σ_j dS_j k_j, key tiles of MMA_BWD_TILE.
-template <int D>
+// One lane's two adjacent columns `at`, `at + 1` of a gradient: f32, or with WORDS one bf16
+// word of them (two to a word, in order; `at` even), where every reader reads only those.
+template <bool WORDS>
+__device__ __forceinline__ void mma_store_pair(float* out, i64 at, float y0, float y1) {
+    if (WORDS) {
+        ((unsigned*)out)[at / 2] = pack_bf16(y0, y1);
+    } else {
+        out[at] = y0;
+        out[at + 1] = y1;
+    }
+}
+
+// dq over one block's queries: dq = scale · Σ_j dS_j k_j, key tiles of MMA_BWD_TILE (with
+// WORDS written as its bf16 words, `mma_store_pair`).
+template <int D, bool WORDS = false>
 __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, const float* vp,
                                 const float* gp, const float* lse, const float* dsum, const float* qpos,
                                 const Attention& a, const MmaBackwardTiles& w) {
@@ -549,10 +562,11 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                i64 row = rows[e / 2];
+            for (int r = 0; r < 2; ++r) {
+                i64 row = rows[r];
                 if (row < a.sq)
-                    dq[((x.b * a.sq + row) * a.heads + x.h) * D + dt * 8 + 2 * l.t + e % 2] = (float)a.scale * acc[dt][e];
+                    mma_store_pair<WORDS>(dq, ((x.b * a.sq + row) * a.heads + x.h) * D + dt * 8 + 2 * l.t,
+                                          (float)a.scale * acc[dt][2 * r], (float)a.scale * acc[dt][2 * r + 1]);
             }
     }
 }
@@ -575,8 +589,8 @@ __device__ void mma_query_tile(const MmaBackwardTiles& w, int buf, const float* 
 }
 
 // dk and dv over one block's 64 keys (batch, kv head): Σ over the group's query heads and the
-// query tiles that see the keys of scale·dS q and P dO.
-template <int D>
+// query tiles that see the keys of scale·dS q and P dO (with WORDS as their bf16 words).
+template <int D, bool WORDS = false>
 __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const float* kp,
                                  const float* vp, const float* gp, const float* lse,
                                  const float* dsum, const float* qpos, const Attention& a,
@@ -657,12 +671,12 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                i64 j = keys[e / 2];
+            for (int r = 0; r < 2; ++r) {
+                i64 j = keys[r];
                 if (j >= a.sk) continue;
-                i64 at = ((b * a.sk + j) * a.kv + g) * D + dt * 8 + 2 * l.t + e % 2;
-                dk[at] = (float)a.scale * dka[dt][e];
-                dv[at] = dva[dt][e];
+                i64 at = ((b * a.sk + j) * a.kv + g) * D + dt * 8 + 2 * l.t;
+                mma_store_pair<WORDS>(dk, at, (float)a.scale * dka[dt][2 * r], (float)a.scale * dka[dt][2 * r + 1]);
+                mma_store_pair<WORDS>(dv, at, dva[dt][2 * r], dva[dt][2 * r + 1]);
             }
     }
 }
@@ -679,6 +693,10 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
 #define MMA_DQ(D) MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dq<D>(dq, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
 #define MMA_DKV(D) \
     MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dkv<D>(dk, dv, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
+#define MMA_DQ_WORDS(D) \
+    MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dq<D, true>(dq, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
+#define MMA_DKV_WORDS(D) \
+    MMA_BODY({ MMA_BACKWARD_TILES(D) mma_backward_dkv<D, true>(dk, dv, qp, kp, vp, gp, lse, dsum, qpos, a, w); })
 // Arguments: the outputs (f32; the forward's lse may be null: not kept), then the operands
 // as their bf16 words in their own layout (`MmaHead`: qp, kp, vp, gp), dO in f32 where the
 // row statistics read it, lse and D, the queries' positions (null: none) and the shape.
@@ -714,6 +732,12 @@ extern "C" __global__ void attention_backward_dq_mma128(MMA_DQ_ARGS) { MMA_DQ(12
 extern "C" __global__ void attention_backward_dkv_mma32(MMA_DKV_ARGS) { MMA_DKV(32) }
 extern "C" __global__ void attention_backward_dkv_mma64(MMA_DKV_ARGS) { MMA_DKV(64) }
 extern "C" __global__ void attention_backward_dkv_mma128(MMA_DKV_ARGS) { MMA_DKV(128) }
+extern "C" __global__ void attention_backward_dq_words_mma32(MMA_DQ_ARGS) { MMA_DQ_WORDS(32) }
+extern "C" __global__ void MMA_THREE_BLOCKS attention_backward_dq_words_mma64(MMA_DQ_ARGS) { MMA_DQ_WORDS(64) }
+extern "C" __global__ void attention_backward_dq_words_mma128(MMA_DQ_ARGS) { MMA_DQ_WORDS(128) }
+extern "C" __global__ void attention_backward_dkv_words_mma32(MMA_DKV_ARGS) { MMA_DKV_WORDS(32) }
+extern "C" __global__ void attention_backward_dkv_words_mma64(MMA_DKV_ARGS) { MMA_DKV_WORDS(64) }
+extern "C" __global__ void attention_backward_dkv_words_mma128(MMA_DKV_ARGS) { MMA_DKV_WORDS(128) }
 
 // D = dO·O of each query row, FlashAttention-2's first backward pass where the forward kept the
 // rows' lse (no recomputed forward): dsum[(b·heads + h)·sq + i] from dO and O at [b, i, h·d],

@@ -98,3 +98,17 @@ extern "C" __global__ void place_cols_words(float* y, const float* x, i64 rows, 
         for (int w = threadIdx.x; w < half; w += blockDim.x) out[w] = bf16_pair(src[2 * w], src[2 * w + 1]);
     }
 }
+
+// The same from x's bf16 words ([rows, len], two to a word, in order): a part held as words
+// only (attention's dq, dk and dv, written so by its backward). One block per row.
+extern "C" __global__ void place_cols_words_bf16x(float* y, const float* x, i64 rows, i64 cols, i64 start,
+                                                  i64 len) {
+    unsigned* words = (unsigned*)y;
+    const unsigned* in = (const unsigned*)x;
+    int half = (int)(len / 2);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const unsigned* src = in + r * half;
+        unsigned* out = words + (r * cols + start) / 2;
+        for (int w = threadIdx.x; w < half; w += blockDim.x) out[w] = src[w];
+    }
+}

@@ -486,12 +486,19 @@ fn results_made_as_words_are_the_f32_results_rounded() {
     let twin =
         |v: Vec<runtime::DeviceBuffer<Vec<f32>>>| v.into_iter().map(words_of).collect::<Vec<_>>();
     let qkv = split(2);
+    let concat = OpKind::Concat { axis: 2 };
+    let (dk, dv) = (
+        b.upload(&tensor(&[2, 3, 6], 80)).unwrap(),
+        b.upload(&tensor(&[2, 3, 2], 79)).unwrap(),
+    );
     for (kind, x, rest) in [
         (&gelu_grad, x.clone(), vec![&g]),
         (&gelu, x, vec![]),
         (&qkv, tensor(&[2, 3, 12], 81), vec![]),
+        (&concat, tensor(&[2, 3, 4], 78), vec![&dk, &dv]),
     ] {
-        let shapes = vec![&x.shape[..]; 1 + rest.len()];
+        let mut shapes = vec![&x.shape[..]];
+        shapes.extend(rest.iter().map(|r| b.shape(r)));
         assert!(
             b.reads_stashed_words(kind, &shapes, 0),
             "{kind:?} reads x's words"
@@ -1581,12 +1588,34 @@ fn tensor_core_attention_keeps_its_row_statistics_for_the_backward() {
         );
         let o = &plain[0];
         let kept = b
-            .attention_backward_kept(&attention, &xs, [&dy, o, &lse])
+            .attention_backward_kept(&attention, &xs, [&dy, o, &lse], false)
             .unwrap()
             .expect("the kept backward on the tensor cores");
+        assert!(!kept.as_words, "f32 unless asked");
+        let kept = kept.grads;
         let recomputed = b
             .forward(&grad, &[&x[0], &x[1], &x[2], &dy], BINDING)
             .unwrap();
+        // Made as words: the f32 gradients' words, bit for bit, from the words kernels alone.
+        let before = b.launch_tally().expect("counted");
+        let as_words = b
+            .attention_backward_kept(&attention, &xs, [&dy, o, &lse], true)
+            .unwrap()
+            .expect("kept");
+        let t = b.launch_tally().expect("counted").since(&before);
+        assert!(as_words.as_words, "made as words on the tensor cores");
+        for kernel in ["dq", "dkv"] {
+            let name = format!("attention_backward_{kernel}_words_mma{d}");
+            assert_eq!(t.get(&name).launches, 1, "{name}: {t:?}");
+        }
+        for (i, (w, g)) in as_words.grads.into_iter().zip(&kept).enumerate() {
+            let f32_grad = b.upload(&b.download(g).unwrap()).unwrap();
+            assert_eq!(
+                stash(w),
+                stash(f32_grad),
+                "heads {heads} d {d}: gradient {i}'s words"
+            );
+        }
         for (i, (g, w)) in kept.iter().zip(&recomputed).enumerate() {
             let (g, w) = (b.download(g).unwrap(), b.download(w).unwrap());
             assert_close(
@@ -1601,10 +1630,10 @@ fn tensor_core_attention_keeps_its_row_statistics_for_the_backward() {
         let from_f32 = b.upload(&bf16(&o_host)).unwrap();
         let run = |o: &runtime::DeviceBuffer<Vec<f32>>| {
             let got = b
-                .attention_backward_kept(&attention, &xs, [&dy, o, &lse])
+                .attention_backward_kept(&attention, &xs, [&dy, o, &lse], false)
                 .unwrap()
                 .expect("kept");
-            bits(&b, &got)
+            bits(&b, &got.grads)
         };
         assert_eq!(run(&from_words), run(&from_f32), "heads {heads} d {d}");
     }

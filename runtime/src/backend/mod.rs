@@ -387,15 +387,18 @@ pub trait Backend: std::fmt::Debug {
     }
 
     /// `[dq, dk, dv]` of attention `kind` on `xs` (q, k, v) and output gradient `dy`, from the
-    /// forward's output `out` and what [`Backend::attention_forward_keeping`] kept. `None` where
-    /// this backend cannot (the executor then runs the `Grad`, which recomputes).
+    /// forward's output `out` and what [`Backend::attention_forward_keeping`] kept. With
+    /// `as_words` (every reader of the gradients reads them only as bf16 words:
+    /// [`Backend::forward_words`]) they may be made as words alone. `None` where this backend
+    /// cannot (the executor then runs the `Grad`, which recomputes).
     fn attention_backward_kept(
         &self,
         kind: &OpKind,
         xs: &[&Self::Buffer],
         [dy, out, kept]: [&Self::Buffer; 3],
-    ) -> Result<Option<Vec<Self::Buffer>>, RuntimeError> {
-        let _ = (kind, xs, dy, out, kept);
+        as_words: bool,
+    ) -> Result<Option<KeptBackward<Self::Buffer>>, RuntimeError> {
+        let _ = (kind, xs, dy, out, kept, as_words);
         Ok(None)
     }
 
@@ -519,6 +522,15 @@ pub struct KeptForward<T> {
     pub stats: T,
     /// Whether `out` was made as bf16 words alone (its f32 values not written).
     pub out_as_words: bool,
+}
+
+/// An attention's gradients from what its forward kept ([`Backend::attention_backward_kept`]).
+#[derive(Debug)]
+pub struct KeptBackward<T> {
+    /// `[dq, dk, dv]`.
+    pub grads: Vec<T>,
+    /// Whether they were made as bf16 words alone (their f32 values not written).
+    pub as_words: bool,
 }
 
 /// Checks the operands of [`Backend::sgemm`]: `(m, k, n)`.

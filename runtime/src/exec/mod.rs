@@ -1138,6 +1138,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         let Some((stats, held)) = self.kept.take(keep) else {
             return Ok(false);
         };
+        let as_words = self.step_words.get(k).copied().unwrap_or(false);
         let grads = {
             let xs = [self.get(q)?, self.get(k_in)?, self.get(v)?];
             let dy = self.get(dy)?;
@@ -1145,9 +1146,10 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .as_ref()
                 .or_else(|| self.bufs.get(keep.out.index()).and_then(Option::as_ref));
             match out {
-                Some(o) => self
-                    .backend
-                    .attention_backward_kept(of, &xs, [dy, o, &stats])?,
+                Some(o) => {
+                    self.backend
+                        .attention_backward_kept(of, &xs, [dy, o, &stats], as_words)?
+                }
                 None => None,
             }
         };
@@ -1155,18 +1157,21 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         if let Some(h) = held {
             self.backend.free(h);
         }
-        let Some(grads) = grads else {
+        let Some(kb) = grads else {
             return Ok(false);
         };
-        if grads.len() != outputs.len() {
+        if kb.grads.len() != outputs.len() {
             return Err(self.prog(format!(
                 "attention's kept backward gave {} gradients for {} outputs",
-                grads.len(),
+                kb.grads.len(),
                 outputs.len()
             )));
         }
-        for (g, &o) in grads.into_iter().zip(outputs) {
+        for (g, &o) in kb.grads.into_iter().zip(outputs) {
             self.put_buffer(o, g)?;
+            if let Some(w) = self.words_only.get_mut(o.index()) {
+                *w = kb.as_words;
+            }
         }
         Ok(true)
     }

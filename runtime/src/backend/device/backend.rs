@@ -808,10 +808,11 @@ impl<D: Device> Backend for DeviceBackend<D> {
         kind: &OpKind,
         xs: &[&Self::Buffer],
         dy_out_kept: [&Self::Buffer; 3],
-    ) -> Result<Option<Vec<Self::Buffer>>, RuntimeError> {
+        as_words: bool,
+    ) -> Result<Option<crate::backend::KeptBackward<Self::Buffer>>, RuntimeError> {
         refuse_pitched(kind, xs)?;
         refuse_pitched(kind, &dy_out_kept)?;
-        ops::attention_backward_kept(self, kind, xs, dy_out_kept)
+        ops::attention_backward_kept(self, kind, xs, dy_out_kept, as_words)
     }
 
     fn reads_stashed_words(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {

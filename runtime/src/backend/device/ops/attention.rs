@@ -10,8 +10,8 @@ use kernels::device::{AttentionShape, MAX_HEAD_DIM};
 
 use super::{Buf, row_grid};
 use crate::RuntimeError;
-use crate::backend::KeptForward;
 use crate::backend::device::{Device, DeviceBackend, GemmPrecision, KernelArg};
+use crate::backend::{KeptBackward, KeptForward};
 
 /// The kernel's view of an `Attention` op on `q`, `k`, `v` (`kernels/src/attention.rs`'s
 /// layout); `None` for shapes it does not take (the host path reports bad ones).
@@ -95,41 +95,36 @@ const TILE_Q: i64 = 16;
 const TILE_K: i64 = 16;
 const TILE_D: i64 = 128;
 
-/// `attention_mma.cu`'s kernels by head width (d = dv): forward, row statistics, dq, dk and
-/// dv, and the forward that writes its output as bf16 words; its queries or keys per block
-/// (MMA_BLOCK_ROWS) and threads per block (MMA_THREADS).
-const MMA_KERNELS: [(i64, [&str; 5]); 3] = [
-    (
-        32,
-        [
-            "attention_forward_mma32",
-            "attention_row_stats_mma32",
-            "attention_backward_dq_mma32",
-            "attention_backward_dkv_mma32",
-            "attention_forward_words_mma32",
-        ],
-    ),
-    (
-        64,
-        [
-            "attention_forward_mma64",
-            "attention_row_stats_mma64",
-            "attention_backward_dq_mma64",
-            "attention_backward_dkv_mma64",
-            "attention_forward_words_mma64",
-        ],
-    ),
-    (
-        128,
-        [
-            "attention_forward_mma128",
-            "attention_row_stats_mma128",
-            "attention_backward_dq_mma128",
-            "attention_backward_dkv_mma128",
-            "attention_forward_words_mma128",
-        ],
-    ),
-];
+/// `attention_mma.cu`'s kernels for heads `d` wide (d = dv): forward, row statistics, dq, dk
+/// and dv, and the forward and gradients that write their results as bf16 words; its queries
+/// or keys per block (MMA_BLOCK_ROWS) and threads per block (MMA_THREADS).
+struct MmaKernels {
+    d: i64,
+    forward: &'static str,
+    forward_words: &'static str,
+    row_stats: &'static str,
+    dq: &'static str,
+    dkv: &'static str,
+    dq_words: &'static str,
+    dkv_words: &'static str,
+}
+
+macro_rules! mma_kernels {
+    ($d:literal) => {
+        MmaKernels {
+            d: $d,
+            forward: concat!("attention_forward_mma", $d),
+            forward_words: concat!("attention_forward_words_mma", $d),
+            row_stats: concat!("attention_row_stats_mma", $d),
+            dq: concat!("attention_backward_dq_mma", $d),
+            dkv: concat!("attention_backward_dkv_mma", $d),
+            dq_words: concat!("attention_backward_dq_words_mma", $d),
+            dkv_words: concat!("attention_backward_dkv_words_mma", $d),
+        }
+    };
+}
+
+const MMA_KERNELS: [MmaKernels; 3] = [mma_kernels!(32), mma_kernels!(64), mma_kernels!(128)];
 const MMA_ROWS: i64 = 64;
 const MMA_THREADS: u32 = 128;
 
@@ -149,6 +144,8 @@ struct Kernels {
     row_stats: &'static str,
     dq: &'static str,
     dkv: &'static str,
+    /// dq, and dk and dv, as bf16 words alone (the tensor-core kernels).
+    grads_words: Option<[&'static str; 2]>,
     /// Blocks of the forward, row statistics and dq kernels.
     query_grid: u32,
     /// Blocks of the dk, dv kernel.
@@ -161,17 +158,16 @@ impl Kernels {
     fn of<D: Device>(b: &DeviceBackend<D>, a: &AttentionShape) -> Kernels {
         let tiles = |n: i64, per: i64| (n + per - 1) / per;
         let mma = b.gemm_precision == GemmPrecision::Bf16 && b.device.tensor_cores() && a.d == a.dv;
-        if let Some(&(_, [forward, row_stats, dq, dkv, forward_words])) =
-            MMA_KERNELS.iter().find(|(d, _)| mma && *d == a.d)
-        {
+        if let Some(k) = MMA_KERNELS.iter().find(|k| mma && k.d == a.d) {
             Kernels {
                 tiled: true,
                 mma: true,
-                forward,
-                forward_words: Some(forward_words),
-                row_stats,
-                dq,
-                dkv,
+                forward: k.forward,
+                forward_words: Some(k.forward_words),
+                row_stats: k.row_stats,
+                dq: k.dq,
+                dkv: k.dkv,
+                grads_words: Some([k.dq_words, k.dkv_words]),
                 query_grid: row_grid((a.batch * a.heads * tiles(a.sq, MMA_ROWS)) as usize),
                 key_grid: row_grid((a.batch * a.kv * tiles(a.sk, MMA_ROWS)) as usize),
                 block: MMA_THREADS,
@@ -185,6 +181,7 @@ impl Kernels {
                 row_stats: "attention_row_stats_tiled",
                 dq: "attention_backward_dq_tiled",
                 dkv: "attention_backward_dkv_tiled",
+                grads_words: None,
                 query_grid: row_grid((a.batch * a.heads * tiles(a.sq, TILE_Q)) as usize),
                 key_grid: row_grid((a.batch * a.kv * tiles(a.sk, TILE_K)) as usize),
                 block: b.device.block_size(),
@@ -198,6 +195,7 @@ impl Kernels {
                 row_stats: "attention_row_stats",
                 dq: "attention_backward_dq",
                 dkv: "attention_backward_dkv",
+                grads_words: None,
                 query_grid: row_grid(rows(a)),
                 key_grid: row_grid((a.batch * a.kv * a.sk) as usize),
                 block: b.device.block_size(),
@@ -477,19 +475,22 @@ fn backward_mma<D: Device>(
             KernelArg::Attention(*a),
         ],
     )?;
-    mma_gradients(b, a, p, &x, g, [&lse, &dsum], qpos)
+    mma_gradients(b, a, p, &x, g, [&lse, &dsum], qpos, false)
 }
 
 /// [`backward_mma`] from the row statistics the forward kept: `lse` as
 /// [`forward_keeping`] wrote it and the forward's output `o` (f32, or its exact bf16 words
 /// where it came back from the stash), D = dO·O per query row in one pass
-/// (`attention_dsum`). `None` where the kernels are not the tensor cores'.
+/// (`attention_dsum`); with `as_words` (every reader of dq, dk and dv reads only their words)
+/// the gradients are written as bf16 words alone. `None` where the kernels are not the tensor
+/// cores'.
 pub(crate) fn backward_kept<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     xs: &[&Buf<D>],
     [g, o, lse]: [&Buf<D>; 3],
-) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    as_words: bool,
+) -> Result<Option<KeptBackward<Buf<D>>>, RuntimeError> {
     let Some(a) = shape::<D>(kind, xs) else {
         return Ok(None);
     };
@@ -520,11 +521,42 @@ pub(crate) fn backward_kept<D: Device>(
         ],
     )?;
     let x = Operands::of(b, [q, k, v])?;
-    mma_gradients(b, &a, &p, &x, g, [lse, &dsum], None).map(Some)
+    let as_words = as_words && p.grads_words.is_some();
+    let grads = mma_gradients(b, &a, &p, &x, g, [lse, &dsum], None, as_words);
+    b.device.release(dsum.mem);
+    Ok(Some(KeptBackward {
+        grads: grads?,
+        as_words,
+    }))
+}
+
+/// A gradient's buffer of `shape` for a kernel to write whole: f32, or with `as_words` its
+/// bf16 words alone ([`DeviceBackend::words_only`]), written through [`written`].
+fn grad_buffer<D: Device>(
+    b: &DeviceBackend<D>,
+    shape: &[usize],
+    as_words: bool,
+) -> Result<Buf<D>, RuntimeError> {
+    if !as_words {
+        return b.alloc(shape);
+    }
+    let len: usize = shape.iter().product();
+    let words = b.device.alloc(len.div_ceil(2).max(1))?;
+    b.words_only(shape, words)
+}
+
+/// Where a kernel writes `x`: its words where it is held as words alone, else its f32 values.
+fn written<D: Device>(x: &mut Buf<D>) -> &mut D::Mem {
+    match (x.f32_lazy, x.bf16.get_mut()) {
+        (true, Some(words)) => words,
+        _ => &mut x.mem,
+    }
 }
 
 /// dq per query block and dk, dv per key block from the operands' words and the row
-/// statistics `[lse, dsum]` (dO's words made here where it has none).
+/// statistics `[lse, dsum]` (dO's words made here where it has none); with `as_words` (the
+/// tensor-core kernels' `grads_words`) written as bf16 words alone.
+#[allow(clippy::too_many_arguments)] // one launch's operands, statistics and output form
 fn mma_gradients<D: Device>(
     b: &DeviceBackend<D>,
     a: &AttentionShape,
@@ -533,16 +565,21 @@ fn mma_gradients<D: Device>(
     g: &Buf<D>,
     [lse, dsum]: [&Buf<D>; 2],
     qpos: Option<&D::Mem>,
+    as_words: bool,
 ) -> Result<Vec<Buf<D>>, RuntimeError> {
     let gp = words(b, g)?;
     let pos = || qpos.map_or(KernelArg::Null, KernelArg::In);
-    let mut dq = b.alloc(&out_shape_of(a, a.sq, a.heads, a.d))?;
+    let [dq_kernel, dkv_kernel] = match p.grads_words {
+        Some(kernels) if as_words => kernels,
+        _ => [p.dq, p.dkv],
+    };
+    let mut dq = grad_buffer(b, &out_shape_of(a, a.sq, a.heads, a.d), as_words)?;
     b.device.launch(
-        p.dq,
+        dq_kernel,
         p.query_grid,
         p.block,
         &mut [
-            KernelArg::Out(&mut dq.mem),
+            KernelArg::Out(written::<D>(&mut dq)),
             KernelArg::In(x.q),
             KernelArg::In(x.k),
             KernelArg::In(x.v),
@@ -554,16 +591,16 @@ fn mma_gradients<D: Device>(
         ],
     )?;
     let (mut dk, mut dv) = (
-        b.alloc(&out_shape_of(a, a.sk, a.kv, a.d))?,
-        b.alloc(&out_shape_of(a, a.sk, a.kv, a.dv))?,
+        grad_buffer(b, &out_shape_of(a, a.sk, a.kv, a.d), as_words)?,
+        grad_buffer(b, &out_shape_of(a, a.sk, a.kv, a.dv), as_words)?,
     );
     b.device.launch(
-        p.dkv,
+        dkv_kernel,
         p.key_grid,
         p.block,
         &mut [
-            KernelArg::Out(&mut dk.mem),
-            KernelArg::Out(&mut dv.mem),
+            KernelArg::Out(written::<D>(&mut dk)),
+            KernelArg::Out(written::<D>(&mut dv)),
             KernelArg::In(x.q),
             KernelArg::In(x.k),
             KernelArg::In(x.v),
@@ -591,12 +628,22 @@ mod tests {
             assert!(src.contains(&define), "attention_mma.cu: {define}");
         }
         let names = kernels::device::kernel_names();
-        for (d, kernels) in MMA_KERNELS {
-            for kernel in kernels {
+        for k in MMA_KERNELS {
+            let all = [
+                k.forward,
+                k.forward_words,
+                k.row_stats,
+                k.dq,
+                k.dkv,
+                k.dq_words,
+                k.dkv_words,
+            ];
+            for kernel in all {
                 assert!(names.contains(&kernel), "{kernel}");
                 assert!(
-                    kernel.ends_with(&format!("mma{d}")),
-                    "{kernel} for heads {d} wide"
+                    kernel.ends_with(&format!("mma{}", k.d)),
+                    "{kernel} for heads {} wide",
+                    k.d
                 );
             }
         }

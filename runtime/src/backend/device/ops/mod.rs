@@ -61,6 +61,7 @@ pub(super) fn reads_stashed_words<D: Device>(
         }
         OpKind::Grad { of, wrt } => pointwise::grad_reads_words(of, wrt, shapes, operand),
         OpKind::Split { .. } => words::split_reads_words(kind, shapes, operand),
+        OpKind::Concat { .. } => words::concat_reads_words(kind, shapes),
         _ => pointwise::reads_words(kind, shapes, operand),
     }
 }
@@ -203,6 +204,23 @@ fn from_bf16<D: Device>(
     )
 }
 
+/// A new f32 buffer of `x`'s values from its exact words (`x` held as words alone, which
+/// stays so).
+pub(super) fn expanded_copy<D: Device>(
+    b: &DeviceBackend<D>,
+    x: &Buf<D>,
+) -> Result<Buf<D>, RuntimeError> {
+    let Some(words) = x.exact_bf16() else {
+        return Err(RuntimeError::DeviceLaunch {
+            kernel: "from_bf16",
+            message: "an operand held as words alone has no exact bf16 words".into(),
+        });
+    };
+    let mut y = b.alloc(&x.shape)?;
+    from_bf16(b, words, &mut y)?;
+    Ok(y)
+}
+
 /// `x`'s f32 values from its twin ([`crate::Backend::expand_stashed`]).
 pub(super) fn expand_twin<D: Device>(
     b: &DeviceBackend<D>,
@@ -267,6 +285,9 @@ pub(super) fn forward<D: Device>(
             (&[x], Some(sizes)) => layout::split(b, x, *axis, &sizes)?,
             _ => None,
         },
+        OpKind::Concat { axis } if inputs.iter().any(|p| p.f32_lazy) => {
+            one(words::concat_expanded(b, *axis, inputs)?)
+        }
         OpKind::Concat { axis } => one(layout::concat(b, inputs, *axis)?),
         OpKind::Slice { axis, start, end } => match (inputs, usizes(&[*start, *end])) {
             (&[x], Some(se)) if se[0] <= se[1] => {

@@ -106,8 +106,62 @@ fn last_axis_parts(
     fits.then(|| (outer.iter().product(), cols, sizes))
 }
 
-/// The parts (f32) joined along their last axis (`axis`) into a buffer made as words only: a
-/// concatenation, or the gradient of a last-axis split.
+/// Whether a concatenation (`kind`, of parts of `shapes`) reads its parts only as words where
+/// they have them: along their last axis, each of an even width (`place_cols_words_bf16x`;
+/// [`concat_expanded`] where the result is wanted in f32).
+pub(super) fn concat_reads_words(kind: &OpKind, shapes: &[&[usize]]) -> bool {
+    let (OpKind::Concat { axis }, Some(first)) = (kind, shapes.first()) else {
+        return false;
+    };
+    let same_rows = |p: &&[usize]| {
+        p.len() == first.len() && axis + 1 == p.len() && p[..*axis] == first[..*axis]
+    };
+    if !shapes.iter().all(same_rows) {
+        return false;
+    }
+    let sizes: Vec<usize> = shapes.iter().map(|p| p[*axis]).collect();
+    let mut shape = first.to_vec();
+    shape[*axis] = sizes.iter().sum();
+    last_axis_parts(&shape, *axis, sizes).is_some()
+}
+
+/// A concatenation of parts some of which are held as words only ([`concat_reads_words`])
+/// into a result with its f32 values: those parts' values expanded into temporaries, then
+/// joined with the others as they are (an f32 part keeps its f32 values).
+pub(super) fn concat_expanded<D: Device>(
+    b: &DeviceBackend<D>,
+    axis: usize,
+    parts: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let mut temps = Vec::with_capacity(parts.len());
+    for p in parts {
+        match p.f32_lazy.then(|| super::expanded_copy(b, p)).transpose() {
+            Ok(t) => temps.push(t),
+            Err(e) => {
+                temps
+                    .into_iter()
+                    .flatten()
+                    .for_each(|t| crate::Backend::free(b, t));
+                return Err(e);
+            }
+        }
+    }
+    let whole: Vec<&Buf<D>> = parts
+        .iter()
+        .zip(&temps)
+        .map(|(&p, t)| t.as_ref().unwrap_or(p))
+        .collect();
+    let joined = super::layout::concat(b, &whole, axis);
+    temps
+        .into_iter()
+        .flatten()
+        .for_each(|t| crate::Backend::free(b, t));
+    joined
+}
+
+/// The parts (f32, or their exact words where they have them) joined along their last axis
+/// (`axis`) into a buffer made as words only: a concatenation, or the gradient of a last-axis
+/// split.
 fn concat<D: Device>(
     b: &DeviceBackend<D>,
     axis: usize,
@@ -134,13 +188,18 @@ fn concat<D: Device>(
     words_only(b, &shape, |w| {
         let mut start = 0;
         for (part, &len) in parts.iter().zip(&sizes) {
+            // A part's exact words where it has them (then its f32 values need not exist).
+            let (kernel, src) = match part.exact_bf16() {
+                Some(words) => ("place_cols_words_bf16x", words),
+                None => ("place_cols_words", &part.mem),
+            };
             b.device.launch(
-                "place_cols_words",
+                kernel,
                 row_grid(rows),
                 block,
                 &mut [
                     KernelArg::Out(&mut *w),
-                    KernelArg::In(&part.mem),
+                    KernelArg::In(src),
                     size(rows),
                     size(cols),
                     size(start),
