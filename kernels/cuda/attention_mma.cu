@@ -741,24 +741,43 @@ extern "C" __global__ void attention_backward_dkv_words_mma128(MMA_DKV_ARGS) { M
 
 // D = dO·O of each query row, FlashAttention-2's first backward pass where the forward kept the
 // rows' lse (no recomputed forward): dsum[(b·heads + h)·sq + i] from dO and O at [b, i, h·d],
-// one thread per row (a row's d columns are contiguous; D is a few microseconds of a step).
-template <class O>
-__device__ void attention_dsum_of(float* dsum, const float* go, O o, i64 batch, i64 sq, i64 heads, i64 d) {
+// each f32 or its bf16 words (`_bf16g`: dO, `_bf16x`: O, `_bf16xg`: both; two to a word, in
+// order). Eight lanes a row, four rows a warp: lane l of a row reads columns l, l + 8, …, so
+// that the eight read contiguous bytes together, and the row's sum is three shuffles. The
+// grid has eight threads a row, in whole warps.
+template <class G, class O>
+__device__ void attention_dsum_of(float* dsum, G go, O o, i64 batch, i64 sq, i64 heads, i64 d) {
     i64 rows = batch * sq * heads;
-    for (i64 r = global_thread(); r < rows; r += grid_threads()) {
+    int lane = threadIdx.x % 8;
+    for (i64 w = global_thread() / 32; 4 * w < rows; w += grid_threads() / 32) {
+        i64 r = 4 * w + (threadIdx.x % 32) / 8;
         float acc = 0.0f;
-        for (i64 c = 0; c < d; ++c) acc = fmaf(go[r * d + c], o[r * d + c], acc);
+        if (r < rows)
+            for (i64 c = lane; c < d; c += 8) acc = fmaf(go[r * d + c], o[r * d + c], acc);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
         i64 h = r % heads, bi = r / heads;
-        dsum[(bi / sq * heads + h) * sq + bi % sq] = acc;
+        if (r < rows && lane == 0) dsum[(bi / sq * heads + h) * sq + bi % sq] = acc;
     }
 }
 
 extern "C" __global__ void attention_dsum(float* dsum, const float* go, const float* o, i64 batch, i64 sq, i64 heads,
                                           i64 d) {
-    attention_dsum_of(dsum, go, XF32{o}, batch, sq, heads, d);
+    attention_dsum_of(dsum, XF32{go}, XF32{o}, batch, sq, heads, d);
 }
 
 extern "C" __global__ void attention_dsum_bf16x(float* dsum, const float* go, const float* o, i64 batch, i64 sq,
                                                 i64 heads, i64 d) {
-    attention_dsum_of(dsum, go, XBf16{(const unsigned*)o}, batch, sq, heads, d);
+    attention_dsum_of(dsum, XF32{go}, XBf16{(const unsigned*)o}, batch, sq, heads, d);
+}
+
+extern "C" __global__ void attention_dsum_bf16g(float* dsum, const float* go, const float* o, i64 batch, i64 sq,
+                                                i64 heads, i64 d) {
+    attention_dsum_of(dsum, XBf16{(const unsigned*)go}, XF32{o}, batch, sq, heads, d);
+}
+
+extern "C" __global__ void attention_dsum_bf16xg(float* dsum, const float* go, const float* o, i64 batch, i64 sq,
+                                                 i64 heads, i64 d) {
+    attention_dsum_of(dsum, XBf16{(const unsigned*)go}, XBf16{(const unsigned*)o}, batch, sq, heads, d);
 }

@@ -113,11 +113,12 @@ extern "C" __global__ void unary_forward_bf16x(float* y, const float* x, i64 n, 
 }
 
 // unary_backward writing only dx's bf16 words (two to a word, in order), x read as f32
-// (`unary_backward_words`) or as its words (`_bf16x`): a GELU's input gradient, which the
-// linear before it reads only as words (its GEMMs and its bias's column sums). One word per
-// thread.
-template <class X>
-__device__ void unary_backward_words_of(float* dx, X x, const float* g, i64 n, int op, double p) {
+// (`unary_backward_words`) or as its words (`_bf16x`), and the output gradient g as f32 or as
+// its words (`_bf16g`, `_bf16xg`: the linear after the GELU wrote it so): a GELU's input
+// gradient, which the linear before it reads only as words (its GEMMs and its bias's column
+// sums). One word per thread.
+template <class X, class G>
+__device__ void unary_backward_words_of(float* dx, X x, G g, i64 n, int op, double p) {
     unsigned* words = (unsigned*)dx;
     for (i64 w = global_thread(); 2 * w < n; w += grid_threads()) {
         float lo = (float)((double)g[2 * w] * unary_derivative(op, p, (double)x[2 * w]));
@@ -129,12 +130,22 @@ __device__ void unary_backward_words_of(float* dx, X x, const float* g, i64 n, i
 
 extern "C" __global__ void unary_backward_words(float* dx, const float* x, const float* g, i64 n, int op,
                                                 double p) {
-    unary_backward_words_of(dx, XF32{x}, g, n, op, p);
+    unary_backward_words_of(dx, XF32{x}, XF32{g}, n, op, p);
 }
 
 extern "C" __global__ void unary_backward_words_bf16x(float* dx, const float* x, const float* g, i64 n, int op,
                                                       double p) {
-    unary_backward_words_of(dx, XBf16{(const unsigned*)x}, g, n, op, p);
+    unary_backward_words_of(dx, XBf16{(const unsigned*)x}, XF32{g}, n, op, p);
+}
+
+extern "C" __global__ void unary_backward_words_bf16g(float* dx, const float* x, const float* g, i64 n, int op,
+                                                      double p) {
+    unary_backward_words_of(dx, XF32{x}, XBf16{(const unsigned*)g}, n, op, p);
+}
+
+extern "C" __global__ void unary_backward_words_bf16xg(float* dx, const float* x, const float* g, i64 n, int op,
+                                                       double p) {
+    unary_backward_words_of(dx, XBf16{(const unsigned*)x}, XBf16{(const unsigned*)g}, n, op, p);
 }
 
 extern "C" __global__ void unary_backward(float* dx, const float* x, const float* g, i64 n, int op, double p) {

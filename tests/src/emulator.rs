@@ -183,7 +183,11 @@ impl Device for Emulator {
                             f64::from(round(x)) * f64::from(round(y))
                         })
                         .sum();
-                    c[i * ld + j] = s as f32;
+                    if g.c_words {
+                        set_bf16(c, i * ld + j, s as f32);
+                    } else {
+                        c[i * ld + j] = s as f32;
+                    }
                 }
             }
         }
@@ -201,6 +205,19 @@ impl Device for Emulator {
     fn launch_tally(&self) -> Option<LaunchTally> {
         self.launches.lock().ok().map(|t| t.clone())
     }
+}
+
+/// Element `i` of `words` (bf16, two to a word, in order) set to `v` rounded to nearest even, as
+/// cuBLAS writes a bf16 output (`Gemm::c_words`).
+fn set_bf16(words: &mut [f32], i: usize, v: f32) {
+    let half = kernels::device::round_bf16(v).to_bits() >> 16;
+    let w = words[i / 2].to_bits();
+    let w = if i.is_multiple_of(2) {
+        (w & 0xffff_0000) | half
+    } else {
+        (w & 0x0000_ffff) | (half << 16)
+    };
+    words[i / 2] = f32::from_bits(w);
 }
 
 /// The device backend on the emulator, with blocks of `block` threads.

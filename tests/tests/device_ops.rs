@@ -271,8 +271,9 @@ fn a_bf16_gemm_operand_copy_serves_the_stash_and_the_backward_until_written() {
 
 /// A unary function's gradient reads a stashed input's bf16 words as they are: brought back
 /// without its f32 expansion (the emulator leaves those NaN), the gradient equals the host's on
-/// the rounded input, for an odd element count (a last word half used) and a large one. An
-/// embedding's gradient reads no values of its table at all.
+/// the rounded input, for an odd element count (a last word half used) and a large one; so does
+/// one from an output gradient held as words alone (a GEMM wrote them), bit for bit the one
+/// from the same values in f32. An embedding's gradient reads no values of its table at all.
 #[test]
 fn a_unary_gradient_reads_a_stashed_inputs_words() {
     let b = emulator(32);
@@ -286,7 +287,7 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
         let shapes = [shape.as_slice(), shape.as_slice()];
         assert!(b.reads_stashed_words(&grad, &shapes, 0));
         assert!(
-            !b.reads_stashed_words(&grad, &shapes, 1),
+            b.reads_stashed_words(&grad, &shapes, 1),
             "the output gradient"
         );
         assert!(
@@ -299,6 +300,24 @@ fn a_unary_gradient_reads_a_stashed_inputs_words() {
         let want = kernels::backward(&gelu, &[&bf16(&x)], &[&dy]).unwrap();
         let want = want[0].as_ref().expect("a gradient");
         assert_close(&b.download(&got[0]).unwrap(), want, 1e-6, "gelu gradient");
+        // dy held as words alone: expanded for the f32 kernel, read as words by the words one.
+        let dy_words = words_only(&b, &dy);
+        let dy_rounded = b.upload(&bf16(&dy)).unwrap();
+        for x in [&xb, &b.upload(&x).unwrap()] {
+            let run = |dy: &runtime::DeviceBuffer<Vec<f32>>| {
+                let plain = b.forward(&grad, &[x, dy], BINDING).unwrap();
+                let made = b.forward_words(&grad, &[x, dy]).unwrap().expect("words");
+                (
+                    bits(&b, &plain),
+                    stashed_bits(&b, made.into_iter().next().unwrap()),
+                )
+            };
+            assert_eq!(
+                run(&dy_words),
+                run(&dy_rounded),
+                "gelu gradient from dy's words"
+            );
+        }
     }
     // An embedding table's gradient reads only the table's shape: a stashed (tied) table
     // comes back for it without its f32 values.
@@ -360,7 +379,7 @@ fn tensor_core_attention_reads_stashed_operands_as_their_words() {
         assert!(b.reads_stashed_words(&attention, &shapes[..3], operand));
     }
     assert!(
-        !b.reads_stashed_words(&grad, &shapes, 3),
+        b.reads_stashed_words(&grad, &shapes, 3),
         "the output gradient"
     );
     assert!(
@@ -376,6 +395,24 @@ fn tensor_core_attention_reads_stashed_operands_as_their_words() {
         bits(&b, &got)
     };
     assert_eq!(run(&stashed), run(&from_f32));
+    // dO held as words alone (a GEMM wrote them): the recomputed row statistics expand it, the
+    // kernels read its words; bit for bit the gradients from the same values in f32.
+    let dy_host = b.download(&dy).unwrap();
+    let run_dy = |dy: &runtime::DeviceBuffer<Vec<f32>>| {
+        let got = b
+            .forward(
+                &grad,
+                &[&from_f32[0], &from_f32[1], &from_f32[2], dy],
+                BINDING,
+            )
+            .unwrap();
+        bits(&b, &got)
+    };
+    assert_eq!(
+        run_dy(&words_only(&b, &dy_host)),
+        run_dy(&b.upload(&bf16(&dy_host)).unwrap()),
+        "dO from its words"
+    );
 }
 
 /// Results made as bf16 words only (`Backend::forward_words`): a LayerNorm's and an RMSNorm's
@@ -557,6 +594,53 @@ fn a_linears_gradient_reads_its_output_gradients_words() {
         bits(&b, &b.forward(&grad, &[&xb, &wb, &bb, g], BINDING).unwrap())
     };
     assert_eq!(run(&words_only(&b, &g)), run(&up(&bf16(&g))));
+}
+
+/// A linear's input gradient made as bf16 words by its GEMM (`Gemm::c_words`,
+/// `Backend::forward_some_words`) beside its weight's and bias's in f32: bit for bit the words
+/// the stash keeps of the f32 input gradient, the others the same bits, and no conversion runs
+/// for it. A width cuBLAS cannot write so (20, not whole 16-byte rows) stays f32.
+#[test]
+fn a_linears_input_gradient_is_made_as_words_by_its_gemm() {
+    let b = emulator_bf16(32);
+    let up = |t: &Tensor32| b.upload(t).unwrap();
+    for (k, words) in [(16usize, true), (20, false)] {
+        let linear = OpKind::Linear { bias: true };
+        let grad = OpKind::Grad {
+            of: Box::new(linear),
+            wrt: vec![0, 1, 2],
+        };
+        let (x, w, bias) = (
+            up(&tensor(&[2, 8, k], 71)),
+            up(&tensor(&[k, 24], 72)),
+            up(&tensor(&[24], 73)),
+        );
+        let g = up(&tensor(&[2, 8, 24], 74));
+        let xs = [&x, &w, &bias, &g];
+        let before = b.launch_tally().expect("counted");
+        let made = b
+            .forward_some_words(&grad, &xs, &[true, false, false])
+            .unwrap()
+            .expect("made on the device");
+        let t = b.launch_tally().expect("counted").since(&before);
+        let plain = b.forward(&grad, &xs, BINDING).unwrap();
+        let flags: Vec<bool> = made.iter().map(|(_, w)| *w).collect();
+        assert_eq!(flags, [words, false, false], "width {k}");
+        let mut made = made.into_iter().map(|(d, _)| d);
+        let (dx, rest): (_, Vec<_>) = (made.next().unwrap(), made.collect());
+        let mut plain = plain.into_iter();
+        let plain_dx = plain.next().unwrap();
+        assert_eq!(bits(&b, &rest), bits(&b, &plain.collect::<Vec<_>>()));
+        if words {
+            // The product's operands are converted as before (x, w, g); nothing converts dx.
+            assert_eq!(t.get("to_bf16").launches, 3, "{t:?}");
+        }
+        assert_eq!(
+            stashed_bits(&b, dx),
+            stashed_bits(&b, plain_dx),
+            "width {k}: dx's words"
+        );
+    }
 }
 
 /// A norm's gradient reads a stashed input's bf16 words as they are (the `_bf16x` kernels): on
@@ -1625,6 +1709,21 @@ fn tensor_core_attention_keeps_its_row_statistics_for_the_backward() {
                 &format!("heads {heads}/{kv} d {d}: gradient {i}"),
             );
         }
+        // dO held as words alone (its GEMM wrote them): D from its words
+        // (`attention_dsum_bf16g`), bit for bit D from the same values in f32.
+        let dy_host = b.download(&dy).unwrap();
+        let run_dy = |dy: &runtime::DeviceBuffer<Vec<f32>>| {
+            let got = b
+                .attention_backward_kept(&attention, &xs, [dy, o, &lse], false)
+                .unwrap()
+                .expect("kept");
+            bits(&b, &got.grads)
+        };
+        assert_eq!(
+            run_dy(&words_only(&b, &dy_host)),
+            run_dy(&b.upload(&bf16(&dy_host)).unwrap()),
+            "heads {heads} d {d}: dO from its words"
+        );
         let o_host = b.download(o).unwrap();
         let from_words = words_only(&b, &o_host);
         let from_f32 = b.upload(&bf16(&o_host)).unwrap();

@@ -477,7 +477,11 @@ fn on_tensor_cores_attention_keeps_its_row_statistics_and_trains_as_when_recompu
         let count = |k: &str| t.get(k).launches;
         (
             out.losses,
-            count("attention_dsum_bf16x") + count("attention_dsum"),
+            // D from O and dO, each f32 or its words (dO made as words by its GEMM).
+            ["", "_bf16x", "_bf16g", "_bf16xg"]
+                .map(|v| count(&format!("attention_dsum{v}")))
+                .iter()
+                .sum::<u64>(),
             count("attention_row_stats_mma32"),
             count("attention_forward_words_mma32"),
         )

@@ -185,6 +185,15 @@ pub(super) fn gemm(
         a: (a_ptr, a_layout),
         b: (b_ptr, b_layout),
     };
+    if g.c_words && !bf16_gemm::writes_words(g) {
+        return Err(RuntimeError::DeviceLaunch {
+            kernel: "cublasGemmStridedBatchedEx",
+            message: format!(
+                "bf16 words asked of a product cuBLAS cannot write so ({}x{}, batch {})",
+                g.m, g.n, g.batch
+            ),
+        });
+    }
     let Some(pitch) = bf16_gemm::padded_pitch(g, dims.n) else {
         let (c_ptr, _c_sync) = c.data.device_ptr_mut(stream);
         // At `c`'s own pitch (≥ the padded columns), cuBLAS writes the padded product's rows
@@ -287,7 +296,13 @@ impl Call<'_> {
                 long(a_layout.stride)?,
                 std::ptr::from_ref(&beta).cast::<c_void>(),
                 c_ptr as *mut c_void,
-                cudaDataType::CUDA_R_32F,
+                // bf16 words where asked (`Gemm::c_words`: its leading dimension and stride
+                // count bf16 elements, as the f32 ones count f32).
+                if g.c_words {
+                    cudaDataType::CUDA_R_16BF
+                } else {
+                    cudaDataType::CUDA_R_32F
+                },
                 int(c_layout.ld)?,
                 long(c_layout.stride)?,
                 int(g.batch)?,

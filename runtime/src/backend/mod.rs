@@ -336,6 +336,21 @@ pub trait Backend: std::fmt::Debug {
         Ok(None)
     }
 
+    /// `kind`'s results, each that `as_words` marks (every later reader of it reads it only as
+    /// bf16 words, and the plan stores it in bf16) made as words alone where this backend can,
+    /// the others as [`Backend::forward`] makes them; each with whether it was made so. For
+    /// results only some of which are read so (a linear's input gradient beside its weight's);
+    /// where all are, [`Backend::forward_words`]. `None`: not made so here.
+    fn forward_some_words(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        as_words: &[bool],
+    ) -> Result<Option<SomeWords<Self::Buffer>>, RuntimeError> {
+        let _ = (kind, inputs, as_words);
+        Ok(None)
+    }
+
     /// `kind`'s result (one) held with its rows at a padded pitch, as a bf16 GEMM writes them
     /// where a row is not a whole number of 16-byte words (an LM head's logits over a
     /// vocabulary of odd width), for a result every reader of which reads it so
@@ -523,6 +538,10 @@ pub struct KeptForward<T> {
     /// Whether `out` was made as bf16 words alone (its f32 values not written).
     pub out_as_words: bool,
 }
+
+/// Results each with whether it was made as bf16 words alone
+/// ([`Backend::forward_some_words`]).
+pub type SomeWords<T> = Vec<(T, bool)>;
 
 /// An attention's gradients from what its forward kept ([`Backend::attention_backward_kept`]).
 #[derive(Debug)]

@@ -110,6 +110,9 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     stashed: Vec<Option<B::Buffer>>,
     /// Step instructions whose results are made as bf16 words only ([`words_only`]).
     step_words: Vec<bool>,
+    /// Per step instruction, which of its results alone are made as words
+    /// ([`Executor::some_word_results`]).
+    step_some_words: Vec<Vec<bool>>,
     /// Step instructions whose result is made with its bf16 twin ([`twins`]).
     step_twins: Vec<bool>,
     /// Step instructions whose result is held at its GEMM's padded pitch ([`pitched`]).
@@ -226,6 +229,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
             words_only: vec![false; tpl.buffers.len()],
             step_words: Vec::new(),
+            step_some_words: Vec::new(),
             step_twins: Vec::new(),
             step_pitched: Vec::new(),
             pitched: vec![false; tpl.buffers.len()],
@@ -240,6 +244,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             device_p2p: backend_p2p && p2p::deadlock_free(set),
         };
         exec.step_words = exec.word_results();
+        exec.step_some_words = exec.some_word_results();
         exec.step_twins = exec.twin_results();
         exec.step_pitched = exec.pitched_results();
         Ok(exec)
@@ -1081,6 +1086,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     fn run_fused(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
         Ok(self.run_kept(k, ins)?
             || self.run_words(k, ins)?
+            || self.run_some_words(k, ins)?
             || self.run_pitched(k, ins)?
             || self.run_twin(k, ins)?)
     }

@@ -57,6 +57,66 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         self.results_read_only(Self::reads_words_only, Self::stored_bf16)
     }
 
+    /// Per step instruction, per result, whether it is the result of a computation that
+    /// [`Executor::word_results`] does not choose whole but that the plan stores in bf16 and
+    /// every later reader of which reads only as words (a linear's input gradient, beside its
+    /// weight's and its bias's): the backend may make those alone as words
+    /// ([`Backend::forward_some_words`]). Empty where none is, or all are.
+    pub(super) fn some_word_results(&self) -> Vec<Vec<bool>> {
+        self.results_read_each(Self::reads_words_only, Self::stored_bf16)
+            .into_iter()
+            .map(|each| {
+                let all = !each.is_empty() && each.iter().all(|&w| w);
+                if all || !each.contains(&true) {
+                    Vec::new()
+                } else {
+                    each
+                }
+            })
+            .collect()
+    }
+
+    /// Runs step instruction `k` where [`Executor::some_word_results`] marked some of its
+    /// results and the backend makes them as words only (the others as usual); `false`: not
+    /// here (it runs as usual).
+    pub(super) fn run_some_words(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
+        let Some(mask) = self
+            .step_some_words
+            .get(k)
+            .filter(|m| !m.is_empty())
+            .cloned()
+        else {
+            return Ok(false);
+        };
+        let Instr::Compute {
+            kind,
+            inputs,
+            outputs,
+            ..
+        } = ins
+        else {
+            return Ok(false);
+        };
+        for &b in inputs {
+            self.zero_if_pending(b)?;
+        }
+        let results = {
+            let xs = inputs
+                .iter()
+                .map(|&i| self.get(i))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.backend.forward_some_words(kind, &xs, &mask)?
+        };
+        let Some(results) = results.filter(|r| r.len() == outputs.len()) else {
+            return Ok(false);
+        };
+        for ((t, as_words), &o) in results.into_iter().zip(outputs) {
+            self.put_buffer(o, t)?;
+            self.words_only[o.index()] = as_words;
+        }
+        Ok(true)
+    }
+
     /// Per step instruction, whether it is a computation each result of which `keep` accepts
     /// and every later reader of which, until it is freed or written again, reads it only as
     /// `reads_so` says (a value still live at the step's end is read after it: not so), and
@@ -66,6 +126,19 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         reads_so: impl Fn(&Self, &Instr, BufferId) -> bool,
         keep: impl Fn(&Self, BufferId) -> bool,
     ) -> Vec<bool> {
+        self.results_read_each(reads_so, keep)
+            .into_iter()
+            .map(|each| !each.is_empty() && each.iter().all(|&r| r))
+            .collect()
+    }
+
+    /// [`Executor::results_read_only`] per result of each computation (empty for other
+    /// instructions).
+    fn results_read_each(
+        &self,
+        reads_so: impl Fn(&Self, &Instr, BufferId) -> bool,
+        keep: impl Fn(&Self, BufferId) -> bool,
+    ) -> Vec<Vec<bool>> {
         let instrs = &self.tpl.instrs;
         let mut ahead = vec![
             Readers {
@@ -74,17 +147,19 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
             };
             self.tpl.buffers.len()
         ];
-        let mut out = vec![false; instrs.len()];
+        let mut out = vec![Vec::new(); instrs.len()];
         for (k, ins) in instrs.iter().enumerate().rev() {
             if let Instr::Compute {
                 inputs, outputs, ..
             } = ins
             {
-                out[k] = !outputs.is_empty()
-                    && outputs.iter().all(|&o| {
+                out[k] = outputs
+                    .iter()
+                    .map(|&o| {
                         let r = ahead.get(o.index()).copied().unwrap_or(ENDS_UNREAD);
                         r.words && r.count > 0 && !inputs.contains(&o) && keep(self, o)
-                    });
+                    })
+                    .collect();
             }
             let (reads, writes) = program::verify::operands(ins);
             let ended = match ins {

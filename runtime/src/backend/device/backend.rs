@@ -838,6 +838,16 @@ impl<D: Device> Backend for DeviceBackend<D> {
         ops::expand_twin(self, x)
     }
 
+    fn forward_some_words(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        as_words: &[bool],
+    ) -> Result<Option<crate::backend::SomeWords<Self::Buffer>>, RuntimeError> {
+        refuse_pitched(kind, inputs)?;
+        ops::some_words(self, kind, inputs, as_words)
+    }
+
     fn forward_pitched(
         &self,
         kind: &OpKind,

@@ -213,11 +213,13 @@ pub fn launches(g: &Gemm) -> Vec<(&'static str, u64)> {
     let (n, _) = product_dims(g, layouts);
     let Some(pitch) = padded_pitch(g, n) else {
         let written = if g.c_pitch != 0 {
-            (g.batch * g.m * g.c_pitch) as u64
+            4 * (g.batch * g.m * g.c_pitch) as u64
+        } else if g.c_words {
+            2 * out
         } else {
-            out
+            4 * out
         };
-        v.push((CUBLAS, 2 * (sizes[0] + sizes[1]) as u64 + 4 * written));
+        v.push((CUBLAS, 2 * (sizes[0] + sizes[1]) as u64 + written));
         return v;
     };
     // One product and one unpad per chunk of rows: each reads its rows of `a` and all of `b`.
@@ -233,6 +235,18 @@ pub fn launches(g: &Gemm) -> Vec<(&'static str, u64)> {
         v.push(("unpad_rows", 4 * written * (pitch + g.n) as u64));
     }
     v
+}
+
+/// Whether `g`'s product can be written as bf16 words ([`Gemm::c_words`]): a bf16 product
+/// whose output rows cuBLAS writes where they lie, densely (no padded pitch to copy out of),
+/// each a whole number of 16-byte words (`n` a multiple of 8).
+pub fn writes_words(g: &Gemm) -> bool {
+    let dense = g.batch == 1 || g.stride_c == g.m * g.n;
+    g.precision == GemmPrecision::Bf16
+        && g.c_pitch == 0
+        && dense
+        && g.n.is_multiple_of(8)
+        && padded_output(g).is_none()
 }
 
 /// The name [`launches`] counts cuBLAS's products under.

@@ -62,6 +62,10 @@ pub struct Gemm {
     /// `c`'s rows lie this many elements apart (≥ the product's padded columns), as cuBLAS
     /// writes a bf16 product's padded rows directly ([`bf16_gemm::padded_output`]); 0: dense.
     pub c_pitch: usize,
+    /// `c` is written as bf16 words (two to a 32-bit element, in order, rows dense): the f32
+    /// accumulators rounded once, to nearest even, as `to_bf16` would round an f32 product.
+    /// Only where [`bf16_gemm::writes_words`] allows it.
+    pub c_words: bool,
 }
 
 impl Gemm {
@@ -80,6 +84,7 @@ impl Gemm {
             precision: GemmPrecision::F32,
             given_bf16: [false; 2],
             c_pitch: 0,
+            c_words: false,
         }
     }
 }

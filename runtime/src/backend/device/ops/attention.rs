@@ -69,7 +69,8 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
 
 /// Whether attention `kind` on inputs of `shapes` (q, k, v, and for its gradient, `grad`, the
 /// output's) reads `operand` only as its bf16 words ([`words`], which takes a twin as it is):
-/// q, k and v on the tensor-core kernels.
+/// q, k and v on the tensor-core kernels, and for the gradient the output's gradient dO too
+/// (D = dO·O from its words, `attention_dsum_bf16g`; the recomputed row statistics expand it).
 pub(super) fn reads_words_only<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -86,7 +87,8 @@ pub(super) fn reads_words_only<D: Device>(
         [g] => grad && *g == out_shape(&a).as_slice(),
         _ => false,
     };
-    operand < 3 && output_grad && Kernels::of(b, &a).mma
+    let operands = if grad { 4 } else { 3 };
+    operand < operands && output_grad && Kernels::of(b, &a).mma
 }
 
 /// `attention.cu`'s ATTN_TILE_Q, ATTN_TILE_K and ATTN_TILE_D: queries and keys per tile,
@@ -460,7 +462,10 @@ fn backward_mma<D: Device>(
 ) -> Result<Vec<Buf<D>>, RuntimeError> {
     let x = Operands::of(b, [q, k, v])?;
     let (mut lse, mut dsum) = (b.alloc(&[rows(a)])?, b.alloc(&[rows(a)])?);
-    b.device.launch(
+    // The row statistics read dO in f32: expanded into a temporary where it is held as words
+    // alone (made so by the GEMM before, for the tensor-core kernels' reads).
+    let expanded = g.f32_lazy.then(|| super::expanded_copy(b, g)).transpose()?;
+    let stats = b.device.launch(
         p.row_stats,
         p.query_grid,
         p.block,
@@ -470,11 +475,15 @@ fn backward_mma<D: Device>(
             KernelArg::In(x.q),
             KernelArg::In(x.k),
             KernelArg::In(x.v),
-            KernelArg::In(&g.mem),
+            KernelArg::In(&expanded.as_ref().unwrap_or(g).mem),
             qpos.map_or(KernelArg::Null, KernelArg::In),
             KernelArg::Attention(*a),
         ],
-    )?;
+    );
+    if let Some(t) = expanded {
+        crate::Backend::free(b, t);
+    }
+    stats?;
     mma_gradients(b, a, p, &x, g, [&lse, &dsum], qpos, false)
 }
 
@@ -500,20 +509,27 @@ pub(crate) fn backward_kept<D: Device>(
     if !p.mma || !fits {
         return Ok(None);
     }
-    let mut dsum = b.alloc(&[rows(&a)])?;
-    let (kernel, src) = match o.exact_bf16() {
-        Some(w) => ("attention_dsum_bf16x", w),
-        None => ("attention_dsum", &o.mem),
-    };
+    // Eight lanes a row in whole warps (`attention_dsum_of`).
     let block = b.device.block_size();
+    if !block.is_multiple_of(32) {
+        return Ok(None);
+    }
+    let mut dsum = b.alloc(&[rows(&a)])?;
+    // dO and O as their exact words where they have them (made so, or back from the stash).
+    let kernel = match (o.exact_bf16().is_some(), g.exact_bf16().is_some()) {
+        (false, false) => "attention_dsum",
+        (true, false) => "attention_dsum_bf16x",
+        (false, true) => "attention_dsum_bf16g",
+        (true, true) => "attention_dsum_bf16xg",
+    };
     b.device.launch(
         kernel,
-        super::pointwise_grid(block, rows(&a)),
+        super::pointwise_grid(block, 8 * rows(&a)),
         block,
         &mut [
             KernelArg::Out(&mut dsum.mem),
-            KernelArg::In(&g.mem),
-            KernelArg::In(src),
+            KernelArg::In(g.exact_bf16().unwrap_or(&g.mem)),
+            KernelArg::In(o.exact_bf16().unwrap_or(&o.mem)),
             KernelArg::I64(a.batch),
             KernelArg::I64(a.sq),
             KernelArg::I64(a.heads),
@@ -528,29 +544,6 @@ pub(crate) fn backward_kept<D: Device>(
         grads: grads?,
         as_words,
     }))
-}
-
-/// A gradient's buffer of `shape` for a kernel to write whole: f32, or with `as_words` its
-/// bf16 words alone ([`DeviceBackend::words_only`]), written through [`written`].
-fn grad_buffer<D: Device>(
-    b: &DeviceBackend<D>,
-    shape: &[usize],
-    as_words: bool,
-) -> Result<Buf<D>, RuntimeError> {
-    if !as_words {
-        return b.alloc(shape);
-    }
-    let len: usize = shape.iter().product();
-    let words = b.device.alloc(len.div_ceil(2).max(1))?;
-    b.words_only(shape, words)
-}
-
-/// Where a kernel writes `x`: its words where it is held as words alone, else its f32 values.
-fn written<D: Device>(x: &mut Buf<D>) -> &mut D::Mem {
-    match (x.f32_lazy, x.bf16.get_mut()) {
-        (true, Some(words)) => words,
-        _ => &mut x.mem,
-    }
 }
 
 /// dq per query block and dk, dv per key block from the operands' words and the row
@@ -573,13 +566,13 @@ fn mma_gradients<D: Device>(
         Some(kernels) if as_words => kernels,
         _ => [p.dq, p.dkv],
     };
-    let mut dq = grad_buffer(b, &out_shape_of(a, a.sq, a.heads, a.d), as_words)?;
+    let mut dq = super::output_buffer(b, &out_shape_of(a, a.sq, a.heads, a.d), as_words)?;
     b.device.launch(
         dq_kernel,
         p.query_grid,
         p.block,
         &mut [
-            KernelArg::Out(written::<D>(&mut dq)),
+            KernelArg::Out(super::written::<D>(&mut dq)),
             KernelArg::In(x.q),
             KernelArg::In(x.k),
             KernelArg::In(x.v),
@@ -591,16 +584,16 @@ fn mma_gradients<D: Device>(
         ],
     )?;
     let (mut dk, mut dv) = (
-        grad_buffer(b, &out_shape_of(a, a.sk, a.kv, a.d), as_words)?,
-        grad_buffer(b, &out_shape_of(a, a.sk, a.kv, a.dv), as_words)?,
+        super::output_buffer(b, &out_shape_of(a, a.sk, a.kv, a.d), as_words)?,
+        super::output_buffer(b, &out_shape_of(a, a.sk, a.kv, a.dv), as_words)?,
     );
     b.device.launch(
         dkv_kernel,
         p.key_grid,
         p.block,
         &mut [
-            KernelArg::Out(written::<D>(&mut dk)),
-            KernelArg::Out(written::<D>(&mut dv)),
+            KernelArg::Out(super::written::<D>(&mut dk)),
+            KernelArg::Out(super::written::<D>(&mut dv)),
             KernelArg::In(x.q),
             KernelArg::In(x.k),
             KernelArg::In(x.v),

@@ -356,13 +356,16 @@ pub(super) fn forward_words<D: Device>(
 }
 
 /// `[dx, dw]`, and `db` after them for a biased linear; those `wanted` marks false are `None`
-/// (not computed: a `Grad` op that asks only for `dx` runs one GEMM).
+/// (not computed: a `Grad` op that asks only for `dx` runs one GEMM). `dx` and `dw` with their
+/// `as_words` mark true are written by their GEMM as bf16 words alone where cuBLAS can
+/// ([`bf16_gemm::writes_words`]; the buffer says so: `f32_lazy`), else in f32.
 pub(super) fn backward<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     xs: &[&Buf<D>],
     g: &Buf<D>,
     wanted: &[bool],
+    as_words: [bool; 2],
 ) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
     let Some(((x, w, bias), p)) = operands::<D>(b.gemm_precision, kind, xs) else {
         return Ok(None);
@@ -393,13 +396,13 @@ pub(super) fn backward<D: Device>(
         (None, None) => (&g.mem, false),
     };
     let mut out = Vec::with_capacity(3);
-    for i in 0..2 {
+    for (i, words) in as_words.into_iter().enumerate() {
         if !want(i) {
             out.push(None);
             continue;
         }
         // dx = g · wᵀ reads w as the forward did; dw = xᵀ · g reads x so (stored [m, k]).
-        let (gemm, a, bm, shape) = if i == 0 {
+        let (mut gemm, a, bm, shape) = if i == 0 {
             let mut dx = p.input_grad();
             let (wm, w_given) = operand(b, w, p.n, !p.batched_w && !empty(&p))?;
             dx.given_bf16 = [g_given, w_given];
@@ -410,13 +413,14 @@ pub(super) fn backward<D: Device>(
             dw.given_bf16 = [x_given, g_given];
             (dw, xm, g_in, &w.shape)
         };
+        gemm.c_words = words && !empty(&p) && bf16_gemm::writes_words(&gemm);
         let mut d = if empty(&p) {
             b.alloc_zeroed(shape)?
         } else {
-            b.alloc(shape)?
+            super::output_buffer(b, shape, gemm.c_words)?
         };
         if !empty(&p) {
-            b.device.gemm(&gemm, a, bm, &mut d.mem)?;
+            b.device.gemm(&gemm, a, bm, super::written::<D>(&mut d))?;
         }
         out.push(Some(d));
     }

@@ -221,6 +221,29 @@ pub(super) fn expanded_copy<D: Device>(
     Ok(y)
 }
 
+/// An output buffer of `shape` for a kernel (or a GEMM) to write whole: f32, or with `as_words`
+/// its bf16 words alone ([`DeviceBackend::words_only`]), written through [`written`].
+pub(super) fn output_buffer<D: Device>(
+    b: &DeviceBackend<D>,
+    shape: &[usize],
+    as_words: bool,
+) -> Result<Buf<D>, RuntimeError> {
+    if !as_words {
+        return b.alloc(shape);
+    }
+    let len: usize = shape.iter().product();
+    let words = b.device.alloc(len.div_ceil(2).max(1))?;
+    b.words_only(shape, words)
+}
+
+/// Where a kernel writes `x`: its words where it is held as words alone, else its f32 values.
+pub(super) fn written<D: Device>(x: &mut Buf<D>) -> &mut D::Mem {
+    match (x.f32_lazy, x.bf16.get_mut()) {
+        (true, Some(words)) => words,
+        _ => &mut x.mem,
+    }
+}
+
 /// `x`'s f32 values from its twin ([`crate::Backend::expand_stashed`]).
 pub(super) fn expand_twin<D: Device>(
     b: &DeviceBackend<D>,
@@ -323,9 +346,19 @@ fn grad<D: Device>(
     }
     let &[g] = dys else { return Ok(None) };
     let wanted: Vec<bool> = (0..n).map(|i| wrt.contains(&i)).collect();
-    let Some(mut all) = backward_of(b, of, xs, g, &wanted)? else {
+    let Some(all) = backward_of(b, of, xs, g, &wanted)? else {
         return Ok(None);
     };
+    Ok(picked(b, all, wrt))
+}
+
+/// The gradients `wrt` lists, in its order, out of every operand's (`all`); the others are
+/// given back. `None` (all given back) where one listed is missing: the host path names it.
+fn picked<D: Device>(
+    b: &DeviceBackend<D>,
+    mut all: Vec<Option<Buf<D>>>,
+    wrt: &[usize],
+) -> Option<Vec<Buf<D>>> {
     let mut picked = Vec::with_capacity(wrt.len());
     for &i in wrt {
         match all.get_mut(i).and_then(Option::take) {
@@ -335,15 +368,45 @@ fn grad<D: Device>(
                 all.into_iter()
                     .flatten()
                     .chain(picked)
-                    .for_each(|d| b.device.release(d.mem));
-                return Ok(None);
+                    .for_each(|d| crate::Backend::free(b, d));
+                return None;
             }
         }
     }
     all.into_iter()
         .flatten()
-        .for_each(|d| b.device.release(d.mem));
-    Ok(Some(picked))
+        .for_each(|d| crate::Backend::free(b, d));
+    Some(picked)
+}
+
+/// `kind`'s results, each that `as_words` marks made as bf16 words alone where the device can
+/// (with whether it was), the rest as usual: a linear's or product's input and weight
+/// gradients, written so by their GEMMs ([`matmul::backward`]). `None`: not here.
+pub(super) fn some_words<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    inputs: &[&Buf<D>],
+    as_words: &[bool],
+) -> Result<Option<crate::backend::SomeWords<Buf<D>>>, RuntimeError> {
+    let OpKind::Grad { of, wrt } = kind else {
+        return Ok(None);
+    };
+    if !matches!(**of, OpKind::MatMul | OpKind::Linear { .. }) || as_words.len() != wrt.len() {
+        return Ok(None);
+    }
+    let Some((&g, xs)) = inputs.split_last() else {
+        return Ok(None);
+    };
+    let wanted: Vec<bool> = (0..xs.len()).map(|i| wrt.contains(&i)).collect();
+    let words = [0, 1].map(|i| wrt.iter().zip(as_words).any(|(&w, &a)| w == i && a));
+    let Some(all) = matmul::backward(b, of, xs, g, &wanted, words)? else {
+        return Ok(None);
+    };
+    let made_as_words = |d: Buf<D>| {
+        let words = d.f32_lazy;
+        (d, words)
+    };
+    Ok(picked(b, all, wrt).map(|v| v.into_iter().map(made_as_words).collect()))
 }
 
 /// The operand gradients of `kind` on the device, or `None` for the host path.
@@ -388,7 +451,9 @@ fn backward_of<D: Device>(
 ) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
     let all = |r: Option<Vec<Buf<D>>>| r.map(|v| v.into_iter().map(Some).collect());
     Ok(match kind {
-        OpKind::MatMul | OpKind::Linear { .. } => matmul::backward(b, kind, xs, g, wanted)?,
+        OpKind::MatMul | OpKind::Linear { .. } => {
+            matmul::backward(b, kind, xs, g, wanted, [false; 2])?
+        }
         OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } => {
             all(rows::norm_backward(b, kind, *eps, xs, g)?)
         }

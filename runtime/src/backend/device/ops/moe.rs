@@ -112,7 +112,7 @@ pub(super) fn router_backward<D: Device>(
         &mut args,
     )?;
     b.device.release(logits.mem);
-    let grads = matmul::backward(b, &ROUTER_LINEAR, xs, &dlogits, wanted);
+    let grads = matmul::backward(b, &ROUTER_LINEAR, xs, &dlogits, wanted, [false; 2]);
     b.device.release(dlogits.mem);
     grads
 }

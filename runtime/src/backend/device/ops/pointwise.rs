@@ -108,14 +108,15 @@ pub(super) fn reads_words(kind: &OpKind, shapes: &[&[usize]], operand: usize) ->
 
 /// Whether the gradient of `of` (with respect to `wrt`, from inputs of `shapes`: `x` then the
 /// output gradient) reads `operand` only as the bf16 words a stash holds: a unary function's
-/// `x` (`unary_backward_bf16x`), where [`backward`] runs it on the device.
+/// `x` (`unary_backward_bf16x`) and its output gradient (made as words, `unary_backward_words_
+/// bf16g`; [`backward`] expands it into a temporary where its result is wanted in f32).
 pub(super) fn grad_reads_words(
     of: &OpKind,
     wrt: &[usize],
     shapes: &[&[usize]],
     operand: usize,
 ) -> bool {
-    unary_code(of).is_some() && operand == 0 && wrt == [0] && matches!(shapes, [x, g] if x == g)
+    unary_code(of).is_some() && operand < 2 && wrt == [0] && matches!(shapes, [x, g] if x == g)
 }
 
 pub(super) fn backward<D: Device>(
@@ -125,6 +126,16 @@ pub(super) fn backward<D: Device>(
     g: &Buf<D>,
 ) -> Result<Option<Vec<Option<Buf<D>>>>, RuntimeError> {
     let block = b.device.block_size();
+    if let (Some(_), &[x], true) = (unary_code(kind), xs, g.f32_lazy) {
+        // The output gradient held as words alone: its values expanded for the f32 kernels.
+        if g.shape != x.shape {
+            return Ok(None);
+        }
+        let g = super::expanded_copy(b, g)?;
+        let dx = backward(b, kind, xs, &g);
+        crate::Backend::free(b, g);
+        return dx;
+    }
     if let (Some((op, p)), &[x]) = (unary_code(kind), xs) {
         if g.shape != x.shape {
             return Ok(None);

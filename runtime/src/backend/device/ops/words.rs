@@ -63,7 +63,8 @@ pub(super) fn words_only<D: Device>(
 }
 
 /// A unary function of `x` (f32, or its words where it has only those), or with the output
-/// gradient `g` its input gradient (`unary_forward_words*`, `unary_backward_words*`).
+/// gradient `g` (f32, or its words likewise) its input gradient (`unary_forward_words*`,
+/// `unary_backward_words*`).
 fn unary<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -71,17 +72,21 @@ fn unary<D: Device>(
     g: Option<&Buf<D>>,
 ) -> Result<Buf<D>, RuntimeError> {
     let (op, p) = unary_code(kind).unwrap_or_default();
-    let kernel = match (g.is_some(), x.exact_bf16().is_some()) {
-        (false, false) => "unary_forward_words",
-        (false, true) => "unary_forward_words_bf16x",
-        (true, false) => "unary_backward_words",
-        (true, true) => "unary_backward_words_bf16x",
+    // The output gradient's words where it has them exactly (the linear after wrote them).
+    let g_words = g.and_then(|g| g.exact_bf16());
+    let kernel = match (g.is_some(), x.exact_bf16().is_some(), g_words.is_some()) {
+        (false, false, _) => "unary_forward_words",
+        (false, true, _) => "unary_forward_words_bf16x",
+        (true, false, false) => "unary_backward_words",
+        (true, true, false) => "unary_backward_words_bf16x",
+        (true, false, true) => "unary_backward_words_bf16g",
+        (true, true, true) => "unary_backward_words_bf16xg",
     };
     let xm = x.exact_bf16().unwrap_or(&x.mem);
     let block = b.device.block_size();
     words_only(b, &x.shape, |w| {
         let mut args = vec![KernelArg::Out(w), KernelArg::In(xm)];
-        args.extend(g.map(|g| KernelArg::In(&g.mem)));
+        args.extend(g.map(|g| KernelArg::In(g_words.unwrap_or(&g.mem))));
         args.extend([size(x.len), KernelArg::I32(op), KernelArg::F64(p)]);
         b.device.launch(
             kernel,
