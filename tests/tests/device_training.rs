@@ -367,6 +367,86 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
         (residuals..=all).contains(&twins),
         "{twins} twins, {residuals} stashed residual sums, {all} stashed sums"
     );
+    // With 8 micro-batches each weight gradient but the first is added to its accumulator,
+    // which AdamW then reads in f32 terms: only the products whose input gradient a GELU's
+    // gradient alone reads write bf16 words (`Gemm::c_words`).
+    assert_eq!(
+        t.get(runtime::backend::device::bf16_gemm::CUBLAS_WORDS)
+            .launches,
+        grads_made_as_words(tpl, set.mesh.micro_batches),
+        "GEMMs writing bf16 words"
+    );
+    assert!(diff < 2e-2, "{diff}");
+    assert!(losses.last() < losses.first(), "the loss falls");
+}
+
+/// The products of a step whose GEMM writes bf16 words: each GELU's output gradient (only its
+/// gradient reads it) and, with one micro-batch, each layer's weight gradients (moved into
+/// their zeroed accumulators, then read only by AdamW, as words).
+fn grads_made_as_words(tpl: &program::Template, micro_batches: u32) -> u64 {
+    let count = |f: &dyn Fn(&ir::OpKind, &[program::BufferId]) -> bool| {
+        tpl.instrs
+            .iter()
+            .filter(
+                |i| matches!(i, program::Instr::Compute { kind, inputs, .. } if f(kind, inputs)),
+            )
+            .count() as u64
+    };
+    let param = |b: &program::BufferId| {
+        tpl.buffer(*b)
+            .is_some_and(|d| matches!(d.role, program::Role::Param(_)))
+    };
+    let weight_grads = count(&|kind, inputs| {
+        matches!(kind, ir::OpKind::Grad { of, wrt }
+            if matches!(**of, ir::OpKind::Linear { .. }) && wrt.contains(&1))
+            && inputs.get(1).is_some_and(param)
+    });
+    let gelu_grads = count(
+        &|kind, _| matches!(kind, ir::OpKind::Grad { of, .. } if matches!(**of, ir::OpKind::Gelu { .. })),
+    );
+    assert!(weight_grads > 0 && gelu_grads > 0);
+    gelu_grads + if micro_batches == 1 { weight_grads } else { 0 }
+}
+
+#[test]
+fn with_one_micro_batch_weight_gradients_reach_adamw_as_the_words_their_gemms_write() {
+    // One micro-batch: each weight gradient is the first (and only) addition into its zeroed
+    // accumulator, which the executor runs as a move, and AdamW reads it only as bf16 words;
+    // so its GEMM writes it as words (`Gemm::c_words`) and nothing converts it. Training stays
+    // within 2e-2 of the f32 CPU run and falls.
+    let c = Config {
+        precision: planner::Precision::Bf16,
+        cluster: "dgx-h100",
+        micro_batch: common::GLOBAL_BATCH,
+        ..Config::new(1, 1, 1)
+    };
+    let set = programs(WIDE_HEADS, &c);
+    assert_eq!(set.mesh.micro_batches, 1);
+    let one = train(
+        &programs(
+            WIDE_HEADS,
+            &Config {
+                micro_batch: common::GLOBAL_BATCH,
+                ..Config::new(1, 1, 1)
+            },
+        ),
+        STEPS,
+        7,
+    );
+    let (outs, _) = train_emulated(&set, emulator_bf16);
+    let losses = &outs[0].losses;
+    let diff = loss_diff(losses, &one.losses);
+    let t = outs[0].launches_last_step.as_ref().expect("counted");
+    println!(
+        "one micro-batch: losses {losses:?}, f32 CPU {:?} ({diff:.1e})",
+        one.losses
+    );
+    assert_eq!(
+        t.get(runtime::backend::device::bf16_gemm::CUBLAS_WORDS)
+            .launches,
+        grads_made_as_words(&set.templates[0], 1),
+        "GEMMs writing bf16 words"
+    );
     assert!(diff < 2e-2, "{diff}");
     assert!(losses.last() < losses.first(), "the loss falls");
 }

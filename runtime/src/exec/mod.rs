@@ -328,11 +328,13 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
             let expand = stash_plan.before.get(k).map_or(&[][..], Vec::as_slice);
+            let zero_add = self.zero_add_source(k, ins);
+            // A move hands its source on as it is held (as words alone too): nothing expands it.
+            let moved = zero_add.map(|(src, _)| src);
             let back = self
-                .expand_words_for(ins, r)
+                .expand_words_for(ins, r, moved)
                 .and_then(|()| self.make_dense_for(ins, r))
                 .and_then(|()| self.unstash(expand, Some(ins)));
-            let zero_add = self.zero_add_source(k, ins);
             // The copy the update before it already wrote ([`adamw_copy`]).
             let written_by_update = std::mem::take(&mut copy_written);
             let mut result = match (back, ins, zero_add) {
@@ -504,7 +506,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             .get_mut(src.index())
             .and_then(Option::take)
             .ok_or_else(|| self.prog(format!("buffer {src} is used but not allocated")))?;
-        self.put_buffer(dst, t)
+        // Held as words alone, it stays so under its new name.
+        let words = std::mem::take(&mut self.words_only[src.index()]);
+        self.put_buffer(dst, t)?;
+        self.words_only[dst.index()] = words;
+        Ok(())
     }
 
     /// Holds each of `bufs` as bf16 words until its next use ([`stash`]): those written, with

@@ -55,6 +55,25 @@ pub(super) fn moving_adds(tpl: &Template) -> Vec<Option<usize>> {
     moves
 }
 
+/// Whether `buf` holds pending zeros after `before` (the instructions ahead of some point):
+/// the last of them to touch it allocated it or filled it with zeros, which the executor
+/// defers to its first read ([`Executor::zero_add_source`] then moves the addend in).
+pub(super) fn zeroed_when_reached(before: &[Instr], buf: BufferId) -> bool {
+    for ins in before.iter().rev() {
+        match ins {
+            Instr::Alloc { buf: b } if *b == buf => return true,
+            Instr::Fill { buf: b, value } if *b == buf => return *value == 0.0,
+            _ => {
+                let (reads, writes) = program::verify::operands(ins);
+                if reads.contains(&buf) || writes.contains(&buf) {
+                    return false;
+                }
+            }
+        }
+    }
+    false
+}
+
 /// Whether `rest`, the instructions after a use of `src`, free it before reading or writing
 /// it again (and before it is allocated anew or a pipeline task ends).
 fn freed_before_other_use(rest: &[Instr], src: BufferId) -> bool {

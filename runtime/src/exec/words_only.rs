@@ -140,15 +140,28 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         keep: impl Fn(&Self, BufferId) -> bool,
     ) -> Vec<Vec<bool>> {
         let instrs = &self.tpl.instrs;
-        let mut ahead = vec![
-            Readers {
-                words: false,
-                count: 0
-            };
-            self.tpl.buffers.len()
-        ];
+        // A value live at the step's end is read after it (not so), but for a gradient
+        // accumulator: only the program reads it, and the next step fills it first.
+        let mut ahead: Vec<Readers> = self
+            .tpl
+            .buffers
+            .iter()
+            .map(|d| match d.role {
+                Role::Grad(_) => ENDS_UNREAD,
+                _ => Readers {
+                    words: false,
+                    count: 0,
+                },
+            })
+            .collect();
         let mut out = vec![Vec::new(); instrs.len()];
         for (k, ins) in instrs.iter().enumerate().rev() {
+            // The first addition into a zeroed accumulator hands its operand on (moves.rs): it
+            // is read as the accumulator's later readers read it.
+            let moved = self.moved_by_add(k, ins).map(|(src, out)| {
+                let r = ahead.get(out.index()).copied().unwrap_or(ENDS_UNREAD);
+                (src, r.words && r.count > 0)
+            });
             if let Instr::Compute {
                 inputs, outputs, ..
             } = ins
@@ -172,7 +185,10 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                 }
             }
             for b in reads {
-                let words = reads_so(self, ins, b);
+                let words = match moved {
+                    Some((src, as_read)) if src == b => as_read,
+                    _ => reads_so(self, ins, b),
+                };
                 if let Some(r) = ahead.get_mut(b.index()) {
                     r.words &= words;
                     r.count += 1;
@@ -182,14 +198,31 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         out
     }
 
-    /// Whether the plan stores `b` in bf16 as a matrix of activations or their gradients.
+    /// Whether the plan stores `b` in bf16 as a matrix of activations, their gradients or a
+    /// weight's gradient from one micro-batch.
     fn stored_bf16(&self, b: BufferId) -> bool {
         self.tpl.buffer(b).is_some_and(|d| {
             d.elem == Elem::Bf16
                 && d.shape.len() >= 2
                 && !d.partial
-                && matches!(d.role, Role::Activation | Role::ActGrad)
+                && matches!(d.role, Role::Activation | Role::ActGrad | Role::GradPart(_))
         })
+    }
+
+    /// The operand step instruction `k` moves to its output where it is an addition into an
+    /// accumulator that holds zeros then ([`super::moves::moving_adds`], where the program
+    /// filled the accumulator since its last write): `(operand, accumulator)`.
+    fn moved_by_add(&self, k: usize, ins: &Instr) -> Option<(BufferId, BufferId)> {
+        let p = self.step_adds.get(k).copied().flatten()?;
+        let Instr::Compute {
+            inputs, outputs, ..
+        } = ins
+        else {
+            return None;
+        };
+        let (src, out) = (*inputs.get(p)?, *outputs.first()?);
+        let before = self.tpl.instrs.get(..k)?;
+        super::moves::zeroed_when_reached(before, out).then_some((src, out))
     }
 
     /// Runs step instruction `k` where [`Executor::word_results`] chose it and the backend
@@ -205,14 +238,17 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     }
 
     /// Expands the f32 values of each buffer `ins` reads (`reads`) that is held as words only,
-    /// unless `ins` reads it only as words.
+    /// unless `ins` reads it only as words or moves it (`moved`: the first addition into a
+    /// zeroed accumulator hands it on as it is held).
     pub(super) fn expand_words_for(
         &mut self,
         ins: &Instr,
         reads: &[BufferId],
+        moved: Option<BufferId>,
     ) -> Result<(), RuntimeError> {
         for &b in reads {
             if self.words_only.get(b.index()).copied().unwrap_or(false)
+                && Some(b) != moved
                 && !self.reads_words_only(ins, b)
             {
                 self.expand_words(b)?;

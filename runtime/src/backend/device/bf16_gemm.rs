@@ -219,7 +219,8 @@ pub fn launches(g: &Gemm) -> Vec<(&'static str, u64)> {
         } else {
             4 * out
         };
-        v.push((CUBLAS, 2 * (sizes[0] + sizes[1]) as u64 + written));
+        let name = if g.c_words { CUBLAS_WORDS } else { CUBLAS };
+        v.push((name, 2 * (sizes[0] + sizes[1]) as u64 + written));
         return v;
     };
     // One product and one unpad per chunk of rows: each reads its rows of `a` and all of `b`.
@@ -251,6 +252,10 @@ pub fn writes_words(g: &Gemm) -> bool {
 
 /// The name [`launches`] counts cuBLAS's products under.
 pub const CUBLAS: &str = "gemm (cuBLAS)";
+
+/// The name [`launches`] counts cuBLAS's products that write bf16 words under
+/// ([`Gemm::c_words`]).
+pub const CUBLAS_WORDS: &str = "gemm (cuBLAS, bf16 out)";
 
 #[cfg(test)]
 mod tests {
