@@ -42,14 +42,14 @@ extern "C" __global__ void layer_norm_forward_words(float* y, const float* x, co
 
 // dx = r·(d − mean(d) − x̂·mean(d·x̂)) with x̂ = (x − μ)·r and d = g·γ; stats[2r] = μ, stats[2r+1] = r.
 // The backward kernels read x as XF32 or, in the `_bf16x` kernels, as XBf16 (common.cuh: a
-// bf16 plan's norm input back from its stash, with no f32 expansion first).
+// bf16 plan's norm input back from its stash, with no f32 expansion first), and the output
+// gradient g likewise (`_bf16g`, both `_bf16xg`: made as words by the linear's GEMM after it).
 
-template <class X>
+template <class X, class G>
 __device__ void layer_norm_backward_of(float* dx, float* stats, X x, const float* gamma,
-                                               const float* g, i64 rows, i64 h, double eps) {
+                                               G g, i64 rows, i64 h, double eps) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         i64 xr = r * h;
-        const float* gr = g + r * h;
         double s = 0.0;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) s += x[xr + i];
         double mu = block_sum(s) / (double)h;
@@ -58,7 +58,7 @@ __device__ void layer_norm_backward_of(float* dx, float* stats, X x, const float
         double rstd = 1.0 / sqrt(block_sum(q) / (double)h + eps);
         double sd = 0.0, sdx = 0.0;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
-            double d = (double)gr[i] * gamma[i];
+            double d = (double)g[r * h + i] * gamma[i];
             sd += d;
             sdx += d * (x[xr + i] - mu) * rstd;
         }
@@ -66,7 +66,7 @@ __device__ void layer_norm_backward_of(float* dx, float* stats, X x, const float
         double mean_dx = block_sum(sdx) / (double)h;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
             double xhat = (x[xr + i] - mu) * rstd;
-            double d = (double)gr[i] * gamma[i];
+            double d = (double)g[r * h + i] * gamma[i];
             dx[r * h + i] = (float)(rstd * (d - mean_d - xhat * mean_dx));
         }
         if (threadIdx.x == 0) {
@@ -78,12 +78,22 @@ __device__ void layer_norm_backward_of(float* dx, float* stats, X x, const float
 
 extern "C" __global__ void layer_norm_backward(float* dx, float* stats, const float* x, const float* gamma,
                                                const float* g, i64 rows, i64 h, double eps) {
-    layer_norm_backward_of(dx, stats, XF32{x}, gamma, g, rows, h, eps);
+    layer_norm_backward_of(dx, stats, XF32{x}, gamma, XF32{g}, rows, h, eps);
 }
 
 extern "C" __global__ void layer_norm_backward_bf16x(float* dx, float* stats, const float* x, const float* gamma,
                                                const float* g, i64 rows, i64 h, double eps) {
-    layer_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
+    layer_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, XF32{g}, rows, h, eps);
+}
+
+extern "C" __global__ void layer_norm_backward_bf16g(float* dx, float* stats, const float* x, const float* gamma,
+                                                     const float* g, i64 rows, i64 h, double eps) {
+    layer_norm_backward_of(dx, stats, XF32{x}, gamma, XBf16{(const unsigned*)g}, rows, h, eps);
+}
+
+extern "C" __global__ void layer_norm_backward_bf16xg(float* dx, float* stats, const float* x, const float* gamma,
+                                                      const float* g, i64 rows, i64 h, double eps) {
+    layer_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, XBf16{(const unsigned*)g}, rows, h, eps);
 }
 
 template <bool WORDS>
@@ -109,21 +119,20 @@ extern "C" __global__ void rms_norm_forward_words(float* y, const float* x, cons
 
 // dx = r·d − x·r³·mean(d·x) with d = g·γ; stats[2r] = 0, stats[2r+1] = r (LayerNorm's layout
 // with μ = 0, so `norm_param_grads` serves both).
-template <class X>
+template <class X, class G>
 __device__ void rms_norm_backward_of(float* dx, float* stats, X x, const float* gamma,
-                                             const float* g, i64 rows, i64 h, double eps) {
+                                             G g, i64 rows, i64 h, double eps) {
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         i64 xr = r * h;
-        const float* gr = g + r * h;
         double q = 0.0, sdx = 0.0;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
             q += (double)x[xr + i] * x[xr + i];
-            sdx += (double)gr[i] * gamma[i] * x[xr + i];
+            sdx += (double)g[r * h + i] * gamma[i] * x[xr + i];
         }
         double rs = 1.0 / sqrt(block_sum(q) / (double)h + eps);
         double mean_dx = block_sum(sdx) / (double)h;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) {
-            double d = (double)gr[i] * gamma[i];
+            double d = (double)g[r * h + i] * gamma[i];
             dx[r * h + i] = (float)(rs * d - x[xr + i] * rs * rs * rs * mean_dx);
         }
         if (threadIdx.x == 0) {
@@ -135,19 +144,29 @@ __device__ void rms_norm_backward_of(float* dx, float* stats, X x, const float* 
 
 extern "C" __global__ void rms_norm_backward(float* dx, float* stats, const float* x, const float* gamma,
                                              const float* g, i64 rows, i64 h, double eps) {
-    rms_norm_backward_of(dx, stats, XF32{x}, gamma, g, rows, h, eps);
+    rms_norm_backward_of(dx, stats, XF32{x}, gamma, XF32{g}, rows, h, eps);
 }
 
 extern "C" __global__ void rms_norm_backward_bf16x(float* dx, float* stats, const float* x, const float* gamma,
                                              const float* g, i64 rows, i64 h, double eps) {
-    rms_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
+    rms_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, XF32{g}, rows, h, eps);
+}
+
+extern "C" __global__ void rms_norm_backward_bf16g(float* dx, float* stats, const float* x, const float* gamma,
+                                                   const float* g, i64 rows, i64 h, double eps) {
+    rms_norm_backward_of(dx, stats, XF32{x}, gamma, XBf16{(const unsigned*)g}, rows, h, eps);
+}
+
+extern "C" __global__ void rms_norm_backward_bf16xg(float* dx, float* stats, const float* x, const float* gamma,
+                                                    const float* g, i64 rows, i64 h, double eps) {
+    rms_norm_backward_of(dx, stats, XBf16{(const unsigned*)x}, gamma, XBf16{(const unsigned*)g}, rows, h, eps);
 }
 
 // The first pass of dγ[c] = Σ_r g·(x − μ_r)·r_r and dβ[c] = Σ_r g (when `dbeta` is not null):
 // their partial sums over the rows of chunk k (`chunk` rows each) at [k, c], one thread per
 // (chunk, column); `column_sum` adds the chunks.
-template <class X>
-__device__ void norm_param_grads_of(float* dgamma, float* dbeta, X x, const float* g,
+template <class X, class G>
+__device__ void norm_param_grads_of(float* dgamma, float* dbeta, X x, G g,
                                             const float* stats, i64 rows, i64 h, i64 chunk) {
     i64 chunks = (rows + chunk - 1) / chunk;
     for (i64 i = global_thread(); i < chunks * h; i += grid_threads()) {
@@ -166,12 +185,22 @@ __device__ void norm_param_grads_of(float* dgamma, float* dbeta, X x, const floa
 
 extern "C" __global__ void norm_param_grads(float* dgamma, float* dbeta, const float* x, const float* g,
                                             const float* stats, i64 rows, i64 h, i64 chunk) {
-    norm_param_grads_of(dgamma, dbeta, XF32{x}, g, stats, rows, h, chunk);
+    norm_param_grads_of(dgamma, dbeta, XF32{x}, XF32{g}, stats, rows, h, chunk);
 }
 
 extern "C" __global__ void norm_param_grads_bf16x(float* dgamma, float* dbeta, const float* x, const float* g,
                                             const float* stats, i64 rows, i64 h, i64 chunk) {
-    norm_param_grads_of(dgamma, dbeta, XBf16{(const unsigned*)x}, g, stats, rows, h, chunk);
+    norm_param_grads_of(dgamma, dbeta, XBf16{(const unsigned*)x}, XF32{g}, stats, rows, h, chunk);
+}
+
+extern "C" __global__ void norm_param_grads_bf16g(float* dgamma, float* dbeta, const float* x, const float* g,
+                                                  const float* stats, i64 rows, i64 h, i64 chunk) {
+    norm_param_grads_of(dgamma, dbeta, XF32{x}, XBf16{(const unsigned*)g}, stats, rows, h, chunk);
+}
+
+extern "C" __global__ void norm_param_grads_bf16xg(float* dgamma, float* dbeta, const float* x, const float* g,
+                                                   const float* stats, i64 rows, i64 h, i64 chunk) {
+    norm_param_grads_of(dgamma, dbeta, XBf16{(const unsigned*)x}, XBf16{(const unsigned*)g}, stats, rows, h, chunk);
 }
 
 // The same four kernels with one warp per row, for rows up to NORM_WARP_COLS · 32 wide (GPT-2's
@@ -264,14 +293,14 @@ extern "C" __global__ void layer_norm_forward_warp_words(float* y, const float* 
     layer_norm_forward_warp_of<true>(y, x, gamma, beta, rows, h, eps);
 }
 
-template <class X>
+template <class X, class G>
 __device__ void layer_norm_backward_warp_of(float* dx, float* stats, X x, const float* gamma,
-                                                    const float* g, i64 rows, i64 h, double eps) {
+                                                    G g, i64 rows, i64 h, double eps) {
     int lane = threadIdx.x % 32;
     for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
         float v[NORM_WARP_COLS], d[NORM_WARP_COLS];
         norm_row_of(v, x, r * h, h, lane);
-        norm_row(d, g + r * h, h, lane);
+        norm_row_of(d, g, r * h, h, lane);
         double mu, rstd;
         norm_row_stats(v, h, lane, eps, &mu, &rstd);
         double sd = 0.0, sdx = 0.0;
@@ -299,12 +328,23 @@ __device__ void layer_norm_backward_warp_of(float* dx, float* stats, X x, const 
 
 extern "C" __global__ void layer_norm_backward_warp(float* dx, float* stats, const float* x, const float* gamma,
                                                     const float* g, i64 rows, i64 h, double eps) {
-    layer_norm_backward_warp_of(dx, stats, XF32{x}, gamma, g, rows, h, eps);
+    layer_norm_backward_warp_of(dx, stats, XF32{x}, gamma, XF32{g}, rows, h, eps);
 }
 
 extern "C" __global__ void layer_norm_backward_warp_bf16x(float* dx, float* stats, const float* x, const float* gamma,
                                                     const float* g, i64 rows, i64 h, double eps) {
-    layer_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
+    layer_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, XF32{g}, rows, h, eps);
+}
+
+extern "C" __global__ void layer_norm_backward_warp_bf16g(float* dx, float* stats, const float* x, const float* gamma,
+                                                          const float* g, i64 rows, i64 h, double eps) {
+    layer_norm_backward_warp_of(dx, stats, XF32{x}, gamma, XBf16{(const unsigned*)g}, rows, h, eps);
+}
+
+extern "C" __global__ void layer_norm_backward_warp_bf16xg(float* dx, float* stats, const float* x,
+                                                           const float* gamma, const float* g, i64 rows, i64 h,
+                                                           double eps) {
+    layer_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, XBf16{(const unsigned*)g}, rows, h, eps);
 }
 
 template <bool WORDS>
@@ -337,14 +377,14 @@ extern "C" __global__ void rms_norm_forward_warp_words(float* y, const float* x,
     rms_norm_forward_warp_of<true>(y, x, gamma, rows, h, eps);
 }
 
-template <class X>
+template <class X, class G>
 __device__ void rms_norm_backward_warp_of(float* dx, float* stats, X x, const float* gamma,
-                                                  const float* g, i64 rows, i64 h, double eps) {
+                                                  G g, i64 rows, i64 h, double eps) {
     int lane = threadIdx.x % 32;
     for (i64 r = norm_warp(); r < rows; r += norm_warps()) {
         float v[NORM_WARP_COLS], d[NORM_WARP_COLS];
         norm_row_of(v, x, r * h, h, lane);
-        norm_row(d, g + r * h, h, lane);
+        norm_row_of(d, g, r * h, h, lane);
         double q = 0.0, sdx = 0.0;
 #pragma unroll
         for (int u = 0; u < NORM_WARP_COLS; ++u) {
@@ -368,10 +408,20 @@ __device__ void rms_norm_backward_warp_of(float* dx, float* stats, X x, const fl
 
 extern "C" __global__ void rms_norm_backward_warp(float* dx, float* stats, const float* x, const float* gamma,
                                                   const float* g, i64 rows, i64 h, double eps) {
-    rms_norm_backward_warp_of(dx, stats, XF32{x}, gamma, g, rows, h, eps);
+    rms_norm_backward_warp_of(dx, stats, XF32{x}, gamma, XF32{g}, rows, h, eps);
 }
 
 extern "C" __global__ void rms_norm_backward_warp_bf16x(float* dx, float* stats, const float* x, const float* gamma,
                                                   const float* g, i64 rows, i64 h, double eps) {
-    rms_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, g, rows, h, eps);
+    rms_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, XF32{g}, rows, h, eps);
+}
+
+extern "C" __global__ void rms_norm_backward_warp_bf16g(float* dx, float* stats, const float* x, const float* gamma,
+                                                        const float* g, i64 rows, i64 h, double eps) {
+    rms_norm_backward_warp_of(dx, stats, XF32{x}, gamma, XBf16{(const unsigned*)g}, rows, h, eps);
+}
+
+extern "C" __global__ void rms_norm_backward_warp_bf16xg(float* dx, float* stats, const float* x, const float* gamma,
+                                                         const float* g, i64 rows, i64 h, double eps) {
+    rms_norm_backward_warp_of(dx, stats, XBf16{(const unsigned*)x}, gamma, XBf16{(const unsigned*)g}, rows, h, eps);
 }

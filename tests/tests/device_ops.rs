@@ -643,9 +643,10 @@ fn a_linears_input_gradient_is_made_as_words_by_its_gemm() {
     }
 }
 
-/// A norm's gradient reads a stashed input's bf16 words as they are (the `_bf16x` kernels): on
-/// the one-warp-per-row kernels (48 wide) and the block kernels (1030 wide), LayerNorm and
-/// RMSNorm equal, bit for bit, the gradients of the same values read as f32.
+/// A norm's gradient reads a stashed input's bf16 words as they are (the `_bf16x` kernels), and
+/// an output gradient's held as words alone (`_bf16g`, `_bf16xg`): on the one-warp-per-row
+/// kernels (48 wide) and the block kernels (1030 wide), LayerNorm and RMSNorm equal, bit for
+/// bit, the gradients of the same values read as f32.
 #[test]
 fn norm_gradients_read_a_stashed_inputs_words() {
     let b = emulator(64);
@@ -670,14 +671,27 @@ fn norm_gradients_read_a_stashed_inputs_words() {
             shapes.push(&shape[..]);
             assert!(b.reads_stashed_words(&grad, &shapes, 0));
             assert!(!b.reads_stashed_words(&grad, &shapes, 1), "γ");
-            let run = |x: &runtime::DeviceBuffer<Vec<f32>>| {
+            assert!(b.reads_stashed_words(&grad, &shapes, n + 1), "dy");
+            let run = |x: &runtime::DeviceBuffer<Vec<f32>>,
+                       dy: &runtime::DeviceBuffer<Vec<f32>>| {
                 let mut inputs = vec![x];
                 inputs.extend(pb[..n].iter());
-                inputs.push(&dy);
+                inputs.push(dy);
                 let got = b.forward(&grad, &inputs, BINDING).unwrap();
                 bits(&b, &got)
             };
-            assert_eq!(run(&stashed), run(&from_f32), "width {h}");
+            assert_eq!(run(&stashed, &dy), run(&from_f32, &dy), "width {h}");
+            // dy held as words alone (its GEMM wrote them: `_bf16g`, `_bf16xg`).
+            let dy_host = b.download(&dy).unwrap();
+            let (dy_words, dy_rounded) =
+                (words_only(&b, &dy_host), b.upload(&bf16(&dy_host)).unwrap());
+            for x in [&stashed, &from_f32] {
+                assert_eq!(
+                    run(x, &dy_words),
+                    run(x, &dy_rounded),
+                    "width {h}: dy's words"
+                );
+            }
         }
     }
 }

@@ -380,9 +380,10 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
     assert!(losses.last() < losses.first(), "the loss falls");
 }
 
-/// The products of a step whose GEMM writes bf16 words: each GELU's output gradient (only its
-/// gradient reads it) and, with one micro-batch, each layer's weight gradients (moved into
-/// their zeroed accumulators, then read only by AdamW, as words).
+/// The products of a step whose GEMM writes bf16 words: each GELU's and each norm's output
+/// gradient (the input gradient of the linear after it, which only their gradients read) and,
+/// with one micro-batch, each layer's weight gradients (moved into their zeroed accumulators,
+/// then read only by AdamW, as words).
 fn grads_made_as_words(tpl: &program::Template, micro_batches: u32) -> u64 {
     let count = |f: &dyn Fn(&ir::OpKind, &[program::BufferId]) -> bool| {
         tpl.instrs
@@ -404,8 +405,11 @@ fn grads_made_as_words(tpl: &program::Template, micro_batches: u32) -> u64 {
     let gelu_grads = count(
         &|kind, _| matches!(kind, ir::OpKind::Grad { of, .. } if matches!(**of, ir::OpKind::Gelu { .. })),
     );
-    assert!(weight_grads > 0 && gelu_grads > 0);
-    gelu_grads + if micro_batches == 1 { weight_grads } else { 0 }
+    let norm_grads = count(
+        &|kind, _| matches!(kind, ir::OpKind::Grad { of, .. } if matches!(**of, ir::OpKind::LayerNorm { .. })),
+    );
+    assert!(weight_grads > 0 && gelu_grads > 0 && norm_grads > 0);
+    gelu_grads + norm_grads + if micro_batches == 1 { weight_grads } else { 0 }
 }
 
 #[test]

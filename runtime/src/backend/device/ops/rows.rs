@@ -112,10 +112,9 @@ fn norm_grid(block: u32, rows: usize, h: usize) -> (u32, bool) {
     }
 }
 
-/// `[dx, dgamma]`, and `dbeta` after them for LayerNorm.
 /// Whether a norm's gradient (`of`, inputs of `shapes`: x, γ, β for LayerNorm, the output
 /// gradient) runs on the device ([`norm_backward`]), which reads a stashed x's bf16 words as
-/// they are (the `_bf16x` kernels).
+/// they are (the `_bf16x` kernels), and the output gradient's where it is held so (`_bf16g`).
 pub(super) fn grad_reads_words(of: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
     let (params, g) = match (of, shapes) {
         (OpKind::LayerNorm { .. }, &[x, gamma, beta, g]) => ([Some(gamma), Some(beta)], (x, g)),
@@ -126,9 +125,49 @@ pub(super) fn grad_reads_words(of: &OpKind, shapes: &[&[usize]], operand: usize)
     let Some((_, h)) = rows_of(x) else {
         return false;
     };
-    operand == 0 && x == g && params.iter().flatten().all(|p| *p == [h])
+    let x_or_g = operand == 0 || operand + 1 == shapes.len();
+    x_or_g && x == g && params.iter().flatten().all(|p| *p == [h])
 }
 
+/// The norm backward kernels (LayerNorm, LayerNorm one warp a row, RMSNorm, RMSNorm one warp
+/// a row), each reading x and the output gradient g in f32 or as their words: `[f32, x words,
+/// g words, both]`.
+const NORM_BACKWARD: [[&str; 4]; 4] = [
+    [
+        "layer_norm_backward",
+        "layer_norm_backward_bf16x",
+        "layer_norm_backward_bf16g",
+        "layer_norm_backward_bf16xg",
+    ],
+    [
+        "layer_norm_backward_warp",
+        "layer_norm_backward_warp_bf16x",
+        "layer_norm_backward_warp_bf16g",
+        "layer_norm_backward_warp_bf16xg",
+    ],
+    [
+        "rms_norm_backward",
+        "rms_norm_backward_bf16x",
+        "rms_norm_backward_bf16g",
+        "rms_norm_backward_bf16xg",
+    ],
+    [
+        "rms_norm_backward_warp",
+        "rms_norm_backward_warp_bf16x",
+        "rms_norm_backward_warp_bf16g",
+        "rms_norm_backward_warp_bf16xg",
+    ],
+];
+
+/// The norms' γ and β gradients' first pass, in [`NORM_BACKWARD`]'s variants.
+const NORM_PARAM_GRADS: [&str; 4] = [
+    "norm_param_grads",
+    "norm_param_grads_bf16x",
+    "norm_param_grads_bf16g",
+    "norm_param_grads_bf16xg",
+];
+
+/// `[dx, dgamma]`, and `dbeta` after them for LayerNorm.
 pub(super) fn norm_backward<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -145,19 +184,20 @@ pub(super) fn norm_backward<D: Device>(
     let (mut dx, mut stats) = (b.alloc(&x.shape)?, b.alloc(&[rows, 2])?);
     let block = b.device.block_size();
     let (grid, warp) = norm_grid(block, rows, h);
-    // Back from the stash, x's words are its values: the `_bf16x` kernels read them as they are.
+    // Back from the stash, x's words are its values: the `_bf16x` kernels read them as they are;
+    // so are g's where its GEMM wrote them (`_bf16g`, both: `_bf16xg`).
     let words = x.exact_bf16();
-    let kernel = match (beta.is_some(), warp, words.is_some()) {
-        (true, false, false) => "layer_norm_backward",
-        (true, false, true) => "layer_norm_backward_bf16x",
-        (true, true, false) => "layer_norm_backward_warp",
-        (true, true, true) => "layer_norm_backward_warp_bf16x",
-        (false, false, false) => "rms_norm_backward",
-        (false, false, true) => "rms_norm_backward_bf16x",
-        (false, true, false) => "rms_norm_backward_warp",
-        (false, true, true) => "rms_norm_backward_warp_bf16x",
+    let g_words = g.exact_bf16();
+    let variant = usize::from(words.is_some()) + 2 * usize::from(g_words.is_some());
+    let kernels = match (beta.is_some(), warp) {
+        (true, false) => NORM_BACKWARD[0],
+        (true, true) => NORM_BACKWARD[1],
+        (false, false) => NORM_BACKWARD[2],
+        (false, true) => NORM_BACKWARD[3],
     };
+    let kernel = kernels[variant];
     let xm = words.unwrap_or(&x.mem);
+    let gm = g_words.unwrap_or(&g.mem);
     b.device.launch(
         kernel,
         grid,
@@ -167,7 +207,7 @@ pub(super) fn norm_backward<D: Device>(
             KernelArg::Out(&mut stats.mem),
             KernelArg::In(xm),
             KernelArg::In(&gamma.mem),
-            KernelArg::In(&g.mem),
+            KernelArg::In(gm),
             size(rows),
             size(h),
             KernelArg::F64(eps),
@@ -181,11 +221,7 @@ pub(super) fn norm_backward<D: Device>(
         None => None,
     };
     b.device.launch(
-        if words.is_some() {
-            "norm_param_grads_bf16x"
-        } else {
-            "norm_param_grads"
-        },
+        NORM_PARAM_GRADS[variant],
         pointwise_grid(block, chunks * h),
         block,
         &mut [
@@ -194,7 +230,7 @@ pub(super) fn norm_backward<D: Device>(
                 .as_mut()
                 .map_or(KernelArg::Null, |d| KernelArg::Out(&mut d.mem)),
             KernelArg::In(xm),
-            KernelArg::In(&g.mem),
+            KernelArg::In(gm),
             KernelArg::In(&stats.mem),
             size(rows),
             size(h),
