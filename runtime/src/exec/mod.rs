@@ -95,6 +95,12 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     /// Step instructions that are copies whose source is freed before anything else uses it
     /// ([`moving_copies`]): they move the buffer instead.
     step_moves: Vec<bool>,
+    /// Per step instruction, the copy it is that need not run ([`moves::deferred_copies`], less
+    /// those the stash plan touches).
+    step_deferred: Vec<Option<moves::Deferral>>,
+    /// Frees that hand their buffer on instead (instruction → (freed, receiver)): set where a
+    /// deferred copy was skipped this step.
+    handing_on: std::collections::HashMap<usize, (BufferId, BufferId)>,
     /// Step instructions that are `AdamW`s whose parameter the next instruction copies: the
     /// copy's destination, written by the update ([`adamw_copy`]).
     step_adamw_copies: Vec<Option<BufferId>>,
@@ -220,6 +226,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 .map(|i| program::verify::operands(i).0)
                 .collect(),
             step_moves: moves::moving_copies(&tpl.instrs),
+            step_deferred: Vec::new(),
+            handing_on: std::collections::HashMap::new(),
             step_adamw_copies: adamw_copy::adamw_copies(&tpl.instrs),
             step_adds: moves::moving_adds(tpl),
             stash_plan: stash::plan(tpl),
@@ -243,6 +251,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             pending_sends: Vec::new(),
             device_p2p: backend_p2p && p2p::deadlock_free(set),
         };
+        exec.step_deferred = exec.deferred_copies();
         exec.step_words = exec.word_results();
         exec.step_some_words = exec.some_word_results();
         exec.step_twins = exec.twin_results();
@@ -324,6 +333,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         }
         let step_start = std::time::Instant::now();
         let mut copy_written = false;
+        self.handing_on.clear();
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
@@ -353,6 +363,12 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                     }
                 }
                 (Ok(()), _, Some((src, out))) => self.move_buffer(src, out).map(|()| None),
+                (Ok(()), Instr::Copy { src, .. }, None) if self.defers(k, *src) => Ok(None),
+                (Ok(()), Instr::Free { .. }, None)
+                    if let Some((moved, to)) = self.handing_on.remove(&k) =>
+                {
+                    self.move_buffer(moved, to).map(|()| None)
+                }
                 (Ok(()), Instr::Copy { src, dst }, None)
                     if self.step_moves.get(k).copied().unwrap_or(false) =>
                 {

@@ -41,6 +41,10 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                 let words = self.step_words.get(k).copied().unwrap_or(false);
                 out[k] = !words && ahead;
             }
+            // A buffer handed on whole (a move, or a free that hands it to a deferred copy's
+            // receiver) carries its twin: it is wanted as its new name is.
+            let handed = self.handed_on(k, ins);
+            let carried = handed.map(|(_, to)| wanted.get(to.index()).copied().unwrap_or(false));
             let (reads, writes) = program::verify::operands(ins);
             let ended = match ins {
                 Instr::Alloc { buf } | Instr::Free { buf } => vec![*buf],
@@ -49,6 +53,9 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
             for b in ended {
                 mark(&mut wanted, b, false);
             }
+            if let (Some((from, _)), Some(v)) = (handed, carried) {
+                mark(&mut wanted, from, v);
+            }
             for b in reads {
                 if self.reads_as_output_gradient(ins, b) {
                     mark(&mut wanted, b, true);
@@ -56,6 +63,23 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
             }
         }
         out
+    }
+
+    /// `(buffer, new name)` where step instruction `k` hands a buffer on whole: a copy that
+    /// moves it, or the free that hands it to a deferred copy's receiver ([`super::moves`]).
+    fn handed_on(&self, k: usize, ins: &Instr) -> Option<(BufferId, BufferId)> {
+        match ins {
+            Instr::Copy { src, dst } if self.step_moves.get(k).copied().unwrap_or(false) => {
+                Some((*src, *dst))
+            }
+            Instr::Free { buf } => self
+                .step_deferred
+                .iter()
+                .flatten()
+                .find(|d| d.free_at == k && d.moved == *buf)
+                .map(|d| (d.moved, d.to)),
+            _ => None,
+        }
     }
 
     /// Whether `ins` is a linear's (or product's) gradient that reads `b` as its output
