@@ -281,6 +281,34 @@ extern "C" __global__ void binary_forward_twin(float* y, float* twin, const floa
     }
 }
 
+// binary_forward on operands laid out as the output where one of them (`side` 0: a, 1: b) is a
+// biased linear's product still without its bias: that operand is read as product[r, c] +
+// bias[c] (rounded to f32 first, as `add_bias` would have stored it), so the residual add after
+// a projection adds the bias in the same pass instead of a pass of its own over the product.
+// With `twin` non-null it also writes the result's bf16 words (binary_forward_twin). One block
+// per row, a thread a pair of columns (cols even).
+extern "C" __global__ void binary_forward_biased(float* y, float* twin, const float* a, const float* b,
+                                                 const float* bias, i64 rows, i64 cols, int op, int side) {
+    unsigned* words = (unsigned*)twin;
+    int half = (int)(cols / 2);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        for (int w = threadIdx.x; w < half; w += blockDim.x) {
+            i64 i = r * cols + 2 * w;
+            float v[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float x = a[i + h], z = b[i + h];
+                if (side == 0) x = x + bias[2 * w + h];
+                else z = z + bias[2 * w + h];
+                v[h] = (float)binary_apply(op, (double)x, (double)z);
+            }
+            y[i] = v[0];
+            y[i + 1] = v[1];
+            if (twin) words[i / 2] = bf16_pair(v[0], v[1]);
+        }
+    }
+}
+
 // The output-shaped gradients of both operands: ga = g·∂/∂a, gb = g·∂/∂b (either may be null
 // when its operand needs none).
 // ∂/∂a and ∂/∂b of `op` at (x, z).

@@ -596,6 +596,62 @@ fn a_linears_gradient_reads_its_output_gradients_words() {
     assert_eq!(run(&words_only(&b, &g)), run(&up(&bf16(&g))));
 }
 
+/// A residual add after a biased linear run without its bias (`Backend::forward_biased`,
+/// `binary_forward_biased`): bit for bit the sum of the biased linear's output, with or
+/// without the sum's twin, and whichever operand the product is; odd widths are not taken.
+#[test]
+fn a_sum_adds_the_bias_its_linear_left_out() {
+    let b = emulator_bf16(32);
+    let up = |t: &Tensor32| b.upload(t).unwrap();
+    let (x, w, bias, resid) = (
+        up(&tensor(&[2, 8, 16], 61)),
+        up(&tensor(&[16, 24], 62)),
+        up(&tensor(&[24], 63)),
+        up(&tensor(&[2, 8, 24], 64)),
+    );
+    let biased = b
+        .forward(&OpKind::Linear { bias: true }, &[&x, &w, &bias], BINDING)
+        .unwrap();
+    let product = b
+        .forward(&OpKind::Linear { bias: false }, &[&x, &w], BINDING)
+        .unwrap();
+    for side in [0usize, 1] {
+        let mut plain_in = vec![&resid, &biased[0]];
+        let mut fused_in = vec![&resid, &product[0]];
+        if side == 0 {
+            plain_in.reverse();
+            fused_in.reverse();
+        }
+        let plain = b.forward(&OpKind::Add, &plain_in, BINDING).unwrap();
+        for twin in [false, true] {
+            let fused = b
+                .forward_biased(&OpKind::Add, &fused_in, (side, &bias), twin)
+                .unwrap()
+                .expect("laid out as the output");
+            assert_eq!(
+                host_bits(&b, &fused),
+                host_bits(&b, &plain[0]),
+                "side {side} twin {twin}"
+            );
+            if twin {
+                let f32_sum = b.upload(&b.download(&plain[0]).unwrap()).unwrap();
+                assert_eq!(
+                    stashed_bits(&b, fused),
+                    stashed_bits(&b, f32_sum),
+                    "the twin"
+                );
+            }
+        }
+    }
+    let odd = up(&tensor(&[2, 8, 5], 65));
+    let odd_bias = up(&tensor(&[5], 66));
+    assert!(
+        b.forward_biased(&OpKind::Add, &[&odd, &odd], (1, &odd_bias), false)
+            .unwrap()
+            .is_none()
+    );
+}
+
 /// A linear's input gradient made as bf16 words by its GEMM (`Gemm::c_words`,
 /// `Backend::forward_some_words`) beside its weight's and bias's in f32: bit for bit the words
 /// the stash keeps of the f32 input gradient, the others the same bits, and no conversion runs

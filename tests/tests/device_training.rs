@@ -380,6 +380,11 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
         (residuals..=adds).contains(&twins),
         "{twins} twins, {residuals} stashed residual sums, {adds} additions"
     );
+    // Each projection the residual add reads runs without its bias, which the add adds
+    // (`exec/bias_sum.rs`): no `add_bias` pass for them.
+    let sums = projections_into_sums(tpl);
+    assert!(sums > 0);
+    assert_eq!(t.get("binary_forward_biased").launches, sums, "{t:?}");
     // With 8 micro-batches each weight gradient but the first is added to its accumulator,
     // which AdamW then reads in f32 terms: only the products whose input gradient a GELU's
     // gradient alone reads write bf16 words (`Gemm::c_words`).
@@ -391,6 +396,34 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
     );
     assert!(diff < 2e-2, "{diff}");
     assert!(losses.last() < losses.first(), "the loss falls");
+}
+
+/// The biased linears whose output the next instruction to touch it adds to another value.
+fn projections_into_sums(tpl: &program::Template) -> u64 {
+    let touches = |ins: &program::Instr, b: program::BufferId| {
+        let (reads, writes) = program::verify::operands(ins);
+        reads.contains(&b) || writes.contains(&b)
+    };
+    let mut n = 0;
+    for (k, ins) in tpl.instrs.iter().enumerate() {
+        let program::Instr::Compute {
+            kind: ir::OpKind::Linear { bias: true },
+            outputs,
+            ..
+        } = ins
+        else {
+            continue;
+        };
+        let next = tpl.instrs[k + 1..].iter().find(|i| touches(i, outputs[0]));
+        if let Some(program::Instr::Compute {
+            kind: ir::OpKind::Add,
+            ..
+        }) = next
+        {
+            n += 1;
+        }
+    }
+    n
 }
 
 /// The products of a step whose GEMM writes bf16 words: each GELU's and each norm's output

@@ -351,6 +351,27 @@ pub trait Backend: std::fmt::Debug {
         Ok(None)
     }
 
+    /// Whether this backend runs [`Backend::forward_biased`]: the executor then runs a biased
+    /// linear whose only reader is an addition without its bias, and the addition adds it.
+    fn sums_with_bias(&self) -> bool {
+        false
+    }
+
+    /// Binary `kind` (an addition after a projection) on `inputs` laid out as its output,
+    /// operand `side` of which is a biased linear's product without its `bias`, added here in
+    /// the same pass; with `twin`, made with its bf16 twin ([`Backend::forward_with_twin`]).
+    /// `None` where this backend cannot (where [`Backend::sums_with_bias`], an error follows).
+    fn forward_biased(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        side_bias: (usize, &Self::Buffer),
+        twin: bool,
+    ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        let _ = (kind, inputs, side_bias, twin);
+        Ok(None)
+    }
+
     /// `kind`'s result (one) held with its rows at a padded pitch, as a bf16 GEMM writes them
     /// where a row is not a whole number of 16-byte words (an LM head's logits over a
     /// vocabulary of odd width), for a result every reader of which reads it so

@@ -24,6 +24,7 @@
 //!   the world in rank order in f64 (each share sent as two f32s).
 
 mod adamw_copy;
+mod bias_sum;
 pub mod collective;
 pub mod dp_comm;
 pub mod dropout;
@@ -123,6 +124,11 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     step_twins: Vec<bool>,
     /// Step instructions whose result is held at its GEMM's padded pitch ([`pitched`]).
     step_pitched: Vec<bool>,
+    /// Per step instruction, the linear-and-sum pair it begins ([`bias_sum`]).
+    step_bias_sums: Vec<Option<bias_sum::BiasSum>>,
+    /// Products run without their bias this step, until the sum that adds it: product →
+    /// (bias, the sum's step instruction).
+    unbiased: std::collections::HashMap<BufferId, (BufferId, usize)>,
     /// Buffers held at a padded row pitch now ([`pitched`]).
     pitched: Vec<bool>,
     /// Buffers back from the stash whose f32 values are not yet expanded ([`words_only`]).
@@ -240,6 +246,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             step_some_words: Vec::new(),
             step_twins: Vec::new(),
             step_pitched: Vec::new(),
+            step_bias_sums: Vec::new(),
+            unbiased: std::collections::HashMap::new(),
             pitched: vec![false; tpl.buffers.len()],
             peak_at: None,
             steps: 0,
@@ -256,6 +264,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         exec.step_some_words = exec.some_word_results();
         exec.step_twins = exec.twin_results();
         exec.step_pitched = exec.pitched_results();
+        exec.step_bias_sums = exec.bias_sums();
         Ok(exec)
     }
 
@@ -334,6 +343,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         let step_start = std::time::Instant::now();
         let mut copy_written = false;
         self.handing_on.clear();
+        self.unbiased.clear();
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
@@ -1106,7 +1116,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     /// its twin ([`twins`]); `false` where none applies
     /// (it runs as usual).
     fn run_fused(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
-        Ok(self.run_kept(k, ins)?
+        Ok(self.run_bias_sum(k, ins)?
+            || self.run_kept(k, ins)?
             || self.run_words(k, ins)?
             || self.run_some_words(k, ins)?
             || self.run_pitched(k, ins)?

@@ -57,22 +57,17 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         self.results_read_only(Self::reads_words_only, Self::stored_bf16)
     }
 
-    /// Per step instruction, per result, whether it is the result of a computation that
-    /// [`Executor::word_results`] does not choose whole but that the plan stores in bf16 and
-    /// every later reader of which reads only as words (a linear's input gradient, beside its
-    /// weight's and its bias's): the backend may make those alone as words
-    /// ([`Backend::forward_some_words`]). Empty where none is, or all are.
+    /// Per step instruction, per result, whether the plan stores it in bf16 and every later
+    /// reader of it reads only as words (a linear's input gradient, beside its weight's and its
+    /// bias's): the backend may make those alone as words ([`Backend::forward_some_words`])
+    /// where it makes none of the op's results so whole ([`Executor::word_results`]). Empty
+    /// where none is.
     pub(super) fn some_word_results(&self) -> Vec<Vec<bool>> {
         self.results_read_each(Self::reads_words_only, Self::stored_bf16)
             .into_iter()
-            .map(|each| {
-                let all = !each.is_empty() && each.iter().all(|&w| w);
-                if all || !each.contains(&true) {
-                    Vec::new()
-                } else {
-                    each
-                }
-            })
+            // All of them too: where the backend makes no result of the op as words alone
+            // (`forward_words`: a bias-free linear's gradient), it may make them one by one.
+            .map(|each| if each.contains(&true) { each } else { Vec::new() })
             .collect()
     }
 
@@ -209,9 +204,9 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         })
     }
 
-    /// The operand step instruction `k` moves to its output where it is an addition into an
+    /// The operand step instruction `k` moves to its output where it is an addition to an
     /// accumulator that holds zeros then ([`super::moves::moving_adds`], where the program
-    /// filled the accumulator since its last write): `(operand, accumulator)`.
+    /// filled the other operand since its last write): `(operand, output)`.
     fn moved_by_add(&self, k: usize, ins: &Instr) -> Option<(BufferId, BufferId)> {
         let p = self.step_adds.get(k).copied().flatten()?;
         let Instr::Compute {
@@ -220,9 +215,10 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         else {
             return None;
         };
-        let (src, out) = (*inputs.get(p)?, *outputs.first()?);
+        // As `zero_add_source` decides at run time: the other operand holds pending zeros.
+        let (src, other, out) = (*inputs.get(p)?, *inputs.get(1 - p)?, *outputs.first()?);
         let before = self.tpl.instrs.get(..k)?;
-        super::moves::zeroed_when_reached(before, out).then_some((src, out))
+        super::moves::zeroed_when_reached(before, other).then_some((src, out))
     }
 
     /// Runs step instruction `k` where [`Executor::word_results`] chose it and the backend

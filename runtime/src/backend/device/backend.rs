@@ -838,6 +838,20 @@ impl<D: Device> Backend for DeviceBackend<D> {
         ops::expand_twin(self, x)
     }
 
+    fn sums_with_bias(&self) -> bool {
+        true
+    }
+
+    fn forward_biased(
+        &self,
+        kind: &OpKind,
+        inputs: &[&Self::Buffer],
+        side_bias: (usize, &Self::Buffer),
+        twin: bool,
+    ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        ops::forward_biased(self, kind, inputs, side_bias, twin)
+    }
+
     fn forward_some_words(
         &self,
         kind: &OpKind,

@@ -27,6 +27,7 @@ pub(super) use attention::{
 pub(super) use context::run as context_op;
 pub(super) use matmul::forward_pitched;
 pub(super) use optim::{adamw, adamw_copy};
+pub(super) use pointwise::forward_biased;
 pub(super) use pointwise::forward_twin as forward_with_twin;
 pub(super) use rows::reads_pitched;
 pub(super) use vocab::run as vocab_shard;

@@ -100,6 +100,70 @@ pub(in crate::backend::device) fn forward_twin<D: Device>(
     Ok(Some(y))
 }
 
+/// `inputs[0] op inputs[1]` where operand `side` is a biased linear's product still without its
+/// `bias` (`binary_forward_biased`: the bias added in the same pass), with the result's bf16
+/// twin where `twin`. `None` where the operands are not laid out as the output, f32 and dense,
+/// or the bias is not one value per column of an even width.
+pub(in crate::backend::device) fn forward_biased<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    inputs: &[&Buf<D>],
+    (side, bias): (usize, &Buf<D>),
+    twin: bool,
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let (Some(op), &[x, z]) = (binary_code(kind), inputs) else {
+        return Ok(None);
+    };
+    let dense = |t: &Buf<D>| !t.f32_lazy && t.pitch.is_none();
+    let Some(&cols) = x.shape.last() else {
+        return Ok(None);
+    };
+    let fits = x.shape == z.shape
+        && x.len > 0
+        && bias.shape == [cols]
+        && cols.is_multiple_of(2)
+        && side < 2
+        && [x, z, bias].into_iter().all(dense);
+    if !fits {
+        return Ok(None);
+    }
+    let mut y = b.alloc(&x.shape)?;
+    let mut words = if twin {
+        Some(b.device.alloc(x.len.div_ceil(2))?)
+    } else {
+        None
+    };
+    let rows = x.len / cols;
+    let block = b.device.block_size();
+    let launched = b.device.launch(
+        "binary_forward_biased",
+        super::row_grid(rows),
+        block,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            words.as_mut().map_or(KernelArg::Null, KernelArg::Out),
+            KernelArg::In(&x.mem),
+            KernelArg::In(&z.mem),
+            KernelArg::In(&bias.mem),
+            size(rows),
+            size(cols),
+            KernelArg::I32(op),
+            KernelArg::I32(side as i32),
+        ],
+    );
+    if let Err(e) = launched {
+        words.into_iter().for_each(|w| b.device.release(w));
+        b.device.release(y.mem);
+        return Err(e);
+    }
+    if let Some(w) = words
+        && let Err(w) = y.bf16.set(w)
+    {
+        b.device.release(w);
+    }
+    Ok(Some(y))
+}
+
 /// Whether a unary function reads its input only as words where it has them ([`forward`]:
 /// `unary_forward_bf16x`, or made as words: `unary_forward_words_bf16x`).
 pub(super) fn reads_words(kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
