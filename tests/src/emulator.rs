@@ -161,7 +161,8 @@ impl Device for Emulator {
         let stride_c = if g.c_pitch != 0 { g.m * ld } else { g.stride_c };
         for e in 0..g.batch {
             let (a, b) = (&a[e * g.stride_a..], &b[e * g.stride_b..]);
-            let c = &mut c[e * stride_c..];
+            // Element offsets of c count its own elements: bf16 ones where it is words.
+            let c0 = e * stride_c;
             for i in 0..g.m {
                 for j in 0..g.n {
                     let round = |v: f32| match g.precision {
@@ -184,9 +185,9 @@ impl Device for Emulator {
                         })
                         .sum();
                     if g.c_words {
-                        set_bf16(c, i * ld + j, s as f32);
+                        set_bf16(c, c0 + i * ld + j, s as f32);
                     } else {
-                        c[i * ld + j] = s as f32;
+                        c[c0 + i * ld + j] = s as f32;
                     }
                 }
             }

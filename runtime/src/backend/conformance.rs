@@ -239,6 +239,7 @@ pub fn check<B: Backend>(b: &B, case: &Case) -> Result<Passed, ConformanceError>
     let got: Vec<_> = got.into_iter().map(Some).collect();
     let want: Vec<_> = want.into_iter().map(Some).collect();
     worst = worst.max(compare_all(b, &got, &want, case.tol, &gop)?);
+    worst = worst.max(check_words(b, case, (&grad, &all), &want, &what)?);
     let fallbacks = b
         .transfer_stats()
         .zip(before)
@@ -250,6 +251,51 @@ pub fn check<B: Backend>(b: &B, case: &Case) -> Result<Passed, ConformanceError>
         });
     }
     Ok(Passed { max_error: worst })
+}
+
+/// The gradient made by the paths that write results as bf16 words alone, where `b` has them
+/// for `case`: a linear's or product's gradients written by their GEMMs as bf16
+/// (`Backend::forward_some_words`), and the tensor-core attention's gradients from its kept
+/// forward (`Backend::attention_backward_kept` with its words kernels); the same values as the
+/// CPU kernels' `want` within the case's tolerance. 0 where `b` has neither.
+fn check_words<B: Backend>(
+    b: &B,
+    case: &Case,
+    (grad, all): (&OpKind, &[&B::Buffer]),
+    want: &[Option<Tensor32>],
+    what: &str,
+) -> Result<f32, ConformanceError> {
+    let check = format!("{what} grad op as bf16 words");
+    let mask = vec![true; want.len()];
+    if let Some(made) = b
+        .forward_some_words(grad, all, &mask)
+        .map_err(backend(&check))?
+    {
+        let got: Vec<_> = made.into_iter().map(|(g, _)| Some(g)).collect();
+        return compare_all(b, &got, want, case.tol, &check);
+    }
+    let (OpKind::Attention { .. }, Some((dy, xs))) = (&case.kind, all.split_last()) else {
+        return Ok(0.0);
+    };
+    let Some(kept) = b
+        .attention_forward_keeping(&case.kind, xs, false)
+        .map_err(backend(&check))?
+    else {
+        return Ok(0.0);
+    };
+    let grads = b
+        .attention_backward_kept(&case.kind, xs, [dy, &kept.out, &kept.stats], true)
+        .map_err(backend(&check))?;
+    let worst = match grads {
+        Some(g) => {
+            let got: Vec<_> = g.grads.into_iter().map(Some).collect();
+            compare_all(b, &got, want, case.tol, &check)
+        }
+        None => Ok(0.0),
+    };
+    b.free(kept.out);
+    b.free(kept.stats);
+    worst
 }
 
 fn case(name: &str, kind: OpKind, inputs: Vec<Tensor32>, tol: f32) -> Case {

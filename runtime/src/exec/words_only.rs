@@ -67,7 +67,13 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
             .into_iter()
             // All of them too: where the backend makes no result of the op as words alone
             // (`forward_words`: a bias-free linear's gradient), it may make them one by one.
-            .map(|each| if each.contains(&true) { each } else { Vec::new() })
+            .map(|each| {
+                if each.contains(&true) {
+                    each
+                } else {
+                    Vec::new()
+                }
+            })
             .collect()
     }
 
