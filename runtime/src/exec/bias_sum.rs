@@ -109,13 +109,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// Runs step instruction `k` where it is part of a [`BiasSum`]: the linear without its
     /// bias (noting the bias for the sum), or the sum adding it; `false` where it is neither.
     pub(super) fn run_bias_sum(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
-        let Instr::Compute {
-            kind,
-            inputs,
-            outputs,
-            ..
-        } = ins
-        else {
+        let Some((kind, inputs, outputs)) = super::made::compute_parts(ins) else {
             return Ok(false);
         };
         for &b in inputs {
@@ -126,18 +120,14 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         let Some(bs) = self.step_bias_sums.get(k).copied().flatten() else {
             return Ok(false);
         };
-        for &b in inputs {
-            self.zero_if_pending(b)?;
-        }
+        self.zero_pending(inputs)?;
         let binding = ir::Binding {
             batch: self.set.mesh.micro_batch,
             seq: self.set.mesh.seq,
         };
-        let mut product = {
-            let xs = [self.get(inputs[0])?, self.get(inputs[1])?];
-            self.backend
-                .forward(&OpKind::Linear { bias: false }, &xs, binding)?
-        };
+        let unbiased = OpKind::Linear { bias: false };
+        let operands = self.buffers(inputs.get(..2).unwrap_or(inputs))?;
+        let mut product = self.backend.forward(&unbiased, &operands, binding)?;
         let (Some(y), true) = (product.pop(), product.is_empty()) else {
             return Err(self.prog("a linear without its bias gave other than one result"));
         };
@@ -172,18 +162,14 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                 "a product without its bias read at step instruction {k}, planned for {at}"
             )));
         }
-        for &b in inputs {
-            self.zero_if_pending(b)?;
-        }
+        self.zero_pending(inputs)?;
         let twin = self.step_twins.get(k).copied().unwrap_or(false);
-        let sum = {
-            let xs = inputs
-                .iter()
-                .map(|&i| self.get(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            let bias = self.get(bias)?;
-            self.backend.forward_biased(kind, &xs, (side, bias), twin)?
-        };
+        let sum = self.backend.forward_biased(
+            kind,
+            &self.buffers(inputs)?,
+            (side, self.get(bias)?),
+            twin,
+        )?;
         let Some(sum) = sum else {
             return Err(self.prog(format!(
                 "step instruction {k}: the backend did not add a linear's bias in the sum after it"

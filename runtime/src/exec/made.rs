@@ -9,7 +9,31 @@ use program::{BufferId, Instr};
 use super::Executor;
 use crate::{Backend, Communicator, RuntimeError};
 
+/// A computation's op, operands and results, where `ins` is one.
+pub(super) fn compute_parts(ins: &Instr) -> Option<(&OpKind, &[BufferId], &[BufferId])> {
+    match ins {
+        Instr::Compute {
+            kind,
+            inputs,
+            outputs,
+            ..
+        } => Some((kind, inputs, outputs)),
+        _ => None,
+    }
+}
+
 impl<B: Backend, C: Communicator> Executor<'_, B, C> {
+    /// Zero-fills each of `ids` that holds pending zeros (an allocation never written reads as
+    /// zeros, as in `exec`), for a fused path about to read them ([`Executor::buffers`]).
+    pub(super) fn zero_pending(&mut self, ids: &[BufferId]) -> Result<(), RuntimeError> {
+        ids.iter().try_for_each(|&b| self.zero_if_pending(b))
+    }
+
+    /// The buffers `ids` names, in order.
+    pub(super) fn buffers(&self, ids: &[BufferId]) -> Result<Vec<&B::Buffer>, RuntimeError> {
+        ids.iter().map(|&i| self.get(i)).collect()
+    }
+
     /// Whether `ins` is a computation that reads `b` at each position it takes it as `reads`
     /// says (from the op, the declared shapes of its inputs and the position).
     pub(super) fn reads_each_position(
@@ -44,28 +68,14 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         make: impl FnOnce(&B, &OpKind, &[&B::Buffer]) -> Result<Option<Vec<B::Buffer>>, RuntimeError>,
         mark: impl Fn(&mut Self, BufferId),
     ) -> Result<bool, RuntimeError> {
-        let Instr::Compute {
-            kind,
-            inputs,
-            outputs,
-            ..
-        } = ins
-        else {
+        let Some((kind, inputs, outputs)) = compute_parts(ins) else {
             return Ok(false);
         };
         if !chosen {
             return Ok(false);
         }
-        for &b in inputs {
-            self.zero_if_pending(b)?;
-        }
-        let results = {
-            let xs = inputs
-                .iter()
-                .map(|&i| self.get(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            make(&self.backend, kind, &xs)?
-        };
+        self.zero_pending(inputs)?;
+        let results = make(&self.backend, kind, &self.buffers(inputs)?)?;
         let Some(results) = results.filter(|r| r.len() == outputs.len()) else {
             return Ok(false);
         };

@@ -1129,13 +1129,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     /// the backend keeps none, or the forward's output is not at hand (then it runs as usual:
     /// the gradient recomputes the statistics).
     fn run_kept(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
-        let Instr::Compute {
-            kind,
-            inputs,
-            outputs,
-            ..
-        } = ins
-        else {
+        let Some((kind, inputs, outputs)) = made::compute_parts(ins) else {
             return Ok(false);
         };
         if self.kept_plan.forward.get(k).is_some_and(Option::is_some)
@@ -1167,11 +1161,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
             return Ok(true);
         }
-        let (Some(keep), OpKind::Grad { of, .. }, &[q, k_in, v, dy]) = (
-            self.kept_plan.grad.get(k).copied().flatten(),
-            kind,
-            inputs.as_slice(),
-        ) else {
+        let (Some(keep), OpKind::Grad { of, .. }, &[q, k_in, v, dy]) =
+            (self.kept_plan.grad.get(k).copied().flatten(), kind, inputs)
+        else {
             return Ok(false);
         };
         let Some((stats, held)) = self.kept.take(keep) else {

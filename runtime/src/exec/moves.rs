@@ -221,9 +221,13 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         true
     }
 
-    /// The operand step instruction `k` (an `add`) moves to its output ([`moving_adds`]):
-    /// the one freed next, where the other holds pending zeros and neither has an f64 value.
-    pub(super) fn zero_add_source(&self, k: usize, ins: &Instr) -> Option<(BufferId, BufferId)> {
+    /// `(the operand it may move, the other, its output)` where step instruction `k` is an
+    /// addition [`moving_adds`] found.
+    pub(super) fn add_parts(
+        &self,
+        k: usize,
+        ins: &Instr,
+    ) -> Option<(BufferId, BufferId, BufferId)> {
         let p = self.step_adds.get(k).copied().flatten()?;
         let Instr::Compute {
             inputs, outputs, ..
@@ -231,7 +235,13 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         else {
             return None;
         };
-        let (src, other, out) = (*inputs.get(p)?, *inputs.get(1 - p)?, *outputs.first()?);
+        Some((*inputs.get(p)?, *inputs.get(1 - p)?, *outputs.first()?))
+    }
+
+    /// The operand step instruction `k` (an `add`) moves to its output ([`moving_adds`]):
+    /// the one freed next, where the other holds pending zeros and neither has an f64 value.
+    pub(super) fn zero_add_source(&self, k: usize, ins: &Instr) -> Option<(BufferId, BufferId)> {
+        let (src, other, out) = self.add_parts(k, ins)?;
         let pending = |b: BufferId| self.zero_on_read.get(b.index()).copied().unwrap_or(false);
         let wide = |b: BufferId| self.wide.get(b.index()).is_some_and(Option::is_some);
         (pending(other) && !pending(src) && !wide(src) && !wide(other)).then_some((src, out))

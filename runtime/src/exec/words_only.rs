@@ -89,25 +89,13 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         else {
             return Ok(false);
         };
-        let Instr::Compute {
-            kind,
-            inputs,
-            outputs,
-            ..
-        } = ins
-        else {
+        let Some((kind, inputs, outputs)) = super::made::compute_parts(ins) else {
             return Ok(false);
         };
-        for &b in inputs {
-            self.zero_if_pending(b)?;
-        }
-        let results = {
-            let xs = inputs
-                .iter()
-                .map(|&i| self.get(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            self.backend.forward_some_words(kind, &xs, &mask)?
-        };
+        self.zero_pending(inputs)?;
+        let results = self
+            .backend
+            .forward_some_words(kind, &self.buffers(inputs)?, &mask)?;
         let Some(results) = results.filter(|r| r.len() == outputs.len()) else {
             return Ok(false);
         };
@@ -214,15 +202,8 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// accumulator that holds zeros then ([`super::moves::moving_adds`], where the program
     /// filled the other operand since its last write): `(operand, output)`.
     fn moved_by_add(&self, k: usize, ins: &Instr) -> Option<(BufferId, BufferId)> {
-        let p = self.step_adds.get(k).copied().flatten()?;
-        let Instr::Compute {
-            inputs, outputs, ..
-        } = ins
-        else {
-            return None;
-        };
         // As `zero_add_source` decides at run time: the other operand holds pending zeros.
-        let (src, other, out) = (*inputs.get(p)?, *inputs.get(1 - p)?, *outputs.first()?);
+        let (src, other, out) = self.add_parts(k, ins)?;
         let before = self.tpl.instrs.get(..k)?;
         super::moves::zeroed_when_reached(before, other).then_some((src, out))
     }
