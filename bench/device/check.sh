@@ -257,7 +257,7 @@ PY
     ratio=$(python3 -c "print(f'{$plait_tps / $torch_tps:.4f}' if $torch_tps > 0 else 'n/a')")
     err=$(python3 -c "print(f'{($measured - $predicted) / $predicted:+.1%}')")
     s=FAIL; [ "$ratio" != n/a ] && within 0.7 "$ratio" && s=pass
-    row gpt2-124m "$s" "plait $plait_tps tokens/s (MFU $plait_mfu; f32 kernels, bf16 GEMMs, declared-bf16 buffers held as bf16 between distant uses), PyTorch eager bf16 $torch_tps (MFU $torch_mfu): ratio $ratio (bar 0.7); step ${measured}s measured, ${predicted}s predicted ($err)" \
+    row gpt2-124m "$s" "plait $plait_tps tokens/s (MFU $plait_mfu; bf16 GEMMs and tensor-core attention, results held as bf16 words where every reader reads those, f32 elsewhere), PyTorch eager bf16 $torch_tps (MFU $torch_mfu): ratio $ratio (bar 0.7); step ${measured}s measured, ${predicted}s predicted ($err)" \
       "{\"plait_tokens_per_s\": $plait_tps, \"torch_tokens_per_s\": $torch_tps, \"plait_mfu\": $plait_mfu, \"torch_mfu\": $torch_mfu, \"measured_step_s\": $measured, \"predicted_step_s\": $predicted}"
   else
     row gpt2-124m FAIL "plait run did not finish 3 steps in ${budget}s; PyTorch eager bf16 $torch_tps tokens/s" \
@@ -288,11 +288,14 @@ if [ -n "${measured:-}" ] && [ "$(left)" -gt 60 ]; then
   fi
 fi
 # Where GPT-2's step goes on this GPU (information for the next round of kernel work): two
-# steps with --op-times, each instruction timed to its completion on the device.
-if [ "$(left)" -gt 60 ] && [ -s "$work/gpt2-plan.json" ]; then
-  timeout "$(( $(left) - 20 ))" "$PLAIT" run "$work/gpt2-plan.json" --device "$DEVICE" --steps 2 \
+# steps with --op-times, each instruction timed to its completion on the device, beside the
+# profiled plan's prediction of each kind (its `kernel_s`; the preset plan's where the profile
+# did not run): where the step-time prediction and the runtime part.
+op_plan="$work/gpt2-profiled-plan.json"; [ -s "$op_plan" ] || op_plan="$work/gpt2-plan.json"
+if [ "$(left)" -gt 60 ] && [ -s "$op_plan" ]; then
+  timeout "$(( $(left) - 20 ))" "$PLAIT" run "$op_plan" --device "$DEVICE" --steps 2 \
     --op-times > "$OUT/gpt2-op-times.log" 2>&1
-  row gpt2-op-times info "$(grep -A6 '^instruction ' "$OUT/gpt2-op-times.log" | head -7 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+  row gpt2-op-times info "$(basename "$op_plan"): $(grep -A10 '^instruction ' "$OUT/gpt2-op-times.log" | head -11 | tr -s ' ' | tr '\n' ';' | cut -c1-700)"
 fi
 # CHECK_KERNEL_TIMES=1: every kernel launch of one GPT-2 step timed on the device by Nsight
 # Compute (gpu__time_duration, one pass per kernel, caches not flushed), summed by kernel name

@@ -181,12 +181,39 @@ pub fn compile(
         &cluster,
         cluster_args.train_tokens,
     )?;
+    record_kernel_seconds(&mut plan, &info, &cluster)?;
     Ok(Compiled {
         plan,
         result: r,
         cluster,
         name: m.graph.name.clone(),
     })
+}
+
+/// Each stage's predicted seconds per step by instruction kind (`predicted.stages[].kernel_s`),
+/// priced as the plan's prediction is, for `plait run --op-times` to show beside what it
+/// measures.
+fn record_kernel_seconds(
+    plan: &mut Plan,
+    info: &planner::ModelInfo<'_>,
+    cluster: &planner::Cluster,
+) -> anyhow::Result<()> {
+    let by_kind = planner::estimate::estimate_by_kind(
+        info,
+        cluster,
+        plan.gpus,
+        &plan.strategy,
+        plan.tp_pricing(),
+    )?;
+    for (stage, priced) in plan
+        .predicted
+        .stages
+        .iter_mut()
+        .zip(by_kind.predicted.stages)
+    {
+        stage.kernel_s = priced.kernel_s;
+    }
+    Ok(())
 }
 
 /// The search priced the winner's TP communication from its sharding extraction where that

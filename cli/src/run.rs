@@ -93,7 +93,8 @@ pub struct RunArgs {
     /// After training, print where a step's time goes: wall time per instruction kind
     /// (computes by op, collectives by communicator) on the first rank of each pipeline
     /// stage, the first step left out as a warm-up. On a GPU each instruction then waits for
-    /// the device, so that its time is the GPU's (and the step is slower).
+    /// the device, so that its time is the GPU's (and the step is slower). On the plan's
+    /// hardware each kind's predicted milliseconds (the plan's `kernel_s`) stand beside it.
     #[arg(long)]
     op_times: bool,
     /// Reproducible arithmetic: matrix products accumulate in f64 and round once, and
@@ -192,6 +193,8 @@ struct Job {
     predicted_step_s: Option<f64>,
     /// The plan's predicted peak bytes per pipeline stage, likewise.
     predicted_peak_bytes: Option<Vec<f64>>,
+    /// The plan's predicted seconds per step by instruction kind, per stage, likewise.
+    predicted_kernel_s: Option<Vec<std::collections::BTreeMap<String, f64>>>,
 }
 
 /// The job of `args`; a device that cannot run here is refused before any program is built.
@@ -209,6 +212,7 @@ fn programs(args: &RunArgs) -> anyhow::Result<Job> {
                 device,
                 predicted_step_s: None,
                 predicted_peak_bytes: None,
+                predicted_kernel_s: None,
             });
         }
         Some(p) => (crate::plan_file::read(p)?, Some(p.as_path())),
@@ -239,6 +243,13 @@ fn programs(args: &RunArgs) -> anyhow::Result<Job> {
         dp,
         device,
         predicted_step_s: on_its_hardware.then_some(plan.predicted.iteration_time_s),
+        predicted_kernel_s: on_its_hardware.then(|| {
+            plan.predicted
+                .stages
+                .iter()
+                .map(|s| s.kernel_s.clone())
+                .collect()
+        }),
         predicted_peak_bytes: on_its_hardware.then(|| {
             plan.predicted
                 .stages
@@ -311,6 +322,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         device,
         predicted_step_s,
         predicted_peak_bytes,
+        predicted_kernel_s,
     } = programs(args)?;
     let tokens = data(args)?;
     if let Some(v) = vocab {
@@ -453,7 +465,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     bar.finish_and_clear();
     if let Ok(outs) = &result {
-        print_op_times(&set, outs);
+        print_op_times(&set, outs, predicted_kernel_s.as_deref());
         if leader {
             let seconds = step_seconds.lock().map(|v| v.clone()).unwrap_or_default();
             print_step_time(&seconds, predicted_step_s);
@@ -637,8 +649,13 @@ fn print_step_time(seconds: &[f64], predicted: Option<f64>) {
 }
 
 /// Each pipeline stage's first rank's time per instruction kind (ranks of a stage run one
-/// template and spend their time alike).
-fn print_op_times(set: &ProgramSet, outs: &[(usize, runtime::train::RankOutcome)]) {
+/// template and spend their time alike), beside the plan's prediction for the stage where
+/// the run is on the plan's hardware and the plan has one by kind.
+fn print_op_times(
+    set: &ProgramSet,
+    outs: &[(usize, runtime::train::RankOutcome)],
+    predicted: Option<&[std::collections::BTreeMap<String, f64>]>,
+) {
     let mut seen = std::collections::BTreeSet::new();
     for (rank, o) in outs {
         let Some(t) = &o.op_times else { continue };
@@ -653,7 +670,11 @@ fn print_op_times(set: &ProgramSet, outs: &[(usize, runtime::train::RankOutcome)
              numbers them):\n{}",
             info.coords.pp,
             t.steps,
-            t.table(),
+            t.table(
+                predicted
+                    .and_then(|p| p.get(info.coords.pp as usize))
+                    .filter(|k| !k.is_empty())
+            ),
             t.slowest(12)
         );
     }

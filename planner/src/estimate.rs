@@ -1,7 +1,10 @@
 //! Predicts one strategy's iteration time and per-rank memory: the function the search calls
 //! thousands of times, so it plans one layer and replicates it.
 
+use std::collections::BTreeMap;
+
 use ir::{Binding, Graph, OpId, OpKind, cost};
+
 use serde::{Deserialize, Serialize};
 
 use crate::cost::comm::{Collective, Mesh, collective_time, p2p_time};
@@ -15,6 +18,7 @@ use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::strategy::{Recompute, Strategy};
 
+mod kernels;
 mod runs;
 mod setup;
 mod stages;
@@ -71,6 +75,10 @@ pub struct StageEstimate {
     pub memory: MemoryBreakdown,
     pub peak_memory_bytes: f64,
     pub micro_batches_in_flight: u32,
+    /// The stage's predicted seconds per step by instruction kind, as `plait run --op-times`
+    /// names them ([`kernels`]); only in a compiled plan's own prediction.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kernel_s: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -270,6 +278,8 @@ fn unbounded(e: Option<Estimate>) -> Result<Estimate, PlanError> {
 #[derive(Clone, Copy, Debug)]
 struct Mode<'a> {
     record: bool,
+    /// Break each stage's time down by instruction kind (`StageEstimate::kernel_s`).
+    kernels: bool,
     cutoff: f64,
     tp: Pricing<'a>,
 }
@@ -278,6 +288,7 @@ impl Default for Mode<'_> {
     fn default() -> Self {
         Mode {
             record: false,
+            kernels: false,
             cutoff: f64::INFINITY,
             tp: Pricing::SEARCH,
         }
@@ -341,6 +352,23 @@ pub fn estimate_traced(
 ) -> Result<Estimate, PlanError> {
     let mode = Mode {
         record: true,
+        tp,
+        ..Mode::default()
+    };
+    estimate_impl(info, cluster, gpus, s, mode).and_then(unbounded)
+}
+
+/// Like [`estimate_priced`], with each stage's seconds broken down by instruction kind
+/// (`StageEstimate::kernel_s`): what a compiled plan records for `plait run --op-times`.
+pub fn estimate_by_kind(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    gpus: u64,
+    s: &Strategy,
+    tp: Pricing<'_>,
+) -> Result<Estimate, PlanError> {
+    let mode = Mode {
+        kernels: true,
         tp,
         ..Mode::default()
     };
@@ -424,9 +452,35 @@ fn estimate_impl(
         return Ok(None);
     }
     let timeline = simulate_with(s.schedule, s.pp, micro_batches as u32, &chunks, mode.record);
-    let results: Vec<stages::StageResult> = (0..s.pp as usize)
+    let mut results: Vec<stages::StageResult> = (0..s.pp as usize)
         .map(|d| stages::stage_result(&cx, d, &chunk_layers, &chunks, &timeline))
         .collect();
+    if mode.kernels {
+        let by_kind = |ops: &[OpId], groups: &[Vec<OpId>], layout: &dyn Fn(OpId) -> TpLayout| {
+            kernels::by_kind(&pricer, ops, groups, layout)
+        };
+        let run_kinds: Vec<kernels::KernelSeconds> = info
+            .runs()
+            .iter()
+            .zip(&runs)
+            .map(|(r, c)| {
+                let mut k = by_kind(&r.info.layer_ops, &r.info.layer_groups, &|o| {
+                    c.prices.layer_layout(&cx, o)
+                });
+                k.insert(kernels::STASH.to_string(), 2.0 * cx.stash_seconds(c.act));
+                k
+            })
+            .collect();
+        let kinds = kernels::StageKernels {
+            pre: &by_kind(&info.pre_ops, &info.pre_groups, &outer_layout),
+            post: &by_kind(&info.post_ops, &info.post_groups, &outer_layout),
+            runs: &run_kinds,
+            chunk_runs: &chunk_runs,
+        };
+        for (d, r) in results.iter_mut().enumerate() {
+            r.estimate.kernel_s = kinds.stage(&cx, d, r.optimizer, r.estimate.finish_s);
+        }
+    }
     let critical = results
         .iter()
         .enumerate()

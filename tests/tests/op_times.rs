@@ -45,7 +45,7 @@ fn op_times_account_for_the_steps_after_the_first() {
                 t.by_kind.keys()
             );
         }
-        let table = t.table();
+        let table = t.table(None);
         assert!(
             table.contains("grad.linear") && table.contains("step"),
             "{table}"
@@ -63,4 +63,69 @@ fn op_times_account_for_the_steps_after_the_first() {
     )
     .unwrap();
     assert!(outs.iter().all(|o| o.op_times.is_none()));
+}
+
+/// The plan's predicted seconds by kind (`predicted.stages[].kernel_s`) name the kinds the
+/// runtime times (the op mnemonics, `grad.` before a backward's, `adamw`), so `--op-times`
+/// sets each measurement beside its prediction.
+#[test]
+fn the_prediction_by_kind_names_the_kinds_the_runtime_times() {
+    let config = Config::new(1, 1, 1);
+    let plan = common::plan(MODEL, &config);
+    let m = import::load_model(MODEL, 1, Some(plan.strategy.seq)).unwrap();
+    let info = planner::ModelInfo::new(&m.graph).unwrap();
+    let predicted = planner::estimate::estimate_by_kind(
+        &info,
+        &plan.cluster,
+        plan.gpus,
+        &plan.strategy,
+        planner::Pricing::SEARCH,
+    )
+    .unwrap()
+    .predicted
+    .stages[0]
+        .kernel_s
+        .clone();
+    let opts = TrainOptions {
+        steps: 2,
+        seed: 7,
+        init: Init::Seed(7),
+        timeout: Duration::from_secs(60),
+        checkpoint: None,
+        reproducible: false,
+        dp_comm: Default::default(),
+        device: Default::default(),
+        op_times: true,
+    };
+    let set = common::programs(MODEL, &config);
+    let outs = train_threads(&set, &text(), &opts, &|_, _| {}).unwrap();
+    let measured = outs[0].op_times.as_ref().unwrap();
+    let core = [
+        "linear",
+        "grad.linear",
+        "attention",
+        "grad.attention",
+        "layernorm",
+        "adamw",
+    ];
+    for k in core {
+        assert!(
+            predicted.contains_key(k),
+            "predicted: {:?}",
+            predicted.keys()
+        );
+        assert!(
+            measured.by_kind.contains_key(k),
+            "measured: {:?}",
+            measured.by_kind.keys()
+        );
+    }
+    let table = measured.table(Some(&predicted));
+    let line = table.lines().find(|l| l.starts_with("linear ")).unwrap();
+    let last: f64 = line.split_whitespace().last().unwrap().parse().unwrap();
+    assert!((last - 1e3 * predicted["linear"]).abs() < 0.01, "{line}");
+    assert!(
+        table.lines().next().unwrap().ends_with("predicted ms"),
+        "{table}"
+    );
 }

@@ -213,6 +213,7 @@ pub(super) fn stage_result(
             peak_memory_bytes: memory.total(),
             memory,
             micro_batches_in_flight: timeline.device_peak_in_flight[d],
+            kernel_s: Default::default(),
         },
         dp_exposed: exposed + tied_sync + sync.average,
         exchange: sync.exchange,

@@ -6,7 +6,7 @@ use ir::OpId;
 
 use super::setup::{CpRing, Setup};
 use super::{ExpertDispatch, LayerTpComm, Mode, TpPricing, Work, row_parallel_ops};
-use crate::cost::compute::{Kernels, TpLayout, outer_tp_layout, tp_layout};
+use crate::cost::compute::{Kernels, OpTime, TpLayout, outer_tp_layout, tp_layout};
 use crate::layer_tp::{LayerTp, OuterTp};
 use crate::model::ModelInfo;
 use crate::strategy::Recompute;
@@ -156,6 +156,40 @@ impl Pricer<'_, '_, '_> {
         w
     }
 
+    /// Each kernel of `ops` (each fused group with fused kernels, else each op) timed on the
+    /// device for one micro-batch: `visit` gets its first op and its time.
+    pub fn each_kernel(
+        &self,
+        ops: &[OpId],
+        groups: &[Vec<OpId>],
+        layout_of: &dyn Fn(OpId) -> TpLayout,
+        mut visit: impl FnMut(OpId, &OpTime),
+    ) {
+        let cx = self.cx;
+        let (g, s) = (cx.g, cx.s);
+        let mut priced = |group: &[OpId]| {
+            let Some(&o) = group.first() else {
+                return;
+            };
+            let t = cx
+                .device
+                .fused_time(g, group, cx.b, cx.tp, layout_of(o), cx.act_scale);
+            visit(o, &t);
+        };
+        if s.kernels == Kernels::Fused {
+            groups.iter().for_each(|group| priced(group));
+        } else {
+            ops.iter().for_each(|&o| priced(&[o]));
+        }
+    }
+
+    /// Whether the strategy's recomputation repeats `o`'s forward in the backward.
+    pub fn recomputes(&self, o: OpId) -> bool {
+        let attention_core = matches!(self.cx.g.op(o).kind, ir::OpKind::Attention { .. });
+        let r = self.cx.s.recompute;
+        r == Recompute::Full || (r == Recompute::Selective && attention_core)
+    }
+
     /// The kernels' compute alone: each fused group (or each op) timed on the device, the
     /// attention core and the GEMMs noted apart, what recomputation repeats.
     fn compute(
@@ -164,28 +198,13 @@ impl Pricer<'_, '_, '_> {
         groups: &[Vec<OpId>],
         layout_of: &dyn Fn(OpId) -> TpLayout,
     ) -> Work {
-        let cx = self.cx;
-        let (g, s) = (cx.g, cx.s);
+        let g = self.cx.g;
         let mut w = Work::default();
-        let singles: Vec<Vec<OpId>>;
-        let kernels = if s.kernels == Kernels::Fused {
-            groups
-        } else {
-            singles = ops.iter().map(|&o| vec![o]).collect();
-            &singles
-        };
-        for group in kernels {
-            let Some(&o) = group.first() else {
-                continue;
-            };
-            let t = cx
-                .device
-                .fused_time(g, group, cx.b, cx.tp, layout_of(o), cx.act_scale);
+        self.each_kernel(ops, groups, layout_of, |o, t| {
             w.fwd += t.fwd;
             w.bwd += t.bwd;
             w.fwd_flops += t.fwd_flops;
-            let attention_core = matches!(g.op(o).kind, ir::OpKind::Attention { .. });
-            if attention_core {
+            if matches!(g.op(o).kind, ir::OpKind::Attention { .. }) {
                 w.attn_fwd += t.fwd;
                 w.attn_bwd += t.bwd;
             }
@@ -196,13 +215,11 @@ impl Pricer<'_, '_, '_> {
                 w.gemm_fwd += t.fwd;
                 w.gemm_bwd += t.bwd;
             }
-            if s.recompute == Recompute::Full
-                || (s.recompute == Recompute::Selective && attention_core)
-            {
+            if self.recomputes(o) {
                 w.recompute += t.fwd;
                 w.recompute_flops += t.fwd_flops;
             }
-        }
+        });
         w
     }
 }

@@ -70,51 +70,105 @@ impl OpTimes {
     }
 
     /// A table: kind, calls per step, milliseconds per step and share of the step, largest
-    /// first; the kinds below 0.5 % of the step are summed into one line.
-    pub fn table(&self) -> String {
+    /// first; the kinds below 0.5 % of the step are summed into one line. With `predicted`
+    /// (seconds per step by kind, a plan's `kernel_s`), a last column gives the prediction of
+    /// each kind beside its measurement, and a kind only predicted has a line of its own.
+    pub fn table(&self, predicted: Option<&BTreeMap<String, f64>>) -> String {
         let steps = self.steps.max(1) as f64;
         let total = self.total_s.max(1e-12);
-        let mut rows: Vec<(&String, &(u64, f64))> = self.by_kind.iter().collect();
-        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        // A kind the prediction does not name (a collective, priced apart) has no figure.
+        let guess = |k: &str| predicted.and_then(|p| p.get(k).copied());
+        let mut rows: Vec<Row> = self
+            .by_kind
+            .iter()
+            .map(|(k, &(calls, s))| Row::new(k, calls as f64 / steps, s / steps, guess(k)))
+            .collect();
+        let only_predicted = predicted
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !self.by_kind.contains_key(*k));
+        rows.extend(only_predicted.map(|(k, &p)| Row::new(k, 0.0, 0.0, Some(p))));
+        rows.sort_by(|a, b| {
+            b.s.max(b.predicted.unwrap_or(0.0))
+                .total_cmp(&a.s.max(a.predicted.unwrap_or(0.0)))
+        });
+        let per_step = total / steps;
+        let (shown, rest): (Vec<Row>, Vec<Row>) = rows
+            .into_iter()
+            .partition(|r| r.s.max(r.predicted.unwrap_or(0.0)) / per_step >= 0.005);
         let mut out = format!(
-            "{:<28} {:>10} {:>12} {:>7}\n",
-            "instruction", "calls/step", "ms/step", "share"
-        );
-        let (mut rest_calls, mut rest_s, mut rest_n) = (0u64, 0.0, 0usize);
-        let mut counted = 0.0;
-        for (k, &(calls, s)) in rows {
-            counted += s;
-            if s / total < 0.005 {
-                (rest_calls, rest_s, rest_n) = (rest_calls + calls, rest_s + s, rest_n + 1);
-                continue;
+            "{:<28} {:>10} {:>12} {:>7}{}\n",
+            "instruction",
+            "calls/step",
+            "ms/step",
+            "share",
+            if predicted.is_some() {
+                "    predicted ms"
+            } else {
+                ""
             }
-            out += &format!(
-                "{k:<28} {:>10.1} {:>12.2} {:>6.1}%\n",
-                calls as f64 / steps,
-                1e3 * s / steps,
-                100.0 * s / total
-            );
-        }
-        if rest_n > 0 {
-            out += &format!(
-                "{:<28} {:>10.1} {:>12.2} {:>6.1}%\n",
-                format!("({rest_n} more kinds)"),
-                rest_calls as f64 / steps,
-                1e3 * rest_s / steps,
-                100.0 * rest_s / total
-            );
-        }
-        let other = (total - counted).max(0.0);
-        out += &format!(
-            "{:<28} {:>10} {:>12.2} {:>6.1}%\n{:<28} {:>10} {:>12.2}",
-            "(between instructions)",
-            "",
-            1e3 * other / steps,
-            100.0 * other / total,
-            "step",
-            "",
-            1e3 * total / steps
         );
+        for r in &shown {
+            out += &r.line(per_step);
+        }
+        if !rest.is_empty() {
+            out += &Row::sum(&format!("({} more kinds)", rest.len()), &rest).line(per_step);
+        }
+        let counted: f64 = shown.iter().chain(&rest).map(|r| r.s).sum();
+        let mut between = Row::new(
+            "(between instructions)",
+            0.0,
+            (per_step - counted).max(0.0),
+            None,
+        );
+        between.calls = None;
+        out += &between.line(per_step);
+        let mut step = Row::new("step", 0.0, per_step, predicted.map(|p| p.values().sum()));
+        step.calls = None;
+        out += step.line(per_step).trim_end();
         out
+    }
+}
+
+/// One line of [`OpTimes::table`], per step.
+struct Row {
+    name: String,
+    calls: Option<f64>,
+    s: f64,
+    predicted: Option<f64>,
+}
+
+impl Row {
+    fn new(name: &str, calls: f64, s: f64, predicted: Option<f64>) -> Row {
+        Row {
+            name: name.to_string(),
+            calls: Some(calls),
+            s,
+            predicted,
+        }
+    }
+
+    /// The rows' calls and seconds summed under `name`.
+    fn sum(name: &str, rows: &[Row]) -> Row {
+        let add = |f: &dyn Fn(&Row) -> Option<f64>| rows.iter().filter_map(f).reduce(|a, b| a + b);
+        Row {
+            name: name.to_string(),
+            calls: add(&|r| r.calls),
+            s: add(&|r| Some(r.s)).unwrap_or(0.0),
+            predicted: add(&|r| r.predicted),
+        }
+    }
+
+    fn line(&self, per_step: f64) -> String {
+        let calls = self.calls.map_or(String::new(), |c| format!("{c:.1}"));
+        let predicted = self
+            .predicted
+            .map_or(String::new(), |p| format!(" {:>16.2}", 1e3 * p));
+        format!(
+            "{:<28} {calls:>10} {:>12.2} {:>6.1}%{predicted}\n",
+            self.name,
+            1e3 * self.s,
+            100.0 * self.s / per_step.max(1e-12)
+        )
     }
 }

@@ -1,0 +1,123 @@
+//! `predicted.stages[].kernel_s`: each stage's predicted seconds per step by instruction
+//! kind, which `plait run --op-times` shows beside what it measures. The kinds add up to the
+//! stage's finish (nothing priced is lost or counted twice), and each sits on the stage that
+//! runs it.
+#![allow(clippy::unwrap_used)]
+
+use import::{Family, ModelSpec, build_forward};
+use planner::estimate::{Pricing, estimate_by_kind};
+use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy};
+
+fn spec() -> ModelSpec {
+    ModelSpec {
+        name: "gpt-4x256".into(),
+        family: Family::Gpt2,
+        variant: Default::default(),
+        layers: 4,
+        hidden: 256,
+        heads: 8,
+        kv_heads: 8,
+        ffn: 1024,
+        vocab: 256,
+        max_positions: 128,
+        tied_embeddings: true,
+        norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: ir::RopeScaling::None,
+        experts: 0,
+        experts_per_token: 0,
+        default_seq: 128,
+        dropout: 0.0,
+    }
+}
+
+fn strategy(pp: u32, recompute: Recompute) -> Strategy {
+    Strategy {
+        tp: 1,
+        pp,
+        dp: 1,
+        micro_batch: 1,
+        global_batch: 4,
+        seq: 128,
+        zero: 0,
+        recompute,
+        schedule: Schedule::OneFOneB,
+        virtual_stages: 1,
+        sequence_parallel: false,
+        precision: Precision::Bf16,
+        attention: Default::default(),
+        kernels: Default::default(),
+        cp: 1,
+        ep: 1,
+        engine: planner::engine::Engine::Megatron,
+        overlap: planner::engine::Overlap::LEGACY,
+        stage_layers: None,
+        dp_comm: Default::default(),
+    }
+}
+
+#[test]
+fn each_stage_s_kinds_add_up_to_its_finish() {
+    let g = build_forward(&spec(), ir::DType::F32).unwrap();
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load("dgx-h100").unwrap();
+    for pp in [1, 2] {
+        let s = strategy(pp, Recompute::None);
+        let e = estimate_by_kind(&info, &cluster, u64::from(pp), &s, Pricing::SEARCH).unwrap();
+        assert_eq!(e.predicted.stages.len(), pp as usize);
+        for st in &e.predicted.stages {
+            let sum: f64 = st.kernel_s.values().sum();
+            assert!(
+                (sum - st.finish_s).abs() <= 1e-9 * st.finish_s,
+                "stage {}: kinds {sum} against finish {}",
+                st.stage,
+                st.finish_s
+            );
+            for k in [
+                "linear",
+                "grad.linear",
+                "attention",
+                "grad.attention",
+                "adamw",
+            ] {
+                assert!(st.kernel_s.contains_key(k), "no {k}: {:?}", st.kernel_s);
+            }
+        }
+        let first = &e.predicted.stages[0].kernel_s;
+        let last = &e.predicted.stages[pp as usize - 1].kernel_s;
+        assert!(first.contains_key("embedding") && last.contains_key("cross_entropy"));
+        if pp == 2 {
+            assert!(!first.contains_key("cross_entropy") && !last.contains_key("embedding"));
+        }
+        // The search's estimate breaks nothing down (it prices thousands of candidates).
+        let plain = planner::estimate::estimate(&info, &cluster, u64::from(pp), &s).unwrap();
+        assert!(plain.predicted.stages.iter().all(|s| s.kernel_s.is_empty()));
+        assert_eq!(
+            plain.predicted.iteration_time_s,
+            e.predicted.iteration_time_s
+        );
+    }
+}
+
+/// Full recomputation repeats each forward kernel in the backward: the forward kinds take it,
+/// the backward kinds do not change.
+#[test]
+fn a_recomputed_forward_is_counted_under_its_own_kind_again() {
+    let g = build_forward(&spec(), ir::DType::F32).unwrap();
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load("dgx-h100").unwrap();
+    let kinds = |r| {
+        estimate_by_kind(&info, &cluster, 1, &strategy(1, r), Pricing::SEARCH)
+            .unwrap()
+            .predicted
+            .stages[0]
+            .kernel_s
+            .clone()
+    };
+    let (none, full) = (kinds(Recompute::None), kinds(Recompute::Full));
+    let layer_share = |k: &str| full[k] / none[k];
+    assert!((layer_share("grad.linear") - 1.0).abs() < 1e-9);
+    // Every linear in the layers runs twice (a head outside them, were it one, once).
+    assert!(layer_share("linear") > 1.5 && layer_share("linear") <= 2.0 + 1e-9);
+    assert!((layer_share("attention") - 2.0).abs() < 1e-9);
+}
