@@ -464,11 +464,9 @@ fn estimate_impl(
             .iter()
             .zip(&runs)
             .map(|(r, c)| {
-                let mut k = by_kind(&r.info.layer_ops, &r.info.layer_groups, &|o| {
+                by_kind(&r.info.layer_ops, &r.info.layer_groups, &|o| {
                     c.prices.layer_layout(&cx, o)
-                });
-                k.insert(kernels::STASH.to_string(), 2.0 * cx.stash_seconds(c.act));
-                k
+                })
             })
             .collect();
         let kinds = kernels::StageKernels {

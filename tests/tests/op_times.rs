@@ -129,3 +129,39 @@ fn the_prediction_by_kind_names_the_kinds_the_runtime_times() {
         "{table}"
     );
 }
+
+/// On a device that counts its launches (the dry device here), each kind's kernel launches
+/// and the bytes they were handed are recorded too: over the timed steps they are every
+/// launch of those steps.
+#[test]
+fn a_counting_device_s_launches_are_shared_out_by_kind() {
+    let config = Config {
+        cluster: "dgx-h100",
+        precision: planner::Precision::Bf16,
+        ..Config::new(1, 1, 1)
+    };
+    let set = common::programs(MODEL, &config);
+    let opts = TrainOptions {
+        steps: 3,
+        seed: 7,
+        init: Init::Seed(7),
+        timeout: Duration::from_secs(60),
+        checkpoint: None,
+        reproducible: false,
+        dp_comm: Default::default(),
+        device: runtime::train::Device::Dry,
+        op_times: true,
+    };
+    let outs = train_threads(&set, &text(), &opts, &|_, _| {}).unwrap();
+    let t = outs[0].op_times.as_ref().unwrap();
+    let last = outs[0].launches_last_step.as_ref().unwrap();
+    let launches: u64 = t.launches.values().map(|&(n, _)| n).sum();
+    let bytes: u64 = t.launches.values().map(|&(_, b)| b).sum();
+    assert_eq!(
+        (launches, bytes),
+        (t.steps * last.launches(), t.steps * last.bytes())
+    );
+    assert!(t.launches["grad.linear"].0 >= t.by_kind["grad.linear"].0);
+    let table = t.table(None);
+    assert!(table.lines().next().unwrap().contains("GB/step"), "{table}");
+}

@@ -19,10 +19,6 @@ pub type KernelSeconds = BTreeMap<String, f64>;
 /// in the pipeline (its finish less its kernels).
 pub const REST: &str = "(communication, waiting)";
 
-/// Where the cost model's bf16 stash of saved activations is counted (the runtime does it
-/// inside other instructions, so `--op-times` has no such kind).
-pub const STASH: &str = "(bf16 stash)";
-
 /// One micro-batch of `ops`' kernels by kind: a kernel's forward under its first op's
 /// mnemonic, its backward under `grad.` and the mnemonic, a forward the recomputation repeats
 /// once more under the forward's.

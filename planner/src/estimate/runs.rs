@@ -46,7 +46,7 @@ impl RunCost {
                 s.precision.activation_bytes(),
             ),
         };
-        let mut work = pricer.work(
+        let work = pricer.work(
             &run.layer_ops,
             &run.layer_groups,
             prices.layer_times,
@@ -54,9 +54,6 @@ impl RunCost {
         );
         let shape = layer_shape(g, run);
         let act = layer_activation_bytes(&shape, cx.b.seq as f64, cx.b.batch as f64, policy);
-        let stash = cx.stash_seconds(act);
-        work.fwd += stash;
-        work.bwd += stash;
         let (fwd, bwd, zero3) = stages::zero3_layer(cx, run, &work);
         let transients = Transients::new(g, run, s, &shape, policy, cx.b);
         RunCost {

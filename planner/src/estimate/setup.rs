@@ -84,20 +84,6 @@ impl<'a, 'g> Setup<'a, 'g> {
         })
     }
 
-    /// Seconds to hold `act_bytes` of a layer's saved activations (at the plan's precision)
-    /// in 16 bits on a runtime whose kernels compute in f32 (`gpu.f32_activations`): each
-    /// element is converted once after the forward (4 bytes read, 2 written) and once back
-    /// before the backward (2 read, 4 written), streaming at the point-wise kernels' rate
-    /// (plait's `runtime/src/exec/stash.rs`). None where activations stay in their precision.
-    pub fn stash_seconds(&self, act_bytes: f64) -> f64 {
-        let elem = self.s.precision.activation_bytes();
-        if !self.cluster.gpu.f32_activations || elem >= 4.0 {
-            return 0.0;
-        }
-        let bytes_each_way = act_bytes / elem * 6.0;
-        bytes_each_way / (self.device.hbm * self.device.fraction(&ir::OpKind::Add))
-    }
-
     /// Whether an overlap the strategy turns `on` happens: the cluster must run
     /// communication beside compute.
     pub fn overlaps(&self, on: bool) -> bool {

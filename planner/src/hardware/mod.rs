@@ -59,10 +59,13 @@ pub struct Gpu {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub matmul_casts_operands: bool,
     /// The runtime's memory-bound kernels and collectives read and write activations in f32
-    /// whatever the plan's precision (plait's CUDA runtime: only GEMM operands are rounded to
-    /// bf16), so their time is priced at 4 bytes per element. Memory is not: the runtime
-    /// holds declared-16-bit buffers in 16 bits between uses. Absent = false (the plan's
-    /// precision, as training stacks run it).
+    /// whatever the plan's precision (plait's CUDA runtime: its residual sums, gradients and
+    /// loss move f32), so their time is priced at 4 bytes per element. Memory is not: the
+    /// runtime holds declared-16-bit buffers in 16 bits between uses, and holding them so costs
+    /// no conversion pass (results that only GEMMs, attention or a GELU's or a norm's gradient
+    /// read are made as bf16 words and read as such; `plait run --device dry --op-times` counts
+    /// no stash traffic in a GPT-2 step). Absent = false (the plan's precision, as training
+    /// stacks run it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub f32_activations: bool,
     /// Sustained bandwidth of this runtime's memory-bound kernels relative to a plain copy, by

@@ -347,6 +347,10 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         for (k, ins) in tpl.instrs.iter().enumerate() {
             let r = reads.get(k).map_or(&[][..], Vec::as_slice);
             let t0 = self.op_times.is_some().then(std::time::Instant::now);
+            let launched = self
+                .op_times
+                .as_ref()
+                .and_then(|_| self.backend.launch_tally());
             let expand = stash_plan.before.get(k).map_or(&[][..], Vec::as_slice);
             let zero_add = self.zero_add_source(k, ins);
             // A move hands its source on as it is held (as words alone too): nothing expands it.
@@ -400,7 +404,11 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 result = self.backend.synchronize().and(result);
             }
             if let (Some(t0), Some(ot)) = (t0, self.op_times.as_mut()) {
-                ot.add(k, op_times::kind(ins), t0.elapsed());
+                let kind = op_times::kind(ins);
+                if let (Some(before), Some(after)) = (launched, self.backend.launch_tally()) {
+                    ot.add_launches(&kind, &after.since(&before));
+                }
+                ot.add(k, kind, t0.elapsed());
             }
             if let Some(m) = self.backend.memory_stats()
                 && self

@@ -9,6 +9,8 @@ use std::time::Duration;
 use ir::OpKind;
 use program::Instr;
 
+use crate::backend::launches::LaunchTally;
+
 /// Calls and wall time per instruction kind, over the steps recorded.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OpTimes {
@@ -20,6 +22,9 @@ pub struct OpTimes {
     pub total_s: f64,
     /// Step instruction index → (kind, seconds): which single instructions cost most.
     pub by_index: BTreeMap<usize, (String, f64)>,
+    /// Kind → (kernel launches, bytes of the buffers they were handed), on a backend that
+    /// counts its launches (the CUDA and dry devices: [`crate::backend::launches`]).
+    pub launches: BTreeMap<String, (u64, u64)>,
 }
 
 /// The kind an instruction is counted under: the op's name for computes (`grad.` prefixed for
@@ -64,69 +69,91 @@ impl OpTimes {
             .join("\n")
     }
 
+    /// Instruction kind `kind` launched `tally`'s kernels.
+    pub(crate) fn add_launches(&mut self, kind: &str, tally: &LaunchTally) {
+        let e = self.launches.entry(kind.to_string()).or_default();
+        e.0 += tally.launches();
+        e.1 += tally.bytes();
+    }
+
     pub(crate) fn end_step(&mut self, took: Duration) {
         self.steps += 1;
         self.total_s += took.as_secs_f64();
     }
 
     /// A table: kind, calls per step, milliseconds per step and share of the step, largest
-    /// first; the kinds below 0.5 % of the step are summed into one line. With `predicted`
-    /// (seconds per step by kind, a plan's `kernel_s`), a last column gives the prediction of
-    /// each kind beside its measurement, and a kind only predicted has a line of its own.
+    /// first; the kinds below 0.5 % of the step are summed into one line. Where the backend
+    /// counts its launches, each kind's kernel launches and the gigabytes of buffers they were
+    /// handed per step, and those over its time (an upper bound on the bandwidth it reached).
+    /// With `predicted` (seconds per step by kind, a plan's `kernel_s`), a last column gives
+    /// the prediction of each kind beside its measurement, and a kind only predicted has a
+    /// line of its own.
     pub fn table(&self, predicted: Option<&BTreeMap<String, f64>>) -> String {
         let steps = self.steps.max(1) as f64;
-        let total = self.total_s.max(1e-12);
+        let per_step = self.total_s.max(1e-12) / steps;
+        let cols = Columns {
+            launches: !self.launches.is_empty(),
+            predicted: predicted.is_some(),
+        };
         // A kind the prediction does not name (a collective, priced apart) has no figure.
         let guess = |k: &str| predicted.and_then(|p| p.get(k).copied());
         let mut rows: Vec<Row> = self
             .by_kind
             .iter()
-            .map(|(k, &(calls, s))| Row::new(k, calls as f64 / steps, s / steps, guess(k)))
+            .map(|(k, &(calls, s))| Row {
+                calls: Some(calls as f64 / steps),
+                traffic: self
+                    .launches
+                    .get(k)
+                    .map(|&(n, bytes)| (n as f64 / steps, bytes as f64 / steps)),
+                ..Row::new(k, s / steps, guess(k))
+            })
             .collect();
         let only_predicted = predicted
             .into_iter()
             .flatten()
             .filter(|(k, _)| !self.by_kind.contains_key(*k));
-        rows.extend(only_predicted.map(|(k, &p)| Row::new(k, 0.0, 0.0, Some(p))));
-        rows.sort_by(|a, b| {
-            b.s.max(b.predicted.unwrap_or(0.0))
-                .total_cmp(&a.s.max(a.predicted.unwrap_or(0.0)))
-        });
-        let per_step = total / steps;
+        rows.extend(only_predicted.map(|(k, &p)| Row::new(k, 0.0, Some(p))));
+        rows.sort_by(|a, b| b.weight().total_cmp(&a.weight()));
         let (shown, rest): (Vec<Row>, Vec<Row>) = rows
             .into_iter()
-            .partition(|r| r.s.max(r.predicted.unwrap_or(0.0)) / per_step >= 0.005);
-        let mut out = format!(
-            "{:<28} {:>10} {:>12} {:>7}{}\n",
-            "instruction",
-            "calls/step",
-            "ms/step",
-            "share",
-            if predicted.is_some() {
-                "    predicted ms"
-            } else {
-                ""
-            }
-        );
+            .partition(|r| r.weight() / per_step >= 0.005);
+        let mut out = cols.header();
         for r in &shown {
-            out += &r.line(per_step);
+            out += &r.line(per_step, cols);
         }
         if !rest.is_empty() {
-            out += &Row::sum(&format!("({} more kinds)", rest.len()), &rest).line(per_step);
+            out += &Row::sum(&format!("({} more kinds)", rest.len()), &rest).line(per_step, cols);
         }
         let counted: f64 = shown.iter().chain(&rest).map(|r| r.s).sum();
-        let mut between = Row::new(
-            "(between instructions)",
-            0.0,
-            (per_step - counted).max(0.0),
-            None,
-        );
-        between.calls = None;
-        out += &between.line(per_step);
-        let mut step = Row::new("step", 0.0, per_step, predicted.map(|p| p.values().sum()));
-        step.calls = None;
-        out += step.line(per_step).trim_end();
+        let between = (per_step - counted).max(0.0);
+        out += &Row::new("(between instructions)", between, None).line(per_step, cols);
+        let step = Row::new("step", per_step, predicted.map(|p| p.values().sum()));
+        out += step.line(per_step, cols).trim_end();
         out
+    }
+}
+
+/// Which of [`OpTimes::table`]'s optional columns it has.
+#[derive(Clone, Copy)]
+struct Columns {
+    launches: bool,
+    predicted: bool,
+}
+
+impl Columns {
+    fn header(self) -> String {
+        let mut h = format!(
+            "{:<28} {:>10} {:>12} {:>7}",
+            "instruction", "calls/step", "ms/step", "share"
+        );
+        if self.launches {
+            h += &format!(" {:>10} {:>9} {:>8}", "launches", "GB/step", "GB/s");
+        }
+        if self.predicted {
+            h += &format!(" {:>14}", "predicted ms");
+        }
+        h + "\n"
     }
 }
 
@@ -135,40 +162,64 @@ struct Row {
     name: String,
     calls: Option<f64>,
     s: f64,
+    /// Kernel launches and the bytes they were handed.
+    traffic: Option<(f64, f64)>,
     predicted: Option<f64>,
 }
 
 impl Row {
-    fn new(name: &str, calls: f64, s: f64, predicted: Option<f64>) -> Row {
+    fn new(name: &str, s: f64, predicted: Option<f64>) -> Row {
         Row {
             name: name.to_string(),
-            calls: Some(calls),
+            calls: None,
             s,
+            traffic: None,
             predicted,
         }
     }
 
-    /// The rows' calls and seconds summed under `name`.
+    /// What orders the rows: the larger of the measurement and the prediction.
+    fn weight(&self) -> f64 {
+        self.s.max(self.predicted.unwrap_or(0.0))
+    }
+
+    /// The rows' calls, seconds, launches and predictions summed under `name`.
     fn sum(name: &str, rows: &[Row]) -> Row {
         let add = |f: &dyn Fn(&Row) -> Option<f64>| rows.iter().filter_map(f).reduce(|a, b| a + b);
+        let launches = add(&|r| r.traffic.map(|t| t.0));
         Row {
             name: name.to_string(),
             calls: add(&|r| r.calls),
             s: add(&|r| Some(r.s)).unwrap_or(0.0),
+            traffic: launches.map(|n| (n, add(&|r| r.traffic.map(|t| t.1)).unwrap_or(0.0))),
             predicted: add(&|r| r.predicted),
         }
     }
 
-    fn line(&self, per_step: f64) -> String {
+    fn line(&self, per_step: f64, cols: Columns) -> String {
+        let blank = |w: usize| " ".repeat(w);
         let calls = self.calls.map_or(String::new(), |c| format!("{c:.1}"));
-        let predicted = self
-            .predicted
-            .map_or(String::new(), |p| format!(" {:>16.2}", 1e3 * p));
-        format!(
-            "{:<28} {calls:>10} {:>12.2} {:>6.1}%{predicted}\n",
+        let mut l = format!(
+            "{:<28} {calls:>10} {:>12.2} {:>6.1}%",
             self.name,
             1e3 * self.s,
             100.0 * self.s / per_step.max(1e-12)
-        )
+        );
+        if cols.launches {
+            l += &self.traffic.map_or(blank(30), |(n, bytes)| {
+                let rate = if self.s > 0.0 {
+                    bytes / self.s / 1e9
+                } else {
+                    0.0
+                };
+                format!(" {n:>10.1} {:>9.3} {rate:>8.0}", bytes / 1e9)
+            });
+        }
+        if cols.predicted {
+            l += &self
+                .predicted
+                .map_or(blank(15), |p| format!(" {:>14.2}", 1e3 * p));
+        }
+        l.trim_end().to_string() + "\n"
     }
 }
