@@ -1,6 +1,9 @@
 //! `plait profile`'s measurement in quick mode writes a cluster file the planner accepts.
 #![allow(clippy::unwrap_used)]
 
+use runtime::backend::device::DeviceBackend;
+use tests::emulator::Emulator;
+
 use runtime::profile::{ProfileOptions, measure};
 
 #[test]
@@ -35,19 +38,28 @@ fn quick_profile_writes_a_loadable_cluster() {
     assert!(c.gpu.matmul_packs_operands);
 }
 
-/// `plait profile --device cuda`'s measurement, run here on the emulated device: every figure
-/// comes from the device backend's own kernels (no host fallback) and is a positive rate.
+/// `plait profile --device cuda`'s measurement, run here on the emulated device, without and
+/// with tensor cores: every figure comes from the device backend's own kernels (no host
+/// fallback) and is a positive rate.
 #[test]
 fn the_gpu_profile_measures_the_device_backend() {
+    for tensor_cores in [false, true] {
+        let bf16 = if tensor_cores {
+            tests::emulator::emulator_mma(64)
+        } else {
+            tests::emulator::emulator_bf16(64)
+        };
+        measures_the_device_backend(&bf16, tensor_cores);
+    }
+}
+
+fn measures_the_device_backend(bf16: &DeviceBackend<Emulator>, tensor_cores: bool) {
     use runtime::profile::{GpuProfileOptions, measure_gpu};
-    let (f32, bf16) = (
-        tests::emulator::emulator(64),
-        tests::emulator::emulator_bf16(64),
-    );
+    let f32 = tests::emulator::emulator(64);
     let host_ops = bf16.host_ops();
     let p = measure_gpu(
         &f32,
-        &bf16,
+        bf16,
         bf16.properties(),
         &GpuProfileOptions { quick: true },
     )
@@ -78,4 +90,25 @@ fn the_gpu_profile_measures_the_device_backend() {
         "ops ran on the host: {:?}",
         host_ops.by_kind()
     );
+    // The bf16 GEMM reads its operands as words, as the runtime's do: they are converted
+    // once, before the timing (as the tensor-core attention's q, k, v and dO are), and
+    // nothing converts them in the products.
+    let tally = runtime::Backend::launch_tally(bf16).unwrap();
+    assert!(tally.get("gemm (cuBLAS)").launches > 0, "{tally:?}");
+    let operands = if tensor_cores { 6 } else { 2 };
+    assert_eq!(tally.get("to_bf16").launches, operands, "{tally:?}");
+    if !tensor_cores {
+        return;
+    }
+    // Attention is measured as a GPT's runs: the tensor-core kernels on bf16 words, the
+    // forward keeping each row's log-sum-exp for a backward that does not recompute it.
+    for kernel in [
+        "attention_forward_words_mma32",
+        "attention_backward_dq_words_mma32",
+        "attention_backward_dkv_words_mma32",
+    ] {
+        assert!(tally.get(kernel).launches > 0, "no {kernel}: {tally:?}");
+    }
+    assert_eq!(tally.get("attention_row_stats_mma32").launches, 0);
+    assert_eq!(tally.get("attention_forward_mma32").launches, 0);
 }

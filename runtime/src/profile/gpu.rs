@@ -17,7 +17,7 @@ use ir::{Binding, OpKind};
 use kernels::Tensor32;
 
 use super::kernels::{KernelFractions, kernel_fractions_on};
-use crate::backend::DeviceProperties;
+use crate::backend::{DeviceProperties, Stashed};
 use crate::{Backend, RuntimeError};
 
 /// How long to measure.
@@ -136,39 +136,63 @@ pub fn dispatch_seconds<B: Backend>(be: &B, n: usize, ops: usize) -> Result<f64,
     Ok((behind - alone).max(0.0) / ops.max(1) as f64)
 }
 
-/// TFLOP/s of `be`'s `[n, n] · [n, n]` product; `cast_bytes_per_s` (bf16 operands) removes
-/// the conversion of both f32 operands (4 bytes read, 2 written per element) at that rate.
+/// Operand `operand` of `kind` on `shapes` (`seed`'s values) held as its bf16 words alone
+/// where the op reads it only so ([`Backend::reads_stashed_words`]), as the runtime holds a
+/// result only such readers read ([`Backend::forward_words`]): then `true`. Else in f32.
+fn operand_as_run<B: Backend>(
+    be: &B,
+    kind: &OpKind,
+    shapes: &[&[usize]],
+    operand: usize,
+    seed: usize,
+) -> Result<(B::Buffer, bool), RuntimeError> {
+    let x = filled(be, shapes[operand], seed)?;
+    if !be.reads_stashed_words(kind, shapes, operand) {
+        return Ok((x, false));
+    }
+    let shape = be.shape(&x).to_vec();
+    match be.stash_bf16(x)? {
+        Stashed::Words(w) => Ok((be.unstash_bf16_words(w, &shape)?, true)),
+        Stashed::Kept(x) => Ok((x, false)),
+    }
+}
+
+/// TFLOP/s of `be`'s `[n, n] · [n, n]` product; with `cast_bytes_per_s` (bf16 operands) on
+/// operands held as bf16 words where `be` keeps them (as the runtime's GEMMs read theirs), and
+/// where it does not, `cast_bytes_per_s` removes the conversion of both f32 operands (4 bytes read, 2 written per
+/// element) at that rate.
 pub fn gemm_tflops<B: Backend>(
     be: &B,
     n: usize,
     reps: usize,
     cast_bytes_per_s: Option<f64>,
 ) -> Result<f64, RuntimeError> {
-    let (a, b) = (filled(be, &[n, n], 3)?, filled(be, &[n, n], 4)?);
+    let shapes: [&[usize]; 2] = [&[n, n], &[n, n]];
+    let operand = |i| operand_as_run(be, &OpKind::MatMul, &shapes, i, 3 + i);
+    let ((a, words), (b, _)) = (operand(0)?, operand(1)?);
     let one = Binding { batch: 1, seq: 1 };
     let secs = best_seconds(be, reps, || {
         black_box(be.forward(&OpKind::MatMul, &[&a, &b], one)?);
         Ok(())
     })?;
+    let cast_bytes_per_s = cast_bytes_per_s.filter(|_| !words);
     let casts = cast_bytes_per_s.map_or(0.0, |bw| 2.0 * (n * n) as f64 * 6.0 / bw);
     // The conversions cannot take most of the product: keep at least half the time measured.
     let gemm = (secs - casts).max(secs / 2.0);
     Ok(2.0 * (n as f64).powi(3) / gemm / 1e12)
 }
 
-/// Forward and backward TFLOP/s of `be`'s causal attention on `case`.
+/// Forward and backward TFLOP/s of `be`'s causal attention on `case`, run as the executor
+/// runs a GPT's: q, k, v and the output gradient held as bf16 words where `be` keeps them,
+/// the forward keeping each row's log-sum-exp and writing its output as words, the backward
+/// taking them ([`Backend::attention_forward_keeping`], [`Backend::attention_backward_kept`])
+/// where `be` has those paths, else the plain forward and the recomputing backward.
 pub fn attention_tflops<B: Backend>(
     be: &B,
     case: AttentionCase,
     reps: usize,
 ) -> Result<(f64, f64), RuntimeError> {
     let shape = [case.batch, case.seq, case.heads * case.head_dim];
-    let qkv = [
-        filled(be, &shape, 5)?,
-        filled(be, &shape, 6)?,
-        filled(be, &shape, 7)?,
-    ];
-    let xs: Vec<&B::Buffer> = qkv.iter().collect();
     let kind = OpKind::Attention {
         heads: case.heads as u64,
         kv_heads: case.heads as u64,
@@ -176,17 +200,38 @@ pub fn attention_tflops<B: Backend>(
         causal: true,
         softcap: None,
     };
+    // The gradient reads q, k, v and the output gradient (operand 3 of its four).
+    let grad = OpKind::Grad {
+        of: Box::new(kind.clone()),
+        wrt: vec![0, 1, 2],
+    };
+    let shapes: [&[usize]; 4] = [&shape; 4];
+    let operand = |i| operand_as_run(be, &grad, &shapes, i, 5 + i).map(|(x, _)| x);
+    let qkv = [operand(0)?, operand(1)?, operand(2)?];
+    let xs: Vec<&B::Buffer> = qkv.iter().collect();
     let one = Binding { batch: 1, seq: 1 };
     let fwd = best_seconds(be, reps, || {
-        black_box(be.forward(&kind, &xs, one)?);
+        if be.attention_forward_keeping(&kind, &xs, true)?.is_none() {
+            black_box(be.forward(&kind, &xs, one)?);
+        }
         Ok(())
     })?;
-    let ys = be.forward(&kind, &xs, one)?;
-    let dys: Vec<&B::Buffer> = ys.iter().collect();
-    let bwd = best_seconds(be, reps, || {
-        black_box(be.backward(&kind, &xs, &dys)?);
-        Ok(())
-    })?;
+    let dy = operand(3)?;
+    let bwd = match be.attention_forward_keeping(&kind, &xs, true)? {
+        Some(kept) => best_seconds(be, reps, || {
+            let grads =
+                be.attention_backward_kept(&kind, &xs, [&dy, &kept.out, &kept.stats], true)?;
+            black_box(grads.ok_or_else(|| RuntimeError::Program {
+                rank: 0,
+                what: "the attention that kept its statistics has no backward from them".into(),
+            })?);
+            Ok(())
+        })?,
+        None => best_seconds(be, reps, || {
+            black_box(be.backward(&kind, &xs, &[&dy])?);
+            Ok(())
+        })?,
+    };
     let flops = case.forward_flops();
     Ok((flops / fwd / 1e12, 2.5 * flops / bwd / 1e12))
 }
@@ -219,11 +264,12 @@ pub fn measure_gpu<B: Backend>(
         kernel_fractions_on(bf16, kernel_rows, kernel_cols, reps, copy_gb_per_s)?;
     // GPT-2's attention at its training shape (12 heads of 64, sequence 1024, 8 sequences).
     let attention = if quick {
+        // Heads 32 wide: the tensor-core kernels' narrowest, so the emulator runs them too.
         AttentionCase {
             batch: 1,
             seq: 32,
             heads: 2,
-            head_dim: 16,
+            head_dim: 32,
         }
     } else {
         AttentionCase {
