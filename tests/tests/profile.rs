@@ -90,13 +90,23 @@ fn measures_the_device_backend(bf16: &DeviceBackend<Emulator>, tensor_cores: boo
         "ops ran on the host: {:?}",
         host_ops.by_kind()
     );
-    // The bf16 GEMM reads its operands as words, as the runtime's do: they are converted
-    // once, before the timing (as the tensor-core attention's q, k, v and dO are), and
-    // nothing converts them in the products.
+    // Each kernel reads and writes what the runtime's does in a GPT: the bf16 GEMM's
+    // operands as words, a GELU's input, output and gradients as words, a norm's output and
+    // output gradient as words. Those operands are converted once, before the timing (two
+    // GEMM operands, GELU's x and dy, the norm's dy; and the tensor-core attention's q, k, v
+    // and dO), and nothing is converted or expanded in the timed passes.
     let tally = runtime::Backend::launch_tally(bf16).unwrap();
-    assert!(tally.get("gemm (cuBLAS)").launches > 0, "{tally:?}");
-    let operands = if tensor_cores { 6 } else { 2 };
+    for kernel in [
+        "gemm (cuBLAS)",
+        "unary_forward_words_bf16x",
+        "unary_backward_words_bf16xg",
+        "layer_norm_forward_warp_words",
+    ] {
+        assert!(tally.get(kernel).launches > 0, "no {kernel}: {tally:?}");
+    }
+    let operands = if tensor_cores { 9 } else { 5 };
     assert_eq!(tally.get("to_bf16").launches, operands, "{tally:?}");
+    assert_eq!(tally.get("from_bf16").launches, 0, "{tally:?}");
     if !tensor_cores {
         return;
     }

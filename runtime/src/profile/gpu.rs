@@ -14,10 +14,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use ir::{Binding, OpKind};
-use kernels::Tensor32;
 
-use super::kernels::{KernelFractions, kernel_fractions_on};
-use crate::backend::{DeviceProperties, Stashed};
+use super::kernels::{KernelFractions, filled, held_as_words, kernel_fractions_on};
+use crate::backend::DeviceProperties;
 use crate::{Backend, RuntimeError};
 
 /// How long to measure.
@@ -91,17 +90,6 @@ fn best_seconds<B: Backend>(
     Ok(best.max(1e-9))
 }
 
-/// A buffer of `shape` with deterministic values in [-0.4, 0.4].
-fn filled<B: Backend>(be: &B, shape: &[usize], seed: usize) -> Result<B::Buffer, RuntimeError> {
-    let n: usize = shape.iter().product();
-    let data = (0..n)
-        .map(|i| ((i * 31 + seed * 7) % 17) as f32 * 0.05 - 0.4)
-        .collect();
-    let host =
-        Tensor32::new(shape.to_vec(), data).map_err(RuntimeError::kernel("profile input"))?;
-    be.upload_owned(host)
-}
-
 /// Device copy bandwidth of `elements` f32s, GB/s (read plus written).
 pub fn device_copy_gb_per_s<B: Backend>(
     be: &B,
@@ -150,11 +138,7 @@ fn operand_as_run<B: Backend>(
     if !be.reads_stashed_words(kind, shapes, operand) {
         return Ok((x, false));
     }
-    let shape = be.shape(&x).to_vec();
-    match be.stash_bf16(x)? {
-        Stashed::Words(w) => Ok((be.unstash_bf16_words(w, &shape)?, true)),
-        Stashed::Kept(x) => Ok((x, false)),
-    }
+    held_as_words(be, x)
 }
 
 /// TFLOP/s of `be`'s `[n, n] · [n, n]` product; with `cast_bytes_per_s` (bf16 operands) on

@@ -11,7 +11,7 @@ use std::time::Instant;
 use ir::{Binding, DType, Graph, OpKind, Shape, TensorType};
 use kernels::Tensor32;
 
-use crate::backend::DropoutMask;
+use crate::backend::{DropoutMask, Stashed};
 use crate::{Backend, CpuBackend, RuntimeError};
 
 /// Per-thread sgemm GFLOP/s at `n`³ with `threads` threads multiplying their own matrices at
@@ -101,23 +101,95 @@ fn operands<B: Backend>(be: &B, g: &Graph, o: ir::OpId) -> Result<Vec<B::Buffer>
         .enumerate()
         .map(|(j, &v)| {
             let shape: Vec<usize> = g.ty(v).shape.eval(b).iter().map(|&d| d as usize).collect();
-            let n: usize = shape.iter().product();
-            let host = Tensor32::new(
-                shape,
-                (0..n)
-                    .map(|i| ((i * 31 + j * 7) % 17) as f32 * 0.05 - 0.4)
-                    .collect(),
-            )
-            .map_err(RuntimeError::kernel("profile input"))?;
-            be.upload_owned(host)
+            filled(be, &shape, j)
         })
         .collect()
 }
 
-/// One forward plus backward of `kind` on `xs`, as the executor runs it: dropout through
-/// [`Backend::dropout`] on its mask both ways, every other op through `forward` and `backward`.
-fn pass<B: Backend>(be: &B, kind: &OpKind, xs: &[&B::Buffer]) -> Result<(), RuntimeError> {
-    if let (OpKind::Dropout { p, seed }, [x]) = (kind, xs) {
+/// `x` held as its bf16 words alone (`true`) where the backend keeps words, as the executor
+/// holds a result only word readers read ([`Backend::forward_words`]); else `x` as it is.
+pub(super) fn held_as_words<B: Backend>(
+    be: &B,
+    x: B::Buffer,
+) -> Result<(B::Buffer, bool), RuntimeError> {
+    let shape = be.shape(&x).to_vec();
+    match be.stash_bf16(x)? {
+        Stashed::Words(w) => Ok((be.unstash_bf16_words(w, &shape)?, true)),
+        Stashed::Kept(x) => Ok((x, false)),
+    }
+}
+
+/// Whether a transformer's `kind` writes a result that only GEMMs read (a GELU's, ahead of the
+/// down projection; a norm's, ahead of the projections): the executor makes it as bf16 words
+/// where the backend can, and its gradient comes back as the words a GEMM wrote.
+fn feeds_gemms(kind: &OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::Gelu { .. } | OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. }
+    )
+}
+
+/// What one pass of an op reads, held as the executor would hold it: for an op whose result
+/// only GEMMs read ([`feeds_gemms`]), an output gradient (as words where the gradient reads
+/// it so), and each operand that both directions read only as words held as words.
+struct Held<B: Backend> {
+    xs: Vec<B::Buffer>,
+    /// The output gradient, for an op whose result is made as words.
+    dy: Option<B::Buffer>,
+}
+
+impl<B: Backend> Held<B> {
+    fn new(be: &B, kind: &OpKind, mut xs: Vec<B::Buffer>) -> Result<Held<B>, RuntimeError> {
+        if !feeds_gemms(kind) || xs.is_empty() {
+            return Ok(Held { xs, dy: None });
+        }
+        let n = xs.len();
+        let y_shape = be.shape(&xs[0]).to_vec();
+        let mut owned: Vec<Vec<usize>> = xs.iter().map(|x| be.shape(x).to_vec()).collect();
+        owned.push(y_shape.clone());
+        let shapes: Vec<&[usize]> = owned.iter().map(Vec::as_slice).collect();
+        let grad = OpKind::Grad {
+            of: Box::new(kind.clone()),
+            wrt: (0..n).collect(),
+        };
+        let mut dy = filled(be, &y_shape, 11)?;
+        if be.reads_stashed_words(&grad, &shapes, n) {
+            dy = held_as_words(be, dy)?.0;
+        }
+        for (i, x) in xs.iter_mut().enumerate() {
+            let forward = be.reads_stashed_words(kind, &shapes[..n], i);
+            if forward && be.reads_stashed_words(&grad, &shapes, i) {
+                let f32 = std::mem::replace(x, filled(be, &[1], 0)?);
+                *x = held_as_words(be, f32)?.0;
+            }
+        }
+        Ok(Held { xs, dy: Some(dy) })
+    }
+}
+
+/// A buffer of `shape` with deterministic values in [-0.4, 0.4].
+pub(super) fn filled<B: Backend>(
+    be: &B,
+    shape: &[usize],
+    seed: usize,
+) -> Result<B::Buffer, RuntimeError> {
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|i| ((i * 31 + seed * 7) % 17) as f32 * 0.05 - 0.4)
+        .collect();
+    let host =
+        Tensor32::new(shape.to_vec(), data).map_err(RuntimeError::kernel("profile input"))?;
+    be.upload_owned(host)
+}
+
+/// One forward plus backward of `kind` on `held`, as the executor runs it: dropout through
+/// [`Backend::dropout`] on its mask both ways, an op whose result only GEMMs read made as
+/// words ([`Backend::forward_words`]) where the backend can and given `held`'s output
+/// gradient, every other op through `forward` and `backward` (its results as its gradients).
+fn pass<B: Backend>(be: &B, kind: &OpKind, held: &Held<B>) -> Result<(), RuntimeError> {
+    let xs: Vec<&B::Buffer> = held.xs.iter().collect();
+    let one = Binding { batch: 1, seq: 1 };
+    if let (OpKind::Dropout { p, seed }, [x]) = (kind, xs.as_slice()) {
         let shape = be.shape(x);
         let per_row = shape.last().copied().unwrap_or(1);
         let mask = DropoutMask {
@@ -133,9 +205,33 @@ fn pass<B: Backend>(be: &B, kind: &OpKind, xs: &[&B::Buffer]) -> Result<(), Runt
         black_box((&y, &dx));
         return Ok(());
     }
-    let ys = be.forward(kind, xs, Binding { batch: 1, seq: 1 })?;
+    if let Some(dy) = &held.dy {
+        let ys = match be.forward_words(kind, &xs)? {
+            Some(ys) => ys,
+            None => be.forward(kind, &xs, one)?,
+        };
+        // A GELU's input gradient goes to the linear before it, whose GEMMs read words: the
+        // executor makes it so ([`Backend::forward_words`] on the gradient op); a norm's joins
+        // the residual stream's f32 gradient.
+        let mut operands = xs.clone();
+        operands.push(dy);
+        let grad = OpKind::Grad {
+            of: Box::new(kind.clone()),
+            wrt: (0..xs.len()).collect(),
+        };
+        let as_words = match kind {
+            OpKind::Gelu { .. } => be.forward_words(&grad, &operands)?,
+            _ => None,
+        };
+        if as_words.is_none() {
+            black_box(be.backward(kind, &xs, &[dy])?);
+        }
+        black_box((&ys, &as_words));
+        return Ok(());
+    }
+    let ys = be.forward(kind, &xs, one)?;
     let dys: Vec<&B::Buffer> = ys.iter().collect();
-    let dxs = be.backward(kind, xs, &dys)?;
+    let dxs = be.backward(kind, &xs, &dys)?;
     black_box(&dxs);
     Ok(())
 }
@@ -149,14 +245,13 @@ pub(super) fn pass_seconds<B: Backend>(
     reps: usize,
 ) -> Result<f64, RuntimeError> {
     let kind = &g.op(o).kind;
-    let inputs = operands(be, g, o)?;
-    let xs: Vec<&B::Buffer> = inputs.iter().collect();
-    pass(be, kind, &xs)?;
+    let held = Held::new(be, kind, operands(be, g, o)?)?;
+    pass(be, kind, &held)?;
     be.synchronize()?;
     let mut best = f64::INFINITY;
     for _ in 0..reps.max(1) {
         let t = Instant::now();
-        pass(be, kind, &xs)?;
+        pass(be, kind, &held)?;
         be.synchronize()?;
         best = best.min(t.elapsed().as_secs_f64());
     }
