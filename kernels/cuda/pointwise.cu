@@ -600,6 +600,17 @@ extern "C" __global__ void add_bias_to_words(float* words, const float* y, const
     }
 }
 
+// bias[c] rounded to bf16 in every row of `words` (two to a word, in order; cols even; n
+// elements): the output a biased linear's bf16 GEMM then adds its product to (beta = 1), so
+// that the sum is rounded once, as a bias epilogue rounds it. One block per row.
+extern "C" __global__ void bias_rows_words(float* words, const float* bias, i64 n, i64 cols) {
+    unsigned* out = (unsigned*)words;
+    int half = (int)(cols / 2);
+    for (i64 r = blockIdx.x; r < n / cols; r += gridDim.x)
+        for (int w = threadIdx.x; w < half; w += blockDim.x)
+            out[r * half + w] = bf16_pair(bias[2 * w], bias[2 * w + 1]);
+}
+
 // y[r, c] += bias[c] in place over n elements of rows `cols` wide: a biased linear's output
 // straight after its GEMM (no second [rows, cols] buffer). Rows a multiple of 4 wide go as
 // 16-byte words, the grid striding over all of them (an H200 ran the one-row-per-block,

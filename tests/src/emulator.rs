@@ -140,14 +140,7 @@ impl Device for Emulator {
             if !given {
                 return m[r * cols + col];
             }
-            let pitch = cols.next_multiple_of(8);
-            let word = m[(r * pitch + col) / 2].to_bits();
-            let half = if col.is_multiple_of(2) {
-                word << 16
-            } else {
-                word & 0xffff_0000
-            };
-            f32::from_bits(half)
+            bf16_at(m, r * cols.next_multiple_of(8) + col)
         };
         // Counted as the CUDA device launches it (operand copies, products, copies out of a
         // padded pitch), as the dry device counts it.
@@ -184,10 +177,18 @@ impl Device for Emulator {
                             f64::from(round(x)) * f64::from(round(y))
                         })
                         .sum();
+                    let at = c0 + i * ld + j;
+                    let before = match (g.accumulate, g.c_words) {
+                        (false, _) => 0.0,
+                        (true, true) => bf16_at(c, at),
+                        (true, false) => c[at],
+                    };
+                    // cuBLAS adds beta·c to the f32 product, then rounds once.
+                    let v = s as f32 + before;
                     if g.c_words {
-                        set_bf16(c, c0 + i * ld + j, s as f32);
+                        set_bf16(c, at, v);
                     } else {
-                        c[c0 + i * ld + j] = s as f32;
+                        c[at] = v;
                     }
                 }
             }
@@ -206,6 +207,16 @@ impl Device for Emulator {
     fn launch_tally(&self) -> Option<LaunchTally> {
         self.launches.lock().ok().map(|t| t.clone())
     }
+}
+
+/// Element `i` of `words` (bf16, two to a word, in order) as an f32.
+fn bf16_at(words: &[f32], i: usize) -> f32 {
+    let w = words[i / 2].to_bits();
+    f32::from_bits(if i.is_multiple_of(2) {
+        w << 16
+    } else {
+        w & 0xffff_0000
+    })
 }
 
 /// Element `i` of `words` (bf16, two to a word, in order) set to `v` rounded to nearest even, as

@@ -415,11 +415,22 @@ fn tensor_core_attention_reads_stashed_operands_as_their_words() {
     );
 }
 
+/// `t` with each value rounded to bf16.
+fn bf16_exact(mut t: Tensor32) -> Tensor32 {
+    t.data
+        .iter_mut()
+        .for_each(|v| *v = kernels::device::round_bf16(*v));
+    t
+}
+
 /// Results made as bf16 words only (`Backend::forward_words`): a LayerNorm's and an RMSNorm's
 /// output (one warp per row at 48 wide, a block per row at 1030), a GELU's and its input
 /// gradient (odd length: the last word half empty), a last-axis split's parts, a last-axis
-/// concatenation and a biased linear's output (`add_bias_to_words`, bf16 GEMMs) are, bit for
-/// bit, the words the stash keeps of the f32 forward's results, and read back they are those
+/// concatenation and a biased linear's output (bf16 GEMMs: rows of whole 16-byte words by the
+/// GEMM adding its product onto the bias's words, `bias_rows_words`; others by
+/// `add_bias_to_words` after an f32 product) are, bit for bit, the words the stash keeps of
+/// the f32 forward's results (the bias bf16-exact, as a bf16 plan's compute copy is: the
+/// words path rounds it first, as a bf16 bias epilogue does), and read back they are those
 /// results rounded to bf16; only kernels that write words ran. Odd rows and splits along
 /// another axis are not made so.
 #[test]
@@ -455,6 +466,14 @@ fn results_made_as_words_are_the_f32_results_rounded() {
                 tensor(&[10], 82),
             ],
         ),
+        (
+            OpKind::Linear { bias: true },
+            vec![
+                tensor(&[2, 3, 16], 81),
+                tensor(&[16, 24], 80),
+                bf16_exact(tensor(&[24], 79)),
+            ],
+        ),
     ];
     for h in [48usize, 1030] {
         let x = tensor(&[3, 4, h], 92);
@@ -487,9 +506,15 @@ fn results_made_as_words_are_the_f32_results_rounded() {
                 "to_bf16",
                 "unpad_rows",
                 runtime::backend::device::bf16_gemm::CUBLAS,
+                runtime::backend::device::bf16_gemm::CUBLAS_WORDS,
             ]
             .contains(&name)
         };
+        // Rows of whole 16-byte words: the GEMM adds onto the bias's words, no f32 product.
+        if linear && inputs[1].shape[1] % 8 == 0 {
+            assert_eq!(launched.get("bias_rows_words").launches, 1);
+            assert_eq!(launched.get("add_bias_to_words").launches, 0);
+        }
         for (name, _) in launched.by_bytes() {
             assert!(
                 name.contains("words") || (linear && gemm(name)),

@@ -385,13 +385,19 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
     let sums = projections_into_sums(tpl);
     assert!(sums > 0);
     assert_eq!(t.get("binary_forward_biased").launches, sums, "{t:?}");
+    // The projections a split or a GELU reads next are made as words: the bias's words
+    // first, the GEMM adding onto them (no f32 product, no `add_bias_to_words`).
+    let into_words = projections_into_words(tpl);
+    assert!(into_words > 0);
+    assert_eq!(t.get("bias_rows_words").launches, into_words, "{t:?}");
+    assert_eq!(t.get("add_bias_to_words").launches, 0, "{t:?}");
     // With 8 micro-batches each weight gradient but the first is added to its accumulator,
     // which AdamW then reads in f32 terms: only the products whose input gradient a GELU's
-    // gradient alone reads write bf16 words (`Gemm::c_words`).
+    // gradient alone reads, and those projections, write bf16 words (`Gemm::c_words`).
     assert_eq!(
         t.get(runtime::backend::device::bf16_gemm::CUBLAS_WORDS)
             .launches,
-        grads_made_as_words(tpl, set.mesh.micro_batches),
+        grads_made_as_words(tpl, set.mesh.micro_batches) + into_words,
         "GEMMs writing bf16 words"
     );
     assert!(diff < 2e-2, "{diff}");
@@ -400,6 +406,20 @@ fn a_bf16_plan_trains_on_the_emulated_device_with_its_bf16_buffers_stashed() {
 
 /// The biased linears whose output the next instruction to touch it adds to another value.
 fn projections_into_sums(tpl: &program::Template) -> u64 {
+    biased_linears_into(tpl, &|k| matches!(k, ir::OpKind::Add))
+}
+
+/// The biased linears whose output a split (q, k, v) or a GELU reads next: ops that read it
+/// only as bf16 words, so that it is made as words, by its GEMM adding onto the bias's words.
+fn projections_into_words(tpl: &program::Template) -> u64 {
+    biased_linears_into(tpl, &|k| {
+        matches!(k, ir::OpKind::Split { .. } | ir::OpKind::Gelu { .. })
+    })
+}
+
+/// The biased linears whose output the next instruction to touch it is a computation `next`
+/// accepts.
+fn biased_linears_into(tpl: &program::Template, next: &dyn Fn(&ir::OpKind) -> bool) -> u64 {
     let touches = |ins: &program::Instr, b: program::BufferId| {
         let (reads, writes) = program::verify::operands(ins);
         reads.contains(&b) || writes.contains(&b)
@@ -414,11 +434,9 @@ fn projections_into_sums(tpl: &program::Template) -> u64 {
         else {
             continue;
         };
-        let next = tpl.instrs[k + 1..].iter().find(|i| touches(i, outputs[0]));
-        if let Some(program::Instr::Compute {
-            kind: ir::OpKind::Add,
-            ..
-        }) = next
+        let toucher = tpl.instrs[k + 1..].iter().find(|i| touches(i, outputs[0]));
+        if let Some(program::Instr::Compute { kind, .. }) = toucher
+            && next(kind)
         {
             n += 1;
         }
@@ -494,7 +512,7 @@ fn with_one_micro_batch_weight_gradients_reach_adamw_as_the_words_their_gemms_wr
     assert_eq!(
         t.get(runtime::backend::device::bf16_gemm::CUBLAS_WORDS)
             .launches,
-        grads_made_as_words(&set.templates[0], 1),
+        grads_made_as_words(&set.templates[0], 1) + projections_into_words(&set.templates[0]),
         "GEMMs writing bf16 words"
     );
     assert!(diff < 2e-2, "{diff}");

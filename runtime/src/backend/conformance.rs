@@ -186,6 +186,9 @@ fn reference(check: &str) -> impl Fn(kernels::KernelError) -> ConformanceError +
     }
 }
 
+/// The smallest tolerance a bf16 result is checked at: 2.6 units of its last place (2⁻⁸).
+const BF16_TOL: f32 = 1e-2;
+
 /// `case` forward, backward and as `Grad` on `b` against the CPU kernels; fails on a host
 /// fallback where `b` counts them.
 pub fn check<B: Backend>(b: &B, case: &Case) -> Result<Passed, ConformanceError> {
@@ -212,6 +215,20 @@ pub fn check<B: Backend>(b: &B, case: &Case) -> Result<Passed, ConformanceError>
         .collect();
     let want: Vec<_> = want.into_iter().map(Some).collect();
     let mut worst = compare_all(b, &got, &want, case.tol, &fwd)?;
+    // The results made as bf16 words alone where `b` makes them so (a biased linear's: its
+    // GEMM adding onto the bias's words): the same values within the case's tolerance, where
+    // that is a bf16 one (words hold 8 significant bits).
+    let fwd_words = format!("{fwd} as bf16 words");
+    let words = if case.tol >= BF16_TOL {
+        b.forward_words(&case.kind, &refs)
+            .map_err(backend(&fwd_words))?
+    } else {
+        None
+    };
+    if let Some(made) = words {
+        let made: Vec<_> = made.into_iter().map(Some).collect();
+        worst = worst.max(compare_all(b, &made, &want, case.tol, &fwd_words)?);
+    }
     let dy_bufs = dys
         .iter()
         .map(|t| b.upload(t))

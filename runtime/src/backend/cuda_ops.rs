@@ -222,6 +222,15 @@ pub(super) fn gemm(
         };
         return call.run(dev, (c_ptr, c_layout));
     };
+    if g.accumulate {
+        return Err(RuntimeError::DeviceLaunch {
+            kernel: "cublasGemmStridedBatchedEx",
+            message: format!(
+                "an accumulating product written at a padded pitch ({}x{})",
+                g.m, g.n
+            ),
+        });
+    }
     let chunk = bf16_gemm::padded_chunk(g, pitch);
     let mut scratch = dev.uninit(g.batch * chunk * pitch)?;
     for row0 in (0..g.m).step_by(chunk) {
@@ -269,13 +278,14 @@ impl Call<'_> {
             a: (a_ptr, a_layout),
             b: (b_ptr, b_layout),
         } = self;
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
         // Column-major view: cᵀ[n, m] = op(b)ᵀ[n, k] · op(a)ᵀ[k, m]; a row-major [r, c]
         // matrix is a column-major [c, r] one with leading dimension c.
         // SAFETY: the pointers come from live allocations of at least the elements the
         // lowering in `device::ops::matmul` sized for these dims and strides (a chunk's rows
-        // lie inside them); alpha and beta are f32 as the f32 compute type requires; the
-        // handle is bound to the device's stream.
+        // lie inside them); alpha and beta are f32 as the f32 compute type requires (beta 1:
+        // c, read in its own type, is added in f32 before the rounding); the handle is bound
+        // to the device's stream.
         #[allow(unsafe_code)]
         unsafe {
             gemm_strided_batched_ex(

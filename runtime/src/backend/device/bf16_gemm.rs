@@ -220,6 +220,8 @@ pub fn launches(g: &Gemm) -> Vec<(&'static str, u64)> {
             4 * out
         };
         let name = if g.c_words { CUBLAS_WORDS } else { CUBLAS };
+        // An accumulating product reads its output before writing it.
+        let written = if g.accumulate { 2 * written } else { written };
         v.push((name, 2 * (sizes[0] + sizes[1]) as u64 + written));
         return v;
     };

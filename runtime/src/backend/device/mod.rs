@@ -66,6 +66,10 @@ pub struct Gemm {
     /// accumulators rounded once, to nearest even, as `to_bf16` would round an f32 product.
     /// Only where [`bf16_gemm::writes_words`] allows it.
     pub c_words: bool,
+    /// `c`'s values as they are (words where `c_words`) are added to the product before it is
+    /// rounded and written over them: cuBLAS's beta = 1, the sum in f32. A dense output only
+    /// (no padded pitch).
+    pub accumulate: bool,
 }
 
 impl Gemm {
@@ -85,6 +89,7 @@ impl Gemm {
             given_bf16: [false; 2],
             c_pitch: 0,
             c_words: false,
+            accumulate: false,
         }
     }
 }

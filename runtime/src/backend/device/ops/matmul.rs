@@ -316,10 +316,13 @@ pub(in crate::backend::device) fn forward_pitched<D: Device>(
     Ok(Some(y))
 }
 
-/// A biased linear's output made as bf16 words alone ([`super::words`]): the GEMM's product,
-/// then its words with the bias added (`add_bias_to_words`) as the twin of the product's
-/// buffer, whose f32 memory (the product, scratch) is then given back until the values are
-/// expanded. `None` without a bias, or for rows of odd width.
+/// A biased linear's output made as bf16 words alone ([`super::words`]): the bias rounded to
+/// bf16 in every row of the words (`bias_rows_words`), then the bf16 GEMM adding its product
+/// to them (`Gemm::accumulate`: the f32 sum rounded once, as cuBLASLt's bias epilogue and
+/// PyTorch's bf16 linear round it), written as words in place. No f32 product is made. Where
+/// cuBLAS cannot write the product as words (rows not whole 16-byte words), the product in
+/// f32 and its words with the bias added after (`add_bias_to_words`). `None` without a bias,
+/// or for rows of odd width.
 pub(super) fn forward_words<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -330,6 +333,11 @@ pub(super) fn forward_words<D: Device>(
     };
     if empty(&p) || !p.n.is_multiple_of(2) {
         return Ok(None);
+    }
+    let mut g = p.forward();
+    g.c_words = p.precision == GemmPrecision::Bf16 && p.batch == 1;
+    if g.c_words && bf16_gemm::writes_words(&g) {
+        return onto_bias_words(b, (x, w, bias), &p, g).map(Some);
     }
     let mut y = product_of(b, x, w, &p)?;
     let mut words = b.device.alloc(y.len.div_ceil(2))?;
@@ -353,6 +361,36 @@ pub(super) fn forward_words<D: Device>(
     // The product was scratch: the output holds its words alone until expanded.
     b.drop_f32(&mut y)?;
     Ok(Some(y))
+}
+
+/// `x · w + bias` as words alone: the bias's words in every row, the bf16 GEMM `g` (which
+/// writes words) adding its product onto them.
+fn onto_bias_words<D: Device>(
+    b: &DeviceBackend<D>,
+    (x, w, bias): (&Buf<D>, &Buf<D>, &Buf<D>),
+    p: &Product,
+    mut g: Gemm,
+) -> Result<Buf<D>, RuntimeError> {
+    let mut y = super::output_buffer(b, &out_shape(&x.shape, p.n), true)?;
+    let len = y.len;
+    let block = b.device.block_size();
+    b.device.launch(
+        "bias_rows_words",
+        super::row_grid(len / p.n),
+        block,
+        &mut [
+            KernelArg::Out(super::written::<D>(&mut y)),
+            KernelArg::In(&bias.mem),
+            super::size(len),
+            super::size(p.n),
+        ],
+    )?;
+    let (xm, x_given) = operand(b, x, p.k, true)?;
+    let (wm, w_given) = operand(b, w, p.n, !p.batched_w)?;
+    g.given_bf16 = [x_given, w_given];
+    g.accumulate = true;
+    b.device.gemm(&g, xm, wm, super::written::<D>(&mut y))?;
+    Ok(y)
 }
 
 /// `[dx, dw]`, and `db` after them for a biased linear; those `wanted` marks false are `None`

@@ -5,7 +5,9 @@
 //! result so. Where the readers are GEMMs or the attention packs, the words are what they would
 //! have rounded it to; a GELU on a linear's output and a bias's column sums over an output
 //! gradient now read bf16-rounded values where they read f32 before, as engines that store
-//! activations in bf16 do. Made so: a biased linear's output (`add_bias_to_words`), a
+//! activations in bf16 do. Made so: a biased linear's output (its GEMM adding onto
+//! the bias's words, `bias_rows_words`; `add_bias_to_words` after an f32 product where cuBLAS
+//! cannot write its rows as words), a
 //! norm's output (`*_norm_forward*_words`), a unary
 //! function's (`unary_forward_words`) and its input gradient (`unary_backward_words*`), a
 //! last-axis split's parts (`split_cols_words`) and their gradient (`place_cols_words`).
