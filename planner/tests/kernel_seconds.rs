@@ -121,3 +121,64 @@ fn a_recomputed_forward_is_counted_under_its_own_kind_again() {
     assert!(layer_share("linear") > 1.5 && layer_share("linear") <= 2.0 + 1e-9);
     assert!((layer_share("attention") - 2.0).abs() < 1e-9);
 }
+
+/// Fused kernels are shared out among their ops (the runtime times each op apart): every op
+/// kind of the eager breakdown is named in the fused one too, and the step still adds up.
+#[test]
+fn a_fused_group_s_time_is_shared_among_its_ops() {
+    let mut spec = spec();
+    spec.dropout = 0.1;
+    let g = build_forward(&spec, ir::DType::F32).unwrap();
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load("dgx-h100").unwrap();
+    let kinds = |kernels| {
+        let s = Strategy {
+            kernels,
+            ..strategy(1, Recompute::None)
+        };
+        let e = estimate_by_kind(&info, &cluster, 1, &s, Pricing::SEARCH).unwrap();
+        let st = e.predicted.stages[0].clone();
+        let sum: f64 = st.kernel_s.values().sum();
+        assert!((sum - st.finish_s).abs() <= 1e-9 * st.finish_s);
+        st.kernel_s
+    };
+    let fused = kinds(planner::cost::compute::Kernels::Fused);
+    let eager = kinds(planner::cost::compute::Kernels::Eager);
+    for k in eager.keys().filter(|k| !k.starts_with('(')) {
+        assert!(fused.get(k).is_some_and(|&s| s > 0.0), "{k}: {fused:?}");
+    }
+    // Fused, the point-wise ops stream once per group: they take less than eager.
+    assert!(fused["dropout"] + fused["add"] < eager["dropout"] + eager["add"]);
+}
+
+/// Attention under context parallelism is timed by the runtime as a context instruction
+/// (`attention (cp)`), and the loss over a vocabulary split across tensor-parallel ranks as the
+/// vocabulary's statistics and gradient: the prediction names them so.
+#[test]
+fn kinds_take_the_runtime_s_names_under_context_and_tensor_parallelism() {
+    let g = build_forward(&spec(), ir::DType::F32).unwrap();
+    let info = ModelInfo::new(&g).unwrap();
+    let cluster = Cluster::load("dgx-h100").unwrap();
+    let kinds = |s: Strategy| {
+        let gpus = u64::from(s.tp * s.cp);
+        estimate_by_kind(&info, &cluster, gpus, &s, Pricing::SEARCH)
+            .unwrap()
+            .predicted
+            .stages[0]
+            .kernel_s
+            .clone()
+    };
+    let cp = kinds(Strategy {
+        cp: 2,
+        attention: planner::cost::compute::AttentionKernel::Fused,
+        ..strategy(1, Recompute::None)
+    });
+    assert!(cp.contains_key("attention (cp)") && cp.contains_key("grad.attention (cp)"));
+    assert!(!cp.contains_key("attention"), "{cp:?}");
+    let tp = kinds(Strategy {
+        tp: 2,
+        ..strategy(1, Recompute::None)
+    });
+    assert!(tp.contains_key("vocab_loss_stats") && tp.contains_key("vocab_loss_grad"));
+    assert!(!tp.contains_key("cross_entropy"), "{tp:?}");
+}

@@ -429,8 +429,8 @@ fn bf16_exact(mut t: Tensor32) -> Tensor32 {
 /// concatenation and a biased linear's output (bf16 GEMMs: rows of whole 16-byte words by the
 /// GEMM adding its product onto the bias's words, `bias_rows_words`; others by
 /// `add_bias_to_words` after an f32 product) are, bit for bit, the words the stash keeps of
-/// the f32 forward's results (the bias bf16-exact, as a bf16 plan's compute copy is: the
-/// words path rounds it first, as a bf16 bias epilogue does), and read back they are those
+/// the f32 forward's results (the second linear's bias bf16-exact: the words path rounds the
+/// bias to bf16 first, as autocast's bf16 linear does, where the f32 forward adds it whole), and read back they are those
 /// results rounded to bf16; only kernels that write words ran. Odd rows and splits along
 /// another axis are not made so.
 #[test]

@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use ir::OpId;
+use ir::{OpId, OpKind};
 
 use super::setup::Setup;
 use super::work::Pricer;
-use crate::cost::compute::TpLayout;
+use crate::cost::compute::{OpTime, TpLayout};
 
 /// Seconds per step (or per micro-batch, while being summed) by instruction kind.
 pub type KernelSeconds = BTreeMap<String, f64>;
@@ -19,24 +19,71 @@ pub type KernelSeconds = BTreeMap<String, f64>;
 /// in the pipeline (its finish less its kernels).
 pub const REST: &str = "(communication, waiting)";
 
-/// One micro-batch of `ops`' kernels by kind: a kernel's forward under its first op's
-/// mnemonic, its backward under `grad.` and the mnemonic, a forward the recomputation repeats
-/// once more under the forward's.
+/// One micro-batch of `ops`' kernels by kind: an op's forward under its runtime name
+/// ([`runtime_names`]), its backward under its gradient's, a forward the recomputation repeats
+/// once more under the forward's. A fused group's time is shared among its ops in proportion
+/// to their times unfused, as the runtime runs each op on its own.
 pub(super) fn by_kind(
     pricer: &Pricer<'_, '_, '_>,
     ops: &[OpId],
     groups: &[Vec<OpId>],
     layout_of: &dyn Fn(OpId) -> TpLayout,
 ) -> KernelSeconds {
-    let g = pricer.cx.g;
+    let cx = pricer.cx;
     let mut out = KernelSeconds::new();
-    pricer.each_kernel(ops, groups, layout_of, |o, t| {
-        let name = g.op(o).kind.mnemonic();
-        let again = if pricer.recomputes(o) { t.fwd } else { 0.0 };
-        *out.entry(name.to_string()).or_default() += t.fwd + again;
-        *out.entry(format!("grad.{name}")).or_default() += t.bwd;
+    pricer.each_kernel(ops, groups, layout_of, |group, t| {
+        let alone: Vec<OpTime> = match group {
+            [_] => vec![*t],
+            _ => group
+                .iter()
+                .map(|&o| {
+                    cx.device
+                        .op_time(cx.g, o, cx.b, cx.tp, layout_of(o), cx.act_scale)
+                })
+                .collect(),
+        };
+        let share = |part: f64, whole: f64, total: f64| {
+            if whole > 0.0 {
+                total * part / whole
+            } else {
+                total / group.len() as f64
+            }
+        };
+        let (fwd_all, bwd_all): (f64, f64) = alone
+            .iter()
+            .map(|a| (a.fwd, a.bwd))
+            .fold((0.0, 0.0), |(f, b), (x, y)| (f + x, b + y));
+        for (&o, a) in group.iter().zip(&alone) {
+            let (fwd, bwd) = (share(a.fwd, fwd_all, t.fwd), share(a.bwd, bwd_all, t.bwd));
+            let again = if pricer.recomputes(o) { fwd } else { 0.0 };
+            let (fwd_name, bwd_name) = runtime_names(cx, &cx.g.op(o).kind);
+            *out.entry(fwd_name).or_default() += fwd + again;
+            *out.entry(bwd_name).or_default() += bwd;
+        }
     });
     out
+}
+
+/// The instruction kinds the runtime times op `kind`'s forward and backward under
+/// (`runtime::exec::op_times::kind`): its mnemonic and `grad.` before it; attention under
+/// context parallelism is a context instruction (` (cp)` after); the loss over a vocabulary
+/// split across tensor-parallel ranks runs as the vocabulary's loss statistics and gradient.
+fn runtime_names(cx: &Setup<'_, '_>, kind: &OpKind) -> (String, String) {
+    let vocab_parallel = cx.tp > 1 && cx.info.vocabulary_splits(cx.tp as u32);
+    match kind {
+        OpKind::Attention { .. } if cx.cp > 1 => (
+            "attention (cp)".to_string(),
+            "grad.attention (cp)".to_string(),
+        ),
+        OpKind::CrossEntropy if vocab_parallel => (
+            "vocab_loss_stats".to_string(),
+            "vocab_loss_grad".to_string(),
+        ),
+        _ => {
+            let name = kind.mnemonic();
+            (name.to_string(), format!("grad.{name}"))
+        }
+    }
 }
 
 /// What one stage's kernels are made of: one micro-batch of each run of identical layers
@@ -82,7 +129,10 @@ impl StageKernels<'_> {
             out.insert("adamw".to_string(), optimizer);
         }
         let kernels: f64 = out.values().sum();
-        out.insert(REST.to_string(), finish - kernels);
+        // The stage's kernels run inside its finish: a rest below zero would mean the kinds
+        // and the timeline priced the stage apart.
+        debug_assert!(kernels <= finish * (1.0 + 1e-9), "{kernels} > {finish}");
+        out.insert(REST.to_string(), (finish - kernels).max(0.0));
         // Above a rounding error: the timeline and the kinds sum the same seconds apart.
         out.retain(|_, s| *s > 1e-12 * finish.max(1e-9));
         out

@@ -157,13 +157,13 @@ impl Pricer<'_, '_, '_> {
     }
 
     /// Each kernel of `ops` (each fused group with fused kernels, else each op) timed on the
-    /// device for one micro-batch: `visit` gets its first op and its time.
+    /// device for one micro-batch: `visit` gets its ops (first op first) and its time.
     pub fn each_kernel(
         &self,
         ops: &[OpId],
         groups: &[Vec<OpId>],
         layout_of: &dyn Fn(OpId) -> TpLayout,
-        mut visit: impl FnMut(OpId, &OpTime),
+        mut visit: impl FnMut(&[OpId], &OpTime),
     ) {
         let cx = self.cx;
         let (g, s) = (cx.g, cx.s);
@@ -174,7 +174,7 @@ impl Pricer<'_, '_, '_> {
             let t = cx
                 .device
                 .fused_time(g, group, cx.b, cx.tp, layout_of(o), cx.act_scale);
-            visit(o, &t);
+            visit(group, &t);
         };
         if s.kernels == Kernels::Fused {
             groups.iter().for_each(|group| priced(group));
@@ -200,7 +200,8 @@ impl Pricer<'_, '_, '_> {
     ) -> Work {
         let g = self.cx.g;
         let mut w = Work::default();
-        self.each_kernel(ops, groups, layout_of, |o, t| {
+        self.each_kernel(ops, groups, layout_of, |group, t| {
+            let o = group[0];
             w.fwd += t.fwd;
             w.bwd += t.bwd;
             w.fwd_flops += t.fwd_flops;

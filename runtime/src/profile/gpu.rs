@@ -153,7 +153,8 @@ pub fn gemm_tflops<B: Backend>(
 ) -> Result<f64, RuntimeError> {
     let shapes: [&[usize]; 2] = [&[n, n], &[n, n]];
     let operand = |i| operand_as_run(be, &OpKind::MatMul, &shapes, i, 3 + i);
-    let ((a, words), (b, _)) = (operand(0)?, operand(1)?);
+    let ((a, a_words), (b, b_words)) = (operand(0)?, operand(1)?);
+    let words = a_words && b_words;
     let one = Binding { batch: 1, seq: 1 };
     let secs = best_seconds(be, reps, || {
         black_box(be.forward(&OpKind::MatMul, &[&a, &b], one)?);

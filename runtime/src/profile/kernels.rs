@@ -139,7 +139,7 @@ struct Held<B: Backend> {
 }
 
 impl<B: Backend> Held<B> {
-    fn new(be: &B, kind: &OpKind, mut xs: Vec<B::Buffer>) -> Result<Held<B>, RuntimeError> {
+    fn new(be: &B, kind: &OpKind, xs: Vec<B::Buffer>) -> Result<Held<B>, RuntimeError> {
         if !feeds_gemms(kind) || xs.is_empty() {
             return Ok(Held { xs, dy: None });
         }
@@ -156,13 +156,18 @@ impl<B: Backend> Held<B> {
         if be.reads_stashed_words(&grad, &shapes, n) {
             dy = held_as_words(be, dy)?.0;
         }
-        for (i, x) in xs.iter_mut().enumerate() {
-            let forward = be.reads_stashed_words(kind, &shapes[..n], i);
-            if forward && be.reads_stashed_words(&grad, &shapes, i) {
-                let f32 = std::mem::replace(x, filled(be, &[1], 0)?);
-                *x = held_as_words(be, f32)?.0;
-            }
-        }
+        let xs = xs
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let forward = be.reads_stashed_words(kind, &shapes[..n], i);
+                if forward && be.reads_stashed_words(&grad, &shapes, i) {
+                    held_as_words(be, x).map(|(w, _)| w)
+                } else {
+                    Ok(x)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Held { xs, dy: Some(dy) })
     }
 }

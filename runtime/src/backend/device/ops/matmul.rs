@@ -318,8 +318,8 @@ pub(in crate::backend::device) fn forward_pitched<D: Device>(
 
 /// A biased linear's output made as bf16 words alone ([`super::words`]): the bias rounded to
 /// bf16 in every row of the words (`bias_rows_words`), then the bf16 GEMM adding its product
-/// to them (`Gemm::accumulate`: the f32 sum rounded once, as cuBLASLt's bias epilogue and
-/// PyTorch's bf16 linear round it), written as words in place. No f32 product is made. Where
+/// to them (`Gemm::accumulate`: the f32 sum rounded once), written as words in place: the
+/// bias rounded to bf16 first, as PyTorch's autocast gives a bf16 linear its bias. No f32 product is made. Where
 /// cuBLAS cannot write the product as words (rows not whole 16-byte words), the product in
 /// f32 and its words with the bias added after (`add_bias_to_words`). `None` without a bias,
 /// or for rows of odd width.
