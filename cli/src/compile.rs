@@ -198,7 +198,7 @@ fn record_kernel_seconds(
     info: &planner::ModelInfo<'_>,
     cluster: &planner::Cluster,
 ) -> anyhow::Result<()> {
-    let by_kind = planner::estimate::estimate_by_kind(
+    let by_kind = planner::estimate::estimate_traced(
         info,
         cluster,
         plan.gpus,

@@ -342,7 +342,9 @@ pub fn estimate_priced(
     estimate_impl(info, cluster, gpus, s, mode).and_then(unbounded)
 }
 
-/// Like [`estimate_priced`], and keeps every simulated task in `timeline.tasks` (for traces).
+/// Like [`estimate_priced`], and keeps every simulated task in `timeline.tasks` (for traces)
+/// and each stage's seconds by instruction kind (`StageEstimate::kernel_s`: what a compiled
+/// plan records for `plait run --op-times`).
 pub fn estimate_traced(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
@@ -352,22 +354,6 @@ pub fn estimate_traced(
 ) -> Result<Estimate, PlanError> {
     let mode = Mode {
         record: true,
-        tp,
-        ..Mode::default()
-    };
-    estimate_impl(info, cluster, gpus, s, mode).and_then(unbounded)
-}
-
-/// Like [`estimate_priced`], with each stage's seconds broken down by instruction kind
-/// (`StageEstimate::kernel_s`): what a compiled plan records for `plait run --op-times`.
-pub fn estimate_by_kind(
-    info: &ModelInfo<'_>,
-    cluster: &Cluster,
-    gpus: u64,
-    s: &Strategy,
-    tp: Pricing<'_>,
-) -> Result<Estimate, PlanError> {
-    let mode = Mode {
         kernels: true,
         tp,
         ..Mode::default()

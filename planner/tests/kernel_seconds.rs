@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use import::{Family, ModelSpec, build_forward};
-use planner::estimate::{Pricing, estimate_by_kind};
+use planner::estimate::{Pricing, estimate_traced};
 use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy};
 
 fn spec() -> ModelSpec {
@@ -63,7 +63,7 @@ fn each_stage_s_kinds_add_up_to_its_finish() {
     let cluster = Cluster::load("dgx-h100").unwrap();
     for pp in [1, 2] {
         let s = strategy(pp, Recompute::None);
-        let e = estimate_by_kind(&info, &cluster, u64::from(pp), &s, Pricing::SEARCH).unwrap();
+        let e = estimate_traced(&info, &cluster, u64::from(pp), &s, Pricing::SEARCH).unwrap();
         assert_eq!(e.predicted.stages.len(), pp as usize);
         for st in &e.predicted.stages {
             let sum: f64 = st.kernel_s.values().sum();
@@ -107,7 +107,7 @@ fn a_recomputed_forward_is_counted_under_its_own_kind_again() {
     let info = ModelInfo::new(&g).unwrap();
     let cluster = Cluster::load("dgx-h100").unwrap();
     let kinds = |r| {
-        estimate_by_kind(&info, &cluster, 1, &strategy(1, r), Pricing::SEARCH)
+        estimate_traced(&info, &cluster, 1, &strategy(1, r), Pricing::SEARCH)
             .unwrap()
             .predicted
             .stages[0]
@@ -136,7 +136,7 @@ fn a_fused_group_s_time_is_shared_among_its_ops() {
             kernels,
             ..strategy(1, Recompute::None)
         };
-        let e = estimate_by_kind(&info, &cluster, 1, &s, Pricing::SEARCH).unwrap();
+        let e = estimate_traced(&info, &cluster, 1, &s, Pricing::SEARCH).unwrap();
         let st = e.predicted.stages[0].clone();
         let sum: f64 = st.kernel_s.values().sum();
         assert!((sum - st.finish_s).abs() <= 1e-9 * st.finish_s);
@@ -161,7 +161,7 @@ fn kinds_take_the_runtime_s_names_under_context_and_tensor_parallelism() {
     let cluster = Cluster::load("dgx-h100").unwrap();
     let kinds = |s: Strategy| {
         let gpus = u64::from(s.tp * s.cp);
-        estimate_by_kind(&info, &cluster, gpus, &s, Pricing::SEARCH)
+        estimate_traced(&info, &cluster, gpus, &s, Pricing::SEARCH)
             .unwrap()
             .predicted
             .stages[0]

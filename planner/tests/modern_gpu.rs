@@ -258,7 +258,7 @@ fn f32_activations_slow_the_memory_bound_work_and_keep_the_memory() {
     // conversion pass is priced for holding the activations in 16 bits (the runtime makes
     // them as bf16 words).
     let by_kind = |c: &Cluster| {
-        planner::estimate::estimate_by_kind(&info, c, 8, &s, planner::Pricing::SEARCH)
+        planner::estimate::estimate_traced(&info, c, 8, &s, planner::Pricing::SEARCH)
             .unwrap()
             .predicted
             .stages[0]

@@ -10,20 +10,25 @@ use common::{Config, MODEL, programs, text};
 use runtime::exec::Init;
 use runtime::train::{TrainOptions, train_threads};
 
-#[test]
-fn op_times_account_for_the_steps_after_the_first() {
-    let set = programs(MODEL, &Config::new(1, 1, 2));
-    let opts = TrainOptions {
-        steps: 4,
+/// `steps` steps on `device`, each rank's time per instruction kind recorded.
+fn timed(steps: u64, device: runtime::train::Device) -> TrainOptions {
+    TrainOptions {
+        steps,
         seed: 7,
         init: Init::Seed(7),
         timeout: Duration::from_secs(60),
         checkpoint: None,
         reproducible: false,
         dp_comm: Default::default(),
-        device: Default::default(),
+        device,
         op_times: true,
-    };
+    }
+}
+
+#[test]
+fn op_times_account_for_the_steps_after_the_first() {
+    let set = programs(MODEL, &Config::new(1, 1, 2));
+    let opts = timed(4, runtime::train::Device::Cpu);
     let outs = train_threads(&set, &text(), &opts, &|_, _| {}).unwrap();
     for o in &outs {
         let t = o.op_times.as_ref().unwrap();
@@ -74,7 +79,7 @@ fn the_prediction_by_kind_names_the_kinds_the_runtime_times() {
     let plan = common::plan(MODEL, &config);
     let m = import::load_model(MODEL, 1, Some(plan.strategy.seq)).unwrap();
     let info = planner::ModelInfo::new(&m.graph).unwrap();
-    let predicted = planner::estimate::estimate_by_kind(
+    let predicted = planner::estimate::estimate_traced(
         &info,
         &plan.cluster,
         plan.gpus,
@@ -86,17 +91,7 @@ fn the_prediction_by_kind_names_the_kinds_the_runtime_times() {
     .stages[0]
         .kernel_s
         .clone();
-    let opts = TrainOptions {
-        steps: 2,
-        seed: 7,
-        init: Init::Seed(7),
-        timeout: Duration::from_secs(60),
-        checkpoint: None,
-        reproducible: false,
-        dp_comm: Default::default(),
-        device: Default::default(),
-        op_times: true,
-    };
+    let opts = timed(2, runtime::train::Device::Cpu);
     let set = common::programs(MODEL, &config);
     let outs = train_threads(&set, &text(), &opts, &|_, _| {}).unwrap();
     let measured = outs[0].op_times.as_ref().unwrap();
@@ -141,17 +136,7 @@ fn a_counting_device_s_launches_are_shared_out_by_kind() {
         ..Config::new(1, 1, 1)
     };
     let set = common::programs(MODEL, &config);
-    let opts = TrainOptions {
-        steps: 3,
-        seed: 7,
-        init: Init::Seed(7),
-        timeout: Duration::from_secs(60),
-        checkpoint: None,
-        reproducible: false,
-        dp_comm: Default::default(),
-        device: runtime::train::Device::Dry,
-        op_times: true,
-    };
+    let opts = timed(3, runtime::train::Device::Dry);
     let outs = train_threads(&set, &text(), &opts, &|_, _| {}).unwrap();
     let t = outs[0].op_times.as_ref().unwrap();
     let last = outs[0].launches_last_step.as_ref().unwrap();
