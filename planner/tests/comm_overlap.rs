@@ -3,7 +3,9 @@
 //! collectives on the rank's one thread, so a `cpu` cluster pays them in full.
 #![allow(clippy::unwrap_used)]
 
-use import::{Family, ModelSpec, build_forward};
+mod common;
+
+use import::build_forward;
 use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy, estimate};
 
 fn strategy(dp: u32, zero: u8) -> Strategy {
@@ -33,26 +35,7 @@ fn strategy(dp: u32, zero: u8) -> Strategy {
 
 #[test]
 fn only_gpu_clusters_hide_data_parallel_communication() {
-    let spec = ModelSpec {
-        name: "gpt-4x256".into(),
-        family: Family::Gpt2,
-        variant: Default::default(),
-        layers: 4,
-        hidden: 256,
-        heads: 8,
-        kv_heads: 8,
-        ffn: 1024,
-        vocab: 256,
-        max_positions: 128,
-        tied_embeddings: true,
-        norm_eps: 1e-5,
-        rope_theta: 10_000.0,
-        rope_scaling: ir::RopeScaling::None,
-        experts: 0,
-        experts_per_token: 0,
-        default_seq: 128,
-        dropout: 0.0,
-    };
+    let spec = common::small_gpt2();
     let g = build_forward(&spec, ir::DType::F32).unwrap();
     let info = ModelInfo::new(&g).unwrap();
     let cpu = Cluster::load("cpu").unwrap();

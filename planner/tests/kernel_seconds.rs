@@ -4,55 +4,23 @@
 //! runs it.
 #![allow(clippy::unwrap_used)]
 
-use import::{Family, ModelSpec, build_forward};
-use planner::estimate::{Pricing, estimate_traced};
-use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy};
+mod common;
 
-fn spec() -> ModelSpec {
-    ModelSpec {
-        name: "gpt-4x256".into(),
-        family: Family::Gpt2,
-        variant: Default::default(),
-        layers: 4,
-        hidden: 256,
-        heads: 8,
-        kv_heads: 8,
-        ffn: 1024,
-        vocab: 256,
-        max_positions: 128,
-        tied_embeddings: true,
-        norm_eps: 1e-5,
-        rope_theta: 10_000.0,
-        rope_scaling: ir::RopeScaling::None,
-        experts: 0,
-        experts_per_token: 0,
-        default_seq: 128,
-        dropout: 0.0,
-    }
+use import::build_forward;
+use planner::estimate::{Pricing, estimate_traced};
+use planner::{Cluster, ModelInfo, Recompute, Strategy};
+
+fn spec() -> import::ModelSpec {
+    common::small_gpt2()
 }
 
+/// `pp` stages of one GPU each, micro-batches of 1 sequence of 128 tokens, bf16.
 fn strategy(pp: u32, recompute: Recompute) -> Strategy {
     Strategy {
-        tp: 1,
         pp,
-        dp: 1,
-        micro_batch: 1,
-        global_batch: 4,
-        seq: 128,
-        zero: 0,
         recompute,
-        schedule: Schedule::OneFOneB,
-        virtual_stages: 1,
-        sequence_parallel: false,
-        precision: Precision::Bf16,
-        attention: Default::default(),
-        kernels: Default::default(),
-        cp: 1,
-        ep: 1,
-        engine: planner::engine::Engine::Megatron,
-        overlap: planner::engine::Overlap::LEGACY,
-        stage_layers: None,
-        dp_comm: Default::default(),
+        seq: 128,
+        ..common::tp_strategy(1, false, 1)
     }
 }
 

@@ -1,5 +1,8 @@
 //! Helpers shared by the planner's integration tests.
+// Each test uses some of them.
+#![allow(dead_code)]
 
+use import::{Family, ModelSpec};
 use planner::engine::{Engine, Overlap};
 use planner::{Precision, Recompute, Schedule, Strategy};
 
@@ -28,5 +31,29 @@ pub fn tp_strategy(tp: u32, sp: bool, micro_batch: u64) -> Strategy {
         overlap: Overlap::LEGACY,
         stage_layers: None,
         dp_comm: Default::default(),
+    }
+}
+
+/// A small GPT-2: 4 layers of 256 (8 heads), a 256-word vocabulary, 128 positions.
+pub fn small_gpt2() -> ModelSpec {
+    ModelSpec {
+        name: "gpt-4x256".into(),
+        family: Family::Gpt2,
+        variant: Default::default(),
+        layers: 4,
+        hidden: 256,
+        heads: 8,
+        kv_heads: 8,
+        ffn: 1024,
+        vocab: 256,
+        max_positions: 128,
+        tied_embeddings: true,
+        norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: ir::RopeScaling::None,
+        experts: 0,
+        experts_per_token: 0,
+        default_seq: 128,
+        dropout: 0.0,
     }
 }
