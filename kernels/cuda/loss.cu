@@ -55,6 +55,13 @@ extern "C" __global__ void mean_all(float* out, const float* x, i64 n) {
     if (threadIdx.x == 0) out[0] = (float)(s / (double)n);
 }
 
+// d logits[r, j] = g/N · (softmax(row) − onehot(target)) as f32, from the row's log-sum-exp
+// `lse` and its target `t` (< 0: a bad target, NaN); `scale` is g/N.
+__device__ __forceinline__ float cross_entropy_grad(float x, i64 j, double lse, i64 t, double scale) {
+    double p = (double)expf((float)((double)x - lse)) - (j == t ? 1.0 : 0.0);
+    return t < 0 ? NAN : (float)(p * scale);
+}
+
 // d logits = g/N · (softmax(row) − onehot(target)); `g` is the loss gradient (one element).
 // dlogits is dense ([N, V]).
 extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* logits, const float* targets,
@@ -72,9 +79,30 @@ extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* l
             for (int u = 0; u < ILP; ++u) {
                 i64 j = j0 + u * blockDim.x;
                 if (j >= v) continue;
-                double p = (double)expf((float)((double)x[u] - lse)) - (j == t ? 1.0 : 0.0);
-                dlogits[r * v + j] = t < 0 ? NAN : (float)(p * scale);
+                dlogits[r * v + j] = cross_entropy_grad(x[u], j, lse, t, scale);
             }
+        }
+    }
+}
+
+// The same gradient written as a bf16 GEMM's operand (`to_bf16`'s copy of it, which the LM
+// head's backward reads next): each value rounded to bf16, two to a word, each row
+// `out_pitch` (even, ≥ V) bf16 wide with zeros past V. The f32 gradient (twice the bytes,
+// written, then read again by `to_bf16`) is never made.
+extern "C" __global__ void cross_entropy_backward_words(float* dwords, const float* logits, const float* targets,
+                                                        const float* g, i64 n, i64 v, i64 pitch, i64 out_pitch) {
+    double scale = (double)g[0] / (double)n;
+    unsigned* words = (unsigned*)dwords;
+    i64 per_row = out_pitch / 2;
+    for (i64 r = blockIdx.x; r < n; r += gridDim.x) {
+        const float* row = logits + r * pitch;
+        double lse = row_log_sum_exp(row, v);
+        i64 t = target_index(targets[r], v);
+        for (i64 w = threadIdx.x; w < per_row; w += blockDim.x) {
+            i64 j = 2 * w;
+            float lo = j < v ? cross_entropy_grad(row[j], j, lse, t, scale) : 0.0f;
+            float hi = j + 1 < v ? cross_entropy_grad(row[j + 1], j + 1, lse, t, scale) : 0.0f;
+            words[r * per_row + w] = bf16_pair(lo, hi);
         }
     }
 }

@@ -525,6 +525,8 @@ fn an_lm_heads_logits_stay_at_their_gemms_padded_pitch_and_train_as_on_the_cpu()
     // words, which the GEMM writes at a padded pitch. The cross-entropy and its gradient read
     // the logits there (`runtime::exec::pitched`), so no copy makes them dense: the step's only
     // `unpad_rows` left is the LM head's weight gradient ([64, 251]), once per micro-batch.
+    // The loss's gradient is made as the bf16 operand the head's backward GEMMs read
+    // (`cross_entropy_backward_words`), never as f32 values converted after.
     // Training stays within 2e-2 of the f32 CPU run and falls.
     let c = Config {
         precision: planner::Precision::Bf16,
@@ -543,6 +545,12 @@ fn an_lm_heads_logits_stay_at_their_gemms_padded_pitch_and_train_as_on_the_cpu()
     );
     let heads = u64::from(set.mesh.micro_batches);
     assert_eq!(t.get("unpad_rows").launches, heads, "{t:?}");
+    assert_eq!(
+        t.get("cross_entropy_backward_words").launches,
+        heads,
+        "{t:?}"
+    );
+    assert_eq!(t.get("cross_entropy_backward").launches, 0, "{t:?}");
     assert!(diff < 2e-2, "{diff}");
     assert!(losses.last() < losses.first(), "the loss falls");
 }

@@ -374,8 +374,11 @@ pub trait Backend: std::fmt::Debug {
 
     /// `kind`'s result (one) held with its rows at a padded pitch, as a bf16 GEMM writes them
     /// where a row is not a whole number of 16-byte words (an LM head's logits over a
-    /// vocabulary of odd width), for a result every reader of which reads it so
-    /// ([`Backend::reads_pitched`]): no copy makes it dense. `None`: not made so here.
+    /// vocabulary of odd width), or held as the bf16 operand (rows padded the same way) that a
+    /// product's backward GEMMs read (the cross-entropy's gradient, which the LM head's
+    /// backward reads next), for a result every reader of which reads it so
+    /// ([`Backend::reads_pitched`]): no copy makes it dense, and the operand's f32 values are
+    /// never made. `None`: not made so here.
     fn forward_pitched(
         &self,
         kind: &OpKind,

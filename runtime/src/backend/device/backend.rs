@@ -79,7 +79,9 @@ pub struct DeviceBuffer<M> {
     /// GEMM's product written at its padded pitch (an LM head's logits over a vocabulary of odd
     /// width), which only kernels that take a pitch read as it lies (the cross-entropy's,
     /// `Backend::reads_pitched`); [`DeviceBackend::make_dense`] copies it out before anything
-    /// else reads it.
+    /// else reads it. With [`DeviceBuffer::f32_lazy`] the rows lie so in the twin instead, as
+    /// the bf16 words of a GEMM's operand alone ([`DeviceBackend::alloc_operand`]: the
+    /// cross-entropy's gradient, which only the LM head's backward GEMM reads).
     pub(crate) pitch: Option<usize>,
 }
 
@@ -144,13 +146,42 @@ fn dense_f32<M>(op: &'static str, x: &DeviceBuffer<M>) -> Result<(), RuntimeErro
 }
 
 /// An error where a buffer held at a pitch reaches an op that reads rows densely (all but the
-/// cross-entropy: the executor makes such a buffer dense before any other reader).
+/// cross-entropy, and a product's gradient reading its output gradient as the GEMM operand it
+/// is held as: the executor makes such a buffer dense before any other reader).
 fn refuse_pitched<M>(kind: &OpKind, inputs: &[&DeviceBuffer<M>]) -> Result<(), RuntimeError> {
     let of = match kind {
         OpKind::Grad { of, .. } => of,
         k => k,
     };
-    if matches!(of, OpKind::CrossEntropy) || inputs.iter().all(|x| x.pitch.is_none()) {
+    if matches!(of, OpKind::CrossEntropy) {
+        return Ok(());
+    }
+    // A `Grad` op's output gradient is its last operand.
+    let (dy, xs) = match (kind, inputs.split_last()) {
+        (OpKind::Grad { .. }, Some((dy, xs))) => (Some(*dy), xs),
+        _ => (None, inputs),
+    };
+    refuse_pitched_inputs(kind, xs)?;
+    dy.map_or(Ok(()), |dy| refuse_pitched_grads(of, &[dy]))
+}
+
+/// [`refuse_pitched`] for the output gradients `dys` of `of`'s backward: a product's may be
+/// held as its GEMM's operand ([`DeviceBackend::alloc_operand`]).
+fn refuse_pitched_grads<M>(of: &OpKind, dys: &[&DeviceBuffer<M>]) -> Result<(), RuntimeError> {
+    let product = matches!(of, OpKind::Linear { .. } | OpKind::MatMul);
+    let operands: Vec<&DeviceBuffer<M>> = dys
+        .iter()
+        .copied()
+        .filter(|x| !(product && x.f32_lazy && x.pitch.is_some()))
+        .collect();
+    refuse_pitched_inputs(of, &operands)
+}
+
+fn refuse_pitched_inputs<M>(
+    kind: &OpKind,
+    inputs: &[&DeviceBuffer<M>],
+) -> Result<(), RuntimeError> {
+    if inputs.iter().all(|x| x.pitch.is_none()) {
         return Ok(());
     }
     Err(RuntimeError::DeviceLaunch {
@@ -323,6 +354,31 @@ impl<D: Device> DeviceBackend<D> {
         })
     }
 
+    /// A buffer of `shape` held as a bf16 GEMM's operand alone ([`DeviceBuffer::pitch`] with
+    /// [`DeviceBuffer::f32_lazy`]): its twin holds the rows (of the last dim) as bf16 words
+    /// `pitch` elements apart, as `to_bf16` copies an operand ([`bf16_gemm::copy_layout`]),
+    /// values unwritten; no f32 memory. Only a product's gradient reads it so
+    /// (`ops::reads_pitched`); [`DeviceBackend::make_dense`] expands it for anything else.
+    pub(crate) fn alloc_operand(
+        &self,
+        shape: &[usize],
+        pitch: usize,
+    ) -> Result<DeviceBuffer<D::Mem>, RuntimeError> {
+        let len = element_count(shape)?;
+        let cols = shape.last().copied().unwrap_or(1).max(1);
+        let words = element_count(&[len / cols, pitch])?.div_ceil(2);
+        let words = self.device.alloc(words.max(1))?;
+        let mut x = self.words_only(shape, words)?;
+        x.bf16_exact = false;
+        x.pitch = Some(pitch);
+        Ok(x)
+    }
+
+    /// Whether `x` is held as a bf16 GEMM's operand alone ([`DeviceBackend::alloc_operand`]).
+    pub(crate) fn is_operand(x: &DeviceBuffer<D::Mem>) -> bool {
+        x.f32_lazy && x.pitch.is_some()
+    }
+
     /// `x`'s rows copied out densely (`unpad_rows`) into new memory, where `x` holds them at a
     /// pitch; `None` where it is dense already.
     pub(crate) fn dense_copy(
@@ -334,35 +390,85 @@ impl<D: Device> DeviceBackend<D> {
         };
         let cols = x.shape.last().copied().unwrap_or(1).max(1);
         let rows = x.len / cols;
-        let mut dense = self.device.alloc(x.len.max(1))?;
-        let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
+        // An operand held as its words alone: expanded at its pitch first (`from_bf16`).
+        let wide = if Self::is_operand(x) {
+            Some(self.expanded_at_pitch(x, rows * pitch)?)
+        } else {
+            None
+        };
+        let dense = self.device.alloc(x.len.max(1));
+        let launched = dense.and_then(|mut dense| {
+            let i = |n: usize| KernelArg::I64(i64::try_from(n).unwrap_or(i64::MAX));
+            let launched = self.device.launch(
+                "unpad_rows",
+                ops::row_grid(rows),
+                self.device.block_size(),
+                &mut [
+                    KernelArg::Out(&mut dense),
+                    KernelArg::In(wide.as_ref().unwrap_or(&x.mem)),
+                    i(rows),
+                    i(cols),
+                    i(pitch),
+                    i(0),
+                ],
+            );
+            match launched {
+                Ok(()) => Ok(dense),
+                Err(e) => {
+                    self.device.release(dense);
+                    Err(e)
+                }
+            }
+        });
+        if let Some(w) = wide {
+            self.device.release(w);
+        }
+        launched.map(Some)
+    }
+
+    /// The f32 values (`len` of them, at the buffer's pitch) of operand-form `x`'s words.
+    fn expanded_at_pitch(
+        &self,
+        x: &DeviceBuffer<D::Mem>,
+        len: usize,
+    ) -> Result<D::Mem, RuntimeError> {
+        let words = x.bf16.get().ok_or_else(|| RuntimeError::DeviceLaunch {
+            kernel: "from_bf16",
+            message: "an operand held as words alone has no words".into(),
+        })?;
+        let mut wide = self.device.alloc(len.max(1))?;
+        let block = self.device.block_size();
         let launched = self.device.launch(
-            "unpad_rows",
-            ops::row_grid(rows),
-            self.device.block_size(),
+            "from_bf16",
+            ops::stream_grid(block, len.div_ceil(2)),
+            block,
             &mut [
-                KernelArg::Out(&mut dense),
-                KernelArg::In(&x.mem),
-                i(rows),
-                i(cols),
-                i(pitch),
-                i(0),
+                KernelArg::Out(&mut wide),
+                KernelArg::In(words),
+                KernelArg::I64(i64::try_from(len).unwrap_or(i64::MAX)),
             ],
         );
         match launched {
-            Ok(()) => Ok(Some(dense)),
+            Ok(()) => Ok(wide),
             Err(e) => {
-                self.device.release(dense);
+                self.device.release(wide);
                 Err(e)
             }
         }
     }
 
-    /// Holds `x`'s rows densely, where it held them at a pitch ([`DeviceBuffer::pitch`]).
+    /// Makes `x` dense where it is held at a pitch (as f32, or as an operand's words alone:
+    /// its padded words then go).
     pub(crate) fn make_dense(&self, x: &mut DeviceBuffer<D::Mem>) -> Result<(), RuntimeError> {
         if let Some(dense) = self.dense_copy(x)? {
             self.device.release(std::mem::replace(&mut x.mem, dense));
             x.pitch = None;
+            if x.f32_lazy {
+                x.f32_lazy = false;
+                if let Some(words) = x.bf16.take() {
+                    self.device.release(words);
+                }
+            }
         }
         Ok(())
     }
@@ -692,7 +798,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
         dys: &[&Self::Buffer],
     ) -> Result<Vec<Option<Self::Buffer>>, RuntimeError> {
         refuse_pitched(kind, xs)?;
-        refuse_pitched(kind, dys)?;
+        refuse_pitched_grads(kind, dys)?;
         if let Some(grads) = ops::backward(self, kind, xs, dys)? {
             return Ok(grads);
         }
@@ -872,7 +978,7 @@ impl<D: Device> Backend for DeviceBackend<D> {
     }
 
     fn reads_pitched(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
-        ops::reads_pitched(kind, shapes, operand)
+        ops::reads_pitched(self, kind, shapes, operand)
     }
 
     /// The f32 expansion, with the words kept as its twin: a GEMM that reads it next (a

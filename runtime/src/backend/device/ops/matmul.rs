@@ -216,6 +216,36 @@ pub(crate) fn reads_only_bf16_twin<D: Device>(
     }
 }
 
+/// Whether op `kind` on inputs of `shapes` reads input `operand` as the bf16 GEMM operand it
+/// may be held as ([`DeviceBackend::alloc_operand`]; `Backend::reads_pitched`): the output
+/// gradient of a bias-free bf16 product of one matrix, which both its GEMMs read as that copy
+/// (a bias's gradient would sum it in f32).
+pub(super) fn reads_operand_form(
+    precision: GemmPrecision,
+    kind: &OpKind,
+    shapes: &[&[usize]],
+    operand: usize,
+) -> bool {
+    let OpKind::Grad { of, .. } = kind else {
+        return false;
+    };
+    let Some((dy, xs)) = shapes.split_last() else {
+        return false;
+    };
+    operand + 1 == shapes.len()
+        && precision == GemmPrecision::Bf16
+        && matches!(**of, OpKind::MatMul | OpKind::Linear { bias: false })
+        && product_of_shapes(of, xs).is_some_and(|p| {
+            operand_form_fits(&p, false) && *dy == out_shape(xs[0], p.n).as_slice()
+        })
+}
+
+/// Whether product `p` (biased or not), run as bf16 GEMMs, reads its output gradient as an
+/// operand-form buffer: one matrix, no bias.
+fn operand_form_fits(p: &Product, biased: bool) -> bool {
+    p.batch == 1 && !biased && !empty(p)
+}
+
 /// [`operands`]' product from shapes alone: `None` where the lowering would refuse them.
 fn product_of_shapes(kind: &OpKind, shapes: &[&[usize]]) -> Option<Product> {
     let (x, w, bias) = match (kind, shapes) {
@@ -412,12 +442,24 @@ pub(super) fn backward<D: Device>(
         return Ok(None);
     }
     let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
-    // Both products read g ([m, n]): as its twin where it has one (made as words), else a bf16
-    // plan's converts it once for the two.
-    let twin = g
-        .bf16
-        .get()
-        .filter(|_| p.precision == GemmPrecision::Bf16 && g_twin_fits(&p) && !empty(&p));
+    // Both products read g ([m, n]): as the operand it is held as (the cross-entropy's
+    // gradient), as its twin where it has one (made as words), else a bf16 plan's converts it
+    // once for the two.
+    let operand_form = DeviceBackend::<D>::is_operand(g);
+    let bf16 = p.precision == GemmPrecision::Bf16;
+    if operand_form && !(bf16 && operand_form_fits(&p, bias.is_some())) {
+        return Err(RuntimeError::DeviceLaunch {
+            kernel: "gemm",
+            message: format!(
+                "a product's output gradient held as a bf16 GEMM operand reached a product that \
+                 does not read it so ({p:?}, biased: {})",
+                bias.is_some()
+            ),
+        });
+    }
+    let twin = g.bf16.get().filter(|_| {
+        operand_form || (p.precision == GemmPrecision::Bf16 && g_twin_fits(&p) && !empty(&p))
+    });
     let g16 = if twin.is_none()
         && p.precision == GemmPrecision::Bf16
         && p.batch == 1

@@ -25,11 +25,9 @@ pub(super) use attention::{
     backward_kept as attention_backward_kept, forward_keeping as attention_forward_keeping,
 };
 pub(super) use context::run as context_op;
-pub(super) use matmul::forward_pitched;
 pub(super) use optim::{adamw, adamw_copy};
 pub(super) use pointwise::forward_biased;
 pub(super) use pointwise::forward_twin as forward_with_twin;
-pub(super) use rows::reads_pitched;
 pub(super) use vocab::run as vocab_shard;
 pub(super) use words::forward as forward_words;
 
@@ -261,6 +259,36 @@ pub(super) fn expand_twin<D: Device>(
         b.device.release(twin);
     }
     expanded
+}
+
+/// `kind`'s result held at a pitch ([`DeviceBuffer::pitch`]): a bias-free bf16 product's at
+/// the padded pitch its GEMM writes, or the cross-entropy's gradient as the bf16 operand the
+/// LM head's backward GEMM reads ([`rows::cross_entropy_backward_operand`]). `None`: not
+/// here.
+pub(super) fn forward_pitched<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    inputs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    match kind {
+        OpKind::Grad { of, wrt } if matches!(**of, OpKind::CrossEntropy) && wrt == &[0] => {
+            rows::cross_entropy_backward_operand(b, inputs)
+        }
+        _ => matmul::forward_pitched(b, kind, inputs),
+    }
+}
+
+/// Whether `kind` on inputs of `shapes` reads `operand` where it lies when held at a pitch
+/// ([`forward_pitched`]'s results): the cross-entropy's logits, and a bias-free product's
+/// output gradient that its bf16 GEMMs read as their operand.
+pub(super) fn reads_pitched<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    shapes: &[&[usize]],
+    operand: usize,
+) -> bool {
+    rows::reads_pitched(kind, shapes, operand)
+        || matmul::reads_operand_form(b.gemm_precision, kind, shapes, operand)
 }
 
 /// An operand with its weight and optional bias (a linear's, a norm's γ and β).
@@ -615,7 +643,7 @@ fn pointwise_grid(block: u32, n: usize) -> u32 {
 
 /// Blocks for a grid-stride kernel that keeps `ILP` loads in flight per thread
 /// (`common.cuh`) over `n` elements.
-fn stream_grid(block: u32, n: usize) -> u32 {
+pub(super) fn stream_grid(block: u32, n: usize) -> u32 {
     n.div_ceil(block as usize * kernels::device::ILP)
         .clamp(1, MAX_GRID) as u32
 }

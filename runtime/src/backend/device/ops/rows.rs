@@ -5,7 +5,7 @@ use ir::OpKind;
 
 use super::{Buf, Weighted, pointwise_grid, row_grid, size};
 use crate::RuntimeError;
-use crate::backend::device::{Device, DeviceBackend, KernelArg};
+use crate::backend::device::{Device, DeviceBackend, GemmPrecision, KernelArg, bf16_gemm};
 
 /// `(rows, h)` of a tensor over its last axis, if it has one and it is not empty.
 fn rows_of(shape: &[usize]) -> Option<(usize, usize)> {
@@ -408,6 +408,52 @@ pub(super) fn cross_entropy_backward<D: Device>(
             size(n),
             size(v),
             size(logits.pitch.unwrap_or(v)),
+        ],
+    )?;
+    Ok(Some(dl))
+}
+
+/// The cross-entropy's gradient made as the bf16 operand the LM head's backward GEMM reads
+/// (`to_bf16`'s copy: rows padded to a multiple of 8 columns with zeros,
+/// [`bf16_gemm::copy_layout`]) and nothing else: held at that pitch as words alone
+/// ([`DeviceBackend::alloc_operand`]), each value the f32 gradient rounded once to nearest
+/// even, as `to_bf16` would round it. `None` outside a bf16 plan (no GEMM reads bf16) or
+/// where the shapes are not the loss's.
+pub(in crate::backend::device) fn cross_entropy_backward_operand<D: Device>(
+    b: &DeviceBackend<D>,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let &[logits, targets, g] = xs else {
+        return Ok(None);
+    };
+    let Some((n, v)) = loss_dims::<D>(logits, targets) else {
+        return Ok(None);
+    };
+    if !g.shape.is_empty() || b.gemm_precision != GemmPrecision::Bf16 || logits.f32_lazy {
+        return Ok(None);
+    }
+    let (op, _) = bf16_gemm::copy_layout(1, (n, v), n * v);
+    let mut dl = b.alloc_operand(&logits.shape, op.pitch)?;
+    let words = dl
+        .bf16
+        .get_mut()
+        .ok_or_else(|| RuntimeError::DeviceLaunch {
+            kernel: "cross_entropy_backward_words",
+            message: "an operand-form buffer without its words".into(),
+        })?;
+    b.device.launch(
+        "cross_entropy_backward_words",
+        row_grid(n),
+        b.device.block_size(),
+        &mut [
+            KernelArg::Out(words),
+            KernelArg::In(&logits.mem),
+            KernelArg::In(&targets.mem),
+            KernelArg::In(&g.mem),
+            size(n),
+            size(v),
+            size(logits.pitch.unwrap_or(v)),
+            size(op.pitch),
         ],
     )?;
     Ok(Some(dl))
