@@ -79,6 +79,13 @@ pub trait Backend: std::fmt::Debug {
     /// The buffer's shape.
     fn shape<'b>(&self, buffer: &'b Self::Buffer) -> &'b [usize];
 
+    /// Whether the buffer holds its values as bf16 words alone, in half the bytes of its f32
+    /// values (made as words, or as a GEMM's bf16 operand: [`Backend::forward_pitched`]).
+    fn holds_words_alone(&self, buffer: &Self::Buffer) -> bool {
+        let _ = buffer;
+        false
+    }
+
     /// Copies a host tensor into a new buffer.
     fn upload(&self, host: &Tensor32) -> Result<Self::Buffer, RuntimeError>;
 

@@ -720,7 +720,10 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             let t = buf.as_ref().or(stashed.as_ref())?;
             let role = &self.tpl.buffers.get(i)?.role;
             let elems: usize = self.backend.shape(t).iter().product();
-            let words = buf.is_some() && self.words_only.get(i).copied().unwrap_or(false);
+            let words = buf.as_ref().is_some_and(|b| {
+                self.words_only.get(i).copied().unwrap_or(false)
+                    || self.backend.holds_words_alone(b)
+            });
             let bytes = if words {
                 crate::backend::pool::rounded(4 * elems.div_ceil(2))
             } else {

@@ -594,6 +594,10 @@ impl<D: Device> Backend for DeviceBackend<D> {
         &buffer.shape
     }
 
+    fn holds_words_alone(&self, buffer: &Self::Buffer) -> bool {
+        buffer.f32_lazy
+    }
+
     fn upload(&self, host: &Tensor32) -> Result<Self::Buffer, RuntimeError> {
         let mut buf = self.alloc(&host.shape)?;
         if host.data.len() != buf.len {
