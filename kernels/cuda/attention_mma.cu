@@ -82,6 +82,34 @@ __device__ MmaHead mma_head(const float* x, i64 b, i64 h, i64 heads, i64 n) {
     return head;
 }
 
+// Operand x (q, k or v) of `heads` heads at head `h` of batch entry `b`, `n` rows, as the
+// shape lays it out: rows `ld` elements apart (0: dense, heads·D), its columns from `off`
+// (both multiples of 8, so that rows stay whole 16-byte words).
+template <int D>
+__device__ MmaHead mma_operand(const float* x, i64 b, i64 h, i64 heads, i64 n, i64 ld, i64 off) {
+    i64 row = ld != 0 ? ld : heads * D;
+    MmaHead head;
+    head.base = (const unsigned*)x + (b * n * row + off + h * D) / 2;
+    head.stride = row / 2;
+    head.rows = n;
+    return head;
+}
+
+template <int D>
+__device__ MmaHead mma_q(const float* q, const Attention& a, i64 b, i64 h) {
+    return mma_operand<D>(q, b, h, a.heads, a.sq, a.ld_q, a.off_q);
+}
+
+template <int D>
+__device__ MmaHead mma_k(const float* k, const Attention& a, i64 b, i64 g) {
+    return mma_operand<D>(k, b, g, a.kv, a.sk, a.ld_k, a.off_k);
+}
+
+template <int D>
+__device__ MmaHead mma_v(const float* v, const Attention& a, i64 b, i64 g) {
+    return mma_operand<D>(v, b, g, a.kv, a.sk, a.ld_v, a.off_v);
+}
+
 // d += a · b on the tensor cores (one warp, 16×8×16, bf16 operands, f32 accumulators).
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
 #if MMA_PTX
@@ -365,7 +393,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
         i64 rows[2] = {w0 + l.group, w0 + l.group + 8};
         i64 vis[2] = {mma_visible(a, qpos, rows[0]), mma_visible(a, qpos, rows[1])};
         unsigned qa[D / 16][4];
-        mma_load_a<D>(qa, mma_head<D>(qp, x.b, x.h, a.heads, a.sq), w0, l);
+        mma_load_a<D>(qa, mma_q<D>(qp, a, x.b, x.h), w0, l);
         float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
         float acc[D / 8][4];
 #pragma unroll
@@ -373,7 +401,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
         i64 keys = mma_block_keys(a, qpos, x.q0);
-        MmaHead kh = mma_head<D>(kp, x.b, x.g, a.kv, a.sk), vh = mma_head<D>(vp, x.b, x.g, a.kv, a.sk);
+        MmaHead kh = mma_k<D>(kp, a, x.b, x.g), vh = mma_v<D>(vp, a, x.b, x.g);
         const int words = TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
         if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kh, vh, 0, TILE);
@@ -520,7 +548,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
             row_d[r] = rows[r] < a.sq ? dsum[at] : 0.0f;
         }
         unsigned qa[D / 16][4], ga[D / 16][4];
-        mma_load_a<D>(qa, mma_head<D>(qp, x.b, x.h, a.heads, a.sq), w0, l);
+        mma_load_a<D>(qa, mma_q<D>(qp, a, x.b, x.h), w0, l);
         mma_load_a<D>(ga, mma_head<D>(gp, x.b, x.h, a.heads, a.sq), w0, l);
         float acc[D / 8][4];
 #pragma unroll
@@ -528,7 +556,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
         i64 keys = mma_block_keys(a, qpos, x.q0);
-        MmaHead kh = mma_head<D>(kp, x.b, x.g, a.kv, a.sk), vh = mma_head<D>(vp, x.b, x.g, a.kv, a.sk);
+        MmaHead kh = mma_k<D>(kp, a, x.b, x.g), vh = mma_v<D>(vp, a, x.b, x.g);
         const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
         if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kh, vh, 0, MMA_BWD_TILE);
@@ -578,7 +606,7 @@ __device__ void mma_query_tile(const MmaBackwardTiles& w, int buf, const float* 
                                const float* lse, const float* dsum, i64 b, i64 h, i64 i0, const Attention& a) {
     const int words = MMA_DKV_TILE(D) * MMA_ROW_WORDS(D);
     i64 bh = b * a.heads + h, sq = a.sq;
-    mma_tile_rows<D>(w.rows + buf * words, mma_head<D>(qp, b, h, a.heads, sq), i0, MMA_DKV_TILE(D));
+    mma_tile_rows<D>(w.rows + buf * words, mma_q<D>(qp, a, b, h), i0, MMA_DKV_TILE(D));
     mma_tile_rows<D>(w.rows2 + buf * words, mma_head<D>(gp, b, h, a.heads, sq), i0, MMA_DKV_TILE(D));
     for (int i = threadIdx.x; i < MMA_DKV_TILE(D); i += blockDim.x) {
         bool in = i0 + i < sq;
@@ -604,8 +632,8 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
         i64 w0 = k0 + l.warp * MMA_WARP_ROWS;
         i64 keys[2] = {w0 + l.group, w0 + l.group + 8};
         unsigned ka[D / 16][4], va[D / 16][4];
-        mma_load_a<D>(ka, mma_head<D>(kp, b, g, a.kv, a.sk), w0, l);
-        mma_load_a<D>(va, mma_head<D>(vp, b, g, a.kv, a.sk), w0, l);
+        mma_load_a<D>(ka, mma_k<D>(kp, a, b, g), w0, l);
+        mma_load_a<D>(va, mma_v<D>(vp, a, b, g), w0, l);
         float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)

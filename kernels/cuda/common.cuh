@@ -206,5 +206,10 @@ struct Attention {
     i64 batch, sq, sk, heads, kv, d, dv;
     double scale;
     double softcap;
+    // The tensor-core kernels' q, k and v rows (`attention_mma.cu`, `mma_operand`): elements
+    // from one token's row to the next (0: dense, heads·d or kv·d wide), and where in the row
+    // each operand's columns start: q, k and v read in place as column blocks of one fused
+    // projection's output [batch, n, q + k + v], with no split copying them out.
+    i64 ld_q, ld_k, ld_v, off_q, off_k, off_v;
     int causal;
 };

@@ -218,7 +218,38 @@ pub struct AttentionShape {
     pub scale: f64,
     /// 0: no soft cap.
     pub softcap: f64,
+    /// The tensor-core kernels' q, k and v layouts ([`AttentionShape::packed`]): elements
+    /// from one token's row to the next (0: dense), and the column each operand starts at.
+    pub ld_q: i64,
+    pub ld_k: i64,
+    pub ld_v: i64,
+    pub off_q: i64,
+    pub off_k: i64,
+    pub off_v: i64,
     pub causal: i32,
+}
+
+impl AttentionShape {
+    /// The same attention reading q, k and v as column blocks of one buffer of rows
+    /// `q + k + v` wide (a fused projection's output), in that order: as the tensor-core
+    /// kernels take it (`attention_mma.cu`'s `mma_operand`), with no split copying them out.
+    /// `None` unless every row and offset is a whole number of 16-byte words (8 bf16).
+    pub fn packed(self) -> Option<AttentionShape> {
+        let (q, k, v) = (self.heads * self.d, self.kv * self.d, self.kv * self.dv);
+        let row = q + k + v;
+        [q, k, v]
+            .iter()
+            .all(|w| w % 8 == 0)
+            .then_some(AttentionShape {
+                ld_q: row,
+                ld_k: row,
+                ld_v: row,
+                off_q: 0,
+                off_k: q,
+                off_v: q + k,
+                ..self
+            })
+    }
 }
 
 /// The widest head `attention.cu` handles (`PLAIT_MAX_HEAD_DIM`).

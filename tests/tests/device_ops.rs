@@ -188,6 +188,16 @@ fn host_bits(b: &DeviceBackend<Emulator>, x: &runtime::DeviceBuffer<Vec<f32>>) -
         .collect()
 }
 
+/// How many elements of `x` and `y` differ in their bits (every element, where their shapes do).
+fn differing(x: &[Vec<u32>], y: &[Vec<u32>]) -> usize {
+    let flat = |v: &[Vec<u32>]| v.concat();
+    let (x, y) = (flat(x), flat(y));
+    if x.len() != y.len() {
+        return x.len().max(y.len());
+    }
+    x.iter().zip(&y).filter(|(a, b)| a != b).count()
+}
+
 /// Each buffer's values as bit patterns, to compare two runs bit for bit.
 fn bits(b: &DeviceBackend<Emulator>, bufs: &[runtime::DeviceBuffer<Vec<f32>>]) -> Vec<Vec<u32>> {
     bufs.iter().map(|x| host_bits(b, x)).collect()
@@ -1703,6 +1713,73 @@ fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
         .forward(&OpKind::MatMul, &[&bad, &bad], BINDING)
         .unwrap_err();
     assert!(err.to_string().contains("matmul"), "{err}");
+}
+
+/// q, k and v read as the column blocks of one fused projection's output (`[q | k | v]`, no
+/// split made): the kept forward's output and statistics, and the kept backward's gradients,
+/// equal bit for bit those of the same attention on q, k and v apart, with grouped heads and
+/// a sequence that ends inside a tile. Heads the tensor-core kernels are not built for are
+/// refused.
+#[test]
+fn tensor_core_attention_reads_q_k_and_v_in_place_in_their_projections_output() {
+    let b = tests::emulator::emulator_mma(64);
+    for (heads, kv, d, n) in [(4usize, 2usize, 64usize, 70usize), (2, 2, 32, 40)] {
+        let (attention, _) = causal_attention(heads as u64, kv as u64);
+        let widths = [heads * d, kv * d, kv * d];
+        let packed = tensor(&[2, n, widths.iter().sum()], 64);
+        let part = |i: usize| {
+            let (from, w) = (widths[..i].iter().sum::<usize>(), widths[i]);
+            let rows = packed.data.chunks(packed.shape[2]);
+            let data = rows.flat_map(|r| r[from..from + w].to_vec()).collect();
+            Tensor32::new(vec![2, n, w], data).unwrap()
+        };
+        let apart: Vec<_> = (0..3).map(|i| b.upload(&part(i)).unwrap()).collect();
+        let xs = [&apart[0], &apart[1], &apart[2]];
+        let qkv = b.upload(&packed).unwrap();
+        let shapes: Vec<Vec<usize>> = widths.iter().map(|&w| vec![2, n, w]).collect();
+        let parts = [&shapes[0][..], &shapes[1][..], &shapes[2][..]];
+        assert!(b.reads_packed_qkv(&attention, parts), "heads {heads} d {d}");
+        let want = b
+            .attention_forward_keeping(&attention, &xs, false)
+            .unwrap()
+            .expect("kept");
+        let got = b
+            .attention_forward_keeping_packed(&attention, &qkv, parts, false)
+            .unwrap()
+            .expect("kept, packed");
+        let same = |x: Vec<Vec<u32>>, y: Vec<Vec<u32>>| {
+            assert_eq!(differing(&x, &y), 0, "heads {heads} d {d}");
+        };
+        same(
+            vec![host_bits(&b, &got.out)],
+            vec![host_bits(&b, &want.out)],
+        );
+        same(
+            vec![host_bits(&b, &got.stats)],
+            vec![host_bits(&b, &want.stats)],
+        );
+        let dy = b.upload(&tensor(&[2, n, heads * d], 65)).unwrap();
+        let kept = [&dy, &want.out, &want.stats];
+        let want = b
+            .attention_backward_kept(&attention, &xs, kept, false)
+            .unwrap()
+            .expect("kept backward");
+        let got = b
+            .attention_backward_kept_packed(&attention, &qkv, parts, kept, false)
+            .unwrap()
+            .expect("kept backward, packed");
+        same(bits(&b, &got.grads), bits(&b, &want.grads));
+    }
+    let (attention, _) = causal_attention(2, 2);
+    let odd = [
+        &[2, 8, 2 * 36][..],
+        &[2, 8, 2 * 36][..],
+        &[2, 8, 2 * 36][..],
+    ];
+    assert!(
+        !b.reads_packed_qkv(&attention, odd),
+        "36-wide heads: no MMA kernels"
+    );
 }
 
 /// The tensor-core attention's forward keeps each query row's log-sum-exp (FlashAttention-2):

@@ -120,13 +120,22 @@ impl Device for DryDevice {
         _: u32,
         args: &mut [KernelArg<'_, Self::Mem>],
     ) -> Result<(), RuntimeError> {
+        // A buffer handed twice (q, k and v as the column blocks of one) counts once.
+        let mut seen: Vec<*const DryMem> = Vec::new();
         let bytes = args
             .iter()
-            .map(|a| match a {
-                KernelArg::Out(m) => m.bytes(),
-                KernelArg::In(m) => m.bytes(),
-                _ => 0,
+            .filter_map(|a| match a {
+                KernelArg::Out(m) => Some(&**m),
+                KernelArg::In(m) => Some(*m),
+                _ => None,
             })
+            .filter(|m| {
+                let at: *const DryMem = *m;
+                let new = !seen.contains(&at);
+                seen.push(at);
+                new
+            })
+            .map(DryMem::bytes)
             .sum();
         self.count(kernel, bytes);
         Ok(())

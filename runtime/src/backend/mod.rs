@@ -448,6 +448,44 @@ pub trait Backend: std::fmt::Debug {
         Ok(None)
     }
 
+    /// Whether attention `kind` reads q, k and v of shapes `parts` as the column blocks of one
+    /// buffer, `[q | k | v]` along the last axis (a fused projection's output, which the
+    /// executor then never splits: [`crate::exec`]'s `packed`), in
+    /// [`Backend::attention_forward_keeping_packed`] and
+    /// [`Backend::attention_backward_kept_packed`].
+    fn reads_packed_qkv(&self, kind: &OpKind, parts: [&[usize]; 3]) -> bool {
+        let _ = (kind, parts);
+        false
+    }
+
+    /// [`Backend::attention_forward_keeping`] with q, k and v the column blocks of `qkv`, of
+    /// shapes `parts` ([`Backend::reads_packed_qkv`]). `None` where this backend cannot.
+    fn attention_forward_keeping_packed(
+        &self,
+        kind: &OpKind,
+        qkv: &Self::Buffer,
+        parts: [&[usize]; 3],
+        as_words: bool,
+    ) -> Result<Option<KeptForward<Self::Buffer>>, RuntimeError> {
+        let _ = (kind, qkv, parts, as_words);
+        Ok(None)
+    }
+
+    /// [`Backend::attention_backward_kept`] with q, k and v the column blocks of `qkv`, of
+    /// shapes `parts`; the gradients come apart (`[dq, dk, dv]`). `None` where this backend
+    /// cannot.
+    fn attention_backward_kept_packed(
+        &self,
+        kind: &OpKind,
+        qkv: &Self::Buffer,
+        parts: [&[usize]; 3],
+        kept: [&Self::Buffer; 3],
+        as_words: bool,
+    ) -> Result<Option<KeptBackward<Self::Buffer>>, RuntimeError> {
+        let _ = (kind, qkv, parts, kept, as_words);
+        Ok(None)
+    }
+
     /// Whether this backend's op `kind`, on inputs of `shapes`, reads input `operand` only as
     /// the bf16 words a stash holds (a bf16 GEMM's operand), never as f32: the executor then
     /// brings such a buffer back from the stash without expanding it

@@ -36,6 +36,7 @@ mod moves;
 pub mod on_device;
 pub mod op_times;
 pub mod p2p;
+mod packed;
 pub mod peak;
 mod pitched;
 pub mod stash;
@@ -135,6 +136,10 @@ pub struct Executor<'s, B: Backend, C: Communicator> {
     words_only: Vec<bool>,
     /// Attention forwards that keep their row statistics for their gradients ([`kept`]).
     kept_plan: kept::KeptPlan,
+    /// The splits whose results attention reads in place ([`packed`]), and what is held for
+    /// them now.
+    packed_plan: packed::PackedPlan,
+    packed: packed::Held<B::Buffer>,
     /// The statistics kept now, and the outputs held for their gradients.
     kept: kept::Kept<B::Buffer>,
     /// The step instruction that raised the device allocator's high-water mark last.
@@ -238,6 +243,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             step_adds: moves::moving_adds(tpl),
             stash_plan: stash::plan(tpl),
             kept_plan: kept::plan(tpl),
+            packed_plan: packed::PackedPlan::default(),
+            packed: packed::Held::new(tpl.buffers.len()),
             kept: kept::Kept::default(),
             stash_off: false,
             stashed: (0..tpl.buffers.len()).map(|_| None).collect(),
@@ -265,6 +272,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         exec.step_twins = exec.twin_results();
         exec.step_pitched = exec.pitched_results();
         exec.step_bias_sums = exec.bias_sums();
+        exec.packed_plan = packed::plan(tpl, &exec.kept_plan, |kind, parts| {
+            exec.backend.reads_packed_qkv(kind, parts)
+        });
         Ok(exec)
     }
 
@@ -356,7 +366,8 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             // A move hands its source on as it is held (as words alone too): nothing expands it.
             let moved = zero_add.map(|(src, _)| src);
             let back = self
-                .expand_words_for(ins, r, moved)
+                .unpack_for(k, r)
+                .and_then(|()| self.expand_words_for(ins, r, moved))
                 .and_then(|()| self.make_dense_for(ins, r))
                 .and_then(|()| self.unstash(expand, Some(ins)));
             // The copy the update before it already wrote ([`adamw_copy`]).
@@ -441,7 +452,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         self.step_reads = reads;
         self.keep_stash_plan(stash_plan);
         self.unstash_all()?;
-        for t in self.kept.drain() {
+        for t in self.kept.drain().into_iter().chain(self.packed.drain()) {
             self.backend.free(t);
         }
         self.expand_all_words()?;
@@ -716,11 +727,18 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     /// class of their role ([`peak::role_class`]).
     fn live_by_class(&self) -> Vec<(&'static str, u64)> {
         let held = self.bufs.iter().zip(&self.stashed).enumerate();
+        let packed = self
+            .packed
+            .iter()
+            .map(|(b, t)| (b.index(), (Some(t), None)));
+        let held = held
+            .map(|(i, (b, s))| (i, (b.as_ref(), s.as_ref())))
+            .chain(packed);
         peak::by_class(held.filter_map(|(i, (buf, stashed))| {
-            let t = buf.as_ref().or(stashed.as_ref())?;
+            let t = buf.or(stashed)?;
             let role = &self.tpl.buffers.get(i)?.role;
             let elems: usize = self.backend.shape(t).iter().product();
-            let words = buf.as_ref().is_some_and(|b| {
+            let words = buf.is_some_and(|b| {
                 self.words_only.get(i).copied().unwrap_or(false)
                     || self.backend.holds_words_alone(b)
             });
@@ -829,6 +847,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                     && let Some(b) = self.kept.free(*buf, b)
                 {
                     self.backend.free(b);
+                }
+                if let Some(qkv) = self.packed.free(*buf) {
+                    self.backend.free(qkv);
                 }
             }
             Instr::Task { micro_batch, .. } => self.micro_batch = *micro_batch,
@@ -1127,8 +1148,10 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     /// its twin ([`twins`]); `false` where none applies
     /// (it runs as usual).
     fn run_fused(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
-        Ok(self.run_bias_sum(k, ins)?
+        Ok(self.run_packed_split(k)?
+            || self.run_bias_sum(k, ins)?
             || self.run_kept(k, ins)?
+            || self.unpack_reads(ins)?
             || self.run_words(k, ins)?
             || self.run_some_words(k, ins)?
             || self.run_pitched(k, ins)?
@@ -1152,15 +1175,29 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
         }
         if let Some(keep) = self.kept_plan.forward.get(k).copied().flatten() {
-            let xs = inputs
-                .iter()
-                .map(|&i| self.get(i))
-                .collect::<Result<Vec<_>, _>>()?;
             let as_words = self.step_words.get(k).copied().unwrap_or(false);
-            let Some(kf) = self
-                .backend
-                .attention_forward_keeping(kind, &xs, as_words)?
-            else {
+            let kf = match self.packed.packed(inputs) {
+                Some(qkv) => {
+                    let shapes = self.part_shapes(inputs)?;
+                    let parts = [&shapes[0][..], &shapes[1][..], &shapes[2][..]];
+                    self.backend
+                        .attention_forward_keeping_packed(kind, qkv, parts, as_words)?
+                }
+                None => None,
+            };
+            let kf = match kf {
+                Some(kf) => Some(kf),
+                None => {
+                    self.unpack_reads(ins)?;
+                    let xs = inputs
+                        .iter()
+                        .map(|&i| self.get(i))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    self.backend
+                        .attention_forward_keeping(kind, &xs, as_words)?
+                }
+            };
+            let Some(kf) = kf else {
                 return Ok(false);
             };
             self.put_buffer(keep.out, kf.out)?;
@@ -1181,18 +1218,21 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             return Ok(false);
         };
         let as_words = self.step_words.get(k).copied().unwrap_or(false);
-        let grads = {
-            let xs = [self.get(q)?, self.get(k_in)?, self.get(v)?];
-            let dy = self.get(dy)?;
-            let out = held
-                .as_ref()
-                .or_else(|| self.bufs.get(keep.out.index()).and_then(Option::as_ref));
-            match out {
-                Some(o) => {
-                    self.backend
-                        .attention_backward_kept(of, &xs, [dy, o, &stats], as_words)?
+        let grads = self.kept_gradients(
+            of,
+            [q, k_in, v, dy],
+            keep.out,
+            (&stats, held.as_ref()),
+            as_words,
+        );
+        let grads = match grads {
+            Ok(g) => g,
+            Err(e) => {
+                self.backend.free(stats);
+                if let Some(h) = held {
+                    self.backend.free(h);
                 }
-                None => None,
+                return Err(e);
             }
         };
         self.backend.free(stats);
@@ -1216,6 +1256,52 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             }
         }
         Ok(true)
+    }
+
+    /// Attention's gradients from its kept statistics `stats` and output (`held`, or the
+    /// buffer `out` still live), reading q, k and v in place where they are held so; `None`
+    /// where the backend declines.
+    fn kept_gradients(
+        &mut self,
+        of: &OpKind,
+        [q, k, v, dy]: [BufferId; 4],
+        out: BufferId,
+        (stats, held): (&B::Buffer, Option<&B::Buffer>),
+        as_words: bool,
+    ) -> Result<Option<crate::backend::KeptBackward<B::Buffer>>, RuntimeError> {
+        let packed = match self.packed.packed(&[q, k, v]) {
+            Some(qkv) => {
+                let shapes = self.part_shapes(&[q, k, v])?;
+                let parts = [&shapes[0][..], &shapes[1][..], &shapes[2][..]];
+                let o = held.or_else(|| self.bufs.get(out.index()).and_then(Option::as_ref));
+                match o {
+                    Some(o) => self.backend.attention_backward_kept_packed(
+                        of,
+                        qkv,
+                        parts,
+                        [self.get(dy)?, o, stats],
+                        as_words,
+                    )?,
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        if packed.is_some() {
+            return Ok(packed);
+        }
+        for b in [q, k, v] {
+            self.unpack(b)?;
+        }
+        let xs = [self.get(q)?, self.get(k)?, self.get(v)?];
+        let o = held.or_else(|| self.bufs.get(out.index()).and_then(Option::as_ref));
+        match o {
+            Some(o) => {
+                self.backend
+                    .attention_backward_kept(of, &xs, [self.get(dy)?, o, stats], as_words)
+            }
+            None => Ok(None),
+        }
     }
 
     fn compute(

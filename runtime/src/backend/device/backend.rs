@@ -925,6 +925,34 @@ impl<D: Device> Backend for DeviceBackend<D> {
         ops::attention_backward_kept(self, kind, xs, dy_out_kept, as_words)
     }
 
+    fn reads_packed_qkv(&self, kind: &OpKind, parts: [&[usize]; 3]) -> bool {
+        ops::attention_reads_packed(self, kind, parts)
+    }
+
+    fn attention_forward_keeping_packed(
+        &self,
+        kind: &OpKind,
+        qkv: &Self::Buffer,
+        parts: [&[usize]; 3],
+        as_words: bool,
+    ) -> Result<Option<crate::backend::KeptForward<Self::Buffer>>, RuntimeError> {
+        refuse_pitched(kind, &[qkv])?;
+        ops::attention_forward_keeping_packed(self, kind, qkv, parts, as_words)
+    }
+
+    fn attention_backward_kept_packed(
+        &self,
+        kind: &OpKind,
+        qkv: &Self::Buffer,
+        parts: [&[usize]; 3],
+        kept: [&Self::Buffer; 3],
+        as_words: bool,
+    ) -> Result<Option<crate::backend::KeptBackward<Self::Buffer>>, RuntimeError> {
+        refuse_pitched(kind, &[qkv])?;
+        refuse_pitched(kind, &kept)?;
+        ops::attention_backward_kept_packed(self, kind, qkv, parts, kept, as_words)
+    }
+
     fn reads_stashed_words(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
         ops::reads_stashed_words(self, kind, shapes, operand)
     }

@@ -64,6 +64,7 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
         scale,
         softcap: softcap.unwrap_or(0.0),
         causal: i32::from(causal),
+        ..AttentionShape::default()
     })
 }
 
@@ -251,7 +252,16 @@ pub(super) fn forward_at<D: Device>(
     if qpos.is_some() && !p.tiled {
         return Ok(None);
     }
-    run_forward(b, &a, &p, [q, k, v], qpos, None, false).map(Some)
+    let x = if p.mma {
+        Operands::of(b, [q, k, v])?
+    } else {
+        Operands {
+            q: &q.mem,
+            k: &k.mem,
+            v: &v.mem,
+        }
+    };
+    run_forward(b, &a, &p, &x, qpos, None, false).map(Some)
 }
 
 /// The forward on the tensor cores with each query row's log-sum-exp (`[batch, heads, sq]`,
@@ -273,14 +283,76 @@ pub(crate) fn forward_keeping<D: Device>(
     if !p.mma {
         return Ok(None);
     }
-    let mut lse = b.alloc(&[rows(&a)])?;
+    let x = Operands::of(b, [q, k, v])?;
+    keeping(b, &a, &p, &x, as_words).map(Some)
+}
+
+/// [`forward_keeping`] with q, k and v the column blocks of one buffer `qkv` (a fused
+/// projection's output, whose split is never made), of shapes `parts`, read where they lie
+/// ([`AttentionShape::packed`]); `None` where [`reads_packed`] says no.
+pub(crate) fn forward_keeping_packed<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    qkv: &Buf<D>,
+    parts: [&[usize]; 3],
+    as_words: bool,
+) -> Result<Option<KeptForward<Buf<D>>>, RuntimeError> {
+    let Some((a, p)) = packed_shape(b, kind, &qkv.shape, parts) else {
+        return Ok(None);
+    };
+    let w = words(b, qkv)?;
+    let x = Operands { q: w, k: w, v: w };
+    keeping(b, &a, &p, &x, as_words).map(Some)
+}
+
+/// Whether the attention `kind` on q, k and v of shapes `parts` reads them as the column
+/// blocks of one buffer ([`forward_keeping_packed`], [`backward_kept_packed`]): on the
+/// tensor cores, one sequence for all three, each block whole 16-byte words wide.
+pub(crate) fn reads_packed<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    parts: [&[usize]; 3],
+) -> bool {
+    let [q, k, v] = parts;
+    let (Some(&lead), true) = (q.first(), q.len() == 3) else {
+        return false;
+    };
+    let packed = vec![lead, q[1], q[2] + k[2] + v[2]];
+    packed_shape(b, kind, &packed, parts).is_some()
+}
+
+/// The packed attention's shape and kernels, where `qkv` is `parts` side by side.
+fn packed_shape<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    qkv: &[usize],
+    parts: [&[usize]; 3],
+) -> Option<(AttentionShape, Kernels)> {
+    let a = shape_of(kind, &parts)?.packed()?;
+    let width: usize = parts.iter().map(|s| s.last().copied().unwrap_or(0)).sum();
+    let side_by_side = parts.iter().all(|s| s.len() == 3 && s[..2] == qkv[..2])
+        && qkv.len() == 3
+        && qkv[2] == width;
+    let p = Kernels::of(b, &a);
+    (side_by_side && p.mma && a.sq == a.sk).then_some((a, p))
+}
+
+/// The kept forward on operands `x`: the output and each query row's log-sum-exp.
+fn keeping<D: Device>(
+    b: &DeviceBackend<D>,
+    a: &AttentionShape,
+    p: &Kernels,
+    x: &Operands<'_, D::Mem>,
+    as_words: bool,
+) -> Result<KeptForward<Buf<D>>, RuntimeError> {
+    let mut lse = b.alloc(&[rows(a)])?;
     let as_words = as_words && p.forward_words.is_some();
-    let out = run_forward(b, &a, &p, [q, k, v], None, Some(&mut lse), as_words)?;
-    Ok(Some(KeptForward {
+    let out = run_forward(b, a, p, x, None, Some(&mut lse), as_words)?;
+    Ok(KeptForward {
         out,
         stats: lse,
         out_as_words: as_words,
-    }))
+    })
 }
 
 /// One forward launch (the tensor-core kernels on the operands' words), writing `lse` where
@@ -290,20 +362,11 @@ fn run_forward<D: Device>(
     b: &DeviceBackend<D>,
     a: &AttentionShape,
     p: &Kernels,
-    [q, k, v]: [&Buf<D>; 3],
+    x: &Operands<'_, D::Mem>,
     qpos: Option<&D::Mem>,
     lse: Option<&mut Buf<D>>,
     as_words: bool,
 ) -> Result<Buf<D>, RuntimeError> {
-    let x = if p.mma {
-        Operands::of(b, [q, k, v])?
-    } else {
-        Operands {
-            q: &q.mem,
-            k: &k.mem,
-            v: &v.mem,
-        }
-    };
     let lse = lse.map(|l| &mut l.mem);
     let launch = |kernel, o: &mut D::Mem| {
         let mut args = vec![KernelArg::Out(o)];
@@ -497,7 +560,7 @@ pub(crate) fn backward_kept<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     xs: &[&Buf<D>],
-    [g, o, lse]: [&Buf<D>; 3],
+    kept: [&Buf<D>; 3],
     as_words: bool,
 ) -> Result<Option<KeptBackward<Buf<D>>>, RuntimeError> {
     let Some(a) = shape::<D>(kind, xs) else {
@@ -505,16 +568,60 @@ pub(crate) fn backward_kept<D: Device>(
     };
     let &[q, k, v] = xs else { return Ok(None) };
     let p = Kernels::of(b, &a);
-    let fits = g.shape == out_shape(&a) && o.shape == g.shape && lse.len == rows(&a);
-    if !p.mma || !fits {
+    if !p.mma || !kept_fits(b, &a, kept) {
         return Ok(None);
     }
-    // Eight lanes a row in whole warps (`attention_dsum_of`).
+    let x = Operands::of(b, [q, k, v])?;
+    gradients_kept(b, &a, &p, &x, kept, as_words).map(Some)
+}
+
+/// [`backward_kept`] with q, k and v the column blocks of `qkv` ([`forward_keeping_packed`]);
+/// the gradients come apart, as `dq`, `dk` and `dv`.
+pub(crate) fn backward_kept_packed<D: Device>(
+    b: &DeviceBackend<D>,
+    kind: &OpKind,
+    qkv: &Buf<D>,
+    parts: [&[usize]; 3],
+    kept: [&Buf<D>; 3],
+    as_words: bool,
+) -> Result<Option<KeptBackward<Buf<D>>>, RuntimeError> {
+    let Some((a, p)) = packed_shape(b, kind, &qkv.shape, parts) else {
+        return Ok(None);
+    };
+    if !kept_fits(b, &a, kept) {
+        return Ok(None);
+    }
+    let w = words(b, qkv)?;
+    // The gradients are written dense, each its own buffer: the layout fields describe how
+    // the kernels read q, k and v only.
+    let x = Operands { q: w, k: w, v: w };
+    gradients_kept(b, &a, &p, &x, kept, as_words).map(Some)
+}
+
+/// Whether dO, O and the kept statistics `[g, o, lse]` are this attention's, and the block
+/// suits `attention_dsum_of` (eight lanes a row in whole warps).
+fn kept_fits<D: Device>(
+    b: &DeviceBackend<D>,
+    a: &AttentionShape,
+    [g, o, lse]: [&Buf<D>; 3],
+) -> bool {
+    g.shape == out_shape(a)
+        && o.shape == g.shape
+        && lse.len == rows(a)
+        && b.device.block_size().is_multiple_of(32)
+}
+
+/// The kept backward's D = dO·O pass, then the gradients from operands `x`.
+fn gradients_kept<D: Device>(
+    b: &DeviceBackend<D>,
+    a: &AttentionShape,
+    p: &Kernels,
+    x: &Operands<'_, D::Mem>,
+    [g, o, lse]: [&Buf<D>; 3],
+    as_words: bool,
+) -> Result<KeptBackward<Buf<D>>, RuntimeError> {
     let block = b.device.block_size();
-    if !block.is_multiple_of(32) {
-        return Ok(None);
-    }
-    let mut dsum = b.alloc(&[rows(&a)])?;
+    let mut dsum = b.alloc(&[rows(a)])?;
     // dO and O as their exact words where they have them (made so, or back from the stash).
     let kernel = match (o.exact_bf16().is_some(), g.exact_bf16().is_some()) {
         (false, false) => "attention_dsum",
@@ -522,9 +629,9 @@ pub(crate) fn backward_kept<D: Device>(
         (false, true) => "attention_dsum_bf16g",
         (true, true) => "attention_dsum_bf16xg",
     };
-    b.device.launch(
+    let launched = b.device.launch(
         kernel,
-        super::pointwise_grid(block, 8 * rows(&a)),
+        super::pointwise_grid(block, 8 * rows(a)),
         block,
         &mut [
             KernelArg::Out(&mut dsum.mem),
@@ -535,15 +642,14 @@ pub(crate) fn backward_kept<D: Device>(
             KernelArg::I64(a.heads),
             KernelArg::I64(a.dv),
         ],
-    )?;
-    let x = Operands::of(b, [q, k, v])?;
+    );
     let as_words = as_words && p.grads_words.is_some();
-    let grads = mma_gradients(b, &a, &p, &x, g, [lse, &dsum], None, as_words);
+    let grads = launched.and_then(|()| mma_gradients(b, a, p, x, g, [lse, &dsum], None, as_words));
     b.device.release(dsum.mem);
-    Ok(Some(KeptBackward {
+    Ok(KeptBackward {
         grads: grads?,
         as_words,
-    }))
+    })
 }
 
 /// dq per query block and dk, dv per key block from the operands' words and the row

@@ -22,7 +22,11 @@ use super::{Device, DeviceBackend, DeviceBuffer, KernelArg};
 use crate::RuntimeError;
 
 pub(super) use attention::{
-    backward_kept as attention_backward_kept, forward_keeping as attention_forward_keeping,
+    backward_kept as attention_backward_kept,
+    backward_kept_packed as attention_backward_kept_packed,
+    forward_keeping as attention_forward_keeping,
+    forward_keeping_packed as attention_forward_keeping_packed,
+    reads_packed as attention_reads_packed,
 };
 pub(super) use context::run as context_op;
 pub(super) use optim::{adamw, adamw_copy};
