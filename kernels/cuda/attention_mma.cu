@@ -110,6 +110,14 @@ __device__ MmaHead mma_v(const float* v, const Attention& a, i64 b, i64 g) {
     return mma_operand<D>(v, b, g, a.kv, a.sk, a.ld_v, a.off_v);
 }
 
+// Where column `c` of row `row` of head `h` of a gradient lies: dense ([batch, n, heads, D]),
+// or (a.grads_packed) in its operand's layout (rows `ld` apart from column `off`).
+template <int D>
+__device__ i64 mma_grad_at(const Attention& a, i64 b, i64 n, i64 row, i64 heads, i64 h, i64 ld, i64 off, i64 c) {
+    if (!a.grads_packed) return ((b * n + row) * heads + h) * D + c;
+    return (b * n + row) * ld + off + h * D + c;
+}
+
 // d += a · b on the tensor cores (one warp, 16×8×16, bf16 operands, f32 accumulators).
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
 #if MMA_PTX
@@ -593,7 +601,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
             for (int r = 0; r < 2; ++r) {
                 i64 row = rows[r];
                 if (row < a.sq)
-                    mma_store_pair<WORDS>(dq, ((x.b * a.sq + row) * a.heads + x.h) * D + dt * 8 + 2 * l.t,
+                    mma_store_pair<WORDS>(dq, mma_grad_at<D>(a, x.b, a.sq, row, a.heads, x.h, a.ld_q, a.off_q, dt * 8 + 2 * l.t),
                                           (float)a.scale * acc[dt][2 * r], (float)a.scale * acc[dt][2 * r + 1]);
             }
     }
@@ -702,9 +710,11 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
             for (int r = 0; r < 2; ++r) {
                 i64 j = keys[r];
                 if (j >= a.sk) continue;
-                i64 at = ((b * a.sk + j) * a.kv + g) * D + dt * 8 + 2 * l.t;
-                mma_store_pair<WORDS>(dk, at, (float)a.scale * dka[dt][2 * r], (float)a.scale * dka[dt][2 * r + 1]);
-                mma_store_pair<WORDS>(dv, at, dva[dt][2 * r], dva[dt][2 * r + 1]);
+                i64 c = dt * 8 + 2 * l.t;
+                i64 at_k = mma_grad_at<D>(a, b, a.sk, j, a.kv, g, a.ld_k, a.off_k, c);
+                i64 at_v = mma_grad_at<D>(a, b, a.sk, j, a.kv, g, a.ld_v, a.off_v, c);
+                mma_store_pair<WORDS>(dk, at_k, (float)a.scale * dka[dt][2 * r], (float)a.scale * dka[dt][2 * r + 1]);
+                mma_store_pair<WORDS>(dv ? dv : dk, at_v, dva[dt][2 * r], dva[dt][2 * r + 1]);
             }
     }
 }

@@ -212,4 +212,7 @@ struct Attention {
     // projection's output [batch, n, q + k + v], with no split copying them out.
     i64 ld_q, ld_k, ld_v, off_q, off_k, off_v;
     int causal;
+    // The gradients dq, dk and dv written in the operands' layout too (one buffer: dq's;
+    // dk and dv in it where dv is null), so that no concatenation joins them afterwards.
+    int grads_packed;
 };

@@ -227,6 +227,9 @@ pub struct AttentionShape {
     pub off_k: i64,
     pub off_v: i64,
     pub causal: i32,
+    /// 1: the gradients are written in the operands' (packed) layout, into one buffer
+    /// (dq's; dk's and dv's in it where dv is null): no concatenation joins them afterwards.
+    pub grads_packed: i32,
 }
 
 impl AttentionShape {

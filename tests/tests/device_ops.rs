@@ -1716,9 +1716,10 @@ fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
 }
 
 /// q, k and v read as the column blocks of one fused projection's output (`[q | k | v]`, no
-/// split made): the kept forward's output and statistics, and the kept backward's gradients,
-/// equal bit for bit those of the same attention on q, k and v apart, with grouped heads and
-/// a sequence that ends inside a tile. Heads the tensor-core kernels are not built for are
+/// split made): the kept forward's output and statistics, and the kept backward's gradients
+/// (apart, or written side by side in one buffer laid out the same way), equal bit for bit
+/// those of the same attention on q, k and v apart, with grouped heads and a sequence that
+/// ends inside a tile. Heads the tensor-core kernels are not built for are
 /// refused.
 #[test]
 fn tensor_core_attention_reads_q_k_and_v_in_place_in_their_projections_output() {
@@ -1765,10 +1766,40 @@ fn tensor_core_attention_reads_q_k_and_v_in_place_in_their_projections_output() 
             .unwrap()
             .expect("kept backward");
         let got = b
-            .attention_backward_kept_packed(&attention, &qkv, parts, kept, false)
+            .attention_backward_kept_packed(&attention, &qkv, parts, kept, (false, false))
             .unwrap()
             .expect("kept backward, packed");
         same(bits(&b, &got.grads), bits(&b, &want.grads));
+        // Written packed, as one buffer laid out as `qkv` (f32, and as bf16 words alone):
+        // the three gradients side by side, bit for bit.
+        for as_words in [false, true] {
+            let apart = b
+                .attention_backward_kept(&attention, &xs, kept, as_words)
+                .unwrap()
+                .expect("kept backward");
+            let joined = b
+                .attention_backward_kept_packed(&attention, &qkv, parts, kept, (as_words, true))
+                .unwrap()
+                .expect("kept backward, packed");
+            assert_eq!(joined.grads.len(), 1, "one buffer");
+            assert_eq!(b.shape(&joined.grads[0]), packed.shape.as_slice());
+            let rows = |t: Tensor32| {
+                t.data
+                    .chunks(t.shape[2])
+                    .map(<[f32]>::to_vec)
+                    .collect::<Vec<_>>()
+            };
+            let parts: Vec<_> = apart
+                .grads
+                .iter()
+                .map(|g| rows(b.download(g).unwrap()))
+                .collect();
+            let side_by_side: Vec<u32> = (0..2 * n)
+                .flat_map(|r| parts.iter().flat_map(move |p| p[r].clone()))
+                .map(f32::to_bits)
+                .collect();
+            same(vec![host_bits(&b, &joined.grads[0])], vec![side_by_side]);
+        }
     }
     let (attention, _) = causal_attention(2, 2);
     let odd = [

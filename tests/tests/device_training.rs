@@ -640,29 +640,32 @@ fn on_tensor_cores_attention_keeps_its_row_statistics_and_trains_as_when_recompu
                 .sum::<u64>(),
             count("attention_row_stats_mma32"),
             count("attention_forward_words_mma32"),
-            // Launches that split the fused q, k, v projection's output.
-            t.by_bytes()
-                .iter()
-                .filter(|(name, _)| name.starts_with("split_cols"))
-                .map(|(_, c)| c.launches)
-                .sum::<u64>(),
+            // Launches that split the fused q, k, v projection's output, and that join their
+            // gradients again.
+            ["split_cols", "place_cols"].map(|kernel| {
+                t.by_bytes()
+                    .iter()
+                    .filter(|(name, _)| name.starts_with(kernel))
+                    .map(|(_, c)| c.launches)
+                    .sum::<u64>()
+            }),
         )
     };
     // The kept forward also writes its output as bf16 words alone: the projection after it and
     // that projection's weight gradient read only those (`exec/words_only.rs`). It and its
-    // gradient read q, k and v in place in the fused projection's output: no split is made
-    // (`runtime::exec::packed`).
-    let (kept, dsums, stats, words, splits) = run(&set);
+    // gradient read q, k and v in place in the fused projection's output, and the gradient
+    // writes dq, dk and dv side by side: no split and no join is made (`runtime::exec::packed`).
+    let (kept, dsums, stats, words, copies) = run(&set);
     assert_eq!(
-        (dsums, stats, words, splits),
-        (per_step, 0, per_step, 0),
-        "D from the output, nothing recomputed, the output made as words, no split"
+        (dsums, stats, words, copies),
+        (per_step, 0, per_step, [0, 0]),
+        "D from the output, nothing recomputed, the output made as words, no split or join"
     );
-    let (recomputed, dsums, stats, _, splits) = run(&recomputing);
+    let (recomputed, dsums, stats, _, copies) = run(&recomputing);
     assert_eq!(
-        (dsums, stats, splits),
-        (0, per_step, 3 * per_step),
-        "the row statistics recomputed, q, k and v split apart"
+        (dsums, stats, copies),
+        (0, per_step, [3 * per_step, 3 * per_step]),
+        "the row statistics recomputed, q, k and v split apart and their gradients joined"
     );
     let diff = loss_diff(&kept, &recomputed);
     let one = train(&programs(WIDE_HEADS, &Config::new(1, 1, 1)), STEPS, 7);

@@ -472,17 +472,18 @@ pub trait Backend: std::fmt::Debug {
     }
 
     /// [`Backend::attention_backward_kept`] with q, k and v the column blocks of `qkv`, of
-    /// shapes `parts`; the gradients come apart (`[dq, dk, dv]`). `None` where this backend
-    /// cannot.
+    /// shapes `parts`; the gradients come apart (`[dq, dk, dv]`), or with `grads_packed` as one
+    /// buffer laid out as `qkv` (`[dqkv]`: what concatenating them would make). `None` where
+    /// this backend cannot.
     fn attention_backward_kept_packed(
         &self,
         kind: &OpKind,
         qkv: &Self::Buffer,
         parts: [&[usize]; 3],
         kept: [&Self::Buffer; 3],
-        as_words: bool,
+        (as_words, grads_packed): (bool, bool),
     ) -> Result<Option<KeptBackward<Self::Buffer>>, RuntimeError> {
-        let _ = (kind, qkv, parts, kept, as_words);
+        let _ = (kind, qkv, parts, kept, as_words, grads_packed);
         Ok(None)
     }
 

@@ -1149,6 +1149,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     /// (it runs as usual).
     fn run_fused(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
         Ok(self.run_packed_split(k)?
+            || self.run_packed_join(k, ins)?
             || self.run_bias_sum(k, ins)?
             || self.run_kept(k, ins)?
             || self.unpack_reads(ins)?
@@ -1218,30 +1219,28 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             return Ok(false);
         };
         let as_words = self.step_words.get(k).copied().unwrap_or(false);
+        let joined = self.packed_plan.joins.get(k).copied().unwrap_or(false);
         let grads = self.kept_gradients(
             of,
             [q, k_in, v, dy],
             keep.out,
             (&stats, held.as_ref()),
-            as_words,
+            (as_words, joined),
         );
-        let grads = match grads {
-            Ok(g) => g,
-            Err(e) => {
-                self.backend.free(stats);
-                if let Some(h) = held {
-                    self.backend.free(h);
-                }
-                return Err(e);
-            }
-        };
         self.backend.free(stats);
         if let Some(h) = held {
             self.backend.free(h);
         }
-        let Some(kb) = grads else {
+        let Some(mut kb) = grads? else {
             return Ok(false);
         };
+        if let (&[dq, dk, dv], 1) = (outputs, kb.grads.len()) {
+            // Written side by side, for the concatenation that reads them next (`packed`).
+            let split = self.split_of(outputs)?;
+            let dqkv = kb.grads.remove(0);
+            self.hold_parts(dqkv, split, [dq, dk, dv]);
+            return Ok(true);
+        }
         if kb.grads.len() != outputs.len() {
             return Err(self.prog(format!(
                 "attention's kept backward gave {} gradients for {} outputs",
@@ -1267,7 +1266,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         [q, k, v, dy]: [BufferId; 4],
         out: BufferId,
         (stats, held): (&B::Buffer, Option<&B::Buffer>),
-        as_words: bool,
+        (as_words, joined): (bool, bool),
     ) -> Result<Option<crate::backend::KeptBackward<B::Buffer>>, RuntimeError> {
         let packed = match self.packed.packed(&[q, k, v]) {
             Some(qkv) => {
@@ -1280,7 +1279,7 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                         qkv,
                         parts,
                         [self.get(dy)?, o, stats],
-                        as_words,
+                        (as_words, joined),
                     )?,
                     None => None,
                 }

@@ -946,11 +946,11 @@ impl<D: Device> Backend for DeviceBackend<D> {
         qkv: &Self::Buffer,
         parts: [&[usize]; 3],
         kept: [&Self::Buffer; 3],
-        as_words: bool,
+        form: (bool, bool),
     ) -> Result<Option<crate::backend::KeptBackward<Self::Buffer>>, RuntimeError> {
         refuse_pitched(kind, &[qkv])?;
         refuse_pitched(kind, &kept)?;
-        ops::attention_backward_kept_packed(self, kind, qkv, parts, kept, as_words)
+        ops::attention_backward_kept_packed(self, kind, qkv, parts, kept, form)
     }
 
     fn reads_stashed_words(&self, kind: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {

@@ -576,24 +576,27 @@ pub(crate) fn backward_kept<D: Device>(
 }
 
 /// [`backward_kept`] with q, k and v the column blocks of `qkv` ([`forward_keeping_packed`]);
-/// the gradients come apart, as `dq`, `dk` and `dv`.
+/// the gradients come apart, as `dq`, `dk` and `dv`, or with `grads_packed` as one buffer
+/// laid out as `qkv` (what the concatenation of the three would make).
 pub(crate) fn backward_kept_packed<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     qkv: &Buf<D>,
     parts: [&[usize]; 3],
     kept: [&Buf<D>; 3],
-    as_words: bool,
+    (as_words, grads_packed): (bool, bool),
 ) -> Result<Option<KeptBackward<Buf<D>>>, RuntimeError> {
     let Some((a, p)) = packed_shape(b, kind, &qkv.shape, parts) else {
         return Ok(None);
+    };
+    let a = AttentionShape {
+        grads_packed: i32::from(grads_packed),
+        ..a
     };
     if !kept_fits(b, &a, kept) {
         return Ok(None);
     }
     let w = words(b, qkv)?;
-    // The gradients are written dense, each its own buffer: the layout fields describe how
-    // the kernels read q, k and v only.
     let x = Operands { q: w, k: w, v: w };
     gradients_kept(b, &a, &p, &x, kept, as_words).map(Some)
 }
@@ -654,7 +657,8 @@ fn gradients_kept<D: Device>(
 
 /// dq per query block and dk, dv per key block from the operands' words and the row
 /// statistics `[lse, dsum]` (dO's words made here where it has none); with `as_words` (the
-/// tensor-core kernels' `grads_words`) written as bf16 words alone.
+/// tensor-core kernels' `grads_words`) written as bf16 words alone; where `a.grads_packed`,
+/// into one buffer in the operands' packed layout (`[batch, n, q + k + v]`), else apart.
 #[allow(clippy::too_many_arguments)] // one launch's operands, statistics and output form
 fn mma_gradients<D: Device>(
     b: &DeviceBackend<D>,
@@ -672,13 +676,12 @@ fn mma_gradients<D: Device>(
         Some(kernels) if as_words => kernels,
         _ => [p.dq, p.dkv],
     };
-    let mut dq = super::output_buffer(b, &out_shape_of(a, a.sq, a.heads, a.d), as_words)?;
-    b.device.launch(
-        dq_kernel,
-        p.query_grid,
-        p.block,
-        &mut [
-            KernelArg::Out(super::written::<D>(&mut dq)),
+    let launch = |kernel, grid, outs: &mut [KernelArg<'_, D::Mem>]| {
+        let mut args: Vec<KernelArg<'_, D::Mem>> = outs
+            .iter_mut()
+            .map(|o| std::mem::replace(o, KernelArg::Null))
+            .collect();
+        args.extend([
             KernelArg::In(x.q),
             KernelArg::In(x.k),
             KernelArg::In(x.v),
@@ -687,27 +690,39 @@ fn mma_gradients<D: Device>(
             KernelArg::In(&dsum.mem),
             pos(),
             KernelArg::Attention(*a),
-        ],
+        ]);
+        b.device.launch(kernel, grid, p.block, &mut args)
+    };
+    if a.grads_packed != 0 {
+        let width = a.heads * a.d + a.kv * (a.d + a.dv);
+        let shape = [a.batch as usize, a.sq as usize, width as usize];
+        let mut dqkv = super::output_buffer(b, &shape, as_words)?;
+        let out = super::written::<D>(&mut dqkv);
+        launch(dq_kernel, p.query_grid, &mut [KernelArg::Out(&mut *out)])?;
+        // dv null: dk's buffer holds dv too, at its offset.
+        launch(
+            dkv_kernel,
+            p.key_grid,
+            &mut [KernelArg::Out(out), KernelArg::Null],
+        )?;
+        return Ok(vec![dqkv]);
+    }
+    let mut dq = super::output_buffer(b, &out_shape_of(a, a.sq, a.heads, a.d), as_words)?;
+    launch(
+        dq_kernel,
+        p.query_grid,
+        &mut [KernelArg::Out(super::written::<D>(&mut dq))],
     )?;
     let (mut dk, mut dv) = (
         super::output_buffer(b, &out_shape_of(a, a.sk, a.kv, a.d), as_words)?,
         super::output_buffer(b, &out_shape_of(a, a.sk, a.kv, a.dv), as_words)?,
     );
-    b.device.launch(
+    launch(
         dkv_kernel,
         p.key_grid,
-        p.block,
         &mut [
             KernelArg::Out(super::written::<D>(&mut dk)),
             KernelArg::Out(super::written::<D>(&mut dv)),
-            KernelArg::In(x.q),
-            KernelArg::In(x.k),
-            KernelArg::In(x.v),
-            KernelArg::In(gp),
-            KernelArg::In(&lse.mem),
-            KernelArg::In(&dsum.mem),
-            pos(),
-            KernelArg::Attention(*a),
         ],
     )?;
     Ok(vec![dq, dk, dv])
