@@ -445,6 +445,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                 Err(e) => {
                     self.step_reads = reads;
                     self.keep_stash_plan(stash_plan);
+                    for t in self.packed.drain() {
+                        self.backend.free(t);
+                    }
                     return Err(self.at("step", k, ins, e));
                 }
             }
@@ -1236,9 +1239,14 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
         };
         if let (&[dq, dk, dv], 1) = (outputs, kb.grads.len()) {
             // Written side by side, for the concatenation that reads them next (`packed`).
-            let split = self.split_of(outputs)?;
             let dqkv = kb.grads.remove(0);
-            self.hold_parts(dqkv, split, [dq, dk, dv]);
+            match self.split_of(outputs) {
+                Ok(split) => self.hold_parts(dqkv, split, [dq, dk, dv]),
+                Err(e) => {
+                    self.backend.free(dqkv);
+                    return Err(e);
+                }
+            }
             return Ok(true);
         }
         if kb.grads.len() != outputs.len() {

@@ -172,7 +172,7 @@ fn attention_readers(
                 live[i] = false;
             }
             if !input_live && live == [false; 3] {
-                break;
+                return (!readers.is_empty()).then_some(readers);
             }
             continue;
         }
@@ -192,7 +192,9 @@ fn attention_readers(
         }
         readers.push(k);
     }
-    (!readers.is_empty()).then_some(readers)
+    // The operand or a part outlives the step: read after it (by the next step, or from
+    // outside), so it stays as the program holds it.
+    None
 }
 
 /// The attention `ins` is (its forward's kind, also for its gradient), where it reads
@@ -308,6 +310,9 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         let Some(split) = self.packed_plan.splits.get(k).copied().flatten() else {
             return Ok(false);
         };
+        let Some(Instr::Compute { kind, .. }) = self.tpl.instrs.get(k) else {
+            return Err(self.prog(format!("packed: instruction {k} is not a split")));
+        };
         self.zero_if_pending(split.input)?;
         let Some(qkv) = self
             .bufs
@@ -317,9 +322,6 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
             return Ok(false);
         };
         self.words_only[split.input.index()] = false;
-        let Some(Instr::Compute { kind, .. }) = self.tpl.instrs.get(k) else {
-            return Err(self.prog(format!("packed: instruction {k} is not a split")));
-        };
         self.hold_parts(qkv, kind.clone(), split.parts);
         Ok(true)
     }
@@ -537,6 +539,10 @@ mod tests {
         }]);
         p.remove(1);
         assert!(chosen(p, true).0.is_empty(), "the operand read after");
+        // A part live at the step's end (not freed in it).
+        let mut p = program(vec![]);
+        p.pop();
+        assert!(chosen(p, true).0.is_empty(), "a part outlives the step");
     }
 
     /// The gradients joined (at which instruction the gradient, at which the concatenation)

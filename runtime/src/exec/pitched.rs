@@ -12,6 +12,9 @@
 //! traffic and 0.77 GiB at the step's peak): its values are the f32 gradient rounded once to
 //! bf16 as that conversion would round them, so the step computes what it did before.
 
+use std::collections::HashSet;
+
+use ir::OpKind;
 use program::{BufferId, Elem, Instr, Role};
 
 use super::Executor;
@@ -22,11 +25,30 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// reads them where they lie ([`Executor::results_read_only`]); f32 activations and their
     /// gradients only (the plan's bf16 values go to the stash and the words paths).
     pub(super) fn pitched_results(&self) -> Vec<bool> {
+        // The gradients held so are the loss's (as the LM head's operand), not a product's.
+        let loss_grads: HashSet<BufferId> = self
+            .tpl
+            .instrs
+            .iter()
+            .filter_map(|ins| match ins {
+                Instr::Compute {
+                    kind: OpKind::Grad { of, .. },
+                    outputs,
+                    ..
+                } if matches!(**of, OpKind::CrossEntropy) => Some(outputs),
+                _ => None,
+            })
+            .flatten()
+            .copied()
+            .collect();
         self.results_read_only(Self::reads_pitched_only, |e, o| {
             e.tpl.buffer(o).is_some_and(|d| {
-                d.elem == Elem::F32
-                    && d.shape.len() >= 2
-                    && matches!(d.role, Role::Activation | Role::ActGrad)
+                let role = match d.role {
+                    Role::Activation => true,
+                    Role::ActGrad => loss_grads.contains(&o),
+                    _ => false,
+                };
+                d.elem == Elem::F32 && d.shape.len() >= 2 && role
             })
         })
     }

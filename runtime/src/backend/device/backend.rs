@@ -517,11 +517,12 @@ impl<D: Device> DeviceBackend<D> {
     /// Drops `x`'s bf16 twin before `mem` is written in place (its words would be stale), and
     /// gives it its f32 memory where it held none.
     pub(crate) fn written(&self, x: &mut DeviceBuffer<D::Mem>) -> Result<(), RuntimeError> {
+        // Dense first: a GEMM operand's words alone are its only values.
+        self.make_dense(x)?;
         if let Some(twin) = x.bf16.take() {
             self.device.release(twin);
         }
         x.bf16_exact = false;
-        self.make_dense(x)?;
         self.ensure_f32(x)
     }
 

@@ -698,13 +698,19 @@ fn mma_gradients<D: Device>(
         let shape = [a.batch as usize, a.sq as usize, width as usize];
         let mut dqkv = super::output_buffer(b, &shape, as_words)?;
         let out = super::written::<D>(&mut dqkv);
-        launch(dq_kernel, p.query_grid, &mut [KernelArg::Out(&mut *out)])?;
         // dv null: dk's buffer holds dv too, at its offset.
-        launch(
-            dkv_kernel,
-            p.key_grid,
-            &mut [KernelArg::Out(out), KernelArg::Null],
-        )?;
+        let launched =
+            launch(dq_kernel, p.query_grid, &mut [KernelArg::Out(&mut *out)]).and_then(|()| {
+                launch(
+                    dkv_kernel,
+                    p.key_grid,
+                    &mut [KernelArg::Out(out), KernelArg::Null],
+                )
+            });
+        if let Err(e) = launched {
+            crate::Backend::free(b, dqkv);
+            return Err(e);
+        }
         return Ok(vec![dqkv]);
     }
     let mut dq = super::output_buffer(b, &out_shape_of(a, a.sq, a.heads, a.d), as_words)?;
