@@ -124,6 +124,17 @@ impl Engine {
         }
     }
 
+    /// Whether the engine holds the logits' gradient, during the head's backward, in the
+    /// plan's compute dtype beside the fp32 logits it kept (else in fp32). Megatron-Core's
+    /// vocabulary-parallel cross-entropy writes the gradient in place into the fp32 softmax
+    /// its forward saved (`grad_input = softmax` in
+    /// `megatron/core/tensor_parallel/cross_entropy.py`), so the one new buffer is the cast
+    /// back through `logits.float()` to the head's 16-bit dtype. PyTorch's `cross_entropy` on
+    /// `.float()` logits (torchtitan, DeepSpeed's models) allocates a new fp32 gradient.
+    pub fn logits_grad_in_compute_dtype(self) -> bool {
+        matches!(self, Engine::Megatron)
+    }
+
     /// What the engine overlaps, for a plan at ZeRO stage `zero`.
     pub fn overlap(self, zero: u8) -> Overlap {
         match self {

@@ -686,25 +686,28 @@ pub fn row_parallel_ops(g: &Graph, ops: &[OpId], hidden: u64) -> usize {
         .count()
 }
 
-/// Reads the activation formula's parameters off the representative layer.
 /// Element-wise ops after the head on vocabulary-wide tensors whose backward reads their
 /// operand (a tanh, GELU, ...), each keeping one more logits-sized tensor; scales and adds keep
 /// nothing.
 fn logit_ops_keeping_input(g: &Graph, info: &ModelInfo<'_>) -> usize {
-    let vocab_wide =
-        |v: ir::ValueId| g.ty(v).shape.last().and_then(|d| d.fixed()) == Some(info.vocab);
-    info.post_ops
-        .iter()
-        .filter(|&&o| {
-            let op = g.op(o);
-            op.kind.is_pointwise()
-                && !matches!(
-                    op.kind,
-                    OpKind::Scale { .. } | OpKind::Add | OpKind::Sub | OpKind::Neg
-                )
-                && op.results.first().is_some_and(|&r| vocab_wide(r))
+    logit_ops(g, info)
+        .filter(|&o| {
+            !matches!(
+                g.op(o).kind,
+                OpKind::Scale { .. } | OpKind::Add | OpKind::Sub | OpKind::Neg
+            )
         })
         .count()
+}
+
+/// The element-wise ops after the head on vocabulary-wide tensors (Gemma 2's soft-cap).
+fn logit_ops<'a>(g: &'a Graph, info: &'a ModelInfo<'_>) -> impl Iterator<Item = OpId> + 'a {
+    let vocab_wide =
+        |v: ir::ValueId| g.ty(v).shape.last().and_then(|d| d.fixed()) == Some(info.vocab);
+    info.post_ops.iter().copied().filter(move |&o| {
+        let op = g.op(o);
+        op.kind.is_pointwise() && op.results.first().is_some_and(|&r| vocab_wide(r))
+    })
 }
 
 /// The widths of one layer as the activation formula needs them, read off the graph: q and kv
@@ -881,7 +884,12 @@ struct Transients {
     /// What the head keeps from its forward to its backward: the fp32 logits, and the input
     /// of each element-wise op on them whose backward reads it (Gemma 2's soft-capping tanh).
     logits_kept: f64,
-    /// The fp32 gradient of the logits, live during the head's backward only.
+    /// What the head's forward holds beside what it keeps: the fresh fp32 output of an
+    /// element-wise op on the logits beside its operand (none where the loss reads the head's
+    /// product itself).
+    logits_forward: f64,
+    /// The gradient of the logits, live during the head's backward only: in the compute
+    /// dtype or fp32 as the engine holds it ([`crate::engine::Engine::logits_grad_in_compute_dtype`]).
     logits_grad: f64,
     /// The head's weights while it runs, beside what every stage stores
     /// ([`head_weight_bytes`]).
@@ -890,13 +898,16 @@ struct Transients {
 
 impl Transients {
     /// The working set of the chunk that ends in the head, whose layers' working set is
-    /// `layers` (in flight counts the kept logits). Its backward runs the head first (the
-    /// logits' gradient beside the kept logits), then its layers, after the kept logits died.
+    /// `layers` (in flight counts the kept logits). The head's forward ends beside the kept
+    /// logits (with an element-wise op's fresh output), and its backward runs the head first
+    /// (the logits' gradient beside the kept logits), then its layers, after the kept logits
+    /// died.
     fn head_chunk(&self, layers: WorkingSet) -> WorkingSet {
         let layer_phase = layers.activations + layers.states - self.logits_kept;
-        if self.logits_grad + self.head_weights >= layer_phase {
+        let head = self.logits_grad.max(self.logits_forward);
+        if head + self.head_weights >= layer_phase {
             return WorkingSet {
-                activations: self.logits_grad,
+                activations: head,
                 states: self.head_weights,
             };
         }
@@ -945,14 +956,25 @@ impl Transients {
         } else {
             1.0
         };
-        let logits = 4.0 * (b.batch * b.seq * info.padded_vocab(s.tp)) as f64 / logits_split;
+        let logit_elems = (b.batch * b.seq * info.padded_vocab(s.tp)) as f64 / logits_split;
+        let logits = 4.0 * logit_elems;
+        let grad_bytes = if s.engine.logits_grad_in_compute_dtype() {
+            s.precision.activation_bytes()
+        } else {
+            4.0
+        };
         Transients {
             layer: WorkingSet {
                 activations: rebuilt + gradients,
                 states,
             },
             logits_kept: (1 + logit_ops_keeping_input(g, info)) as f64 * logits,
-            logits_grad: logits,
+            logits_forward: if logit_ops(g, info).next().is_some() {
+                logits
+            } else {
+                0.0
+            },
+            logits_grad: grad_bytes * logit_elems,
             head_weights: head_weight_bytes(g, info, s),
         }
     }

@@ -89,11 +89,11 @@ fn flash_attention_is_the_gpu_default_and_drops_the_score_memory() {
     .unwrap();
     // Materialized scores: 2·heads·s²·b bytes per layer (bf16, no dropout); fused keeps 4·heads·s·b.
     // At the peak a backward also holds its working set: the head's the fp32 logits and their
-    // gradient (2·4·s·V), a materialized layer's the scores' and softmax's gradients
-    // (2·2·heads·s²), whichever is larger; the fused layer's MLP gradients are smaller than the
-    // logits'.
+    // gradient, which Megatron (the default engine) holds in bf16 ((4 + 2)·s·V), a
+    // materialized layer's the scores' and softmax's gradients (2·2·heads·s²), whichever is
+    // larger; the fused layer's MLP gradients are smaller than the logits'.
     let (s, heads, layers, vocab): (f64, f64, f64, f64) = (8192.0, 32.0, 4.0, 128_256.0);
-    let logits = 2.0 * 4.0 * s * vocab;
+    let logits = (4.0 + 2.0) * s * vocab;
     let scores_grad = 2.0 * 2.0 * heads * s * s;
     let want = layers * (2.0 * heads * s * s - 4.0 * heads * s) + scores_grad.max(logits) - logits;
     let got = m.predicted.memory.activations - f.predicted.memory.activations;

@@ -578,7 +578,8 @@ pub fn backward(
                         }
                         None => {
                             let val = &seg.vals[o];
-                            let d = b.alloc(gname(o), val.elem, val.shape.clone(), Role::ActGrad);
+                            let d =
+                                b.alloc(gname(o), val.grad_elem, val.shape.clone(), Role::ActGrad);
                             b.push(Instr::Fill { buf: d, value: 0.0 });
                             d
                         }
@@ -637,7 +638,7 @@ pub fn backward(
                             }
                             None => gname(v),
                         };
-                        let dx = b.alloc(name, val.elem, val.shape.clone(), role);
+                        let dx = b.alloc(name, val.grad_elem, val.shape.clone(), role);
                         if Partial::of_operand(partial_input_grads, k).any()
                             && param_of(v).is_none()
                         {
@@ -723,7 +724,7 @@ pub fn backward(
                             // The output's gradient between zeros (buffers read before any
                             // write are zero) on either side of the window.
                             let shape = &seg.vals[ins[0]].shape;
-                            let elem = seg.vals[ins[0]].elem;
+                            let elem = seg.vals[ins[0]].grad_elem;
                             let side = |b: &mut Builder, width: u64, at: &str| {
                                 let mut dims = shape.clone();
                                 dims[*axis] = width;
@@ -898,7 +899,7 @@ pub fn backward(
                     let role = param_of(*x).map_or(Role::ActGrad, Role::GradPart);
                     let (dx, dx_partial) = match op {
                         CollectiveOp::AllGather => {
-                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), role);
+                            let dx = b.alloc(gname(*x), val.grad_elem, val.shape.clone(), role);
                             if partial.has(*group) {
                                 b.push(coll(
                                     CollectiveOp::ReduceScatter,
@@ -922,7 +923,7 @@ pub fn backward(
                             (dx, partial.minus(Partial::over(*group)))
                         }
                         CollectiveOp::ReduceScatter => {
-                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), role);
+                            let dx = b.alloc(gname(*x), val.grad_elem, val.shape.clone(), role);
                             b.push(coll(
                                 CollectiveOp::AllGather,
                                 *group,
@@ -936,7 +937,7 @@ pub fn backward(
                         }
                         CollectiveOp::Reshard { from } => {
                             // Back from the new split to the old one.
-                            let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), role);
+                            let dx = b.alloc(gname(*x), val.grad_elem, val.shape.clone(), role);
                             b.push(coll(
                                 CollectiveOp::Reshard { from: *axis },
                                 *group,
@@ -965,7 +966,7 @@ pub fn backward(
                 // Every rank's piece of the gradient, gathered: the whole value's gradient.
                 if let Some((d, partial)) = grads[*y].take() {
                     let val = &seg.vals[*x];
-                    let dx = b.alloc(gname(*x), val.elem, val.shape.clone(), Role::ActGrad);
+                    let dx = b.alloc(gname(*x), val.grad_elem, val.shape.clone(), Role::ActGrad);
                     b.push(coll(
                         CollectiveOp::AllGather,
                         *group,

@@ -152,6 +152,7 @@ fn lower_op(
         let v = b.val(Val {
             shape: local(&cx.global_shape(r), computed, cx.tp),
             elem,
+            grad_elem: elem,
             lay: computed,
             source: Source::Step,
             needs_grad: needs,
@@ -235,6 +236,7 @@ fn operand(
     let v = b.val(Val {
         shape: local(&b.cx.global_shape(x), boundary, b.cx.tp),
         elem: b.cx.act,
+        grad_elem: b.cx.act,
         lay: boundary,
         source: Source::Input,
         needs_grad: true,

@@ -82,6 +82,11 @@ fn segment_ctx<'g>(plan: &Plan, graph: &'g Graph, info: &ModelInfo<'_>, cp: u32)
         seq: s.seq / u64::from(cp),
         act,
         weight,
+        logits_grad: if s.engine.logits_grad_in_compute_dtype() {
+            act
+        } else {
+            Elem::F32
+        },
         seq_shard: false,
         fused_attention: s.attention == AttentionKernel::Fused,
         vocab_parallel: tp > 1 && info.vocabulary_splits(tp),

@@ -51,6 +51,10 @@ pub enum Source {
 pub struct Val {
     pub shape: Vec<u64>,
     pub elem: Elem,
+    /// The element type of its gradient: `elem`, except the logits' and what element-wise
+    /// ops make of them where the engine holds their gradient in the compute dtype
+    /// ([`Ctx::logits_grad`]).
+    pub grad_elem: Elem,
     pub lay: Lay,
     pub source: Source,
     /// Whether the loss's gradient with respect to it is needed.
@@ -159,6 +163,9 @@ pub struct Ctx<'a> {
     pub seq: u64,
     pub act: Elem,
     pub weight: Elem,
+    /// The element type of the logits' gradient: `act` where the plan's engine holds it in
+    /// the compute dtype ([`planner::engine::Engine::logits_grad_in_compute_dtype`]), else f32.
+    pub logits_grad: Elem,
     /// The head runs on this rank's sequence shard (sequence parallelism): its parameters'
     /// gradients are partial sums over the tensor-parallel group.
     pub seq_shard: bool,
@@ -212,6 +219,7 @@ impl<'c, 'g> B<'c, 'g> {
         let v = self.val(Val {
             shape: self.cx.global_shape(r),
             elem: self.cx.weight,
+            grad_elem: self.cx.weight,
             lay: Lay::Rep,
             source: Source::Param { pos },
             needs_grad: true,
@@ -518,6 +526,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 let v = b.val(Val {
                     shape: cx.global_shape(r),
                     elem: Elem::I64,
+                    grad_elem: Elem::I64,
                     lay: Lay::Rep,
                     source: Source::Tokens { targets },
                     needs_grad: false,
@@ -545,6 +554,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         let v = b.val(Val {
                             shape: cx.global_shape(x),
                             elem: cx.weight,
+                            grad_elem: cx.weight,
                             lay: Lay::Rep,
                             source: Source::Param { pos },
                             needs_grad: true,
@@ -556,6 +566,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         let v = b.val(Val {
                             shape: cx.global_shape(x),
                             elem: Elem::I64,
+                            grad_elem: Elem::I64,
                             lay: Lay::Rep,
                             source: Source::Tokens {
                                 targets: name == "targets",
@@ -575,6 +586,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         let v = b.val(Val {
                             shape,
                             elem: cx.act,
+                            grad_elem: cx.act,
                             lay,
                             source: Source::Input,
                             needs_grad: true,
@@ -893,7 +905,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         let mut outs = Vec::new();
         for &r in &op.results {
             let full = cx.global_shape(r);
-            let mut elem = float(cx, r);
+            let (mut elem, mut grad_elem) = (float(cx, r), float(cx, r));
             let vocab_wide = kind == Kind::Post && op.kind.is_pointwise() && {
                 let w = cx.graph.ty(r).shape.last().and_then(|d| d.fixed());
                 w.is_some() && w == logits_width(cx.graph)
@@ -901,9 +913,10 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             if kind == Kind::Post
                 && (matches!(op.kind, OpKind::Linear { .. } | OpKind::CrossEntropy) || vocab_wide)
             {
-                // The planner counts the logits (and their gradient) in fp32, and so what
-                // element-wise ops make of them (Gemma 2's soft-cap).
+                // The planner counts the logits in fp32, and so what element-wise ops make
+                // of them (Gemma 2's soft-cap); their gradients as the engine holds them.
                 elem = Elem::F32;
+                grad_elem = cx.logits_grad;
             }
             let name = format!("{}{}", op.kind.mnemonic(), b.seg.vals.len());
             let mut shape = local(&full, out_lay, cx.tp);
@@ -913,6 +926,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             let v = b.val(Val {
                 shape,
                 elem,
+                grad_elem,
                 lay: out_lay,
                 source: Source::Step,
                 needs_grad: needs,

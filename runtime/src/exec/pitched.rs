@@ -22,8 +22,10 @@ use crate::{Backend, Communicator, RuntimeError};
 
 impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// Per step instruction, whether its results are held at a pitch: every later reader
-    /// reads them where they lie ([`Executor::results_read_only`]); f32 activations and their
-    /// gradients only (the plan's bf16 values go to the stash and the words paths).
+    /// reads them where they lie ([`Executor::results_read_only`]); f32 activations, and the
+    /// loss's gradient whether the plan declares it f32 or 16-bit (an engine that casts it
+    /// to the head's dtype: it is made as that dtype's operand either way), only (the plan's
+    /// other bf16 values go to the stash and the words paths).
     pub(super) fn pitched_results(&self) -> Vec<bool> {
         // The gradients held so are the loss's (as the LM head's operand), not a product's.
         let loss_grads: HashSet<BufferId> = self
@@ -43,12 +45,9 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
             .collect();
         self.results_read_only(Self::reads_pitched_only, |e, o| {
             e.tpl.buffer(o).is_some_and(|d| {
-                let role = match d.role {
-                    Role::Activation => true,
-                    Role::ActGrad => loss_grads.contains(&o),
-                    _ => false,
-                };
-                d.elem == Elem::F32 && d.shape.len() >= 2 && role
+                let f32_activation = d.role == Role::Activation && d.elem == Elem::F32;
+                let loss_grad = d.role == Role::ActGrad && loss_grads.contains(&o);
+                d.shape.len() >= 2 && (f32_activation || loss_grad)
             })
         })
     }
