@@ -291,6 +291,34 @@ fn absurd_layer_count() {
     assert!(t.elapsed().as_secs_f64() < 5.0, "took {:?}", t.elapsed());
 }
 
+/// A config whose sizes make weights of 2^80 elements (a `hidden_size` of 2^40) is refused
+/// when read, naming the count and the fields, by `inspect` and `compile` alike: its
+/// parameter count
+/// wrapped around 2^64 (a release build printed 1.07e15 parameters, a debug build panicked)
+/// and the search for a GPU count that fits ran for minutes.
+#[test]
+fn sizes_beyond_64_bit_counts_are_refused_at_once() {
+    let p = file("huge", "config.json", br#"{"model_type": "llama", "hidden_size": 1099511627776, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}"#);
+    let ps = p.to_string_lossy().to_string();
+    let t = std::time::Instant::now();
+    let want = [ps.as_str(), "9.671e24 parameters", "2^50", "hidden_size"];
+    expect_error(&["inspect", &ps], &want);
+    expect_error(
+        &[
+            "compile",
+            &ps,
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "16",
+        ],
+        &want,
+    );
+    assert!(t.elapsed().as_secs_f64() < 5.0, "took {:?}", t.elapsed());
+}
+
 /// `--gpus 0` names the rule, not clap's range of a u64.
 #[test]
 fn zero_gpus() {

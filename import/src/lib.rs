@@ -8,6 +8,7 @@ pub mod error;
 pub mod hf;
 pub mod load;
 pub mod onnx;
+pub mod sizes;
 pub mod spec;
 pub mod summary;
 pub mod zoo;

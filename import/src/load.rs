@@ -89,6 +89,17 @@ pub enum Error {
         max: u64,
         table: String,
     },
+    /// A tensor or the parameters together beyond what plait plans for
+    /// ([`crate::sizes::MAX_ELEMENTS`]).
+    #[error(
+        "{model}: {oversize}, beyond the 2^50 plait plans for (a thousand times the largest \
+         models trained); check the model's sizes (hidden, intermediate and vocabulary sizes, \
+         expert count)"
+    )]
+    TooLarge {
+        model: String,
+        oversize: crate::sizes::Oversize,
+    },
     /// The builder could not lower a (validated) spec: a bug or an unsupported combination.
     #[error("{model}: building the forward graph failed: {source}")]
     Build {
@@ -189,11 +200,14 @@ fn from_spec(
         source,
     })?;
     let seq = seq.unwrap_or(spec.default_seq).max(1);
+    let model = match &source {
+        Source::Config { path } | Source::Onnx { path, .. } => path.display().to_string(),
+        Source::Zoo { name } => name.clone(),
+    };
+    if let Some(oversize) = crate::sizes::oversize(&graph) {
+        return Err(Error::TooLarge { model, oversize });
+    }
     if let Some(limit) = position_limit(&graph).filter(|l| l.max < seq) {
-        let model = match &source {
-            Source::Config { path } | Source::Onnx { path, .. } => path.display().to_string(),
-            Source::Zoo { name } => name.clone(),
-        };
         return Err(Error::SeqTooLong {
             model,
             seq,
@@ -236,6 +250,12 @@ fn load_onnx(path: &Path, batch: Option<u64>, seq: Option<u64>) -> Result<Loaded
     };
     if let Some(limit) = position_limit(&imported.graph).filter(|l| l.max < at) {
         return Err(too_long(path, at, limit));
+    }
+    if let Some(oversize) = crate::sizes::oversize(&imported.graph) {
+        return Err(Error::TooLarge {
+            model: path.display().to_string(),
+            oversize,
+        });
     }
     Ok(LoadedModel {
         graph: imported.graph,

@@ -102,15 +102,22 @@ impl Mla {
 
     /// Parameters of one layer's attention with `heads` heads on `hidden`.
     pub fn params(&self, hidden: u64, heads: u64) -> u64 {
-        let q_out = heads * self.qk_head_dim();
-        let q = match self.q_lora_rank {
+        self.count(hidden, heads)
+    }
+
+    /// [`Mla::params`] in `N`'s arithmetic.
+    fn count<N: Count>(&self, hidden: u64, heads: u64) -> N {
+        let n = N::of;
+        let (hidden, heads, kv_lora) = (n(hidden), n(heads), n(self.kv_lora_rank));
+        let q_out = heads * (n(self.qk_nope_head_dim) + n(self.qk_rope_head_dim));
+        let q = match self.q_lora_rank.map(n) {
             Some(r) => hidden * r + r + r * q_out,
             None => hidden * q_out,
         };
-        let kv = hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
-            + self.kv_lora_rank
-            + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim);
-        q + kv + heads * self.v_head_dim * hidden
+        let kv = hidden * (kv_lora + n(self.qk_rope_head_dim))
+            + kv_lora
+            + kv_lora * heads * (n(self.qk_nope_head_dim) + n(self.v_head_dim));
+        q + kv + heads * n(self.v_head_dim) * hidden
     }
 }
 
@@ -185,47 +192,86 @@ impl ModelSpec {
             .unwrap_or(self.family.model_type())
     }
 
-    /// Exact trainable parameter count, by formula (the graph's own count must agree).
+    /// Exact trainable parameter count, by formula (the graph's own count must agree). For a
+    /// spec whose count may not fit in 64 bits, [`ModelSpec::param_count_f64`] first.
     pub fn param_count(&self) -> u64 {
-        let (h, v, f) = (self.hidden, self.vocab, self.ffn);
-        let kv = self.kv_heads * self.head_dim();
+        self.count()
+    }
+
+    /// [`ModelSpec::param_count`] in floating point: it cannot overflow, so it says whether a
+    /// config's sizes are beyond any model before anything multiplies them in 64 bits.
+    pub fn param_count_f64(&self) -> f64 {
+        self.count()
+    }
+
+    fn count<N: Count>(&self) -> N {
+        let n = N::of;
+        let (h, v, f) = (n(self.hidden), n(self.vocab), n(self.ffn));
+        let (zero, two, three, four) = (n(0), n(2), n(3), n(4));
+        let hd = n(self.head_dim());
+        let kv = n(self.kv_heads) * hd;
         let embed = v * h;
-        let head = if self.tied_embeddings { 0 } else { h * v };
+        let head = if self.tied_embeddings { zero } else { h * v };
         match self.family {
             Family::Gpt2 => {
-                let layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h;
-                embed + self.max_positions * h + self.layers * layer + 2 * h + head
+                let layer = (h * three * h + three * h)
+                    + (h * h + h)
+                    + (h * f + f)
+                    + (f * h + h)
+                    + four * h;
+                embed + n(self.max_positions) * h + n(self.layers) * layer + two * h + head
             }
             Family::Llama | Family::Mixtral => {
-                let (q, hd, var) = (self.q_width(), self.head_dim(), &self.variant);
-                let bias = if var.qkv_bias { q + 2 * kv } else { 0 };
-                let qk_norm = if var.qk_norm { 2 * hd } else { 0 };
+                let (q, var) = (n(self.heads) * hd, &self.variant);
+                let bias = if var.qkv_bias { q + two * kv } else { zero };
+                let qk_norm = if var.qk_norm { two * hd } else { zero };
                 let attn = match &var.mla {
-                    Some(mla) => mla.params(h, self.heads),
-                    None => h * q + 2 * h * kv + q * h + bias + qk_norm,
+                    Some(mla) => mla.count(self.hidden, self.heads),
+                    None => h * q + two * h * kv + q * h + bias + qk_norm,
                 };
-                let gate = if var.shared_expert_gate { h } else { 0 };
-                let shared = var.shared_expert_ffn.map_or(0, |s| 3 * h * s + gate);
+                let gate = if var.shared_expert_gate { h } else { zero };
+                let shared = var
+                    .shared_expert_ffn
+                    .map_or(zero, |s| three * h * n(s) + gate);
+                let experts = n(self.experts);
                 let mlp = if self.family == Family::Mixtral {
-                    h * self.experts + self.experts * 3 * h * f + shared
+                    h * experts + experts * three * h * f + shared
                 } else if var.relu2_mlp {
-                    2 * h * f
+                    two * h * f
                 } else {
-                    3 * h * f
+                    three * h * f
                 };
                 // Leading dense layers swap the experts for one SwiGLU MLP.
                 let dense = var.dense_layers.map_or(0, |d| d.count.min(self.layers));
-                let dense_mlp = var.dense_layers.map_or(0, |d| 3 * h * d.ffn);
-                let mlps = (self.layers - dense) * mlp + dense * dense_mlp;
+                let dense_mlp = var.dense_layers.map_or(zero, |d| three * h * n(d.ffn));
+                let mlps = n(self.layers - dense) * mlp + n(dense) * dense_mlp;
                 // A LayerNorm has a bias beside its weight.
-                let norm = if var.layer_norm { 2 * h } else { h };
+                let norm = if var.layer_norm { two * h } else { h };
                 let norms = if var.sandwich_norms {
-                    4 * norm
+                    four * norm
                 } else {
-                    2 * norm
+                    two * norm
                 };
-                embed + self.layers * (attn + norms) + mlps + norm + head
+                embed + n(self.layers) * (attn + norms) + mlps + norm + head
             }
         }
+    }
+}
+
+/// The arithmetic a parameter count runs in: `u64` for the exact count, `f64` to bound a
+/// config's sizes without overflowing.
+trait Count: Copy + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> {
+    fn of(n: u64) -> Self;
+}
+
+impl Count for u64 {
+    fn of(n: u64) -> u64 {
+        n
+    }
+}
+
+impl Count for f64 {
+    fn of(n: u64) -> f64 {
+        n as f64
     }
 }

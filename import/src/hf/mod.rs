@@ -563,6 +563,14 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
             s.layers
         ));
     }
+    let params = s.param_count_f64();
+    if params > crate::sizes::MAX_ELEMENTS as f64 {
+        return fail(format!(
+            "its sizes make {params:.3e} parameters, beyond the 2^50 plait plans for (a \
+             thousand times the largest models trained); check {hidden_f}, {heads_f}, the \
+             intermediate and vocabulary sizes and the expert count"
+        ));
+    }
     if s.variant.head_dim.is_none() && !s.hidden.is_multiple_of(s.heads) {
         return fail(format!(
             "{heads_f} = {} does not divide {hidden_f} = {}: the hidden size must be a multiple of the head count",

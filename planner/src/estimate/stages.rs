@@ -6,7 +6,7 @@ use super::runs::RunCost;
 use super::setup::Setup;
 use super::{
     DpExchange, MemoryBreakdown, OPTIMIZER_BYTES_PER_PARAM, RESERVE_BYTES, StageEstimate, Work,
-    dp_sync_times, stage_local_split,
+    dp_sync_times, stage_local_split_of,
 };
 use crate::cost::comm::{Collective, collective_time, p2p_time};
 use crate::cost::memory::state_bytes;
@@ -130,7 +130,7 @@ pub(super) struct StageResult {
 pub(super) fn stage_result(
     cx: &Setup<'_, '_>,
     d: usize,
-    chunk_layers: &[u32],
+    (chunk_layers, chunk_runs): (&[u32], &[Vec<u32>]),
     chunks: &[ChunkCost],
     timeline: &Timeline,
 ) -> StageResult {
@@ -141,7 +141,7 @@ pub(super) fn stage_result(
     let layers: u32 = my_chunks.iter().map(|&c| chunk_layers[c]).sum();
     // The dense weights are replicated over dp × cp, the experts (split ep ways) over the
     // expert-data-parallel ranks only.
-    let (local, local_experts) = stage_local_split(info, s, d as u32);
+    let (local, local_experts) = stage_local_split_of(info, s, d as u32, chunk_runs);
     let replicas = (cx.dp * cx.cp) as f64;
     let expert_replicas = replicas / cx.ep as f64;
     let mut states = state_bytes(local, replicas, s.zero, s.precision);

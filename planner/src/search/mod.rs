@@ -144,8 +144,22 @@ pub struct Infeasible {
 /// Called with (done, total) as candidates are evaluated.
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
+/// The divisors of `n`, ascending: pairs `d`, `n / d` up to √n, so that a huge count (a GPU
+/// count advised for an absurd model) takes √n steps, not n.
 fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+    let (mut small, mut large) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d <= n / d {
+        if n.is_multiple_of(d) {
+            small.push(d);
+            if d != n / d {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
 }
 
 /// The default precision: bf16 where the GPU has it, else fp16, else fp32.
@@ -844,10 +858,10 @@ fn smallest_fitting_cluster(
     let node = u64::from(cluster.gpus_per_node).max(1);
     let mut gpus = states.max(req.gpus + 1).div_ceil(node) * node;
     for _ in 0..6 {
-        if cluster
+        let beyond_cluster = cluster
             .max_nodes
-            .is_some_and(|m| gpus > u64::from(m) * node)
-        {
+            .is_some_and(|m| gpus > u64::from(m) * node);
+        if beyond_cluster || gpus > MAX_ADVISED_GPUS {
             return None;
         }
         let larger = SearchRequest {
@@ -862,6 +876,11 @@ fn smallest_fitting_cluster(
     }
     None
 }
+
+/// The most GPUs plait advises where the cluster file sets no size (`max_nodes`): 2²⁰, beyond
+/// the largest training clusters built (a few hundred thousand GPUs in 2025). A model that
+/// needs more gets no count; its shortfall is still said.
+const MAX_ADVISED_GPUS: u64 = 1 << 20;
 
 fn infeasible(
     info: &ModelInfo<'_>,
@@ -915,5 +934,18 @@ fn infeasible(
         smallest_shortfall_bytes: short,
         closest: strategy,
         suggestions,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::divisors;
+
+    #[test]
+    fn divisors_are_those_of_a_brute_force_scan_in_order() {
+        for n in (1..=400).chain([720_720, 1 << 20, 999_983, 1_000_000]) {
+            let brute: Vec<u64> = (1..=n).filter(|d| n % d == 0).collect();
+            assert_eq!(divisors(n), brute, "{n}");
+        }
     }
 }
