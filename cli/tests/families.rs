@@ -8,12 +8,14 @@ mod common;
 use common::{dir, plait};
 
 /// (fixture, published parameters: the checkpoint's safetensors total, dense).
-const FAMILIES: [(&str, u64, bool); 8] = [
+const FAMILIES: [(&str, u64, bool); 9] = [
     ("qwen2.5-7b", 7_615_616_512, true),
     ("qwen3-8b", 8_190_735_360, true),
     ("phi-3-mini-4k", 3_821_079_552, true),
     ("gemma-7b", 8_537_680_896, true),
     ("gemma-2-9b", 9_241_705_984, true),
+    // KerasHub's gemma3_1b preset (the checkpoint's count).
+    ("gemma-3-1b", 999_885_952, true),
     ("mistral-nemo-base", 12_247_782_400, true),
     ("qwen1.5-moe-a2.7b", 14_315_784_192, false),
     ("qwen3-30b-a3b", 30_532_122_624, false),

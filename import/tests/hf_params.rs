@@ -269,6 +269,43 @@ fn gemma2_has_four_norms_per_layer_and_soft_caps() {
 }
 
 #[test]
+fn gemma3_keeps_gemma2s_block_with_qk_norms_and_no_soft_caps() {
+    // KerasHub's Gemma 3 presets (keras_hub/src/models/gemma3/gemma3_presets.py, "params"):
+    // gemma3_1b 999,885,952 (google/gemma-3-1b-pt's config); gemma3_12b_text 11,765,788,416.
+    let one_b = r#"{"model_type":"gemma3_text","hidden_size":1152,"intermediate_size":6912,
+            "num_hidden_layers":26,"num_attention_heads":4,"num_key_value_heads":1,
+            "head_dim":256,"vocab_size":262144,"query_pre_attn_scalar":256,
+            "attn_logit_softcapping":null,"final_logit_softcapping":null,
+            "sliding_window":512,"rope_local_base_freq":10000}"#;
+    assert_published(one_b, 999_885_952);
+    assert_published(
+        r#"{"model_type":"gemma3_text","hidden_size":3840,"intermediate_size":15360,
+            "num_hidden_layers":48,"num_attention_heads":16,"num_key_value_heads":8,
+            "head_dim":256,"vocab_size":262144,
+            "rope_scaling":{"rope_type":"linear","factor":8.0}}"#,
+        11_765_788_416,
+    );
+    let spec = parse(one_b);
+    let v = &spec.variant;
+    assert!(v.qk_norm && v.sandwich_norms && v.gelu_gate && v.embed_scale);
+    // transformers' Gemma3TextConfig: no soft-caps unless set.
+    assert_eq!((v.attn_softcap, v.final_softcap), (None, None));
+    let g = import::build_forward(&spec, DType::F32).expect("builds");
+    let norms = g
+        .op_ids()
+        .filter(|&o| matches!(g.op(o).kind, ir::OpKind::RmsNorm { .. }))
+        .count();
+    // Per layer four around attention and the MLP, and q's and k's; then the final norm.
+    assert_eq!(norms, 26 * 6 + 1);
+    let notes = hf::approximations(one_b);
+    assert!(
+        notes.iter().any(|n| n.contains("sliding_window 512"))
+            && notes.iter().any(|n| n.contains("rope_local_base_freq")),
+        "{notes:?}"
+    );
+}
+
+#[test]
 fn qwen_moe_families_have_many_small_experts() {
     // Qwen/Qwen3-30B-A3B: 30,532,122,624 (128 experts of 768, top 8, q/k norms).
     assert_published(

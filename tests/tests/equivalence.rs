@@ -240,7 +240,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// q/k/v biases and
 /// tied head, Qwen3's per-head q/k norms with an explicit head size (q wider than hidden),
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
-/// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Phi-3, and
+/// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Gemma 3's
+/// q/k norms in that block, Phi-3, and
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
 /// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
 /// and DeepSeek-V3's multi-head latent attention and experts, all-expert and with a leading
@@ -265,6 +266,7 @@ fn llama_structured_families_equal_one_device() {
         ("phi3", &tp2),
         ("gemma", &tp2),
         ("gemma2", &tp2),
+        ("gemma3_text", &tp2),
         ("qwen2_moe", &dp2),
         ("qwen3_moe", &dp2),
         ("nemotron", &tp2),

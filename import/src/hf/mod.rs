@@ -16,7 +16,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 14] = [
     "gpt2",
     "llama",
     "mistral",
@@ -26,6 +26,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
     "phi3",
     "gemma",
     "gemma2",
+    "gemma3_text",
     "qwen2_moe",
     "qwen3_moe",
     "nemotron",
@@ -88,6 +89,9 @@ impl LlamaLike {
             "phi3" => dense("phi3", 4096, 1e-5, 10000.0, false),
             "gemma" => dense("gemma", 8192, 1e-6, 10000.0, true),
             "gemma2" => dense("gemma2", 8192, 1e-6, 10000.0, true),
+            // Gemma 3's text model (transformers' Gemma3TextConfig): Gemma 2's block with
+            // q/k norms in place of the soft-caps.
+            "gemma3_text" => dense("gemma3_text", 131072, 1e-6, 1e6, true),
             "nemotron" => dense("nemotron", 4096, 1e-5, 10000.0, false),
             "mixtral" => LlamaLike {
                 model_type: "mixtral",
@@ -131,7 +135,9 @@ impl LlamaLike {
     fn variant(&self, f: &Fields<'_>) -> Result<Variant, ConfigError> {
         let t = self.model_type;
         let qwen3 = matches!(t, "qwen3" | "qwen3_moe");
-        let gemma = matches!(t, "gemma" | "gemma2");
+        let gemma = matches!(t, "gemma" | "gemma2" | "gemma3_text");
+        // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
+        let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
         let deepseek = t == "deepseek_v3";
         let mla = if deepseek { Some(mla(f)?) } else { None };
         // transformers' configs honour an explicit `head_dim` (Mistral-Nemo: 128 with hidden
@@ -152,21 +158,22 @@ impl LlamaLike {
             head_dim: head_dim.filter(|&d| d != implied),
             qkv_bias: matches!(t, "qwen2" | "qwen2_moe")
                 || (!deepseek && f.opt_bool("attention_bias")?.unwrap_or(false)),
-            qk_norm: qwen3,
+            qk_norm: qwen3 || t == "gemma3_text",
             gelu_gate: gemma,
             embed_scale: gemma,
-            sandwich_norms: t == "gemma2",
-            attn_softcap: if t == "gemma2" {
-                f.float_or_off("attn_logit_softcapping", 50.0)?
-            } else {
-                None
+            sandwich_norms: gemma2_block,
+            // Gemma 2's soft-caps are on unless set to null; Gemma 3's off unless set.
+            attn_softcap: match t {
+                "gemma2" => f.float_or_off("attn_logit_softcapping", 50.0)?,
+                "gemma3_text" => f.opt_float("attn_logit_softcapping")?,
+                _ => None,
             },
-            final_softcap: if t == "gemma2" {
-                f.float_or_off("final_logit_softcapping", 30.0)?
-            } else {
-                None
+            final_softcap: match t {
+                "gemma2" => f.float_or_off("final_logit_softcapping", 30.0)?,
+                "gemma3_text" => f.opt_float("final_logit_softcapping")?,
+                _ => None,
             },
-            query_scale: if t == "gemma2" {
+            query_scale: if gemma2_block {
                 f.opt_float("query_pre_attn_scalar")?.or(Some(256.0))
             } else {
                 None
@@ -495,6 +502,14 @@ pub fn approximations(text: &str) -> Vec<String> {
             "Nemotron's LayerNorm1P (weight + 1) is built as a LayerNorm whose weight starts at \
              one (the same parameters, FLOPs and gradients; a Hugging Face checkpoint's weights \
              load with 1 added)"
+                .to_string(),
+        );
+    }
+    if obj.get("model_type") == Some(&Value::String("gemma3_text".into())) {
+        notes.push(
+            "Gemma 3's sliding-window layers rotate with rope_theta and its scaling, as its \
+             global layers do (transformers gives them rope_local_base_freq, unscaled: the \
+             same shapes and FLOPs)"
                 .to_string(),
         );
     }
