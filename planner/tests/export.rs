@@ -159,12 +159,17 @@ fn megatron_parameters(v: &HashMap<String, String>) -> f64 {
     let experts = v
         .get("--num-experts")
         .map_or(1.0, |e| e.parse::<f64>().unwrap());
+    let shared = v
+        .get("--moe-shared-expert-intermediate-size")
+        .map_or(0.0, |f| f.parse::<f64>().unwrap());
+    // The query projection's width over the hidden size (`--kv-channels` × heads).
+    let q_ratio = v
+        .get("--kv-channels")
+        .map_or(1.0, |d| d.parse::<f64>().unwrap() * heads / h);
     let gated = if v.contains_key("--swiglu") { 1.5 } else { 1.0 };
-    let layers = 2.0
-        * l
-        * h
-        * h
-        * ((1.0 + groups / heads) + ffn / h * experts * gated + 2.0 / h + 1.0 / (l * h));
+    let mlp = (ffn * experts + shared) / h * gated;
+    let layers =
+        2.0 * l * h * h * ((1.0 + groups / heads) * q_ratio + mlp + 2.0 / h + 1.0 / (l * h));
     // NullTokenizer's vocabulary is --vocab-size + 1 (its end-of-document id).
     let vocab = (int(v, "--vocab-size") + 1) as f64;
     let tables = if v.contains_key("--untie-embeddings-and-output-weights") {
@@ -242,6 +247,63 @@ fn published_plans_export_to_megatron_arguments_it_accepts() {
             "{model}: Megatron builds {theirs:.6e} parameters, plait counts {ours:.6e}"
         );
         assert!(e.launch.contains("pretrain_gpt.py"), "{}", e.launch);
+    }
+}
+
+/// Today's families from their published config.json files (`fixtures/hf/`): each exports
+/// with Megatron's own parameter count from its arguments within 1e-3 of plait's (heads wider
+/// or narrower than hidden / heads by `--kv-channels`, Qwen2's q/k/v biases by
+/// `--add-qkv-bias`, per-head q/k norms by `--qk-layernorm`), or is refused naming what
+/// Megatron's GPT model cannot build. Gemma's GeGLU once exported as a plain GELU MLP and
+/// Mistral-Nemo's 128-wide heads as 160-wide ones (Megatron's counts 29 % and 4 % off).
+#[test]
+fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
+    let spec = |name: &str| import::hf::read_config(&fixtures.join(name).join("config.json"));
+    let s = strategy(1, 1, 8, 1, 64, 4096);
+    let exported: [(&str, &[&str]); 5] = [
+        ("qwen2.5-7b", &["--add-qkv-bias", "--disable-bias-linear"]),
+        ("qwen3-8b", &["--qk-layernorm", "--disable-bias-linear"]),
+        ("mistral-nemo-base", &["--kv-channels"]),
+        ("phi-3-mini-4k", &["--disable-bias-linear"]),
+        ("qwen3-30b-a3b", &["--kv-channels", "--qk-layernorm"]),
+    ];
+    for (name, flags) in exported {
+        let spec = spec(name).unwrap();
+        let p = plan_of(&spec, name, "dgx-h100", &s);
+        let e = planner::export::export(&p, Engine::Megatron).unwrap();
+        let v = check_args(&e.args);
+        for f in flags {
+            assert!(v.contains_key(*f), "{name}: {f} missing from {:?}", e.args);
+        }
+        assert_eq!(
+            v.contains_key("--add-qkv-bias"),
+            spec.variant.qkv_bias,
+            "{name}"
+        );
+        if let Some(d) = v.get("--kv-channels") {
+            assert_eq!(d.parse::<u64>().unwrap(), spec.head_dim(), "{name}");
+        }
+        let (ours, theirs) = (p.model.params as f64, megatron_parameters(&v));
+        assert!(
+            ((ours - theirs) / ours).abs() < 1e-3,
+            "{name}: Megatron builds {theirs:.6e} parameters, plait counts {ours:.6e}"
+        );
+    }
+    for (name, feature) in [
+        ("gemma-7b", "GeGLU"),
+        ("gemma-3-1b", "GeGLU"),
+        ("gemma-2-9b", "soft-capped"),
+        ("qwen1.5-moe-a2.7b", "sigmoid gate"),
+        ("nemotron-mini-4b", "activation"),
+    ] {
+        let p = plan_of(&spec(name).unwrap(), name, "dgx-h100", &s);
+        match planner::export::export(&p, Engine::Megatron) {
+            Err(PlanError::Unexportable { feature: f, .. }) => {
+                assert!(f.contains(feature), "{name}: {f}")
+            }
+            other => panic!("{name}: {other:?}"),
+        }
     }
 }
 

@@ -31,8 +31,15 @@ pub struct Architecture {
     pub norm_eps: f64,
     /// A gated SiLU MLP (SwiGLU) rather than GELU.
     pub swiglu: bool,
-    /// The linear layers have biases.
-    pub linear_bias: bool,
+    /// Each attention head's width (`--kv-channels` where it is not hidden / heads).
+    pub head_dim: u64,
+    /// Biases on the q, k and v projections, and on the other linear layers.
+    pub qkv_bias: bool,
+    pub other_bias: bool,
+    /// A norm on each head's queries and keys before attention (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// The inner width of a shared expert beside the routed ones (ungated).
+    pub shared_expert_ffn: Option<u64>,
     /// The head reads the embedding table.
     pub tied: bool,
     /// Dropout probability of the model's dropout ops (0 without).
@@ -88,6 +95,8 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             "attention scores soft-capped (Gemma 2's attn_logit_softcapping)",
         ));
     }
+    let qkv = QkvPaths::of(g, &info.layer_ops);
+    refuse_unexpressed(info, &layer, &qkv).map_err(refuse)?;
     let norm = layer.iter().find_map(|k| match k {
         OpKind::RmsNorm { eps } => Some((true, *eps)),
         OpKind::LayerNorm { eps } => Some((false, *eps)),
@@ -129,10 +138,18 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             _ => None,
         })
         .unwrap_or((0, 0, Routing::default()));
+    let shared_expert_ffn = (experts > 0)
+        .then(|| gate_width(g, &info.layer_ops, OpKind::Silu))
+        .flatten();
+    let ffn = if experts > 0 {
+        expert_width(g, &info.layer_ops)
+    } else {
+        ffn_width(g, &info.layer_ops)
+    };
     Ok(Architecture {
         layers: info.layers,
         hidden: info.hidden,
-        ffn: ffn_width(g, &info.layer_ops).ok_or_else(|| refuse("an MLP plait cannot find"))?,
+        ffn: ffn.ok_or_else(|| refuse("an MLP plait cannot find"))?,
         heads: info.heads,
         kv_heads: info.kv_heads,
         vocab: info.vocab,
@@ -140,9 +157,13 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         rms_norm,
         norm_eps,
         swiglu,
-        linear_bias: layer
-            .iter()
-            .any(|k| matches!(k, OpKind::Linear { bias: true })),
+        head_dim: qkv.head_dim.unwrap_or(info.hidden / info.heads.max(1)),
+        qkv_bias: qkv.biased(g, true),
+        other_bias: info.layer_ops.iter().any(|o| {
+            !qkv.linears.contains(o) && matches!(g.op(*o).kind, OpKind::Linear { bias: true })
+        }),
+        qk_norm: qkv.norms > 0,
+        shared_expert_ffn,
         tied: info.tied_params > 0,
         dropout: layer
             .iter()
@@ -158,22 +179,147 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
 }
 
 /// The MLP's inner width: the width of what its activation reads (a GELU's input, or a SiLU's
-/// for SwiGLU; per expert for an MoE layer).
+/// for SwiGLU).
 fn ffn_width(g: &Graph, ops: &[OpId]) -> Option<u64> {
     ops.iter().find_map(|&o| {
         let op = g.op(o);
+        matches!(op.kind, OpKind::Gelu { .. } | OpKind::Silu)
+            .then(|| last_width(g, op.inputs[0]))
+            .flatten()
+    })
+}
+
+/// Each routed expert's inner width (plait's expert op: w1, w3 `[E, h, f]`, then w2).
+fn expert_width(g: &Graph, ops: &[OpId]) -> Option<u64> {
+    ops.iter().find_map(|&o| {
+        let op = g.op(o);
         match op.kind {
-            OpKind::Gelu { .. } | OpKind::Silu => op
-                .inputs
-                .first()
-                .and_then(|&x| g.ty(x).shape.last())
-                .and_then(|d| d.fixed()),
-            OpKind::MoeExperts { .. } => op
-                .inputs
-                .get(2)
-                .and_then(|&w| g.ty(w).shape.last())
-                .and_then(|d| d.fixed()),
+            OpKind::MoeExperts { .. } => op.inputs.get(2).and_then(|&w| last_width(g, w)),
             _ => None,
         }
     })
+}
+
+/// The inner width of a gated MLP whose activation is `act` (its output multiplied by
+/// another tensor as wide): a SwiGLU shared expert beside routed ones, or Gemma's GeGLU.
+fn gate_width(g: &Graph, ops: &[OpId], act: OpKind) -> Option<u64> {
+    let is_act = |v: ir::ValueId| {
+        let d = g.def_op(v);
+        ops.contains(&d) && std::mem::discriminant(&g.op(d).kind) == std::mem::discriminant(&act)
+    };
+    ops.iter().find_map(|&o| {
+        let op = g.op(o);
+        let gated = matches!(op.kind, OpKind::Mul)
+            && op.inputs.len() == 2
+            && op.inputs.iter().any(|&x| is_act(x))
+            && last_width(g, op.inputs[0]) == last_width(g, op.inputs[1]);
+        gated.then(|| last_width(g, op.results[0])).flatten()
+    })
+}
+
+fn last_width(g: &Graph, v: ir::ValueId) -> Option<u64> {
+    g.ty(v).shape.last().and_then(|d| d.fixed())
+}
+
+/// What lies between the layer's q, k and v projections and its attention: the projections,
+/// the norms on the way (a per-head q/k norm) and the heads' width.
+struct QkvPaths {
+    linears: Vec<OpId>,
+    norms: usize,
+    head_dim: Option<u64>,
+}
+
+impl QkvPaths {
+    fn of(g: &Graph, ops: &[OpId]) -> QkvPaths {
+        let mut paths = QkvPaths {
+            linears: Vec::new(),
+            norms: 0,
+            head_dim: None,
+        };
+        for &o in ops {
+            let op = g.op(o);
+            let OpKind::Attention { heads, .. } = op.kind else {
+                continue;
+            };
+            paths.head_dim = last_width(g, op.inputs[0]).map(|w| w / heads.max(1));
+            for &x in op.inputs.iter().take(3) {
+                paths.walk_back(g, ops, x);
+            }
+        }
+        paths
+    }
+
+    /// Follows `v` back through single-operand ops (reshapes, rotary, norms, a split) to the
+    /// linear that made it.
+    fn walk_back(&mut self, g: &Graph, ops: &[OpId], mut v: ir::ValueId) {
+        for _ in 0..32 {
+            let o = g.def_op(v);
+            if !ops.contains(&o) {
+                return;
+            }
+            let op = g.op(o);
+            match op.kind {
+                OpKind::Linear { .. } => {
+                    if !self.linears.contains(&o) {
+                        self.linears.push(o);
+                    }
+                    return;
+                }
+                OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. } => self.norms += 1,
+                _ => {}
+            }
+            let Some(&x) = op.inputs.first() else {
+                return;
+            };
+            v = x;
+        }
+    }
+
+    /// Whether the q, k and v projections have biases.
+    fn biased(&self, g: &Graph, bias: bool) -> bool {
+        self.linears
+            .iter()
+            .any(|&o| matches!(g.op(o).kind, OpKind::Linear { bias: b } if b == bias))
+    }
+}
+
+/// The layer structures an engine's GPT model has no argument for, named: a gated GELU MLP,
+/// norms after attention and the MLP as well as before them, a scaled embedding, soft-capped
+/// logits, a gated shared expert, a softmax scale other than 1/√head_dim.
+fn refuse_unexpressed(
+    info: &ModelInfo<'_>,
+    layer: &[&OpKind],
+    qkv: &QkvPaths,
+) -> Result<(), &'static str> {
+    let g = info.graph;
+    if gate_width(g, &info.layer_ops, OpKind::Gelu { tanh: true }).is_some() {
+        return Err("a gated GELU MLP (GeGLU: Gemma's)");
+    }
+    let norms = layer
+        .iter()
+        .filter(|k| matches!(k, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }))
+        .count();
+    if norms > 2 + qkv.norms {
+        return Err("norms after attention and the MLP as well as before them (Gemma 2 and 3)");
+    }
+    if kinds(g, &info.pre_ops).any(|k| matches!(k, OpKind::Scale { .. })) {
+        return Err("an embedding scaled by the square root of the hidden size (Gemma)");
+    }
+    if kinds(g, &info.post_ops).any(|k| matches!(k, OpKind::Tanh)) {
+        return Err("soft-capped logits (Gemma 2's final_logit_softcapping)");
+    }
+    let routed = layer.iter().any(|k| matches!(k, OpKind::MoeExperts { .. }));
+    if routed && layer.iter().any(|k| matches!(k, OpKind::Sigmoid)) {
+        return Err("a shared expert behind a sigmoid gate (Qwen2-MoE's shared_expert_gate)");
+    }
+    let standard = layer.iter().all(|k| match k {
+        OpKind::Attention { scale, .. } => qkv
+            .head_dim
+            .is_none_or(|d| (scale * (d as f64).sqrt() - 1.0).abs() < 1e-6),
+        _ => true,
+    });
+    if !standard {
+        return Err("a softmax scale other than 1/sqrt(head size) (query_pre_attn_scalar)");
+    }
+    Ok(())
 }

@@ -66,6 +66,14 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
     push(args, "--hidden-size", a.hidden);
     push(args, "--ffn-hidden-size", a.ffn);
     push(args, "--num-attention-heads", a.heads);
+    // Heads whose width is not hidden / heads (Qwen3, Mistral-Nemo, Gemma).
+    if a.head_dim * a.heads != a.hidden {
+        push(args, "--kv-channels", a.head_dim);
+    }
+    if a.qk_norm {
+        // Megatron-Core's q/k norm per head, of the `--normalization` type.
+        flag(args, "--qk-layernorm");
+    }
     if a.kv_heads != a.heads {
         flag(args, "--group-query-attention");
         push(args, "--num-query-groups", a.kv_heads);
@@ -92,8 +100,20 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
     if a.swiglu {
         flag(args, "--swiglu");
     }
-    if !a.linear_bias {
-        flag(args, "--disable-bias-linear");
+    match (a.qkv_bias, a.other_bias) {
+        (true, true) => {}
+        // Qwen2's biases on q, k and v alone.
+        (true, false) => {
+            flag(args, "--disable-bias-linear");
+            flag(args, "--add-qkv-bias");
+        }
+        (false, false) => flag(args, "--disable-bias-linear"),
+        (false, true) => {
+            return Err(refuse(
+                "biases on the output and MLP projections but not on q, k and v",
+                "`--disable-bias-linear` drops every bias, `--add-qkv-bias` adds q, k and v's",
+            ));
+        }
     }
     if !a.tied {
         flag(args, "--untie-embeddings-and-output-weights");
@@ -109,6 +129,9 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
     if a.experts > 0 {
         push(args, "--num-experts", a.experts);
         push(args, "--moe-router-topk", a.experts_per_token);
+        if let Some(f) = a.shared_expert_ffn {
+            push(args, "--moe-shared-expert-intermediate-size", f);
+        }
     }
     Ok(())
 }
