@@ -44,6 +44,9 @@ fn config_name(a: &Architecture) -> Result<&'static str, PlanError> {
                 && a.swiglu
                 && a.experts == 0
                 && !a.tied
+                // Its Llama 3 has no biases or q/k norms, and heads dim / n_heads wide.
+                && !(a.qkv_bias || a.other_bias || a.qk_norm)
+                && a.head_dim * a.heads == a.hidden
         })
         .map(|c| c.0)
         .ok_or_else(|| {
