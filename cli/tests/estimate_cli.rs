@@ -254,6 +254,70 @@ fn a_broken_cluster_file_names_the_field() {
     );
 }
 
+/// Values no machine has (a launch of 1e308 µs, 10^8 GPUs a node, a bandwidth of 1e-300 GB/s)
+/// are refused naming the field: they once reached the estimate, whose products of them left
+/// f64's range (a debug build panicked on an infinite time).
+#[test]
+fn absurd_cluster_values_name_the_field() {
+    let dir = std::env::temp_dir().join(format!("plait-cluster-absurd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = "name = \"x\"\ngpus_per_node = 8\n[gpu]\nname = \"g\"\nsm_count = 1\nlaunch_overhead_us = 1\n\
+                memory_gib = 80\nhbm_gb_per_s = 1000\nmatmul_efficiency = 0.5\nmemory_efficiency = 0.9\n\
+                [gpu.peak_tflops]\nfp32 = 10\n[[link]]\nname = \"nv\"\nscope = \"node\"\ngb_per_s = 100\n\
+                latency_us = 1\nefficiency = 0.5\n";
+    let estimate = |text: &str| {
+        let p = dir.join("c.toml");
+        std::fs::write(&p, text).unwrap();
+        let ps = p.to_string_lossy().to_string();
+        plait(&[
+            "estimate",
+            "gpt2",
+            "--cluster",
+            &ps,
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+            "--dp",
+            "8",
+            "--micro-batch",
+            "1",
+        ])
+    };
+    assert_eq!(estimate(good).0, 0, "{}", estimate(good).2);
+    for (from, to, field) in [
+        (
+            "launch_overhead_us = 1\n",
+            "launch_overhead_us = 1e308\n",
+            "gpu.launch_overhead_us",
+        ),
+        (
+            "gpus_per_node = 8",
+            "gpus_per_node = 100000000",
+            "gpus_per_node",
+        ),
+        (
+            "hbm_gb_per_s = 1000",
+            "hbm_gb_per_s = 1e-300",
+            "gpu.hbm_gb_per_s",
+        ),
+        ("fp32 = 10", "fp32 = 1e300", "gpu.peak_tflops.fp32"),
+        (
+            "latency_us = 1\n",
+            "latency_us = 1e300\n",
+            "link[0].latency_us",
+        ),
+    ] {
+        let (code, _, err) = estimate(&good.replace(from, to));
+        assert_eq!(code, 2, "{to}: {err}");
+        assert!(err.contains(field), "{to}: {err}");
+    }
+}
+
 #[test]
 fn a_cluster_file_that_is_not_toml_says_where_on_one_line() {
     let dir = std::env::temp_dir().join(format!("plait-cluster-syntax-{}", std::process::id()));

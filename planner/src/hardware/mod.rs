@@ -151,6 +151,13 @@ pub struct Link {
     pub nvls_efficiency: Option<f64>,
 }
 
+/// Bounds of a cluster file's rates and sizes (GB/s, GiB, TFLOP/s, fractions' floor), delays
+/// (µs) and counts ([`Cluster::validate`]).
+const MIN_RATE: f64 = 1e-3;
+const MAX_RATE: f64 = 1e7;
+const MAX_DELAY_US: f64 = 1e6;
+const MAX_COUNT: u32 = 1_000_000;
+
 /// A cluster type: identical nodes of identical GPUs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -293,22 +300,32 @@ impl Cluster {
                 message: format!("`{field}` {why}"),
             })
         };
-        let positive = |x: f64| x.is_finite() && x > 0.0;
-        let fraction = |x: f64| x.is_finite() && x > 0.0 && x <= 1.0;
-        if self.gpus_per_node == 0 {
-            return bad("gpus_per_node", "must be at least 1");
+        // Rates, sizes and fractions within bounds far beyond any machine (a thousandth of a
+        // unit to ten million of them: GB/s, GiB, TFLOP/s), so that no product or quotient of
+        // them leaves f64's range; a value outside is a typo, not a machine.
+        let positive = |x: f64| x.is_finite() && (MIN_RATE..=MAX_RATE).contains(&x);
+        let fraction = |x: f64| x.is_finite() && (MIN_RATE..=1.0).contains(&x);
+        let delay = |x: f64| x.is_finite() && (0.0..=MAX_DELAY_US).contains(&x);
+        if self.gpus_per_node == 0 || self.gpus_per_node > MAX_COUNT {
+            return bad("gpus_per_node", "must be between 1 and 1000000");
         }
-        if self.gpu.sm_count == 0 {
-            return bad("gpu.sm_count", "must be at least 1");
+        if self.gpu.sm_count == 0 || self.gpu.sm_count > MAX_COUNT {
+            return bad("gpu.sm_count", "must be between 1 and 1000000");
         }
-        if !(self.gpu.launch_overhead_us.is_finite() && self.gpu.launch_overhead_us >= 0.0) {
-            return bad("gpu.launch_overhead_us", "must be non-negative");
+        if !delay(self.gpu.launch_overhead_us) {
+            return bad(
+                "gpu.launch_overhead_us",
+                "must be between 0 and 1000000 (microseconds)",
+            );
         }
         if !positive(self.gpu.memory_gib) {
-            return bad("gpu.memory_gib", "must be positive");
+            return bad("gpu.memory_gib", "must be between 0.001 and 10000000 (GiB)");
         }
         if !positive(self.gpu.hbm_gb_per_s) {
-            return bad("gpu.hbm_gb_per_s", "must be positive");
+            return bad(
+                "gpu.hbm_gb_per_s",
+                "must be between 0.001 and 10000000 (GB/s)",
+            );
         }
         if !fraction(self.gpu.matmul_efficiency) {
             return bad("gpu.matmul_efficiency", "must be in (0, 1]");
@@ -321,7 +338,7 @@ impl Cluster {
                 ("softmax", k.softmax),
                 ("dropout", k.dropout),
             ] {
-                if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                if v.is_some_and(|v| !positive(v)) {
                     return bad(
                         &format!("gpu.kernel_fractions.{field}"),
                         "must be a positive number (a kernel's bandwidth over a plain copy's)",
@@ -339,14 +356,20 @@ impl Cluster {
         if self.gpu.board_power_w.is_some_and(|w| !positive(w)) {
             return bad("gpu.board_power_w", "must be positive (watts)");
         }
-        if self.pue.is_some_and(|p| !(p.is_finite() && p >= 1.0)) {
-            return bad("pue", "must be at least 1 (facility power over IT power)");
+        if self
+            .pue
+            .is_some_and(|p| !(p.is_finite() && (1.0..=10.0).contains(&p)))
+        {
+            return bad(
+                "pue",
+                "must be between 1 and 10 (facility power over IT power)",
+            );
         }
         if self
             .price_per_gpu_hour
-            .is_some_and(|p| !(p.is_finite() && p >= 0.0))
+            .is_some_and(|p| !(p.is_finite() && (0.0..=MAX_RATE).contains(&p)))
         {
-            return bad("price_per_gpu_hour", "must be a non-negative number");
+            return bad("price_per_gpu_hour", "must be between 0 and 10000000");
         }
         if !fraction(self.gpu.memory_efficiency) {
             return bad("gpu.memory_efficiency", "must be in (0, 1]");
@@ -362,7 +385,7 @@ impl Cluster {
             if v.is_some_and(|x| !positive(x)) {
                 return bad(
                     &format!("gpu.peak_tflops.{f}"),
-                    "must be positive (omit it if unsupported)",
+                    "must be between 0.001 and 10000000 (omit it if unsupported)",
                 );
             }
         }
@@ -382,8 +405,11 @@ impl Cluster {
             if l.nvls_efficiency.is_some_and(|x| !fraction(x)) {
                 return bad(&format!("link[{i}].nvls_efficiency"), "must be in (0, 1]");
             }
-            if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
-                return bad(&format!("link[{i}].latency_us"), "must be non-negative");
+            if !delay(l.latency_us) {
+                return bad(
+                    &format!("link[{i}].latency_us"),
+                    "must be between 0 and 1000000 (microseconds)",
+                );
             }
             match l.scope {
                 Scope::Node if !l.gb_per_s.is_some_and(positive) => {
@@ -393,7 +419,7 @@ impl Cluster {
                     );
                 }
                 Scope::Network
-                    if !(l.nics_per_node.is_some_and(|n| n > 0)
+                    if !(l.nics_per_node.is_some_and(|n| n > 0 && n <= MAX_COUNT)
                         && l.nic_gb_per_s.is_some_and(positive)) =>
                 {
                     return bad(
