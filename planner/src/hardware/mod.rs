@@ -151,10 +151,12 @@ pub struct Link {
     pub nvls_efficiency: Option<f64>,
 }
 
-/// Bounds of a cluster file's rates and sizes (GB/s, GiB, TFLOP/s, fractions' floor), delays
-/// (µs) and counts ([`Cluster::validate`]).
-const MIN_RATE: f64 = 1e-3;
+/// Bounds of a cluster file's rates and sizes (GB/s, GiB, TFLOP/s), fractions (a profiled
+/// GPU's efficiency may be a CPU's share of an H200's peak), delays (µs) and counts
+/// ([`Cluster::validate`]).
+const MIN_RATE: f64 = 1e-6;
 const MAX_RATE: f64 = 1e7;
+const MIN_FRACTION: f64 = 1e-9;
 const MAX_DELAY_US: f64 = 1e6;
 const MAX_COUNT: u32 = 1_000_000;
 
@@ -300,11 +302,11 @@ impl Cluster {
                 message: format!("`{field}` {why}"),
             })
         };
-        // Rates, sizes and fractions within bounds far beyond any machine (a thousandth of a
+        // Rates, sizes and fractions within bounds far beyond any machine (a millionth of a
         // unit to ten million of them: GB/s, GiB, TFLOP/s), so that no product or quotient of
         // them leaves f64's range; a value outside is a typo, not a machine.
         let positive = |x: f64| x.is_finite() && (MIN_RATE..=MAX_RATE).contains(&x);
-        let fraction = |x: f64| x.is_finite() && (MIN_RATE..=1.0).contains(&x);
+        let fraction = |x: f64| x.is_finite() && (MIN_FRACTION..=1.0).contains(&x);
         let delay = |x: f64| x.is_finite() && (0.0..=MAX_DELAY_US).contains(&x);
         if self.gpus_per_node == 0 || self.gpus_per_node > MAX_COUNT {
             return bad("gpus_per_node", "must be between 1 and 1000000");
@@ -319,12 +321,15 @@ impl Cluster {
             );
         }
         if !positive(self.gpu.memory_gib) {
-            return bad("gpu.memory_gib", "must be between 0.001 and 10000000 (GiB)");
+            return bad(
+                "gpu.memory_gib",
+                "must be between 0.000001 and 10000000 (GiB)",
+            );
         }
         if !positive(self.gpu.hbm_gb_per_s) {
             return bad(
                 "gpu.hbm_gb_per_s",
-                "must be between 0.001 and 10000000 (GB/s)",
+                "must be between 0.000001 and 10000000 (GB/s)",
             );
         }
         if !fraction(self.gpu.matmul_efficiency) {
@@ -385,7 +390,7 @@ impl Cluster {
             if v.is_some_and(|x| !positive(x)) {
                 return bad(
                     &format!("gpu.peak_tflops.{f}"),
-                    "must be between 0.001 and 10000000 (omit it if unsupported)",
+                    "must be between 0.000001 and 10000000 (omit it if unsupported)",
                 );
             }
         }
