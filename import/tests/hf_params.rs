@@ -305,6 +305,44 @@ fn gemma3_keeps_gemma2s_block_with_qk_norms_and_no_soft_caps() {
     );
 }
 
+/// google/gemma-3-4b-it's multimodal config as published: `model_type` gemma3, its language
+/// model under `text_config` with only the fields that differ from transformers'
+/// Gemma3TextConfig defaults (heads 8, KV heads 4, head_dim 256, vocabulary 262,208). plait
+/// plans that text model: KerasHub's gemma3_4b_text preset counts 3,880,099,328 parameters
+/// with a vocabulary of 262,144; the multimodal vocabulary's 64 more rows (its image tokens)
+/// add 64 × 2560.
+#[test]
+fn gemma3s_multimodal_config_plans_its_text_model() {
+    let four_b_it = r#"{"architectures":["Gemma3ForConditionalGeneration"],
+        "boi_token_index":255999,"eoi_token_index":256000,"image_token_index":262144,
+        "mm_tokens_per_image":256,"model_type":"gemma3",
+        "text_config":{"hidden_size":2560,"intermediate_size":10240,"model_type":"gemma3_text",
+            "num_hidden_layers":34,"rope_scaling":{"factor":8.0,"rope_type":"linear"},
+            "sliding_window":1024},
+        "vision_config":{"hidden_size":1152,"image_size":896,"intermediate_size":4304,
+            "model_type":"siglip_vision_model","num_attention_heads":16,
+            "num_hidden_layers":27,"patch_size":14,"vision_use_head":false}}"#;
+    assert_published(four_b_it, 3_880_099_328 + 64 * 2560);
+    let spec = parse(four_b_it);
+    assert_eq!((spec.heads, spec.kv_heads, spec.head_dim()), (8, 4, 256));
+    let notes = hf::approximations(four_b_it);
+    assert!(
+        notes.iter().any(|n| n.contains("vision tower"))
+            && notes.iter().any(|n| n.contains("sliding_window 1024")),
+        "{notes:?}"
+    );
+    let err = hf::parse_config(
+        r#"{"model_type":"gemma3","vision_config":{}}"#,
+        std::path::Path::new("mm.json"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("mm.json") && err.contains("text_config"),
+        "{err}"
+    );
+}
+
 #[test]
 fn qwen_moe_families_have_many_small_experts() {
     // Qwen/Qwen3-30B-A3B: 30,532,122,624 (128 experts of 768, top 8, q/k norms).

@@ -6,6 +6,7 @@
 mod error;
 mod moe;
 mod rope;
+mod text_model;
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +17,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 14] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 15] = [
     "gpt2",
     "llama",
     "mistral",
@@ -27,6 +28,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 14] = [
     "gemma",
     "gemma2",
     "gemma3_text",
+    "gemma3",
     "qwen2_moe",
     "qwen3_moe",
     "nemotron",
@@ -358,6 +360,14 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
             });
         }
     };
+    let (obj, model_type) =
+        text_model::text_model(obj, &model_type).map_err(|field| ConfigError::Inconsistent {
+            file: file.to_path_buf(),
+            reason: format!(
+                "model_type \"{model_type}\" is a multimodal config: plait plans its language \
+                 model from `{field}`, which is missing or not an object"
+            ),
+        })?;
     let name = model_name(file);
     let fields = Fields {
         obj: &obj,
@@ -478,6 +488,26 @@ pub fn approximations(text: &str) -> Vec<String> {
     let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text) else {
         return Vec::new();
     };
+    let model_type = obj.get("model_type").and_then(Value::as_str).unwrap_or("");
+    if text_model::text_model_type(model_type).is_some()
+        && let Some(Value::Object(text)) = obj.get("text_config")
+    {
+        let mut text = text.clone();
+        if let Some(t) = text_model::text_model_type(model_type) {
+            text.insert("model_type".into(), Value::String(t.into()));
+        }
+        let mut notes = vec![format!(
+            "{model_type} is a multimodal config: plait plans its language model \
+             (text_config); the vision tower (vision_config) is not built or counted"
+        )];
+        notes.extend(object_approximations(&text));
+        return notes;
+    }
+    object_approximations(&obj)
+}
+
+/// [`approximations`] of one (text) model's config object.
+fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     let mut notes = Vec::new();
     // Qwen2's configs carry a `sliding_window` that `use_sliding_window: false` turns off.
     let window_off = obj.get("use_sliding_window") == Some(&Value::Bool(false));
@@ -514,9 +544,9 @@ pub fn approximations(text: &str) -> Vec<String> {
         );
     }
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
-        notes.extend(deepseek_v3_approximations(&obj));
+        notes.extend(deepseek_v3_approximations(obj));
     }
-    notes.extend(rope::note(&obj));
+    notes.extend(rope::note(obj));
     notes
 }
 
