@@ -8,7 +8,7 @@ mod common;
 use common::{dir, plait};
 
 /// (fixture, published parameters: the checkpoint's safetensors total, dense).
-const FAMILIES: [(&str, u64, bool); 9] = [
+const FAMILIES: [(&str, u64, bool); 10] = [
     ("qwen2.5-7b", 7_615_616_512, true),
     ("qwen3-8b", 8_190_735_360, true),
     ("phi-3-mini-4k", 3_821_079_552, true),
@@ -17,6 +17,7 @@ const FAMILIES: [(&str, u64, bool); 9] = [
     // KerasHub's gemma3_1b preset (the checkpoint's count).
     ("gemma-3-1b", 999_885_952, true),
     ("mistral-nemo-base", 12_247_782_400, true),
+    ("olmo-2-1124-7b", 7_298_617_344, true),
     ("qwen1.5-moe-a2.7b", 14_315_784_192, false),
     ("qwen3-30b-a3b", 30_532_122_624, false),
 ];
@@ -311,4 +312,23 @@ fn pinned_layouts_that_once_broke_the_memory_model_lower() {
         let (code, out, err) = codegen(&plan, &d.join("programs"));
         assert_eq!(code, 0, "{name}: codegen {out}{err}");
     }
+}
+
+/// OLMo 2 normalizes q and k over their whole projections, which plait does not split over
+/// tensor-parallel ranks: the search keeps tp 1 (its plan lowers, above) and a pinned `--tp 2`
+/// is refused naming why, not planned and then refused by codegen.
+#[test]
+fn olmo2_keeps_tp_1_and_says_why() {
+    let d = dir("olmo2-tp");
+    let plan = d.join("olmo2.json");
+    let (code, _, err) = compile_on_8_h100_pinned(
+        &config("olmo-2-1124-7b"),
+        &plan.to_string_lossy(),
+        &["--tp", "2"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--tp 2") && err.contains("OLMo 2") && err.contains("--tp 1"),
+        "{err}"
+    );
 }

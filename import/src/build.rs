@@ -216,6 +216,9 @@ impl Builder {
         let h = spec.hidden;
         let var = &spec.variant;
         let p = format!("model.layers.{i}");
+        if var.post_norms {
+            return self.post_norm_layer(spec, i, &p, x);
+        }
         let a = self.block_norm(&format!("{p}.input_layernorm"), spec, x)?;
         if let Some(mla) = &var.mla {
             let o = self.latent_attention(spec, mla, &p, a)?;
@@ -271,6 +274,53 @@ impl Builder {
         if var.sandwich_norms {
             y = self.block_norm(&format!("{p}.post_feedforward_layernorm"), spec, y)?;
         }
+        self.op(OpKind::Add, vec![x, y])
+    }
+
+    /// OLMo 2's layer (transformers' `Olmo2DecoderLayer`): attention and the MLP read the
+    /// residual stream as it is, and their outputs are normed before each add; q and k are
+    /// normed over their whole projections before the rotary embedding.
+    fn post_norm_layer(
+        &mut self,
+        spec: &ModelSpec,
+        i: u64,
+        p: &str,
+        x: ValueId,
+    ) -> Result<ValueId, BuildError> {
+        let (q, k, v) = self.qkv(spec, p, x)?;
+        let (q, k) = if spec.variant.qk_norm {
+            let (qw, kw) = (spec.q_width(), spec.kv_heads * spec.head_dim());
+            let gq = self.param(&format!("{p}.self_attn.q_norm.weight"), &[qw]);
+            let q = self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![q, gq])?;
+            let gk = self.param(&format!("{p}.self_attn.k_norm.weight"), &[kw]);
+            let k = self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![k, gk])?;
+            (q, k)
+        } else {
+            (q, k)
+        };
+        let q = self.rotary(spec, q, spec.heads)?;
+        let k = self.rotary(spec, k, spec.kv_heads)?;
+        let attn = self.op(
+            OpKind::Attention {
+                heads: spec.heads,
+                kv_heads: spec.kv_heads,
+                scale: 1.0 / (spec.head_dim() as f64).sqrt(),
+                causal: true,
+                softcap: None,
+            },
+            vec![q, k, v],
+        )?;
+        let o = self.linear(
+            &format!("{p}.self_attn.o_proj"),
+            attn,
+            spec.q_width(),
+            spec.hidden,
+            false,
+        )?;
+        let o = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, o)?;
+        let x = self.op(OpKind::Add, vec![x, o])?;
+        let y = self.mlp_of_layer(spec, i, p, x)?;
+        let y = self.block_norm(&format!("{p}.post_feedforward_layernorm"), spec, y)?;
         self.op(OpKind::Add, vec![x, y])
     }
 

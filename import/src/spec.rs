@@ -65,6 +65,10 @@ pub struct Variant {
     /// Rotary embedding over only the first this many dimensions of each head, the rest
     /// passed through (Nemotron's `partial_rotary_factor`).
     pub rotary_dims: Option<u64>,
+    /// Norms on the attention and MLP outputs before each residual add and none before them
+    /// (OLMo 2's reordered norms), and q and k normed over their whole projections (all
+    /// heads at once) rather than per head.
+    pub post_norms: bool,
 }
 
 /// Leading dense layers of a mixture-of-experts model.
@@ -224,7 +228,12 @@ impl ModelSpec {
             Family::Llama | Family::Mixtral => {
                 let (q, var) = (n(self.heads) * hd, &self.variant);
                 let bias = if var.qkv_bias { q + two * kv } else { zero };
-                let qk_norm = if var.qk_norm { two * hd } else { zero };
+                let qk_norm = match (var.qk_norm, var.post_norms) {
+                    (false, _) => zero,
+                    (true, false) => two * hd,
+                    // Over the whole projections: q's and k's widths.
+                    (true, true) => q + kv,
+                };
                 let attn = match &var.mla {
                     Some(mla) => mla.count(self.hidden, self.heads),
                     None => h * q + two * h * kv + q * h + bias + qk_norm,

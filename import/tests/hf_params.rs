@@ -343,6 +343,37 @@ fn gemma3s_multimodal_config_plans_its_text_model() {
     );
 }
 
+/// OLMo 2 (transformers' `Olmo2ForCausalLM`): norms after attention and the MLP only, and q
+/// and k normed over their whole projections. allenai/OLMo-2-1124-7B: 7,298,617,344
+/// parameters, -13B: 13,716,198,400 (their safetensors totals).
+#[test]
+fn olmo2_norms_outputs_and_whole_projections() {
+    let seven_b = r#"{"model_type":"olmo2","hidden_size":4096,"intermediate_size":11008,
+        "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":32,
+        "vocab_size":100352,"max_position_embeddings":4096,"rms_norm_eps":1e-06,
+        "rope_theta":500000,"tie_word_embeddings":false,"attention_bias":false}"#;
+    assert_published(seven_b, 7_298_617_344);
+    assert_published(
+        r#"{"model_type":"olmo2","hidden_size":5120,"intermediate_size":13824,
+            "num_hidden_layers":40,"num_attention_heads":40,"num_key_value_heads":40,
+            "vocab_size":100352,"rms_norm_eps":1e-06,"rope_theta":500000,
+            "tie_word_embeddings":false}"#,
+        13_716_198_400,
+    );
+    let g = import::build_forward(&parse(seven_b), DType::F32).expect("builds");
+    // The q norm's weight is the whole projection's width, and it reads q_proj directly.
+    let q_norm = g
+        .op_ids()
+        .find(|&o| matches!(g.op(o).kind, ir::OpKind::RmsNorm { .. }))
+        .expect("a norm");
+    let gamma = g.op(q_norm).inputs[1];
+    assert_eq!(g.ty(gamma).shape.fixed_numel(), Some(4096));
+    assert!(matches!(
+        g.op(g.def_op(g.op(q_norm).inputs[0])).kind,
+        ir::OpKind::Linear { .. }
+    ));
+}
+
 #[test]
 fn qwen_moe_families_have_many_small_experts() {
     // Qwen/Qwen3-30B-A3B: 30,532,122,624 (128 experts of 768, top 8, q/k norms).

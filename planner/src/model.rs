@@ -63,6 +63,10 @@ pub struct ModelInfo<'g> {
     /// (its first layer's ops and parameters, `layers` its length); empty where every layer
     /// repeats layer 0. The fields above describe layer 0 ([`ModelInfo::runs`]).
     pub layer_runs: Vec<LayerRun<'g>>,
+    /// A norm in the layer spans every head of q or k at once (OLMo 2's `q_norm` and `k_norm`
+    /// over the whole projections): its statistics would need every tensor-parallel rank's
+    /// heads, which plait's lowering does not gather, so its plans keep tp 1.
+    pub norm_across_heads: bool,
 }
 
 /// A run of structurally identical layers of a block that changes structure.
@@ -198,7 +202,9 @@ impl<'g> ModelInfo<'g> {
             post_groups,
             tp_extractions: Default::default(),
             layer_runs: Vec::new(),
+            norm_across_heads: false,
         };
+        info.norm_across_heads = norm_across_heads(graph, &info.layer_ops, &uses);
         for &o in order {
             let op = graph.op(o);
             match &op.kind {
@@ -377,4 +383,37 @@ fn routed_expert_params(graph: &Graph, layer_ops: &[OpId]) -> (u64, u64) {
         }
     }
     (params, experts)
+}
+
+/// Whether a norm among `ops` reads a projection's output whole and feeds attention (through
+/// reshapes and the rotary embedding): q or k normed over all their heads at once.
+fn norm_across_heads(graph: &Graph, ops: &[OpId], uses: &ir::Uses) -> bool {
+    let feeds_attention = |v: ir::ValueId| {
+        let mut frontier = vec![v];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for v in frontier {
+                for &u in &uses[v.index()] {
+                    match graph.op(u).kind {
+                        OpKind::Attention { .. } => return true,
+                        OpKind::Reshape { .. } | OpKind::Rotary { .. } => {
+                            next.extend(graph.op(u).results.iter().copied())
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            frontier = next;
+        }
+        false
+    };
+    ops.iter().any(|&o| {
+        let op = graph.op(o);
+        matches!(op.kind, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. })
+            && matches!(
+                graph.op(graph.def_op(op.inputs[0])).kind,
+                OpKind::Linear { .. }
+            )
+            && op.results.first().is_some_and(|&r| feeds_attention(r))
+    })
 }

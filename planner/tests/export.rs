@@ -296,6 +296,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("gemma-2-9b", "soft-capped"),
         ("qwen1.5-moe-a2.7b", "sigmoid gate"),
         ("nemotron-mini-4b", "activation"),
+        ("olmo-2-1124-7b", "OLMo 2"),
     ] {
         let p = plan_of(&spec(name).unwrap(), name, "dgx-h100", &s);
         match planner::export::export(&p, Engine::Megatron) {

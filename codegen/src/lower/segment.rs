@@ -916,7 +916,10 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 // The planner counts the logits in fp32, and so what element-wise ops make
                 // of them (Gemma 2's soft-cap); their gradients as the engine holds them.
                 elem = Elem::F32;
-                grad_elem = cx.logits_grad;
+                if !matches!(op.kind, OpKind::CrossEntropy) {
+                    // (The loss's own gradient is the f32 seed.)
+                    grad_elem = cx.logits_grad;
+                }
             }
             let name = format!("{}{}", op.kind.mnemonic(), b.seg.vals.len());
             let mut shape = local(&full, out_lay, cx.tp);

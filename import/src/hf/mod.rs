@@ -17,7 +17,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 15] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 16] = [
     "gpt2",
     "llama",
     "mistral",
@@ -29,6 +29,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 15] = [
     "gemma2",
     "gemma3_text",
     "gemma3",
+    "olmo2",
     "qwen2_moe",
     "qwen3_moe",
     "nemotron",
@@ -95,6 +96,8 @@ impl LlamaLike {
             // q/k norms in place of the soft-caps.
             "gemma3_text" => dense("gemma3_text", 131072, 1e-6, 1e6, true),
             "nemotron" => dense("nemotron", 4096, 1e-5, 10000.0, false),
+            // transformers' Olmo2Config defaults.
+            "olmo2" => dense("olmo2", 2048, 1e-5, 10000.0, false),
             "mixtral" => LlamaLike {
                 model_type: "mixtral",
                 family: Family::Mixtral,
@@ -160,7 +163,7 @@ impl LlamaLike {
             head_dim: head_dim.filter(|&d| d != implied),
             qkv_bias: matches!(t, "qwen2" | "qwen2_moe")
                 || (!deepseek && f.opt_bool("attention_bias")?.unwrap_or(false)),
-            qk_norm: qwen3 || t == "gemma3_text",
+            qk_norm: qwen3 || matches!(t, "gemma3_text" | "olmo2"),
             gelu_gate: gemma,
             embed_scale: gemma,
             sandwich_norms: gemma2_block,
@@ -204,6 +207,7 @@ impl LlamaLike {
             mla,
             relu2_mlp: t == "nemotron",
             layer_norm: t == "nemotron",
+            post_norms: t == "olmo2",
             rotary_dims: if t == "nemotron" {
                 nemotron_rotary_dims(f, head_dim.unwrap_or(implied))?
             } else {
@@ -488,22 +492,25 @@ pub fn approximations(text: &str) -> Vec<String> {
     let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text) else {
         return Vec::new();
     };
-    let model_type = obj.get("model_type").and_then(Value::as_str).unwrap_or("");
-    if text_model::text_model_type(model_type).is_some()
-        && let Some(Value::Object(text)) = obj.get("text_config")
-    {
-        let mut text = text.clone();
-        if let Some(t) = text_model::text_model_type(model_type) {
-            text.insert("model_type".into(), Value::String(t.into()));
-        }
-        let mut notes = vec![format!(
+    let model_type = obj
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let multimodal = text_model::text_model_type(&model_type).is_some();
+    // The object the model is read from, with its family's defaults filled in.
+    let Ok((text, _)) = text_model::text_model(obj, &model_type) else {
+        return Vec::new();
+    };
+    let mut notes = Vec::new();
+    if multimodal {
+        notes.push(format!(
             "{model_type} is a multimodal config: plait plans its language model \
              (text_config); the vision tower (vision_config) is not built or counted"
-        )];
-        notes.extend(object_approximations(&text));
-        return notes;
+        ));
     }
-    object_approximations(&obj)
+    notes.extend(object_approximations(&text));
+    notes
 }
 
 /// [`approximations`] of one (text) model's config object.

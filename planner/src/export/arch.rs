@@ -292,6 +292,15 @@ fn refuse_unexpressed(
     qkv: &QkvPaths,
 ) -> Result<(), &'static str> {
     let g = info.graph;
+    if qkv.linears.is_empty() {
+        return Err("attention whose q, k and v projections plait cannot find");
+    }
+    if info.norm_across_heads {
+        return Err(
+            "q and k normed over all their heads at once, and norms after attention \
+                    and the MLP only (OLMo 2)",
+        );
+    }
     if gate_width(g, &info.layer_ops, OpKind::Gelu { tanh: true }).is_some() {
         return Err("a gated GELU MLP (GeGLU: Gemma's)");
     }

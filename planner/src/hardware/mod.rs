@@ -346,7 +346,7 @@ impl Cluster {
                 if v.is_some_and(|v| !positive(v)) {
                     return bad(
                         &format!("gpu.kernel_fractions.{field}"),
-                        "must be a positive number (a kernel's bandwidth over a plain copy's)",
+                        "must be between 0.000001 and 10000000 (a kernel's bandwidth over a plain copy's)",
                     );
                 }
             }
@@ -359,7 +359,10 @@ impl Cluster {
             }
         }
         if self.gpu.board_power_w.is_some_and(|w| !positive(w)) {
-            return bad("gpu.board_power_w", "must be positive (watts)");
+            return bad(
+                "gpu.board_power_w",
+                "must be between 0.000001 and 10000000 (watts)",
+            );
         }
         if self
             .pue
@@ -420,7 +423,7 @@ impl Cluster {
                 Scope::Node if !l.gb_per_s.is_some_and(positive) => {
                     return bad(
                         &format!("link[{i}].gb_per_s"),
-                        "is required (positive) for a node link",
+                        "is required (0.000001 to 10000000 GB/s) for a node link",
                     );
                 }
                 Scope::Network
@@ -429,7 +432,7 @@ impl Cluster {
                 {
                     return bad(
                         &format!("link[{i}]"),
-                        "needs nics_per_node and nic_gb_per_s (positive) for a network link",
+                        "needs nics_per_node (1 to 1000000) and nic_gb_per_s (0.000001 to 10000000) for a network link",
                     );
                 }
                 _ => {}

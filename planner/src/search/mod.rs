@@ -221,7 +221,7 @@ impl MeshCandidates {
             if p.tp.map_or(tp > gpn, |t| u64::from(t) != tp) {
                 continue;
             }
-            if !info.heads.is_multiple_of(tp) {
+            if !info.heads.is_multiple_of(tp) || (tp > 1 && info.norm_across_heads) {
                 continue;
             }
             for pp in divisors(self.gpus / tp) {
@@ -470,6 +470,11 @@ fn gib(b: f64) -> f64 {
     b / (1u64 << 30) as f64
 }
 
+/// Why a model whose q/k norms span all heads keeps tp 1 ([`ModelInfo::norm_across_heads`]).
+pub const NORM_ACROSS_HEADS: &str = "the model normalizes q and k over all their heads at once \
+     (OLMo 2's q_norm and k_norm), which plait does not split over tensor-parallel ranks yet; \
+     use --tp 1";
+
 /// The first rule the pinned degrees break, named with the flags that break it.
 fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
     let p = &req.pins;
@@ -485,6 +490,9 @@ fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
                 "--tp {t} does not divide the model's {} attention heads",
                 info.heads
             ));
+        }
+        if t > 1 && info.norm_across_heads {
+            return Some(format!("--tp {t}: {NORM_ACROSS_HEADS}"));
         }
     }
     if let Some(q) = pp {
@@ -877,9 +885,9 @@ fn smallest_fitting_cluster(
     None
 }
 
-/// The most GPUs plait advises where the cluster file sets no size (`max_nodes`): 2²⁰, beyond
-/// the largest training clusters built (a few hundred thousand GPUs in 2025). A model that
-/// needs more gets no count; its shortfall is still said.
+/// The most GPUs plait advises (and fewer where the cluster file's `max_nodes` says so): 2²⁰,
+/// beyond the largest training clusters built (a few hundred thousand GPUs in 2025). A model
+/// that needs more gets no count; its shortfall is still said.
 const MAX_ADVISED_GPUS: u64 = 1 << 20;
 
 fn infeasible(
