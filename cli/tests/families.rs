@@ -8,7 +8,7 @@ mod common;
 use common::{dir, plait};
 
 /// (fixture, published parameters: the checkpoint's safetensors total, dense).
-const FAMILIES: [(&str, u64, bool); 10] = [
+const FAMILIES: [(&str, u64, bool); 11] = [
     ("qwen2.5-7b", 7_615_616_512, true),
     ("qwen3-8b", 8_190_735_360, true),
     ("phi-3-mini-4k", 3_821_079_552, true),
@@ -18,6 +18,7 @@ const FAMILIES: [(&str, u64, bool); 10] = [
     ("gemma-3-1b", 999_885_952, true),
     ("mistral-nemo-base", 12_247_782_400, true),
     ("olmo-2-1124-7b", 7_298_617_344, true),
+    ("granite-3.1-2b-instruct", 2_533_531_648, true),
     ("qwen1.5-moe-a2.7b", 14_315_784_192, false),
     ("qwen3-30b-a3b", 30_532_122_624, false),
 ];

@@ -58,6 +58,14 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
         let factor = (h as f64).sqrt();
         x = b.op(OpKind::Scale { factor }, vec![x])?;
     }
+    if let Some(m) = spec.variant.multipliers {
+        x = b.op(
+            OpKind::Scale {
+                factor: m.embedding,
+            },
+            vec![x],
+        )?;
+    }
     // Leading dense layers (DeepSeek-V3) are a run of their own.
     if let Some(d) = spec.variant.dense_layers
         && d.count < spec.layers
@@ -82,6 +90,10 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
         b.param(head_name, &[h, v])
     };
     let mut logits = b.op(OpKind::Linear { bias: false }, vec![x, head])?;
+    if let Some(m) = spec.variant.multipliers {
+        let factor = 1.0 / m.logits;
+        logits = b.op(OpKind::Scale { factor }, vec![logits])?;
+    }
     if let Some(cap) = spec.variant.final_softcap {
         // Gemma 2: cap · tanh(logits / cap).
         let scaled = b.op(OpKind::Scale { factor: 1.0 / cap }, vec![logits])?;
@@ -243,11 +255,14 @@ impl Builder {
         let q = self.rotary(spec, q, spec.heads)?;
         let k = self.rotary(spec, k, spec.kv_heads)?;
         let scale_base = var.query_scale.unwrap_or(spec.head_dim() as f64);
+        let scale = var
+            .multipliers
+            .map_or(1.0 / scale_base.sqrt(), |m| m.attention);
         let attn = self.op(
             OpKind::Attention {
                 heads: spec.heads,
                 kv_heads: spec.kv_heads,
-                scale: 1.0 / scale_base.sqrt(),
+                scale,
                 causal: true,
                 softcap: var.attn_softcap,
             },
@@ -263,6 +278,7 @@ impl Builder {
         if var.sandwich_norms {
             o = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, o)?;
         }
+        let o = self.residual_scale(spec, o)?;
         let x = self.op(OpKind::Add, vec![x, o])?;
         let pre_mlp = if var.sandwich_norms {
             "pre_feedforward_layernorm"
@@ -274,7 +290,16 @@ impl Builder {
         if var.sandwich_norms {
             y = self.block_norm(&format!("{p}.post_feedforward_layernorm"), spec, y)?;
         }
+        let y = self.residual_scale(spec, y)?;
         self.op(OpKind::Add, vec![x, y])
+    }
+
+    /// A branch's output times Granite's `residual_multiplier` before its residual add.
+    fn residual_scale(&mut self, spec: &ModelSpec, y: ValueId) -> Result<ValueId, BuildError> {
+        match spec.variant.multipliers {
+            Some(m) => self.op(OpKind::Scale { factor: m.residual }, vec![y]),
+            None => Ok(y),
+        }
     }
 
     /// OLMo 2's layer (transformers' `Olmo2DecoderLayer`): attention and the MLP read the

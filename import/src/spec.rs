@@ -69,6 +69,19 @@ pub struct Variant {
     /// (OLMo 2's reordered norms), and q and k normed over their whole projections (all
     /// heads at once) rather than per head.
     pub post_norms: bool,
+    /// Granite's four constant multipliers (transformers' `GraniteConfig`).
+    pub multipliers: Option<Multipliers>,
+}
+
+/// Granite's scalings: the embedding output times `embedding`, each attention and MLP output
+/// times `residual` before its residual add, the attention scores times `attention` (in place
+/// of 1/√head size), the logits divided by `logits`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Multipliers {
+    pub embedding: f64,
+    pub residual: f64,
+    pub attention: f64,
+    pub logits: f64,
 }
 
 /// Leading dense layers of a mixture-of-experts model.

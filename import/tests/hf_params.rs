@@ -374,6 +374,35 @@ fn olmo2_norms_outputs_and_whole_projections() {
     ));
 }
 
+/// Granite (transformers' `GraniteForCausalLM`): Llama's parameters, with its multipliers as
+/// scale ops. ibm-granite/granite-3.1-2b-instruct: 2,533,531,648 parameters; -base, whose
+/// vocabulary is 3 rows smaller: 2,533,525,504 (their safetensors totals).
+#[test]
+fn granite_scales_its_embedding_branches_scores_and_logits() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/granite-3.1-2b-instruct"
+    );
+    let text = std::fs::read_to_string(format!("{fixture}/config.json")).unwrap();
+    assert_published(&text, 2_533_531_648);
+    assert_published(&text.replace("49155", "49152"), 2_533_525_504);
+    let g = import::build_forward(&parse(&text), DType::F32).expect("builds");
+    let scales: Vec<f64> = g
+        .op_ids()
+        .filter_map(|o| match g.op(o).kind {
+            ir::OpKind::Scale { factor } => Some(factor),
+            _ => None,
+        })
+        .collect();
+    // The embedding, two branches in each of 40 layers, the logits.
+    assert_eq!(scales.len(), 1 + 2 * 40 + 1);
+    assert_eq!((scales[0], scales[1], scales[81]), (12.0, 0.22, 1.0 / 8.0));
+    assert!(g.op_ids().all(|o| match g.op(o).kind {
+        ir::OpKind::Attention { scale, .. } => scale == 0.015625,
+        _ => true,
+    }));
+}
+
 #[test]
 fn qwen_moe_families_have_many_small_experts() {
     // Qwen/Qwen3-30B-A3B: 30,532,122,624 (128 experts of 768, top 8, q/k norms).

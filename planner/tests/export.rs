@@ -297,6 +297,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("qwen1.5-moe-a2.7b", "sigmoid gate"),
         ("nemotron-mini-4b", "activation"),
         ("olmo-2-1124-7b", "OLMo 2"),
+        ("granite-3.1-2b-instruct", "Granite"),
     ] {
         let p = plan_of(&spec(name).unwrap(), name, "dgx-h100", &s);
         match planner::export::export(&p, Engine::Megatron) {

@@ -241,7 +241,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// tied head, Qwen3's per-head q/k norms with an explicit head size (q wider than hidden),
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
 /// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Gemma 3's
-/// q/k norms in that block, OLMo 2's norms after attention and the MLP (dp 2, pp 2), Phi-3, and
+/// q/k norms in that block, OLMo 2's norms after attention and the MLP (dp 2, pp 2), Granite's
+/// multipliers, Phi-3, and
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
 /// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
 /// and DeepSeek-V3's multi-head latent attention and experts, all-expert and with a leading
@@ -270,6 +271,7 @@ fn llama_structured_families_equal_one_device() {
         // OLMo 2's whole-projection q/k norms keep tp 1.
         ("olmo2", &dp2),
         ("olmo2", &pp2),
+        ("granite", &tp2),
         ("qwen2_moe", &dp2),
         ("qwen3_moe", &dp2),
         ("nemotron", &tp2),

@@ -17,7 +17,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 16] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 17] = [
     "gpt2",
     "llama",
     "mistral",
@@ -30,6 +30,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 16] = [
     "gemma3_text",
     "gemma3",
     "olmo2",
+    "granite",
     "qwen2_moe",
     "qwen3_moe",
     "nemotron",
@@ -98,6 +99,8 @@ impl LlamaLike {
             "nemotron" => dense("nemotron", 4096, 1e-5, 10000.0, false),
             // transformers' Olmo2Config defaults.
             "olmo2" => dense("olmo2", 2048, 1e-5, 10000.0, false),
+            // transformers' GraniteConfig defaults: Llama's block with four multipliers.
+            "granite" => dense("granite", 2048, 1e-6, 10000.0, false),
             "mixtral" => LlamaLike {
                 model_type: "mixtral",
                 family: Family::Mixtral,
@@ -208,6 +211,11 @@ impl LlamaLike {
             relu2_mlp: t == "nemotron",
             layer_norm: t == "nemotron",
             post_norms: t == "olmo2",
+            multipliers: if t == "granite" {
+                Some(granite_multipliers(f)?)
+            } else {
+                None
+            },
             rotary_dims: if t == "nemotron" {
                 nemotron_rotary_dims(f, head_dim.unwrap_or(implied))?
             } else {
@@ -215,6 +223,17 @@ impl LlamaLike {
             },
         })
     }
+}
+
+/// Granite's multipliers (each 1 unless the config sets it, as `GraniteConfig`).
+fn granite_multipliers(f: &Fields<'_>) -> Result<crate::spec::Multipliers, ConfigError> {
+    let or_one = |field| Ok::<f64, ConfigError>(f.opt_float(field)?.unwrap_or(1.0));
+    Ok(crate::spec::Multipliers {
+        embedding: or_one("embedding_multiplier")?,
+        residual: or_one("residual_multiplier")?,
+        attention: or_one("attention_multiplier")?,
+        logits: or_one("logits_scaling")?,
+    })
 }
 
 /// DeepSeek-V3's multi-head latent attention, with transformers' defaults. Refuses attention

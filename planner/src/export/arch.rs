@@ -312,10 +312,22 @@ fn refuse_unexpressed(
         return Err("norms after attention and the MLP as well as before them (Gemma 2 and 3)");
     }
     if kinds(g, &info.pre_ops).any(|k| matches!(k, OpKind::Scale { .. })) {
-        return Err("an embedding scaled by the square root of the hidden size (Gemma)");
+        return Err(
+            "a scaled embedding (Gemma's by the square root of the hidden size, \
+                    Granite's embedding_multiplier)",
+        );
     }
     if kinds(g, &info.post_ops).any(|k| matches!(k, OpKind::Tanh)) {
         return Err("soft-capped logits (Gemma 2's final_logit_softcapping)");
+    }
+    if kinds(g, &info.post_ops).any(|k| matches!(k, OpKind::Scale { .. })) {
+        return Err("scaled logits (Granite's logits_scaling)");
+    }
+    if layer.iter().any(|k| matches!(k, OpKind::Scale { .. })) {
+        return Err(
+            "scaled residual branches or expert sums (Granite's residual_multiplier, \
+                    DeepSeek-V3's routed_scaling_factor)",
+        );
     }
     let routed = layer.iter().any(|k| matches!(k, OpKind::MoeExperts { .. }));
     if routed && layer.iter().any(|k| matches!(k, OpKind::Sigmoid)) {
