@@ -216,20 +216,21 @@ fn unknown_cluster_lists_the_presets() {
     );
 }
 
-#[test]
-fn a_broken_cluster_file_names_the_field() {
-    let dir = std::env::temp_dir().join(format!("plait-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join("bad.toml");
-    std::fs::write(
-        &p,
-        "name = \"x\"\ngpus_per_node = 8\n[gpu]\nname = \"g\"\nsm_count = 1\nlaunch_overhead_us = 1\nmemory_gib = 80\n\
-         hbm_gb_per_s = 1000\nmatmul_efficiency = 1.5\nmemory_efficiency = 0.9\n[gpu.peak_tflops]\nfp32 = 10\n\
-         [[link]]\nname = \"nv\"\nscope = \"node\"\ngb_per_s = 100\nlatency_us = 1\nefficiency = 0.5\n",
-    )
-    .unwrap();
+/// A small cluster file plait accepts: one node of 8 GPUs on one node link.
+const SMALL_CLUSTER: &str = "name = \"x\"\ngpus_per_node = 8\n[gpu]\nname = \"g\"\nsm_count = 1\n\
+     launch_overhead_us = 1\nmemory_gib = 80\nhbm_gb_per_s = 1000\nmatmul_efficiency = 0.5\n\
+     memory_efficiency = 0.9\n[gpu.peak_tflops]\nfp32 = 10\n[[link]]\nname = \"nv\"\n\
+     scope = \"node\"\ngb_per_s = 100\nlatency_us = 1\nefficiency = 0.5\n";
+
+/// `plait estimate` of GPT-2 at dp 8 on the cluster file `text` (written under a directory
+/// named by `tag`): exit code, stdout, stderr, and the file's path.
+fn estimate_on(text: &str, tag: &str) -> (i32, String, String, String) {
+    let dir = std::env::temp_dir().join(format!("plait-cluster-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let p = dir.join("c.toml");
+    std::fs::write(&p, text).expect("write the cluster file");
     let ps = p.to_string_lossy().to_string();
-    let (code, _, err) = plait(&[
+    let (code, out, err) = plait(&[
         "estimate",
         "gpt2",
         "--cluster",
@@ -247,6 +248,13 @@ fn a_broken_cluster_file_names_the_field() {
         "--micro-batch",
         "1",
     ]);
+    (code, out, err, ps)
+}
+
+#[test]
+fn a_broken_cluster_file_names_the_field() {
+    let text = SMALL_CLUSTER.replace("matmul_efficiency = 0.5", "matmul_efficiency = 1.5");
+    let (code, _, err, ps) = estimate_on(&text, "broken");
     assert_eq!(code, 2);
     assert!(
         err.contains("gpu.matmul_efficiency") && err.contains(&ps),
@@ -259,36 +267,8 @@ fn a_broken_cluster_file_names_the_field() {
 /// f64's range (a debug build panicked on an infinite time).
 #[test]
 fn absurd_cluster_values_name_the_field() {
-    let dir = std::env::temp_dir().join(format!("plait-cluster-absurd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let good = "name = \"x\"\ngpus_per_node = 8\n[gpu]\nname = \"g\"\nsm_count = 1\nlaunch_overhead_us = 1\n\
-                memory_gib = 80\nhbm_gb_per_s = 1000\nmatmul_efficiency = 0.5\nmemory_efficiency = 0.9\n\
-                [gpu.peak_tflops]\nfp32 = 10\n[[link]]\nname = \"nv\"\nscope = \"node\"\ngb_per_s = 100\n\
-                latency_us = 1\nefficiency = 0.5\n";
-    let estimate = |text: &str| {
-        let p = dir.join("c.toml");
-        std::fs::write(&p, text).unwrap();
-        let ps = p.to_string_lossy().to_string();
-        plait(&[
-            "estimate",
-            "gpt2",
-            "--cluster",
-            &ps,
-            "--gpus",
-            "8",
-            "--global-batch",
-            "8",
-            "--tp",
-            "1",
-            "--pp",
-            "1",
-            "--dp",
-            "8",
-            "--micro-batch",
-            "1",
-        ])
-    };
-    assert_eq!(estimate(good).0, 0, "{}", estimate(good).2);
+    let (code, _, err, _) = estimate_on(SMALL_CLUSTER, "absurd");
+    assert_eq!(code, 0, "{err}");
     for (from, to, field) in [
         (
             "launch_overhead_us = 1\n",
@@ -312,7 +292,7 @@ fn absurd_cluster_values_name_the_field() {
             "link[0].latency_us",
         ),
     ] {
-        let (code, _, err) = estimate(&good.replace(from, to));
+        let (code, _, err, _) = estimate_on(&SMALL_CLUSTER.replace(from, to), "absurd");
         assert_eq!(code, 2, "{to}: {err}");
         assert!(err.contains(field), "{to}: {err}");
     }
