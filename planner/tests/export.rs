@@ -261,8 +261,9 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
     let spec = |name: &str| import::hf::read_config(&fixtures.join(name).join("config.json"));
     let s = strategy(1, 1, 8, 1, 64, 4096);
-    let exported: [(&str, &[&str]); 5] = [
+    let exported: [(&str, &[&str]); 6] = [
         ("qwen2.5-7b", &["--add-qkv-bias", "--disable-bias-linear"]),
+        ("nemotron-mini-4b", &["--squared-relu", "--rotary-percent"]),
         ("qwen3-8b", &["--qk-layernorm", "--disable-bias-linear"]),
         ("mistral-nemo-base", &["--kv-channels"]),
         ("phi-3-mini-4k", &["--disable-bias-linear"]),
@@ -281,6 +282,10 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
             spec.variant.qkv_bias,
             "{name}"
         );
+        if let Some(share) = v.get("--rotary-percent") {
+            // Nemotron-Mini's partial_rotary_factor.
+            assert_eq!(share.parse::<f64>().unwrap(), 0.5, "{name}");
+        }
         if let Some(d) = v.get("--kv-channels") {
             assert_eq!(d.parse::<u64>().unwrap(), spec.head_dim(), "{name}");
         }
@@ -295,7 +300,6 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("gemma-3-1b", "GeGLU"),
         ("gemma-2-9b", "soft-capped"),
         ("qwen1.5-moe-a2.7b", "sigmoid gate"),
-        ("nemotron-mini-4b", "activation"),
         ("olmo-2-1124-7b", "OLMo 2"),
         ("granite-3.1-2b-instruct", "Granite"),
     ] {

@@ -31,6 +31,11 @@ pub struct Architecture {
     pub norm_eps: f64,
     /// A gated SiLU MLP (SwiGLU) rather than GELU.
     pub swiglu: bool,
+    /// An ungated squared-ReLU MLP (Nemotron's `relu2`).
+    pub squared_relu: bool,
+    /// The share of each head's dimensions the rotary embedding turns (Nemotron's
+    /// `partial_rotary_factor`; 1 for the whole head).
+    pub rotary_share: f64,
     /// Each attention head's width (`--kv-channels` where it is not hidden / heads).
     pub head_dim: u64,
     /// Biases on the q, k and v projections, and on the other linear layers.
@@ -63,8 +68,8 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
     let refuse = |feature: &str| PlanError::Unexportable {
         engine,
         feature: feature.into(),
-        limit: "its GPT model builds LayerNorm/RMSNorm, learned or rotary positions, GELU or \
-                SwiGLU MLPs and top-k MoE layers"
+        limit: "its GPT model builds LayerNorm/RMSNorm, learned or rotary positions, GELU, \
+                SwiGLU or squared-ReLU MLPs and top-k MoE layers"
             .into(),
     };
     if !info.layer_runs.is_empty() {
@@ -124,8 +129,14 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
     let swiglu = layer
         .iter()
         .any(|k| matches!(k, OpKind::Silu | OpKind::MoeExperts { .. }));
-    if !swiglu && !layer.iter().any(|k| matches!(k, OpKind::Gelu { .. })) {
-        return Err(refuse("an MLP activation other than GELU or SwiGLU"));
+    let squared_relu = layer.iter().any(|k| matches!(k, OpKind::Relu))
+        && layer
+            .iter()
+            .any(|k| matches!(k, OpKind::Pow { exponent } if *exponent == 2.0));
+    if !swiglu && !squared_relu && !layer.iter().any(|k| matches!(k, OpKind::Gelu { .. })) {
+        return Err(refuse(
+            "an MLP activation other than GELU, SwiGLU or a squared ReLU",
+        ));
     }
     let (experts, experts_per_token, routing) = layer
         .iter()
@@ -157,6 +168,8 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         rms_norm,
         norm_eps,
         swiglu,
+        squared_relu,
+        rotary_share: rotary_share(g, &info.layer_ops, qkv.head_dim),
         head_dim: qkv.head_dim.unwrap_or(info.hidden / info.heads.max(1)),
         qkv_bias: qkv.biased(g, true),
         other_bias: info.layer_ops.iter().any(|o| {
@@ -178,12 +191,27 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
     })
 }
 
-/// The MLP's inner width: the width of what its activation reads (a GELU's input, or a SiLU's
-/// for SwiGLU).
+/// The share of a head the first rotary embedding among `ops` turns: the width it reads over
+/// its heads' whole width (Nemotron turns the first half of each head).
+fn rotary_share(g: &Graph, ops: &[OpId], head_dim: Option<u64>) -> f64 {
+    ops.iter()
+        .find_map(|&o| {
+            let op = g.op(o);
+            let OpKind::Rotary { heads, .. } = op.kind else {
+                return None;
+            };
+            let width = last_width(g, op.inputs[0])? as f64;
+            Some(width / (heads * head_dim?) as f64)
+        })
+        .unwrap_or(1.0)
+}
+
+/// The MLP's inner width: the width of what its activation reads (a GELU's input, a SiLU's
+/// for SwiGLU, a ReLU's for a squared ReLU).
 fn ffn_width(g: &Graph, ops: &[OpId]) -> Option<u64> {
     ops.iter().find_map(|&o| {
         let op = g.op(o);
-        matches!(op.kind, OpKind::Gelu { .. } | OpKind::Silu)
+        matches!(op.kind, OpKind::Gelu { .. } | OpKind::Silu | OpKind::Relu)
             .then(|| last_width(g, op.inputs[0]))
             .flatten()
     })

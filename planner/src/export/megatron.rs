@@ -87,6 +87,10 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
         Positions::Rotary { theta, scaling } => {
             push(args, "--position-embedding-type", "rope");
             push(args, "--rotary-base", theta.round() as u64);
+            if a.rotary_share < 1.0 {
+                // Nemotron's partial rotary: the first share of each head turns.
+                push(args, "--rotary-percent", a.rotary_share);
+            }
             push(args, "--max-position-embeddings", seq);
             rope_scaling_args(scaling, args)?;
         }
@@ -99,6 +103,9 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
     push(args, "--norm-epsilon", a.norm_eps);
     if a.swiglu {
         flag(args, "--swiglu");
+    }
+    if a.squared_relu {
+        flag(args, "--squared-relu");
     }
     match (a.qkv_bias, a.other_bias) {
         (true, true) => {}
