@@ -30,10 +30,11 @@ extern "C" __global__ void shard_embedding_grad(float* dtable, const float* ids,
 
 // stats[r] = (max, Σ exp(z − max) in f64, target logit or 0) over the row's first `valid`
 // columns of `n`; one block per row.
+// Row r of the logits lies at r · pitch (≥ n: the LM head's GEMM may write its rows padded).
 extern "C" __global__ void shard_loss_stats(float* stats, const float* logits, const float* targets, i64 positions,
-                                            i64 n, i64 start, i64 valid) {
+                                            i64 n, i64 pitch, i64 start, i64 valid) {
     for (i64 r = blockIdx.x; r < positions; r += gridDim.x) {
-        const float* row = logits + r * n;
+        const float* row = logits + r * pitch;
         float m = -INFINITY;
         for (i64 j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, row[j]);
         m = block_max(m);
@@ -70,19 +71,40 @@ extern "C" __global__ void shard_loss_combine(float* loss, float* lse, const flo
     if (threadIdx.x == 0) loss[0] = (float)(total / (double)positions);
 }
 
-// d logits = dloss/N · (exp(z − lse) − onehot(target)) on the first `valid` columns, 0 past them.
+// One column's gradient: g · (exp(z − lse) − [c is the target's column]), in f64.
+__device__ __forceinline__ float shard_grad(float z, i64 c, float lse, i64 target, double g) {
+    double p = exp((double)z - (double)lse);
+    return (float)(g * (p - (target == c ? 1.0 : 0.0)));
+}
+
+// d logits = dloss/N · (exp(z − lse) − onehot(target)) on the first `valid` columns, 0 past them;
+// the logits' rows at `pitch`, the gradient's dense.
 extern "C" __global__ void shard_loss_grad(float* dlogits, const float* logits, const float* targets,
-                                           const float* lse, const float* dloss, i64 positions, i64 n, i64 start,
-                                           i64 valid) {
+                                           const float* lse, const float* dloss, i64 positions, i64 n, i64 pitch,
+                                           i64 start, i64 valid) {
     double g = (double)dloss[0] / (double)positions;
     for (i64 i = global_thread(); i < positions * n; i += grid_threads()) {
         i64 r = i / n, c = i % n;
-        if (c >= valid) {
-            dlogits[i] = 0.0f;
-            continue;
-        }
-        double p = exp((double)logits[i] - (double)lse[r]);
-        double y = shard_row(targets[r], start, valid) == c ? 1.0 : 0.0;
-        dlogits[i] = (float)(g * (p - y));
+        dlogits[i] = c < valid ? shard_grad(logits[r * pitch + c], c, lse[r], shard_row(targets[r], start, valid), g)
+                               : 0.0f;
+    }
+}
+
+// The same gradient written as the bf16 operand the LM head's backward GEMMs read (`to_bf16`'s
+// copy of it): each value rounded to bf16, two to a word, each row `out_pitch` (even, ≥ n) wide
+// with zeros past `valid`. The f32 gradient, and its conversion, are never made.
+extern "C" __global__ void shard_loss_grad_words(float* dwords, const float* logits, const float* targets,
+                                                 const float* lse, const float* dloss, i64 positions, i64 pitch,
+                                                 i64 start, i64 valid, i64 out_pitch) {
+    double g = (double)dloss[0] / (double)positions;
+    unsigned* words = (unsigned*)dwords;
+    i64 per_row = out_pitch / 2;
+    for (i64 i = global_thread(); i < positions * per_row; i += grid_threads()) {
+        i64 r = i / per_row, j = 2 * (i % per_row);
+        const float* row = logits + r * pitch;
+        i64 t = shard_row(targets[r], start, valid);
+        float lo = j < valid ? shard_grad(row[j], j, lse[r], t, g) : 0.0f;
+        float hi = j + 1 < valid ? shard_grad(row[j + 1], j + 1, lse[r], t, g) : 0.0f;
+        words[i] = bf16_pair(lo, hi);
     }
 }

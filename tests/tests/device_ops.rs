@@ -1678,6 +1678,76 @@ fn vocabulary_parallel_shard_ops_equal_the_cpu_kernels() {
     }
 }
 
+/// Tensor parallelism's shard of an odd-width LM head (a vocabulary of 75 padded to 76, shard 1
+/// of 2: columns 38..76, 37 of them real): its bf16 product's logits held at the GEMM's padded
+/// pitch give the loss statistics and gradient of the dense ones bit for bit, and the gradient
+/// made as the head's bf16 operand (`shard_loss_grad_words`) is the f32 gradient rounded to
+/// bf16, zero past the vocabulary's end, with no f32 gradient and no host op.
+#[test]
+fn a_vocabulary_shard_reads_pitched_logits_and_makes_its_gradient_as_the_heads_operand() {
+    let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
+    let head = OpKind::Linear { bias: false };
+    let (rows, hidden, n) = (10usize, 16usize, 38usize);
+    let x = b.upload(&tensor(&[2, rows / 2, hidden], 91)).unwrap();
+    let w = b.upload(&tensor(&[hidden, n], 92)).unwrap();
+    let ids = ids(&[2, rows / 2], 76, 93);
+    let targets = b.upload(&ids).unwrap();
+    let dense = b.forward(&head, &[&x, &w], BINDING).unwrap().remove(0);
+    let pitched = b
+        .forward_pitched(&head, &[&x, &w])
+        .unwrap()
+        .expect("an odd width is held at the pitch");
+    let (stats, grad) = (
+        VocabShard::LossStats {
+            start: 38,
+            valid: 37,
+        },
+        VocabShard::LossGrad {
+            start: 38,
+            valid: 37,
+        },
+    );
+    assert!(b.vocab_reads_pitched(&stats, 0) && b.vocab_reads_pitched(&grad, 0));
+    assert!(!b.vocab_reads_pitched(&grad, 1), "only the logits");
+    let before = b.transfer_stats().unwrap();
+    let run = |op: &VocabShard, xs: &[&runtime::DeviceBuffer<Vec<f32>>]| {
+        bits(&b, &b.vocab_shard(op, xs).unwrap())
+    };
+    assert_eq!(
+        run(&stats, &[&pitched, &targets]),
+        run(&stats, &[&dense, &targets]),
+        "the statistics"
+    );
+    let lse = b.upload(&positive(&[rows], 94, 1.0)).unwrap();
+    let dloss = b.upload(&tensor(&[], 95)).unwrap();
+    let f32_grad = b
+        .vocab_shard(&grad, &[&dense, &targets, &lse, &dloss])
+        .unwrap();
+    assert_eq!(
+        run(&grad, &[&pitched, &targets, &lse, &dloss]),
+        bits(&b, &f32_grad),
+        "the f32 gradient"
+    );
+    let operand = b
+        .vocab_shard_pitched(&grad, &[&pitched, &targets, &lse, &dloss])
+        .unwrap()
+        .expect("made as the operand");
+    assert!(b.holds_words_alone(&operand), "no f32 values");
+    let want = bf16(&b.download(&f32_grad[0]).unwrap());
+    assert_eq!(b.download(&operand).unwrap(), want, "rounded to bf16");
+    assert!(want.data.chunks(n).all(|row| row[37] == 0.0), "padding");
+    assert_eq!(b.transfer_stats().unwrap().since(before).host_ops, 0);
+    let f32_gemms = emulator(64);
+    let refs: Vec<_> = [&dense, &targets, &lse, &dloss].to_vec();
+    assert!(
+        f32_gemms
+            .vocab_shard_pitched(&grad, &refs)
+            .unwrap()
+            .is_none(),
+        "no bf16 GEMM reads it in an f32 plan"
+    );
+}
+
 #[test]
 fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
     let b = emulator(32);

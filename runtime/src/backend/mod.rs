@@ -202,6 +202,26 @@ pub trait Backend: std::fmt::Debug {
         self.through_host(inputs, |ts| op.on_host(ts))
     }
 
+    /// A vocabulary-parallel shard op's one result held at a pitch, as
+    /// [`Backend::forward_pitched`] holds the cross-entropy's gradient: the loss's gradient on
+    /// the shard made as the bf16 operand the LM head's backward GEMMs read. `None`: not made
+    /// so here.
+    fn vocab_shard_pitched(
+        &self,
+        op: &vocab::VocabShard,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        let _ = (op, inputs);
+        Ok(None)
+    }
+
+    /// Whether this backend's shard op `op` reads input `operand` where it lies when it is
+    /// held at a pitch ([`Backend::reads_pitched`] for the vocabulary-parallel loss).
+    fn vocab_reads_pitched(&self, op: &vocab::VocabShard, operand: usize) -> bool {
+        let _ = (op, operand);
+        false
+    }
+
     /// Whether point-to-point messages go device to device ([`Backend::device_exchange`]).
     fn has_device_collectives(&self) -> bool {
         false

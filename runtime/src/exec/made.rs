@@ -22,6 +22,15 @@ pub(super) fn compute_parts(ins: &Instr) -> Option<(&OpKind, &[BufferId], &[Buff
     }
 }
 
+/// The operands and results of an instruction whose results a fused way may make, or `None`
+/// for another ([`Executor::results_read_only`]).
+pub(super) type MadeBy = fn(&Instr) -> Option<(&[BufferId], &[BufferId])>;
+
+/// A computation's operands and results.
+pub(super) fn computed(ins: &Instr) -> Option<(&[BufferId], &[BufferId])> {
+    compute_parts(ins).map(|(_, inputs, outputs)| (inputs, outputs))
+}
+
 impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// Zero-fills each of `ids` that holds pending zeros (an allocation never written reads as
     /// zeros, as in `exec`), for a fused path about to read them ([`Executor::buffers`]).

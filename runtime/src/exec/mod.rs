@@ -42,15 +42,15 @@ mod pitched;
 pub mod stash;
 mod state;
 mod twins;
+mod vocab;
 mod words_only;
 
 use ir::OpKind;
 use kernels::Tensor32;
 use program::{BufferId, ProgramSet};
-use program::{CollectiveOp, Elem, Instr, Purpose, Role, Slot, Template, VocabOp};
+use program::{CollectiveOp, Elem, Instr, Purpose, Role, Slot, Template};
 
 use self::collective::Members;
-use crate::backend::vocab::VocabShard;
 use crate::{Backend, Communicator, MAX_TAG, RuntimeError};
 
 pub use init::Init;
@@ -931,13 +931,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
                     self.put(o, y)?;
                 }
             }
-            Instr::Vocab {
-                op,
-                group,
-                inputs,
-                outputs,
-                vocab,
-            } => self.vocab(*op, *group, inputs, outputs, *vocab)?,
+            Instr::Vocab { .. } => {
+                self.vocab(ins)?;
+            }
             Instr::Context {
                 kind,
                 group,
@@ -1079,67 +1075,6 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
             )));
         }
         for (y, &o) in ys.into_iter().zip(outputs) {
-            self.put_buffer(o, y)?;
-        }
-        Ok(())
-    }
-
-    /// A vocabulary-parallel op on this rank's block of the vocabulary: the block of member
-    /// `i` of `group` starts at row (logit column) `i · n`, `n` the local block size.
-    fn vocab(
-        &mut self,
-        op: VocabOp,
-        group: Slot,
-        inputs: &[BufferId],
-        outputs: &[BufferId],
-        vocab: Option<u64>,
-    ) -> Result<(), RuntimeError> {
-        let pos = self.members(group).rank();
-        // The shard's real columns: all of them, or those before a padded vocabulary's end.
-        let valid =
-            |start: usize, n: usize| vocab.map_or(n, |v| (v as usize).saturating_sub(start).min(n));
-        let shape = |s: &Self, i: usize| match inputs.get(i) {
-            Some(&b) => s.decl_shape(b),
-            None => Err(s.prog(format!("{}: too few inputs", op.name()))),
-        };
-        let shard = match op {
-            VocabOp::Embedding => VocabShard::Embedding {
-                start: pos * shape(self, 0)?.first().copied().unwrap_or(0),
-            },
-            VocabOp::EmbeddingGrad => {
-                let table_shape = match outputs.first() {
-                    Some(&o) => self.decl_shape(o)?,
-                    None => Vec::new(),
-                };
-                VocabShard::EmbeddingGrad {
-                    start: pos * table_shape.first().copied().unwrap_or(0),
-                    table_shape,
-                }
-            }
-            VocabOp::LossStats | VocabOp::LossGrad => {
-                let n = shape(self, 0)?.last().copied().unwrap_or(0);
-                let (start, valid) = (pos * n, valid(pos * n, n));
-                match op {
-                    VocabOp::LossStats => VocabShard::LossStats { start, valid },
-                    _ => VocabShard::LossGrad { start, valid },
-                }
-            }
-            VocabOp::LossCombine => VocabShard::LossCombine,
-        };
-        let n_out = if op == VocabOp::LossCombine { 2 } else { 1 };
-        if inputs.len() != shard.arity() || outputs.len() != n_out {
-            return Err(self.prog(format!(
-                "{}: expects {} input(s) and {n_out} output(s)",
-                op.name(),
-                shard.arity()
-            )));
-        }
-        let xs = inputs
-            .iter()
-            .map(|&b| self.get(b))
-            .collect::<Result<Vec<_>, _>>()?;
-        let ys = self.backend.vocab_shard(&shard, &xs)?;
-        for (&o, y) in outputs.iter().zip(ys) {
             self.put_buffer(o, y)?;
         }
         Ok(())

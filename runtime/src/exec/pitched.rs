@@ -11,13 +11,18 @@
 //! the logits, and `to_bf16`'s conversion of it, are never made (in a GPT-2 step, 3.3 GB of
 //! traffic and 0.77 GiB at the step's peak): its values are the f32 gradient rounded once to
 //! bf16 as that conversion would round them, so the step computes what it did before.
+//!
+//! Under tensor parallelism with the vocabulary split ([`super::vocab`]) the same holds: the
+//! shard's loss statistics and gradient read the logits at their pitch, and the gradient is
+//! made as the head's operand (`shard_loss_grad_words`).
 
 use std::collections::HashSet;
 
 use ir::OpKind;
-use program::{BufferId, Elem, Instr, Role};
+use program::{BufferId, Elem, Instr, Role, VocabOp};
 
 use super::Executor;
+use super::made;
 use crate::{Backend, Communicator, RuntimeError};
 
 impl<B: Backend, C: Communicator> Executor<'_, B, C> {
@@ -38,12 +43,17 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                     outputs,
                     ..
                 } if matches!(**of, OpKind::CrossEntropy) => Some(outputs),
+                Instr::Vocab {
+                    op: VocabOp::LossGrad,
+                    outputs,
+                    ..
+                } => Some(outputs),
                 _ => None,
             })
             .flatten()
             .copied()
             .collect();
-        self.results_read_only(Self::reads_pitched_only, |e, o| {
+        self.results_read_only(computed_or_loss_grad, Self::reads_pitched_only, |e, o| {
             e.tpl.buffer(o).is_some_and(|d| {
                 let f32_activation = d.role == Role::Activation && d.elem == Elem::F32;
                 let loss_grad = d.role == Role::ActGrad && loss_grads.contains(&o);
@@ -52,15 +62,19 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         })
     }
 
-    /// Whether `ins` reads `b` only where it lies when it is held at a pitch.
+    /// Whether `ins` reads `b` only where it lies when it is held at a pitch (a computation, or
+    /// the vocabulary-parallel loss reading its logits).
     pub(super) fn reads_pitched_only(&self, ins: &Instr, b: BufferId) -> bool {
-        self.reads_each_position(ins, b, B::reads_pitched)
+        self.reads_each_position(ins, b, B::reads_pitched) || self.vocab_reads_pitched_only(ins, b)
     }
 
     /// Runs step instruction `k` where [`Executor::pitched_results`] chose it and the backend
     /// holds its result at a pitch; `false`: not here (it runs as usual).
     pub(super) fn run_pitched(&mut self, k: usize, ins: &Instr) -> Result<bool, RuntimeError> {
         let chosen = self.step_pitched.get(k).copied().unwrap_or(false);
+        if chosen && matches!(ins, Instr::Vocab { .. }) {
+            return self.run_vocab_pitched(ins);
+        }
         self.run_made(
             ins,
             chosen,
@@ -97,5 +111,19 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
             Some(x) => self.backend.expand_stashed(x),
             None => Ok(()),
         }
+    }
+}
+
+/// A computation's operands and results, or the vocabulary-parallel loss gradient's (made as
+/// the LM head's operand as the one-device cross-entropy's is).
+fn computed_or_loss_grad(ins: &Instr) -> Option<(&[BufferId], &[BufferId])> {
+    match ins {
+        Instr::Vocab {
+            op: VocabOp::LossGrad,
+            inputs,
+            outputs,
+            ..
+        } => Some((inputs, outputs)),
+        _ => made::computed(ins),
     }
 }

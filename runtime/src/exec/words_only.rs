@@ -17,6 +17,7 @@
 use program::{BufferId, Elem, Instr, Role};
 
 use super::Executor;
+use super::made::{self, MadeBy};
 use crate::{Backend, Communicator, RuntimeError};
 
 /// What the readers of a buffer's value, from some point to the value's end, ask of it.
@@ -54,7 +55,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// until it is freed or written again (a value still live at the step's end is read
     /// after it: not so). One pass from the last instruction back.
     pub(super) fn word_results(&self) -> Vec<bool> {
-        self.results_read_only(Self::reads_words_only, Self::stored_bf16)
+        self.results_read_only(made::computed, Self::reads_words_only, Self::stored_bf16)
     }
 
     /// Per step instruction, per result, whether the plan stores it in bf16 and every later
@@ -63,7 +64,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
     /// where it makes none of the op's results so whole ([`Executor::word_results`]). Empty
     /// where none is.
     pub(super) fn some_word_results(&self) -> Vec<Vec<bool>> {
-        self.results_read_each(Self::reads_words_only, Self::stored_bf16)
+        self.results_read_each(made::computed, Self::reads_words_only, Self::stored_bf16)
             .into_iter()
             // All of them too: where the backend makes no result of the op as words alone
             // (`forward_words`: a bias-free linear's gradient), it may make them one by one.
@@ -106,25 +107,28 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
         Ok(true)
     }
 
-    /// Per step instruction, whether it is a computation each result of which `keep` accepts
+    /// Per step instruction, whether it is one `made_by` names (a computation, say) each result
+    /// of which `keep` accepts
     /// and every later reader of which, until it is freed or written again, reads it only as
     /// `reads_so` says (a value still live at the step's end is read after it: not so), and
     /// not an operand of its own. One pass from the last instruction back.
     pub(super) fn results_read_only(
         &self,
+        made_by: MadeBy,
         reads_so: impl Fn(&Self, &Instr, BufferId) -> bool,
         keep: impl Fn(&Self, BufferId) -> bool,
     ) -> Vec<bool> {
-        self.results_read_each(reads_so, keep)
+        self.results_read_each(made_by, reads_so, keep)
             .into_iter()
             .map(|each| !each.is_empty() && each.iter().all(|&r| r))
             .collect()
     }
 
-    /// [`Executor::results_read_only`] per result of each computation (empty for other
-    /// instructions).
+    /// [`Executor::results_read_only`] per result of each instruction `made_by` names (empty
+    /// for other instructions).
     fn results_read_each(
         &self,
+        made_by: MadeBy,
         reads_so: impl Fn(&Self, &Instr, BufferId) -> bool,
         keep: impl Fn(&Self, BufferId) -> bool,
     ) -> Vec<Vec<bool>> {
@@ -151,10 +155,7 @@ impl<B: Backend, C: Communicator> Executor<'_, B, C> {
                 let r = ahead.get(out.index()).copied().unwrap_or(ENDS_UNREAD);
                 (src, r.words && r.count > 0)
             });
-            if let Instr::Compute {
-                inputs, outputs, ..
-            } = ins
-            {
+            if let Some((inputs, outputs)) = made_by(ins) {
                 out[k] = outputs
                     .iter()
                     .map(|&o| {

@@ -728,6 +728,18 @@ impl<D: Device> Backend for DeviceBackend<D> {
         self.through_host(inputs, |ts| op.on_host(ts))
     }
 
+    fn vocab_shard_pitched(
+        &self,
+        op: &VocabShard,
+        inputs: &[&Self::Buffer],
+    ) -> Result<Option<Self::Buffer>, RuntimeError> {
+        ops::vocab_loss_grad_operand(self, op, inputs)
+    }
+
+    fn vocab_reads_pitched(&self, op: &VocabShard, operand: usize) -> bool {
+        ops::vocab_reads_pitched(op, operand)
+    }
+
     fn has_device_collectives(&self) -> bool {
         self.collectives.is_some()
     }

@@ -32,7 +32,10 @@ pub(super) use context::run as context_op;
 pub(super) use optim::{adamw, adamw_copy};
 pub(super) use pointwise::forward_biased;
 pub(super) use pointwise::forward_twin as forward_with_twin;
-pub(super) use vocab::run as vocab_shard;
+pub(super) use vocab::{
+    loss_grad_operand as vocab_loss_grad_operand, reads_pitched as vocab_reads_pitched,
+    run as vocab_shard,
+};
 pub(super) use words::forward as forward_words;
 
 /// Whether op `kind` on inputs of `shapes` reads input `operand` only as the bf16 words a

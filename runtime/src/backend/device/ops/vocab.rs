@@ -3,8 +3,25 @@
 
 use super::{Buf, pointwise_grid, row_grid, size};
 use crate::RuntimeError;
-use crate::backend::device::{Device, DeviceBackend, KernelArg};
+use crate::backend::device::{Device, DeviceBackend, GemmPrecision, KernelArg, bf16_gemm};
 use crate::backend::vocab::VocabShard;
+
+/// Whether `op` reads operand `operand` where it lies when held at a pitch: the loss's
+/// statistics and gradient take the logits' row pitch.
+pub(in crate::backend::device) fn reads_pitched(op: &VocabShard, operand: usize) -> bool {
+    matches!(
+        op,
+        VocabShard::LossStats { .. } | VocabShard::LossGrad { .. }
+    ) && operand == 0
+}
+
+/// Whether the kernels read each of `xs` as it is held: dense f32 values, or the logits at
+/// their pitch ([`reads_pitched`]); otherwise the host path reads them (and reports it).
+fn readable<D: Device>(op: &VocabShard, xs: &[&Buf<D>]) -> bool {
+    xs.iter()
+        .enumerate()
+        .all(|(i, x)| !x.f32_lazy && (x.pitch.is_none() || reads_pitched(op, i)))
+}
 
 /// The results of `op` on the device, or `None` for the host path.
 pub(in crate::backend::device) fn run<D: Device>(
@@ -12,6 +29,9 @@ pub(in crate::backend::device) fn run<D: Device>(
     op: &VocabShard,
     xs: &[&Buf<D>],
 ) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
+    if !readable::<D>(op, xs) {
+        return Ok(None);
+    }
     let one = |r: Option<Buf<D>>| r.map(|y| vec![y]);
     Ok(match (op, xs) {
         (VocabShard::Embedding { start }, &[table, ids]) => one(embedding(b, table, ids, *start)?),
@@ -118,6 +138,7 @@ fn loss_stats<D: Device>(
             KernelArg::In(&targets.mem),
             size(positions),
             size(n),
+            size(logits.pitch.unwrap_or(n)),
             size(start),
             size(valid.min(n)),
         ],
@@ -177,8 +198,57 @@ fn loss_grad<D: Device>(
             KernelArg::In(&dloss.mem),
             size(positions),
             size(n),
+            size(logits.pitch.unwrap_or(n)),
             size(start),
             size(valid.min(n)),
+        ],
+    )?;
+    Ok(Some(d))
+}
+
+/// The loss's gradient on a shard made as the bf16 operand the LM head's backward GEMMs read
+/// (`to_bf16`'s copy: rows padded to a multiple of 8 columns with zeros,
+/// [`bf16_gemm::copy_layout`]) and nothing else, held at that pitch as words alone
+/// ([`DeviceBackend::alloc_operand`]); each value is `shard_loss_grad`'s rounded once to
+/// nearest even, as `to_bf16` would round it. `None` outside a bf16 plan (no GEMM reads
+/// bf16), for another op, or where the host path takes the operands.
+pub(in crate::backend::device) fn loss_grad_operand<D: Device>(
+    b: &DeviceBackend<D>,
+    op: &VocabShard,
+    xs: &[&Buf<D>],
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    let (&VocabShard::LossGrad { start, valid }, &[logits, targets, lse, dloss]) = (op, xs) else {
+        return Ok(None);
+    };
+    let Some((positions, n)) = logit_rows::<D>(logits, targets) else {
+        return Ok(None);
+    };
+    let usable = b.gemm_precision == GemmPrecision::Bf16 && readable::<D>(op, xs);
+    if !usable || lse.len != positions || dloss.len != 1 {
+        return Ok(None);
+    }
+    let (operand, _) = bf16_gemm::copy_layout(1, (positions, n), positions * n);
+    let mut d = b.alloc_operand(&logits.shape, operand.pitch)?;
+    let words = d.bf16.get_mut().ok_or_else(|| RuntimeError::DeviceLaunch {
+        kernel: "shard_loss_grad_words",
+        message: "an operand-form buffer without its words".into(),
+    })?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "shard_loss_grad_words",
+        pointwise_grid(block, positions * operand.pitch / 2),
+        block,
+        &mut [
+            KernelArg::Out(words),
+            KernelArg::In(&logits.mem),
+            KernelArg::In(&targets.mem),
+            KernelArg::In(&lse.mem),
+            KernelArg::In(&dloss.mem),
+            size(positions),
+            size(logits.pitch.unwrap_or(n)),
+            size(start),
+            size(valid.min(n)),
+            size(operand.pitch),
         ],
     )?;
     Ok(Some(d))
