@@ -111,6 +111,27 @@ fn a_dry_run_counts_a_gpu_plans_memory_without_a_gpu() {
         .unwrap_or(0);
     assert!(launches > 0, "{out}");
     assert!(out.contains("gemm (cuBLAS)"), "{out}");
+    // Two ranks reduce their gradients as a GPU run with NCCL does, on device buffers: only
+    // the batch goes up (ids and targets) and the loss comes down; `PLAIT_NCCL=0` stages the
+    // collectives through the host instead, as it does on GPUs.
+    let host = |out: &str| {
+        let line = out.lines().find(|l| l.starts_with("host")).unwrap_or("");
+        line.split(", ")
+            .filter_map(|part| part.split(' ').find_map(|w| w.parse::<u64>().ok()))
+            .collect::<Vec<u64>>()
+    };
+    assert!(out.contains("dp 2") || out.contains("tp 2"), "{out}");
+    assert_eq!(host(&out)[..3], [0, 2, 1], "{out}");
+    let staged = common::plait_env(
+        &["run", &p, "--steps", "2", "--device", "dry"],
+        &[("PLAIT_NCCL", "0")],
+    );
+    assert_eq!(staged.0, 0, "{}", staged.2);
+    assert!(
+        host(&staged.1)[1] > 2,
+        "staged through the host: {}",
+        staged.1
+    );
 }
 
 /// Either CUDA cannot run here and the run was refused (exit 2, naming CUDA and the fix, no

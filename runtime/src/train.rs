@@ -337,6 +337,13 @@ pub fn train_rank_on_device<C: Communicator>(
             let precision = crate::GemmPrecision::of_plan(&set.mesh.precision);
             let device = crate::backend::dry::DryDevice::new(true);
             let backend = crate::DeviceBackend::on(device).with_gemm_precision(precision);
+            // As a GPU run takes NCCL where each rank has a GPU (`with_nccl`): the dry run
+            // stands for that run, not for ranks sharing one GPU.
+            let backend = if nccl_refused() {
+                backend
+            } else {
+                backend.with_collectives(std::sync::Arc::new(crate::backend::dry::DryCollectives))
+            };
             train_rank(set, backend, comm, data, opts, on_step)
         }
     }
@@ -376,8 +383,7 @@ fn with_nccl(
     .iter()
     .find_map(|v| std::env::var(v).ok()?.parse().ok())
     .unwrap_or(world.size());
-    let refused = matches!(std::env::var("PLAIT_NCCL").as_deref(), Ok("0"));
-    if refused || local > gpus || !crate::backend::nccl_present() {
+    if nccl_refused() || local > gpus || !crate::backend::nccl_present() {
         return Ok(backend);
     }
     let nccl = crate::backend::NcclCollectives::on(&backend)?;
@@ -385,6 +391,11 @@ fn with_nccl(
     // messages use it, and only two ranks take part in each.
     crate::backend::collectives::Collectives::open(&nccl, world)?;
     Ok(backend.with_collectives(std::sync::Arc::new(nccl)))
+}
+
+/// Whether the user asked for collectives staged through the host (`PLAIT_NCCL=0`).
+fn nccl_refused() -> bool {
+    matches!(std::env::var("PLAIT_NCCL").as_deref(), Ok("0"))
 }
 
 /// Without the `cuda` feature there is no CUDA backend to attach NCCL to.

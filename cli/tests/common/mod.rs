@@ -7,8 +7,14 @@ use std::process::Command;
 
 /// Runs plait; returns (exit code, stdout, stderr), failing the test on a panic.
 pub fn plait(args: &[&str]) -> (i32, String, String) {
+    plait_env(args, &[])
+}
+
+/// [`plait`] with the environment variables `env` set.
+pub fn plait_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_plait"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("plait runs");
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();

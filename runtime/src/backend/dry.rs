@@ -13,10 +13,11 @@
 
 use std::sync::Mutex;
 
+use super::collectives::{Collectives, DeviceCollective};
 use super::device::{Device, Gemm, KernelArg, bf16_gemm};
 use super::launches::LaunchTally;
 use super::pool::{MemoryStats, Pool, Pooled, Slab};
-use crate::RuntimeError;
+use crate::{Communicator, RuntimeError};
 
 /// The name [`DryDevice`] counts a zeroed allocation's memset under.
 pub const MEMSET: &str = "memset (zeroed allocation)";
@@ -184,6 +185,38 @@ impl Device for DryDevice {
 
     fn memory_stats(&self) -> Option<MemoryStats> {
         Some(self.pool.stats())
+    }
+}
+
+/// NCCL's place on the dry device: a collective or a group of messages moves nothing (there
+/// are no values), so that a run of several ranks takes the path a GPU run with NCCL takes
+/// (device buffers in and out, no staging through the host) and counts its memory.
+#[derive(Debug, Default)]
+pub struct DryCollectives;
+
+impl Collectives<DryMem> for DryCollectives {
+    fn run(
+        &self,
+        _: &dyn Communicator,
+        _: DeviceCollective,
+        _: &DryMem,
+        _: usize,
+        _: &mut DryMem,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn open(&self, _: &dyn Communicator) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn exchange(
+        &self,
+        _: &dyn Communicator,
+        _: &[(&DryMem, usize, usize)],
+        _: &mut [(&mut DryMem, usize, usize)],
+    ) -> Result<(), RuntimeError> {
+        Ok(())
     }
 }
 
