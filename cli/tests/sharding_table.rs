@@ -116,11 +116,17 @@ fn the_table_of_a_sequence_parallel_layer() {
     assert_eq!(with(&ops, "forward_collective", "all-gather"), rms());
     assert_eq!(with(&ops, "forward_collective", "reduce-scatter"), linear());
     assert_eq!(with(&ops, "backward_collective", "reduce-scatter"), rms());
-    assert_eq!(with(&ops, "backward_collective", "all-gather"), linear());
+    // The reduce-scatters' conjugates, and each norm's output gathered again for the
+    // products' weight gradients (its sequence shard is what the forward kept).
+    let mut gathered = with(&ops, "backward_collective", "all-gather");
+    gathered.sort();
+    let mut want = [rms(), linear()].concat();
+    want.sort();
+    assert_eq!(gathered, want);
     // The two norm weights, where their gradients are reduced.
     assert_eq!(
         with(&ops, "backward_collective", "all-reduce (once per step)"),
         vec!["param".to_string(); 2]
     );
-    assert_eq!(collectives, 10, "{ops:#?}");
+    assert_eq!(collectives, 12, "{ops:#?}");
 }

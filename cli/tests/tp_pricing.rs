@@ -76,3 +76,65 @@ fn a_plan_lowered_as_extracted_keeps_the_extractions_price() {
     assert_eq!(planned, estimate_time(&pins));
     not_stale(&path);
 }
+
+/// The program's tensor-parallel collectives of one kind per step, from `plait show`'s listing
+/// of rank 0 (the vocabulary-parallel loss's statistics gather left out: the plan prices
+/// Megatron-LM's three all-reduces of them).
+fn program_collectives(listing: &str, kind: &str) -> u64 {
+    listing
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .filter(|l| l.split_whitespace().nth(2) == Some(kind) && l.contains(" over tp "))
+        .filter(|l| !l.contains("ce_stats"))
+        .count() as u64
+}
+
+/// GPT-2 at tp 2 with SP on 8 A100: the report's tensor-parallel rows are the extraction's
+/// collectives, as many per step as the lowered program runs (codegen's listing, an
+/// independent count): the all-gathers with each value gathered again for the backward, the
+/// reduce-scatters, and the all-to-alls codegen lowers as reshards. (The once-per-step
+/// reductions of replicated parameters' gradients are listed one by one, where the program
+/// buckets them per layer.)
+#[test]
+fn the_reports_tensor_parallel_rows_count_the_programs_collectives() {
+    let pins = pins("--tp 2 --pp 1 --dp 4 --micro-batch 4 --zero 1 --sequence-parallel on");
+    let path = compile("tp-rows", "plan.json", &pins);
+    let v = plan_json(&path);
+    assert_eq!(
+        v["predicted"]["layer_tp_comm"]["source"],
+        "e-graph extraction"
+    );
+    let p = path.to_string_lossy().to_string();
+    let (code, out, err) = plait(&["report", &p, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("report JSON");
+    let rows = report["communication"][0]["rows"].as_array().expect("rows");
+    let reported = |kind: &str| -> u64 {
+        rows.iter()
+            .filter(|r| r["parallelism"] == "tp" && r["collective"] == kind)
+            .filter_map(|r| r["calls"].as_u64())
+            .sum()
+    };
+    let dir = path.with_file_name("program");
+    let d = dir.to_string_lossy().to_string();
+    let (code, _, err) = plait(&["codegen", &p, "-o", &d]);
+    assert_eq!(code, 0, "{err}");
+    let (code, listing, err) = plait(&["show", "--rank", "0", &d]);
+    assert_eq!(code, 0, "{err}");
+    for (reported_as, listed_as) in [
+        ("all-gather", "all_gather"),
+        ("reduce-scatter", "reduce_scatter"),
+        ("all-to-all", "reshard"),
+    ] {
+        assert_eq!(
+            reported(reported_as),
+            program_collectives(&listing, listed_as),
+            "{reported_as}: {:#?}",
+            rows
+        );
+    }
+    assert!(
+        reported("all-gather") > reported("reduce-scatter"),
+        "regathers"
+    );
+}

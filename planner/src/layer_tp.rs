@@ -24,7 +24,7 @@ use crate::cost::compute::{AttentionKernel, Kernels, TpLayout, outer_tp_layout, 
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::precision::Precision;
-use crate::sharding::{BlockPlan, CollectivePlan, Layout, Pass};
+use crate::sharding::{BlockPlan, CollectiveKind, CollectivePlan, Layout, Pass};
 use crate::sharding_costs::{block_plan_with_share, embedding_head_plan_with_share};
 use crate::strategy::Strategy;
 
@@ -45,6 +45,49 @@ pub struct LayerTp {
     /// Each computed op of the block: split across the group (reads or writes a piece) or
     /// whole on every rank.
     pub layouts: Arc<BTreeMap<OpId, TpLayout>>,
+    /// Each collective of the layout, as the report's communication table lists it.
+    pub calls: Arc<Vec<TpCall>>,
+}
+
+/// One collective of an extraction's layout, for the report's communication table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TpCall {
+    pub kind: CollectiveKind,
+    /// It runs in the forward (again in the backward under full recomputation).
+    pub forward: bool,
+    /// A parameter gradient's reduction, once per step rather than per micro-batch.
+    pub per_step: bool,
+    /// What its buffer holds: `activations`, `activation gradients`, `weights`, `weight
+    /// gradients` or `parameter gradients` (the once-per-step reductions).
+    pub payload: &'static str,
+    /// Its full buffer per rank, bytes at the graph's dtype (as the extraction lists it).
+    pub bytes: f64,
+}
+
+impl TpCall {
+    fn of(bp: &BlockPlan, c: &CollectivePlan) -> TpCall {
+        let forward = c.pass == Pass::Forward;
+        let of_param = c
+            .after_position
+            .and_then(|p| bp.ops.iter().find(|o| o.position == p))
+            .is_some_and(|o| o.mnemonic == "param");
+        // A value gathered again for the backward moves values, not gradients.
+        let values = forward || c.reason == crate::sharding::REGATHER;
+        let payload = match (c.per_step, values, of_param) {
+            (true, _, _) => "parameter gradients",
+            (false, true, true) => "weights",
+            (false, false, true) => "weight gradients",
+            (false, true, false) => "activations",
+            (false, false, false) => "activation gradients",
+        };
+        TpCall {
+            kind: c.kind,
+            forward,
+            per_step: c.per_step,
+            payload,
+            bytes: c.bytes,
+        }
+    }
 }
 
 impl LayerTp {
@@ -68,8 +111,10 @@ impl LayerTp {
                 )
             });
         t.layouts = Arc::new(layouts.collect());
+        let mut calls = Vec::new();
         for c in bp.collectives.iter().filter(|c| mine(c)) {
             t.collectives += 1;
+            calls.push(TpCall::of(bp, c));
             match (c.per_step, c.pass) {
                 (true, _) if share > 0.0 => t.per_step_s += c.seconds / share,
                 (true, _) => {}
@@ -77,6 +122,7 @@ impl LayerTp {
                 (false, Pass::Backward) => t.bwd_s += c.seconds,
             }
         }
+        t.calls = Arc::new(calls);
         t
     }
 

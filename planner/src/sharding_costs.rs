@@ -57,6 +57,28 @@ impl<'c> ClusterCosts<'c> {
     }
 }
 
+/// The cost model's collective of the sharding's kind.
+pub(crate) fn collective_of(kind: CollectiveKind) -> Collective {
+    match kind {
+        CollectiveKind::AllReduce => Collective::AllReduce,
+        CollectiveKind::AllGather => Collective::AllGather,
+        CollectiveKind::ReduceScatter => Collective::ReduceScatter,
+        CollectiveKind::AllToAll => Collective::AllToAll,
+    }
+}
+
+/// Bytes a collective moves per byte an extraction lists (at the graph's dtype): the run's
+/// activation bytes over the graph's element size.
+pub(crate) fn traffic_scale(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> f64 {
+    let g = info.graph;
+    let elem = info
+        .layer_ops
+        .first()
+        .and_then(|&o| g.op(o).results.first().map(|&v| g.ty(v).dtype.size_bytes()))
+        .unwrap_or(4) as f64;
+    cluster.activation_traffic_bytes(s.precision) / elem
+}
+
 impl CostOracle for ClusterCosts<'_> {
     fn compute_seconds(&self, kind: ComputeKind, flops: f64, bytes: f64) -> f64 {
         let compute = match kind {
@@ -67,12 +89,7 @@ impl CostOracle for ClusterCosts<'_> {
     }
 
     fn collective_seconds(&self, kind: CollectiveKind, bytes: f64, _group: u32) -> f64 {
-        let kind = match kind {
-            CollectiveKind::AllReduce => Collective::AllReduce,
-            CollectiveKind::AllGather => Collective::AllGather,
-            CollectiveKind::ReduceScatter => Collective::ReduceScatter,
-            CollectiveKind::AllToAll => Collective::AllToAll,
-        };
+        let kind = collective_of(kind);
         collective_time(self.cluster, &self.group, kind, bytes * self.act_scale)
     }
 
@@ -257,12 +274,7 @@ fn extract(
     share: Option<f64>,
 ) -> Result<BlockPlan, PlanError> {
     let g = info.graph;
-    let elem = info
-        .layer_ops
-        .first()
-        .and_then(|&o| g.op(o).results.first().map(|&v| g.ty(v).dtype.size_bytes()))
-        .unwrap_or(4) as f64;
-    let scale = cluster.activation_traffic_bytes(s.precision) / elem;
+    let scale = traffic_scale(info, cluster, s);
     let mut costs = ClusterCosts::over(cluster, s, scale, group).ok_or_else(|| {
         PlanError::invalid(format!(
             "{} has no {} support",

@@ -74,7 +74,8 @@ fn final_norm_params(g: &Graph, info: &ModelInfo) -> usize {
 /// Megatron-LM's collectives. With SP and a position table Megatron-Core all-reduces the
 /// token embedding, adds the positions and scatters the sum onto sequence pieces
 /// (`scatter_to_sequence_parallel_region`), whose backward all-gathers the pieces' gradients:
-/// the extraction prices a replicated value read only in pieces so.
+/// the extraction prices a replicated value read only in pieces so. The final norm's output,
+/// gathered for the head, is gathered again for the head's weight gradient.
 #[test]
 fn extraction_is_the_vocabulary_parallel_layout() {
     use CollectiveKind::{AllGather as Ag, AllReduce as Ar, ReduceScatter as Rs};
@@ -118,6 +119,8 @@ fn extraction_is_the_vocabulary_parallel_layout() {
                 let mut head_want = vec![(Ar, Fwd, false, stats); 3];
                 if sp {
                     head_want.push((Ag, Fwd, false, act));
+                    // Gathered again for the head's weight gradient (the shard is kept).
+                    head_want.push((Ag, Bwd, false, act));
                     head_want.push((Rs, Bwd, false, act));
                     for c in bp.collectives.iter().filter(|c| c.per_step) {
                         head_want.push((Ar, Bwd, true, c.bytes));

@@ -193,7 +193,12 @@ fn the_report_counts_the_dispatch_the_estimate_prices() {
     for recompute in [Recompute::None, Recompute::Full] {
         s.recompute = recompute;
         let e = estimate(&info, &h100, 16, &s).unwrap();
-        let v = planner::report::volume::volumes(&info, &h100, &s);
+        let v = planner::report::volume::volumes(
+            &info,
+            &h100,
+            &s,
+            planner::report::volume::TpSource::RULES,
+        );
         let ep: f64 = v[0]
             .rows
             .iter()
@@ -206,7 +211,12 @@ fn the_report_counts_the_dispatch_the_estimate_prices() {
             "{recompute}: table {ep:.6} s vs estimate {priced:.6} s"
         );
     }
-    let v = planner::report::volume::volumes(&info, &h100, &s);
+    let v = planner::report::volume::volumes(
+        &info,
+        &h100,
+        &s,
+        planner::report::volume::TpSource::RULES,
+    );
     let expert_rows: Vec<u64> = v[0]
         .rows
         .iter()

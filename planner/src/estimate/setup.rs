@@ -106,6 +106,18 @@ impl<'a, 'g> Setup<'a, 'g> {
         n as f64 * one
     }
 
+    /// The all-gathers that sequence parallelism repeats in the backward, for `n` row-parallel
+    /// products: each column-parallel product keeps its input's sequence shard and gathers it
+    /// again for its weight gradient (Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication`
+    /// and TransformerEngine's `LayerNormLinear` backward; plait's codegen likewise).
+    pub fn tp_regather(&self, n: usize) -> f64 {
+        if self.tp <= 1 || !self.s.sequence_parallel {
+            return 0.0;
+        }
+        let (c, m, bytes) = (self.cluster, &self.m, self.act_bytes);
+        n as f64 * collective_time(c, &m.tp, Collective::AllGather, bytes)
+    }
+
     /// The context-parallel ring of one layer's attention.
     pub fn cp_ring(&self) -> CpRing {
         let (s, b) = (self.s, self.b);

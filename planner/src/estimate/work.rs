@@ -29,8 +29,9 @@ impl TpPrices {
     pub fn of_run(cx: &Setup<'_, '_>, mode: Mode<'_>, run: &ModelInfo<'_>) -> TpPrices {
         let (info, cluster, s) = (cx.info, cx.cluster, cx.s);
         let rule = |ops: &[OpId]| {
-            let t = cx.tp_collective(row_parallel_ops(cx.g, ops, info.hidden));
-            (t, t)
+            let n = row_parallel_ops(cx.g, ops, info.hidden);
+            let t = cx.tp_collective(n);
+            (t, t + cx.tp_regather(n))
         };
         let layer = (cx.tp > 1).then(|| match mode.tp.layer {
             TpPricing::Extraction => crate::layer_tp::layer_tp(run, cluster, s),

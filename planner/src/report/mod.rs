@@ -5,6 +5,7 @@
 //! Built from a plan's stored prediction plus a re-run of the estimate with its timeline kept
 //! ([`crate::estimate::estimate_traced`]); [`Report::stale`] says when the two disagree.
 
+mod tp_volume;
 pub mod trace;
 pub mod volume;
 pub mod why;
@@ -154,7 +155,7 @@ pub fn build(plan: &Plan, info: &ModelInfo<'_>, traced: &Estimate) -> Report {
     let s = &plan.strategy;
     let p = &plan.predicted;
     let cluster = &plan.cluster;
-    let communication = volume::volumes(info, cluster, s);
+    let communication = volume::volumes(info, cluster, s, volume::TpSource::of(p));
     let tl = &traced.timeline;
     let stages: Vec<StageReport> = p
         .stages

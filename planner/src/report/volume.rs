@@ -14,6 +14,9 @@ use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 use crate::strategy::{Recompute, Strategy};
 
+pub use super::tp_volume::TpSource;
+use super::tp_volume::{TpLayouts, TpTally};
+
 /// The topology level a collective runs on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkLevel {
@@ -185,8 +188,15 @@ impl Builder<'_> {
     }
 }
 
-/// Per-GPU communication of every pipeline stage for strategy `s`.
-pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<StageVolume> {
+/// Per-GPU communication of every pipeline stage for strategy `s`, the tensor-parallel
+/// collectives read off the sharding extraction where `src` says (else by Megatron-LM's rule).
+pub fn volumes(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    s: &Strategy,
+    src: TpSource,
+) -> Vec<StageVolume> {
+    let layouts = TpLayouts::of(info, cluster, s, src);
     let (tp, dp, pp) = (u64::from(s.tp), u64::from(s.dp), u64::from(s.pp));
     let m = mesh_ep(cluster, tp, 1, dp, pp, u64::from(s.ep));
     let mb = s.micro_batches();
@@ -224,20 +234,37 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
             let run_layers: Vec<u64> = (0..runs.len())
                 .map(|k| mine.iter().map(|&c| u64::from(chunk_runs[c][k])).sum())
                 .collect();
-            let (n_layers, expert_layers) = run_layers
-                .iter()
-                .zip(&per_layer)
-                .fold((0, 0), |(n, e), (&l, &(rows, experts))| {
-                    (n + l * rows, e + l * experts)
-                });
             let first = mine.contains(&0);
             let last = mine.contains(&(n_chunks - 1));
             let mut b = Builder {
                 cluster,
                 rows: Vec::new(),
             };
-            // Tensor parallelism: per row-parallel product and pass, the B·S·h activation.
-            let per_mb = n_layers + if first { n_pre } else { 0 } + if last { n_post } else { 0 };
+            // Tensor parallelism: the extraction's collectives where it laid them out; else
+            // per row-parallel product and pass, the B·S·h activation.
+            let mut extracted = TpTally::default();
+            let mut per_mb = 0;
+            let mut expert_layers = 0;
+            for (k, (&l, &(rows, experts))) in run_layers.iter().zip(&per_layer).enumerate() {
+                expert_layers += l * experts;
+                match layouts.runs.get(k).and_then(Option::as_ref) {
+                    Some(t) => extracted.add(t, l, mb, s.recompute),
+                    None => per_mb += l * rows,
+                }
+            }
+            for (here, rule_ops, side) in [
+                (first, n_pre, layouts.outer.as_ref().map(|o| &o.pre)),
+                (last, n_post, layouts.outer.as_ref().map(|o| &o.post)),
+            ] {
+                match (here, side) {
+                    (false, _) => {}
+                    (true, Some(t)) => extracted.add(t, 1, mb, s.recompute),
+                    (true, None) => per_mb += rule_ops,
+                }
+            }
+            for (kind, payload, calls, buffer) in extracted.rows(&layouts) {
+                b.collective("tp", kind, payload, &m.tp, calls, buffer);
+            }
             let tp_calls = mb * passes * per_mb;
             if s.sequence_parallel {
                 b.collective(
@@ -248,12 +275,14 @@ pub fn volumes(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Vec<Sta
                     tp_calls,
                     act,
                 );
+                // Each column-parallel product's input is gathered again for its weight
+                // gradient (`Setup::tp_regather`).
                 b.collective(
                     "tp",
                     Collective::AllGather,
                     "activations",
                     &m.tp,
-                    tp_calls,
+                    tp_calls + mb * per_mb,
                     act,
                 );
             } else {
@@ -442,7 +471,7 @@ mod tests {
         let g = gpt2();
         let info = ModelInfo::new(&g).unwrap();
         let s = strategy(4, 1, 2, 0);
-        let v = volumes(&info, &cluster(), &s);
+        let v = volumes(&info, &cluster(), &s, TpSource::RULES);
         let r = row(&v[0], "tp", "all-reduce", "activations");
         let (t, b, seq, h) = (4.0, 4.0, 1024.0, 768.0);
         // Per call: 2(t−1)/t·b·s·h·2 bytes (bf16).
@@ -462,17 +491,19 @@ mod tests {
     }
 
     #[test]
-    fn sequence_parallel_splits_the_all_reduce_into_equal_halves() {
+    fn sequence_parallel_splits_the_all_reduce_into_halves_and_gathers_again_in_the_backward() {
         let g = gpt2();
         let info = ModelInfo::new(&g).unwrap();
         let mut s = strategy(4, 1, 2, 0);
-        let ar = volumes(&info, &cluster(), &s)[0].rows[0].bytes_per_gpu;
+        let ar = volumes(&info, &cluster(), &s, TpSource::RULES)[0].rows[0].bytes_per_gpu;
         s.sequence_parallel = true;
-        let v = volumes(&info, &cluster(), &s);
+        let v = volumes(&info, &cluster(), &s, TpSource::RULES);
         let rs = row(&v[0], "tp", "reduce-scatter", "activations").bytes_per_gpu;
         let ag = row(&v[0], "tp", "all-gather", "activations").bytes_per_gpu;
-        close(rs, ag);
-        close(rs + ag, ar);
+        close(2.0 * rs, ar);
+        // The backward gathers each column-parallel product's input again: one all-gather
+        // more per reduce-scatter pair.
+        close(ag, 1.5 * rs);
     }
 
     #[test]
@@ -481,7 +512,7 @@ mod tests {
         let info = ModelInfo::new(&g).unwrap();
         let mut s = strategy(2, 1, 4, 0);
         let none = row(
-            &volumes(&info, &cluster(), &s)[0],
+            &volumes(&info, &cluster(), &s, TpSource::RULES)[0],
             "tp",
             "all-reduce",
             "activations",
@@ -489,7 +520,7 @@ mod tests {
         .calls;
         s.recompute = Recompute::Full;
         let full = row(
-            &volumes(&info, &cluster(), &s)[0],
+            &volumes(&info, &cluster(), &s, TpSource::RULES)[0],
             "tp",
             "all-reduce",
             "activations",
@@ -506,23 +537,23 @@ mod tests {
         let psi = info.params() as f64;
         let d = 8.0;
         // ZeRO-0: all-reduce of the bf16 gradients, 2(d−1)/d·2Ψ.
-        let v = volumes(&info, &c, &strategy(1, 1, 8, 0));
+        let v = volumes(&info, &c, &strategy(1, 1, 8, 0), TpSource::RULES);
         close(
             row(&v[0], "dp", "all-reduce", "gradients").bytes_per_gpu,
             2.0 * (d - 1.0) / d * 2.0 * psi,
         );
         // ZeRO-1: reduce-scatter + all-gather, the same total.
-        let v = volumes(&info, &c, &strategy(1, 1, 8, 1));
+        let v = volumes(&info, &c, &strategy(1, 1, 8, 1), TpSource::RULES);
         let total: f64 = v[0].rows.iter().map(|r| r.bytes_per_gpu).sum();
         close(total, 2.0 * (d - 1.0) / d * 2.0 * psi);
         // ZeRO-2: the gradients every micro-batch.
         let s = strategy(1, 1, 8, 2);
-        let v = volumes(&info, &c, &s);
+        let v = volumes(&info, &c, &s, TpSource::RULES);
         let rs = row(&v[0], "dp", "reduce-scatter", "gradients");
         assert_eq!(rs.calls, s.micro_batches());
         // ZeRO-3: a layer's parameters gathered twice (forward, backward) per micro-batch.
         let s = strategy(1, 1, 8, 3);
-        let v = volumes(&info, &c, &s);
+        let v = volumes(&info, &c, &s, TpSource::RULES);
         let ag = row(&v[0], "dp", "all-gather", "layer parameters");
         assert_eq!(ag.calls, s.micro_batches() * 12 * 2);
         close(ag.buffer_bytes, info.params_per_layer as f64 * 2.0);
@@ -534,7 +565,7 @@ mod tests {
         let info = ModelInfo::new(&g).unwrap();
         let c = cluster();
         let s = strategy(2, 2, 2, 0);
-        let v = volumes(&info, &c, &s);
+        let v = volumes(&info, &c, &s, TpSource::RULES);
         let fwd = row(&v[0], "pp", "p2p", "activations");
         close(fwd.buffer_bytes, 4.0 * 1024.0 * 768.0 * 2.0);
         assert_eq!(fwd.calls, s.micro_batches());
@@ -554,7 +585,7 @@ mod tests {
         assert_eq!(row(&v[1], "pp", "p2p", "tied embedding gradients").calls, 1);
         // 8 GPUs per stage: consecutive stages sit on different nodes.
         let s = strategy(8, 2, 1, 0);
-        let v = volumes(&info, &c, &s);
+        let v = volumes(&info, &c, &s, TpSource::RULES);
         assert_eq!(
             row(&v[0], "pp", "p2p", "activations").link.name,
             "infiniband"
@@ -565,7 +596,7 @@ mod tests {
     fn dp_across_nodes_uses_the_network() {
         let g = gpt2();
         let info = ModelInfo::new(&g).unwrap();
-        let v = volumes(&info, &cluster(), &strategy(4, 1, 4, 0));
+        let v = volumes(&info, &cluster(), &strategy(4, 1, 4, 0), TpSource::RULES);
         let r = row(&v[0], "dp", "all-reduce", "gradients");
         assert_eq!(r.link.level, "network");
         assert_eq!(r.group_size, 4);

@@ -116,6 +116,38 @@ fn kept(plan: &Plan, base: &Estimate, tp: u32, pp: u32) -> String {
         .unwrap_or_default()
 }
 
+/// What the tensor-parallel rows move, by collective in order of first appearance:
+/// `activation reduce-scatters and all-gathers` where they move activations alone, else e.g.
+/// `all-gathers (activations, weights) and reduce-scatters (weight gradients)`.
+fn tp_collectives<'a>(rows: impl Iterator<Item = &'a super::volume::VolumeRow>) -> String {
+    let mut by_kind: Vec<(String, Vec<&str>)> = Vec::new();
+    for r in rows {
+        let kind = format!("{}s", r.collective);
+        match by_kind.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, p)) if !p.contains(&r.payload.as_str()) => p.push(&r.payload),
+            Some(_) => {}
+            None => by_kind.push((kind, vec![&r.payload])),
+        }
+    }
+    let activations_only = by_kind.iter().all(|(_, p)| p == &["activations"]);
+    let items: Vec<String> = by_kind
+        .iter()
+        .map(|(k, p)| match activations_only {
+            true => k.clone(),
+            false => format!("{k} ({})", p.join(", ")),
+        })
+        .collect();
+    let listed = match items.as_slice() {
+        [] => "collectives".to_string(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    };
+    match activations_only {
+        true => format!("activation {listed}"),
+        false => listed,
+    }
+}
+
 fn rows_of<'a>(
     v: &'a StageVolume,
     par: &str,
@@ -208,18 +240,14 @@ pub fn why(
                 })
             })
             .unwrap_or_default();
-        let kind = if s.sequence_parallel {
-            "reduce-scatters and all-gathers"
-        } else {
-            "all-reduces"
-        };
+        let kind = vol.map_or_else(String::new, |v| tp_collectives(rows_of(v, "tp")));
         let place = if m.tp.nodes <= 1 {
             "inside one node"
         } else {
             "across nodes"
         };
         let mut line = format!(
-            "TP {} splits every layer over {} GPUs {place}, so its activation {kind} run on {link}: {} per GPU per iteration, {} of collectives.",
+            "TP {} splits every layer over {} GPUs {place}, so its {kind} run on {link}: {} per GPU per iteration, {} of collectives.",
             s.tp,
             s.tp,
             size(bytes),

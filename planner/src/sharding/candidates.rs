@@ -20,6 +20,10 @@ pub enum Pass {
     Backward,
 }
 
+/// Why a backward all-gather runs where the program gathers a value again for the backward
+/// that reads it (it kept the shard, not the gathered value).
+pub const REGATHER: &str = "gathered again for the backward (the shard is kept)";
+
 /// A collective a node performs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Comm {
@@ -447,6 +451,20 @@ fn cost_node(
                 1.0,
                 "gathers shards",
             ));
+            // The program keeps the shard, not the gathered value, and gathers it again for
+            // the backward that reads it (codegen's `regather`; Megatron-LM's sequence
+            // parallelism does the same for a product's input). Not priced for an
+            // expert-parallel group's dispatch: the extraction is held to Megatron-Core's
+            // all-gather dispatcher there (`expert_layout_is_lowered`), which keeps it.
+            if fact.ty.dtype.is_float() && !opts.expert_parallel {
+                cand.comms.push(mk(
+                    CollectiveKind::AllGather,
+                    Pass::Backward,
+                    &fact.ty,
+                    1.0,
+                    REGATHER,
+                ));
+            }
             cand.act_bytes = costs.activation_memory_bytes(out_local);
         }
         Shard::ReduceScatter(_) => {
