@@ -92,9 +92,8 @@ fn program_collectives(listing: &str, kind: &str) -> u64 {
 /// GPT-2 at tp 2 with SP on 8 A100: the report's tensor-parallel rows are the extraction's
 /// collectives, as many per step as the lowered program runs (codegen's listing, an
 /// independent count): the all-gathers with each value gathered again for the backward, the
-/// reduce-scatters, and the all-to-alls codegen lowers as reshards. (The once-per-step
-/// reductions of replicated parameters' gradients are listed one by one, where the program
-/// buckets them per layer.)
+/// reduce-scatters, the all-to-alls codegen lowers as reshards, and the all-reduces with the
+/// once-per-step gradient reductions bucketed per layer.
 #[test]
 fn the_reports_tensor_parallel_rows_count_the_programs_collectives() {
     let pins = pins("--tp 2 --pp 1 --dp 4 --micro-batch 4 --zero 1 --sequence-parallel on");
@@ -136,5 +135,16 @@ fn the_reports_tensor_parallel_rows_count_the_programs_collectives() {
     assert!(
         reported("all-gather") > reported("reduce-scatter"),
         "regathers"
+    );
+    // All-reduces: the embedding's partial sums and the per-step gradient reductions, one
+    // bucket per layer as the program runs them; the loss's statistics are priced as
+    // Megatron-LM's three all-reduces per micro-batch, where the program gathers them once.
+    let s = &v["strategy"];
+    let n = |k: &str| s[k].as_u64().expect(k);
+    let micro_batches = n("global_batch") / (n("dp") * n("micro_batch"));
+    assert_eq!(
+        reported("all-reduce") - 3 * micro_batches,
+        program_collectives(&listing, "all_reduce"),
+        "{rows:#?}"
     );
 }

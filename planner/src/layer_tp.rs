@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use ir::OpId;
 
+use crate::cost::comm::{Collective, collective_time, mesh_ep};
 use crate::cost::compute::{AttentionKernel, Kernels, TpLayout, outer_tp_layout, tp_layout};
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
@@ -126,6 +127,29 @@ impl LayerTp {
         t
     }
 
+    /// The once-per-step gradient reductions as the program runs them: one all-reduce of
+    /// them all, bucketed (codegen's per-layer `tpgradreduce`, as Megatron-LM's
+    /// `finalize_model_grads` reduces them from one buffer), not one latency each.
+    fn bucketed(mut self, info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> LayerTp {
+        let (per_step, mut calls): (Vec<TpCall>, Vec<TpCall>) =
+            self.calls.iter().cloned().partition(|c| c.per_step);
+        let Some(first) = per_step.first() else {
+            return self;
+        };
+        let bytes: f64 = per_step.iter().map(|c| c.bytes).sum();
+        let scale = crate::sharding_costs::traffic_scale(info, cluster, s);
+        let u = u64::from;
+        let group = mesh_ep(cluster, u(s.tp), 1, u(s.dp), u(s.pp), u(s.ep.max(1))).tp;
+        self.per_step_s = collective_time(cluster, &group, Collective::AllReduce, bytes * scale);
+        self.collectives -= per_step.len() - 1;
+        calls.push(TpCall {
+            bytes,
+            ..first.clone()
+        });
+        self.calls = Arc::new(calls);
+        self
+    }
+
     /// How the extraction lays out op `o`'s work (`None` for an op it does not place).
     pub fn layout_of(&self, o: OpId) -> Option<TpLayout> {
         self.layouts.get(&o).copied()
@@ -134,6 +158,16 @@ impl LayerTp {
     /// Backward seconds per micro-batch with the step's reductions shared over `m` of them.
     pub fn bwd_per_micro_batch(&self, micro_batches: u64) -> f64 {
         self.bwd_s + self.per_step_s / micro_batches.max(1) as f64
+    }
+}
+
+impl OuterTp {
+    /// Each side's once-per-step reductions bucketed ([`LayerTp::bucketed`]).
+    fn bucketed(self, info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> OuterTp {
+        OuterTp {
+            pre: self.pre.bucketed(info, cluster, s),
+            post: self.post.bucketed(info, cluster, s),
+        }
     }
 }
 
@@ -247,7 +281,7 @@ pub fn layer_tp_as_lowered(
     s: &Strategy,
 ) -> Result<LayerTp, String> {
     let (bp, share) = as_lowered(info, cluster, s, Segment::Layer)?;
-    Ok(LayerTp::of(&bp, share, |_| true))
+    Ok(LayerTp::of(&bp, share, |_| true).bucketed(info, cluster, s))
 }
 
 /// The embedding's and head's tensor-parallel communication as the program runs the
@@ -258,7 +292,7 @@ pub fn outer_tp_as_lowered(
     s: &Strategy,
 ) -> Result<OuterTp, String> {
     let (bp, share) = as_lowered(info, cluster, s, Segment::Outer)?;
-    Ok(outer_of(info, &bp, share))
+    Ok(outer_of(info, &bp, share).bucketed(info, cluster, s))
 }
 
 /// A segment's extraction at the strategy's own micro-batch count, as `compile` recorded it,
@@ -321,7 +355,7 @@ fn segment_tp(
             }
             let share = 1.0 / m as f64;
             let p = extract(info, cluster, s, segment, share)
-                .and_then(|bp| price(info, s, &bp, share, segment));
+                .and_then(|bp| price(info, cluster, s, &bp, share, segment));
             info.tp_extractions
                 .put(own, cluster, Cached::Priced(p.clone()));
             p
@@ -358,7 +392,7 @@ fn solve_both_ends(
         Err(e) => return Cached::Priced(Err(e)),
     };
     if !free.collectives.iter().any(|c| c.per_step) {
-        return Cached::Priced(price(info, s, &free, 0.0, segment));
+        return Cached::Priced(price(info, cluster, s, &free, 0.0, segment));
     }
     let whole = match extract(info, cluster, s, segment, 1.0) {
         Ok(bp) => bp,
@@ -368,7 +402,7 @@ fn solve_both_ends(
     let per_micro_batch = whole.solve.objective_seconds - per_step;
     let best_free = free.solve.objective_seconds;
     if per_micro_batch <= best_free + 1e-12 * best_free.abs() {
-        Cached::Priced(price(info, s, &whole, 1.0, segment))
+        Cached::Priced(price(info, cluster, s, &whole, 1.0, segment))
     } else {
         Cached::Depends
     }
@@ -385,6 +419,7 @@ fn solve_both_ends(
 /// rules instead is priced by them, [`crate::estimate::TpPricing::Rules`].)
 fn price(
     info: &ModelInfo<'_>,
+    cluster: &Cluster,
     s: &Strategy,
     bp: &BlockPlan,
     share: f64,
@@ -422,8 +457,10 @@ fn price(
         }
     }
     Ok(match segment {
-        Segment::Layer => Priced::Layer(LayerTp::of(bp, share, |_| true)),
-        Segment::Outer => Priced::Outer(outer_of(info, bp, share)),
+        Segment::Layer => {
+            Priced::Layer(LayerTp::of(bp, share, |_| true).bucketed(info, cluster, s))
+        }
+        Segment::Outer => Priced::Outer(outer_of(info, bp, share).bucketed(info, cluster, s)),
     })
 }
 

@@ -27,6 +27,7 @@ fn model(name: &str) -> Graph {
     import::build_forward(&spec, DType::F32).unwrap()
 }
 
+use common::as_run;
 use common::tp_strategy as strategy;
 
 /// The collectives after (or of a value of) the ops before the layers (`pre`), or after them.
@@ -138,8 +139,9 @@ fn extraction_is_the_vocabulary_parallel_layout() {
 }
 
 /// The estimate's embedding and head TP communication (`embedding_tp_comm`, `head_tp_comm`)
-/// is the sum over the extraction's collectives: forward and backward seconds per
-/// micro-batch, a per-step reduction's seconds shared over the m micro-batches.
+/// is the sum over the extraction's collectives as the program runs them (`as_run`): forward
+/// and backward seconds per micro-batch, the per-step reductions bucketed and shared over the
+/// m micro-batches.
 #[test]
 fn estimate_prices_the_embedding_and_head_as_extracted() {
     let cluster = Cluster::load("dgx-a100-80gb").unwrap();
@@ -158,17 +160,11 @@ fn estimate_prices_the_embedding_and_head_as_extracted() {
                 ] {
                     assert_eq!(got.source, LayerTpComm::EXTRACTION, "{at}");
                     let mine = mine(&info, &bp, pre);
-                    assert_eq!(got.collectives, Some(mine.len()), "{at}");
-                    let sum = |pass: Pass| -> f64 {
-                        mine.iter()
-                            .filter(|c| c.pass == pass)
-                            .map(|c| c.seconds)
-                            .sum()
-                    };
-                    // Extracted at the strategy's m: a per-step reduction's seconds are 1/m.
+                    let ((fwd, bwd), collectives) = as_run(&mine, &cluster, &s);
+                    assert_eq!(got.collectives, Some(collectives), "{at}");
                     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1e-12);
-                    assert!(close(got.fwd_s, sum(Pass::Forward)), "{at}: {got:?}");
-                    assert!(close(got.bwd_s, sum(Pass::Backward)), "{at}: {got:?}");
+                    assert!(close(got.fwd_s, fwd), "{at}: {got:?}");
+                    assert!(close(got.bwd_s, bwd), "{at}: {got:?}");
                 }
             }
         }

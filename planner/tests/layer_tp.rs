@@ -24,6 +24,7 @@ fn model(name: &str, layers: u64) -> Graph {
     import::build_forward(&spec, DType::F32).unwrap()
 }
 
+use common::as_run;
 use common::tp_strategy as strategy;
 
 /// (kind, pass, once per step) of each collective, in the plan's order.
@@ -139,9 +140,9 @@ fn extraction_rederives_megatrons_collectives() {
 }
 
 /// The estimate's tensor-parallel time of the layers is the sum over the extraction's
-/// collectives: m micro-batches × layers × each collective's seconds (a per-step reduction's
-/// seconds are its share of one micro-batch). Measured as the difference between the same
-/// model at 2 and 4 layers, which share the embedding and head.
+/// collectives as the program runs them ([`as_run`]): m micro-batches × layers × each
+/// collective's seconds, the per-step reductions bucketed. Measured as the difference between
+/// the same model at 2 and 4 layers, which share the embedding and head.
 #[test]
 fn estimate_prices_the_extractions_collectives() {
     let cluster = Cluster::load("dgx-a100-80gb").unwrap();
@@ -155,14 +156,16 @@ fn estimate_prices_the_extractions_collectives() {
             for sp in [false, true] {
                 let s = strategy(tp, sp, 2);
                 let bp = planner::sharding_costs::block_plan(&long, &cluster, &s).unwrap();
-                let per_layer: f64 = bp.collectives.iter().map(|c| c.seconds).sum();
+                let all: Vec<_> = bp.collectives.iter().collect();
+                let ((fwd, bwd), collectives) = as_run(&all, &cluster, &s);
+                let per_layer = fwd + bwd;
                 let m = s.micro_batches() as f64;
                 let want = m * 2.0 * per_layer;
                 let tp_of = |info: &ModelInfo| {
                     let e = estimate(info, &cluster, u64::from(tp), &s).unwrap();
                     let layer = e.predicted.layer_tp_comm.clone().unwrap();
                     assert_eq!(layer.source, LayerTpComm::EXTRACTION);
-                    assert_eq!(layer.collectives, Some(bp.collectives.len()));
+                    assert_eq!(layer.collectives, Some(collectives));
                     let sum = layer.fwd_s + layer.bwd_s;
                     assert!(
                         (sum - per_layer).abs() <= 1e-9 * per_layer,
@@ -215,7 +218,7 @@ fn a_layout_the_memory_model_does_not_price_falls_back_to_the_rule() {
 
 /// One cached extraction serves every micro-batch count: on one `ModelInfo` (one cache), the
 /// layer's price at m = 1, 4 and 16 micro-batches equals the sum over a fresh extraction solved
-/// at that m (its once-per-step reductions at share 1/m).
+/// at that m ([`as_run`]).
 #[test]
 fn one_cached_extraction_prices_every_micro_batch_count() {
     let cluster = Cluster::load("dgx-a100-80gb").unwrap();
@@ -229,7 +232,9 @@ fn one_cached_extraction_prices_every_micro_batch_count() {
                 let g2 = model("llama3-8b", 2);
                 let other = ModelInfo::new(&g2).unwrap();
                 let bp = planner::sharding_costs::block_plan(&other, &cluster, &s).unwrap();
-                bp.collectives.iter().map(|c| c.seconds).sum::<f64>()
+                let all: Vec<_> = bp.collectives.iter().collect();
+                let ((fwd, bwd), _) = as_run(&all, &cluster, &s);
+                fwd + bwd
             };
             let e = estimate(&info, &cluster, 4, &s).unwrap();
             let layer = e.predicted.layer_tp_comm.unwrap();

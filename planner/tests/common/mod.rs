@@ -57,3 +57,36 @@ pub fn small_gpt2() -> ModelSpec {
         dropout: 0.0,
     }
 }
+
+/// Tensor-parallel seconds per micro-batch of `collectives` (an f32 graph's extraction under
+/// `s`) as the program runs them, and how many collectives that is: each per-micro-batch
+/// collective's seconds (forward, backward), and the once-per-step gradient reductions as one
+/// all-reduce of all their bytes (codegen's per-layer bucket) shared over the micro-batches,
+/// in the backward.
+pub fn as_run(
+    collectives: &[&planner::sharding::CollectivePlan],
+    cluster: &planner::Cluster,
+    s: &Strategy,
+) -> ((f64, f64), usize) {
+    use planner::cost::comm::{Collective, collective_time, mesh_ep};
+    use planner::sharding::{CollectivePlan, Pass};
+    let (per_step, each): (Vec<&CollectivePlan>, Vec<&CollectivePlan>) =
+        collectives.iter().copied().partition(|c| c.per_step);
+    let sum = |pass: Pass| -> f64 {
+        each.iter()
+            .filter(|c| c.pass == pass)
+            .map(|c| c.seconds)
+            .sum()
+    };
+    let (fwd, mut bwd) = (sum(Pass::Forward), sum(Pass::Backward));
+    if !per_step.is_empty() {
+        // The block is an f32 graph; its collectives move the run's activation bytes.
+        let scale = cluster.activation_traffic_bytes(s.precision) / 4.0;
+        let bytes: f64 = per_step.iter().map(|c| c.bytes).sum::<f64>() * scale;
+        let u = u64::from;
+        let group = mesh_ep(cluster, u(s.tp), 1, u(s.dp), u(s.pp), 1).tp;
+        let bucket = collective_time(cluster, &group, Collective::AllReduce, bytes);
+        bwd += bucket / s.micro_batches() as f64;
+    }
+    ((fwd, bwd), each.len() + usize::from(!per_step.is_empty()))
+}
