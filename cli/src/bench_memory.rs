@@ -4,8 +4,10 @@
 //! mode, 1F1B and interleaved, cp 2).
 //!
 //! Each plan is compiled with every knob pinned (the search only confirms it fits), lowered
-//! and verified without a memory tolerance; every template's ratio is printed, and a plan
-//! codegen cannot lower says why.
+//! as `plait codegen` lowers it (`codegen::lower_checked`: by the segment rules where the
+//! extraction's layout breaks the planner's memory, which the line then notes) and verified
+//! as it verifies them; every template's ratio is printed, and a plan codegen cannot lower
+//! says why.
 
 use clap::Parser;
 
@@ -54,8 +56,9 @@ struct PlanLine {
 
 /// What became of one plan.
 enum Outcome {
-    /// Per template: (stage, program / planner - 1), and the verifier's other violations.
-    Lowered(Vec<(u32, f64)>, usize),
+    /// Per template: (stage, program / planner - 1), the verifier's violations, and why the
+    /// layers were lowered by the segment rules rather than as extracted, where they were.
+    Lowered(Vec<(u32, f64)>, usize, Option<String>),
     Refused(String),
 }
 
@@ -63,17 +66,27 @@ fn measure(line: &str) -> anyhow::Result<Outcome> {
     let p = PlanLine::try_parse_from(line.split_whitespace())?;
     let compiled = compile(&p.model, &p.cluster, &p.pins, 0, None)?;
     let graph = codegen::load_graph(&compiled.plan)?;
-    let set = match codegen::lower(&compiled.plan, &graph, codegen::Options::default()) {
-        Ok(set) => set,
+    // As `plait codegen` lowers it: the extraction's layout, or the segment rules' where that
+    // layout breaks the planner's memory (the note says so).
+    let check = |set: &codegen::ProgramSet| {
+        let tolerance = Some(crate::codegen::MEMORY_TOLERANCE);
+        let opts = codegen::verify::Options {
+            memory_tolerance: tolerance,
+        };
+        codegen::verify::verify_with(set, opts)
+    };
+    let lowered =
+        codegen::lower_checked(&compiled.plan, &graph, codegen::Options::default(), check);
+    let (_, report, note) = match lowered {
+        Ok(done) => done,
         Err(e) => return Ok(Outcome::Refused(e.to_string())),
     };
-    let report = codegen::verify::verify_with(&set, codegen::verify::Options::default());
     let gaps = report
         .memory
         .iter()
         .map(|m| (m.stage, m.ratio() - 1.0))
         .collect();
-    Ok(Outcome::Lowered(gaps, report.violations.len()))
+    Ok(Outcome::Lowered(gaps, report.violations.len(), note))
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -85,7 +98,7 @@ pub fn run() -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(" ");
         match measure(line) {
-            Ok(Outcome::Lowered(gaps, violations)) => {
+            Ok(Outcome::Lowered(gaps, violations, note)) => {
                 lowered += 1;
                 let max = gaps.iter().map(|g| g.1.abs()).fold(0.0, f64::max);
                 worst = worst.max(max);
@@ -95,6 +108,9 @@ pub fn run() -> anyhow::Result<()> {
                     .map(|(s, g)| format!("s{s} {:+.1}%", 100.0 * g))
                     .collect();
                 println!("{short}\n    {}  violations {violations}", cells.join("  "));
+                if let Some(note) = note {
+                    println!("    {note}");
+                }
             }
             Ok(Outcome::Refused(why)) => println!("{short}\n    not lowered: {why}"),
             Err(e) => println!("{short}\n    not compiled: {e:#}"),
