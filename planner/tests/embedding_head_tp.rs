@@ -9,8 +9,9 @@
 //! backward); the head column-parallel over the vocabulary, its input's gradient all-reduced
 //! in the backward (with SP: its input all-gathered before it and the gradient
 //! reduce-scattered), and the loss's three statistics (max, sum of exponentials, target logit:
-//! B·S floats each) all-reduced; the final norm's weights, read on sequence shards under SP,
-//! reduced once per step. A tied table is held once, vocabulary-split, by both.
+//! B·S floats each) combined over the group (Megatron all-reduces each; plait's program
+//! gathers all three once, codegen's `LossStats`, all-gather, `LossCombine`, and is priced
+//! so); the final norm's weights, read on sequence shards under SP, reduced once per step. A tied table is held once, vocabulary-split, by both.
 
 #![allow(clippy::unwrap_used)] // test helpers panic on purpose
 
@@ -117,7 +118,8 @@ fn extraction_is_the_vocabulary_parallel_layout() {
                     (true, true) => vec![(Ag, Bwd, false, act), (Ar, Fwd, false, act)],
                 };
                 assert_eq!(pre, sorted(pre_want), "{at}: embedding");
-                let mut head_want = vec![(Ar, Fwd, false, stats); 3];
+                // Every member's three statistics, gathered once.
+                let mut head_want = vec![(Ag, Fwd, false, 3.0 * f64::from(tp) * stats)];
                 if sp {
                     head_want.push((Ag, Fwd, false, act));
                     // Gathered again for the head's weight gradient (the shard is kept).

@@ -534,18 +534,19 @@ fn cost_node(
             cand.act_bytes = costs.activation_memory_bytes(out_local);
             match n {
                 Shard::VocabCrossEntropy(_) => {
-                    // Max, sum of exponentials and target logit: one float per token each.
+                    // Each rank's max, sum of exponentials and target logit (three floats a
+                    // token) gathered once over the group, as the program runs the loss
+                    // (`LossStats`, an all-gather, `LossCombine`): the gathered buffer holds
+                    // every member's three.
                     if let Some(&t) = graph.op(op).inputs.get(1) {
                         let tokens = TensorType::new(ir::DType::F32, graph.ty(t).shape.clone());
-                        for _ in 0..3 {
-                            cand.comms.push(mk(
-                                CollectiveKind::AllReduce,
-                                Pass::Forward,
-                                &tokens,
-                                1.0,
-                                "vocab-parallel cross-entropy statistics",
-                            ));
-                        }
+                        cand.comms.push(mk(
+                            CollectiveKind::AllGather,
+                            Pass::Forward,
+                            &tokens,
+                            1.0 / (3.0 * tp),
+                            "vocab-parallel cross-entropy statistics",
+                        ));
                     }
                 }
                 Shard::MoeAllToAll(_) => {

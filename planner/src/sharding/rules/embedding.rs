@@ -3,9 +3,9 @@
 //! - `embedding-vocab`: each rank looks tokens up in its vocabulary range of the table and
 //!   writes zeros for the others (`vembed`); the sum over ranks is the embedding.
 //! - `embedding-tokens`: a split of the token ids splits the output the same way.
-//! - `cross-entropy-vocab`: the cross-entropy of vocabulary-split logits (`vxent`: the max,
-//!   the sum of exponentials and the target logit are all-reduced over the group, B·S floats
-//!   each) equals the cross-entropy of the whole logits. The LM head's column split comes from
+//! - `cross-entropy-vocab`: the cross-entropy of vocabulary-split logits (`vxent`: each
+//!   rank's max, sum of exponentials and target logit, B·S floats each, are all-gathered over
+//!   the group and combined) equals the cross-entropy of the whole logits. The LM head's column split comes from
 //!   `matmul-column`.
 
 use super::{Rule, rw};
