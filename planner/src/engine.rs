@@ -81,6 +81,10 @@ impl Engine {
                 "Megatron-FSDP (ZeRO-{}) does not run with pipeline parallelism",
                 s.zero
             )),
+            Engine::Megatron if pipelined && s.stage_layers.is_some() => megatron_split(
+                s.stage_layers.as_deref().unwrap_or(&[]),
+                s.virtual_stages > 1,
+            ),
             Engine::Torchtitan if s.zero == 1 && s.dp * s.cp > 1 => {
                 Err("torchtitan has no optimizer-only sharding (ZeRO-1): DDP or FSDP2".into())
             }
@@ -182,6 +186,25 @@ impl Engine {
     }
 }
 
+/// Megatron-LM's pipeline split: every chunk the same number of layers but the first and the
+/// last (`--decoder-first-pipeline-num-layers`, `--decoder-last-pipeline-num-layers`), which
+/// the interleaved schedule does not take (`--num-layers-per-virtual-pipeline-stage`: every
+/// chunk the same).
+fn megatron_split(layers: &[u32], interleaved: bool) -> Result<(), String> {
+    let n = layers.len();
+    let inner = if n > 2 { &layers[1..n - 1] } else { layers };
+    let even = inner.first().copied().unwrap_or(0);
+    let uneven_inner = n > 2 && inner.iter().any(|&l| l != even);
+    let uneven_ends = layers.first() != Some(&even) || layers.last() != Some(&even);
+    if uneven_inner || (interleaved && uneven_ends) {
+        return Err(format!(
+            "Megatron-LM splits the layers evenly over its pipeline chunks but the first and \
+             last, and evenly over interleaved chunks ({layers:?} layers)"
+        ));
+    }
+    Ok(())
+}
+
 impl fmt::Display for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -266,5 +289,22 @@ fn yes() -> bool {
 impl Default for Overlap {
     fn default() -> Self {
         Overlap::LEGACY
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::megatron_split;
+
+    /// What `plait export --to megatron` can say (`pipeline_args`): the first and last chunk
+    /// may differ from the rest, but not under the interleaved schedule, and the inner ones
+    /// never.
+    #[test]
+    fn megatron_splits_evenly_but_the_ends_and_interleaved_chunks_evenly() {
+        assert!(megatron_split(&[1, 3, 3, 1], false).is_ok());
+        assert!(megatron_split(&[1, 3, 3, 1], true).is_err());
+        assert!(megatron_split(&[2, 2, 2, 2], true).is_ok());
+        assert!(megatron_split(&[2, 3, 2, 2], false).is_err());
+        assert!(megatron_split(&[4, 5], false).is_ok());
     }
 }

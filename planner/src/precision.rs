@@ -56,7 +56,12 @@ impl Precision {
         }
     }
 
-    /// Bytes per parameter of the gradients.
+    /// Bytes per parameter of the gradients: the compute dtype's, as NVIDIA's performance
+    /// recipes behind the published H100 runs reduce them (NeMo-Framework-Launcher's
+    /// `optim.grad_sync_dtype=bf16`) and as `plait export` configures the engines, whose own
+    /// defaults under bf16 accumulate them in fp32 (Megatron-LM without `--grad-reduce-in-bf16`,
+    /// DeepSpeed without `data_types.grad_accum_dtype`; torchtitan's FSDP2 always reduces in
+    /// fp32 but keeps no separate 16-bit weights, the same 16 bytes a parameter at ZeRO-3).
     pub fn grad_bytes(self) -> f64 {
         self.weight_bytes()
     }

@@ -214,6 +214,13 @@ fn published_plans_export_to_megatron_arguments_it_accepts() {
             };
             assert_eq!(v.get("--fp8-recipe").map(String::as_str), Some(recipe));
         }
+        // The gradients in the 16-bit dtype the plan's memory counts them in (2 bytes a
+        // parameter), not Megatron's fp32 default under --bf16.
+        assert_eq!(
+            v.contains_key("--grad-reduce-in-bf16"),
+            s.precision.grad_bytes() == 2.0 && v.contains_key("--bf16"),
+            "{model}"
+        );
         assert_eq!(int(&v, "--tensor-model-parallel-size"), u64::from(s.tp));
         assert_eq!(int(&v, "--pipeline-model-parallel-size"), u64::from(s.pp));
         assert_eq!(int(&v, "--micro-batch-size"), s.micro_batch);
@@ -466,6 +473,8 @@ fn deepspeed_configs_close_their_batch_arithmetic_and_refuse_what_they_cannot_sa
         assert_eq!(n("train_batch_size"), s.global_batch);
         assert_eq!(c["zero_optimization"]["stage"], u64::from(s.zero));
         assert_eq!(c["bf16"]["enabled"], true);
+        // Accumulated in bf16, as the plan counts them (DeepSpeed's default is fp32).
+        assert_eq!(c["data_types"]["grad_accum_dtype"], "bf16");
         assert_eq!(
             c.get("activation_checkpointing").is_some(),
             s.recompute == Recompute::Full

@@ -52,7 +52,12 @@ pub fn config(plan: &Plan) -> Result<Value, PlanError> {
             json!(DEEPSPEED_REDUCE_BUCKET_SIZE as u64);
     }
     match s.precision {
-        Precision::Bf16 => c["bf16"] = json!({ "enabled": true }),
+        Precision::Bf16 => {
+            c["bf16"] = json!({ "enabled": true });
+            // DeepSpeed's bf16 optimizer accumulates gradients in fp32 unless told otherwise
+            // (DeepSpeed PR #4713); the plan holds them in bf16 (`Precision::grad_bytes`).
+            c["data_types"] = json!({ "grad_accum_dtype": "bf16" });
+        }
         Precision::Fp16 => c["fp16"] = json!({ "enabled": true }),
         Precision::Fp32 => {}
         Precision::Fp8 | Precision::Fp8Tensorwise => {

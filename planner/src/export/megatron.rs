@@ -264,20 +264,30 @@ fn sharding_args(plan: &Plan, args: &mut Vec<String>) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// The precision flags. Under `--bf16` Megatron-LM accumulates and reduces the gradients in
+/// fp32 unless `--grad-reduce-in-bf16` (`megatron/training/arguments.py`), 2 bytes a parameter
+/// more than the plan's memory holds: plait keeps them in the compute dtype
+/// ([`Precision::grad_bytes`]), as NVIDIA's performance recipes behind the published H100 runs
+/// reduce them (NeMo-Framework-Launcher's `optim.grad_sync_dtype=bf16`), so the launch says so.
 fn precision_args(p: Precision, args: &mut Vec<String>) {
     match p {
         Precision::Fp32 => {}
         Precision::Fp16 => flag(args, "--fp16"),
-        Precision::Bf16 => flag(args, "--bf16"),
+        Precision::Bf16 => {
+            flag(args, "--bf16");
+            flag(args, "--grad-reduce-in-bf16");
+        }
         // Transformer Engine's hybrid (E4M3 forward, E5M2 backward) delayed scaling, as plait's
         // fp8 prices it.
         Precision::Fp8 => {
             flag(args, "--bf16");
+            flag(args, "--grad-reduce-in-bf16");
             push(args, "--fp8-format", "hybrid");
             push(args, "--fp8-recipe", "delayed");
         }
         Precision::Fp8Tensorwise => {
             flag(args, "--bf16");
+            flag(args, "--grad-reduce-in-bf16");
             push(args, "--fp8-format", "hybrid");
             push(args, "--fp8-recipe", "tensorwise");
         }

@@ -352,7 +352,13 @@ fn shortfall(e: &Estimate) -> (f64, u32) {
 
 /// Re-splits the layers of a pipelined plan so the end stages (embedding, head) are not the
 /// bottleneck; keeps the better of the even and the balanced split.
-fn rebalance(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, e: Estimate) -> Estimate {
+fn rebalance(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    gpus: u64,
+    e: Estimate,
+    runnable: &dyn Fn(&Strategy) -> bool,
+) -> Estimate {
     let s = &e.strategy;
     if s.pp == 1 || s.stage_layers.is_some() {
         return e;
@@ -381,6 +387,9 @@ fn rebalance(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, e: Estimate) ->
     }
     let mut t = s.clone();
     t.stage_layers = Some(split);
+    if !runnable(&t) {
+        return e;
+    }
     match estimate(info, cluster, gpus, &t) {
         Ok(b) if better(&b, &e) => b,
         _ => e,
@@ -400,7 +409,13 @@ const REFINE_BUDGET: usize = 1000;
 /// helps (a pattern search), so a deep model reaches the same kind of end point, a split no
 /// single-layer move improves, in O(chunks² · log layers) estimates instead of one estimate
 /// per layer moved.
-fn refine_split(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, e: Estimate) -> Estimate {
+fn refine_split(
+    info: &ModelInfo<'_>,
+    cluster: &Cluster,
+    gpus: u64,
+    e: Estimate,
+    runnable: &dyn Fn(&Strategy) -> bool,
+) -> Estimate {
     if e.strategy.pp == 1 {
         return e;
     }
@@ -409,7 +424,7 @@ fn refine_split(info: &ModelInfo<'_>, cluster: &Cluster, gpus: u64, e: Estimate)
     let mut best = e;
     let mut spent = 0;
     while spent < REFINE_BUDGET {
-        match improving_move(info, cluster, gpus, &best, step, &mut spent) {
+        match improving_move(info, cluster, gpus, &best, step, &mut spent, runnable) {
             Some(better) => best = better,
             None if step == 1 => break,
             None => step /= 2,
@@ -427,6 +442,7 @@ fn improving_move(
     best: &Estimate,
     step: u32,
     spent: &mut usize,
+    runnable: &dyn Fn(&Strategy) -> bool,
 ) -> Option<Estimate> {
     let split = best.strategy.chunk_layers(info.layers);
     for from in 0..split.len() {
@@ -442,6 +458,9 @@ fn improving_move(
             moved[from] -= step;
             moved[to] += step;
             t.stage_layers = Some(moved);
+            if !runnable(&t) {
+                continue;
+            }
             *spent += 1;
             // A split whose pipeline bound already exceeds `best` cannot beat it: skip its
             // simulation.
@@ -672,9 +691,11 @@ fn search_with(
             .iteration_time_s
             .total_cmp(&b.predicted.iteration_time_s)
     });
+    // A split the target engine cannot run is not tried (`--target`).
+    let runnable = |s: &Strategy| !req.pins.target || s.engine.runs(s).is_ok();
     let n = fitting.len().min(cutoff::REBALANCED);
     for e in fitting.iter_mut().take(n) {
-        let balanced = rebalance(info, cluster, req.gpus, e.clone());
+        let balanced = rebalance(info, cluster, req.gpus, e.clone(), &runnable);
         evaluated += 1;
         *e = balanced;
     }
@@ -686,7 +707,7 @@ fn search_with(
     // Then refine the split of the fastest few by single-layer moves (unless it is pinned).
     if req.pins.stage_layers.is_none() {
         for e in fitting.iter_mut().take(4) {
-            *e = refine_split(info, cluster, req.gpus, e.clone());
+            *e = refine_split(info, cluster, req.gpus, e.clone(), &runnable);
         }
         fitting.sort_by(|a, b| {
             a.predicted
