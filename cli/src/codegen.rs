@@ -161,6 +161,28 @@ pub fn run_show(args: &ShowArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A program directory `plait run` was handed, refused unless the static verifier passes it
+/// (as `plait verify` checks it): a program edited or damaged after `plait codegen` wrote it
+/// would otherwise run (a missing reduction trains the ranks apart, a wrong mesh hangs).
+pub fn verified_for_run(set: &codegen::ProgramSet, dir: &std::path::Path) -> anyhow::Result<()> {
+    let report = verify_with(
+        set,
+        Options {
+            memory_tolerance: Some(MEMORY_TOLERANCE),
+        },
+    );
+    if let Some(first) = report.violations.first() {
+        anyhow::bail!(
+            "{} does not pass the verifier ({} violation(s); first: {first}); see them all with \
+             `plait verify {}`, or write the programs again with `plait codegen`",
+            dir.display(),
+            report.violations.len(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 pub fn run_verify(args: &VerifyArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let set = codegen::io::read(&args.dir)?;

@@ -88,6 +88,7 @@ pub fn compile(
         );
     }
     let cluster = Cluster::load(&cluster_args.cluster)?;
+    cluster.check_gpus(cluster_args.gpus)?;
     let batch_for_import = pins.micro_batch.unwrap_or(1);
     let m = model::load(model_arg, batch_for_import, cluster_args.seq)?;
     let info = ModelInfo::new(&m.graph)?;
@@ -326,6 +327,9 @@ fn print_exchange_trials(tried: &ExchangeTrials, chosen: &str) {
 }
 
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
+    if let Some(out) = &args.output {
+        crate::outputs::not_an_input(out, &[("model", std::path::Path::new(&args.model))])?;
+    }
     let (compiled, tried) = if args.search_dp_comm.is_empty() {
         let c = compile(
             &args.model,

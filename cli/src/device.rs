@@ -45,6 +45,19 @@ pub fn resolve(flag: Option<RunDeviceArg>, plan: Option<&planner::plan::Plan>) -
     }
 }
 
+/// `--device cuda` for a plan compiled for CPU threads, where CUDA cannot start: the plan runs
+/// as it is on the CPU, which is what to do.
+fn cpu_plan_on_cuda(path: &Path, p: &planner::plan::Plan, e: &RuntimeError) -> anyhow::Error {
+    anyhow::anyhow!(
+        "--device cuda cannot start here ({e}); {} is a plan for {} CPU threads ({}): drop \
+         --device cuda (or pass --device cpu) to train it on them, or compile the model for a \
+         GPU cluster to train on GPUs",
+        path.display(),
+        p.gpus,
+        p.cluster.name
+    )
+}
+
 /// Refuses at once a CUDA run that cannot start here, naming the plan's GPUs, why CUDA cannot
 /// run and what to do instead.
 pub fn check(
@@ -56,6 +69,10 @@ pub fn check(
         return Ok(());
     };
     let what = match (plan, path) {
+        // A CPU plan run with --device cuda: the flag asked for CUDA, not the plan.
+        (Some(p), Some(path)) if p.cluster.runs_on_cpu_threads() => {
+            return Err(cpu_plan_on_cuda(path, p, &e));
+        }
         (Some(p), Some(path)) => format!(
             "{} is a plan for {} x {} ({}): it trains on CUDA GPUs",
             path.display(),

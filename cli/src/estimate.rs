@@ -21,6 +21,7 @@ pub struct EstimateArgs {
 
 pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster.cluster)?;
+    cluster.check_gpus(args.cluster.gpus)?;
     let mb = args.strategy.micro_batch.unwrap_or(1);
     let m = model::load(&args.model, mb, args.cluster.seq)?;
     let strategy = args

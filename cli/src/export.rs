@@ -25,6 +25,9 @@ pub struct ExportArgs {
 }
 
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
+    if let Some(out) = &args.output {
+        crate::outputs::not_an_input(out, &[("plan", &args.plan)])?;
+    }
     let plan = crate::plan_file::read(&args.plan)?;
     let export = planner::export::export(&plan, args.to)
         .with_context(|| format!("cannot export {}", args.plan.display()))?;

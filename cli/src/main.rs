@@ -12,6 +12,7 @@ mod export;
 mod inspect;
 mod model;
 mod models;
+mod outputs;
 mod plan_file;
 mod profile;
 mod profile_gpu;

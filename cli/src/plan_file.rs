@@ -27,5 +27,20 @@ pub fn read(path: &Path) -> anyhow::Result<Plan> {
         })?;
         plan.model.ir = Some(ir::text::print(&m.graph));
     }
+    check_strategy(&plan, &file)?;
     Ok(plan)
+}
+
+/// The plan's strategy against its model and GPU count, as `compile` and `report` check it: a
+/// plan edited by hand (a zero micro-batch, ZeRO-9, tp 3 of 8 GPUs) is refused here, naming the
+/// field, before it is lowered, run or exported.
+fn check_strategy(plan: &Plan, file: &str) -> anyhow::Result<()> {
+    let text = plan.model.ir.as_deref().unwrap_or_default();
+    let graph = ir::text::parse(text)
+        .with_context(|| format!("{file}: its model's graph (model.ir) does not parse"))?;
+    let info = planner::ModelInfo::new(&graph).with_context(|| format!("{file}: model.ir"))?;
+    plan.strategy
+        .validate(&info, plan.gpus)
+        .with_context(|| format!("{file}: its strategy (the `strategy` fields) is not valid"))?;
+    Ok(())
 }

@@ -67,7 +67,7 @@ pub struct RunArgs {
     /// Seed of the initial parameters, the data order and dropout.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Append one JSON object per step (`step`, `loss`, `tokens_per_s`, `step_time_s`,
+    /// Write one JSON object per step, replacing the file (`step`, `loss`, `tokens_per_s`, `step_time_s`,
     /// `comm_bytes`: the bytes the first rank sent in the step over all its communicators, as
     /// ring collectives send them).
     #[arg(long)]
@@ -204,8 +204,10 @@ fn programs(args: &RunArgs) -> anyhow::Result<Job> {
         Some(p) if p.is_dir() => {
             let device = device(args, None);
             crate::device::check(device, None, None)?;
+            let set = codegen::io::read(p)?;
+            crate::codegen::verified_for_run(&set, p)?;
             return Ok(Job {
-                set: codegen::io::read(p)?,
+                set,
                 init: seeded,
                 vocab: None,
                 dp: dp_comm(args, None),
@@ -312,6 +314,9 @@ fn device(args: &RunArgs, plan: Option<&planner::plan::Plan>) -> runtime::train:
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    if let (Some(log), Some(plan)) = (&args.log_json, &args.plan) {
+        crate::outputs::not_an_input(log, &[("plan", plan)])?;
+    }
     let launch = runtime::launch::Launch::from_env()?;
     refuse_foreign_launch(launch.as_ref())?;
     let Job {

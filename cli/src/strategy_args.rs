@@ -52,16 +52,16 @@ pub struct ClusterArgs {
 #[derive(Args, Debug, Clone)]
 pub struct StrategyArgs {
     /// Tensor-parallel degree.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub tp: Option<u32>,
     /// Pipeline-parallel degree (stages).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pp: Option<u32>,
     /// Data-parallel degree.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub dp: Option<u32>,
     /// Sequences per micro-batch.
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     pub micro_batch: Option<u64>,
     /// ZeRO stage 0-3 (compile: searched unless given; estimate: 0 unless given).
     #[arg(long)]

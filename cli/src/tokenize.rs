@@ -25,6 +25,10 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(args: &TokenizeArgs) -> anyhow::Result<()> {
+    crate::outputs::not_an_input(
+        &args.output,
+        &[("text", &args.text), ("tokenizer", &args.tokenizer)],
+    )?;
     let (tokens, vocab) = tokenize_file(&args.text, &args.tokenizer)?;
     let width = args.width.unwrap_or(TokenWidth::for_vocab(vocab));
     tokens.write_bin(&args.output, width)?;

@@ -273,7 +273,7 @@ impl Builder {
             attn,
             spec.q_width(),
             h,
-            false,
+            var.o_bias,
         )?;
         if var.sandwich_norms {
             o = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, o)?;
@@ -340,7 +340,7 @@ impl Builder {
             attn,
             spec.q_width(),
             spec.hidden,
-            false,
+            spec.variant.o_bias,
         )?;
         let o = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, o)?;
         let x = self.op(OpKind::Add, vec![x, o])?;

@@ -23,8 +23,11 @@ pub struct Variant {
     pub model_type: Option<String>,
     /// Head size when it differs from hidden / heads (Qwen3, Gemma: an explicit `head_dim`).
     pub head_dim: Option<u64>,
-    /// Biases on the q, k and v projections (Qwen2, Qwen2-MoE).
+    /// Biases on the q, k and v projections (Qwen2, Qwen2-MoE; `attention_bias`).
     pub qkv_bias: bool,
+    /// A bias on the attention's output projection (`attention_bias` where transformers puts
+    /// it on o_proj too: Llama, Qwen3, OLMo 2, Granite, Gemma, Nemotron).
+    pub o_bias: bool,
     /// RMSNorm over each head of q and of k before the rotary embedding (Qwen3).
     pub qk_norm: bool,
     /// The gate's activation: SiLU (SwiGLU) or GELU-tanh (GeGLU: Gemma).
@@ -241,6 +244,7 @@ impl ModelSpec {
             Family::Llama | Family::Mixtral => {
                 let (q, var) = (n(self.heads) * hd, &self.variant);
                 let bias = if var.qkv_bias { q + two * kv } else { zero };
+                let bias = bias + if var.o_bias { h } else { zero };
                 let qk_norm = match (var.qk_norm, var.post_norms) {
                     (false, _) => zero,
                     (true, false) => two * hd,

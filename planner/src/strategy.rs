@@ -9,6 +9,11 @@ use crate::error::PlanError;
 use crate::model::ModelInfo;
 use crate::precision::Precision;
 
+/// The most micro-batches one iteration of one pipeline may have (global batch over
+/// dp × micro-batch): the largest published runs have a few hundred; the schedule's simulation
+/// holds a task per micro-batch and chunk.
+pub const MAX_MICRO_BATCHES: u64 = 1 << 16;
+
 /// Activation recomputation (Korthikanti et al. 2022).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -242,6 +247,9 @@ impl Strategy {
     }
 
     /// Checks every constraint, naming the first one that fails.
+    ///
+    /// The pipeline schedule is simulated task by task (`cost::pipeline`), so the micro-batches
+    /// of one iteration are bounded ([`MAX_MICRO_BATCHES`]), far above any published run's.
     pub fn validate(&self, model: &ModelInfo, gpus: u64) -> Result<(), PlanError> {
         let err = |c: String| Err(PlanError::invalid(c));
         if self.tp == 0 || self.pp == 0 || self.dp == 0 || self.cp == 0 || self.ep == 0 {
@@ -283,6 +291,16 @@ impl Strategy {
                 self.dp,
                 self.micro_batch,
                 u64::from(self.dp) * self.micro_batch
+            ));
+        }
+        if self.micro_batches() > MAX_MICRO_BATCHES {
+            return err(format!(
+                "global batch {} over dp x micro-batch = {} is {} micro-batches per iteration \
+                 and pipeline; plait schedules at most {MAX_MICRO_BATCHES}: raise the \
+                 micro-batch or the data-parallel degree, or lower the global batch",
+                self.global_batch,
+                u64::from(self.dp) * self.micro_batch,
+                self.micro_batches()
             ));
         }
         if !model.heads.is_multiple_of(u64::from(self.tp)) {

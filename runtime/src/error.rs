@@ -9,7 +9,7 @@ use kernels::KernelError;
 pub enum RuntimeError {
     /// The CUDA backend was asked for, but this build has no `cuda` feature.
     #[error(
-        "this plait was built without CUDA support; rebuild with `--features runtime/cuda` (or use the CPU backend)"
+        "this plait was built without CUDA support; rebuild it with `cargo build --release --features cuda` (or use the CPU backend)"
     )]
     NotCompiledWithCudaSupport,
     /// CUDA support is compiled in, but no usable GPU, driver or library was found.

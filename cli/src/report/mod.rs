@@ -60,6 +60,9 @@ pub fn load(path: &std::path::Path, train_tokens: Option<f64>) -> anyhow::Result
 }
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
+    for out in [&args.trace, &args.html].into_iter().flatten() {
+        crate::outputs::not_an_input(out, &[("plan", &args.plan)])?;
+    }
     let r = load(&args.plan, args.train_tokens)?;
     if r.stale {
         eprintln!(

@@ -3,6 +3,7 @@
 //!
 //! Field names and defaults follow transformers' `GPT2Config`, `LlamaConfig` and `MixtralConfig`.
 
+mod activation;
 mod error;
 mod moe;
 mod rope;
@@ -142,6 +143,7 @@ impl LlamaLike {
     /// How the family's block departs from Llama's, read from the config where it is a field.
     fn variant(&self, f: &Fields<'_>) -> Result<Variant, ConfigError> {
         let t = self.model_type;
+        activation::check_llama(f, t)?;
         let qwen3 = matches!(t, "qwen3" | "qwen3_moe");
         let gemma = matches!(t, "gemma" | "gemma2" | "gemma3_text");
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
@@ -164,8 +166,8 @@ impl LlamaLike {
         Ok(Variant {
             model_type: (!matches!(t, "llama" | "mixtral")).then(|| t.to_string()),
             head_dim: head_dim.filter(|&d| d != implied),
-            qkv_bias: matches!(t, "qwen2" | "qwen2_moe")
-                || (!deepseek && f.opt_bool("attention_bias")?.unwrap_or(false)),
+            qkv_bias: matches!(t, "qwen2" | "qwen2_moe") || attention_bias(f, t)?,
+            o_bias: attention_bias(f, t)?,
             qk_norm: qwen3 || matches!(t, "gemma3_text" | "olmo2"),
             gelu_gate: gemma,
             embed_scale: gemma,
@@ -293,6 +295,17 @@ fn yarn_mscale(f: &Fields<'_>) -> f64 {
         }
         _ => 1.0,
     }
+}
+
+/// Whether `attention_bias` puts biases on q, k, v and o: transformers reads it for Llama,
+/// Qwen3, OLMo 2, Granite, Gemma and Nemotron, and builds Mistral's, Mixtral's, Phi-3's,
+/// Qwen2's and DeepSeek's attention projections with their own fixed biases whatever it says.
+fn attention_bias(f: &Fields<'_>, model_type: &str) -> Result<bool, ConfigError> {
+    let read = !matches!(
+        model_type,
+        "mistral" | "mixtral" | "phi3" | "qwen2" | "qwen2_moe" | "deepseek_v3"
+    );
+    Ok(read && f.opt_bool("attention_bias")?.unwrap_or(false))
 }
 
 /// The rotary width of a Nemotron head: `partial_rotary_factor` (transformers' default 0.5)
@@ -431,6 +444,7 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
 }
 
 fn gpt2(f: Fields<'_>, name: String) -> Result<ModelSpec, ConfigError> {
+    activation::check_gpt2(&f)?;
     let hidden = f.positive("n_embd")?;
     Ok(ModelSpec {
         name,
@@ -655,8 +669,12 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
         ));
     }
     if s.family != Family::Gpt2 && !s.head_dim().is_multiple_of(2) {
+        let source = match s.variant.head_dim {
+            Some(_) => "head_dim".to_string(),
+            None => format!("{hidden_f} / {heads_f}"),
+        };
         return fail(format!(
-            "head size {hidden_f} / {heads_f} = {} is odd: rotary embeddings need an even head size",
+            "head size {source} = {} is odd: rotary embeddings need an even head size",
             s.head_dim()
         ));
     }

@@ -38,9 +38,11 @@ pub struct Architecture {
     pub rotary_share: f64,
     /// Each attention head's width (`--kv-channels` where it is not hidden / heads).
     pub head_dim: u64,
-    /// Biases on the q, k and v projections, and on the other linear layers.
+    /// Biases on the q, k and v projections, on any other linear layer of the block, and on
+    /// every other one (Megatron-LM's `--add-bias-linear` puts them on all).
     pub qkv_bias: bool,
     pub other_bias: bool,
+    pub all_other_bias: bool,
     /// A norm on each head's queries and keys before attention (Qwen3, Gemma 3).
     pub qk_norm: bool,
     /// The inner width of a shared expert beside the routed ones (ungated).
@@ -172,9 +174,8 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         rotary_share: rotary_share(g, &info.layer_ops, qkv.head_dim),
         head_dim: qkv.head_dim.unwrap_or(info.hidden / info.heads.max(1)),
         qkv_bias: qkv.biased(g, true),
-        other_bias: info.layer_ops.iter().any(|o| {
-            !qkv.linears.contains(o) && matches!(g.op(*o).kind, OpKind::Linear { bias: true })
-        }),
+        other_bias: other_linears(g, &info.layer_ops, &qkv.linears).any(|b| b),
+        all_other_bias: other_linears(g, &info.layer_ops, &qkv.linears).all(|b| b),
         qk_norm: qkv.norms > 0,
         shared_expert_ffn,
         tied: info.tied_params > 0,
@@ -371,4 +372,19 @@ fn refuse_unexpressed(
         return Err("a softmax scale other than 1/sqrt(head size) (query_pre_attn_scalar)");
     }
     Ok(())
+}
+
+/// Whether each linear layer of the block but the q, k and v projections has a bias.
+fn other_linears<'a>(
+    g: &'a Graph,
+    layer: &'a [OpId],
+    qkv: &'a [OpId],
+) -> impl Iterator<Item = bool> + 'a {
+    layer
+        .iter()
+        .filter(move |o| !qkv.contains(o))
+        .filter_map(move |&o| match g.op(o).kind {
+            OpKind::Linear { bias } => Some(bias),
+            _ => None,
+        })
 }

@@ -82,10 +82,10 @@ pub fn launch(plan: &Plan, config: &Value) -> String {
          PipelineModule of that many stages when more than one).\n\
          # Save the configuration below as ds_config.json and start your training script with\n\
          #   deepspeed --num_nodes {} --num_gpus {per_node} train.py --deepspeed --deepspeed_config ds_config.json\n{}\n",
-        plan.model.name,
+        super::comment(&plan.model.name),
         plan.gpus,
-        plan.cluster.gpu.name,
-        plan.cluster.name,
+        super::comment(&plan.cluster.gpu.name),
+        super::comment(&plan.cluster.name),
         plan.strategy.zero,
         plan.strategy.pp,
         plan.gpus.div_ceil(per_node),

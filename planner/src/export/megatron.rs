@@ -108,7 +108,14 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
         flag(args, "--squared-relu");
     }
     match (a.qkv_bias, a.other_bias) {
-        (true, true) => {}
+        (true, true) if a.all_other_bias => {}
+        (true, true) => {
+            return Err(refuse(
+                "biases on some of the output and MLP projections only (attention_bias without \
+                 mlp_bias)",
+                "`--add-bias-linear` biases every linear layer, `--add-qkv-bias` q, k and v's",
+            ));
+        }
         // Qwen2's biases on q, k and v alone.
         (true, false) => {
             flag(args, "--disable-bias-linear");

@@ -92,6 +92,25 @@ pub fn export(plan: &Plan, engine: Engine) -> Result<Export, PlanError> {
     }
 }
 
+/// Text from a plan (a model's, a GPU's or a cluster's name, which come from file names and
+/// cluster files) made fit for a launch script's `#` comment: a control character (a newline
+/// would end the comment and start a command line) becomes a space.
+pub(crate) fn comment(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// One word of a launch script's command: as it is where the shell reads it literally, else
+/// single-quoted (a quote inside closed, escaped and reopened).
+pub(crate) fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        return word.to_string();
+    }
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
 /// `torchrun` over `pretrain_gpt.py` on every node, one process per GPU.
 fn megatron_launch(plan: &Plan, args: &[String]) -> String {
     let s = &plan.strategy;
@@ -102,10 +121,10 @@ fn megatron_launch(plan: &Plan, args: &[String]) -> String {
         format!(
             "# plait plan for {} on {} x {} ({}): tp {} pp {} dp {} cp {}, micro-batch {}, \
              predicted {:.3} s per iteration.",
-            plan.model.name,
+            comment(&plan.model.name),
             plan.gpus,
-            plan.cluster.gpu.name,
-            plan.cluster.name,
+            comment(&plan.cluster.gpu.name),
+            comment(&plan.cluster.name),
             s.tp,
             s.pp,
             s.dp,
@@ -134,13 +153,53 @@ fn megatron_launch(plan: &Plan, args: &[String]) -> String {
         let takes_value = args.get(i + 1).is_some_and(|v| !v.starts_with("--"));
         let line = if takes_value {
             i += 2;
-            format!("  {} {}", args[i - 2], args[i - 1])
+            format!(
+                "  {} {}",
+                shell_word(&args[i - 2]),
+                shell_word(&args[i - 1])
+            )
         } else {
             i += 1;
-            format!("  {}", args[i - 1])
+            format!("  {}", shell_word(&args[i - 1]))
         };
         let end = if i < args.len() { " \\" } else { "" };
         lines.push(line + end);
     }
     lines.join("\n") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{comment, shell_word};
+
+    /// A model named after a file such as `evil\ntouch PWNED #.json` stays inside its comment,
+    /// and an argument with shell syntax reaches the program as one literal word: checked by
+    /// bash itself where it is installed.
+    #[test]
+    fn plan_text_stays_a_comment_and_arguments_stay_words() {
+        assert_eq!(comment("evil\ntouch PWNED #"), "evil touch PWNED #");
+        assert_eq!(shell_word("--seq-length"), "--seq-length");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        let nasty = ["$(touch x)", "a'b\"c", "", "; rm -rf /", "line\nbreak"];
+        let script = nasty
+            .iter()
+            .map(|w| shell_word(w))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("printf '%s\\0' {script}"))
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                let got: Vec<&[u8]> = o.stdout.split(|&b| b == 0).collect();
+                for (w, g) in nasty.iter().zip(got) {
+                    assert_eq!(w.as_bytes(), g, "{script}");
+                }
+            }
+            Ok(o) => panic!("bash: {}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => println!("skipped: bash is not runnable here ({e})"),
+        }
+    }
 }

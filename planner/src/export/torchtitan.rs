@@ -213,11 +213,14 @@ pub fn launch(plan: &Plan, args: &[String]) -> String {
          torchrun --nproc-per-node {per_node} --nnodes \"${{NNODES:-{nodes}}}\" --node-rank \
          \"${{NODE_RANK:-0}}\" --master-addr \"${{MASTER_ADDR:-localhost}}\" --master-port \
          \"${{MASTER_PORT:-29500}}\" -m torchtitan.train",
-        plan.model.name, plan.gpus, plan.cluster.gpu.name, plan.cluster.name
+        super::comment(&plan.model.name),
+        plan.gpus,
+        super::comment(&plan.cluster.gpu.name),
+        super::comment(&plan.cluster.name)
     );
     for a in args {
         out.push(' ');
-        out.push_str(a);
+        out.push_str(&super::shell_word(a));
     }
     out + "\n"
 }

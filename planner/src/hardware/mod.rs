@@ -295,6 +295,35 @@ impl Cluster {
         Ok(c)
     }
 
+    /// Whether `gpus` ranks can be placed on this cluster as plait prices them: within its
+    /// `max_nodes`, and on whole nodes (or within one), since a launcher starts as many ranks
+    /// on each node (torchrun's `--nproc-per-node`) and the links priced are the node's and
+    /// the network's.
+    pub fn check_gpus(&self, gpus: u64) -> Result<(), PlanError> {
+        let per_node = u64::from(self.gpus_per_node.max(1));
+        let nodes = gpus.div_ceil(per_node);
+        if let Some(max) = self.max_nodes
+            && nodes > u64::from(max)
+        {
+            return Err(PlanError::invalid(format!(
+                "--gpus {gpus} needs {nodes} nodes of {per_node}, and {} has at most {max} \
+                 (its `max_nodes`): use at most {} GPUs, or a cluster file with more nodes",
+                self.name,
+                u64::from(max) * per_node
+            )));
+        }
+        if gpus > per_node && !gpus.is_multiple_of(per_node) {
+            return Err(PlanError::invalid(format!(
+                "--gpus {gpus} is {} whole node(s) of {per_node} GPUs and {} of another: plait \
+                 places ranks on whole nodes, as a launcher starts the same number on each; use \
+                 a multiple of {per_node}, or at most {per_node}",
+                gpus / per_node,
+                gpus % per_node
+            )));
+        }
+        Ok(())
+    }
+
     fn validate(&self, origin: &str) -> Result<(), PlanError> {
         let bad = |field: &str, why: &str| {
             Err(PlanError::ClusterFile {
@@ -310,6 +339,9 @@ impl Cluster {
         let delay = |x: f64| x.is_finite() && (0.0..=MAX_DELAY_US).contains(&x);
         if self.gpus_per_node == 0 || self.gpus_per_node > MAX_COUNT {
             return bad("gpus_per_node", "must be between 1 and 1000000");
+        }
+        if self.max_nodes == Some(0) {
+            return bad("max_nodes", "must be at least 1 (or left out: no limit)");
         }
         if self.gpu.sm_count == 0 || self.gpu.sm_count > MAX_COUNT {
             return bad("gpu.sm_count", "must be between 1 and 1000000");

@@ -101,7 +101,7 @@ impl Cutoffs {
             f64::INFINITY
         };
         let mut meshes: Vec<f64> = self.mesh_best.values().copied().collect();
-        let shapes = self.listed + 1;
+        let shapes = self.listed.saturating_add(1);
         let listed = if meshes.len() >= shapes {
             meshes.select_nth_unstable_by(shapes - 1, f64::total_cmp);
             meshes[shapes - 1]

@@ -495,6 +495,28 @@ pub const NORM_ACROSS_HEADS: &str = "the model normalizes q and k over all their
      use --tp 1";
 
 /// The first rule the pinned degrees break, named with the flags that break it.
+/// A pinned expert-parallel degree no strategy can take, named before any is priced (else every
+/// candidate fails and the search would say nothing fits).
+fn broken_expert_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
+    let ep = u64::from(req.pins.ep.filter(|&e| e > 1)?);
+    if info.experts == 0 {
+        return Some(format!(
+            "--ep {ep} needs a mixture-of-experts model; {} has no routed experts: drop --ep",
+            info.graph.name
+        ));
+    }
+    if !info.experts.is_multiple_of(ep) {
+        return Some(format!(
+            "--ep {ep} does not divide the model's {} experts: pick an ep that divides them",
+            info.experts
+        ));
+    }
+    if !req.gpus.is_multiple_of(ep) {
+        return Some(format!("--ep {ep} does not divide --gpus {}", req.gpus));
+    }
+    None
+}
+
 fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
     let p = &req.pins;
     let (gpus, batch) = (req.gpus, req.global_batch);
@@ -579,6 +601,9 @@ fn search_with(
     bounded_by_time: bool,
 ) -> Result<Result<SearchResult, Infeasible>, PlanError> {
     let start = Instant::now();
+    if let Some(why) = broken_expert_pin(info, req) {
+        return Err(PlanError::invalid(why));
+    }
     let all = candidates(info, cluster, req);
     if all.is_empty() {
         let p = &req.pins;
@@ -938,12 +963,21 @@ fn infeasible(
     let per_param = precision.weight_bytes() + precision.grad_bytes() + precision.optimizer_bytes();
     let min_gpus =
         (info.params() as f64 * per_param / (capacity - RESERVE_BYTES).max(1.0)).ceil() as u64;
-    let mut suggestions = vec![format!(
-        "use at least {} GPUs: the model states alone take {:.0} GiB ({} bytes per parameter)",
-        min_gpus.max(req.gpus + 1),
-        gib(info.params() as f64 * per_param),
-        per_param
-    )];
+    let states = gib(info.params() as f64 * per_param);
+    let mut suggestions = vec![if min_gpus > req.gpus {
+        format!(
+            "use at least {min_gpus} GPUs: the model states alone take {states:.0} GiB \
+             ({per_param} bytes per parameter)"
+        )
+    } else {
+        // The states would fit spread over every GPU: what overflows is the pinned layout's
+        // (states kept whole on some ranks, or activations), so no count follows from them.
+        format!(
+            "loosen the pins or use more GPUs: the model states ({states:.0} GiB, {per_param} \
+             bytes per parameter) fit on {} GPUs only spread over all of them",
+            req.gpus
+        )
+    }];
     if req.pins.zero.is_some_and(|z| z < 3) {
         suggestions.push(
             "allow ZeRO-3 (drop --zero) to shard weights, gradients and optimizer states".into(),

@@ -1,0 +1,200 @@
+//! Inputs edited by hand, or pointed at each other, are refused at once with exit code 2 and
+//! a message naming the file or the field: a plan whose strategy was changed, a program
+//! directory that no longer verifies, an output path that is the command's own input, sizes
+//! beyond what plait schedules. Never a panic, a crash or a run of something unverified.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn plait(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_plait"))
+        .args(args)
+        .output()
+        .expect("plait runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "plait panicked: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    (out.status.code().unwrap_or(-1), stdout, stderr)
+}
+
+fn dir(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("plait-hand-edited-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().to_string()
+}
+
+/// A two-rank CPU plan of a tiny GPT-2 under `d`.
+fn tiny_plan(d: &Path) -> PathBuf {
+    let cfg = d.join("tiny.json");
+    std::fs::write(
+        &cfg,
+        r#"{"model_type":"gpt2","n_layer":2,"n_embd":64,"n_head":4,"vocab_size":256,"n_positions":64}"#,
+    )
+    .expect("config");
+    let plan = d.join("plan.json");
+    let (code, _, err) = plait(&[
+        "compile",
+        &s(&cfg),
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "-o",
+        &s(&plan),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    plan
+}
+
+/// `plan` with `strategy.<field>` set to `value`, written beside it.
+fn edited(plan: &Path, field: &str, value: serde_json::Value) -> PathBuf {
+    let text = std::fs::read_to_string(plan).expect("plan");
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("plan JSON");
+    v["strategy"][field] = value;
+    let out = plan.with_file_name(format!("edited-{field}.json"));
+    std::fs::write(&out, v.to_string()).expect("write");
+    out
+}
+
+#[test]
+fn a_plan_whose_strategy_was_edited_is_refused_by_every_command_that_reads_it() {
+    let d = dir("strategy");
+    let plan = tiny_plan(&d);
+    for (field, value, says) in [
+        ("micro_batch", serde_json::json!(0), "must be positive"),
+        ("zero", serde_json::json!(9), "ZeRO stage 9"),
+        ("tp", serde_json::json!(3), "must equal"),
+    ] {
+        let bad = edited(&plan, field, value);
+        let out = d.join("out");
+        for args in [
+            vec!["codegen", &s(&bad), "-o", &s(&out)][..].to_vec(),
+            vec!["export", &s(&bad), "--to", "deepspeed"],
+            vec!["run", &s(&bad), "--steps", "1"],
+        ] {
+            let (code, _, err) = plait(&args);
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert!(
+                err.contains("strategy") && err.contains(says),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_program_directory_that_no_longer_verifies_does_not_run() {
+    let d = dir("programs");
+    let plan = tiny_plan(&d);
+    let progs = d.join("programs");
+    let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(&progs)]);
+    assert_eq!(code, 0, "{err}");
+    let template = progs.join("template-0.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&template).expect("template"))
+            .expect("template JSON");
+    let instrs = v["instrs"].as_array_mut().expect("instrs");
+    let half = instrs.len() / 2;
+    instrs.truncate(half);
+    std::fs::write(&template, v.to_string()).expect("write");
+    let (code, out, err) = plait(&["run", &s(&progs), "--steps", "1"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("does not pass the verifier"), "{err}");
+    assert!(!out.contains("step     1"), "no step runs: {out}");
+}
+
+#[test]
+fn an_output_path_that_is_the_commands_input_is_refused_and_the_input_kept() {
+    let d = dir("overwrite");
+    let plan = tiny_plan(&d);
+    let before = std::fs::read(&plan).expect("plan");
+    let cfg = d.join("tiny.json");
+    for args in [
+        vec!["export", &s(&plan), "--to", "megatron", "-o", &s(&plan)],
+        vec!["report", &s(&plan), "--trace", &s(&plan)],
+        vec!["run", &s(&plan), "--steps", "1", "--log-json", &s(&plan)],
+    ] {
+        let (code, _, err) = plait(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("the plan this command reads"), "{err}");
+    }
+    assert_eq!(
+        std::fs::read(&plan).expect("plan"),
+        before,
+        "the plan is intact"
+    );
+    let config = std::fs::read(&cfg).expect("config");
+    let (code, _, err) = plait(&[
+        "compile",
+        &s(&cfg),
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "-o",
+        &s(&cfg),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the model this command reads"), "{err}");
+    assert_eq!(
+        std::fs::read(&cfg).expect("config"),
+        config,
+        "the config is intact"
+    );
+}
+
+#[test]
+fn sizes_beyond_what_plait_schedules_are_refused_at_once() {
+    let started = std::time::Instant::now();
+    let (code, _, err) = plait(&[
+        "compile",
+        "gpt2",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "10000000000",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("micro-batches per iteration"), "{err}");
+    assert!(started.elapsed().as_secs() < 30, "at once");
+    let (code, _, err) = plait(&[
+        "compile",
+        "gpt2",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--top",
+        "18446744073709551615",
+    ]);
+    assert_eq!(code, 0, "the largest --top keeps every alternative: {err}");
+    let (code, _, err) = plait(&[
+        "compile",
+        "mixtral-8x7b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "64",
+        "--ep",
+        "3",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--ep 3 does not divide the model's 8 experts"),
+        "{err}"
+    );
+}
