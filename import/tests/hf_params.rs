@@ -170,17 +170,22 @@ fn phi3_counts_its_fused_projections() {
     assert!(notes.iter().any(|n| n.contains("qkv_proj")), "{notes:?}");
 }
 
+/// microsoft/Phi-4-mini-instruct: 3,836,021,760 parameters (tied, 24 heads of 128 over 8 KV
+/// heads, vocabulary 200,064), its rotary embedding on 0.75 of each head (96 of 128 dimensions,
+/// transformers' `int(head_dim * partial_rotary_factor)`), the rest passed through.
 #[test]
-fn phi3_partial_rotary_is_refused_by_name() {
-    let e = hf::parse_config(
-        r#"{"model_type":"phi3","hidden_size":3072,"intermediate_size":8192,
+fn phi4_mini_turns_three_quarters_of_each_head() {
+    let text = r#"{"model_type":"phi3","hidden_size":3072,"intermediate_size":8192,
             "num_hidden_layers":32,"num_attention_heads":24,"num_key_value_heads":8,
-            "vocab_size":200064,"partial_rotary_factor":0.75}"#,
-        Path::new("config.json"),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("partial_rotary_factor = 0.75"), "{e}");
+            "vocab_size":200064,"max_position_embeddings":131072,"rms_norm_eps":1e-05,
+            "partial_rotary_factor":0.75,"tie_word_embeddings":true,"hidden_act":"silu"}"#;
+    assert_published(text, 3_836_021_760);
+    let spec = parse(text);
+    assert_eq!(spec.variant.rotary_dims, Some(96));
+    let e = hf::parse_config(&text.replace("0.75", "0.7"), Path::new("config.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("partial_rotary_factor = 0.7 gives 89"), "{e}");
 }
 
 #[test]

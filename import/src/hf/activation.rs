@@ -21,12 +21,9 @@ pub(super) fn check_gpt2(f: &Fields<'_>) -> Result<(), ConfigError> {
     named(f, "activation_function", GELU, "a GELU MLP")
 }
 
-/// A Llama-like family's `hidden_act` (Gemma 2 and 3: `hidden_activation`) and `mlp_bias`.
-/// Nemotron's squared ReLU is checked with its rotary width.
+/// A Llama-like family's `hidden_act` (Gemma 2 and 3: `hidden_activation`; Nemotron's
+/// squared ReLU) and `mlp_bias`.
 pub(super) fn check_llama(f: &Fields<'_>, model_type: &str) -> Result<(), ConfigError> {
-    if model_type == "nemotron" {
-        return Ok(());
-    }
     let gemma = matches!(model_type, "gemma" | "gemma2" | "gemma3_text");
     if gemma {
         let key = if f.obj.contains_key("hidden_activation") {
@@ -35,6 +32,8 @@ pub(super) fn check_llama(f: &Fields<'_>, model_type: &str) -> Result<(), Config
             "hidden_act"
         };
         named(f, key, GELU, "GeGLU (a GELU gate)")?;
+    } else if model_type == "nemotron" {
+        named(f, "hidden_act", &["relu2"], "a squared-ReLU MLP")?;
     } else {
         named(f, "hidden_act", &["silu", "swish"], "SwiGLU (a SiLU gate)")?;
     }

@@ -218,10 +218,10 @@ impl LlamaLike {
             } else {
                 None
             },
-            rotary_dims: if t == "nemotron" {
-                nemotron_rotary_dims(f, head_dim.unwrap_or(implied))?
-            } else {
-                None
+            rotary_dims: match t {
+                "nemotron" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
+                "phi3" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 1.0)?,
+                _ => None,
             },
         })
     }
@@ -308,35 +308,27 @@ fn attention_bias(f: &Fields<'_>, model_type: &str) -> Result<bool, ConfigError>
     Ok(read && f.opt_bool("attention_bias")?.unwrap_or(false))
 }
 
-/// The rotary width of a Nemotron head: `partial_rotary_factor` (transformers' default 0.5)
-/// of it, `None` when that is the whole head. Also refuses the activations and biases plait
-/// does not build for Nemotron, naming the field.
-fn nemotron_rotary_dims(f: &Fields<'_>, head_dim: u64) -> Result<Option<u64>, ConfigError> {
-    let refuse = |reason: String| ConfigError::Inconsistent {
-        file: f.file.clone(),
-        reason,
-    };
-    match f.obj.get("hidden_act") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(a)) if a == "relu2" => {}
-        Some(other) => {
-            return Err(refuse(format!(
-                "hidden_act = {other}: plait builds Nemotron's MLP with its squared ReLU                  (\"relu2\") only"
-            )));
-        }
-    }
-    if f.opt_bool("mlp_bias")?.unwrap_or(false) {
-        return Err(refuse(
-            "mlp_bias = true: plait builds Nemotron's MLP without biases".into(),
-        ));
-    }
-    let factor = f.opt_float("partial_rotary_factor")?.unwrap_or(0.5);
+/// The rotary width of a head turned only in part (Nemotron, whose transformers default is
+/// 0.5; Phi-3 and Phi-4-mini, 1.0): `partial_rotary_factor` of it, `None` when that is the whole
+/// head.
+fn partial_rotary_dims(
+    f: &Fields<'_>,
+    head_dim: u64,
+    default_factor: f64,
+) -> Result<Option<u64>, ConfigError> {
+    let factor = f
+        .opt_float("partial_rotary_factor")?
+        .unwrap_or(default_factor);
     // transformers: int(head_dim * partial_rotary_factor).
     let dims = (head_dim as f64 * factor) as u64;
     if dims == 0 || dims > head_dim || !dims.is_multiple_of(2) {
-        return Err(refuse(format!(
-            "partial_rotary_factor = {factor} gives {dims} rotary dimensions of a head of              {head_dim}: it must be an even number from 2 to the head size"
-        )));
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!(
+                "partial_rotary_factor = {factor} gives {dims} rotary dimensions of a head of \
+                 {head_dim}: it must be an even number from 2 to the head size"
+            ),
+        });
     }
     Ok((dims < head_dim).then_some(dims))
 }
@@ -484,18 +476,6 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         ),
         None => (0, 0, f.positive("intermediate_size")?),
     };
-    if kind.model_type == "phi3"
-        && let Some(r) = f.opt_float("partial_rotary_factor")?
-        && r != 1.0
-    {
-        return Err(ConfigError::Inconsistent {
-            file: f.file.clone(),
-            reason: format!(
-                "partial_rotary_factor = {r}: plait's rotary embedding covers the whole head \
-                 (partial rotary is not supported yet)"
-            ),
-        });
-    }
     Ok(ModelSpec {
         name,
         family: kind.family,
