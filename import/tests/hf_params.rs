@@ -568,6 +568,17 @@ fn deepseek_v3_counts_its_latent_attention_dense_layers_and_experts() {
     let moe = 4 * 3 * 64 * 16 + 4 * 64 + 3 * 64 * 32;
     let want = 2 * 100 * 64 + 64 + 3 * (attention + 2 * 64) + 3 * 64 * 96 + 2 * moe;
     assert_published(no_lora, want);
+    // Dense layers between expert layers (moe_layer_freq 2) are refused by name.
+    let err = hf::parse_config(
+        &no_lora.replace(
+            r#""vocab_size":100"#,
+            r#""vocab_size":100,"moe_layer_freq":2"#,
+        ),
+        Path::new("config.json"),
+    )
+    .expect_err("moe_layer_freq 2")
+    .to_string();
+    assert!(err.contains("moe_layer_freq = 2"), "{err}");
 }
 
 /// Qwen-MoE's `mlp_only_layers` / `decoder_sparse_step`: transformers gives those layers a

@@ -119,4 +119,24 @@ fn kinds_plait_does_not_compute_are_noted_and_bad_values_refused() {
         .expect_err("factor 0")
         .to_string();
     assert!(err.contains("factor"), "{err}");
+    let unknown = llama(r#"{"rope_type":"weird","factor":2.0}"#);
+    let err = hf::parse_config(&unknown, Path::new("config.json"))
+        .expect_err("a kind transformers does not know")
+        .to_string();
+    assert!(err.contains("rope_type = \"weird\""), "{err}");
+}
+
+/// Phi-3.5's longrope carries 48 factors in each list: the note names how many, on one line.
+#[test]
+fn a_longrope_note_shows_its_factor_lists_by_length() {
+    let factors = vec!["1.0"; 48].join(",");
+    let longrope = llama(&format!(
+        r#"{{"type":"longrope","short_factor":[{factors}],"long_factor":[{factors}]}}"#
+    ));
+    let notes = hf::approximations(&longrope);
+    let note = notes
+        .iter()
+        .find(|n| n.contains("longrope"))
+        .expect("noted");
+    assert!(note.contains("[48 numbers]") && note.len() < 300, "{note}");
 }

@@ -30,6 +30,19 @@ pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, Confi
 /// DeepSeek-V3's leading dense layers: `first_k_dense_replace` (transformers' default 3) of
 /// `intermediate_size`; `None` when there are none.
 pub(super) fn deepseek_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
+    // transformers gives layer i experts when i >= first_k_dense_replace and i is a multiple
+    // of moe_layer_freq: plait builds them all so (frequency 1), as every published config.
+    let freq = f.opt_positive("moe_layer_freq")?.unwrap_or(1);
+    if freq != 1 {
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!(
+                "moe_layer_freq = {freq}: plait builds every layer after the \
+                 first_k_dense_replace dense ones with experts (moe_layer_freq 1), not dense \
+                 layers between expert layers"
+            ),
+        });
+    }
     let count = match f.obj.get("first_k_dense_replace") {
         None => 3,
         Some(Value::Null) => 0,

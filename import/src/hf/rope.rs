@@ -10,6 +10,13 @@ use super::{ConfigError, Fields};
 /// The kinds plait computes; the others are modelled as plain frequencies ([`note`]).
 const COMPUTED: [&str; 4] = ["default", "linear", "llama3", "yarn"];
 
+/// Every kind transformers' `ROPE_INIT_FUNCTIONS` knows, with the older spellings its
+/// configs still carry (`su` for longrope; Qwen2-VL's `mrope`, read as the default); a config
+/// naming another is refused, as transformers refuses it.
+const KNOWN: [&str; 8] = [
+    "default", "linear", "dynamic", "yarn", "longrope", "llama3", "su", "mrope",
+];
+
 fn kind(r: &Map<String, Value>) -> Option<&str> {
     r.get("rope_type")
         .or_else(|| r.get("type"))
@@ -52,6 +59,15 @@ pub(super) fn rope_scaling(f: &Fields<'_>, max_positions: u64) -> Result<RopeSca
             ),
         })
     };
+    if let Some(k) = kind(r).filter(|k| !KNOWN.contains(k)) {
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!(
+                "rope_scaling.rope_type = \"{k}\" is not a kind transformers knows ({})",
+                KNOWN.join(", ")
+            ),
+        });
+    }
     let scaling = match kind(r) {
         Some("linear") => RopeScaling::Linear {
             factor: need("factor")?,
@@ -109,7 +125,20 @@ pub(super) fn note(obj: &Map<String, Value>) -> Option<String> {
         _ => Some(format!(
             "rope_scaling {} is modelled as plain rotary embeddings (the same shapes and FLOPs; \
              plait computes the linear, llama3 and yarn kinds)",
-            Value::Object(r.clone())
+            Value::Object(brief(r))
         )),
     }
+}
+
+/// `r` with its per-dimension factor lists (longrope's `long_factor`, `short_factor`: 48 or 64
+/// numbers each) shown by their length, so a note stays one readable line.
+fn brief(r: &Map<String, Value>) -> Map<String, Value> {
+    r.iter()
+        .map(|(k, v)| match v {
+            Value::Array(a) if a.len() > 4 => {
+                (k.clone(), Value::String(format!("[{} numbers]", a.len())))
+            }
+            _ => (k.clone(), v.clone()),
+        })
+        .collect()
 }
