@@ -197,6 +197,29 @@ struct Job {
     predicted_kernel_s: Option<Vec<std::collections::BTreeMap<String, f64>>>,
 }
 
+/// The vocabulary of a program directory's model, which `--data` is checked against as a
+/// plan's is: the rows of the table its first embedding lookup reads (the token embedding;
+/// the parameters' shapes are the whole tensors', even where the table is vocabulary-split).
+fn program_vocab(set: &codegen::ProgramSet) -> Option<u64> {
+    set.templates.iter().find_map(|t| {
+        let table = t.instrs.iter().find_map(|i| match i {
+            codegen::program::Instr::Compute {
+                kind: ir::OpKind::Embedding,
+                inputs,
+                ..
+            } => inputs.first().copied(),
+            codegen::program::Instr::Vocab {
+                op: codegen::program::VocabOp::Embedding,
+                inputs,
+                ..
+            } => inputs.first().copied(),
+            _ => None,
+        })?;
+        let param = t.buffers.get(table.index())?.role.param()?;
+        set.params.get(param.index())?.shape.first().copied()
+    })
+}
+
 /// The job of `args`; a device that cannot run here is refused before any program is built.
 fn programs(args: &RunArgs) -> anyhow::Result<Job> {
     let seeded = Init::Seed(args.seed);
@@ -206,10 +229,11 @@ fn programs(args: &RunArgs) -> anyhow::Result<Job> {
             crate::device::check(device, None, None)?;
             let set = codegen::io::read(p)?;
             crate::codegen::verified_for_run(&set, p)?;
+            let vocab = program_vocab(&set);
             return Ok(Job {
                 set,
                 init: seeded,
-                vocab: None,
+                vocab,
                 dp: dp_comm(args, None),
                 device,
                 predicted_step_s: None,

@@ -198,3 +198,32 @@ fn sizes_beyond_what_plait_schedules_are_refused_at_once() {
         "{err}"
     );
 }
+
+/// A program directory checks `--data` against its model's vocabulary as a plan does (the
+/// rows of its token table): ids past it are refused before a step, not looked up as zeros.
+#[test]
+fn a_program_directory_checks_its_data_against_the_vocabulary() {
+    let d = dir("vocab");
+    let plan = tiny_plan(&d);
+    let progs = d.join("programs");
+    let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(&progs)]);
+    assert_eq!(code, 0, "{err}");
+    let data = d.join("ids.bin");
+    let ids: Vec<u8> = (0..4096u32).flat_map(|i| (300 + i).to_le_bytes()).collect();
+    std::fs::write(&data, ids).expect("data");
+    let (code, out, err) = plait(&[
+        "run",
+        &s(&progs),
+        "--steps",
+        "1",
+        "--data",
+        &s(&data),
+        "--data-width",
+        "u32",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("outside the model's vocabulary of 256"),
+        "{err}"
+    );
+}

@@ -131,7 +131,9 @@ impl Tokens {
             Some(i) => Err(RuntimeError::Data {
                 path: self.name.clone(),
                 message: format!(
-                    "token {} at position {i} is outside the model's vocabulary of {vocab}",
+                    "token {} at position {i} is outside the model's vocabulary of {vocab}: \
+                     train it on ids below {vocab} (`plait tokenize` with the model's own \
+                     tokenizer writes them; bytes need a vocabulary of at least 256)",
                     self.ids[i]
                 ),
             }),
