@@ -30,6 +30,12 @@ pub fn run(args: &TokenizeArgs) -> anyhow::Result<()> {
         &[("text", &args.text), ("tokenizer", &args.tokenizer)],
     )?;
     let (tokens, vocab) = tokenize_file(&args.text, &args.tokenizer)?;
+    if tokens.ids.is_empty() {
+        anyhow::bail!(
+            "{} tokenizes to no tokens: nothing to train on; give it text",
+            args.text.display()
+        );
+    }
     let width = args.width.unwrap_or(TokenWidth::for_vocab(vocab));
     tokens.write_bin(&args.output, width)?;
     println!(

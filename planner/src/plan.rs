@@ -261,10 +261,14 @@ impl Plan {
                 });
             }
         }
-        serde_json::from_value(v).map_err(|e| PlanError::ClusterFile {
+        let plan: Plan = serde_json::from_value(v).map_err(|e| PlanError::ClusterFile {
             file: file.into(),
             message: format!("not a valid {FORMAT} plan: {e}"),
-        })
+        })?;
+        // The cluster it carries, as a cluster file is checked (a plan edited to a negative
+        // memory would otherwise be reported and run against it).
+        plan.cluster.validate(&format!("{file} (its `cluster`)"))?;
+        Ok(plan)
     }
 
     pub fn to_json(&self) -> String {

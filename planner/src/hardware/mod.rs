@@ -324,7 +324,8 @@ impl Cluster {
         Ok(())
     }
 
-    fn validate(&self, origin: &str) -> Result<(), PlanError> {
+    /// Checks every field's range, naming `origin` (the cluster file, or a plan carrying it).
+    pub(crate) fn validate(&self, origin: &str) -> Result<(), PlanError> {
         let bad = |field: &str, why: &str| {
             Err(PlanError::ClusterFile {
                 file: origin.into(),
