@@ -27,6 +27,22 @@ fn s(p: &Path) -> String {
     p.to_string_lossy().to_string()
 }
 
+/// `plait compile` of `cfg` for two CPU ranks, written to `out`.
+fn compile_tiny(cfg: &Path, out: &Path) -> (i32, String, String) {
+    plait(&[
+        "compile",
+        &s(cfg),
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "-o",
+        &s(out),
+    ])
+}
+
 /// A two-rank CPU plan of a tiny GPT-2 under `d`.
 fn tiny_plan(d: &Path) -> PathBuf {
     let cfg = d.join("tiny.json");
@@ -36,20 +52,18 @@ fn tiny_plan(d: &Path) -> PathBuf {
     )
     .expect("config");
     let plan = d.join("plan.json");
-    let (code, _, err) = plait(&[
-        "compile",
-        &s(&cfg),
-        "--cluster",
-        "cpu",
-        "--gpus",
-        "2",
-        "--global-batch",
-        "4",
-        "-o",
-        &s(&plan),
-    ]);
+    let (code, _, err) = compile_tiny(&cfg, &plan);
     assert_eq!(code, 0, "{err}");
     plan
+}
+
+/// [`tiny_plan`]'s programs, written by `plait codegen` under `d`.
+fn tiny_programs(d: &Path) -> PathBuf {
+    let plan = tiny_plan(d);
+    let progs = d.join("programs");
+    let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(&progs)]);
+    assert_eq!(code, 0, "{err}");
+    progs
 }
 
 /// `plan` with `strategy.<field>` set to `value`, written beside it.
@@ -90,11 +104,7 @@ fn a_plan_whose_strategy_was_edited_is_refused_by_every_command_that_reads_it() 
 
 #[test]
 fn a_program_directory_that_no_longer_verifies_does_not_run() {
-    let d = dir("programs");
-    let plan = tiny_plan(&d);
-    let progs = d.join("programs");
-    let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(&progs)]);
-    assert_eq!(code, 0, "{err}");
+    let progs = tiny_programs(&dir("programs"));
     let template = progs.join("template-0.json");
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&template).expect("template"))
@@ -130,18 +140,7 @@ fn an_output_path_that_is_the_commands_input_is_refused_and_the_input_kept() {
         "the plan is intact"
     );
     let config = std::fs::read(&cfg).expect("config");
-    let (code, _, err) = plait(&[
-        "compile",
-        &s(&cfg),
-        "--cluster",
-        "cpu",
-        "--gpus",
-        "2",
-        "--global-batch",
-        "4",
-        "-o",
-        &s(&cfg),
-    ]);
+    let (code, _, err) = compile_tiny(&cfg, &cfg);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("the model this command reads"), "{err}");
     assert_eq!(
@@ -204,10 +203,7 @@ fn sizes_beyond_what_plait_schedules_are_refused_at_once() {
 #[test]
 fn a_program_directory_checks_its_data_against_the_vocabulary() {
     let d = dir("vocab");
-    let plan = tiny_plan(&d);
-    let progs = d.join("programs");
-    let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(&progs)]);
-    assert_eq!(code, 0, "{err}");
+    let progs = tiny_programs(&d);
     let data = d.join("ids.bin");
     let ids: Vec<u8> = (0..4096u32).flat_map(|i| (300 + i).to_le_bytes()).collect();
     std::fs::write(&data, ids).expect("data");
