@@ -494,7 +494,6 @@ pub const NORM_ACROSS_HEADS: &str = "the model normalizes q and k over all their
      (OLMo 2's q_norm and k_norm), which plait does not split over tensor-parallel ranks yet; \
      use --tp 1";
 
-/// The first rule the pinned degrees break, named with the flags that break it.
 /// A pinned expert-parallel degree no strategy can take, named before any is priced (else every
 /// candidate fails and the search would say nothing fits).
 fn broken_expert_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
@@ -517,6 +516,7 @@ fn broken_expert_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String
     None
 }
 
+/// The first rule the pinned degrees break, named with the flags that break it.
 fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
     let p = &req.pins;
     let (gpus, batch) = (req.gpus, req.global_batch);
