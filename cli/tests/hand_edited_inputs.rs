@@ -3,25 +3,11 @@
 //! directory that no longer verifies, an output path that is the command's own input, sizes
 //! beyond what plait schedules. Never a panic, a crash or a run of something unverified.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn plait(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_plait"))
-        .args(args)
-        .output()
-        .expect("plait runs");
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!stderr.contains("panicked"), "plait panicked: {stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    (out.status.code().unwrap_or(-1), stdout, stderr)
-}
-
-fn dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("plait-hand-edited-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
+use common::{dir, plait};
 
 fn s(p: &Path) -> String {
     p.to_string_lossy().to_string()
