@@ -29,6 +29,9 @@ enum BenchKind {
     Collectives,
     /// The planner's per-stage peak memory against the programs' liveness on 20 pinned plans.
     Memory,
+    /// Time `plait codegen` and `plait verify` of GPT-3 175B on 1,024 A100s, phase by phase
+    /// (goal: 10 s a plan).
+    Codegen,
     /// Time one strategy estimate of GPT-3 175B on 1024 A100s (the search's inner loop).
     EstimateSpeed,
     /// Search time (GPT-3 175B on 1024 GPUs, the 1T model on 3072) and plan quality against the
@@ -47,6 +50,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchKind::CostModel => cost_model(),
         BenchKind::Collectives => collectives(),
         BenchKind::Memory => crate::bench_memory::run(),
+        BenchKind::Codegen => crate::bench_codegen::run(),
         BenchKind::EstimateSpeed => estimate_speed(),
         BenchKind::Search => search_bench(),
         BenchKind::StepTime(a) => crate::step_time::run(a),

@@ -46,12 +46,12 @@ const PLANS: &[&str] = &[
 /// One plan line parsed as `plait compile` parses its arguments.
 #[derive(Parser, Debug)]
 #[command(no_binary_name = true)]
-struct PlanLine {
-    model: String,
+pub(crate) struct PlanLine {
+    pub(crate) model: String,
     #[command(flatten)]
-    cluster: ClusterArgs,
+    pub(crate) cluster: ClusterArgs,
     #[command(flatten)]
-    pins: StrategyArgs,
+    pub(crate) pins: StrategyArgs,
 }
 
 /// What became of one plan.

@@ -1,6 +1,7 @@
 //! `plait`: a thin command line over plait's libraries.
 
 mod bench;
+mod bench_codegen;
 mod bench_kernels;
 mod bench_memory;
 mod clusters;

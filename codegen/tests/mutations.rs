@@ -124,6 +124,30 @@ fn overlapping_shards_are_rejected() {
 }
 
 #[test]
+fn a_parameter_no_rank_holds_is_rejected() {
+    let mut set = mixed();
+    // Every rank drops its shards of the last parameter; the others stay held.
+    let last = set.templates[0]
+        .shards
+        .iter()
+        .map(|s| s.param)
+        .max()
+        .unwrap();
+    for t in &mut set.templates {
+        t.shards.retain(|s| s.param != last);
+    }
+    let r = verify(&set);
+    let name = &set.params[last.0 as usize].name;
+    let unheld: Vec<_> = r
+        .violations
+        .iter()
+        .filter(|v| v.check == Check::Shard && v.message.contains("held by no rank"))
+        .collect();
+    assert_eq!(unheld.len(), 1, "{unheld:?}");
+    assert!(unheld[0].message.contains(name.as_str()), "{}", unheld[0]);
+}
+
+#[test]
 fn an_all_gather_into_a_buffer_of_its_input_size_is_rejected() {
     let mut set = mixed();
     let t = set.detach(1).unwrap();

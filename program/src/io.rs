@@ -35,10 +35,13 @@ pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), ProgramError> {
         .iter()
         .map(|t| format!("template-{}.json", t.id.0))
         .collect();
-    for (t, name) in set.templates.iter().zip(&names) {
+    let jobs: Vec<(&Template, &String)> = set.templates.iter().zip(&names).collect();
+    for written in on_every_core(&jobs, |(t, name)| {
         let p = dir.join(name);
         let text = serde_json::to_string(t).map_err(|e| io(&p, e))?;
-        std::fs::write(&p, text).map_err(|e| io(&p, e))?;
+        std::fs::write(&p, text).map_err(|e| io(&p, e))
+    }) {
+        written?;
     }
     let index = Index {
         format: set.format.clone(),
@@ -78,22 +81,26 @@ pub fn read(dir: &Path) -> Result<ProgramSet, ProgramError> {
             message: format!("format `{}`; this plait reads `{FORMAT}`", index.format),
         });
     }
-    let mut templates = Vec::new();
-    for name in &index.templates {
-        if name.contains('/') || name.contains("..") {
-            return Err(ProgramError::Format {
-                path: p.clone(),
-                message: format!("template name `{name}`"),
-            });
-        }
+    if let Some(name) = index
+        .templates
+        .iter()
+        .find(|name| name.contains('/') || name.contains(".."))
+    {
+        return Err(ProgramError::Format {
+            path: p.clone(),
+            message: format!("template name `{name}`"),
+        });
+    }
+    let templates = on_every_core(&index.templates, |name| {
         let tp = dir.join(name);
         let text = std::fs::read_to_string(&tp).map_err(|e| io(&tp, e))?;
-        let t: Template = serde_json::from_str(&text).map_err(|e| ProgramError::Format {
+        serde_json::from_str::<Template>(&text).map_err(|e| ProgramError::Format {
             path: tp.clone(),
             message: e.to_string(),
-        })?;
-        templates.push(t);
-    }
+        })
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
     Ok(ProgramSet {
         format: index.format,
         model: index.model,
@@ -104,4 +111,41 @@ pub fn read(dir: &Path) -> Result<ProgramSet, ProgramError> {
         ranks: index.ranks,
         templates,
     })
+}
+
+/// `f` of each item, in order, computed on as many threads as the machine has cores: a
+/// pipeline plan's templates are read and written independently, and parsing their JSON is
+/// most of what `plait verify` and `plait run DIR` spend before their first step.
+fn on_every_core<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(k) else { break };
+                        mine.push((k, f(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| {
+                w.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    done.sort_by_key(|(k, _)| *k);
+    done.into_iter().map(|(_, r)| r).collect()
 }
