@@ -333,3 +333,22 @@ fn olmo2_keeps_tp_1_and_says_why() {
         "{err}"
     );
 }
+
+/// DeepSeek-V2-Lite's own config.json (`model_type: deepseek_v2`, softmax router, YaRN rope):
+/// `inspect` counts the 15.7B its card states (module by module in import's tests) and notes
+/// what plait builds differently; `compile` fits it on 8 H100 at seq 4096 and codegen lowers
+/// the plan within the verifier's memory tolerance.
+#[test]
+fn deepseek_v2_lite_plans_and_lowers_on_8_h100() {
+    let d = dir("deepseek-v2-lite");
+    let cfg = config("deepseek-v2-lite");
+    let (code, out, err) = plait(&["inspect", &cfg]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("15706484224"), "{out}");
+    assert!(out.contains("rotate-half") && out.contains("mscale"), "{out}");
+    let plan = d.join("plan.json").to_string_lossy().to_string();
+    let (code, out, err) = compile_on_8_h100(&cfg, &plan);
+    assert!(code == 0 && out.contains("fits"), "{out}{err}");
+    let (code, out, err) = codegen(&plan, &d.join("programs"));
+    assert_eq!(code, 0, "codegen {out}{err}");
+}

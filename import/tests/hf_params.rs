@@ -450,6 +450,7 @@ fn moe_routers_follow_transformers_defaults_and_refuse_impossible_groups() {
         normalize: true,
         groups: 8,
         groups_kept: 4,
+        group_top: 2,
     };
     assert_eq!(routing(&v3), deepseek);
     // Qwen3MoeConfig's norm_topk_prob defaults to false.
@@ -466,6 +467,13 @@ fn moe_routers_follow_transformers_defaults_and_refuse_impossible_groups() {
         .expect_err("6 experts in 8 groups")
         .to_string();
     assert!(err.contains("n_group") && err.contains("8 groups"), "{err}");
+    // Eight experts in the default eight groups: a group of one has no second-best expert
+    // for DeepSeek-V3's score (transformers' topk(2) over it fails).
+    let singletons = bad.replace(r#""n_routed_experts":6"#, r#""n_routed_experts":8"#);
+    let err = hf::parse_config(&singletons, Path::new("config.json"))
+        .expect_err("groups of one expert")
+        .to_string();
+    assert!(err.contains("best 2 experts, of the 1 in a group"), "{err}");
 }
 
 #[test]
@@ -616,5 +624,97 @@ fn qwen_moe_dense_layers_follow_mlp_only_layers() {
     assert!(
         err.contains("decoder_sparse_step 2") && err.contains("layers 0, 2"),
         "{err}"
+    );
+}
+
+fn fixture(name: &str) -> String {
+    let path = format!(
+        "{}/../fixtures/hf/{name}/config.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// DeepSeek-V2 (transformers' `DeepseekV2ForCausalLM`): DeepSeek-V3's block (latent
+/// attention, shared and routed experts, the first layer dense) with 160 routed experts of
+/// 1536 and two shared. Counted module by module as transformers builds them: 235,741,434,880,
+/// the model card's "236B total parameters"; DeepSeek-V2-Lite (no query bottleneck, 64
+/// experts of 1408): 15,706,484,224, its card's 15.7B.
+#[test]
+fn deepseek_v2_and_v2_lite_count_their_published_parameters() {
+    let (h, heads, v) = (5120u64, 128u64, 102_400u64);
+    let attention =
+        h * 1536 + 1536 + 1536 * heads * 192 + h * 576 + 512 + 512 * heads * 256 + heads * 128 * h;
+    let dense = 3 * h * 12_288;
+    let moe = 160 * 3 * h * 1536 + 160 * h + 3 * h * 2 * 1536;
+    let modules = 2 * v * h + h + 60 * (attention + 2 * h) + dense + 59 * moe;
+    assert_eq!(modules, 235_741_434_880);
+    assert_published(&fixture("deepseek-v2"), modules);
+    let (h, heads) = (2048u64, 16u64);
+    let attention = h * heads * 192 + h * 576 + 512 + 512 * heads * 256 + heads * 128 * h;
+    let dense = 3 * h * 10_944;
+    let moe = 64 * 3 * h * 1408 + 64 * h + 3 * h * 2 * 1408;
+    let modules = 2 * v * h + h + 27 * (attention + 2 * h) + dense + 26 * moe;
+    assert_eq!(modules, 15_706_484_224);
+    assert_published(&fixture("deepseek-v2-lite"), modules);
+}
+
+/// DeepSeek-V2's router as transformers' `DeepseekV2Moe` routes: softmax shares, never
+/// renormalized; `group_limited_greedy` keeps `topk_group` of `n_group` groups scored by their
+/// best expert, `greedy` every expert; `routed_scaling_factor` scales the experts' sum unless
+/// it is 1. What it does not have is refused by field.
+#[test]
+fn deepseek_v2_routes_as_transformers_and_refuses_other_routers() {
+    let v2 = parse(&fixture("deepseek-v2"));
+    let want = ir::Routing {
+        sigmoid: false,
+        normalize: false,
+        groups: 8,
+        groups_kept: 3,
+        group_top: 1,
+    };
+    assert_eq!(v2.variant.routing, want);
+    assert_eq!(v2.variant.routed_scale, Some(16.0));
+    let lite = parse(&fixture("deepseek-v2-lite"));
+    assert_eq!(
+        lite.variant.routing,
+        ir::Routing {
+            normalize: false,
+            ..ir::Routing::default()
+        }
+    );
+    assert_eq!(
+        lite.variant.routed_scale, None,
+        "a factor of 1 scales nothing"
+    );
+    let lite_text = fixture("deepseek-v2-lite");
+    for (from, to, field) in [
+        (
+            r#""scoring_func": "softmax""#,
+            r#""scoring_func": "sigmoid""#,
+            "scoring_func",
+        ),
+        (
+            r#""topk_method": "greedy""#,
+            r#""topk_method": "noaux_tc""#,
+            "topk_method",
+        ),
+        (
+            r#""topk_method": "greedy""#,
+            r#""topk_method": "group_limited_greedy""#,
+            "n_group",
+        ),
+    ] {
+        assert!(lite_text.contains(from), "{from}");
+        let edited = lite_text.replace(from, to).replace(r#""n_group": 1,"#, "");
+        let err = hf::parse_config(&edited, Path::new("config.json"))
+            .expect_err(field)
+            .to_string();
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    let notes = hf::approximations(&fixture("deepseek-v2"));
+    assert!(
+        notes.iter().any(|n| n.contains("mscale squared (1.5896)")),
+        "{notes:?}"
     );
 }

@@ -5,7 +5,9 @@
 //! - Qwen2-MoE / Qwen3-MoE: the same, renormalized only when `norm_topk_prob`;
 //! - DeepSeek-V3 (`DeepseekV3TopkRouter`): a sigmoid per expert; the experts split into
 //!   `n_group` groups, each scored by the sum of its two best experts; the top `topk_group`
-//!   groups kept; the top k experts among them, renormalized when `norm_topk_prob`.
+//!   groups kept; the top k experts among them, renormalized when `norm_topk_prob`;
+//! - DeepSeek-V2 (`DeepseekV2Moe`): a softmax over all experts, never renormalized; with
+//!   `topk_method: group_limited_greedy`, groups scored by their best expert alone.
 //!
 //! The selection is locally constant, so the gradient flows through the chosen scores only.
 //! DeepSeek-V3's `e_score_correction_bias` shifts the selection, not the weights; it is a buffer
@@ -27,6 +29,9 @@ pub struct Routing {
     pub groups: u64,
     /// Groups a token may route into (`topk_group`).
     pub groups_kept: u64,
+    /// A group is scored by the sum of its this many best experts' scores (DeepSeek-V3: 2;
+    /// DeepSeek-V2: 1, its best expert). Read only when `groups` > 1.
+    pub group_top: u64,
 }
 
 impl Default for Routing {
@@ -36,6 +41,7 @@ impl Default for Routing {
             normalize: true,
             groups: 1,
             groups_kept: 1,
+            group_top: 2,
         }
     }
 }
@@ -67,7 +73,14 @@ impl Routing {
                 self.groups_kept, self.groups
             ));
         }
-        let reachable = self.groups_kept * (experts / self.groups);
+        let size = experts / self.groups;
+        if self.groups > 1 && (self.group_top == 0 || self.group_top > size) {
+            return Err(format!(
+                "a group's score sums its best {} experts, of the {size} in a group",
+                self.group_top
+            ));
+        }
+        let reachable = self.groups_kept * size;
         if k > reachable {
             return Err(format!(
                 "top-k {k} exceeds the {reachable} experts of the {} groups kept",
@@ -143,8 +156,8 @@ impl Routing {
         exps.into_iter().map(|x| x / sum).collect()
     }
 
-    /// The experts of the `groups_kept` best groups, a group scored by the sum of its two best
-    /// experts' scores (all experts when there is one group).
+    /// The experts of the `groups_kept` best groups, a group scored by the sum of its
+    /// `group_top` best experts' scores (all experts when there is one group).
     fn kept_experts(&self, scores: &[f64]) -> Vec<usize> {
         let groups = usize::try_from(self.groups).unwrap_or(1).max(1);
         if groups == 1 {
@@ -154,7 +167,8 @@ impl Routing {
         let group_scores: Vec<f64> = scores
             .chunks(size)
             .map(|group| {
-                let top = best(group, (0..group.len()).collect(), 2);
+                let top = usize::try_from(self.group_top).unwrap_or(usize::MAX);
+                let top = best(group, (0..group.len()).collect(), top);
                 top.iter().map(|&i| group[i]).sum()
             })
             .collect();
@@ -240,6 +254,7 @@ mod tests {
             normalize: true,
             groups: 4,
             groups_kept: 2,
+            group_top: 2,
         };
         let route = r.route(&LOGITS, 4);
         assert_eq!(route.chosen, vec![2, 5, 3, 4]);
@@ -252,15 +267,35 @@ mod tests {
     }
 
     #[test]
+    fn a_group_scored_by_its_best_expert_alone_can_lose_to_one_scored_by_two() {
+        // Groups of two: {0,1} has the better best expert (1.5 against {4,5}'s 1.1), {4,5}
+        // the better pair (e^1.1 + e^1.05 = 5.86 against e^1.5 + e^-3 = 4.53); {2,3} leads both.
+        let logits = [1.5, -3.0, 2.0, 0.7, 1.05, 1.1, 0.05, -2.0];
+        let v2 = Routing {
+            normalize: false,
+            groups: 4,
+            groups_kept: 2,
+            group_top: 1,
+            ..Routing::default()
+        };
+        let v3_scored = Routing { group_top: 2, ..v2 };
+        // Best alone (DeepSeek-V2): {2,3} and {0,1} kept, expert 5 (1.1) is out.
+        assert_eq!(v2.route(&logits, 2).chosen, vec![2, 0]);
+        // Best two (DeepSeek-V3): {2,3} and {4,5} kept, expert 0 (1.5) is out.
+        assert_eq!(v3_scored.route(&logits, 2).chosen, vec![2, 5]);
+    }
+
+    #[test]
     fn gradients_match_central_differences() {
         for sigmoid in [false, true] {
             for normalize in [false, true] {
-                for (groups, groups_kept) in [(1, 1), (4, 2)] {
+                for (groups, groups_kept, group_top) in [(1, 1, 2), (4, 2, 2), (4, 2, 1)] {
                     let r = Routing {
                         sigmoid,
                         normalize,
                         groups,
                         groups_kept,
+                        group_top,
                     };
                     check_grad(r, &LOGITS, 3, &DGATES);
                 }
@@ -281,6 +316,8 @@ mod tests {
             ..Routing::default()
         };
         assert!(r.check(8, 3).unwrap_err().contains("exceeds the 2 experts"));
+        let wide = Routing { group_top: 3, ..r };
+        assert!(wide.check(8, 2).unwrap_err().contains("best 3 experts"));
         assert!(Routing::default().check(8, 9).is_err());
         assert!(r.check(8, 2).is_ok());
     }

@@ -480,7 +480,8 @@ fn stable_route(x: &Tensor, w: &Tensor, routing: &ir::Routing, k: usize) -> bool
     })
 }
 
-/// Qwen-MoE's unnormalized softmax shares and DeepSeek-V3's group-limited sigmoid.
+/// Qwen-MoE's unnormalized softmax shares, DeepSeek-V3's group-limited sigmoid and
+/// DeepSeek-V2's group-limited softmax.
 #[test]
 fn fd_topk_router_scorings() {
     let scorings = [
@@ -493,6 +494,14 @@ fn fd_topk_router_scorings() {
             normalize: true,
             groups: 4,
             groups_kept: 2,
+            group_top: 2,
+        },
+        ir::Routing {
+            sigmoid: false,
+            normalize: false,
+            groups: 4,
+            groups_kept: 2,
+            group_top: 1,
         },
     ];
     let mut r = Rng::new(31);

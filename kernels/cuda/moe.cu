@@ -8,11 +8,12 @@
 
 #define PLAIT_MAX_TOPK 64
 #define PLAIT_MAX_GROUPS 64
+#define PLAIT_MAX_GROUP_TOP 8
 
 // One token's routing (ir::routing::Routing) over its row of `experts` logits.
 struct Router {
     const float* logits;
-    i64 experts, k, groups, kept;
+    i64 experts, k, groups, kept, group_top;
     int sigmoid, normalize;
     double max, sum;  // the softmax's row max and Σ exp(l − max)
 };
@@ -24,14 +25,15 @@ __device__ double router_score(const Router& r, i64 e) {
     return exp(l - r.max) / r.sum;
 }
 
-__device__ Router router_row(const float* logits, i64 experts, i64 k, i64 groups, i64 kept, int sigmoid,
-                             int normalize) {
+__device__ Router router_row(const float* logits, i64 experts, i64 k, i64 groups, i64 kept, i64 group_top,
+                             int sigmoid, int normalize) {
     Router r;
     r.logits = logits;
     r.experts = experts;
     r.k = k;
     r.groups = groups;
     r.kept = kept;
+    r.group_top = group_top;
     r.sigmoid = sigmoid;
     r.normalize = normalize;
     r.max = -INFINITY;
@@ -47,16 +49,21 @@ __device__ bool listed(const i64* list, i64 n, i64 x) {
     return false;
 }
 
-// Group g's score: the sum of its two best experts' scores, best first.
+// Group g's score: the sum of its `group_top` best experts' scores (DeepSeek-V3 two, V2 one),
+// added best first; ties to the lower index.
 __device__ double group_score(const Router& r, i64 g) {
-    i64 size = r.experts / r.groups, first = -1, second = -1;
-    for (i64 e = g * size; e < (g + 1) * size; ++e) {
-        if (first < 0 || router_score(r, e) > router_score(r, first)) first = e;
+    i64 size = r.experts / r.groups, taken[PLAIT_MAX_GROUP_TOP];
+    double sum = 0.0;
+    for (i64 j = 0; j < r.group_top && j < size; ++j) {
+        i64 best = -1;
+        for (i64 e = g * size; e < (g + 1) * size; ++e) {
+            if (listed(taken, j, e)) continue;
+            if (best < 0 || router_score(r, e) > router_score(r, best)) best = e;
+        }
+        taken[j] = best;
+        sum += router_score(r, best);
     }
-    for (i64 e = g * size; e < (g + 1) * size; ++e) {
-        if (e != first && (second < 0 || router_score(r, e) > router_score(r, second))) second = e;
-    }
-    return router_score(r, first) + (second < 0 ? 0.0 : router_score(r, second));
+    return sum;
 }
 
 // The `kept` best groups into `groups_out` (best first; ties to the lower index).
@@ -97,9 +104,9 @@ __device__ double choose(const Router& r, i64* chosen) {
 
 // gates[t, e] = score / denominator for the chosen experts of token t, 0 elsewhere.
 extern "C" __global__ void topk_route(float* gates, const float* logits, i64 tokens, i64 experts, i64 k,
-                                      i64 groups, i64 kept, int sigmoid, int normalize) {
+                                      i64 groups, i64 kept, i64 group_top, int sigmoid, int normalize) {
     for (i64 t = global_thread(); t < tokens; t += grid_threads()) {
-        Router r = router_row(logits + t * experts, experts, k, groups, kept, sigmoid, normalize);
+        Router r = router_row(logits + t * experts, experts, k, groups, kept, group_top, sigmoid, normalize);
         i64 chosen[PLAIT_MAX_TOPK];
         double den = choose(r, chosen);
         float* row = gates + t * experts;
@@ -110,10 +117,10 @@ extern "C" __global__ void topk_route(float* gates, const float* logits, i64 tok
 
 // The logits' gradient from the gates' (Routing::logits_grad): through the chosen scores only.
 extern "C" __global__ void topk_route_backward(float* dlogits, const float* logits, const float* g, i64 tokens,
-                                               i64 experts, i64 k, i64 groups, i64 kept, int sigmoid,
-                                               int normalize) {
+                                               i64 experts, i64 k, i64 groups, i64 kept, i64 group_top,
+                                               int sigmoid, int normalize) {
     for (i64 t = global_thread(); t < tokens; t += grid_threads()) {
-        Router r = router_row(logits + t * experts, experts, k, groups, kept, sigmoid, normalize);
+        Router r = router_row(logits + t * experts, experts, k, groups, kept, group_top, sigmoid, normalize);
         i64 chosen[PLAIT_MAX_TOPK];
         double den = choose(r, chosen);
         const float* gr = g + t * experts;

@@ -389,7 +389,8 @@ fn moe_router_and_experts() {
     }
 }
 
-/// Qwen-MoE's unnormalized shares and DeepSeek-V3's group-limited sigmoid, against the
+/// Qwen-MoE's unnormalized shares, DeepSeek-V3's group-limited sigmoid and DeepSeek-V2's
+/// group-limited softmax, against the
 /// interpreter in both directions.
 #[test]
 fn moe_router_scorings() {
@@ -403,12 +404,22 @@ fn moe_router_scorings() {
             normalize: true,
             groups: 4,
             groups_kept: 2,
+            group_top: 2,
         },
         ir::Routing {
             sigmoid: true,
             normalize: false,
             groups: 2,
             groups_kept: 1,
+            group_top: 2,
+        },
+        // DeepSeek-V2's group-limited greedy: softmax shares, a group scored by its best.
+        ir::Routing {
+            sigmoid: false,
+            normalize: false,
+            groups: 4,
+            groups_kept: 2,
+            group_top: 1,
         },
     ];
     for routing in scorings {

@@ -689,16 +689,36 @@ fn megatron_routers_match_the_models_routing() {
         normalize: true,
         groups: 4,
         groups_kept: 1,
+        group_top: 2,
     })
     .unwrap();
     assert_eq!(grouped["--moe-router-score-function"], "sigmoid");
     assert_eq!(int(&grouped, "--moe-router-num-groups"), 4);
     assert_eq!(int(&grouped, "--moe-router-group-topk"), 1);
+    // DeepSeek-V2's groups, scored by their best expert: Megatron's best k / group-topk is
+    // that one expert with two groups kept for top-2, and two experts with one group kept.
+    let by_best = |groups_kept| {
+        export(ir::Routing {
+            normalize: false,
+            groups: 4,
+            groups_kept,
+            group_top: 1,
+            ..ir::Routing::default()
+        })
+    };
+    assert_eq!(int(&by_best(2).unwrap(), "--moe-router-group-topk"), 2);
+    let unstated = by_best(1);
+    assert!(
+        matches!(unstated, Err(PlanError::Unexportable { ref feature, .. })
+            if feature.contains("best 1 expert")),
+        "{unstated:?}"
+    );
     let unnormalized = export(ir::Routing {
         sigmoid: true,
         normalize: false,
         groups: 1,
         groups_kept: 1,
+        group_top: 2,
     });
     assert!(
         matches!(unnormalized, Err(PlanError::Unexportable { ref feature, .. })

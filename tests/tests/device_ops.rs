@@ -1592,9 +1592,17 @@ fn mixture_of_experts_routers_and_experts() {
             normalize: true,
             groups: 4,
             groups_kept: 2,
+            group_top: 2,
+        },
+        Routing {
+            sigmoid: false,
+            normalize: false,
+            groups: 4,
+            groups_kept: 2,
+            group_top: 1,
         },
     ];
-    for (k, routing) in [2, 2, 3].into_iter().zip(routings) {
+    for (k, routing) in [2, 2, 3, 3].into_iter().zip(routings) {
         let router = OpKind::TopKRouter {
             experts,
             k,

@@ -246,7 +246,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
 /// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
 /// and DeepSeek-V3's multi-head latent attention and experts, all-expert and with a leading
-/// dense layer (a block whose structure changes).
+/// dense layer (a block whose structure changes), and DeepSeek-V2's router (softmax shares of
+/// groups scored by their best expert).
 #[test]
 fn llama_structured_families_equal_one_device() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
@@ -292,6 +293,11 @@ fn llama_structured_families_equal_one_device() {
         ("deepseek_v3-dense", &pp2),
         ("deepseek_v3-dense", &tp2_pp2),
         ("deepseek_v3-dense", &interleaved),
+        // DeepSeek-V2: the same block with a softmax router whose groups are scored by their
+        // best expert, no query bottleneck, a dense first layer and scaled routed experts.
+        ("deepseek_v2", &tp2),
+        ("deepseek_v2", &dp2),
+        ("deepseek_v2", &pp2),
         // Qwen-MoE's mlp_only_layers: a dense layer 0 of intermediate_size before the experts.
         ("qwen2_moe-dense", &dp2),
         ("qwen2_moe-dense", &pp2),

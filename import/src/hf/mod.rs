@@ -18,7 +18,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 17] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 18] = [
     "gpt2",
     "llama",
     "mistral",
@@ -35,6 +35,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 17] = [
     "qwen2_moe",
     "qwen3_moe",
     "nemotron",
+    "deepseek_v2",
     "deepseek_v3",
 ];
 
@@ -119,6 +120,13 @@ impl LlamaLike {
             },
             "qwen2_moe" => qwen_moe("qwen2_moe"),
             "qwen3_moe" => qwen_moe("qwen3_moe"),
+            // transformers' DeepseekV2Config defaults: DeepSeek-V3's block (latent attention,
+            // shared and routed experts) with V2's softmax router.
+            "deepseek_v2" => LlamaLike {
+                model_type: "deepseek_v2",
+                positions: 2048,
+                ..LlamaLike::of("deepseek_v3")?
+            },
             // transformers' DeepseekV3Config defaults.
             "deepseek_v3" => LlamaLike {
                 model_type: "deepseek_v3",
@@ -148,7 +156,7 @@ impl LlamaLike {
         let gemma = matches!(t, "gemma" | "gemma2" | "gemma3_text");
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
         let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
-        let deepseek = t == "deepseek_v3";
+        let deepseek = matches!(t, "deepseek_v2" | "deepseek_v3");
         let mla = if deepseek { Some(mla(f)?) } else { None };
         // transformers' configs honour an explicit `head_dim` (Mistral-Nemo: 128 with hidden
         // 5120 and 32 heads); plait records it where it is not hidden / heads.
@@ -191,7 +199,7 @@ impl LlamaLike {
             shared_expert_ffn: match t {
                 "qwen2_moe" => f.opt_positive("shared_expert_intermediate_size")?,
                 // transformers: one MLP of moe_intermediate_size × n_shared_experts.
-                "deepseek_v3" => match f.opt_positive("n_shared_experts")? {
+                "deepseek_v2" | "deepseek_v3" => match f.opt_positive("n_shared_experts")? {
                     Some(n) => Some(n * f.positive("moe_intermediate_size")?),
                     None => None,
                 },
@@ -199,13 +207,15 @@ impl LlamaLike {
             },
             shared_expert_gate: t == "qwen2_moe",
             routing: moe::routing(f, t)?,
-            routed_scale: if deepseek {
-                Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5))
-            } else {
-                None
+            routed_scale: match t {
+                "deepseek_v3" => Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5)),
+                // DeepseekV2Config's default 1.0 (DeepSeek-V2-Lite's) scales nothing.
+                "deepseek_v2" => f.opt_float("routed_scaling_factor")?.filter(|&x| x != 1.0),
+                _ => None,
             },
             dense_layers: match t {
-                "deepseek_v3" => moe::deepseek_dense_layers(f)?,
+                "deepseek_v2" => moe::deepseek_dense_layers(f, 0)?,
+                "deepseek_v3" => moe::deepseek_dense_layers(f, 3)?,
                 "qwen2_moe" | "qwen3_moe" => moe::qwen_dense_layers(f)?,
                 _ => None,
             },
@@ -272,15 +282,15 @@ fn mla(f: &Fields<'_>) -> Result<Mla, ConfigError> {
         qk_nope_head_dim: nope,
         qk_rope_head_dim: rope,
         v_head_dim: or("v_head_dim", 128)?,
-        scale: ((nope + rope) as f64).powf(-0.5) * yarn_mscale(f).powi(2),
+        scale: ((nope + rope) as f64).powf(-0.5) * yarn_mscale(f.obj).powi(2),
     })
 }
 
 /// YaRN's attention factor as DeepSeek-V3 applies it to the softmax scale: with `rope_scaling`
 /// of type yarn and `mscale_all_dim` m, 0.1·m·ln(factor) + 1 (transformers'
 /// `yarn_get_mscale`); 1 otherwise.
-fn yarn_mscale(f: &Fields<'_>) -> f64 {
-    let Some(Value::Object(r)) = f.obj.get("rope_scaling") else {
+fn yarn_mscale(obj: &Map<String, Value>) -> f64 {
+    let Some(Value::Object(r)) = obj.get("rope_scaling") else {
         return 1.0;
     };
     let num = |k: &str| r.get(k).and_then(Value::as_f64);
@@ -303,7 +313,7 @@ fn yarn_mscale(f: &Fields<'_>) -> f64 {
 fn attention_bias(f: &Fields<'_>, model_type: &str) -> Result<bool, ConfigError> {
     let read = !matches!(
         model_type,
-        "mistral" | "mixtral" | "phi3" | "qwen2" | "qwen2_moe" | "deepseek_v3"
+        "mistral" | "mixtral" | "phi3" | "qwen2" | "qwen2_moe" | "deepseek_v2" | "deepseek_v3"
     );
     Ok(read && f.opt_bool("attention_bias")?.unwrap_or(false))
 }
@@ -566,6 +576,9 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
         notes.extend(deepseek_v3_approximations(obj));
     }
+    if obj.get("model_type") == Some(&Value::String("deepseek_v2".into())) {
+        notes.extend(deepseek_v2_approximations(obj));
+    }
     notes.extend(rope::note(obj));
     notes
 }
@@ -594,6 +607,33 @@ fn deepseek_v3_approximations(obj: &Map<String, Value>) -> Vec<String> {
         notes.push(format!(
             "num_nextn_predict_layers {n}: the multi-token prediction module is not built (as \
              in transformers; its parameters are not counted)"
+        ));
+    }
+    notes
+}
+
+/// How plait's DeepSeek-V2 departs from transformers' `DeepseekV2ForCausalLM`.
+fn deepseek_v2_approximations(obj: &Map<String, Value>) -> Vec<String> {
+    let mut notes = vec![
+        "DeepSeek-V2's rotary dimensions are paired in the rotate-half convention, not \
+         transformers' interleaved complex pairs (a fixed permutation of the rotary columns of \
+         the query projection and kv_a_proj_with_mqa; the same shapes and FLOPs)"
+            .to_string(),
+    ];
+    if obj.get("norm_topk_prob") == Some(&Value::Bool(true)) {
+        notes.push(
+            "norm_topk_prob: true is not applied: transformers' DeepseekV2Moe weighs the chosen \
+             experts by their softmax shares as they are"
+                .to_string(),
+        );
+    }
+    let mscale = yarn_mscale(obj);
+    if mscale != 1.0 {
+        notes.push(format!(
+            "the attention's softmax scale includes YaRN's mscale squared ({:.4}), as DeepSeek's \
+             own modeling code and transformers' DeepSeek-V3 apply it (transformers' \
+             DeepseekV2Attention leaves it out: the same shapes and FLOPs)",
+            mscale * mscale
         ));
     }
     notes

@@ -10,7 +10,8 @@ use crate::spec::DenseLayers;
 /// The router of a mixture-of-experts family, with transformers' defaults: Mixtral's softmax
 /// over the top k; Qwen-MoE's shares of a softmax over all experts, renormalized when
 /// `norm_topk_prob` (default false); DeepSeek-V3's sigmoid scores limited to `topk_group` of
-/// `n_group` groups, renormalized when `norm_topk_prob` (default true).
+/// `n_group` groups, renormalized when `norm_topk_prob` (default true); DeepSeek-V2's softmax
+/// shares, never renormalized, limited to groups by `topk_method` ([`deepseek_v2_routing`]).
 pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, ConfigError> {
     Ok(match model_type {
         "qwen2_moe" | "qwen3_moe" => Routing {
@@ -22,14 +23,80 @@ pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, Confi
             normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(true),
             groups: f.opt_positive("n_group")?.unwrap_or(8),
             groups_kept: f.opt_positive("topk_group")?.unwrap_or(4),
+            group_top: 2,
         },
+        "deepseek_v2" => deepseek_v2_routing(f)?,
         _ => Routing::default(),
     })
 }
 
-/// DeepSeek-V3's leading dense layers: `first_k_dense_replace` (transformers' default 3) of
-/// `intermediate_size`; `None` when there are none.
-pub(super) fn deepseek_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
+/// DeepSeek-V2's router as transformers' `DeepseekV2Moe.route_tokens_to_experts` has it: a
+/// softmax over every expert (`scoring_func` softmax, the only one it has); the top k shares
+/// as they are, never renormalized (it does not read `norm_topk_prob`); with `topk_method:
+/// group_limited_greedy` only the experts of the `topk_group` of `n_group` groups whose best
+/// expert scores highest, with `greedy` (the default) all of them.
+fn deepseek_v2_routing(f: &Fields<'_>) -> Result<Routing, ConfigError> {
+    let word = |field: &'static str, default: &'static str| match f.obj.get(field) {
+        None | Some(Value::Null) => Ok(default.to_string()),
+        Some(Value::String(w)) => Ok(w.clone()),
+        Some(v) => Err(f.wrong(field, "a string", v)),
+    };
+    let scoring = word("scoring_func", "softmax")?;
+    if scoring != "softmax" {
+        return Err(refused(
+            f,
+            format!(
+                "scoring_func = \"{scoring}\": DeepSeek-V2's router scores experts by a softmax \
+             (a sigmoid router is DeepSeek-V3's: model_type \"deepseek_v3\")"
+            ),
+        ));
+    }
+    let shares = Routing {
+        normalize: false,
+        ..Routing::default()
+    };
+    match word("topk_method", "greedy")?.as_str() {
+        "greedy" => Ok(shares),
+        "group_limited_greedy" => Ok(Routing {
+            groups: required_for_groups(f, "n_group")?,
+            groups_kept: required_for_groups(f, "topk_group")?,
+            group_top: 1,
+            ..shares
+        }),
+        other => Err(refused(
+            f,
+            format!(
+                "topk_method = \"{other}\": DeepSeek-V2 routes by \"greedy\" or \
+                 \"group_limited_greedy\" (\"noaux_tc\" is DeepSeek-V3's: model_type \
+                 \"deepseek_v3\")"
+            ),
+        )),
+    }
+}
+
+/// A group field `group_limited_greedy` needs (DeepseekV2Config leaves both unset).
+fn required_for_groups(f: &Fields<'_>, field: &'static str) -> Result<u64, ConfigError> {
+    f.opt_positive(field)?.ok_or_else(|| {
+        refused(
+            f,
+            format!("topk_method = \"group_limited_greedy\" needs {field} (a positive integer)"),
+        )
+    })
+}
+
+fn refused(f: &Fields<'_>, reason: String) -> ConfigError {
+    ConfigError::Inconsistent {
+        file: f.file.clone(),
+        reason,
+    }
+}
+
+/// DeepSeek's leading dense layers: `first_k_dense_replace` (transformers' default: 3 for
+/// V3, `default` here; 0 for V2) of `intermediate_size`; `None` when there are none.
+pub(super) fn deepseek_dense_layers(
+    f: &Fields<'_>,
+    default: u64,
+) -> Result<Option<DenseLayers>, ConfigError> {
     // transformers gives layer i experts when i >= first_k_dense_replace and i is a multiple
     // of moe_layer_freq: plait builds them all so (frequency 1), as every published config.
     let freq = f.opt_positive("moe_layer_freq")?.unwrap_or(1);
@@ -44,7 +111,7 @@ pub(super) fn deepseek_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers
         });
     }
     let count = match f.obj.get("first_k_dense_replace") {
-        None => 3,
+        None => default,
         Some(Value::Null) => 0,
         Some(v) => v
             .as_u64()

@@ -42,7 +42,7 @@ pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
         | "beta2" | "weight_decay" | "low_freq_factor" | "high_freq_factor" | "original_max"
         | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" => AttrTy::Float,
         "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" | "groups"
-        | "groups_kept" => AttrTy::Int,
+        | "groups_kept" | "group_top" => AttrTy::Int,
         "len" => AttrTy::Dim,
         "shape" => AttrTy::Dims,
         "perm" | "sizes" | "wrt" => AttrTy::Ints,
@@ -165,14 +165,22 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             experts,
             k,
             routing,
-        } => vec![
-            ("experts", Int(*experts)),
-            ("k", Int(*k)),
-            ("sigmoid", Bool(routing.sigmoid)),
-            ("normalize", Bool(routing.normalize)),
-            ("groups", Int(routing.groups)),
-            ("groups_kept", Int(routing.groups_kept)),
-        ],
+        } => {
+            let mut attrs = vec![
+                ("experts", Int(*experts)),
+                ("k", Int(*k)),
+                ("sigmoid", Bool(routing.sigmoid)),
+                ("normalize", Bool(routing.normalize)),
+                ("groups", Int(routing.groups)),
+                ("groups_kept", Int(routing.groups_kept)),
+            ];
+            // Printed where it is not the default two, so texts written before it existed
+            // read back unchanged.
+            if routing.group_top != Routing::default().group_top {
+                attrs.push(("group_top", Int(routing.group_top)));
+            }
+            attrs
+        }
         OpKind::MoeExperts { experts } => vec![("experts", Int(*experts))],
         OpKind::Grad { of, wrt } => vec![("of", AttrVal::Kind(of.clone())), ("wrt", usizes(wrt))],
         OpKind::AdamW(c) => vec![
@@ -514,6 +522,11 @@ pub(crate) fn build_kind(
                 normalize: a.bool(m, "normalize")?,
                 groups: a.int(m, "groups")?,
                 groups_kept: a.int(m, "groups_kept")?,
+                group_top: if a.has("group_top") {
+                    a.int(m, "group_top")?
+                } else {
+                    Routing::default().group_top
+                },
             },
         },
         "moe_experts" => OpKind::MoeExperts {

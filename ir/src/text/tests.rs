@@ -124,6 +124,18 @@ fn every_kind() -> Vec<OpKind> {
                 normalize: false,
                 groups: 8,
                 groups_kept: 4,
+                group_top: 2,
+            },
+        },
+        OpKind::TopKRouter {
+            experts: 160,
+            k: 6,
+            routing: crate::Routing {
+                sigmoid: false,
+                normalize: false,
+                groups: 8,
+                groups_kept: 3,
+                group_top: 1,
             },
         },
         OpKind::MoeExperts { experts: 8 },

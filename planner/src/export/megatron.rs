@@ -169,14 +169,14 @@ fn router_args(a: &Architecture, args: &mut Vec<String>) -> Result<(), PlanError
         flag(args, "--moe-router-pre-softmax");
     }
     if r.groups > 1 {
-        // transformers scores a group by its two best experts; Megatron by its best
-        // k / group-topk.
-        if k != 2 * r.groups_kept {
+        // transformers scores a group by its best two experts (DeepSeek-V3) or its best one
+        // (DeepSeek-V2); Megatron by its best k / group-topk.
+        if k != r.group_top * r.groups_kept {
             return Err(refuse(
                 format!(
-                    "group-limited routing that scores a group by its two best experts with \
+                    "group-limited routing that scores a group by its best {} expert(s) with \
                      top-k {k} over {} groups",
-                    r.groups_kept
+                    r.group_top, r.groups_kept
                 ),
                 "it scores a group by its best top-k / group-topk experts",
             ));

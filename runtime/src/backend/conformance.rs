@@ -613,6 +613,14 @@ fn moe_cases() -> Vec<Case> {
         normalize: true,
         groups: 4,
         groups_kept: 2,
+        group_top: 2,
+    };
+    // DeepSeek-V2's group-limited greedy: softmax shares, a group scored by its best expert.
+    let deepseek_v2 = Routing {
+        sigmoid: false,
+        normalize: false,
+        group_top: 1,
+        ..deepseek
     };
     let router = |k, routing| OpKind::TopKRouter {
         experts,
@@ -636,7 +644,13 @@ fn moe_cases() -> Vec<Case> {
             vec![x.clone(), w.clone()],
             1e-5,
         ),
-        case("router", router(3, deepseek), vec![x, w], 1e-5),
+        case(
+            "router",
+            router(3, deepseek),
+            vec![x.clone(), w.clone()],
+            1e-5,
+        ),
+        case("router", router(3, deepseek_v2), vec![x, w], 1e-5),
         case("experts", OpKind::MoeExperts { experts }, operands, 1e-5),
     ]
 }

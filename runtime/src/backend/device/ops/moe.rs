@@ -15,6 +15,8 @@ use crate::backend::device::{Device, DeviceBackend, Gemm, KernelArg};
 /// The largest top-k and kept-group count the routing kernels hold per token (`moe.cu`).
 const MAX_TOPK: u64 = 64;
 const MAX_GROUPS: u64 = 64;
+/// `moe.cu`'s `PLAIT_MAX_GROUP_TOP`: the most experts a group's score sums.
+const MAX_GROUP_TOP: u64 = 8;
 
 const ROUTER_LINEAR: OpKind = OpKind::Linear { bias: false };
 
@@ -28,8 +30,10 @@ fn router_dims<D: Device>(
     let (&[x, w], Ok(e)) = (xs, usize::try_from(experts)) else {
         return None;
     };
-    let fits =
-        routing.check(experts, k).is_ok() && k <= MAX_TOPK && routing.groups_kept <= MAX_GROUPS;
+    let fits = routing.check(experts, k).is_ok()
+        && k <= MAX_TOPK
+        && routing.groups_kept <= MAX_GROUPS
+        && routing.group_top <= MAX_GROUP_TOP;
     let h = *x.shape.last()?;
     (fits && w.shape == [h, e]).then(|| (x.len / h.max(1), e))
 }
@@ -40,7 +44,7 @@ fn routing_args<'a, M>(
     experts: usize,
     k: u64,
     r: &Routing,
-) -> [KernelArg<'a, M>; 7] {
+) -> [KernelArg<'a, M>; 8] {
     let as_i64 = |v: u64| KernelArg::I64(i64::try_from(v).unwrap_or(i64::MAX));
     [
         size(tokens),
@@ -48,6 +52,7 @@ fn routing_args<'a, M>(
         as_i64(k),
         as_i64(r.groups),
         as_i64(r.groups_kept),
+        as_i64(r.group_top),
         KernelArg::I32(i32::from(r.sigmoid)),
         KernelArg::I32(i32::from(r.normalize)),
     ]
