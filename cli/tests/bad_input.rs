@@ -354,6 +354,26 @@ fn impossible_pins_name_the_rule() {
             "--global-batch 100 is not divisible by dp 8",
         ),
         (&["--pp", "13"][..], "--pp 13 exceeds the model's 12 layers"),
+        // Pins that hold alone but not together are named together.
+        (
+            &["--schedule", "interleaved", "--pp", "1"][..],
+            "no strategy satisfies --pp 1 and --schedule interleaved together",
+        ),
+        (
+            &["--pp", "2", "--virtual-stages", "7"][..],
+            "no strategy satisfies --virtual-stages 7 with the other pins",
+        ),
+        // A pin the target engine cannot run is named with the engine's reason.
+        (
+            &["--target", "deepspeed", "--tp", "2"][..],
+            "--target deepspeed: no strategy with --tp 2 is one it runs (DeepSpeed's \
+             configuration has no Megatron tensor parallelism)",
+        ),
+        (
+            &["--target", "deepspeed", "--pp", "2", "--zero", "3"][..],
+            "no strategy with --pp 2 and --zero 3 is one it runs (DeepSpeed's pipeline engine \
+             runs ZeRO-0 or ZeRO-1, not ZeRO-3)",
+        ),
     ] {
         let mut args = vec![
             "compile",

@@ -345,7 +345,10 @@ fn deepseek_v2_lite_plans_and_lowers_on_8_h100() {
     let (code, out, err) = plait(&["inspect", &cfg]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("15706484224"), "{out}");
-    assert!(out.contains("rotate-half") && out.contains("mscale"), "{out}");
+    assert!(
+        out.contains("rotate-half") && out.contains("mscale"),
+        "{out}"
+    );
     let plan = d.join("plan.json").to_string_lossy().to_string();
     let (code, out, err) = compile_on_8_h100(&cfg, &plan);
     assert!(code == 0 && out.contains("fits"), "{out}{err}");

@@ -5,6 +5,7 @@
 //! are kept with the reason they lost.
 
 pub mod cutoff;
+mod pin_conflict;
 pub mod split;
 
 use std::time::Instant;
@@ -516,6 +517,28 @@ fn broken_expert_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String
     None
 }
 
+/// Why the request leaves no strategy to price: a pinned degree that breaks a rule, pins that
+/// conflict (with each other or with `--target`'s engine), or GPUs that split no way.
+fn no_candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) -> String {
+    if let Some(why) = broken_pin(info, req).or_else(|| pin_conflict::explain(info, cluster, req)) {
+        return why;
+    }
+    let p = &req.pins;
+    if p.tp.is_some() || p.pp.is_some() || p.dp.is_some() || p.micro_batch.is_some() {
+        return format!(
+            "no strategy satisfies the pins for {} GPUs and global batch {} (check that tp x pp \
+             x dp = --gpus, that tp divides the {} heads, and that dp divides the batch)",
+            req.gpus, req.global_batch, info.heads
+        );
+    }
+    format!(
+        "{} GPUs cannot be split as tp x pp x dp for this model and global batch {}: tp must \
+         divide the {} attention heads, pp be at most the {} layers, and dp divide the global \
+         batch; use fewer GPUs or a larger --global-batch",
+        req.gpus, req.global_batch, info.heads, info.layers
+    )
+}
+
 /// The first rule the pinned degrees break, named with the flags that break it.
 fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
     let p = &req.pins;
@@ -606,25 +629,7 @@ fn search_with(
     }
     let all = candidates(info, cluster, req);
     if all.is_empty() {
-        let p = &req.pins;
-        let pinned = p.tp.is_some() || p.pp.is_some() || p.dp.is_some() || p.micro_batch.is_some();
-        return Err(PlanError::invalid(if pinned {
-            broken_pin(info, req).unwrap_or_else(|| {
-                format!(
-                    "no strategy satisfies the pins for {} GPUs and global batch {} (check that \
-                     tp x pp x dp = --gpus, that tp divides the {} heads, and that dp divides \
-                     the batch)",
-                    req.gpus, req.global_batch, info.heads
-                )
-            })
-        } else {
-            format!(
-                "{} GPUs cannot be split as tp x pp x dp for this model and global batch {}: tp \
-                 must divide the {} attention heads, pp be at most the {} layers, and dp divide \
-                 the global batch; use fewer GPUs or a larger --global-batch",
-                req.gpus, req.global_batch, info.heads, info.layers
-            )
-        }));
+        return Err(PlanError::invalid(no_candidates(info, cluster, req)));
     }
     let capacity = cluster.memory_bytes();
     let total = all.len() as u64;
