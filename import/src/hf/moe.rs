@@ -47,7 +47,7 @@ fn deepseek_v2_routing(f: &Fields<'_>) -> Result<Routing, ConfigError> {
             f,
             format!(
                 "scoring_func = \"{scoring}\": DeepSeek-V2's router scores experts by a softmax \
-             (a sigmoid router is DeepSeek-V3's: model_type \"deepseek_v3\")"
+                 (a sigmoid router is DeepSeek-V3's: model_type \"deepseek_v3\")"
             ),
         ));
     }
@@ -91,8 +91,8 @@ fn refused(f: &Fields<'_>, reason: String) -> ConfigError {
     }
 }
 
-/// DeepSeek's leading dense layers: `first_k_dense_replace` (transformers' default: 3 for
-/// V3, `default` here; 0 for V2) of `intermediate_size`; `None` when there are none.
+/// DeepSeek's leading dense layers: `first_k_dense_replace` (absent: `default`, transformers'
+/// 3 for V3 and 0 for V2) of `intermediate_size`; `None` when there are none.
 pub(super) fn deepseek_dense_layers(
     f: &Fields<'_>,
     default: u64,
