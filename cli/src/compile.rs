@@ -92,6 +92,9 @@ pub fn compile(
     let batch_for_import = pins.micro_batch.unwrap_or(1);
     let m = model::load(model_arg, batch_for_import, cluster_args.seq)?;
     let info = ModelInfo::new(&m.graph)?;
+    if let Some(engine) = target {
+        planner::export::check_model(&info, engine)?;
+    }
     let p = pins;
     let req = SearchRequest {
         gpus: cluster_args.gpus,

@@ -354,6 +354,10 @@ fn impossible_pins_name_the_rule() {
             "--global-batch 100 is not divisible by dp 8",
         ),
         (&["--pp", "13"][..], "--pp 13 exceeds the model's 12 layers"),
+        (
+            &["--micro-batch", "3"][..],
+            "--global-batch 64 is not divisible by --micro-batch 3",
+        ),
         // Pins that hold alone but not together are named together.
         (
             &["--schedule", "interleaved", "--pp", "1"][..],

@@ -272,6 +272,15 @@ fn zero2_plans_of_wide_experts_count_the_layer_gradient_and_dispatch() {
     assert!(other >= expert_gradient, "other memory {other} bytes");
     let (code, out, err) = codegen(&plan, &d.join("programs"));
     assert_eq!(code, 0, "codegen {out}{err}");
+    // An engine that cannot build it is said at compile, not after a plan is written.
+    let targeted = d.join("megatron.json").to_string_lossy().to_string();
+    let (code, out, err) = compile_on_8_h100_pinned(&cfg, &targeted, &["--target", "megatron"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("dense layers before expert layers"), "{err}");
+    assert!(
+        !std::path::Path::new(&targeted).exists(),
+        "no plan is written"
+    );
 }
 
 /// Qwen3-30B-A3B has 4 key/value heads: at tp 8 two ranks share each, so every rank projects
@@ -290,6 +299,15 @@ fn qwen3_moe_at_tp_8_replicates_its_4_kv_heads_and_lowers() {
     assert!(code == 0 && out.contains("fits"), "{out}{err}");
     let (code, out, err) = codegen(&plan, &d.join("programs"));
     assert_eq!(code, 0, "codegen {out}{err}");
+    // An engine that cannot build it is said at compile, not after a plan is written.
+    let targeted = d.join("megatron.json").to_string_lossy().to_string();
+    let (code, out, err) = compile_on_8_h100_pinned(&cfg, &targeted, &["--target", "megatron"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("dense layers before expert layers"), "{err}");
+    assert!(
+        !std::path::Path::new(&targeted).exists(),
+        "no plan is written"
+    );
 }
 
 /// Pinned layouts of the published configs that codegen once found over the plan (a sweep
@@ -354,4 +372,13 @@ fn deepseek_v2_lite_plans_and_lowers_on_8_h100() {
     assert!(code == 0 && out.contains("fits"), "{out}{err}");
     let (code, out, err) = codegen(&plan, &d.join("programs"));
     assert_eq!(code, 0, "codegen {out}{err}");
+    // An engine that cannot build it is said at compile, not after a plan is written.
+    let targeted = d.join("megatron.json").to_string_lossy().to_string();
+    let (code, out, err) = compile_on_8_h100_pinned(&cfg, &targeted, &["--target", "megatron"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("dense layers before expert layers"), "{err}");
+    assert!(
+        !std::path::Path::new(&targeted).exists(),
+        "no plan is written"
+    );
 }

@@ -712,6 +712,28 @@ fn deepseek_v2_routes_as_transformers_and_refuses_other_routers() {
             .to_string();
         assert!(err.contains(field), "{field}: {err}");
     }
+    // Wrong types and counts are named by the config's own fields.
+    for (from, to, want) in [
+        (
+            r#""norm_topk_prob": false"#,
+            r#""norm_topk_prob": "false""#,
+            "norm_topk_prob",
+        ),
+        (
+            r#""num_experts_per_tok": 6"#,
+            r#""num_experts_per_tok": 65"#,
+            "exceeds n_routed_experts = 64",
+        ),
+    ] {
+        assert!(lite_text.contains(from), "{from}");
+        let err = hf::parse_config(&lite_text.replace(from, to), Path::new("config.json"))
+            .expect_err(want)
+            .to_string();
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    // Only the rotary columns need an even width: 127 + 64-wide query heads import.
+    let odd = lite_text.replace(r#""qk_nope_head_dim": 128"#, r#""qk_nope_head_dim": 127"#);
+    assert_eq!(parse(&odd).variant.mla.map(|m| m.qk_head_dim()), Some(191));
     let notes = hf::approximations(&fixture("deepseek-v2"));
     assert!(
         notes.iter().any(|n| n.contains("mscale squared (1.5896)")),

@@ -254,8 +254,8 @@ fn mla(f: &Fields<'_>) -> Result<Mla, ConfigError> {
     if f.opt_bool("attention_bias")?.unwrap_or(false) {
         return Err(ConfigError::Inconsistent {
             file: f.file.clone(),
-            reason: "attention_bias = true: plait builds DeepSeek-V3's latent attention \
-                     without biases"
+            reason: "attention_bias = true: plait builds DeepSeek's latent attention without \
+                     biases; set it to false (as the published DeepSeek-V2 and V3 configs do)"
                 .into(),
         });
     }
@@ -688,7 +688,8 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
             s.kv_heads, s.heads
         ));
     }
-    if s.family != Family::Gpt2 && !s.head_dim().is_multiple_of(2) {
+    // Latent attention rotates only its qk_rope_head_dim columns, checked even by `mla`.
+    if s.family != Family::Gpt2 && s.variant.mla.is_none() && !s.head_dim().is_multiple_of(2) {
         let source = match s.variant.head_dim {
             Some(_) => "head_dim".to_string(),
             None => format!("{hidden_f} / {heads_f}"),
@@ -699,8 +700,14 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
         ));
     }
     if s.family == Family::Mixtral && s.experts_per_token > s.experts {
+        let experts_field = match s.variant.model_type.as_deref() {
+            Some("deepseek_v2" | "deepseek_v3") => "n_routed_experts",
+            Some("qwen2_moe" | "qwen3_moe") => "num_experts",
+            _ => "num_local_experts",
+        };
         return fail(format!(
-            "num_experts_per_tok = {} exceeds num_local_experts = {}",
+            "num_experts_per_tok = {} exceeds {experts_field} = {}: a token picks at most every \
+             expert",
             s.experts_per_token, s.experts
         ));
     }

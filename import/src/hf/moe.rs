@@ -41,6 +41,9 @@ fn deepseek_v2_routing(f: &Fields<'_>) -> Result<Routing, ConfigError> {
         Some(Value::String(w)) => Ok(w.clone()),
         Some(v) => Err(f.wrong(field, "a string", v)),
     };
+    // Not applied (transformers' DeepseekV2Moe never renormalizes; `approximations` says so),
+    // but a value of the wrong type is still the user's to fix.
+    f.opt_bool("norm_topk_prob")?;
     let scoring = word("scoring_func", "softmax")?;
     if scoring != "softmax" {
         return Err(refused(

@@ -33,6 +33,17 @@ pub struct Export {
     pub launch: String,
 }
 
+/// Whether `engine` can build the model at all, whatever the strategy: its GPT model's layers
+/// (Megatron-LM), its registered models (torchtitan); DeepSpeed runs the user's own model
+/// code. `compile --target` asks it first, so that it never plans what export would refuse.
+pub fn check_model(info: &ModelInfo<'_>, engine: Engine) -> Result<(), PlanError> {
+    match engine {
+        Engine::Megatron => arch::read(info, "Megatron-LM").map(|_| ()),
+        Engine::Torchtitan => torchtitan::config_name(&arch::read(info, "torchtitan")?).map(|_| ()),
+        Engine::Deepspeed => Ok(()),
+    }
+}
+
 /// Exports `plan` to `engine`.
 pub fn export(plan: &Plan, engine: Engine) -> Result<Export, PlanError> {
     let text = plan.model.ir.as_deref().ok_or_else(|| {

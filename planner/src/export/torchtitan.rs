@@ -32,7 +32,7 @@ fn refuse(feature: impl Into<String>, limit: &str) -> PlanError {
 }
 
 /// The registered configuration whose model is `a`.
-fn config_name(a: &Architecture) -> Result<&'static str, PlanError> {
+pub(super) fn config_name(a: &Architecture) -> Result<&'static str, PlanError> {
     let rotary = matches!(a.positions, Positions::Rotary { .. });
     LLAMA3
         .iter()

@@ -237,6 +237,8 @@ impl MeshCandidates {
                 let eps = ep_options(p, info, self.cp, dp);
                 let per_replica = req.global_batch / dp;
                 let mbs: Vec<u64> = match p.micro_batch {
+                    // A replica's batch is a whole number of micro-batches.
+                    Some(m) if !per_replica.is_multiple_of(m) => continue,
                     Some(m) => vec![m],
                     None => divisors(per_replica)
                         .into_iter()
@@ -545,6 +547,14 @@ fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
     let (gpus, batch) = (req.gpus, req.global_batch);
     let tp = p.tp.map(u64::from);
     let pp = p.pp.map(u64::from);
+    if let Some(m) = p.micro_batch
+        && !batch.is_multiple_of(m)
+    {
+        return Some(format!(
+            "--global-batch {batch} is not divisible by --micro-batch {m}: each replica's \
+             batch is a whole number of micro-batches"
+        ));
+    }
     if let Some(t) = tp {
         if !gpus.is_multiple_of(t) {
             return Some(format!("--tp {t} does not divide --gpus {gpus}"));
