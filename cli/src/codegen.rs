@@ -100,6 +100,31 @@ fn check_showing_memory(r: &Report) -> anyhow::Result<()> {
     check(r)
 }
 
+/// Refuses programs whose peak is over the GPU's memory: the verifier accepts a program within
+/// 3 % of the planner's peak, and a plan that fits with less than that to spare can lower to
+/// one that does not (it would run out of memory on its first step).
+fn fits_the_gpu(r: &Report, cluster: &planner::Cluster) -> anyhow::Result<()> {
+    let capacity = cluster.memory_bytes();
+    let gib = (1u64 << 30) as f64;
+    for m in &r.memory {
+        if m.program_peak_bytes as f64 > capacity {
+            print_report(r);
+            anyhow::bail!(
+                "template {} (stage {}) peaks at {:.2} GiB, over the {:.2} GiB of a {} (the plan \
+                 predicted {:.2} GiB): compile it again with more GPUs, more recomputation or a \
+                 higher ZeRO stage, or pin a smaller --micro-batch",
+                m.template,
+                m.stage,
+                m.program_peak_bytes as f64 / gib,
+                capacity / gib,
+                cluster.gpu.name,
+                m.predicted_peak_bytes / gib
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn run_codegen(args: &CodegenArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let plan = crate::plan_file::read(&args.plan)?;
@@ -117,6 +142,7 @@ pub fn run_codegen(args: &CodegenArgs) -> anyhow::Result<()> {
         println!("note        {note}");
     }
     check_showing_memory(&report)?;
+    fits_the_gpu(&report, &plan.cluster)?;
     // Exported (and verified) before anything is written, so a build without MLIR fails early.
     let modules = if args.mlir {
         Some(codegen::mlir::export(&set)?)

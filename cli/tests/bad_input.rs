@@ -355,6 +355,10 @@ fn impossible_pins_name_the_rule() {
         ),
         (&["--pp", "13"][..], "--pp 13 exceeds the model's 12 layers"),
         (
+            &["--pp", "2", "--stage-layers", "5,5"][..],
+            "--stage-layers [5, 5] must be positive and sum to the model's 12 layers",
+        ),
+        (
             &["--micro-batch", "3"][..],
             "--global-batch 64 is not divisible by --micro-batch 3",
         ),

@@ -541,6 +541,19 @@ fn no_candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) -
     )
 }
 
+/// Pinned stage sizes that no strategy can take, named before any is priced (every candidate
+/// would fail to price, and a model whose estimates fail so would be called out of memory).
+fn broken_stage_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
+    let s = req.pins.stage_layers.as_ref()?;
+    let total: u64 = s.iter().map(|&l| u64::from(l)).sum();
+    (total != u64::from(info.layers) || s.contains(&0)).then(|| {
+        format!(
+            "--stage-layers {s:?} must be positive and sum to the model's {} layers",
+            info.layers
+        )
+    })
+}
+
 /// The first rule the pinned degrees break, named with the flags that break it.
 fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
     let p = &req.pins;
@@ -634,7 +647,7 @@ fn search_with(
     bounded_by_time: bool,
 ) -> Result<Result<SearchResult, Infeasible>, PlanError> {
     let start = Instant::now();
-    if let Some(why) = broken_expert_pin(info, req) {
+    if let Some(why) = broken_expert_pin(info, req).or_else(|| broken_stage_pin(info, req)) {
         return Err(PlanError::invalid(why));
     }
     let all = candidates(info, cluster, req);
