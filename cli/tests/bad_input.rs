@@ -377,6 +377,12 @@ fn impossible_pins_name_the_rule() {
             "--target deepspeed: no strategy with --tp 2 is one it runs (DeepSpeed's \
              configuration has no Megatron tensor parallelism)",
         ),
+        // Megatron-LM states no even default split of 12 layers into 2 x 5 chunks.
+        (
+            &["--target", "megatron", "--pp", "2", "--virtual-stages", "5"][..],
+            "--target megatron: no strategy with --virtual-stages 5 is one it runs \
+             (Megatron-LM splits the layers evenly",
+        ),
         (
             &["--target", "deepspeed", "--pp", "2", "--zero", "3"][..],
             "no strategy with --pp 2 and --zero 3 is one it runs (DeepSpeed's pipeline engine \

@@ -57,6 +57,17 @@ impl Engine {
         }
     }
 
+    /// [`Engine::runs`] of `s` on a model of `layers` layers, its pipeline split included where
+    /// the strategy leaves it to the even default ([`Strategy::chunk_layers`]): Megatron-LM
+    /// states no split of 32 layers into 14 chunks.
+    pub fn runs_on(self, s: &Strategy, layers: u32) -> Result<(), String> {
+        self.runs(s)?;
+        if self == Engine::Megatron && s.pp > 1 && s.stage_layers.is_none() {
+            megatron_split(&s.chunk_layers(layers), s.virtual_stages > 1)?;
+        }
+        Ok(())
+    }
+
     /// Whether the engine can run `s`, or the rule it breaks. The rules, each from the engine:
     /// - Megatron-LM (core_v0.15.0): pipelines run 1F1B or interleaved 1F1B only
     ///   (`forward_backward_pipelining_{without,with}_interleaving` in

@@ -191,7 +191,7 @@ pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
         mesh.push_all(info, cluster, req, &mut out);
     }
     if p.target {
-        out.retain(|s| engine.runs(s).is_ok());
+        out.retain(|s| engine.runs_on(s, info.layers).is_ok());
     }
     out
 }
@@ -745,7 +745,7 @@ fn search_with(
             .total_cmp(&b.predicted.iteration_time_s)
     });
     // A split the target engine cannot run is not tried (`--target`).
-    let runnable = |s: &Strategy| !req.pins.target || s.engine.runs(s).is_ok();
+    let runnable = |s: &Strategy| !req.pins.target || s.engine.runs_on(s, info.layers).is_ok();
     let n = fitting.len().min(cutoff::REBALANCED);
     for e in fitting.iter_mut().take(n) {
         let balanced = rebalance(info, cluster, req.gpus, e.clone(), &runnable);

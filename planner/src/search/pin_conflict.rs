@@ -112,5 +112,5 @@ fn engine_refusal(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
     let engine = req.pins.engine.unwrap_or_default();
     candidates(info, cluster, &untargeted)
         .first()
-        .and_then(|s| engine.runs(s).err())
+        .and_then(|s| engine.runs_on(s, info.layers).err())
 }
