@@ -93,7 +93,7 @@ pub fn compile(
     let m = model::load(model_arg, batch_for_import, cluster_args.seq)?;
     let info = ModelInfo::new(&m.graph)?;
     if let Some(engine) = target {
-        planner::export::check_model(&info, engine)?;
+        planner::export::check_model(&info, engine, m.binding.seq)?;
     }
     let p = pins;
     let req = SearchRequest {

@@ -381,7 +381,8 @@ fn impossible_pins_name_the_rule() {
         (
             &["--target", "megatron", "--pp", "2", "--virtual-stages", "5"][..],
             "--target megatron: no strategy with --virtual-stages 5 is one it runs \
-             (Megatron-LM splits the layers evenly",
+             (Megatron-LM gives every interleaved chunk the same layers: 12 layers do not \
+             split into pp x virtual stages = 10 chunks)",
         ),
         (
             &["--target", "deepspeed", "--pp", "2", "--zero", "3"][..],

@@ -42,3 +42,45 @@ fn a_plan_the_engine_cannot_run_is_refused_with_the_reason() {
     assert!(err.contains("torchtitan"), "{err}");
     assert!(out.is_empty(), "nothing written on refusal: {out}");
 }
+
+/// A pipeline whose layers do not divide evenly (Llama-3 70B's 80 layers over 6 stages):
+/// `compile --target megatron` plans a split Megatron-LM can state (the middle stages even),
+/// and `export` writes it as `--decoder-first/last-pipeline-num-layers`. The even default
+/// ([14, 14, 13, 13, 13, 13]) it cannot state.
+#[test]
+fn a_targeted_uneven_pipeline_exports_to_megatron() {
+    let d = dir("export-uneven");
+    let plan = d.join("plan.json").to_string_lossy().to_string();
+    let (code, out, err) = plait(&[
+        "compile",
+        "llama3-70b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "48",
+        "--global-batch",
+        "96",
+        "--pp",
+        "6",
+        "--target",
+        "megatron",
+        "-o",
+        &plan,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = plait(&["export", &plan, "--to", "megatron"]);
+    assert_eq!(code, 0, "{err}");
+    let value = |flag: &str| -> u32 {
+        out.split(flag)
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{flag} missing from:\n{out}"))
+    };
+    let (first, last) = (
+        value("--decoder-first-pipeline-num-layers"),
+        value("--decoder-last-pipeline-num-layers"),
+    );
+    let middle = 80 - first - last;
+    assert!(middle.is_multiple_of(4), "{first} + 4 x middle + {last}");
+}

@@ -365,10 +365,10 @@ fn deepseek_v2_lite_plans_and_lowers_on_8_h100() {
     );
 }
 
-/// Whatever codegen writes fits the GPU: DeepSeek-V2 on 64 H100 is planned to fit with 0.2
-/// GiB to spare, and its program (within the verifier's 3 % of the plan) may peak above the
-/// card. Codegen then refuses with the template's peak and writes nothing; programs it does
-/// write peak within the card.
+/// Codegen writes no program over the GPU's memory: DeepSeek-V2 on 64 H100 is planned to fit
+/// with 0.2 GiB to spare, and its program (within the verifier's 3 % of the plan) peaks above
+/// the card, so codegen refuses it with the template's peak and writes nothing. (Should the
+/// planner's memory come to match this program, the test needs another plan at the edge.)
 #[test]
 fn codegen_never_writes_programs_over_the_gpus_memory() {
     let d = dir("deepseek-v2-64");
@@ -397,12 +397,8 @@ fn codegen_never_writes_programs_over_the_gpus_memory() {
         .filter_map(|t| t.parse().ok())
         .collect();
     assert!(!peaks.is_empty(), "{out}{err}");
-    if code == 0 {
-        assert!(peaks.iter().all(|&p| p <= 80.0), "{out}");
-    } else {
-        assert_eq!(code, 2, "{out}{err}");
-        assert!(err.contains("over the 80.00 GiB"), "{err}");
-        assert!(peaks.iter().any(|&p| p > 80.0), "{out}");
-        assert!(!programs.join("index.json").exists(), "nothing written");
-    }
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("over the 80.00 GiB"), "{err}");
+    assert!(peaks.iter().any(|&p| p > 80.0), "{out}");
+    assert!(!programs.join("index.json").exists(), "nothing written");
 }

@@ -30,8 +30,14 @@ pub struct Routing {
     /// Groups a token may route into (`topk_group`).
     pub groups_kept: u64,
     /// A group is scored by the sum of its this many best experts' scores (DeepSeek-V3: 2;
-    /// DeepSeek-V2: 1, its best expert). Read only when `groups` > 1.
+    /// DeepSeek-V2: 1, its best expert). Read only when `groups` > 1. Program files written
+    /// before the field existed hold V3's rule, its default.
+    #[serde(default = "v3_group_top")]
     pub group_top: u64,
+}
+
+fn v3_group_top() -> u64 {
+    2
 }
 
 impl Default for Routing {
@@ -41,7 +47,7 @@ impl Default for Routing {
             normalize: true,
             groups: 1,
             groups_kept: 1,
-            group_top: 2,
+            group_top: v3_group_top(),
         }
     }
 }
@@ -301,6 +307,13 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_routing_written_before_group_top_reads_as_deepseek_v3s() {
+        let old = r#"{"sigmoid":true,"normalize":true,"groups":8,"groups_kept":4}"#;
+        let r: Routing = serde_json::from_str(old).expect("reads");
+        assert_eq!(r.group_top, 2);
     }
 
     #[test]

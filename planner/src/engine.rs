@@ -57,13 +57,22 @@ impl Engine {
         }
     }
 
-    /// [`Engine::runs`] of `s` on a model of `layers` layers, its pipeline split included where
-    /// the strategy leaves it to the even default ([`Strategy::chunk_layers`]): Megatron-LM
-    /// states no split of 32 layers into 14 chunks.
+    /// [`Engine::runs`] of `s` on a model of `layers` layers, where the strategy leaves the
+    /// split to the search: Megatron-LM's interleaved chunks all hold the same layers, so 32
+    /// layers in 14 chunks cannot run whatever the split (a 1F1B split with an uneven middle
+    /// can: the search moves the remainder to the first and last stages).
     pub fn runs_on(self, s: &Strategy, layers: u32) -> Result<(), String> {
         self.runs(s)?;
-        if self == Engine::Megatron && s.pp > 1 && s.stage_layers.is_none() {
-            megatron_split(&s.chunk_layers(layers), s.virtual_stages > 1)?;
+        let chunks = s.chunks();
+        if self == Engine::Megatron
+            && s.virtual_stages > 1
+            && s.stage_layers.is_none()
+            && !layers.is_multiple_of(chunks)
+        {
+            return Err(format!(
+                "Megatron-LM gives every interleaved chunk the same layers: {layers} layers do \
+                 not split into pp x virtual stages = {chunks} chunks"
+            ));
         }
         Ok(())
     }
@@ -197,6 +206,20 @@ impl Engine {
     }
 }
 
+/// A 1F1B split of `layers` over `pp` stages Megatron-LM can state: the middle stages even,
+/// the remainder on the first and last (`--decoder-first/last-pipeline-num-layers`), where
+/// the even default would put it on the first stages, which Megatron cannot say.
+pub fn megatron_split_of(layers: u32, pp: u32) -> Vec<u32> {
+    let pp = pp.max(1);
+    let (base, rest) = (layers / pp, layers % pp);
+    let mut split = vec![base; pp as usize];
+    split[0] += rest.div_ceil(2);
+    if let Some(last) = split.last_mut() {
+        *last += rest / 2;
+    }
+    split
+}
+
 /// Megatron-LM's pipeline split: every chunk the same number of layers but the first and the
 /// last (`--decoder-first-pipeline-num-layers`, `--decoder-last-pipeline-num-layers`), which
 /// the interleaved schedule does not take (`--num-layers-per-virtual-pipeline-stage`: every
@@ -305,11 +328,24 @@ impl Default for Overlap {
 
 #[cfg(test)]
 mod tests {
-    use super::megatron_split;
+    use super::{megatron_split, megatron_split_of};
 
     /// What `plait export --to megatron` can say (`pipeline_args`): the first and last chunk
     /// may differ from the rest, but not under the interleaved schedule, and the inner ones
     /// never.
+    #[test]
+    fn megatron_split_of_puts_the_remainder_on_the_ends() {
+        assert_eq!(megatron_split_of(80, 6), vec![14, 13, 13, 13, 13, 14]);
+        assert_eq!(megatron_split_of(34, 5), vec![8, 6, 6, 6, 8]);
+        assert_eq!(megatron_split_of(33, 5), vec![8, 6, 6, 6, 7]);
+        assert_eq!(megatron_split_of(7, 2), vec![4, 3]);
+        for (layers, pp) in [(80, 6), (34, 5), (33, 5), (7, 2), (96, 16)] {
+            let split = megatron_split_of(layers, pp);
+            assert_eq!(split.iter().sum::<u32>(), layers);
+            assert!(megatron_split(&split, false).is_ok(), "{split:?}");
+        }
+    }
+
     #[test]
     fn megatron_splits_evenly_but_the_ends_and_interleaved_chunks_evenly() {
         assert!(megatron_split(&[1, 3, 3, 1], false).is_ok());

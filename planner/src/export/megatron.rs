@@ -170,8 +170,8 @@ fn router_args(a: &Architecture, args: &mut Vec<String>) -> Result<(), PlanError
     }
     if r.groups > 1 {
         // transformers scores a group by its best two experts (DeepSeek-V3) or its best one
-        // (DeepSeek-V2); Megatron by its best k / group-topk.
-        if k != r.group_top * r.groups_kept {
+        // (DeepSeek-V2); Megatron by its best k / group-topk (integer division).
+        if k / r.groups_kept != r.group_top {
             return Err(refuse(
                 format!(
                     "group-limited routing that scores a group by its best {} expert(s) with \
@@ -302,6 +302,17 @@ fn precision_args(p: Precision, args: &mut Vec<String>) {
 }
 
 /// The argument list of `pretrain_gpt.py` for `plan`, whose model is `arch`.
+/// Whether Megatron-LM's arguments can state the model at `seq`, whatever the strategy: the
+/// model and router arguments [`args`] starts with.
+pub(super) fn states_model(arch: &Architecture, seq: u64) -> Result<(), PlanError> {
+    let mut scratch = Vec::new();
+    model_args(arch, seq, &mut scratch)?;
+    if arch.experts > 0 {
+        router_args(arch, &mut scratch)?;
+    }
+    Ok(())
+}
+
 pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> {
     let s = &plan.strategy;
     let mut args = Vec::new();

@@ -33,12 +33,13 @@ pub struct Export {
     pub launch: String,
 }
 
-/// Whether `engine` can build the model at all, whatever the strategy: its GPT model's layers
-/// (Megatron-LM), its registered models (torchtitan); DeepSpeed runs the user's own model
-/// code. `compile --target` asks it first, so that it never plans what export would refuse.
-pub fn check_model(info: &ModelInfo<'_>, engine: Engine) -> Result<(), PlanError> {
+/// Whether `engine` can build the model at all, at `seq`, whatever the strategy: its GPT
+/// model's layers and arguments (Megatron-LM), its registered models (torchtitan); DeepSpeed
+/// runs the user's own model code. `compile --target` asks it first, so that it does not plan
+/// a model export would refuse.
+pub fn check_model(info: &ModelInfo<'_>, engine: Engine, seq: u64) -> Result<(), PlanError> {
     match engine {
-        Engine::Megatron => arch::read(info, "Megatron-LM").map(|_| ()),
+        Engine::Megatron => megatron::states_model(&arch::read(info, "Megatron-LM")?, seq),
         Engine::Torchtitan => torchtitan::config_name(&arch::read(info, "torchtitan")?).map(|_| ()),
         Engine::Deepspeed => Ok(()),
     }

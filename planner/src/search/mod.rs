@@ -191,6 +191,18 @@ pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) 
         mesh.push_all(info, cluster, req, &mut out);
     }
     if p.target {
+        if engine == Engine::Megatron {
+            // Its 1F1B stages: the remainder on the first and last (the even default puts it
+            // on the first stages, which Megatron cannot state).
+            for s in out.iter_mut().filter(|s| {
+                s.pp > 1
+                    && s.virtual_stages == 1
+                    && s.stage_layers.is_none()
+                    && !info.layers.is_multiple_of(s.pp)
+            }) {
+                s.stage_layers = Some(crate::engine::megatron_split_of(info.layers, s.pp));
+            }
+        }
         out.retain(|s| engine.runs_on(s, info.layers).is_ok());
     }
     out

@@ -59,7 +59,9 @@ pub(super) fn explain(
     cluster: &Cluster,
     req: &SearchRequest,
 ) -> Option<String> {
-    let culprits: Vec<String> = pinned(&req.pins)
+    let all_pins = pinned(&req.pins);
+    let lone = all_pins.len() == 1;
+    let culprits: Vec<String> = all_pins
         .into_iter()
         .filter(|(_, unpin)| {
             let mut r = req.clone();
@@ -85,9 +87,15 @@ pub(super) fn explain(
             }
         )),
         (Some(why), None) => Some(format!(
-            "--target {}: no strategy the pins allow is one it runs ({why}); change the pins \
-             or the --target",
-            req.pins.engine.unwrap_or_default()
+            "--target {}: no way to split {} GPUs is one it runs ({why}); change the pins, \
+             use fewer GPUs or a larger --global-batch, or change the --target",
+            req.pins.engine.unwrap_or_default(),
+            req.gpus
+        )),
+        (None, Some(pins)) if lone => Some(format!(
+            "no strategy satisfies {pins} for this model on {} GPUs with global batch {}: \
+             change or drop it",
+            req.gpus, req.global_batch
         )),
         (None, Some(pins)) if culprits.len() == 1 => Some(format!(
             "no strategy satisfies {pins} with the other pins (without it some do): change or \
