@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use planner::estimate::Estimate;
 use planner::plan::{ModelRef, Plan, SearchSummary};
-use planner::search::{Pins, SearchRequest, search};
+use planner::search::{Alternative, Pins, SearchRequest, SearchResult, search};
 use planner::{Cluster, ModelInfo};
 
 use crate::estimate::print_text;
@@ -162,29 +163,19 @@ pub fn compile(
         }
     };
     r.best = r.best.with_training(&cluster, cluster_args.train_tokens);
-    let model_ref = ModelRef::of(model_source(model_arg), model_arg, &info);
-    let plan = Plan::new(
-        model_ref,
-        &info,
-        &cluster,
-        cluster_args.gpus,
-        &r.best,
-        SearchSummary {
+    let lowering = Lowering {
+        info: &info,
+        cluster: &cluster,
+        gpus: cluster_args.gpus,
+        train_tokens: cluster_args.train_tokens,
+        model: ModelRef::of(model_source(model_arg), model_arg, &info),
+        search: SearchSummary {
             candidates_evaluated: r.candidates_evaluated,
             candidates_pruned: r.candidates_pruned,
             target,
         },
-        r.alternatives.clone(),
-    );
-    let mut plan = plan;
-    record_extractions(&mut plan, &info, &cluster, &r.best.strategy);
-    reprice_as_lowered(
-        &mut plan,
-        &mut r,
-        &info,
-        &cluster,
-        cluster_args.train_tokens,
-    )?;
+    };
+    let mut plan = rerank_as_lowered(&lowering, &mut r)?;
     record_kernel_seconds(&mut plan, &info, &cluster)?;
     Ok(Compiled {
         plan,
@@ -220,41 +211,105 @@ fn record_kernel_seconds(
     Ok(())
 }
 
-/// The search priced the winner's TP communication from its sharding extraction where that
-/// layout splits the work as the memory model does; the plan's prediction is re-priced for
-/// what its program runs ([`record_extractions`] says which in `sharding.method`): the
-/// extraction codegen lowered (its memory checked on the program), or Megatron-LM's rules.
-/// The alternatives' comparisons follow the new time.
-fn reprice_as_lowered(
-    plan: &mut Plan,
-    r: &mut planner::search::SearchResult,
-    info: &planner::ModelInfo<'_>,
-    cluster: &planner::Cluster,
+/// What a plan is lowered and priced with.
+struct Lowering<'a, 'i> {
+    info: &'a planner::ModelInfo<'i>,
+    cluster: &'a planner::Cluster,
+    gpus: u64,
     train_tokens: Option<f64>,
-) -> anyhow::Result<()> {
-    let pricing = plan.tp_pricing();
-    if pricing == planner::Pricing::SEARCH {
-        return Ok(());
+    model: ModelRef,
+    search: SearchSummary,
+}
+
+impl Lowering<'_, '_> {
+    /// The plan of `searched` with its extractions recorded ([`record_extractions`] says in
+    /// `sharding.method` which layout its program runs: the extraction codegen lowered, its
+    /// memory checked on the program, or Megatron-LM's rules), priced for that layout.
+    fn plan(&self, searched: &Estimate) -> anyhow::Result<(Plan, Estimate)> {
+        let mut plan = Plan::new(
+            self.model.clone(),
+            self.info,
+            self.cluster,
+            self.gpus,
+            searched,
+            self.search.clone(),
+            Vec::new(),
+        );
+        record_extractions(&mut plan, self.info, self.cluster, &searched.strategy);
+        let pricing = plan.tp_pricing();
+        let priced = if pricing == planner::Pricing::SEARCH {
+            searched.clone()
+        } else {
+            planner::estimate::estimate_priced(
+                self.info,
+                self.cluster,
+                self.gpus,
+                &searched.strategy,
+                pricing,
+            )?
+            .with_training(self.cluster, self.train_tokens)
+        };
+        plan.predicted = priced.predicted.clone();
+        Ok((plan, priced))
     }
-    let best =
-        planner::estimate::estimate_priced(info, cluster, plan.gpus, &plan.strategy, pricing)?
-            .with_training(cluster, train_tokens);
-    let (before, after) = (
-        plan.predicted.iteration_time_s,
-        best.predicted.iteration_time_s,
-    );
-    plan.predicted = best.predicted.clone();
-    if after != before {
-        for a in plan
+}
+
+/// The search ranks strategies by their extractions' prices, where an extraction splits the
+/// work as the memory model does; a winner's program may run another layout (Megatron-LM's,
+/// where the extraction does not lower or its memory breaks the plan's) and cost more than it
+/// was ranked at. So while a fitting alternative was searched faster than the plan as its
+/// program runs, that alternative is lowered and priced the same way, and the faster of the
+/// two is the plan. Every alternative is then worded against the winner, those priced as
+/// lowered said to be.
+fn rerank_as_lowered(cx: &Lowering<'_, '_>, r: &mut SearchResult) -> anyhow::Result<Plan> {
+    let (mut plan, mut best) = cx.plan(&r.best)?;
+    let mut lowered = vec![best.strategy.clone()];
+    loop {
+        let t0 = best.predicted.iteration_time_s;
+        let next = r
             .alternatives
-            .iter_mut()
-            .chain(r.alternatives.iter_mut())
-        {
-            a.reason = planner::search::compared_with(a, after);
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.fits && a.iteration_time_s < t0 && !lowered.contains(&a.strategy))
+            .min_by(|x, y| x.1.iteration_time_s.total_cmp(&y.1.iteration_time_s))
+            .map(|(i, _)| i);
+        let Some(i) = next else { break };
+        let strategy = r.alternatives[i].strategy.clone();
+        lowered.push(strategy.clone());
+        let Ok(searched) = planner::estimate::estimate(cx.info, cx.cluster, cx.gpus, &strategy)
+        else {
+            continue;
+        };
+        let (p, e) = cx.plan(&searched.with_training(cx.cluster, cx.train_tokens))?;
+        let a = &mut r.alternatives[i];
+        a.iteration_time_s = e.predicted.iteration_time_s;
+        a.peak_memory_bytes = e.predicted.peak_memory_bytes;
+        if e.predicted.iteration_time_s < t0 {
+            a.strategy = best.strategy.clone();
+            a.iteration_time_s = t0;
+            a.peak_memory_bytes = best.predicted.peak_memory_bytes;
+            (plan, best) = (p, e);
         }
     }
+    let t0 = best.predicted.iteration_time_s;
+    let mesh = |s: &planner::Strategy| (s.tp, s.pp, s.dp);
+    let same_mesh = |a: &Alternative| mesh(&a.strategy) == mesh(&best.strategy);
+    // The runner-up of the winner's mesh first (what the other knobs are worth), then by
+    // time; the out-of-memory plan last.
+    r.alternatives.sort_by(|a, b| {
+        (!a.fits, !same_mesh(a))
+            .cmp(&(!b.fits, !same_mesh(b)))
+            .then(a.iteration_time_s.total_cmp(&b.iteration_time_s))
+    });
+    for a in &mut r.alternatives {
+        let note = lowered
+            .contains(&a.strategy)
+            .then_some("as its program runs");
+        a.reason = planner::search::reworded(a, &best.strategy, t0, note);
+    }
+    plan.alternatives = r.alternatives.clone();
     r.best = best;
-    Ok(())
+    Ok(plan)
 }
 
 /// What `--search-dp-comm` planned: each exchange's predicted iteration, or why it did not

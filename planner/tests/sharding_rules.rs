@@ -1,5 +1,5 @@
 //! One test per rewrite rule: it fires on a zoo block (GPT-2, Llama 3 8B with GQA, Mixtral,
-//! and GPT-2's embedding and LM-head ops), and every union it made joined classes of equal
+//! DeepSeek-V2-Lite's latent attention, and GPT-2's embedding and LM-head ops), and every union it made joined classes of equal
 //! global shape and layout (the analysis records any other merge as a conflict, which makes
 //! `build` fail).
 
@@ -15,6 +15,16 @@ use planner::sharding::rules::all_rules;
 
 fn model(name: &str) -> Graph {
     import::build_forward(&import::zoo::find(name).unwrap(), DType::F32).unwrap()
+}
+
+fn deepseek_v2_lite() -> Graph {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/deepseek-v2-lite/config.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let spec = import::hf::parse_config(&text, std::path::Path::new(path)).unwrap();
+    import::build_forward(&spec, DType::F32).unwrap()
 }
 
 const B: Binding = Binding { batch: 2, seq: 64 };
@@ -43,6 +53,9 @@ fn applied() -> &'static BTreeMap<String, usize> {
         let llama = model("llama3-8b");
         let mixtral = model("mixtral-8x7b");
         let gpt = model("gpt-1.7b");
+        // Multi-head latent attention views its heads through reshapes, slices, a
+        // concatenation and a broadcast of the one rotary key.
+        let deepseek = deepseek_v2_lite();
         let cases: Vec<(&Graph, Vec<OpId>, u32, bool, bool)> = vec![
             (&gpt2, gpt2.layer_ops(0), 2, false, false),
             (&gpt2, gpt2.layer_ops(0), 2, true, true),
@@ -54,6 +67,7 @@ fn applied() -> &'static BTreeMap<String, usize> {
             (&gpt, outside(&gpt, true), 2, true, false),
             (&gpt, outside(&gpt, false), 2, false, false),
             (&llama, outside(&llama, false), 8, true, false),
+            (&deepseek, deepseek.layer_ops(0), 2, true, true),
         ];
         for (g, ops, tp, sp, batch) in cases {
             let mut opts = ShardOptions::new(tp, sp, B);
@@ -124,4 +138,8 @@ rule_tests! {
     param_stored_sharded => "param-stored-sharded",
     transpose_swap_0 => "transpose-swap-0",
     rotary_batch => "rotary-batch",
+    reshape_prefix => "reshape-prefix",
+    slice_other => "slice-other",
+    concat_other => "concat-other",
+    expand_other => "expand-other",
 }

@@ -550,6 +550,13 @@ fn extracted_layouts_equal_one_device() {
     gpt_sp.sp = true;
     let mut mqa_sp = Config::new(2, 1, 1);
     mqa_sp.sp = true;
+    let mla_sp = mqa_sp.clone();
+    const MLA: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tiny-deepseek_v3.json"
+    );
+    const QWEN3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-qwen3.json");
+    const NEMOTRON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-nemotron.json");
     let mut bad = Vec::new();
     for (name, model, c) in [
         ("mqa tp2", common::LLAMA_MQA, Config::new(2, 1, 1)),
@@ -557,6 +564,12 @@ fn extracted_layouts_equal_one_device() {
         ("kv2 tp4", LLAMA, Config::new(4, 1, 1)),
         ("gpt2 tp2", MODEL, Config::new(2, 1, 1)),
         ("gpt2 tp4 sp", MODEL, gpt_sp),
+        // Views of split heads: multi-head latent attention's reshapes, slices, concatenation
+        // and broadcast rotary key; Qwen3's per-head norms; Nemotron's partial rotary.
+        ("mla tp2 sp", MLA, mla_sp.clone()),
+        ("mla tp2", MLA, Config::new(2, 1, 1)),
+        ("qwen3 tp2 sp", QWEN3, mla_sp.clone()),
+        ("nemotron tp2 sp", NEMOTRON, mla_sp),
     ] {
         let (plan, graph) = with_extraction(model, &c);
         if let Some(bp) = &plan.block_plan {

@@ -412,6 +412,10 @@ fn local_kind(
                 Err("a point-wise op on partial sums it does not pass through".into())
             }
         }
+        OpKind::Reshape { .. }
+        | OpKind::Expand { .. }
+        | OpKind::Slice { .. }
+        | OpKind::Concat { .. } => view_local(b, o, ins, out, kind),
         OpKind::MoeExperts { experts } => moe_local(b, ins, out, *experts, t),
         OpKind::TopKRouter { .. } => {
             // Routes each token it holds with the whole router: any split of the tokens'
@@ -430,6 +434,57 @@ fn local_kind(
         }
         _ if ins.iter().all(|&v| lay_of(b, v) == Lay::Rep) && out == Lay::Rep => Ok((kind, None)),
         _ => Err("no lowering for this op on split operands".into()),
+    }
+}
+
+/// A view or copy (reshape, broadcast, slice, concatenation) on operands split along one axis
+/// it leaves alone, as the e-graph's shape rules admit them: each rank runs the op on its
+/// pieces, a reshape or broadcast to its piece of the result. A reshape must keep the
+/// dimensions before the split axis (so each rank's contiguous runs stay its own), a
+/// broadcast must not widen the split axis, and a slice or concatenation must cut along
+/// another axis; anything else is named.
+fn view_local(
+    b: &B,
+    o: OpId,
+    ins: &[SVal],
+    out: Lay,
+    kind: OpKind,
+) -> Result<(OpKind, Option<(SVal, Lay)>), String> {
+    let cx = b.cx;
+    let lays: Vec<Lay> = ins.iter().map(|&v| b.seg.vals[v].lay).collect();
+    if out == Lay::Rep && lays.iter().all(|&l| l == Lay::Rep) {
+        return Ok((kind, None));
+    }
+    let Lay::Split { axis, blocks: 1 } = out else {
+        return Err(format!("a {} into {out:?}", kind.mnemonic()));
+    };
+    if lays.iter().any(|&l| l != out) {
+        return Err(format!("a {} of {lays:?} into {out:?}", kind.mnemonic()));
+    }
+    let op = cx.graph.op(o);
+    let from = cx.global_shape(op.inputs[0]);
+    let to = cx.global_shape(op.results[0]);
+    let a = usize::from(axis);
+    let local_to = || {
+        local(&to, out, cx.tp)
+            .into_iter()
+            .map(ir::Dim::Fixed)
+            .collect::<Vec<_>>()
+    };
+    match kind {
+        OpKind::Reshape { .. } if a < from.len() && a < to.len() && from[..a] == to[..a] => {
+            Ok((OpKind::Reshape { shape: local_to() }, None))
+        }
+        OpKind::Expand { .. } if from.len() == to.len() && from.get(a) == to.get(a) => {
+            Ok((OpKind::Expand { shape: local_to() }, None))
+        }
+        OpKind::Slice { axis: along, .. } | OpKind::Concat { axis: along } if along != a => {
+            Ok((kind, None))
+        }
+        _ => Err(format!(
+            "a {} whose split along axis {a} does not pass through",
+            kind.mnemonic()
+        )),
     }
 }
 

@@ -815,22 +815,33 @@ fn search_with(
     }))
 }
 
-/// An alternative's reason against a winner that now takes `t0` seconds (re-priced for the
-/// layout its program runs): its time compared anew, what it changes kept. A fitting
-/// alternative faster than the re-priced winner says so.
-pub fn compared_with(a: &Alternative, t0: f64) -> String {
-    let Some(rest) = a.reason.strip_prefix("slower by ") else {
+/// Words each fitting alternative anew against a winner `best` that takes `t0` seconds, after
+/// `compile` re-ranked the plans as their programs run: how much slower it is, what it changes
+/// where it shares the winner's mesh shape, and `note` for those priced as lowered (their
+/// programs' layout) rather than as searched. The out-of-memory alternative keeps its reason.
+pub fn reworded(a: &Alternative, best: &Strategy, t0: f64, note: Option<&str>) -> String {
+    if !a.fits {
         return a.reason.clone();
-    };
-    let tail = rest.find('%').map_or("", |i| &rest[i + 1..]);
-    let change = 100.0 * (a.iteration_time_s / t0 - 1.0);
-    if change >= 0.0 {
-        format!("slower by {change:.1} %{tail}")
+    }
+    let mesh = |s: &Strategy| (s.tp, s.pp, s.dp);
+    let slower = 100.0 * (a.iteration_time_s / t0 - 1.0);
+    if slower < 0.0 {
+        // Re-ranking lowers every alternative searched faster than the winner runs; one
+        // whose estimate failed there keeps its searched price.
+        return format!(
+            "faster by {:.1} % as searched than the plan as its program runs, but not lowered",
+            -slower
+        );
+    }
+    let mut tail = Vec::new();
+    if mesh(&a.strategy) == mesh(best) {
+        tail.push(differs(best, &a.strategy));
+    }
+    tail.extend(note.map(str::to_string));
+    if tail.is_empty() {
+        format!("slower by {slower:.1} %")
     } else {
-        format!(
-            "faster by {:.1} % than the plan as its program runs (priced by its extraction, which codegen would lower or not only at compile){tail}",
-            -change
-        )
+        format!("slower by {slower:.1} % ({})", tail.join("; "))
     }
 }
 

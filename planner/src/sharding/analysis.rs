@@ -415,6 +415,57 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
                 _ => return fail(),
             }
         }
+        Shard::Reshape(_) => {
+            let (x, ty) = (t(1)?, out(0)?);
+            match x.dist {
+                R => tensor(ty, R),
+                // Rank r holds the r-th contiguous run of every row of the dimensions before
+                // the split axis; a reshape that keeps those dimensions keeps the runs.
+                S(d) if d.blocks == 1 && same_prefix(&x.ty, &ty, d.axis) => sharded(ty, d)?,
+                _ => return fail(),
+            }
+        }
+        Shard::Slice(_) => {
+            let (x, ty) = (t(1)?, out(0)?);
+            let along = match ctx.op_kinds.get(&op()?) {
+                Some(OpKind::Slice { axis, .. }) => *axis,
+                _ => return Err("slice tag is not a slice op".into()),
+            };
+            match x.dist {
+                R => tensor(ty, R),
+                S(d) if d.blocks == 1 && usize::from(d.axis) != along => sharded(ty, d)?,
+                _ => return fail(),
+            }
+        }
+        Shard::Concat(_) => {
+            let (a, b, ty) = (t(1)?, t(2)?, out(0)?);
+            let along = match ctx.op_kinds.get(&op()?) {
+                Some(OpKind::Concat { axis }) => *axis,
+                _ => return Err("concat tag is not a concat op".into()),
+            };
+            match (a.dist, b.dist) {
+                (R, R) => tensor(ty, R),
+                (S(d), S(e)) if d == e && d.blocks == 1 && usize::from(d.axis) != along => {
+                    sharded(ty, d)?
+                }
+                _ => return fail(),
+            }
+        }
+        Shard::Expand(_) => {
+            let (x, ty) = (t(1)?, out(0)?);
+            let kept = |d: Axis| {
+                let axis = usize::from(d.axis);
+                x.ty.shape.0.get(axis).is_some() && x.ty.shape.0.get(axis) == ty.shape.0.get(axis)
+            };
+            match x.dist {
+                R => tensor(ty, R),
+                // Broadcast along other axes: each rank broadcasts its piece.
+                S(d) if d.blocks == 1 && x.ty.shape.rank() == ty.shape.rank() && kept(d) => {
+                    sharded(ty, d)?
+                }
+                _ => return fail(),
+            }
+        }
         Shard::Router(_) => {
             let (x, w, ty) = (t(1)?, t(2)?, out(0)?);
             match (x.dist, w.dist) {
@@ -453,6 +504,12 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
             tensor(out(0)?, R)
         }
     })
+}
+
+/// Whether `a` and `b` share their dimensions before `axis` and both have an axis there.
+fn same_prefix(a: &TensorType, b: &TensorType, axis: u8) -> bool {
+    let n = usize::from(axis);
+    n < a.shape.rank() && n < b.shape.rank() && a.shape.0[..n] == b.shape.0[..n]
 }
 
 /// The fact of the class `id`.

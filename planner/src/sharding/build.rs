@@ -172,6 +172,10 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
             OpKind::Embedding => Shard::Embed([tag, k(0)?, k(1)?]),
             OpKind::CrossEntropy => Shard::CrossEntropy([tag, k(0)?, k(1)?]),
             OpKind::Transpose { perm } if perm == &[1, 0] => Shard::Transpose([tag, k(0)?]),
+            OpKind::Reshape { .. } => Shard::Reshape([tag, k(0)?]),
+            OpKind::Slice { .. } => Shard::Slice([tag, k(0)?]),
+            OpKind::Concat { .. } if kids.len() == 2 => Shard::Concat([tag, k(0)?, k(1)?]),
+            OpKind::Expand { .. } => Shard::Expand([tag, k(0)?]),
             OpKind::TopKRouter { .. } => Shard::Router([tag, k(0)?, k(1)?]),
             OpKind::MoeExperts { .. } => Shard::Moe([tag, k(0)?, k(1)?, k(2)?, k(3)?, k(4)?]),
             _ => {
@@ -207,7 +211,7 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
         }
     }
     // Seeds: under sequence parallelism every value of the residual stream's type (the type of
-    // the block's input and output) may live on sequence shards, so norms, dropout and residual
+    // the block's input and output), and every norm's output, may live on sequence shards, so norms, dropout and residual
     // adds can run there and all-gathers sit right before the column-parallel linears. (Seeding
     // every activation too — the 4h-wide MLP inside, QKV — only adds layouts that lose, and
     // makes the ILP slower.) With the batch split allowed, every batched value may live on
@@ -225,7 +229,15 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
         for &r in &graph.op(o).results {
             let id = class[&r.0];
             let ty = graph.ty(r);
-            if opts.sequence_parallel && stream.contains(ty) {
+            // A norm's output too (multi-head latent attention's latent norms): Megatron-LM
+            // runs every norm on sequence shards under sequence parallelism.
+            let norm = matches!(
+                graph.op(o).kind,
+                OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }
+            );
+            if opts.sequence_parallel
+                && (stream.contains(ty) || (norm && token_activation(ty) && ty.shape.rank() == 3))
+            {
                 let ax = eg.add(Shard::Atom(Atom::Axis(Axis::new(1))));
                 eg.add(Shard::Shard([ax, id]));
             }

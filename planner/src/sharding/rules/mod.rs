@@ -17,6 +17,7 @@ pub mod embedding;
 pub mod matmul;
 pub mod moe;
 pub mod sequence;
+pub mod shape;
 
 use egg::{Applier, Id, Language, Pattern, PatternAst, Rewrite, Subst, Symbol, Var};
 
@@ -146,6 +147,7 @@ pub fn all_rules() -> Result<Vec<Rule>, ShardError> {
     v.extend(embedding::rules()?);
     v.extend(moe::rules()?);
     v.extend(sequence::rules()?);
+    v.extend(shape::rules()?);
     v.extend(collective::rules()?);
     v.extend(batch::rules()?);
     Ok(v)
