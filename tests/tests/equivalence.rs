@@ -556,6 +556,7 @@ fn extracted_layouts_equal_one_device() {
         "/tests/data/tiny-deepseek_v3.json"
     );
     const QWEN3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-qwen3.json");
+    const QWEN2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-qwen2.json");
     const NEMOTRON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-nemotron.json");
     let mut bad = Vec::new();
     for (name, model, c) in [
@@ -569,7 +570,9 @@ fn extracted_layouts_equal_one_device() {
         ("mla tp2 sp", MLA, mla_sp.clone()),
         ("mla tp2", MLA, Config::new(2, 1, 1)),
         ("qwen3 tp2 sp", QWEN3, mla_sp.clone()),
-        ("nemotron tp2 sp", NEMOTRON, mla_sp),
+        ("nemotron tp2 sp", NEMOTRON, mla_sp.clone()),
+        // Biased q, k, v projections (Qwen2), the bias added where the extraction puts it.
+        ("qwen2 tp2 sp", QWEN2, mla_sp),
     ] {
         let (plan, graph) = with_extraction(model, &c);
         if let Some(bp) = &plan.block_plan {

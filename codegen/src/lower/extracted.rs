@@ -302,17 +302,31 @@ fn local_kind(
     let heads_split = |l: Lay, r: u8| matches!(l, Lay::Split { axis, .. } if axis + 1 == r);
     let sequence_split = |l: Lay| matches!(l, Lay::Split { axis: 1, .. });
     match &kind {
-        OpKind::Linear { bias } => {
-            let (x, w) = (lay_of(b, ins[0]), lay_of(b, ins[1]));
-            let row_parallel =
-                heads_split(x, rank(b, ins[0])) && w == (Lay::Split { axis: 0, blocks: 1 });
-            if row_parallel && *bias {
-                if out == Lay::Partial {
-                    return Err("a bias added to a partial sum".into());
-                }
-                return Ok((OpKind::Linear { bias: false }, Some((ins[2], Lay::Partial))));
+        OpKind::Linear { bias: false } => Ok((kind, None)),
+        OpKind::Linear { bias: true } => {
+            let r = rank(b, ins[0]);
+            let product = product_layout(lay_of(b, ins[0]), lay_of(b, ins[1]), r)
+                .ok_or("a product of operands in layouts no rule multiplies")?;
+            if product == out {
+                return Ok((kind, None));
             }
-            Ok((kind, None))
+            // The extraction moves the product (a row-parallel partial sum, or a piece along
+            // another axis than the bias's) before adding the bias: the product, brought
+            // into the bias's layout, then the bias.
+            if out == Lay::Partial {
+                return Err("a bias added to a partial sum".into());
+            }
+            let bias_lay = match out {
+                Lay::Split { axis, blocks } if axis + 1 == r => Lay::Split { axis: 0, blocks },
+                _ => Lay::Rep,
+            };
+            if lay_of(b, ins[2]) != bias_lay {
+                return Err(format!(
+                    "a bias in {:?} added to a result in {out:?}",
+                    lay_of(b, ins[2])
+                ));
+            }
+            Ok((OpKind::Linear { bias: false }, Some((ins[2], product))))
         }
         OpKind::Attention {
             heads,
@@ -434,6 +448,24 @@ fn local_kind(
         }
         _ if ins.iter().all(|&v| lay_of(b, v) == Lay::Rep) && out == Lay::Rep => Ok((kind, None)),
         _ => Err("no lowering for this op on split operands".into()),
+    }
+}
+
+/// The layout of `x · w` for a product's input and weight layouts (`rank`: the input's), as
+/// the e-graph's matmul rules give it: tokens split, output columns split, a partial sum of a
+/// split contraction, or whole.
+fn product_layout(x: Lay, w: Lay, rank: u8) -> Option<Lay> {
+    match (x, w) {
+        (Lay::Rep, Lay::Rep) => Some(Lay::Rep),
+        (Lay::Split { axis, blocks: 1 }, Lay::Rep) if axis + 1 < rank => Some(x),
+        (Lay::Rep, Lay::Split { axis: 1, blocks }) => Some(Lay::Split {
+            axis: rank - 1,
+            blocks,
+        }),
+        (Lay::Split { axis, blocks: 1 }, Lay::Split { axis: 0, blocks: 1 }) if axis + 1 == rank => {
+            Some(Lay::Partial)
+        }
+        _ => None,
     }
 }
 

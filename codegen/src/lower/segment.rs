@@ -880,6 +880,15 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         }
         let context = cx.cp > 1 && b.context_parallel(o, &mut ins, &mut partial_inputs)?;
         if kind == Kind::Pre
+            && !tp_on
+            && op.kind.is_unary_pointwise()
+            && matches!(b.seg.vals[ins[0]].lay, Lay::Split { .. })
+        {
+            // After the embedding's reduce-scatter onto sequence pieces, a one-operand
+            // point-wise op (Gemma's scaling, the closing dropout) runs on the piece it reads.
+            out_lay = b.seg.vals[ins[0]].lay;
+        }
+        if kind == Kind::Pre
             && cx.sp
             && matches!(op.kind, OpKind::Dropout { .. })
             && Some(&o) == ops.iter().rev().find(|&&q| !g.op(q).kind.is_source())
@@ -973,14 +982,14 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             result = b.combine_ep(result, reduce_after);
         }
         if vocab_parallel && kind == Kind::Pre {
-            // With sequence parallelism an embedding whose sum is the segment's output is
-            // reduce-scattered onto the ranks' sequence pieces (Megatron-Core's
-            // `reduce_scatter_embeddings`); one that more ops read (a position table's add)
-            // is all-reduced, and the first layer's input is cut from the whole output at
+            // With sequence parallelism an embedding whose sum is the segment's output (or
+            // reaches it through one-operand point-wise ops: Gemma's scaling, which then runs
+            // on the pieces) is reduce-scattered onto the ranks' sequence pieces
+            // (Megatron-Core's `reduce_scatter_embeddings`); one that more ops read (a
+            // position table's add) is all-reduced, and the first layer's input is cut from the whole output at
             // the segment boundary.
-            let last = ops.iter().rev().find(|&&q| !g.op(q).kind.is_source());
             let scatter = cx.sp
-                && last == Some(&o)
+                && only_pointwise_after(g, ops, o)
                 && b.seg.vals[result]
                     .shape
                     .get(1)
@@ -1192,7 +1201,27 @@ fn routed_experts(seg: &Segment, gates: SVal) -> Option<(u64, u64)> {
     })
 }
 
-/// Fixes the symbolic sizes in an op's attributes (`iota`, `reshape`, `expand`).
+/// Whether the ops after `o` in `ops` are a chain of one-operand point-wise ops on its result
+/// (Gemma's embedding scale, a closing dropout), so that its sum reaches the segment's output
+/// in whatever layout it is left in.
+fn only_pointwise_after(g: &Graph, ops: &[OpId], o: OpId) -> bool {
+    let Some(i) = ops.iter().position(|&q| q == o) else {
+        return false;
+    };
+    let mut last = g.op(o).results[0];
+    for &q in &ops[i + 1..] {
+        let op = g.op(q);
+        if op.kind.is_source() {
+            continue;
+        }
+        if !(op.kind.is_unary_pointwise() && op.inputs == [last]) {
+            return false;
+        }
+        last = op.results[0];
+    }
+    true
+}
+
 /// For a reshape of `x` (split along its last axis in whole heads) that only splits that axis
 /// into [heads, d], or of `x` split along its heads axis that merges [heads, d] back, the split
 /// axis of the result and the rank-local reshape; `None` for any other reshape or layout.
@@ -1247,6 +1276,7 @@ fn logits_width(g: &Graph) -> Option<u64> {
     })
 }
 
+/// Fixes the symbolic sizes in an op's attributes (`iota`, `reshape`, `expand`).
 pub(super) fn bind(kind: &OpKind, batch: u64, seq: u64) -> OpKind {
     let bd = ir::Binding { batch, seq };
     let fix = |d: &ir::Dim| ir::Dim::Fixed(d.eval(bd));
