@@ -32,8 +32,13 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let text = if args.ir {
         ir::text::print(&m.graph)
     } else if args.json {
-        let s = summarize(&m.graph, m.binding);
-        serde_json::to_string_pretty(&s)? + "\n"
+        // The summary, and `notes`: what the import approximates (as the text form's `note`
+        // lines), for tools that read the JSON.
+        let mut v = serde_json::to_value(summarize(&m.graph, m.binding))?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("notes".into(), serde_json::json!(m.notes));
+        }
+        serde_json::to_string_pretty(&v)? + "\n"
     } else {
         let mut t = summary_text(&m.graph, m.binding);
         for note in &m.notes {

@@ -93,7 +93,7 @@ fn published_configs_count_their_parameters_and_plan_on_8_h100() {
 /// squared-ReLU MLP, rotary over half of each head) from the Nemotron-Mini-4B configuration
 /// (`fixtures/hf/nemotron-mini-4b`, as TensorRT-LLM's Nemotron test lists it): its parameters
 /// counted module by module as transformers builds them (Hugging Face shows the checkpoint as
-/// 4.19B), the LayerNorm1P approximation said by `inspect`, and a plan on 8 H100 at seq 4096
+/// 4.19B), the LayerNorm1P approximation said by `inspect` (and in its JSON's `notes`), and a plan on 8 H100 at seq 4096
 /// that codegen lowers within the verifier's memory tolerance.
 #[test]
 fn nemotron_counts_its_modules_and_plans_on_8_h100() {
@@ -112,6 +112,13 @@ fn nemotron_counts_its_modules_and_plans_on_8_h100() {
     let (code, out, _) = plait(&["inspect", &cfg]);
     assert_eq!(code, 0);
     assert!(out.contains("LayerNorm1P"), "{out}");
+    // The JSON carries the same notes, for tools.
+    let notes: Vec<&str> = v["notes"]
+        .as_array()
+        .map(|n| n.iter().filter_map(|x| x.as_str()).collect())
+        .unwrap_or_default();
+    assert!(notes.iter().any(|n| n.contains("LayerNorm1P")), "{v}");
+    assert!(notes.iter().all(|n| out.contains(n)), "{out}");
     let d = dir("nemotron");
     let plan = d.join("plan.json");
     let p = plan.to_string_lossy();
