@@ -108,6 +108,10 @@ pub enum Role {
     Param(ParamId),
     /// The rank's ZeRO slice (flat) of a parameter in compute precision (ZeRO-3 storage).
     ParamSlice(ParamId),
+    /// Transformer Engine's FP8 copy of a parameter's local shard (its ZeRO slice under
+    /// ZeRO-3), kept beside the 16-bit one by an FP8 plan's GPU engine: memory only, as
+    /// plait's kernels read the 16-bit weights.
+    Fp8Copy(ParamId),
     /// fp32 master weights (mixed precision), full local shard (ZeRO-0) or ZeRO slice.
     Master(ParamId),
     OptM(ParamId),
@@ -136,6 +140,7 @@ impl Role {
         match self {
             Role::Param(_) => "param",
             Role::ParamSlice(_) => "param_slice",
+            Role::Fp8Copy(_) => "fp8_copy",
             Role::Master(_) => "master",
             Role::OptM(_) => "opt_m",
             Role::OptV(_) => "opt_v",

@@ -83,6 +83,17 @@ impl<'a> Stage<'a> {
                     None,
                 )
             };
+            if self.plan.strategy.precision.is_fp8() {
+                // Transformer Engine's FP8 copy of the weight, as the planner counts it (its
+                // transpose is rebuilt when needed): resident, one byte an element.
+                let copy = if self.zero >= 3 {
+                    vec![per]
+                } else {
+                    shape.clone()
+                };
+                self.b
+                    .alloc(format!("w.{name}.fp8"), Elem::U8, copy, Role::Fp8Copy(pid));
+            }
             let state_shape = if self.zero >= 1 {
                 vec![per]
             } else {

@@ -533,9 +533,9 @@ impl<'s, B: Backend, C: Communicator> Executor<'s, B, C> {
     }
 
     fn skipped(&self, b: BufferId) -> bool {
-        self.tpl
-            .buffer(b)
-            .is_some_and(|d| matches!(d.role, Role::Reserve | Role::Saved) || d.elem == Elem::U8)
+        self.tpl.buffer(b).is_some_and(|d| {
+            matches!(d.role, Role::Reserve | Role::Saved | Role::Fp8Copy(_)) || d.elem == Elem::U8
+        })
     }
 
     fn get(&self, b: BufferId) -> Result<&B::Buffer, RuntimeError> {

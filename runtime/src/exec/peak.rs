@@ -22,7 +22,7 @@ pub struct PeakAt {
 /// The class of memory a buffer of `role` is, as the plan's peak itemizes it.
 pub fn role_class(role: &Role) -> &'static str {
     match role {
-        Role::Param(_) | Role::ParamSlice(_) => "parameters",
+        Role::Param(_) | Role::ParamSlice(_) | Role::Fp8Copy(_) => "parameters",
         Role::Master(_) => "master weights",
         Role::OptM(_) | Role::OptV(_) => "optimizer state",
         Role::Grad(_) | Role::GradSlice(_) | Role::GradPart(_) => "gradients",
