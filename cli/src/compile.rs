@@ -254,48 +254,128 @@ impl Lowering<'_, '_> {
     }
 }
 
+impl Lowering<'_, '_> {
+    /// Where a plan's program would not fit the GPU, its template's peak and stage. The
+    /// verifier holds a program within [`crate::codegen::MEMORY_TOLERANCE`] of the plan, so
+    /// only a plan that close to the card's capacity is lowered to see (a program that does
+    /// not lower is left to `plait codegen` to report).
+    fn program_over_the_gpu(&self, plan: &Plan) -> Option<(f64, u32)> {
+        let capacity = self.cluster.memory_bytes();
+        let tolerance = crate::codegen::MEMORY_TOLERANCE;
+        if plan.predicted.peak_memory_bytes <= capacity / (1.0 + tolerance) {
+            return None;
+        }
+        let check = |set: &codegen::ProgramSet| {
+            codegen::verify::verify_with(
+                set,
+                codegen::verify::Options {
+                    memory_tolerance: Some(tolerance),
+                },
+            )
+        };
+        let (_, report, _) =
+            codegen::lower_checked(plan, self.info.graph, codegen::Options::default(), check)
+                .ok()?;
+        report
+            .memory
+            .iter()
+            .map(|m| (m.program_peak_bytes as f64, m.stage))
+            .filter(|&(peak, _)| peak > capacity)
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    }
+}
+
+/// A strategy's entry among the alternatives once lowered: its time as its program runs, or
+/// why its program does not fit.
+fn as_alternative(cx: &Lowering<'_, '_>, e: &Estimate, over: Option<(f64, u32)>) -> Alternative {
+    let capacity = cx.cluster.memory_bytes();
+    let gib = (1u64 << 30) as f64;
+    let (peak, stage) = over.unwrap_or((e.predicted.peak_memory_bytes, 0));
+    Alternative {
+        strategy: e.strategy.clone(),
+        iteration_time_s: e.predicted.iteration_time_s,
+        fits: over.is_none(),
+        peak_memory_bytes: peak,
+        shortfall_bytes: (peak - capacity).max(0.0),
+        shortfall_stage: stage,
+        reason: over.map_or_else(String::new, |(peak, _)| {
+            format!(
+                "its program peaks at {:.2} GiB, over the {:.2} GiB of a {} (planned {:.2} GiB)",
+                peak / gib,
+                capacity / gib,
+                cx.cluster.gpu.name,
+                e.predicted.peak_memory_bytes / gib
+            )
+        }),
+    }
+}
+
 /// The search ranks strategies by their extractions' prices, where an extraction splits the
 /// work as the memory model does; a winner's program may run another layout (Megatron-LM's,
 /// where the extraction does not lower or its memory breaks the plan's) and cost more than it
-/// was ranked at. So while a fitting alternative was searched faster than the plan as its
-/// program runs, that alternative is lowered and priced the same way, and the faster of the
-/// two is the plan. Every alternative is then worded against the winner, those priced as
-/// lowered said to be.
+/// was ranked at, or, planned within the verifier's tolerance of the card, not fit it. So the
+/// winner is lowered and priced for its program, and while a fitting alternative was searched
+/// faster than the plan as its program runs, that alternative is lowered and priced the same
+/// way; the fastest whose program fits is the plan. Every alternative is then worded against
+/// it, those priced as lowered said to be.
 fn rerank_as_lowered(cx: &Lowering<'_, '_>, r: &mut SearchResult) -> anyhow::Result<Plan> {
-    let (mut plan, mut best) = cx.plan(&r.best)?;
-    let mut lowered = vec![best.strategy.clone()];
-    loop {
-        let t0 = best.predicted.iteration_time_s;
-        let next = r
+    let mut lowered = Vec::new();
+    let mut winner: Option<(Plan, Estimate)> = None;
+    let mut next = Some(r.best.clone());
+    while let Some(searched) = next.take() {
+        lowered.push(searched.strategy.clone());
+        let (p, e) = cx.plan(&searched)?;
+        let over = cx.program_over_the_gpu(&p);
+        let faster = winner
+            .as_ref()
+            .is_none_or(|(_, w)| e.predicted.iteration_time_s < w.predicted.iteration_time_s);
+        if over.is_none() && faster {
+            if let Some((_, old)) = winner.replace((p, e)) {
+                r.alternatives.push(as_alternative(cx, &old, None));
+            }
+        } else {
+            r.alternatives.push(as_alternative(cx, &e, over));
+        }
+        let t0 = winner
+            .as_ref()
+            .map_or(f64::INFINITY, |(_, w)| w.predicted.iteration_time_s);
+        let Some(i) = r
             .alternatives
             .iter()
             .enumerate()
             .filter(|(_, a)| a.fits && a.iteration_time_s < t0 && !lowered.contains(&a.strategy))
             .min_by(|x, y| x.1.iteration_time_s.total_cmp(&y.1.iteration_time_s))
-            .map(|(i, _)| i);
-        let Some(i) = next else { break };
-        let strategy = r.alternatives[i].strategy.clone();
-        lowered.push(strategy.clone());
-        let Ok(searched) = planner::estimate::estimate(cx.info, cx.cluster, cx.gpus, &strategy)
+            .map(|(i, _)| i)
         else {
-            continue;
+            break;
         };
-        let (p, e) = cx.plan(&searched.with_training(cx.cluster, cx.train_tokens))?;
-        let a = &mut r.alternatives[i];
-        a.iteration_time_s = e.predicted.iteration_time_s;
-        a.peak_memory_bytes = e.predicted.peak_memory_bytes;
-        if e.predicted.iteration_time_s < t0 {
-            a.strategy = best.strategy.clone();
-            a.iteration_time_s = t0;
-            a.peak_memory_bytes = best.predicted.peak_memory_bytes;
-            (plan, best) = (p, e);
+        let a = r.alternatives.remove(i);
+        match planner::estimate::estimate(cx.info, cx.cluster, cx.gpus, &a.strategy) {
+            Ok(e) => next = Some(e.with_training(cx.cluster, cx.train_tokens)),
+            Err(_) => {
+                // Kept as searched; never tried again.
+                lowered.push(a.strategy.clone());
+                r.alternatives.push(a);
+            }
         }
     }
+    let Some((mut plan, best)) = winner else {
+        let why = r
+            .alternatives
+            .iter()
+            .find(|a| !a.fits && a.reason.starts_with("its program"))
+            .map_or_else(String::new, |a| {
+                format!(": the fastest plan's {}", a.reason)
+            });
+        anyhow::bail!(
+            "no plan whose program fits the GPU{why}; use more GPUs, or pin more recomputation or a higher ZeRO stage"
+        );
+    };
     let t0 = best.predicted.iteration_time_s;
     let mesh = |s: &planner::Strategy| (s.tp, s.pp, s.dp);
     let same_mesh = |a: &Alternative| mesh(&a.strategy) == mesh(&best.strategy);
     // The runner-up of the winner's mesh first (what the other knobs are worth), then by
-    // time; the out-of-memory plan last.
+    // time; plans that do not fit last.
     r.alternatives.sort_by(|a, b| {
         (!a.fits, !same_mesh(a))
             .cmp(&(!b.fits, !same_mesh(b)))
