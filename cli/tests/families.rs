@@ -34,6 +34,16 @@ fn compile_on_8_h100(cfg: &str, plan: &str) -> (i32, String, String) {
 
 /// [`compile_on_8_h100`] with `pins` (`--tp 2`, ...).
 fn compile_on_8_h100_pinned(cfg: &str, plan: &str, pins: &[&str]) -> (i32, String, String) {
+    compile_8_h100_batch(cfg, plan, "32", pins)
+}
+
+/// `plait compile` of `cfg` on 8 H100 at seq 4096 and `global_batch`, with `pins`.
+fn compile_8_h100_batch(
+    cfg: &str,
+    plan: &str,
+    global_batch: &str,
+    pins: &[&str],
+) -> (i32, String, String) {
     let mut args = vec![
         "compile",
         cfg,
@@ -42,7 +52,7 @@ fn compile_on_8_h100_pinned(cfg: &str, plan: &str, pins: &[&str]) -> (i32, Strin
         "--gpus",
         "8",
         "--global-batch",
-        "32",
+        global_batch,
         "--seq",
         "4096",
         "-o",
@@ -438,20 +448,7 @@ fn no_alternative_is_faster_than_the_plan_as_its_program_runs() {
         "gemma-2-9b",
     ] {
         let plan = d.join(format!("{name}.json")).to_string_lossy().to_string();
-        let (code, out, err) = plait(&[
-            "compile",
-            &config(name),
-            "--cluster",
-            "dgx-h100",
-            "--gpus",
-            "8",
-            "--global-batch",
-            "64",
-            "--seq",
-            "4096",
-            "-o",
-            &plan,
-        ]);
+        let (code, out, err) = compile_8_h100_batch(&config(name), &plan, "64", &[]);
         assert_eq!(code, 0, "{name}: {out}{err}");
         assert!(!out.contains("faster by"), "{name}: {out}");
         let v: serde_json::Value =
@@ -491,26 +488,7 @@ fn fp8_plans_of_expert_models_lower_within_the_planners_memory() {
         "--precision",
         "fp8",
     ];
-    let (code, out, err) = plait(
-        &[
-            &[
-                "compile",
-                &config("deepseek-v2-lite"),
-                "--cluster",
-                "dgx-h100",
-                "--gpus",
-                "8",
-                "--global-batch",
-                "64",
-                "--seq",
-                "4096",
-                "-o",
-                &plan,
-            ][..],
-            &pins[..],
-        ]
-        .concat(),
-    );
+    let (code, out, err) = compile_8_h100_batch(&config("deepseek-v2-lite"), &plan, "64", &pins);
     assert!(code == 0 && out.contains("fits"), "{out}{err}");
     let (code, out, err) = codegen(&plan, &d.join("programs"));
     assert_eq!(code, 0, "{out}{err}");
@@ -544,22 +522,12 @@ fn fp8_plans_of_expert_models_lower_within_the_planners_memory() {
 fn compile_writes_no_plan_whose_program_exceeds_the_gpu() {
     let d = dir("qwen3-moe-fp8");
     let plan = d.join("plan.json").to_string_lossy().to_string();
-    let (code, out, err) = plait(&[
-        "compile",
+    let (code, out, err) = compile_8_h100_batch(
         &config("qwen3-30b-a3b"),
-        "--cluster",
-        "dgx-h100",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "64",
-        "--seq",
-        "4096",
-        "--precision",
-        "fp8",
-        "-o",
         &plan,
-    ]);
+        "64",
+        &["--precision", "fp8"],
+    );
     assert!(code == 0 && out.contains("fits"), "{out}{err}");
     for line in out.lines().filter(|l| l.contains("its program peaks at")) {
         let gib = |after: &str| -> f64 {
