@@ -285,6 +285,19 @@ impl Lowering<'_, '_> {
     }
 }
 
+/// An alternative priced as searched (one whose lowering failed).
+fn searched_alternative(e: &Estimate) -> Alternative {
+    Alternative {
+        strategy: e.strategy.clone(),
+        iteration_time_s: e.predicted.iteration_time_s,
+        fits: e.predicted.fits,
+        peak_memory_bytes: e.predicted.peak_memory_bytes,
+        shortfall_bytes: 0.0,
+        shortfall_stage: 0,
+        reason: String::new(),
+    }
+}
+
 /// A strategy's entry among the alternatives once lowered: its time as its program runs, or
 /// why its program does not fit.
 fn as_alternative(cx: &Lowering<'_, '_>, e: &Estimate, over: Option<(f64, u32)>) -> Alternative {
@@ -319,22 +332,34 @@ fn as_alternative(cx: &Lowering<'_, '_>, e: &Estimate, over: Option<(f64, u32)>)
 /// way; the fastest whose program fits is the plan. Every alternative is then worded against
 /// it, those priced as lowered said to be.
 fn rerank_as_lowered(cx: &Lowering<'_, '_>, r: &mut SearchResult) -> anyhow::Result<Plan> {
+    // Strategies priced as their programs run, and those tried (lowered, or whose estimate
+    // failed and keep their searched price).
     let mut lowered = Vec::new();
+    let mut tried = Vec::new();
     let mut winner: Option<(Plan, Estimate)> = None;
     let mut next = Some(r.best.clone());
     while let Some(searched) = next.take() {
-        lowered.push(searched.strategy.clone());
-        let (p, e) = cx.plan(&searched)?;
-        let over = cx.program_over_the_gpu(&p);
-        let faster = winner
-            .as_ref()
-            .is_none_or(|(_, w)| e.predicted.iteration_time_s < w.predicted.iteration_time_s);
-        if over.is_none() && faster {
-            if let Some((_, old)) = winner.replace((p, e)) {
-                r.alternatives.push(as_alternative(cx, &old, None));
+        let first = tried.is_empty();
+        tried.push(searched.strategy.clone());
+        match cx.plan(&searched) {
+            Ok((p, e)) => {
+                lowered.push(searched.strategy.clone());
+                let over = cx.program_over_the_gpu(&p);
+                let faster = winner.as_ref().is_none_or(|(_, w)| {
+                    e.predicted.iteration_time_s < w.predicted.iteration_time_s
+                });
+                if over.is_none() && faster {
+                    if let Some((_, old)) = winner.replace((p, e)) {
+                        r.alternatives.push(as_alternative(cx, &old, None));
+                    }
+                } else {
+                    r.alternatives.push(as_alternative(cx, &e, over));
+                }
             }
-        } else {
-            r.alternatives.push(as_alternative(cx, &e, over));
+            // The search's winner must price as lowered; an alternative that does not keeps
+            // its searched price.
+            Err(err) if first => return Err(err),
+            Err(_) => r.alternatives.push(searched_alternative(&searched)),
         }
         let t0 = winner
             .as_ref()
@@ -343,7 +368,7 @@ fn rerank_as_lowered(cx: &Lowering<'_, '_>, r: &mut SearchResult) -> anyhow::Res
             .alternatives
             .iter()
             .enumerate()
-            .filter(|(_, a)| a.fits && a.iteration_time_s < t0 && !lowered.contains(&a.strategy))
+            .filter(|(_, a)| a.fits && a.iteration_time_s < t0 && !tried.contains(&a.strategy))
             .min_by(|x, y| x.1.iteration_time_s.total_cmp(&y.1.iteration_time_s))
             .map(|(i, _)| i)
         else {
@@ -354,7 +379,7 @@ fn rerank_as_lowered(cx: &Lowering<'_, '_>, r: &mut SearchResult) -> anyhow::Res
             Ok(e) => next = Some(e.with_training(cx.cluster, cx.train_tokens)),
             Err(_) => {
                 // Kept as searched; never tried again.
-                lowered.push(a.strategy.clone());
+                tried.push(a.strategy.clone());
                 r.alternatives.push(a);
             }
         }

@@ -286,8 +286,9 @@ fn relayout(b: &mut B, x: SVal, to: Lay) -> Result<SVal, String> {
     Ok(y)
 }
 
-/// The op each rank runs on its operands' layouts, and the bias a row-parallel product adds
-/// after its reduction.
+/// The op each rank runs on its operands' layouts, and, for a biased product whose bias the
+/// extraction adds in another layout than the product comes out in, that bias and the
+/// product's layout (the product is brought into the result's layout, then the bias added).
 fn local_kind(
     b: &mut B,
     o: OpId,
@@ -307,12 +308,7 @@ fn local_kind(
             let r = rank(b, ins[0]);
             let product = product_layout(lay_of(b, ins[0]), lay_of(b, ins[1]), r)
                 .ok_or("a product of operands in layouts no rule multiplies")?;
-            if product == out {
-                return Ok((kind, None));
-            }
-            // The extraction moves the product (a row-parallel partial sum, or a piece along
-            // another axis than the bias's) before adding the bias: the product, brought
-            // into the bias's layout, then the bias.
+            // Every rank adds the bias: to a partial sum it would be counted tp times.
             if out == Lay::Partial {
                 return Err("a bias added to a partial sum".into());
             }
@@ -326,6 +322,12 @@ fn local_kind(
                     lay_of(b, ins[2])
                 ));
             }
+            if product == out {
+                return Ok((kind, None));
+            }
+            // The extraction moves the product (a row-parallel partial sum, or a piece along
+            // another axis than the bias's) before adding the bias: the product, brought
+            // into the bias's layout, then the bias.
             Ok((OpKind::Linear { bias: false }, Some((ins[2], product))))
         }
         OpKind::Attention {

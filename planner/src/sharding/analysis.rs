@@ -421,7 +421,13 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
                 R => tensor(ty, R),
                 // Rank r holds the r-th contiguous run of every row of the dimensions before
                 // the split axis; a reshape that keeps those dimensions keeps the runs.
-                S(d) if d.blocks == 1 && same_prefix(&x.ty, &ty, d.axis) => sharded(ty, d)?,
+                S(d) if d.blocks == 1
+                    && same_prefix(&x.ty, &ty, d.axis)
+                    && !ctx.pads(&x.ty, d)
+                    && !ctx.pads(&ty, d) =>
+                {
+                    sharded(ty, d)?
+                }
                 _ => return fail(),
             }
         }

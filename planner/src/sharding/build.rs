@@ -211,7 +211,8 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
         }
     }
     // Seeds: under sequence parallelism every value of the residual stream's type (the type of
-    // the block's input and output), and every norm's output, may live on sequence shards, so norms, dropout and residual
+    // the block's input and output), and each norm's `[batch, seq, width]` output, may live on
+    // sequence shards, so norms, dropout and residual
     // adds can run there and all-gathers sit right before the column-parallel linears. (Seeding
     // every activation too — the 4h-wide MLP inside, QKV — only adds layouts that lose, and
     // makes the ILP slower.) With the batch split allowed, every batched value may live on

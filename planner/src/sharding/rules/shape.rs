@@ -4,7 +4,8 @@
 //!
 //! - `reshape-prefix`: a reshape that keeps the dimensions before the split axis keeps each
 //!   rank's contiguous run of every row behind them (`[b, s, h·d] ↔ [b, s, h, d]` split by
-//!   heads). The analysis checks the prefix and that the new axis divides.
+//!   heads). The analysis checks the prefix and that the axis divides on both sides (a padded
+//!   split never passes: the pieces would not line up).
 //! - `slice-other`, `concat-other`: a slice or concatenation along an axis the group does not
 //!   split (a head's first 128 features, rotary and non-rotary parts joined per head).
 //! - `expand-other`: a broadcast along axes the group does not split. (A split of the
