@@ -371,11 +371,23 @@ fn deepseek_v2_lite_plans_and_lowers_on_8_h100() {
     assert!(code == 0 && out.contains("fits"), "{out}{err}");
     let (code, out, err) = codegen(&plan, &d.join("programs"));
     assert_eq!(code, 0, "codegen {out}{err}");
+    // Megatron-LM builds it (latent attention, the first dense layer, then expert layers).
+    let megatron = d.join("megatron.json").to_string_lossy().to_string();
+    let (code, out, err) = compile_on_8_h100_pinned(&cfg, &megatron, &["--target", "megatron"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = plait(&["export", "--to", "megatron", &megatron]);
+    assert_eq!(code, 0, "{err}");
+    for flag in [
+        "--multi-latent-attention",
+        "--moe-layer-freq '([0]*1+[1]*26)'",
+    ] {
+        assert!(out.contains(flag), "{flag} missing: {out}");
+    }
     // An engine that cannot build it is said at compile, not after a plan is written.
-    let targeted = d.join("megatron.json").to_string_lossy().to_string();
-    let (code, out, err) = compile_on_8_h100_pinned(&cfg, &targeted, &["--target", "megatron"]);
+    let targeted = d.join("torchtitan.json").to_string_lossy().to_string();
+    let (code, out, err) = compile_on_8_h100_pinned(&cfg, &targeted, &["--target", "torchtitan"]);
     assert_eq!(code, 2, "{out}{err}");
-    assert!(err.contains("dense layers before expert layers"), "{err}");
+    assert!(err.contains("torchtitan cannot run"), "{err}");
     assert!(
         !std::path::Path::new(&targeted).exists(),
         "no plan is written"

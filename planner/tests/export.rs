@@ -141,35 +141,77 @@ fn int(v: &HashMap<String, String>, flag: &str) -> u64 {
         .unwrap()
 }
 
+/// Megatron's `moe_freq_type`: an integer N (an expert layer every N layers) or a list
+/// expression of the form plait writes, `([0]*3+[1]*58)`, as the layers' pattern.
+fn moe_layer_pattern(value: &str, layers: u64) -> Vec<bool> {
+    if let Ok(n) = value.parse::<u64>() {
+        return (0..layers).map(|i| i % n == 0).collect();
+    }
+    let inner = value
+        .strip_prefix('(')
+        .and_then(|v| v.strip_suffix(')'))
+        .unwrap_or(value);
+    let mut pattern = Vec::new();
+    for term in inner.split('+') {
+        let (item, times) = term.split_once('*').unwrap_or((term, "1"));
+        let kind = item.trim_matches(|c| c == '[' || c == ']');
+        assert!(
+            kind == "0" || kind == "1",
+            "{value}: {item} is not [0] or [1]"
+        );
+        pattern.extend(std::iter::repeat_n(kind == "1", times.parse().unwrap()));
+    }
+    assert_eq!(pattern.len() as u64, layers, "{value}: one entry per layer");
+    pattern
+}
+
+fn float(v: &HashMap<String, String>, flag: &str) -> Option<f64> {
+    v.get(flag).map(|x| x.parse().unwrap())
+}
+
 /// Megatron-LM's own parameter count from its arguments (`compute_weight_and_optimizer_memory`
-/// in `megatron/training/theoretical_memory_usage.py`): attention and MLP weights, two norms
-/// per layer and the final norm at 2·h each (LayerNorm with its bias), the embedding (twice
-/// when untied). It leaves out linear biases, routers and a learned position table and counts
-/// an RMSNorm as a LayerNorm with its bias: within a few 1e-4 of the whole count.
+/// in `megatron/training/theoretical_memory_usage.py` at core_v0.15.0): attention (its
+/// multi-latent form's projections and latent norms), dense and expert MLPs by the layers'
+/// `--moe-layer-freq` pattern, two norms per layer and the final norm at 2·h each (LayerNorm
+/// with its bias), the embedding (twice when untied). It leaves out linear biases, routers
+/// and a learned position table and counts an RMSNorm as a LayerNorm with its bias: within a
+/// few 1e-4 of the whole count.
 fn megatron_parameters(v: &HashMap<String, String>) -> f64 {
-    let (l, h) = (
-        int(v, "--num-layers") as f64,
-        int(v, "--hidden-size") as f64,
-    );
+    let (l, h) = (int(v, "--num-layers"), int(v, "--hidden-size") as f64);
     let heads = int(v, "--num-attention-heads") as f64;
-    let groups = v
-        .get("--num-query-groups")
-        .map_or(heads, |g| g.parse::<f64>().unwrap());
-    let ffn = int(v, "--ffn-hidden-size") as f64;
-    let experts = v
-        .get("--num-experts")
-        .map_or(1.0, |e| e.parse::<f64>().unwrap());
-    let shared = v
-        .get("--moe-shared-expert-intermediate-size")
-        .map_or(0.0, |f| f.parse::<f64>().unwrap());
+    let groups = float(v, "--num-query-groups").unwrap_or(heads);
     // The query projection's width over the hidden size (`--kv-channels` × heads).
-    let q_ratio = v
-        .get("--kv-channels")
-        .map_or(1.0, |d| d.parse::<f64>().unwrap() * heads / h);
+    let q_ratio = float(v, "--kv-channels").map_or(1.0, |d| d * heads / h);
     let gated = if v.contains_key("--swiglu") { 1.5 } else { 1.0 };
-    let mlp = (ffn * experts + shared) / h * gated;
-    let layers =
-        2.0 * l * h * h * ((1.0 + groups / heads) * q_ratio + mlp + 2.0 / h + 1.0 / (l * h));
+    let ffn = int(v, "--ffn-hidden-size") as f64;
+    let shared = float(v, "--moe-shared-expert-intermediate-size").unwrap_or(0.0);
+    let (experts, moe_ffn, pattern) = match float(v, "--num-experts") {
+        Some(e) => (
+            e,
+            float(v, "--moe-ffn-hidden-size").unwrap_or(ffn),
+            moe_layer_pattern(v.get("--moe-layer-freq").map_or("1", String::as_str), l),
+        ),
+        None => (1.0, 0.0, vec![false; l as usize]),
+    };
+    let attention = if v.contains_key("--multi-latent-attention") {
+        let dim = |f: &str| float(v, f).unwrap();
+        let (qk, pos, vd) = (
+            dim("--qk-head-dim"),
+            dim("--qk-pos-emb-head-dim"),
+            dim("--v-head-dim"),
+        );
+        let q = match float(v, "--q-lora-rank") {
+            None => h * heads * (qk + pos),
+            Some(r) => r * (h + heads * (qk + pos) + 1.0),
+        };
+        q + dim("--kv-lora-rank") * (h + heads * (qk + vd) + 1.0) + h * pos + heads * vd * h
+    } else {
+        2.0 * h * h * (1.0 + groups / heads) * q_ratio
+    };
+    let dense = 2.0 * h * (ffn * gated + 2.0) + attention;
+    let moe = 2.0 * h * (moe_ffn * experts * gated + shared * gated + 2.0) + attention;
+    let moe_layers = pattern.iter().filter(|&&m| m).count() as f64;
+    let block = dense * (l as f64 - moe_layers) + moe * moe_layers + 2.0 * h;
     // NullTokenizer's vocabulary is --vocab-size + 1 (its end-of-document id).
     let vocab = (int(v, "--vocab-size") + 1) as f64;
     let tables = if v.contains_key("--untie-embeddings-and-output-weights") {
@@ -177,7 +219,7 @@ fn megatron_parameters(v: &HashMap<String, String>) -> f64 {
     } else {
         1.0
     };
-    layers + tables * h * vocab
+    block + tables * h * vocab
 }
 
 #[test]
@@ -317,6 +359,117 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
             }
             other => panic!("{name}: {other:?}"),
         }
+    }
+}
+
+/// NVIDIA's own Megatron-LM model arguments for DeepSeek-V2-Lite and DeepSeek-R1 (V3's
+/// architecture), in core_v0.15.0's `examples/post_training/modelopt/conf/deepseek-ai/
+/// {DeepSeek-V2-Lite,DeepSeek-R1}.sh`: the flags plait's export must give for the published
+/// config.json files. Left out of the comparison: their tokenizer's vocabulary padding, the
+/// load-balancing settings (aux-loss coefficients, V3's `--moe-router-enable-expert-bias`,
+/// whose bias plait holds at zero, as it starts), `--kv-channels` (MLA ignores it) and a
+/// `--moe-router-pre-softmax` beside a sigmoid score (which it ignores).
+const NVIDIA_DEEPSEEK: [(&str, &[(&str, &str)]); 2] = [
+    (
+        "deepseek-v2-lite",
+        &[
+            ("--num-layers", "27"),
+            ("--hidden-size", "2048"),
+            ("--ffn-hidden-size", "10944"),
+            ("--num-attention-heads", "16"),
+            ("--multi-latent-attention", ""),
+            ("--kv-lora-rank", "512"),
+            ("--v-head-dim", "128"),
+            ("--qk-head-dim", "128"),
+            ("--qk-layernorm", ""),
+            ("--qk-pos-emb-head-dim", "64"),
+            ("--num-experts", "64"),
+            ("--moe-layer-freq", "([0]+[1]*26)"),
+            ("--moe-ffn-hidden-size", "1408"),
+            ("--moe-router-topk", "6"),
+            ("--moe-router-pre-softmax", ""),
+            ("--moe-shared-expert-intermediate-size", "2816"),
+            ("--normalization", "RMSNorm"),
+            ("--norm-epsilon", "1e-6"),
+            ("--swiglu", ""),
+            ("--disable-bias-linear", ""),
+            ("--untie-embeddings-and-output-weights", ""),
+            ("--position-embedding-type", "rope"),
+            ("--rotary-base", "10000"),
+            ("--rotary-scaling-factor", "40"),
+            ("--mscale", "0.707"),
+            ("--mscale-all-dim", "0.707"),
+        ],
+    ),
+    (
+        "deepseek-v3",
+        &[
+            ("--num-layers", "61"),
+            ("--hidden-size", "7168"),
+            ("--ffn-hidden-size", "18432"),
+            ("--num-attention-heads", "128"),
+            ("--multi-latent-attention", ""),
+            ("--kv-lora-rank", "512"),
+            ("--v-head-dim", "128"),
+            ("--q-lora-rank", "1536"),
+            ("--qk-head-dim", "128"),
+            ("--qk-layernorm", ""),
+            ("--qk-pos-emb-head-dim", "64"),
+            ("--num-experts", "256"),
+            ("--moe-layer-freq", "[0]*3+[1]*58"),
+            ("--moe-ffn-hidden-size", "2048"),
+            ("--moe-router-score-function", "sigmoid"),
+            ("--moe-router-topk", "8"),
+            ("--moe-router-num-groups", "8"),
+            ("--moe-router-group-topk", "4"),
+            ("--moe-router-topk-scaling-factor", "2.5"),
+            ("--moe-shared-expert-intermediate-size", "2048"),
+            ("--normalization", "RMSNorm"),
+            ("--swiglu", ""),
+            ("--disable-bias-linear", ""),
+            ("--untie-embeddings-and-output-weights", ""),
+            ("--position-embedding-type", "rope"),
+            ("--rotary-base", "10000"),
+            ("--rotary-scaling-factor", "40"),
+            ("--mscale", "1.0"),
+            ("--mscale-all-dim", "1.0"),
+        ],
+    ),
+];
+
+/// DeepSeek-V2-Lite and V3 (multi-head latent attention with YaRN, dense layers before the
+/// expert layers, shared experts, routed scaling, group-limited sigmoid routing) export with
+/// NVIDIA's own arguments for those models and Megatron's own parameter count within 1e-3.
+#[test]
+fn deepseek_exports_as_nvidias_own_megatron_arguments() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
+    for (name, reference) in NVIDIA_DEEPSEEK {
+        let spec = import::hf::read_config(&fixtures.join(name).join("config.json")).unwrap();
+        let p = plan_of(&spec, name, "dgx-h100", &strategy(8, 1, 4, 1, 64, 4096));
+        let e = planner::export::export(&p, Engine::Megatron).unwrap();
+        let v = check_args(&e.args);
+        let layers = int(&v, "--num-layers");
+        for (flag, theirs) in reference {
+            let ours = v
+                .get(*flag)
+                .unwrap_or_else(|| panic!("{name}: {flag} missing from {:?}", e.args));
+            let same = match (ours.parse::<f64>(), theirs.parse::<f64>()) {
+                (Ok(a), Ok(b)) => (a - b).abs() <= 1e-9 * b.abs(),
+                _ if *flag == "--moe-layer-freq" => {
+                    moe_layer_pattern(ours, layers) == moe_layer_pattern(theirs, layers)
+                }
+                _ => ours == theirs,
+            };
+            assert!(same, "{name}: {flag} {ours}, NVIDIA's {theirs}");
+        }
+        assert!(!v.contains_key("--kv-channels"), "{name}");
+        assert!(!v.contains_key("--rotary-percent"), "{name}");
+        let (ours, theirs) = (p.model.params as f64, megatron_parameters(&v));
+        println!("{name}: parameters {ours:.6e} plait, {theirs:.6e} Megatron");
+        assert!(
+            ((ours - theirs) / ours).abs() < 1e-3,
+            "{name}: Megatron builds {theirs:.6e} parameters, plait counts {ours:.6e}"
+        );
     }
 }
 
@@ -759,5 +912,23 @@ fn megatron_rope_scaling_is_stated_or_refused() {
     assert!(
         matches!(yarn, Err(PlanError::Unexportable { ref feature, .. }) if feature.contains("Yarn")),
         "{yarn:?}"
+    );
+    // Latent attention's YaRN over other than the 4096 original positions MLA fixes.
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
+    let mut lite = import::hf::read_config(&fixtures.join("deepseek-v2-lite/config.json")).unwrap();
+    if let ir::RopeScaling::Yarn { original_max, .. } = &mut lite.rope_scaling {
+        *original_max = 8192.0;
+    }
+    let p = plan_of(
+        &lite,
+        "deepseek-v2-lite",
+        "dgx-h100",
+        &strategy(1, 1, 8, 1, 64, 4096),
+    );
+    let refused = planner::export::export(&p, Engine::Megatron);
+    assert!(
+        matches!(refused, Err(PlanError::Unexportable { ref feature, .. })
+            if feature.contains("latent attention") && feature.contains("8192")),
+        "{refused:?}"
     );
 }

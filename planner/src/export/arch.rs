@@ -4,6 +4,7 @@
 
 use ir::{Graph, OpId, OpKind, RopeScaling, Routing};
 
+pub use super::latent::Latent;
 use crate::error::PlanError;
 use crate::model::ModelInfo;
 
@@ -56,6 +57,15 @@ pub struct Architecture {
     pub experts_per_token: u64,
     /// How the router weighs the experts it picks (Mixtral's for a dense MLP).
     pub routing: Routing,
+    /// A factor on the routed experts' weighted sum (DeepSeek's `routed_scaling_factor`).
+    pub routed_scale: Option<f64>,
+    /// Multi-head latent attention's widths (DeepSeek-V2 and V3).
+    pub latent: Option<Latent>,
+    /// Where dense layers and expert layers alternate, each run's kind (experts or not) and
+    /// length in order (DeepSeek's first dense layers); empty where every layer is alike.
+    pub moe_layers: Vec<(bool, u32)>,
+    /// The dense layers' MLP width where the block also has expert layers.
+    pub dense_ffn: Option<u64>,
 }
 
 fn kinds<'g>(g: &'g Graph, ops: &'g [OpId]) -> impl Iterator<Item = &'g OpKind> + 'g {
@@ -75,18 +85,17 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             .into(),
     };
     if !info.layer_runs.is_empty() {
-        return Err(refuse(
-            "layers of more than one structure (dense layers before expert layers)",
-        ));
+        return read_runs(info, engine);
     }
-    let latent = info.layer_ops.iter().any(|&o| {
+    let latent = super::latent::read(g, &info.layer_ops);
+    let narrower_values = info.layer_ops.iter().any(|&o| {
         let op = g.op(o);
-        let width = |v: ir::ValueId| g.ty(v).shape.last().and_then(|d| d.fixed());
-        matches!(op.kind, OpKind::Attention { .. }) && width(op.inputs[0]) != width(op.results[0])
+        matches!(op.kind, OpKind::Attention { .. })
+            && last_width(g, op.inputs[0]) != last_width(g, op.results[0])
     });
-    if latent {
+    if narrower_values && latent.is_none() {
         return Err(refuse(
-            "multi-head latent attention (value heads narrower than query heads)",
+            "value heads narrower than query heads outside multi-head latent attention",
         ));
     }
     if layer.iter().any(|k| {
@@ -103,7 +112,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         ));
     }
     let qkv = QkvPaths::of(g, &info.layer_ops);
-    refuse_unexpressed(info, &layer, &qkv).map_err(refuse)?;
+    refuse_unexpressed(info, &layer, &qkv, latent.as_ref()).map_err(refuse)?;
     let norm = layer.iter().find_map(|k| match k {
         OpKind::RmsNorm { eps } => Some((true, *eps)),
         OpKind::LayerNorm { eps } => Some((false, *eps)),
@@ -171,7 +180,12 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         norm_eps,
         swiglu,
         squared_relu,
-        rotary_share: rotary_share(g, &info.layer_ops, qkv.head_dim),
+        // Latent attention's rotary part is a head of its own (`--qk-pos-emb-head-dim`).
+        rotary_share: if latent.is_some() {
+            1.0
+        } else {
+            rotary_share(g, &info.layer_ops, qkv.head_dim)
+        },
         head_dim: qkv.head_dim.unwrap_or(info.hidden / info.heads.max(1)),
         qkv_bias: qkv.biased(g, true),
         other_bias: other_linears(g, &info.layer_ops, &qkv.linears).any(|b| b),
@@ -189,7 +203,82 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         experts,
         experts_per_token,
         routing,
+        routed_scale: routed_scale(g, &info.layer_ops),
+        latent,
+        moe_layers: Vec::new(),
+        dense_ffn: None,
     })
+}
+
+/// A block of runs of layers (DeepSeek's dense layers, then its expert layers): the engines
+/// build it where the runs differ only in their MLP, dense or routed experts, each kind one
+/// width.
+fn read_runs(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, PlanError> {
+    let refuse = |feature: String| PlanError::Unexportable {
+        engine,
+        feature,
+        limit: "its layers differ only in their MLP, dense or experts, each of one width".into(),
+    };
+    let runs = info
+        .layer_runs
+        .iter()
+        .map(|r| Ok((read(&r.info, engine)?, r.info.layers)))
+        .collect::<Result<Vec<_>, PlanError>>()?;
+    let Some((moe, _)) = runs.iter().find(|(a, _)| a.experts > 0) else {
+        return Err(refuse(
+            "dense layers of more than one structure (no expert layers)".into(),
+        ));
+    };
+    let dense: Vec<u64> = runs
+        .iter()
+        .filter(|(a, _)| a.experts == 0)
+        .map(|(a, _)| a.ffn)
+        .collect();
+    if dense.windows(2).any(|w| w[0] != w[1]) {
+        return Err(refuse(format!("dense MLPs of widths {dense:?}")));
+    }
+    let first = runs.first().map(|(a, _)| a.clone());
+    for (a, _) in &runs {
+        if without_mlp(a) != without_mlp(first.as_ref().unwrap_or(a)) || (a.experts > 0 && a != moe)
+        {
+            return Err(refuse(
+                "layers of more than one structure beyond dense and expert MLPs".into(),
+            ));
+        }
+    }
+    Ok(Architecture {
+        layers: info.layers,
+        moe_layers: runs.iter().map(|(a, n)| (a.experts > 0, *n)).collect(),
+        dense_ffn: dense.first().copied(),
+        ..moe.clone()
+    })
+}
+
+/// `a` with its MLP's fields and length cleared: what dense and expert layers share.
+fn without_mlp(a: &Architecture) -> Architecture {
+    Architecture {
+        layers: 0,
+        ffn: 0,
+        shared_expert_ffn: None,
+        experts: 0,
+        experts_per_token: 0,
+        routing: Routing::default(),
+        routed_scale: None,
+        ..a.clone()
+    }
+}
+
+/// The factor on the routed experts' sum: a scale op reading the expert op's result.
+fn routed_scale(g: &Graph, ops: &[OpId]) -> Option<f64> {
+    ops.iter().find_map(|&o| match g.op(o).kind {
+        OpKind::Scale { factor } if reads_experts(g, ops, g.op(o).inputs[0]) => Some(factor),
+        _ => None,
+    })
+}
+
+fn reads_experts(g: &Graph, ops: &[OpId], v: ir::ValueId) -> bool {
+    let d = g.def_op(v);
+    ops.contains(&d) && matches!(g.op(d).kind, OpKind::MoeExperts { .. })
 }
 
 /// The share of a head the first rotary embedding among `ops` turns: the width it reads over
@@ -319,6 +408,7 @@ fn refuse_unexpressed(
     info: &ModelInfo<'_>,
     layer: &[&OpKind],
     qkv: &QkvPaths,
+    latent: Option<&Latent>,
 ) -> Result<(), &'static str> {
     let g = info.graph;
     if qkv.linears.is_empty() {
@@ -337,7 +427,7 @@ fn refuse_unexpressed(
         .iter()
         .filter(|k| matches!(k, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }))
         .count();
-    if norms > 2 + qkv.norms {
+    if norms > 2 + qkv.norms + latent.map_or(0, super::latent::norms) {
         return Err("norms after attention and the MLP as well as before them (Gemma 2 and 3)");
     }
     if kinds(g, &info.pre_ops).any(|k| matches!(k, OpKind::Scale { .. })) {
@@ -352,22 +442,25 @@ fn refuse_unexpressed(
     if kinds(g, &info.post_ops).any(|k| matches!(k, OpKind::Scale { .. })) {
         return Err("scaled logits (Granite's logits_scaling)");
     }
-    if layer.iter().any(|k| matches!(k, OpKind::Scale { .. })) {
-        return Err(
-            "scaled residual branches or expert sums (Granite's residual_multiplier, \
-                    DeepSeek-V3's routed_scaling_factor)",
-        );
+    let scales = layer
+        .iter()
+        .filter(|k| matches!(k, OpKind::Scale { .. }))
+        .count();
+    if scales > usize::from(routed_scale(g, &info.layer_ops).is_some()) {
+        return Err("scaled residual branches (Granite's residual_multiplier)");
     }
     let routed = layer.iter().any(|k| matches!(k, OpKind::MoeExperts { .. }));
     if routed && layer.iter().any(|k| matches!(k, OpKind::Sigmoid)) {
         return Err("a shared expert behind a sigmoid gate (Qwen2-MoE's shared_expert_gate)");
     }
-    let standard = layer.iter().all(|k| match k {
-        OpKind::Attention { scale, .. } => qkv
-            .head_dim
-            .is_none_or(|d| (scale * (d as f64).sqrt() - 1.0).abs() < 1e-6),
-        _ => true,
-    });
+    // Latent attention's scale carries YaRN's mscale (the engine's own rule: megatron.rs).
+    let standard = latent.is_some()
+        || layer.iter().all(|k| match k {
+            OpKind::Attention { scale, .. } => qkv
+                .head_dim
+                .is_none_or(|d| (scale * (d as f64).sqrt() - 1.0).abs() < 1e-6),
+            _ => true,
+        });
     if !standard {
         return Err("a softmax scale other than 1/sqrt(head size) (query_pre_attn_scalar)");
     }

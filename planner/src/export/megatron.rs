@@ -6,7 +6,7 @@
 
 use ir::RopeScaling;
 
-use super::arch::{Architecture, Positions};
+use super::arch::{Architecture, Latent, Positions};
 use crate::error::PlanError;
 use crate::plan::Plan;
 use crate::precision::Precision;
@@ -64,10 +64,12 @@ fn rope_scaling_args(scaling: RopeScaling, args: &mut Vec<String>) -> Result<(),
 fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), PlanError> {
     push(args, "--num-layers", a.layers);
     push(args, "--hidden-size", a.hidden);
-    push(args, "--ffn-hidden-size", a.ffn);
+    push(args, "--ffn-hidden-size", a.dense_ffn.unwrap_or(a.ffn));
     push(args, "--num-attention-heads", a.heads);
-    // Heads whose width is not hidden / heads (Qwen3, Mistral-Nemo, Gemma).
-    if a.head_dim * a.heads != a.hidden {
+    if let Some(l) = &a.latent {
+        latent_args(l, args);
+    } else if a.head_dim * a.heads != a.hidden {
+        // Heads whose width is not hidden / heads (Qwen3, Mistral-Nemo, Gemma).
         push(args, "--kv-channels", a.head_dim);
     }
     if a.qk_norm {
@@ -92,7 +94,10 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
                 push(args, "--rotary-percent", a.rotary_share);
             }
             push(args, "--max-position-embeddings", seq);
-            rope_scaling_args(scaling, args)?;
+            match &a.latent {
+                Some(l) => latent_rope_args(l, scaling, args)?,
+                None => rope_scaling_args(scaling, args)?,
+            }
         }
     }
     push(
@@ -142,12 +147,101 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
     push(args, "--make-vocab-size-divisible-by", 1);
     if a.experts > 0 {
         push(args, "--num-experts", a.experts);
+        push(args, "--moe-ffn-hidden-size", a.ffn);
         push(args, "--moe-router-topk", a.experts_per_token);
         if let Some(f) = a.shared_expert_ffn {
             push(args, "--moe-shared-expert-intermediate-size", f);
         }
+        if !a.moe_layers.is_empty() {
+            push(args, "--moe-layer-freq", moe_layer_pattern(&a.moe_layers));
+        }
     }
     Ok(())
+}
+
+/// Megatron's `moe_freq_type` list expression for runs of dense (0) and expert (1) layers:
+/// DeepSeek-V3's `([0]*3+[1]*58)`.
+fn moe_layer_pattern(runs: &[(bool, u32)]) -> String {
+    let terms: Vec<String> = runs
+        .iter()
+        .map(|&(experts, n)| format!("[{}]*{n}", u8::from(experts)))
+        .collect();
+    format!("({})", terms.join("+"))
+}
+
+/// Multi-head latent attention (Megatron-Core's MLA), its latent norms by `--qk-layernorm`
+/// (in MLA the norms of the query and key/value latents).
+fn latent_args(l: &Latent, args: &mut Vec<String>) {
+    flag(args, "--multi-latent-attention");
+    if let Some(r) = l.q_lora_rank {
+        push(args, "--q-lora-rank", r);
+    }
+    push(args, "--kv-lora-rank", l.kv_lora_rank);
+    push(args, "--qk-head-dim", l.qk_head_dim);
+    push(args, "--qk-pos-emb-head-dim", l.qk_pos_emb_head_dim);
+    push(args, "--v-head-dim", l.v_head_dim);
+    flag(args, "--qk-layernorm");
+}
+
+/// YaRN's `get_mscale` (DeepSeek's and Megatron-Core's `_yarn_get_mscale`): 0.1·m·ln(s) + 1.
+fn yarn_mscale_log(factor: f64) -> f64 {
+    0.1 * factor.ln()
+}
+
+/// Six significant decimals: the mscales are recovered from the graph's products of them.
+fn decimal(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+/// Latent attention's rotary as Megatron-Core's MLA states it: plain (`--rope-type rope`,
+/// the softmax scale 1/√(q head width)), or YaRN with the factor and both mscales. MLA's
+/// YaRN keeps `beta_fast` 32, `beta_slow` 1 and 4096 original positions (its config's
+/// defaults, which no argument sets); the softmax scale is mscale(factor, mscale_all_dim)²
+/// / √(q head width) and the rotary's cos/sin are multiplied by mscale(factor, mscale) /
+/// mscale(factor, mscale_all_dim) (`multi_latent_attention.py`, `YarnRotaryEmbedding`), so
+/// both mscales are read back from the graph's scale and rotary factor.
+fn latent_rope_args(
+    l: &Latent,
+    scaling: RopeScaling,
+    args: &mut Vec<String>,
+) -> Result<(), PlanError> {
+    let scale_squared = l.softmax_scale * (l.q_head_dim() as f64).sqrt();
+    match scaling {
+        RopeScaling::None if (scale_squared - 1.0).abs() < 1e-6 => {
+            push(args, "--rope-type", "rope");
+            Ok(())
+        }
+        RopeScaling::Yarn {
+            factor,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max: 4096.0,
+            attention_factor,
+        } if factor > 1.0 && scale_squared > 0.0 => {
+            let all_dim = scale_squared.sqrt();
+            push(args, "--rope-type", "yarn");
+            push(args, "--rotary-scaling-factor", factor);
+            push(
+                args,
+                "--mscale",
+                decimal((attention_factor * all_dim - 1.0) / yarn_mscale_log(factor)),
+            );
+            push(
+                args,
+                "--mscale-all-dim",
+                decimal((all_dim - 1.0) / yarn_mscale_log(factor)),
+            );
+            Ok(())
+        }
+        other => Err(refuse(
+            format!(
+                "latent attention with rope scaling {other:?} and softmax scale {}",
+                l.softmax_scale
+            ),
+            "its MLA rotary is plain (scale 1/sqrt(head width)) or YaRN over 4096 original \
+             positions with beta_fast 32 and beta_slow 1",
+        )),
+    }
 }
 
 /// The router's scoring as Megatron-Core's `topk_routing_with_score_function` does it:
@@ -183,6 +277,10 @@ fn router_args(a: &Architecture, args: &mut Vec<String>) -> Result<(), PlanError
         }
         push(args, "--moe-router-num-groups", r.groups);
         push(args, "--moe-router-group-topk", r.groups_kept);
+    }
+    if let Some(f) = a.routed_scale {
+        // Megatron-Core multiplies the top-k weights by it, after any renormalization.
+        push(args, "--moe-router-topk-scaling-factor", f);
     }
     Ok(())
 }
