@@ -159,6 +159,14 @@ impl Engine {
         matches!(self, Engine::Megatron)
     }
 
+    /// Whether the tensor-parallel overlap the engine turns on runs for `info`'s model.
+    /// Megatron-Core turns Transformer Engine's userbuffer overlap off for the whole model
+    /// (the config is shared) once a linear layer's buffer is not one of qkv, proj, fc1 and
+    /// fc2 (`TELinear.__init__`, core_v0.15.0), as latent attention's down-projections are.
+    pub fn tp_overlap_runs(self, info: &crate::model::ModelInfo<'_>) -> bool {
+        !(self == Engine::Megatron && info.latent.is_some())
+    }
+
     /// What the engine overlaps, for a plan at ZeRO stage `zero`.
     pub fn overlap(self, zero: u8) -> Overlap {
         match self {

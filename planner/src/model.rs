@@ -5,6 +5,7 @@ use ir::{Graph, OpId, OpKind};
 
 use crate::error::PlanError;
 
+pub mod latent;
 mod vocab;
 pub mod whole;
 
@@ -67,6 +68,8 @@ pub struct ModelInfo<'g> {
     /// over the whole projections): its statistics would need every tensor-parallel rank's
     /// heads, which plait's lowering does not gather, so its plans keep tp 1.
     pub norm_across_heads: bool,
+    /// The layer's multi-head latent attention (DeepSeek-V2 and V3), its widths.
+    pub latent: Option<latent::Latent>,
 }
 
 /// A run of structurally identical layers of a block that changes structure.
@@ -203,8 +206,10 @@ impl<'g> ModelInfo<'g> {
             tp_extractions: Default::default(),
             layer_runs: Vec::new(),
             norm_across_heads: false,
+            latent: None,
         };
         info.norm_across_heads = norm_across_heads(graph, &info.layer_ops, &uses);
+        info.latent = latent::read(graph, &info.layer_ops);
         for &o in order {
             let op = graph.op(o);
             match &op.kind {

@@ -445,7 +445,9 @@ fn deepseek_exports_as_nvidias_own_megatron_arguments() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
     for (name, reference) in NVIDIA_DEEPSEEK {
         let spec = import::hf::read_config(&fixtures.join(name).join("config.json")).unwrap();
-        let p = plan_of(&spec, name, "dgx-h100", &strategy(8, 1, 4, 1, 64, 4096));
+        let mut s = strategy(8, 1, 4, 1, 64, 4096);
+        s.attention = planner::cost::compute::AttentionKernel::Fused;
+        let p = plan_of(&spec, name, "dgx-h100", &s);
         let e = planner::export::export(&p, Engine::Megatron).unwrap();
         let v = check_args(&e.args);
         let layers = int(&v, "--num-layers");
@@ -464,6 +466,11 @@ fn deepseek_exports_as_nvidias_own_megatron_arguments() {
         }
         assert!(!v.contains_key("--kv-channels"), "{name}");
         assert!(!v.contains_key("--rotary-percent"), "{name}");
+        // Transformer Engine's FlashAttention refuses MLA's unequal head widths; Megatron
+        // turns userbuffer overlap off for MLA's projections (so it is not asked for).
+        assert_eq!(v["--attention-backend"], "fused", "{name}");
+        assert!(v.contains_key("--sequence-parallel"), "{name}");
+        assert!(!v.contains_key("--tp-comm-overlap"), "{name}");
         let (ours, theirs) = (p.model.params as f64, megatron_parameters(&v));
         println!("{name}: parameters {ours:.6e} plait, {theirs:.6e} Megatron");
         assert!(
@@ -931,4 +938,20 @@ fn megatron_rope_scaling_is_stated_or_refused() {
             if feature.contains("latent attention") && feature.contains("8192")),
         "{refused:?}"
     );
+    // Latent attention without rope scaling: plain rope, whose fusion Megatron's MLA refuses.
+    let path = fixtures.join("deepseek-v2-lite/config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("rope_scaling");
+    let plain = import::hf::parse_config(&config.to_string(), &path).unwrap();
+    let p = plan_of(
+        &plain,
+        "deepseek-v2-lite",
+        "dgx-h100",
+        &strategy(1, 1, 8, 1, 64, 4096),
+    );
+    let v = check_args(&planner::export::export(&p, Engine::Megatron).unwrap().args);
+    assert_eq!(v["--rope-type"], "rope");
+    assert!(v.contains_key("--no-rope-fusion"));
+    assert!(!v.contains_key("--mscale"));
 }

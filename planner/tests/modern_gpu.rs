@@ -232,6 +232,31 @@ fn engines_differ_in_what_they_overlap() {
     assert!("nemo".parse::<Engine>().is_err());
 }
 
+/// Megatron-Core turns Transformer Engine's TP overlap off for a model whose linear layers
+/// include latent attention's projections (`TELinear`: buffers other than qkv, proj, fc1 and
+/// fc2): DeepSeek-V2-Lite's TP communication shows whole under the Megatron profile, where a
+/// Llama's is hidden behind its GEMMs.
+#[test]
+fn megatron_overlaps_no_tp_communication_of_latent_attention() {
+    let h100 = Cluster::load("dgx-h100").unwrap();
+    let exposed = |info: &ModelInfo<'_>, overlap: bool| {
+        let mut s = strategy(4, 1, Precision::Bf16, AttentionKernel::Fused);
+        (s.tp, s.sequence_parallel, s.seq) = (2, true, 4096);
+        s.overlap.tp_comm = overlap;
+        estimate(info, &h100, 8, &s).unwrap().predicted.time.tp_comm
+    };
+    let g = llama();
+    let info = ModelInfo::new(&g).unwrap();
+    assert!(exposed(&info, true) < 0.9 * exposed(&info, false));
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
+    let spec = import::hf::read_config(&fixtures.join("deepseek-v2-lite/config.json")).unwrap();
+    let g = build_forward(&spec, ir::DType::F32).unwrap();
+    let info = ModelInfo::new(&g).unwrap();
+    assert!(info.latent.is_some());
+    assert!(exposed(&info, false) > 0.0);
+    assert_eq!(exposed(&info, true), exposed(&info, false));
+}
+
 /// A runtime whose kernels and collectives move f32 whatever the plan's precision (plait's
 /// CUDA runtime, as `plait profile --device cuda` describes it) takes longer on a bf16 plan's
 /// memory-bound work and keeps the plan's memory: the buffers are still held in 16 bits.

@@ -135,7 +135,7 @@ impl Pricer<'_, '_, '_> {
         (w.tp_fwd, w.tp_bwd) = tp_times;
         let cx = self.cx;
         let s = cx.s;
-        if cx.overlaps(s.overlap.tp_comm) {
+        if cx.overlaps(s.overlap.tp_comm) && s.engine.tp_overlap_runs(cx.info) {
             // Transformer Engine's userbuffer overlap pipelines each TP all-gather and
             // reduce-scatter with the GEMM that consumes or produces it: only communication
             // longer than those GEMMs shows.

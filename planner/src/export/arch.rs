@@ -4,9 +4,9 @@
 
 use ir::{Graph, OpId, OpKind, RopeScaling, Routing};
 
-pub use super::latent::Latent;
 use crate::error::PlanError;
 use crate::model::ModelInfo;
+pub use crate::model::latent::Latent;
 
 /// How positions enter the model.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -87,7 +87,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
     if !info.layer_runs.is_empty() {
         return read_runs(info, engine);
     }
-    let latent = super::latent::read(g, &info.layer_ops);
+    let latent = info.latent;
     let narrower_values = info.layer_ops.iter().any(|&o| {
         let op = g.op(o);
         matches!(op.kind, OpKind::Attention { .. })
@@ -237,10 +237,15 @@ fn read_runs(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture,
     if dense.windows(2).any(|w| w[0] != w[1]) {
         return Err(refuse(format!("dense MLPs of widths {dense:?}")));
     }
-    let first = runs.first().map(|(a, _)| a.clone());
+    // Expert runs alike but for their length; every run alike but for its MLP.
+    let any_length = |a: &Architecture| Architecture {
+        layers: 0,
+        ..a.clone()
+    };
+    let (first, _) = &runs[0];
     for (a, _) in &runs {
-        if without_mlp(a) != without_mlp(first.as_ref().unwrap_or(a)) || (a.experts > 0 && a != moe)
-        {
+        let expert_differs = a.experts > 0 && any_length(a) != any_length(moe);
+        if expert_differs || without_mlp(a) != without_mlp(first) {
             return Err(refuse(
                 "layers of more than one structure beyond dense and expert MLPs".into(),
             ));
@@ -427,7 +432,7 @@ fn refuse_unexpressed(
         .iter()
         .filter(|k| matches!(k, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }))
         .count();
-    if norms > 2 + qkv.norms + latent.map_or(0, super::latent::norms) {
+    if norms > 2 + qkv.norms + latent.map_or(0, crate::model::latent::norms) {
         return Err("norms after attention and the MLP as well as before them (Gemma 2 and 3)");
     }
     if kinds(g, &info.pre_ops).any(|k| matches!(k, OpKind::Scale { .. })) {

@@ -209,6 +209,9 @@ fn latent_rope_args(
     match scaling {
         RopeScaling::None if (scale_squared - 1.0).abs() < 1e-6 => {
             push(args, "--rope-type", "rope");
+            // Megatron's fused rope for MLA takes only YaRN (`MLATransformerConfig`), and
+            // the fusion is on unless turned off.
+            flag(args, "--no-rope-fusion");
             Ok(())
         }
         RopeScaling::Yarn {
@@ -421,8 +424,12 @@ pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> 
     push(&mut args, "--tensor-model-parallel-size", s.tp);
     if s.sequence_parallel && s.tp > 1 {
         flag(&mut args, "--sequence-parallel");
-        // Transformer Engine's userbuffer overlap needs sequence parallelism.
-        flag(&mut args, "--tp-comm-overlap");
+        // Transformer Engine's userbuffer overlap needs sequence parallelism; Megatron turns
+        // it off for a model with latent attention (`Engine::tp_overlap_runs`), so it is not
+        // asked for there, nor priced.
+        if arch.latent.is_none() {
+            flag(&mut args, "--tp-comm-overlap");
+        }
     }
     pipeline_args(plan, &mut args)?;
     if s.cp > 1 {
@@ -453,6 +460,10 @@ pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> 
         &mut args,
         "--attention-backend",
         match s.attention {
+            // Transformer Engine's FlashAttention refuses query and value heads of different
+            // widths (latent attention: "does not support MLA"); its cuDNN fused attention,
+            // also tiled with no s² buffer, runs them.
+            crate::cost::compute::AttentionKernel::Fused if arch.latent.is_some() => "fused",
             crate::cost::compute::AttentionKernel::Fused => "flash",
             crate::cost::compute::AttentionKernel::Materialized => "unfused",
         },

@@ -7,7 +7,6 @@
 
 pub mod arch;
 pub mod deepspeed;
-pub mod latent;
 pub mod megatron;
 pub mod torchtitan;
 

@@ -1,6 +1,7 @@
 //! Multi-head latent attention (DeepSeek-V2 and V3) read off a layer's graph, in the widths
 //! Megatron-Core's MLA takes (`--q-lora-rank`, `--kv-lora-rank`, `--qk-head-dim`,
-//! `--qk-pos-emb-head-dim`, `--v-head-dim`).
+//! `--qk-pos-emb-head-dim`, `--v-head-dim`): the export states them, and the estimate prices
+//! what the engine's MLA turns off.
 //!
 //! Its shape in the IR (import's DeepSeek builder): keys and values are one up-projection of
 //! a normed latent, the latent being a slice of a down-projection whose other slice is the
