@@ -94,7 +94,13 @@ fn yarn_attention_factor_follows_transformers_defaults() {
 
 #[test]
 fn kinds_plait_does_not_compute_are_noted_and_bad_values_refused() {
-    let longrope = llama(r#"{"type":"longrope","short_factor":[1.0],"long_factor":[2.0]}"#);
+    // One factor per rotated pair of a 128-wide head.
+    let pairs = |x: &str| vec![x; 64].join(",");
+    let longrope = llama(&format!(
+        r#"{{"type":"longrope","short_factor":[{}],"long_factor":[{}]}}"#,
+        pairs("1.0"),
+        pairs("2.0")
+    ));
     assert_eq!(scaling(&longrope), RopeScaling::None);
     assert!(
         hf::approximations(&longrope)
@@ -126,10 +132,11 @@ fn kinds_plait_does_not_compute_are_noted_and_bad_values_refused() {
     assert!(err.contains("rope_type = \"weird\""), "{err}");
 }
 
-/// Phi-3.5's longrope carries 48 factors in each list: the note names how many, on one line.
+/// A longrope carries a factor per rotated pair of a head in each list (64 for these 128-wide
+/// heads, Phi-3.5's 48 for its 96-wide ones): the note names how many, on one line.
 #[test]
 fn a_longrope_note_shows_its_factor_lists_by_length() {
-    let factors = vec!["1.0"; 48].join(",");
+    let factors = vec!["1.0"; 64].join(",");
     let longrope = llama(&format!(
         r#"{{"type":"longrope","short_factor":[{factors}],"long_factor":[{factors}]}}"#
     ));
@@ -138,5 +145,38 @@ fn a_longrope_note_shows_its_factor_lists_by_length() {
         .iter()
         .find(|n| n.contains("longrope"))
         .expect("noted");
-    assert!(note.contains("[48 numbers]") && note.len() < 300, "{note}");
+    assert!(note.contains("[64 numbers]") && note.len() < 300, "{note}");
+}
+
+/// A `rope_scaling` transformers cannot build is refused naming what is wrong: no kind, two
+/// kinds, a dynamic factor below 1, longrope factor lists not one per rotated pair; an
+/// unknown kind is named under the key the file used.
+#[test]
+fn rope_scalings_transformers_cannot_build_are_refused() {
+    let refused = |rope: &str| {
+        hf::parse_config(&llama(rope), Path::new("config.json"))
+            .expect_err(rope)
+            .to_string()
+    };
+    assert!(refused(r#"{"factor":2.0}"#).contains("names no kind"));
+    assert!(refused(r#"{}"#).contains("names no kind"));
+    assert!(refused(r#"{"type":"linear","rope_type":"yarn","factor":2.0}"#).contains("two kinds"));
+    for factor in ["0", "-3", "0.5"] {
+        let err = refused(&format!(r#"{{"type":"dynamic","factor":{factor}}}"#));
+        assert!(err.contains("at least 1"), "{err}");
+    }
+    assert!(refused(r#"{"type":"dynamic"}"#).contains("factor"));
+    let three = refused(r#"{"type":"longrope","short_factor":[1,1,1],"long_factor":[1,1,1]}"#);
+    assert!(
+        three.contains("short_factor") && three.contains("(64)"),
+        "{three}"
+    );
+    let negative = vec!["-1"; 64].join(",");
+    let err = refused(&format!(
+        r#"{{"type":"su","short_factor":[{negative}],"long_factor":[{negative}]}}"#
+    ));
+    assert!(err.contains("positive numbers"), "{err}");
+    assert!(refused(r#"{"type":"longrope"}"#).contains("short_factor"));
+    let err = refused(r#"{"type":"foo"}"#);
+    assert!(err.contains("rope_scaling.type = \"foo\""), "{err}");
 }

@@ -264,6 +264,18 @@ impl Graph {
             .unwrap_or(0)
     }
 
+    /// Every layer's ops in execution order, indexed by layer: one pass over the graph, where
+    /// [`Graph::layer_ops`] of each layer would pass over it once per layer.
+    pub fn ops_by_layer(&self) -> Vec<Vec<OpId>> {
+        let mut by_layer = vec![Vec::new(); self.num_layers() as usize];
+        for &o in &self.order {
+            if let Some(ops) = self.op(o).layer.and_then(|l| by_layer.get_mut(l as usize)) {
+                ops.push(o);
+            }
+        }
+        by_layer
+    }
+
     /// Ops of one layer, in execution order.
     pub fn layer_ops(&self, layer: u32) -> Vec<OpId> {
         self.order

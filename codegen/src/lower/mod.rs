@@ -320,8 +320,11 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
     let pre_pids = seg_params(&pre, &pre.ops);
     let post_pids = seg_params(&post, &post.ops);
     let run_segs: Vec<&Segment> = std::iter::once(&layer).chain(&later_runs).collect();
-    let layer_pids: Vec<Vec<Option<ParamId>>> = (0..info.layers)
-        .map(|l| seg_params(run_segs[run_of_layer[l as usize]], &graph.layer_ops(l)))
+    let ops_by_layer = graph.ops_by_layer();
+    let layer_pids: Vec<Vec<Option<ParamId>>> = ops_by_layer
+        .iter()
+        .enumerate()
+        .map(|(l, ops)| seg_params(run_segs[run_of_layer[l]], ops))
         .collect();
     // Local shard shape and split of every parameter.
     let mut local: HashMap<ParamId, LocalShard> = HashMap::new();
@@ -391,11 +394,10 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         .map(|&seg| (seg, emit::plan(seg, s.recompute)))
         .collect();
     let names: Vec<String> = params.iter().map(|p| p.name.clone()).collect();
-    let layer_seeds: Vec<Vec<u64>> = (0..info.layers)
-        .map(|l| {
-            graph
-                .layer_ops(l)
-                .iter()
+    let layer_seeds: Vec<Vec<u64>> = ops_by_layer
+        .iter()
+        .map(|ops| {
+            ops.iter()
                 .filter_map(|&o| match graph.op(o).kind {
                     OpKind::Dropout { seed, .. } => Some(seed),
                     _ => None,

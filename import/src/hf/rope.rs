@@ -59,15 +59,7 @@ pub(super) fn rope_scaling(f: &Fields<'_>, max_positions: u64) -> Result<RopeSca
             ),
         })
     };
-    if let Some(k) = kind(r).filter(|k| !KNOWN.contains(k)) {
-        return Err(ConfigError::Inconsistent {
-            file: f.file.clone(),
-            reason: format!(
-                "rope_scaling.rope_type = \"{k}\" is not a kind transformers knows ({})",
-                KNOWN.join(", ")
-            ),
-        });
-    }
+    check_kind(f, r)?;
     let scaling = match kind(r) {
         Some("linear") => RopeScaling::Linear {
             factor: need("factor")?,
@@ -101,6 +93,14 @@ pub(super) fn rope_scaling(f: &Fields<'_>, max_positions: u64) -> Result<RopeSca
                 attention_factor,
             }
         }
+        Some("dynamic") => {
+            at_least_one(f, "dynamic", need("factor")?)?;
+            RopeScaling::None
+        }
+        Some("longrope" | "su") => {
+            longrope_factors(f, r)?;
+            RopeScaling::None
+        }
         _ => RopeScaling::None,
     };
     scaling
@@ -110,6 +110,84 @@ pub(super) fn rope_scaling(f: &Fields<'_>, max_positions: u64) -> Result<RopeSca
             reason,
         })?;
     Ok(scaling)
+}
+
+/// The scaling's kind, under `rope_type` or the older `type` (the same one if both), one
+/// transformers knows.
+fn check_kind(f: &Fields<'_>, r: &Map<String, Value>) -> Result<(), ConfigError> {
+    let refuse = |reason: String| ConfigError::Inconsistent {
+        file: f.file.clone(),
+        reason,
+    };
+    let named = ["rope_type", "type"].map(|key| r.get(key).filter(|v| !v.is_null()));
+    let (key, k) = match named {
+        [Some(a), Some(b)] if a != b => {
+            return Err(refuse(format!(
+                "rope_scaling names two kinds, rope_type {a} and type {b}: keep one"
+            )));
+        }
+        [Some(k), _] => ("rope_type", k),
+        [None, Some(k)] => ("type", k),
+        [None, None] => {
+            return Err(refuse(format!(
+                "rope_scaling {} names no kind: set rope_type to one of {} (transformers \
+                 needs it)",
+                Value::Object(brief(r)),
+                KNOWN.join(", ")
+            )));
+        }
+    };
+    match k.as_str() {
+        Some(name) if KNOWN.contains(&name) => Ok(()),
+        _ => Err(refuse(format!(
+            "rope_scaling.{key} = {k} is not a kind transformers knows ({})",
+            KNOWN.join(", ")
+        ))),
+    }
+}
+
+/// A scaling factor transformers requires to be at least 1.
+fn at_least_one(f: &Fields<'_>, kind: &str, factor: f64) -> Result<(), ConfigError> {
+    if factor >= 1.0 && factor.is_finite() {
+        return Ok(());
+    }
+    Err(ConfigError::Inconsistent {
+        file: f.file.clone(),
+        reason: format!("rope_scaling of type {kind} needs a factor of at least 1, got {factor}"),
+    })
+}
+
+/// LongRoPE's per-frequency factors (Phi-3's 128k configs): `short_factor` and `long_factor`,
+/// positive numbers, one per rotated pair of a head (transformers'
+/// `_validate_longrope_parameters`).
+fn longrope_factors(f: &Fields<'_>, r: &Map<String, Value>) -> Result<(), ConfigError> {
+    let heads = f.opt_positive("num_attention_heads")?;
+    let head = f.opt_positive("head_dim")?.or_else(|| {
+        let hidden = f.opt_positive("hidden_size").ok().flatten()?;
+        Some(hidden / heads?)
+    });
+    let share = f.opt_float("partial_rotary_factor")?.unwrap_or(1.0);
+    let pairs = head.map(|d| (d as f64 * share) as u64 / 2);
+    for key in ["short_factor", "long_factor"] {
+        let factors = match r.get(key) {
+            Some(Value::Array(a)) => a,
+            _ => &Vec::new(),
+        };
+        let positive = |v: &Value| v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
+        let length_ok = pairs.is_none_or(|p| factors.len() as u64 == p);
+        if factors.is_empty() || !length_ok || !factors.iter().all(positive) {
+            return Err(ConfigError::Inconsistent {
+                file: f.file.clone(),
+                reason: format!(
+                    "rope_scaling.{key} must be a list of positive numbers, one per rotated \
+                     pair of a head ({}); it has {} entries",
+                    pairs.map_or("head_dim / 2".to_string(), |p| p.to_string()),
+                    factors.len()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What `inspect` says of a scaling plait does not compute, `None` for one it does.

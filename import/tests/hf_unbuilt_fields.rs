@@ -1,0 +1,95 @@
+//! Fields plait does not build from but transformers reads (dropout of attention scores and
+//! embeddings, switches, sliding windows, Gemma 3's layer kinds, a partial rotary where the
+//! family turns whole heads): absurd or mistyped values are refused naming the field, while
+//! every published config of `fixtures/hf/` still reads.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+
+use import::hf;
+use serde_json::{Value, json};
+
+fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/hf")
+        .join(name)
+        .join("config.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The error of `name`'s config with `field` set to `value`, or `None` if it reads.
+fn with(name: &str, field: &str, value: Value) -> Option<String> {
+    let mut config = fixture(name);
+    config[field] = value;
+    hf::parse_config(&config.to_string(), Path::new("config.json"))
+        .err()
+        .map(|e| e.to_string())
+}
+
+#[test]
+fn absurd_values_of_fields_plait_does_not_build_are_refused_by_name() {
+    let cases: [(&str, &str, Value); 18] = [
+        ("gpt2", "attn_pdrop", json!(2.0)),
+        ("gpt2", "embd_pdrop", json!(-0.5)),
+        ("gpt2", "scale_attn_weights", json!("yes")),
+        ("qwen2.5-7b", "attention_dropout", json!(-1)),
+        ("qwen2.5-7b", "use_sliding_window", json!("yes")),
+        ("qwen2.5-7b", "attention_bias", json!("true")),
+        ("qwen2.5-7b", "max_window_layers", json!(-1)),
+        ("qwen2.5-7b", "max_window_layers", json!("x")),
+        ("qwen2.5-7b", "partial_rotary_factor", json!(0.5)),
+        ("mistral-nemo-base", "sliding_window", json!(0)),
+        ("mistral-nemo-base", "sliding_window", json!(-4096)),
+        ("mistral-nemo-base", "sliding_window", json!(4096.5)),
+        ("gemma-3-1b", "sliding_window_pattern", json!(0)),
+        ("gemma-3-1b", "rope_local_base_freq", json!(-1)),
+        ("gemma-3-1b", "layer_types", json!("sliding")),
+        ("gemma-3-1b", "layer_types", json!(vec!["foo"; 26])),
+        (
+            "gemma-3-1b",
+            "layer_types",
+            json!(vec!["full_attention"; 3]),
+        ),
+        ("deepseek-v3", "num_nextn_predict_layers", json!(-1)),
+    ];
+    for (name, field, value) in cases {
+        let err = with(name, field, value.clone())
+            .unwrap_or_else(|| panic!("{name}: {field} = {value} was accepted"));
+        assert!(err.contains(field), "{name}: {field} = {value}: {err}");
+    }
+}
+
+#[test]
+fn sensible_values_of_those_fields_still_read() {
+    for (name, field, value) in [
+        ("qwen2.5-7b", "max_window_layers", json!(999)),
+        ("qwen2.5-7b", "partial_rotary_factor", json!(1.0)),
+        ("mistral-nemo-base", "sliding_window", json!(4096)),
+        ("mistral-nemo-base", "sliding_window", Value::Null),
+        (
+            "gemma-3-1b",
+            "layer_types",
+            json!(vec!["sliding_attention"; 26]),
+        ),
+        ("nemotron-mini-4b", "partial_rotary_factor", json!(0.25)),
+        ("gpt2", "attn_pdrop", json!(0.0)),
+    ] {
+        assert_eq!(
+            with(name, field, value.clone()),
+            None,
+            "{name}: {field} = {value}"
+        );
+    }
+    for name in [
+        "gpt2",
+        "qwen2.5-7b",
+        "gemma-3-1b",
+        "phi-3-mini-4k",
+        "deepseek-v3",
+    ] {
+        let text = fixture(name).to_string();
+        hf::parse_config(&text, Path::new("config.json")).unwrap();
+        // Saved with a byte-order mark, as some Windows editors write it.
+        hf::parse_config(&format!("\u{feff}{text}"), Path::new("config.json")).unwrap();
+    }
+}
