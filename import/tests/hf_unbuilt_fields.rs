@@ -93,3 +93,54 @@ fn sensible_values_of_those_fields_still_read() {
         hf::parse_config(&format!("\u{feff}{text}"), Path::new("config.json")).unwrap();
     }
 }
+
+/// A multimodal config's text model is read from `text_config`: a bad field there is named
+/// in that section.
+#[test]
+fn a_bad_text_config_field_is_named_in_its_section() {
+    let config = json!({"model_type": "gemma3", "text_config": {"hidden_size": 0}});
+    let err = hf::parse_config(&config.to_string(), Path::new("config.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("text_config: field `hidden_size`"), "{err}");
+}
+
+/// Expert fields that leave no expert layer, or name layers past the last, are said by
+/// `inspect` (transformers builds the model all the same: dense).
+#[test]
+fn expert_fields_that_reach_no_layer_are_noted() {
+    for (name, field, value, says) in [
+        (
+            "deepseek-v2-lite",
+            "first_k_dense_replace",
+            json!(27),
+            "no expert layer",
+        ),
+        (
+            "deepseek-v2-lite",
+            "first_k_dense_replace",
+            json!(u64::MAX),
+            "no expert layer",
+        ),
+        (
+            "qwen3-30b-a3b",
+            "decoder_sparse_step",
+            json!(100),
+            "no expert layer",
+        ),
+        ("qwen3-30b-a3b", "mlp_only_layers", json!([999]), "[999]"),
+    ] {
+        let mut config = fixture(name);
+        config[field] = value;
+        let notes = hf::approximations(&config.to_string());
+        assert!(
+            notes.iter().any(|n| n.contains(field) && n.contains(says)),
+            "{name}: {notes:?}"
+        );
+    }
+    let notes = hf::approximations(&fixture("deepseek-v2-lite").to_string());
+    assert!(
+        !notes.iter().any(|n| n.contains("no expert layer")),
+        "{notes:?}"
+    );
+}

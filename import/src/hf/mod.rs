@@ -401,6 +401,7 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
             });
         }
     };
+    let multimodal = text_model::text_model_type(&model_type).is_some();
     let (obj, model_type) =
         text_model::text_model(obj, &model_type).map_err(|field| ConfigError::Inconsistent {
             file: file.to_path_buf(),
@@ -410,9 +411,15 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
             ),
         })?;
     let name = model_name(file);
+    // A multimodal config's fields are its text_config's: messages name the section.
+    let section = if multimodal {
+        PathBuf::from(format!("{}: text_config", file.display()))
+    } else {
+        file.to_path_buf()
+    };
     let fields = Fields {
         obj: &obj,
-        file: file.to_path_buf(),
+        file: section,
         model_type: "",
         required: "",
     };
@@ -587,6 +594,7 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
         notes.extend(deepseek_v2_approximations(obj));
     }
     notes.extend(rope::note(obj));
+    notes.extend(moe::unused_expert_notes(obj));
     notes
 }
 

@@ -182,3 +182,39 @@ pub(super) fn qwen_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, C
         ffn: f.positive("intermediate_size")?,
     }))
 }
+
+/// What `inspect` says of expert fields that leave no layer with experts or name no layer
+/// (transformers builds the model all the same): a first_k_dense_replace or
+/// decoder_sparse_step beyond the layers, an mlp_only_layers entry past the last layer.
+pub(super) fn unused_expert_notes(obj: &serde_json::Map<String, Value>) -> Vec<String> {
+    let int = |key: &str| obj.get(key).and_then(Value::as_u64);
+    let Some(layers) = int("num_hidden_layers") else {
+        return Vec::new();
+    };
+    let mut notes = Vec::new();
+    // Layer i has experts from i = first_k_dense_replace on, and where decoder_sparse_step
+    // divides i + 1: none when the first is at least the layers, or the step more.
+    for (key, at_least) in [("first_k_dense_replace", 1), ("decoder_sparse_step", 0)] {
+        if let Some(n) = int(key).filter(|&n| n.saturating_add(at_least) > layers) {
+            notes.push(format!(
+                "{key} = {n} leaves no expert layer in {layers} layers: the model is built \
+                 dense, as transformers builds it (its expert fields are unused)"
+            ));
+        }
+    }
+    if let Some(Value::Array(only)) = obj.get("mlp_only_layers") {
+        let past: Vec<u64> = only
+            .iter()
+            .filter_map(Value::as_u64)
+            .filter(|&l| l >= layers)
+            .take(4)
+            .collect();
+        if !past.is_empty() {
+            notes.push(format!(
+                "mlp_only_layers names layers {past:?} past the last of {layers} layers: \
+                 those entries are unused"
+            ));
+        }
+    }
+    notes
+}
