@@ -273,9 +273,13 @@ impl Lowering<'_, '_> {
                 },
             )
         };
-        let (_, report, _) =
-            codegen::lower_checked(plan, self.info.graph, codegen::Options::default(), check)
-                .ok()?;
+        let (_, report, _) = codegen::lower_checked(
+            &memory_proxy(plan),
+            self.info.graph,
+            codegen::Options::default(),
+            check,
+        )
+        .ok()?;
         report
             .memory
             .iter()
@@ -283,6 +287,22 @@ impl Lowering<'_, '_> {
             .filter(|&(peak, _)| peak > capacity)
             .max_by(|a, b| a.0.total_cmp(&b.0))
     }
+}
+
+/// `plan` with no more micro-batches per iteration than its peak memory needs, for compile's
+/// memory checks: a 1F1B pipeline, interleaved or not, holds at most pp·(v + 1) − 1
+/// micro-batches in flight on its first stage, so a program of 2·pp·v of them peaks as the
+/// whole iteration's does; GPipe holds every micro-batch and keeps them all. (A global batch of
+/// 8192 sequences on 8 GPUs made a program of 1024 micro-batches a rank, 5 GB, to check it.)
+fn memory_proxy(plan: &Plan) -> std::borrow::Cow<'_, Plan> {
+    let s = &plan.strategy;
+    let enough = 2 * u64::from(s.pp) * u64::from(s.virtual_stages.max(1));
+    if s.schedule == planner::Schedule::Gpipe || s.micro_batches() <= enough {
+        return std::borrow::Cow::Borrowed(plan);
+    }
+    let mut proxy = plan.clone();
+    proxy.strategy.global_batch = u64::from(s.dp) * s.micro_batch * enough;
+    std::borrow::Cow::Owned(proxy)
 }
 
 /// An alternative priced as searched (one whose lowering failed).
@@ -623,7 +643,12 @@ fn extracted_program_fits(
             },
         )
     };
-    let (_, _, note) = codegen::lower_checked(plan, graph, codegen::Options::default(), check)?;
+    let (_, _, note) = codegen::lower_checked(
+        &memory_proxy(plan),
+        graph,
+        codegen::Options::default(),
+        check,
+    )?;
     Ok(note)
 }
 
@@ -770,4 +795,81 @@ fn runs_note(info: &planner::ModelInfo<'_>) -> String {
         " (one extraction per run of identical layers: {})",
         spans.join(", ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use planner::engine::Engine;
+    use planner::plan::{ModelRef, Plan, SearchSummary};
+    use planner::{Cluster, ModelInfo, Precision, Recompute, Schedule, Strategy};
+
+    /// Each stage's program peak, lowered and verified.
+    fn peaks(plan: &Plan, graph: &ir::Graph) -> Vec<u64> {
+        let check = |set: &codegen::ProgramSet| {
+            codegen::verify::verify_with(set, codegen::verify::Options::default())
+        };
+        let (_, report, _) =
+            codegen::lower_checked(plan, graph, codegen::Options::default(), check).unwrap();
+        report.memory.iter().map(|m| m.program_peak_bytes).collect()
+    }
+
+    /// The memory proxy's program peaks as the whole iteration's does, stage by stage, for a
+    /// pipeline of 1F1B and of interleaved 1F1B with many micro-batches; it is smaller.
+    #[test]
+    fn the_memory_proxy_peaks_as_the_whole_iteration() {
+        let spec = import::zoo::find("gpt2").unwrap();
+        let graph = import::build_forward(&spec, ir::DType::F32).unwrap();
+        let info = ModelInfo::new(&graph).unwrap();
+        let cluster = Cluster::load("dgx-h100").unwrap();
+        for (schedule, v) in [(Schedule::OneFOneB, 1), (Schedule::Interleaved, 2)] {
+            let s = Strategy {
+                tp: 1,
+                pp: 2,
+                dp: 1,
+                micro_batch: 1,
+                global_batch: 40,
+                seq: 256,
+                zero: 0,
+                recompute: Recompute::None,
+                schedule,
+                virtual_stages: v,
+                sequence_parallel: false,
+                precision: Precision::Bf16,
+                attention: Default::default(),
+                kernels: Default::default(),
+                stage_layers: None,
+                cp: 1,
+                ep: 1,
+                engine: Engine::Megatron,
+                overlap: Engine::Megatron.overlap(0),
+                dp_comm: Default::default(),
+            };
+            let est = planner::estimate(&info, &cluster, 2, &s).unwrap();
+            let summary = SearchSummary {
+                candidates_evaluated: 1,
+                candidates_pruned: 0,
+                target: None,
+            };
+            let mut plan = Plan::new(
+                ModelRef::of("zoo", "gpt2", &info),
+                &info,
+                &cluster,
+                2,
+                &est,
+                summary,
+                vec![],
+            );
+            plan.model.ir = Some(ir::text::print(&graph));
+            let proxy = super::memory_proxy(&plan);
+            assert!(
+                proxy.strategy.micro_batches() < s.micro_batches(),
+                "{schedule:?}"
+            );
+            let whole = peaks(&plan, &graph);
+            assert_eq!(whole.len(), 2, "a peak for each stage");
+            assert_eq!(peaks(&proxy, &graph), whole, "{schedule:?} v {v}");
+        }
+    }
 }

@@ -42,5 +42,7 @@ fn check_strategy(plan: &Plan, file: &str) -> anyhow::Result<()> {
     plan.strategy
         .validate(&info, plan.gpus)
         .with_context(|| format!("{file}: its strategy (the `strategy` fields) is not valid"))?;
+    plan.check_chunks(info.layers)
+        .with_context(|| format!("{file}: its pipeline split (the `chunks` field) is not valid"))?;
     Ok(())
 }

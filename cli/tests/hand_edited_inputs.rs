@@ -88,6 +88,41 @@ fn a_plan_whose_strategy_was_edited_is_refused_by_every_command_that_reads_it() 
     }
 }
 
+/// A plan whose pipeline split was edited (no chunks, a gap, a layer short) is refused naming
+/// `chunks`: `export --to megatron` of a plan without chunks panicked.
+#[test]
+fn a_plan_whose_chunks_were_edited_is_refused_by_every_command_that_reads_it() {
+    let d = dir("chunks");
+    let plan = tiny_plan(&d);
+    let text = std::fs::read_to_string(&plan).expect("plan");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("plan JSON");
+    let chunk = v["chunks"][0].clone();
+    let mut gap = chunk.clone();
+    gap["layers"] = serde_json::json!([1, 2]);
+    let mut short = chunk.clone();
+    short["layers"] = serde_json::json!([0, 1]);
+    for (name, chunks) in [
+        ("none", serde_json::json!([])),
+        ("gap", serde_json::json!([gap])),
+        ("short", serde_json::json!([short])),
+    ] {
+        let mut edited = v.clone();
+        edited["chunks"] = chunks;
+        let bad = d.join(format!("chunks-{name}.json"));
+        std::fs::write(&bad, edited.to_string()).expect("edited plan");
+        let out = d.join("out");
+        for args in [
+            vec!["codegen", &s(&bad), "-o", &s(&out)][..].to_vec(),
+            vec!["export", &s(&bad), "--to", "megatron"],
+            vec!["run", &s(&bad), "--steps", "1"],
+        ] {
+            let (code, _, err) = plait(&args);
+            assert_eq!(code, 2, "{name} {args:?}: {err}");
+            assert!(err.contains("`chunks`"), "{name} {args:?}: {err}");
+        }
+    }
+}
+
 #[test]
 fn a_program_directory_that_no_longer_verifies_does_not_run() {
     let progs = tiny_programs(&dir("programs"));

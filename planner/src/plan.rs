@@ -77,6 +77,57 @@ fn recorded_pricing(
 }
 
 impl Plan {
+    /// The plan's pipeline chunks against its strategy and model of `layers` layers: pp ×
+    /// virtual stages chunks, chunk c on stage c mod pp, each a non-empty run of layers
+    /// starting where the previous ended, together every layer once, the embedding on the
+    /// first and the head on the last (a hand-edited plan is refused here, naming the field,
+    /// not lowered or exported from a broken split).
+    pub fn check_chunks(&self, layers: u32) -> Result<(), PlanError> {
+        let s = &self.strategy;
+        let expected = s.pp.saturating_mul(s.virtual_stages);
+        let bad = |why: String| PlanError::invalid(format!("chunks: {why}"));
+        if self.chunks.len() as u64 != u64::from(expected) {
+            return Err(bad(format!(
+                "{} chunks, where pp {} × virtual stages {} = {expected}",
+                self.chunks.len(),
+                s.pp,
+                s.virtual_stages
+            )));
+        }
+        let mut next = 0;
+        for (i, c) in self.chunks.iter().enumerate() {
+            let i = i as u32;
+            if c.chunk != i || c.stage != i % s.pp.max(1) {
+                return Err(bad(format!(
+                    "entry {i} is chunk {} on stage {}, where chunk {i} runs on stage {}",
+                    c.chunk,
+                    c.stage,
+                    i % s.pp.max(1)
+                )));
+            }
+            if c.layers[0] != next || c.layers[1] <= c.layers[0] {
+                return Err(bad(format!(
+                    "chunk {i} holds layers {:?}: each holds at least one layer, from where \
+                     the previous ended ({next})",
+                    c.layers
+                )));
+            }
+            next = c.layers[1];
+        }
+        let ends = (self.chunks.first(), self.chunks.last());
+        if next != layers {
+            return Err(bad(format!("the chunks hold {next} layers of {layers}")));
+        }
+        if let (Some(first), Some(last)) = ends
+            && (!first.embedding || !last.head)
+        {
+            return Err(bad(
+                "the embedding belongs on the first chunk and the head on the last".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The recorded extraction of run `run` of identical layers (0: the first, `block_plan`).
     pub fn run_block_plan(&self, run: usize) -> Option<&crate::sharding::BlockPlan> {
         match run {

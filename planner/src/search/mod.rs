@@ -252,9 +252,14 @@ impl MeshCandidates {
                     // A replica's batch is a whole number of micro-batches.
                     Some(m) if !per_replica.is_multiple_of(m) => continue,
                     Some(m) => vec![m],
-                    None => divisors(per_replica)
-                        .into_iter()
-                        .filter(|m| *m <= 64)
+                    // Sizes up to 64 that divide the replica's batch into no more
+                    // micro-batches than a step schedules (a scan of 64, not of the batch's
+                    // divisors: a global batch of 2^63 is refused at once).
+                    None => (1..=64u64)
+                        .filter(|&m| {
+                            per_replica.is_multiple_of(m)
+                                && per_replica / m <= crate::strategy::MAX_MICRO_BATCHES
+                        })
                         .collect(),
                 };
                 let mut schedules: Vec<(Schedule, u32)> = Vec::new();
@@ -536,6 +541,20 @@ fn broken_expert_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String
 fn no_candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) -> String {
     if let Some(why) = broken_pin(info, req).or_else(|| pin_conflict::explain(info, cluster, req)) {
         return why;
+    }
+    // The fewest micro-batches any strategy gives: dp of every GPU, the largest searched
+    // (or the pinned) micro-batch.
+    let largest = req.pins.micro_batch.unwrap_or(64);
+    let fewest = req.global_batch / req.gpus.max(1) / largest.max(1);
+    if fewest > crate::strategy::MAX_MICRO_BATCHES {
+        return format!(
+            "--global-batch {} over {} GPUs is at least {fewest} micro-batches per iteration \
+             (of {largest} sequences); plait schedules at most {}: use a smaller \
+             --global-batch (or more GPUs)",
+            req.global_batch,
+            req.gpus,
+            crate::strategy::MAX_MICRO_BATCHES
+        );
     }
     let p = &req.pins;
     if p.tp.is_some() || p.pp.is_some() || p.dp.is_some() || p.micro_batch.is_some() {
