@@ -298,6 +298,49 @@ fn absurd_cluster_values_name_the_field() {
     }
 }
 
+/// Links the cost model would ignore or price wrongly are refused naming the field: a second
+/// link of one scope (the first was priced, the second silently dropped), a node link with
+/// NIC fields; and GPUs over several nodes of a cluster with no link between nodes (priced at
+/// the node link's speed).
+#[test]
+fn links_the_cost_model_would_ignore_are_refused() {
+    let node = "[[link]]\nname = \"nv\"\nscope = \"node\"\ngb_per_s = 100\nlatency_us = 1\n\
+                efficiency = 0.5\n";
+    let twice = format!("{SMALL_CLUSTER}{node}");
+    let (code, _, err, _) = estimate_on(&twice, "twice");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("link[1].scope"), "{err}");
+    let nic = SMALL_CLUSTER.replace("gb_per_s = 100\n", "gb_per_s = 100\nnic_gb_per_s = 50\n");
+    let (code, _, err, _) = estimate_on(&nic, "nic");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("link[0]") && err.contains("nic"), "{err}");
+    let dir = std::env::temp_dir().join(format!("plait-cluster-nodes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let p = dir.join("c.toml");
+    std::fs::write(&p, SMALL_CLUSTER).expect("write the cluster file");
+    let ps = p.to_string_lossy().to_string();
+    let (code, _, err) = plait(&[
+        "estimate",
+        "gpt2",
+        "--cluster",
+        &ps,
+        "--gpus",
+        "16",
+        "--global-batch",
+        "16",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "16",
+        "--micro-batch",
+        "1",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no link between nodes"), "{err}");
+}
+
 #[test]
 fn a_cluster_file_that_is_not_toml_says_where_on_one_line() {
     let dir = std::env::temp_dir().join(format!("plait-cluster-syntax-{}", std::process::id()));

@@ -312,6 +312,14 @@ impl Cluster {
                 u64::from(max) * per_node
             )));
         }
+        if gpus > per_node && self.network_link().is_none() {
+            return Err(PlanError::invalid(format!(
+                "--gpus {gpus} spans {nodes} nodes of {per_node}, and {} describes no link \
+                 between nodes (a [[link]] with scope = \"network\"): add one, or use at most \
+                 {per_node} GPUs",
+                self.name
+            )));
+        }
         if gpus > per_node && !gpus.is_multiple_of(per_node) {
             return Err(PlanError::invalid(format!(
                 "--gpus {gpus} is {} whole node(s) of {per_node} GPUs and {} of another: plait \
@@ -440,6 +448,32 @@ impl Cluster {
             );
         }
         for (i, l) in self.links.iter().enumerate() {
+            // The cost model prices one link of each scope: a second would be ignored.
+            if self.links[..i]
+                .iter()
+                .any(|earlier| earlier.scope == l.scope)
+            {
+                return bad(
+                    &format!("link[{i}].scope"),
+                    "repeats an earlier link's scope: give one link per scope (node, network)",
+                );
+            }
+            // A field of the other scope's kind is a mistake plait would ignore.
+            let foreign = match l.scope {
+                Scope::Node => {
+                    (l.nics_per_node.is_some() || l.nic_gb_per_s.is_some()).then_some("nic fields")
+                }
+                Scope::Network => l.gb_per_s.is_some().then_some("gb_per_s"),
+            };
+            if let Some(field) = foreign {
+                return bad(
+                    &format!("link[{i}]"),
+                    &format!(
+                        "has {field}, which a link of its scope does not use (node links take \
+                         gb_per_s, network links nics_per_node and nic_gb_per_s)"
+                    ),
+                );
+            }
             if !fraction(l.efficiency) {
                 return bad(&format!("link[{i}].efficiency"), "must be in (0, 1]");
             }
