@@ -39,7 +39,14 @@ pub(super) fn unbuilt_fields(f: &Fields<'_>, layers: u64) -> Result<(), ConfigEr
     for field in SWITCHES {
         f.opt_bool(field)?;
     }
-    f.opt_positive("sliding_window")?;
+    // 0 as well as null turns the window off in some configs.
+    if let Some(v) = f
+        .obj
+        .get("sliding_window")
+        .filter(|v| !v.is_null() && v.as_u64().is_none())
+    {
+        return Err(f.wrong("sliding_window", "a non-negative integer or null", v));
+    }
     f.opt_positive("sliding_window_pattern")?;
     f.opt_float("rope_local_base_freq")?;
     for field in ["max_window_layers", "num_nextn_predict_layers"] {
