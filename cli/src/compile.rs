@@ -147,8 +147,20 @@ pub fn compile(
                 .as_ref()
                 .map(|s| {
                     format!(
-                        " (closest: tp {} pp {} dp {}, ZeRO-{}, recompute {}, micro-batch {})",
-                        s.tp, s.pp, s.dp, s.zero, s.recompute, s.micro_batch
+                        " (closest: tp {} pp {} dp {}{}, ZeRO-{}, recompute {}, micro-batch {})",
+                        s.tp,
+                        s.pp,
+                        s.dp,
+                        if s.cp > 1 {
+                            format!(" cp {}", s.cp)
+                        } else if s.ep > 1 {
+                            format!(" ep {}", s.ep)
+                        } else {
+                            String::new()
+                        },
+                        s.zero,
+                        s.recompute,
+                        s.micro_batch
                     )
                 })
                 .unwrap_or_default();

@@ -78,8 +78,8 @@ pub struct StrategyArgs {
     /// estimate: 2 when interleaved).
     #[arg(long)]
     pub virtual_stages: Option<u32>,
-    /// Sequence parallelism (with tensor parallelism) (compile: searched unless given;
-    /// estimate: off unless given).
+    /// Sequence parallelism (with tensor parallelism; off at tp 1, as Megatron-LM turns it off)
+    /// (compile: searched unless given; estimate: off unless given).
     #[arg(long)]
     pub sequence_parallel: Option<Switch>,
     /// Numeric precision: fp32, bf16, fp16, fp8 (Transformer Engine, delayed scaling) or
@@ -182,7 +182,9 @@ impl StrategyArgs {
                 } else {
                     1
                 }),
-            sequence_parallel: self.sequence_parallel == Some(Switch::On),
+            // Off at tp 1, as Megatron-LM turns it off (nothing to split the sequence over).
+            sequence_parallel: self.sequence_parallel == Some(Switch::On)
+                && self.tp.unwrap_or(1) > 1,
             precision: self
                 .precision
                 .unwrap_or_else(|| planner::search::default_precision(cluster)),

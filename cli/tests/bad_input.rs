@@ -384,6 +384,23 @@ fn impossible_pins_name_the_rule() {
              (Megatron-LM gives every interleaved chunk the same layers: 12 layers do not \
              split into pp x virtual stages = 10 chunks)",
         ),
+        // Context parallelism that splits neither the GPUs nor the sequence, and a precision
+        // the GPU has no peak for, are named (every candidate failed, and the search called
+        // the model out of memory "by 0.0 GiB").
+        (&["--cp", "3"][..], "--cp 3 does not divide --gpus 8"),
+        (
+            &["--cp", "4", "--seq", "1020"][..],
+            "--cp 4 needs the sequence (1020 tokens) divisible by 2 x cp = 8",
+        ),
+        (
+            &["--precision", "fp8"][..],
+            "--precision fp8: the A100-SXM4-80GB has no fp8 support",
+        ),
+        (
+            &["--target", "megatron", "--grad-compression", "int8"][..],
+            "--target megatron: no strategy with --grad-compression int8 --dp-sync sync is one \
+             it runs",
+        ),
         (
             &["--target", "deepspeed", "--pp", "2", "--zero", "3"][..],
             "no strategy with --pp 2 and --zero 3 is one it runs (DeepSpeed's pipeline engine \

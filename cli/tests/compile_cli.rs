@@ -132,3 +132,96 @@ fn plan_files_are_byte_identical_across_runs() {
         "the e-graph's sharding is recorded"
     );
 }
+
+/// The strategy `compile --json` chose, for `args` (which must compile).
+fn compiled_strategy(args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = plait(&[&["compile", "--json"][..], args].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    v["strategy"].clone()
+}
+
+/// Llama 2 7B pinned to eight context-parallel ranks: `estimate` fits it at ZeRO-1, whose
+/// distributed optimizer shards over the context-parallel ranks (dp × cp, as Megatron-Core's),
+/// so the search must find a plan (it pruned every candidate by a bound that sharded over dp
+/// alone, and offered no ZeRO at dp 1, and called the model out of memory by 0.0 GiB).
+#[test]
+fn context_parallel_ranks_shard_the_optimizer_in_the_search() {
+    let at = [
+        "llama2-7b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--cp",
+        "8",
+        "--recompute",
+        "full",
+    ];
+    let (code, out, err) = plait(
+        &[
+            &["estimate", "--json"][..],
+            &at,
+            &[
+                "--tp",
+                "1",
+                "--pp",
+                "1",
+                "--dp",
+                "1",
+                "--micro-batch",
+                "1",
+                "--zero",
+                "1",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let e: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(e["predicted"]["fits"], true, "{out}");
+    let s = compiled_strategy(&at);
+    assert_eq!((s["cp"].as_u64(), s["dp"].as_u64()), (Some(8), Some(1)));
+    assert!(s["zero"].as_u64().is_some_and(|z| z >= 1), "{s}");
+}
+
+/// An odd sequence length still plans without context parallelism (the search dropped cp 1
+/// with the degrees that do not split 8193 tokens, and said the GPUs could not be split).
+#[test]
+fn a_sequence_no_context_parallel_degree_splits_still_plans() {
+    let s = compiled_strategy(&[
+        "llama2-7b",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--seq",
+        "8193",
+    ]);
+    assert_eq!(s["seq"], 8193);
+    assert_eq!(s["cp"], 1);
+}
+
+/// Sequence parallelism pinned on at tp 1 is off, as Megatron-LM turns it off (the plan said
+/// "sequence parallel on" with nothing to split over).
+#[test]
+fn sequence_parallel_is_off_at_tp_1() {
+    let s = compiled_strategy(&[
+        "gpt2",
+        "--cluster",
+        "dgx-a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--tp",
+        "1",
+        "--sequence-parallel",
+        "on",
+    ]);
+    assert_eq!(s["sequence_parallel"], false, "{s}");
+}

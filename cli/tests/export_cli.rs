@@ -43,6 +43,25 @@ fn a_plan_the_engine_cannot_run_is_refused_with_the_reason() {
     assert!(out.is_empty(), "nothing written on refusal: {out}");
 }
 
+/// A plan priced with plait's own compressed exchange is refused by every engine (they
+/// exchange plain gradients every step): exporting it dropped the exchange the plan was priced
+/// with, and wrote a launch that ran another plan.
+#[test]
+fn a_compressed_exchange_is_refused_by_every_engine() {
+    let plan = compile(
+        "export-int8",
+        "plan.json",
+        &["--grad-compression", "int8", "--zero", "0"],
+    );
+    let p = plan.to_string_lossy().to_string();
+    for engine in ["megatron", "torchtitan", "deepspeed"] {
+        let (code, out, err) = plait(&["export", &p, "--to", engine]);
+        assert_eq!(code, 2, "{engine}: {out}{err}");
+        assert!(err.contains("--grad-compression int8"), "{engine}: {err}");
+        assert!(out.is_empty(), "nothing written on refusal: {out}");
+    }
+}
+
 /// A pipeline whose layers do not divide evenly (Llama-3 70B's 80 layers over 6 stages):
 /// `compile --target megatron` plans a split Megatron-LM can state (the middle stages even),
 /// and `export` writes it as `--decoder-first/last-pipeline-num-layers`. The even default

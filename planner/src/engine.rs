@@ -32,6 +32,15 @@ pub enum Engine {
 impl Engine {
     pub const ALL: [Engine; 3] = [Engine::Megatron, Engine::Torchtitan, Engine::Deepspeed];
 
+    /// The engine as its users name it, for messages.
+    pub fn engine_name(self) -> &'static str {
+        match self {
+            Engine::Megatron => "Megatron-LM",
+            Engine::Torchtitan => "torchtitan",
+            Engine::Deepspeed => "DeepSpeed",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Engine::Megatron => "megatron",
@@ -91,8 +100,21 @@ impl Engine {
     ///   1F1B-style schedule (`TrainSchedule`); its configuration has no Megatron-style tensor,
     ///   sequence or context parallelism, no Transformer Engine FP8, and its activation
     ///   checkpointing is per layer (no selective recomputation).
+    /// - Every engine: data parallelism exchanges plain gradients every step. plait's
+    ///   compressed exchanges and local SGD are its runtime's own (`plait run`); Megatron-LM's
+    ///   `--grad-reduce-in-bf16` and DeepSpeed's `communication_data_type` reduce in bf16 on
+    ///   NCCL, which is not the encode-exchange-decode plait prices.
     pub fn runs(self, s: &Strategy) -> Result<(), String> {
         let pipelined = s.pp > 1;
+        if !s.dp_comm.is_plain() {
+            return Err(format!(
+                "{} exchanges plain gradients every step: --grad-compression {} --dp-sync {} \
+                 is plait's own runtime's exchange (`plait run`)",
+                self.engine_name(),
+                s.dp_comm.grad_compression,
+                s.dp_comm.dp_sync
+            ));
+        }
         match self {
             Engine::Megatron if pipelined && s.schedule == Schedule::Gpipe => {
                 Err("Megatron-LM has no GPipe schedule (1F1B and interleaved 1F1B)".into())

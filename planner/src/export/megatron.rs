@@ -416,6 +416,16 @@ pub(super) fn states_model(arch: &Architecture, seq: u64) -> Result<(), PlanErro
 
 pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> {
     let s = &plan.strategy;
+    if !s.dp_comm.is_plain() {
+        return Err(refuse(
+            format!(
+                "--grad-compression {} --dp-sync {}",
+                s.dp_comm.grad_compression, s.dp_comm.dp_sync
+            ),
+            "it exchanges plain gradients every step; the plan's exchange is plait's own \
+             runtime's (`plait run`): compile without --grad-compression and --dp-sync",
+        ));
+    }
     let mut args = Vec::new();
     model_args(arch, s.seq, &mut args)?;
     if arch.experts > 0 {

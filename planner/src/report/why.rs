@@ -294,7 +294,7 @@ pub fn why(
     if s.pp > 1 {
         let whole = state_bytes(
             info.params() as f64 / f64::from(s.tp),
-            f64::from(s.dp * s.pp),
+            f64::from(s.dp * s.pp * s.cp.max(1)),
             s.zero,
             s.precision,
         );
@@ -425,8 +425,10 @@ pub fn why(
         }
         let (dense, experts) = stage_local_split(info, s, peak.stage);
         let states = |zero: u8| {
-            let mut x = state_bytes(dense, f64::from(s.dp), zero, s.precision);
-            let expert_replicas = f64::from(s.dp / s.ep.max(1));
+            // ZeRO shards over dp × cp, as the estimate prices it.
+            let replicas = f64::from(s.dp * s.cp.max(1));
+            let mut x = state_bytes(dense, replicas, zero, s.precision);
+            let expert_replicas = replicas / f64::from(s.ep.max(1));
             x.add(&state_bytes(experts, expert_replicas, zero, s.precision));
             x
         };

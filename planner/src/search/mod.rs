@@ -4,9 +4,12 @@
 //! that cannot fit whatever else is chosen; the best plan and the best rejected alternatives
 //! are kept with the reason they lost.
 
+mod broken_pin;
 pub mod cutoff;
 mod pin_conflict;
 pub mod split;
+
+pub use broken_pin::NORM_ACROSS_HEADS;
 
 use std::time::Instant;
 
@@ -76,7 +79,7 @@ fn cp_options(p: &Pins, seq: u64, gpus: u64) -> Vec<u64> {
     }
     [1u64, 2, 4, 8]
         .into_iter()
-        .filter(|&cp| gpus.is_multiple_of(cp) && seq.is_multiple_of(2 * cp))
+        .filter(|&cp| cp == 1 || (gpus.is_multiple_of(cp) && seq.is_multiple_of(2 * cp)))
         .collect()
 }
 
@@ -289,14 +292,16 @@ impl MeshCandidates {
                     |r| vec![r],
                 );
                 let sps: Vec<bool> = match p.sequence_parallel {
-                    Some(x) => vec![x],
+                    // Off at tp 1 whatever the pin says, as Megatron-LM turns it off.
+                    Some(x) => vec![x && tp > 1],
                     None if tp > 1 => vec![false, true],
                     None => vec![false],
                 };
                 for &mb in &mbs {
                     for &(schedule, v) in &schedules {
                         for &zero in &zeros {
-                            if dp == 1 && zero > 0 && p.zero.is_none() {
+                            // ZeRO shards over dp × cp: with neither, it is ZeRO-0.
+                            if dp == 1 && self.cp == 1 && zero > 0 && p.zero.is_none() {
                                 continue;
                             }
                             for &recompute in &recomputes {
@@ -340,15 +345,18 @@ impl MeshCandidates {
 fn memory_lower_bound(info: &ModelInfo<'_>, s: &Strategy) -> f64 {
     let experts = info.expert_params() as f64;
     let per_stage = |p: f64| p / f64::from(s.pp) / f64::from(s.tp);
+    // ZeRO shards over dp × cp (Megatron's distributed optimizer spans the context-parallel
+    // ranks too), as the estimate does.
+    let replicas = f64::from(s.dp) * f64::from(s.cp.max(1));
     let dense = state_bytes(
         per_stage(info.params() as f64 - experts),
-        f64::from(s.dp),
+        replicas,
         s.zero,
         s.precision,
     );
     let expert = state_bytes(
         per_stage(experts) / f64::from(s.ep),
-        f64::from(s.dp / s.ep.max(1)),
+        replicas / f64::from(s.ep.max(1)),
         s.zero,
         s.precision,
     );
@@ -509,37 +517,12 @@ fn gib(b: f64) -> f64 {
     b / (1u64 << 30) as f64
 }
 
-/// Why a model whose q/k norms span all heads keeps tp 1 ([`ModelInfo::norm_across_heads`]).
-pub const NORM_ACROSS_HEADS: &str = "the model normalizes q and k over all their heads at once \
-     (OLMo 2's q_norm and k_norm), which plait does not split over tensor-parallel ranks yet; \
-     use --tp 1";
-
-/// A pinned expert-parallel degree no strategy can take, named before any is priced (else every
-/// candidate fails and the search would say nothing fits).
-fn broken_expert_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
-    let ep = u64::from(req.pins.ep.filter(|&e| e > 1)?);
-    if info.experts == 0 {
-        return Some(format!(
-            "--ep {ep} needs a mixture-of-experts model; {} has no routed experts: drop --ep",
-            info.graph.name
-        ));
-    }
-    if !info.experts.is_multiple_of(ep) {
-        return Some(format!(
-            "--ep {ep} does not divide the model's {} experts: pick an ep that divides them",
-            info.experts
-        ));
-    }
-    if !req.gpus.is_multiple_of(ep) {
-        return Some(format!("--ep {ep} does not divide --gpus {}", req.gpus));
-    }
-    None
-}
-
 /// Why the request leaves no strategy to price: a pinned degree that breaks a rule, pins that
 /// conflict (with each other or with `--target`'s engine), or GPUs that split no way.
 fn no_candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) -> String {
-    if let Some(why) = broken_pin(info, req).or_else(|| pin_conflict::explain(info, cluster, req)) {
+    if let Some(why) =
+        broken_pin::broken_pin(info, req).or_else(|| pin_conflict::explain(info, cluster, req))
+    {
         return why;
     }
     // The fewest micro-batches any strategy gives: dp of every GPU, the largest searched
@@ -572,82 +555,6 @@ fn no_candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) -
     )
 }
 
-/// Pinned stage sizes that no strategy can take, named before any is priced (every candidate
-/// would fail to price, and a model whose estimates fail so would be called out of memory).
-fn broken_stage_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
-    let s = req.pins.stage_layers.as_ref()?;
-    let total: u64 = s.iter().map(|&l| u64::from(l)).sum();
-    (total != u64::from(info.layers) || s.contains(&0)).then(|| {
-        format!(
-            "--stage-layers {s:?} must be positive and sum to the model's {} layers",
-            info.layers
-        )
-    })
-}
-
-/// The first rule the pinned degrees break, named with the flags that break it.
-fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<String> {
-    let p = &req.pins;
-    let (gpus, batch) = (req.gpus, req.global_batch);
-    let tp = p.tp.map(u64::from);
-    let pp = p.pp.map(u64::from);
-    if let Some(m) = p.micro_batch
-        && !batch.is_multiple_of(m)
-    {
-        return Some(format!(
-            "--global-batch {batch} is not divisible by --micro-batch {m}: each replica's \
-             batch is a whole number of micro-batches"
-        ));
-    }
-    if let Some(t) = tp {
-        if !gpus.is_multiple_of(t) {
-            return Some(format!("--tp {t} does not divide --gpus {gpus}"));
-        }
-        if !info.heads.is_multiple_of(t) {
-            return Some(format!(
-                "--tp {t} does not divide the model's {} attention heads",
-                info.heads
-            ));
-        }
-        if t > 1 && info.norm_across_heads {
-            return Some(format!("--tp {t}: {NORM_ACROSS_HEADS}"));
-        }
-    }
-    if let Some(q) = pp {
-        if q > u64::from(info.layers) {
-            return Some(format!(
-                "--pp {q} exceeds the model's {} layers",
-                info.layers
-            ));
-        }
-        if !(gpus / tp.unwrap_or(1)).is_multiple_of(q) {
-            return Some(format!(
-                "--pp {q} does not divide the {} GPUs left by tp {}",
-                gpus / tp.unwrap_or(1),
-                tp.unwrap_or(1)
-            ));
-        }
-    }
-    if let (Some(t), Some(q), Some(d)) = (tp, pp, p.dp.map(u64::from))
-        && t * q * d != gpus
-    {
-        return Some(format!(
-            "--tp {t} x --pp {q} x --dp {d} = {} GPUs, not --gpus {gpus}",
-            t * q * d
-        ));
-    }
-    if let Some(d) = p.dp.map(u64::from)
-        && !batch.is_multiple_of(d * p.micro_batch.unwrap_or(1))
-    {
-        return Some(format!(
-            "--global-batch {batch} is not divisible by dp {d} x micro-batch {} = {}",
-            p.micro_batch.unwrap_or(1),
-            d * p.micro_batch.unwrap_or(1)
-        ));
-    }
-    None
-}
-
 /// Searches the space; `Err(Infeasible)` when no candidate fits, with advice that includes
 /// the smallest GPU count that does.
 pub fn search(
@@ -678,7 +585,7 @@ fn search_with(
     bounded_by_time: bool,
 ) -> Result<Result<SearchResult, Infeasible>, PlanError> {
     let start = Instant::now();
-    if let Some(why) = broken_expert_pin(info, req).or_else(|| broken_stage_pin(info, req)) {
+    if let Some(why) = broken_pin::before_search(info, cluster, req) {
         return Err(PlanError::invalid(why));
     }
     let all = candidates(info, cluster, req);
@@ -693,6 +600,9 @@ fn search_with(
     let mut cutoffs = cutoff::Cutoffs::new(req.top_k);
     let mut fitting: Vec<Estimate> = Vec::new();
     let mut closest: Option<Estimate> = None;
+    // The pruned strategy nearest to fitting, by its memory lower bound (what a search that
+    // pruned everything says it missed by).
+    let mut closest_pruned: Option<(f64, Strategy)> = None;
     // Plans that do not fit but were faster than every fitting plan seen when they came:
     // the report's "would have won" alternative is the nearest of those faster than the winner.
     let mut faster_oom: Vec<Estimate> = Vec::new();
@@ -701,8 +611,12 @@ fn search_with(
         if i % 256 == 0 {
             progress(i as u64, total);
         }
-        if memory_lower_bound(info, s) > capacity {
+        let bound = memory_lower_bound(info, s);
+        if bound > capacity {
             pruned += 1;
+            if closest_pruned.as_ref().is_none_or(|(b, _)| bound < *b) {
+                closest_pruned = Some((bound, s.clone()));
+            }
             continue;
         }
         let cutoff = if bounded_by_time {
@@ -743,7 +657,7 @@ fn search_with(
         {
             return Err(err);
         }
-        let mut inf = infeasible(info, cluster, req, closest);
+        let mut inf = infeasible(info, cluster, req, closest, closest_pruned);
         if let Some((gpus, best)) = advise_gpus
             .then(|| smallest_fitting_cluster(info, cluster, req))
             .flatten()
@@ -1011,17 +925,19 @@ fn infeasible(
     cluster: &Cluster,
     req: &SearchRequest,
     closest: Option<Estimate>,
+    closest_pruned: Option<(f64, Strategy)>,
 ) -> Infeasible {
     let capacity = cluster.memory_bytes();
     let precision = req
         .pins
         .precision
         .unwrap_or_else(|| default_precision(cluster));
-    // Smallest shortfall over what was tried; when everything was pruned, the states bound of the
-    // most sharded layout (ZeRO-3 over all GPUs).
-    let (short, strategy) = match &closest {
-        Some(e) => (shortfall(e).0.max(0.0), Some(e.strategy.clone())),
-        None => {
+    // Smallest shortfall over what was priced; when everything was pruned, the smallest lower
+    // bound's; with neither, the states bound of the most sharded layout (ZeRO-3 over all GPUs).
+    let (short, strategy) = match (&closest, closest_pruned) {
+        (Some(e), _) => (shortfall(e).0.max(0.0), Some(e.strategy.clone())),
+        (None, Some((bound, s))) => ((bound - capacity).max(0.0), Some(s)),
+        (None, None) => {
             let st = state_bytes(info.params() as f64 / req.gpus as f64, 1.0, 0, precision);
             (
                 (st.weights + st.grads + st.optimizer + RESERVE_BYTES - capacity).max(0.0),

@@ -44,6 +44,15 @@ fn pinned(p: &Pins) -> Vec<(String, Unpin)> {
     if let Some(x) = p.recompute {
         add(format!("--recompute {x}"), |p| p.recompute = None);
     }
+    if !p.dp_comm.is_plain() {
+        add(
+            format!(
+                "--grad-compression {} --dp-sync {}",
+                p.dp_comm.grad_compression, p.dp_comm.dp_sync
+            ),
+            |p| p.dp_comm = crate::dp_comm::DpComm::default(),
+        );
+    }
     if let Some(x) = p.sequence_parallel {
         let on = if x { "on" } else { "off" };
         add(format!("--sequence-parallel {on}"), |p| {
