@@ -44,5 +44,34 @@ fn check_strategy(plan: &Plan, file: &str) -> anyhow::Result<()> {
         .with_context(|| format!("{file}: its strategy (the `strategy` fields) is not valid"))?;
     plan.check_chunks(info.layers)
         .with_context(|| format!("{file}: its pipeline split (the `chunks` field) is not valid"))?;
-    Ok(())
+    check_fits(plan, &info, file)
+}
+
+/// The plan's strategy priced again: one that no longer fits its GPUs (its ZeRO stage or
+/// micro-batch edited by hand, or a cost model that changed since `compile`) is refused
+/// before it is lowered, run or exported (export wrote a launch that runs out of memory).
+fn check_fits(plan: &Plan, info: &planner::ModelInfo<'_>, file: &str) -> anyhow::Result<()> {
+    let e = planner::estimate::estimate_priced(
+        info,
+        &plan.cluster,
+        plan.gpus,
+        &plan.strategy,
+        plan.tp_pricing(),
+    )
+    .with_context(|| format!("{file}: its strategy cannot be priced"))?;
+    let p = &e.predicted;
+    if p.fits {
+        return Ok(());
+    }
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    anyhow::bail!(
+        "{file}: its strategy does not fit the {}: the current cost model predicts a peak of \
+         {:.2} GiB of {:.2} GiB per GPU (the plan says {:.2} GiB); the plan was edited or made \
+         by another plait: run `plait compile` again (or `plait estimate` with its strategy to \
+         see where the memory goes)",
+        plan.cluster.gpu.name,
+        gib(p.peak_memory_bytes),
+        gib(p.memory_capacity_bytes),
+        gib(plan.predicted.peak_memory_bytes)
+    )
 }

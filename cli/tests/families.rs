@@ -396,8 +396,8 @@ fn deepseek_v2_lite_plans_and_lowers_on_8_h100() {
 
 /// Codegen writes no program over the GPU's memory. DeepSeek-V2 on 64 H100 is planned near
 /// the card's 80 GiB; its program (within the verifier's 3 % of the plan) is written. The same
-/// plan on a card 0.5 GiB smaller than that program's peak is refused with the template's peak,
-/// and nothing is written.
+/// plan on a card 0.5 GiB smaller than that program's peak is refused (with the template's
+/// peak, or with the plan's own when it is over that card too), and nothing is written.
 #[test]
 fn codegen_never_writes_programs_over_the_gpus_memory() {
     let d = dir("deepseek-v2-64");
@@ -436,11 +436,12 @@ fn codegen_never_writes_programs_over_the_gpus_memory() {
     let programs = d.join("programs");
     let (code, out, err) = codegen(&smaller.to_string_lossy(), &programs);
     assert_eq!(code, 2, "{out}{err}");
-    assert!(
-        err.contains(&format!("over the {:.2} GiB", peak - 0.5)),
-        "{err}"
-    );
-    assert!(peaks(&out).iter().any(|&p| p > peak - 0.5), "{out}");
+    // Refused by the program's peak, or before lowering by the plan's own peak priced again
+    // (the estimate is over the smaller card whenever it is at or above the program's).
+    let plan_refused = err.contains("its strategy does not fit the H100-SXM5-80GB");
+    let program_refused = err.contains(&format!("over the {:.2} GiB", peak - 0.5))
+        && peaks(&out).iter().any(|&p| p > peak - 0.5);
+    assert!(plan_refused || program_refused, "{out}{err}");
     assert!(!programs.join("index.json").exists(), "nothing written");
 }
 

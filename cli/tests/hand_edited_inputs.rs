@@ -88,6 +88,73 @@ fn a_plan_whose_strategy_was_edited_is_refused_by_every_command_that_reads_it() 
     }
 }
 
+/// A key a plan does not have (a hand edit's typo) is refused by every command that reads the
+/// plan, naming it: serde dropped it, and the plan ran as it was.
+#[test]
+fn a_plan_with_a_misspelt_field_is_refused_naming_it() {
+    let d = dir("misspelt");
+    let plan = tiny_plan(&d);
+    let bad = edited(&plan, "zer0", serde_json::json!(3));
+    let out = d.join("out");
+    for args in [
+        vec!["codegen", &s(&bad), "-o", &s(&out)][..].to_vec(),
+        vec!["export", &s(&bad), "--to", "deepspeed"],
+        vec!["run", &s(&bad), "--steps", "1"],
+        vec!["report", &s(&bad)],
+    ] {
+        let (code, _, err) = plait(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("`strategy.zer0` is no field"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A plan whose strategy no longer fits its GPUs (here its cluster's memory was edited to a
+/// few KiB) is refused by the commands that lower it, naming the peak the cost model
+/// predicts, and `report` says it is stale and does not fit: export wrote a launch that ran
+/// out of memory.
+#[test]
+fn a_plan_that_no_longer_fits_is_refused_and_reported_stale() {
+    let d = dir("no-longer-fits");
+    let plan = tiny_plan(&d);
+    let text = std::fs::read_to_string(&plan).expect("plan");
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("plan JSON");
+    v["cluster"]["gpu"]["memory_gib"] = serde_json::json!(1e-5);
+    let bad = d.join("small-memory.json");
+    std::fs::write(&bad, v.to_string()).expect("edited plan");
+    let out = d.join("out");
+    for args in [
+        vec!["codegen", &s(&bad), "-o", &s(&out)][..].to_vec(),
+        vec!["export", &s(&bad), "--to", "deepspeed"],
+        vec!["run", &s(&bad), "--steps", "1"],
+    ] {
+        let (code, _, err) = plait(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("its strategy does not fit") && err.contains("run `plait compile` again"),
+            "{args:?}: {err}"
+        );
+    }
+    let (code, json, err) = plait(&["report", &s(&bad), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&json).expect("report JSON");
+    assert_eq!(
+        (&r["stale"], &r["recomputed_fits"]),
+        (&true.into(), &false.into())
+    );
+    assert!(err.contains("does not fit"), "{err}");
+    // The plan as compiled is neither refused nor stale.
+    let (code, json, err) = plait(&["report", &s(&plan), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&json).expect("report JSON");
+    assert_eq!(
+        (&r["stale"], &r["recomputed_fits"]),
+        (&false.into(), &true.into())
+    );
+}
+
 /// A plan whose pipeline split was edited (no chunks, a gap, a layer short) is refused naming
 /// `chunks`: `export --to megatron` of a plan without chunks panicked.
 #[test]

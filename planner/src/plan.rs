@@ -312,10 +312,27 @@ impl Plan {
                 });
             }
         }
-        let plan: Plan = serde_json::from_value(v).map_err(|e| PlanError::ClusterFile {
-            file: file.into(),
-            message: format!("not a valid {FORMAT} plan: {e}"),
-        })?;
+        let mut unknown = Vec::new();
+        let plan: Plan = serde_ignored::deserialize(v, |path| unknown.push(path.to_string()))
+            .map_err(|e| PlanError::ClusterFile {
+                file: file.into(),
+                message: format!("not a valid {FORMAT} plan: {e}"),
+            })?;
+        // A key plait does not read is refused, not dropped: a hand edit's `zer0` would
+        // otherwise leave the plan as it was without a word.
+        if let Some(first) = unknown.first() {
+            return Err(PlanError::ClusterFile {
+                file: file.into(),
+                message: format!(
+                    "`{first}` is no field of a {FORMAT} plan{}; remove it or fix its name",
+                    if unknown.len() > 1 {
+                        format!(" (nor are {})", unknown[1..].join(", "))
+                    } else {
+                        String::new()
+                    }
+                ),
+            });
+        }
         // The cluster it carries, as a cluster file is checked (a plan edited to a negative
         // memory would otherwise be reported and run against it).
         plan.cluster.validate(&format!("{file} (its `cluster`)"))?;

@@ -95,8 +95,8 @@ fn write_page(o: &mut String, r: &Report) -> std::fmt::Result {
     if r.stale {
         writeln!(
             o,
-            "<p class=\"stale\">Stale plan: the current cost model predicts {} per iteration.</p>",
-            secs(r.recomputed_iteration_time_s)
+            "<p class=\"stale\">Stale plan: {}.</p>",
+            r.recomputed_summary()
         )?;
     }
     writeln!(o, "<h2>Why</h2><ul>")?;

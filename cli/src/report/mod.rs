@@ -66,11 +66,12 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let r = load(&args.plan, args.train_tokens)?;
     if r.stale {
         eprintln!(
-            "warning: {} is stale: it predicts {:.6} s per iteration, the current cost model {:.6} s; \
+            "warning: {} is stale: it predicts {:.6} s per iteration and a peak of {:.2} GiB, {}; \
              re-run `plait compile` to refresh it",
             args.plan.display(),
             r.predicted.iteration_time_s,
-            r.recomputed_iteration_time_s
+            r.predicted.peak_memory_bytes / (1u64 << 30) as f64,
+            r.recomputed_summary()
         );
     }
     if let Some(path) = &args.trace {

@@ -97,8 +97,8 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
     if r.stale {
         writeln!(
             o,
-            "STALE       the current cost model predicts {} per iteration; re-run plait compile",
-            secs(r.recomputed_iteration_time_s)
+            "STALE       {}; re-run plait compile",
+            r.recomputed_summary()
         )?;
     }
 

@@ -101,7 +101,12 @@ pub struct Report {
     pub predicted: Summary,
     /// The iteration time the current cost model predicts for the plan's strategy.
     pub recomputed_iteration_time_s: f64,
-    /// Whether the two differ by more than [`STALE_TOLERANCE`] (relative).
+    /// The peak memory per GPU the current cost model predicts for the plan's strategy.
+    pub recomputed_peak_memory_bytes: f64,
+    /// Whether the strategy fits by the current cost model (a plan edited by hand may not).
+    pub recomputed_fits: bool,
+    /// Whether the plan's prediction and the current cost model's differ: in time or peak
+    /// memory by more than [`STALE_TOLERANCE`] (relative), or in whether the plan fits.
     pub stale: bool,
     pub why: Vec<String>,
     pub stages: Vec<StageReport>,
@@ -145,6 +150,24 @@ pub fn optimizer_seconds(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy, 
 }
 
 /// Whether `a` and `b` differ by more than [`STALE_TOLERANCE`] relative.
+impl Report {
+    /// What the current cost model predicts for the plan's strategy, for a stale plan's
+    /// warning: the iteration, the peak and whether it fits.
+    pub fn recomputed_summary(&self) -> String {
+        format!(
+            "the current cost model predicts {} per iteration and a peak of {} of {} ({})",
+            why::secs(self.recomputed_iteration_time_s),
+            why::size(self.recomputed_peak_memory_bytes),
+            why::size(self.predicted.memory_capacity_bytes),
+            if self.recomputed_fits {
+                "fits"
+            } else {
+                "does not fit"
+            }
+        )
+    }
+}
+
 pub fn differs(a: f64, b: f64) -> bool {
     (a - b).abs() > STALE_TOLERANCE * a.abs().max(b.abs())
 }
@@ -240,7 +263,11 @@ pub fn build(plan: &Plan, info: &ModelInfo<'_>, traced: &Estimate) -> Report {
             training: p.training.clone(),
         },
         recomputed_iteration_time_s: recomputed,
-        stale: differs(p.iteration_time_s, recomputed),
+        recomputed_peak_memory_bytes: traced.predicted.peak_memory_bytes,
+        recomputed_fits: traced.predicted.fits,
+        stale: differs(p.iteration_time_s, recomputed)
+            || differs(p.peak_memory_bytes, traced.predicted.peak_memory_bytes)
+            || p.fits != traced.predicted.fits,
         why: why::why(plan, info, traced, &communication),
         stages,
         communication,
