@@ -144,3 +144,44 @@ fn expert_fields_that_reach_no_layer_are_noted() {
         "{notes:?}"
     );
 }
+
+/// Values of fields plait builds from that no trained model has: a normalization epsilon of 1
+/// or more (it swamps the variance), a one-token vocabulary (the loss is always zero), a rotary
+/// base at or below 1 (the frequencies grow across the head instead of falling), YaRN's fast
+/// boundary below its slow one (transformers only warns, and ramps the wrong dimensions).
+/// Each is refused naming the field; the published values beside them still read.
+#[test]
+fn values_no_trained_model_has_are_refused_by_name() {
+    let cases: [(&str, &str, Value); 6] = [
+        ("qwen3-8b", "rms_norm_eps", json!(10)),
+        ("gpt2", "layer_norm_epsilon", json!(1.0)),
+        ("qwen3-8b", "vocab_size", json!(1)),
+        ("qwen3-8b", "rope_theta", json!(1e-300)),
+        ("gemma-3-1b", "rope_local_base_freq", json!(1.0)),
+        ("qwen2.5-7b", "rope_theta", json!(0.5)),
+    ];
+    for (name, field, value) in cases {
+        let err = with(name, field, value.clone())
+            .unwrap_or_else(|| panic!("{name}: {field} = {value} was accepted"));
+        assert!(err.contains(field), "{name}: {field} = {value}: {err}");
+    }
+    let mut yarn = fixture("deepseek-v3")["rope_scaling"].clone();
+    yarn["beta_fast"] = json!(1);
+    yarn["beta_slow"] = json!(32);
+    let err = with("deepseek-v3", "rope_scaling", yarn).expect("inverted YaRN betas accepted");
+    assert!(
+        err.contains("beta_fast 1 must exceed beta_slow 32"),
+        "{err}"
+    );
+    for (name, field, value) in [
+        ("qwen3-8b", "rms_norm_eps", json!(1e-6)),
+        ("qwen3-8b", "vocab_size", json!(2)),
+        ("qwen3-8b", "rope_theta", json!(5e5)),
+    ] {
+        assert_eq!(
+            with(name, field, value.clone()),
+            None,
+            "{name}: {field} = {value}"
+        );
+    }
+}

@@ -131,7 +131,17 @@ impl RopeScaling {
                 positive("beta_fast", beta_fast)?;
                 positive("beta_slow", beta_slow)?;
                 positive("original_max_position_embeddings", original_max)?;
-                positive("attention_factor", attention_factor)
+                positive("attention_factor", attention_factor)?;
+                // The ramp runs from the dimension of beta_fast rotations to that of
+                // beta_slow's; the other way round it inverts (transformers warns, and
+                // interpolates the fast dimensions instead of the slow).
+                if beta_fast <= beta_slow {
+                    return Err(format!(
+                        "rope scaling beta_fast {beta_fast} must exceed beta_slow {beta_slow} \
+                         (YaRN's defaults: 32 and 1)"
+                    ));
+                }
+                Ok(())
             }
         }
     }

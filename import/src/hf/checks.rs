@@ -48,7 +48,7 @@ pub(super) fn unbuilt_fields(f: &Fields<'_>, layers: u64) -> Result<(), ConfigEr
         return Err(f.wrong("sliding_window", "a non-negative integer or null", v));
     }
     f.opt_positive("sliding_window_pattern")?;
-    f.opt_float("rope_local_base_freq")?;
+    f.opt_rope_base("rope_local_base_freq")?;
     for field in ["max_window_layers", "num_nextn_predict_layers"] {
         if let Some(v) = f
             .obj

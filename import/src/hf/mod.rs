@@ -467,10 +467,10 @@ fn gpt2(f: Fields<'_>, name: String) -> Result<ModelSpec, ConfigError> {
         heads: f.positive("n_head")?,
         kv_heads: f.positive("n_head")?,
         ffn: f.opt_positive("n_inner")?.unwrap_or(4 * hidden),
-        vocab: f.positive("vocab_size")?,
+        vocab: f.vocabulary()?,
         max_positions: f.positive("n_positions")?,
         tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(true),
-        norm_eps: f.opt_float("layer_norm_epsilon")?.unwrap_or(1e-5),
+        norm_eps: f.opt_epsilon("layer_norm_epsilon")?.unwrap_or(1e-5),
         rope_theta: 0.0,
         rope_scaling: ir::RopeScaling::None,
         experts: 0,
@@ -507,11 +507,11 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         heads,
         kv_heads: f.opt_positive("num_key_value_heads")?.unwrap_or(heads),
         ffn,
-        vocab: f.positive("vocab_size")?,
+        vocab: f.vocabulary()?,
         max_positions,
         tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(kind.tied),
-        norm_eps: f.opt_float(kind.eps_field())?.unwrap_or(kind.rms_eps),
-        rope_theta: f.opt_float("rope_theta")?.unwrap_or(kind.rope_theta),
+        norm_eps: f.opt_epsilon(kind.eps_field())?.unwrap_or(kind.rms_eps),
+        rope_theta: f.opt_rope_base("rope_theta")?.unwrap_or(kind.rope_theta),
         rope_scaling: rope::rope_scaling(&f, max_positions)?,
         experts,
         experts_per_token,
@@ -800,6 +800,43 @@ impl Fields<'_> {
             None => Ok(Some(default)),
             Some(_) => self.opt_float(field),
         }
+    }
+
+    /// A normalization epsilon: positive and below 1 (published configs use 1e-6 to 1e-5; one
+    /// of 1 or more swamps the variance it guards, which no trained model has).
+    fn opt_epsilon(&self, field: &'static str) -> Result<Option<f64>, ConfigError> {
+        self.opt_float_where(field, "a positive number below 1 (e.g. 1e-5)", |x| x < 1.0)
+    }
+
+    /// A rotary base: above 1, so that the frequencies fall across the head (published
+    /// configs use 1e4 to 1e6; at or below 1 they grow without bound).
+    fn opt_rope_base(&self, field: &'static str) -> Result<Option<f64>, ConfigError> {
+        self.opt_float_where(field, "a number above 1 (e.g. 10000)", |x| x > 1.0)
+    }
+
+    fn opt_float_where(
+        &self,
+        field: &'static str,
+        expected: &'static str,
+        ok: impl Fn(f64) -> bool,
+    ) -> Result<Option<f64>, ConfigError> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 && ok(x) => Ok(Some(x)),
+                _ => Err(self.wrong(field, expected, v)),
+            },
+        }
+    }
+
+    /// The vocabulary size: at least two tokens (with one, every prediction is certain and
+    /// the loss is zero).
+    fn vocabulary(&self) -> Result<u64, ConfigError> {
+        let n = self.positive("vocab_size")?;
+        if n < 2 {
+            return Err(self.wrong("vocab_size", "at least 2 tokens", &Value::from(n)));
+        }
+        Ok(n)
     }
 
     fn opt_float(&self, field: &'static str) -> Result<Option<f64>, ConfigError> {
