@@ -141,7 +141,8 @@ pub fn compile(
     let mut r = match result {
         Ok(r) => r,
         Err(inf) => {
-            let gib = inf.smallest_shortfall_bytes / (1u64 << 30) as f64;
+            // In MiB below a GiB: a shortfall of 40 MiB read "by 0.0 GiB".
+            let short = planner::report::why::size(inf.smallest_shortfall_bytes);
             let closest = inf
                 .closest
                 .as_ref()
@@ -165,7 +166,7 @@ pub fn compile(
                 })
                 .unwrap_or_default();
             anyhow::bail!(
-                "{} does not fit on {} x {}: every plan runs out of memory, the closest by {gib:.1} GiB{closest}; \
+                "{} does not fit on {} x {}: every plan runs out of memory, the closest by {short}{closest}; \
                  to make it fit: {}",
                 m.graph.name,
                 cluster_args.gpus,
@@ -620,7 +621,25 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             path.display()
         );
     }
+    if let Some(why) = engine_cannot_run(&plan) {
+        eprintln!("{why}");
+    }
     Ok(())
+}
+
+/// A note where the plan's engine cannot run it as planned (a search over plait's whole
+/// space, without `--target`): `plait export` would refuse it, and `--target` plans one the
+/// engine runs.
+fn engine_cannot_run(plan: &Plan) -> Option<String> {
+    if plan.search.target.is_some() {
+        return None;
+    }
+    let engine = plan.strategy.engine;
+    let why = planner::export::export(plan, engine).err()?;
+    Some(format!(
+        "note: {why}; this plan runs on plait's own runtime (`plait run`), and \
+         `plait compile --target {engine}` plans the fastest one {engine} runs"
+    ))
 }
 
 /// ", N days" for an alternative that fits, when the plan carries a training run.

@@ -22,12 +22,16 @@ fn at_least_one(s: &str) -> Result<u64, String> {
 /// A positive token count, in plain or scientific notation (`300e9`).
 pub(crate) fn parse_tokens(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(t) if t.is_finite() && t >= 1.0 => Ok(t),
+        Ok(t) if t.is_finite() && (1.0..=MAX_TRAIN_TOKENS).contains(&t) => Ok(t),
         _ => Err(format!(
-            "`{s}` is not a token count (a positive number such as 300e9)"
+            "`{s}` is not a token count (a positive number up to 1e18, such as 300e9)"
         )),
     }
 }
+
+/// The most tokens `--train-tokens` takes: 10⁵ times the largest published pre-training runs
+/// (Llama 3: 15.6e12 tokens, 2024); beyond it the days and costs print as hundreds of digits.
+const MAX_TRAIN_TOKENS: f64 = 1e18;
 
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
@@ -187,7 +191,7 @@ impl StrategyArgs {
                 && self.tp.unwrap_or(1) > 1,
             precision: self
                 .precision
-                .unwrap_or_else(|| planner::search::default_precision(cluster)),
+                .unwrap_or_else(|| planner::search::engine_default_precision(cluster, engine)),
             stage_layers: self.stage_layers.clone(),
             attention: self
                 .attention

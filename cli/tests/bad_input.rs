@@ -354,6 +354,18 @@ fn impossible_pins_name_the_rule() {
             "--global-batch 100 is not divisible by dp 8",
         ),
         (&["--pp", "13"][..], "--pp 13 exceeds the model's 12 layers"),
+        (&["--dp", "3"][..], "--dp 3 does not divide --gpus 8"),
+        (
+            &[
+                "--dp-sync",
+                "local-sgd:8",
+                "--grad-compression",
+                "int8",
+                "--zero",
+                "0",
+            ][..],
+            "local SGD exchanges no gradients to compress",
+        ),
         (
             &["--pp", "2", "--stage-layers", "5,5"][..],
             "--stage-layers [5, 5] must be positive and sum to the model's 12 layers",
@@ -398,8 +410,7 @@ fn impossible_pins_name_the_rule() {
         ),
         (
             &["--target", "megatron", "--grad-compression", "int8"][..],
-            "--target megatron: no strategy with --grad-compression int8 --dp-sync sync is one \
-             it runs",
+            "--target megatron: no strategy with --grad-compression int8 is one it runs",
         ),
         (
             &["--target", "deepspeed", "--pp", "2", "--zero", "3"][..],

@@ -62,6 +62,34 @@ impl DpComm {
         *self == DpComm::default()
     }
 
+    /// The flags that give this exchange, leaving out the plain parts (`--dp-sync
+    /// local-sgd:8`, `--grad-compression int8`), for messages.
+    pub fn flags(&self) -> String {
+        let mut out = Vec::new();
+        if self.grad_compression != GradCompression::None {
+            out.push(format!("--grad-compression {}", self.grad_compression));
+        }
+        if self.dp_sync != DpSync::Sync {
+            out.push(format!("--dp-sync {}", self.dp_sync));
+        }
+        if out.is_empty() {
+            out.push("--dp-sync sync".into());
+        }
+        out.join(" ")
+    }
+
+    /// Why the two halves do not go together: local SGD exchanges no gradients, so there is
+    /// nothing to compress (its parameter average would be priced and run uncompressed).
+    pub fn conflict(&self) -> Option<String> {
+        (self.grad_compression != GradCompression::None && self.dp_sync != DpSync::Sync).then(|| {
+            format!(
+                "{}: local SGD exchanges no gradients to compress (it averages parameters every \
+                 few steps); drop --grad-compression or --dp-sync",
+                self.flags()
+            )
+        })
+    }
+
     /// One exchange named as `--grad-compression` or `--dp-sync` name it (`bf16`, `int8`,
     /// `topk:0.01`, `local-sgd:8`; `none` and `sync` are the plain exchange), for
     /// `compile --search-dp-comm`.
@@ -69,6 +97,19 @@ impl DpComm {
         if let Ok(c) = s.parse::<GradCompression>() {
             return Ok(DpComm {
                 grad_compression: c,
+                ..DpComm::default()
+            });
+        }
+        // A mode that names its kind (`topk:`, `local-sgd:`) gets that kind's own message.
+        if s.starts_with("topk:") {
+            return s.parse::<GradCompression>().map(|c| DpComm {
+                grad_compression: c,
+                ..DpComm::default()
+            });
+        }
+        if s.starts_with("local-sgd:") {
+            return s.parse::<DpSync>().map(|d| DpComm {
+                dp_sync: d,
                 ..DpComm::default()
             });
         }
@@ -159,7 +200,8 @@ impl FromStr for DpSync {
         match s.strip_prefix("local-sgd:").map(str::parse::<u32>) {
             Some(Ok(h)) if h >= 1 => Ok(DpSync::LocalSgd { every: h }),
             Some(_) => Err(format!(
-                "`{s}`: local SGD needs a whole number of steps of at least 1, e.g. local-sgd:8"
+                "`{s}`: local SGD needs a whole number of steps from 1 to {}, e.g. local-sgd:8",
+                u32::MAX
             )),
             None => Err(format!(
                 "unknown data-parallel sync `{s}`; expected sync or local-sgd:H"
@@ -214,7 +256,7 @@ mod tests {
             "local-sgd:0"
                 .parse::<DpSync>()
                 .unwrap_err()
-                .contains("at least 1")
+                .contains("from 1 to")
         );
     }
 }

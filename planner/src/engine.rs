@@ -108,11 +108,10 @@ impl Engine {
         let pipelined = s.pp > 1;
         if !s.dp_comm.is_plain() {
             return Err(format!(
-                "{} exchanges plain gradients every step: --grad-compression {} --dp-sync {} \
-                 is plait's own runtime's exchange (`plait run`)",
+                "{} exchanges plain gradients every step: {} is plait's own runtime's \
+                 exchange (`plait run`)",
                 self.engine_name(),
-                s.dp_comm.grad_compression,
-                s.dp_comm.dp_sync
+                s.dp_comm.flags()
             ));
         }
         match self {
@@ -139,8 +138,7 @@ impl Engine {
                 ) =>
             {
                 Err(format!(
-                    "torchtitan trains in bfloat16 or float32 ({} is Transformer Engine's or \
-                     fp16 mixed precision)",
+                    "torchtitan trains in bfloat16 or float32, not {}",
                     s.precision
                 ))
             }

@@ -903,8 +903,17 @@ struct Transients {
     /// dtype or fp32 as the engine holds it ([`crate::engine::Engine::logits_grad_in_compute_dtype`]).
     logits_grad: f64,
     /// The head's weights while it runs, beside what every stage stores
-    /// ([`head_weight_bytes`]).
+    /// ([`head_weight_elems`]).
     head_weights: f64,
+    /// The gradient of the head's transposed weight copy, live in its backward beside the
+    /// logits' gradient (after the kept logits died) until it is transposed back into the
+    /// stored gradient.
+    head_weight_grads: f64,
+    /// The embedding tables' gradient from one backward, whole-table sized (a lookup's
+    /// backward scatters into a fresh dense table: PyTorch's `embedding_dense_backward`,
+    /// plait's `grad_part`), live at the end of the first chunk's backward before it is added
+    /// to the stored gradient.
+    embedding_grads: f64,
 }
 
 impl Transients {
@@ -915,7 +924,10 @@ impl Transients {
     /// died.
     fn head_chunk(&self, layers: WorkingSet) -> WorkingSet {
         let layer_phase = layers.activations + layers.states - self.logits_kept;
-        let head = self.logits_grad.max(self.logits_forward);
+        // The transposed weight's gradient comes after the loss's backward, once the kept
+        // logits died: it adds only what it exceeds them by.
+        let weight_grads = (self.head_weight_grads - self.logits_kept).max(0.0);
+        let head = (self.logits_grad + weight_grads).max(self.logits_forward);
         if head + self.head_weights >= layer_phase {
             return WorkingSet {
                 activations: head,
@@ -974,6 +986,7 @@ impl Transients {
         } else {
             4.0
         };
+        let head = head_weight_elems(g, info, s);
         Transients {
             layer: WorkingSet {
                 activations: rebuilt + gradients,
@@ -986,16 +999,55 @@ impl Transients {
                 0.0
             },
             logits_grad: grad_bytes * logit_elems,
-            head_weights: head_weight_bytes(g, info, s),
+            head_weights: (head.transposed + head.gathered) * s.precision.weight_bytes(),
+            head_weight_grads: head.transposed * s.precision.activation_bytes(),
+            embedding_grads: embedding_table_elems(g, info, s) * s.precision.activation_bytes(),
         }
     }
 }
 
-/// The head's weights live while it runs beyond the stored ones: a transposed copy of each
-/// weight the head reads through a transpose (a tied head computes `x · wteᵀ`, and plait's
-/// runtime materializes the transpose), and under ZeRO-3 its gathered weights. The
-/// vocabulary-sized ones at the rank's share where the vocabulary splits.
-fn head_weight_bytes(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> f64 {
+impl Transients {
+    /// The working set of the chunk that starts with the embedding, whose layers' working set
+    /// is `layers` and whose micro-batch keeps `own` bytes: its lookup's backward ends the
+    /// chunk's, its table's gradient beside what is in flight once the micro-batch's own
+    /// activations died (in flight counts them).
+    fn embedding_chunk(&self, layers: WorkingSet, own: f64) -> WorkingSet {
+        WorkingSet {
+            activations: layers.activations.max(self.embedding_grads - own),
+            states: layers.states,
+        }
+    }
+}
+
+/// Elements (at the rank's share) of the tables the embedding ops before the layers look up.
+fn embedding_table_elems(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> f64 {
+    let is_param = |v: ir::ValueId| matches!(g.op(g.def_op(v)).kind, OpKind::Param { .. });
+    let tables: std::collections::BTreeSet<ir::ValueId> = info
+        .pre_ops
+        .iter()
+        .map(|&o| g.op(o))
+        .filter(|op| matches!(op.kind, OpKind::Embedding))
+        .flat_map(|op| op.inputs.iter().copied().filter(|&x| is_param(x)))
+        .collect();
+    tables
+        .into_iter()
+        .map(|v| g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp))
+        .sum()
+}
+
+/// Elements of the head's weights live while it runs beyond the stored ones.
+struct HeadWeights {
+    /// A transposed copy of each weight the head reads through a transpose (a tied head
+    /// computes `x · wteᵀ`, and plait's runtime materializes the transpose; its backward
+    /// materializes the copy's gradient too).
+    transposed: f64,
+    /// Under ZeRO-3, its gathered weights.
+    gathered: f64,
+}
+
+/// The head's weights beyond the stored ones ([`HeadWeights`]); the vocabulary-sized ones at
+/// the rank's share where the vocabulary splits.
+fn head_weight_elems(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> HeadWeights {
     let is_param = |v: ir::ValueId| matches!(g.op(g.def_op(v)).kind, OpKind::Param { .. });
     let rank_elems = |v: ir::ValueId| {
         g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp)
@@ -1016,7 +1068,10 @@ fn head_weight_bytes(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> f64 {
     } else {
         0.0
     };
-    (transposed + gathered) * s.precision.weight_bytes()
+    HeadWeights {
+        transposed,
+        gathered,
+    }
 }
 
 /// A non-plain data-parallel exchange of `local` parameters' gradients beside the plain one:

@@ -272,6 +272,9 @@ impl Strategy {
         }
         self.validate_cp(model)?;
         self.validate_ep(model)?;
+        if let Some(why) = self.dp_comm.conflict() {
+            return err(why);
+        }
         if !self.dp_comm.is_plain() && self.zero > 0 {
             return err(format!(
                 "--grad-compression {} --dp-sync {} run at ZeRO-0 (a compressed exchange is an all-reduce; local SGD keeps each replica's whole optimizer state), not at ZeRO-{}: pass --zero 0",

@@ -101,6 +101,7 @@ pub(super) fn chunk_costs(chunk_runs: &[Vec<u32>], c: &ChunkInputs<'_>) -> Vec<C
             if i == 0 {
                 cc.fwd += c.pre.fwd_total();
                 cc.bwd += c.pre.bwd_total();
+                cc.working = head.embedding_chunk(cc.working, cc.activation_bytes);
             }
             if i + 1 == n_chunks {
                 cc.fwd += c.post.fwd_total();

@@ -311,7 +311,13 @@ fn pipeline_args(plan: &Plan, args: &mut Vec<String>) -> Result<(), PlanError> {
         &layers[..]
     };
     let even = inner.first().copied().unwrap_or(0);
-    let uneven = |feature: String| refuse(feature, "only the first and last stage may differ");
+    let uneven = |feature: String| {
+        refuse(
+            feature,
+            "only the first and last stage may differ; `plait compile --target megatron` plans \
+             a split it runs",
+        )
+    };
     if inner.iter().any(|&l| l != even) && n > 2 {
         return Err(uneven(format!("pipeline chunks of {layers:?} layers")));
     }
@@ -329,7 +335,8 @@ fn pipeline_args(plan: &Plan, args: &mut Vec<String>) -> Result<(), PlanError> {
         Schedule::Gpipe if s.pp > 1 => {
             return Err(refuse(
                 "the GPipe schedule",
-                "it runs 1F1B and interleaved 1F1B",
+                "it runs 1F1B and interleaved 1F1B; `plait compile --target megatron` plans \
+                 one of those",
             ));
         }
         Schedule::Interleaved if s.virtual_stages > 1 => {
@@ -424,10 +431,7 @@ pub fn args(plan: &Plan, arch: &Architecture) -> Result<Vec<String>, PlanError> 
     let s = &plan.strategy;
     if !s.dp_comm.is_plain() {
         return Err(refuse(
-            format!(
-                "--grad-compression {} --dp-sync {}",
-                s.dp_comm.grad_compression, s.dp_comm.dp_sync
-            ),
+            s.dp_comm.flags(),
             "it exchanges plain gradients every step; the plan's exchange is plait's own \
              runtime's (`plait run`): compile without --grad-compression and --dp-sync",
         ));

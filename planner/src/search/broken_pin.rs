@@ -112,14 +112,25 @@ pub(super) fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<St
             t * q * d
         ));
     }
-    if let Some(d) = p.dp.map(u64::from)
-        && !batch.is_multiple_of(d * p.micro_batch.unwrap_or(1))
-    {
-        return Some(format!(
-            "--global-batch {batch} is not divisible by dp {d} x micro-batch {} = {}",
-            p.micro_batch.unwrap_or(1),
-            d * p.micro_batch.unwrap_or(1)
-        ));
+    if let Some(d) = p.dp.map(u64::from) {
+        if !gpus.is_multiple_of(d) {
+            return Some(format!("--dp {d} does not divide --gpus {gpus}"));
+        }
+        match p.micro_batch {
+            Some(m) if !batch.is_multiple_of(d * m) => {
+                return Some(format!(
+                    "--global-batch {batch} is not divisible by dp {d} x micro-batch {m} = {}",
+                    d * m
+                ));
+            }
+            None if !batch.is_multiple_of(d) => {
+                return Some(format!(
+                    "--global-batch {batch} is not divisible by --dp {d}: each replica takes \
+                     the same number of sequences"
+                ));
+            }
+            _ => {}
+        }
     }
     None
 }

@@ -174,11 +174,22 @@ pub fn default_precision(cluster: &Cluster) -> Precision {
         .unwrap_or(Precision::Fp32)
 }
 
+/// [`default_precision`] among those `engine` trains in: torchtitan has no fp16 mixed
+/// precision, so a GPU without bf16 (V100) trains there in fp32.
+pub fn engine_default_precision(cluster: &Cluster, engine: Engine) -> Precision {
+    match default_precision(cluster) {
+        Precision::Fp16 if engine == Engine::Torchtitan => Precision::Fp32,
+        p => p,
+    }
+}
+
 /// Every strategy the request allows, in a fixed order (so results are deterministic).
 pub fn candidates(info: &ModelInfo<'_>, cluster: &Cluster, req: &SearchRequest) -> Vec<Strategy> {
     let p = &req.pins;
-    let precision = p.precision.unwrap_or_else(|| default_precision(cluster));
     let engine = p.engine.unwrap_or_default();
+    let precision = p
+        .precision
+        .unwrap_or_else(|| engine_default_precision(cluster, engine));
     let kernels = p.kernels.unwrap_or_else(|| cluster.engine_kernels(engine));
     let attention = p.attention.unwrap_or_else(|| cluster.default_attention());
     let mut out = Vec::new();
@@ -889,7 +900,7 @@ fn smallest_fitting_cluster(
     let precision = req
         .pins
         .precision
-        .unwrap_or_else(|| default_precision(cluster));
+        .unwrap_or_else(|| engine_default_precision(cluster, req.pins.engine.unwrap_or_default()));
     let per_param = precision.weight_bytes() + precision.grad_bytes() + precision.optimizer_bytes();
     let usable = (cluster.memory_bytes() - RESERVE_BYTES).max(1.0);
     let states = (info.params() as f64 * per_param / usable).ceil() as u64;
@@ -931,7 +942,7 @@ fn infeasible(
     let precision = req
         .pins
         .precision
-        .unwrap_or_else(|| default_precision(cluster));
+        .unwrap_or_else(|| engine_default_precision(cluster, req.pins.engine.unwrap_or_default()));
     // Smallest shortfall over what was priced; when everything was pruned, the smallest lower
     // bound's; with neither, the states bound of the most sharded layout (ZeRO-3 over all GPUs).
     let (short, strategy) = match (&closest, closest_pruned) {

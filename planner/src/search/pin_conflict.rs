@@ -45,13 +45,12 @@ fn pinned(p: &Pins) -> Vec<(String, Unpin)> {
         add(format!("--recompute {x}"), |p| p.recompute = None);
     }
     if !p.dp_comm.is_plain() {
-        add(
-            format!(
-                "--grad-compression {} --dp-sync {}",
-                p.dp_comm.grad_compression, p.dp_comm.dp_sync
-            ),
-            |p| p.dp_comm = crate::dp_comm::DpComm::default(),
-        );
+        add(p.dp_comm.flags(), |p| {
+            p.dp_comm = crate::dp_comm::DpComm::default();
+        });
+    }
+    if let Some(x) = p.precision {
+        add(format!("--precision {x}"), |p| p.precision = None);
     }
     if let Some(x) = p.sequence_parallel {
         let on = if x { "on" } else { "off" };
