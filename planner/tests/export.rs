@@ -366,9 +366,8 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
 /// architecture), in core_v0.15.0's `examples/post_training/modelopt/conf/deepseek-ai/
 /// {DeepSeek-V2-Lite,DeepSeek-R1}.sh`: the flags plait's export must give for the published
 /// config.json files. Left out of the comparison: their tokenizer's vocabulary padding, the
-/// load-balancing settings (aux-loss coefficients and type: training choices, not the
-/// config's; V3's expert bias and its update rate are compared), `--kv-channels` (MLA
-/// ignores it) and a
+/// load-balancing settings (aux-loss coefficients, V3's `--moe-router-enable-expert-bias`,
+/// whose bias plait holds at zero, as it starts), `--kv-channels` (MLA ignores it) and a
 /// `--moe-router-pre-softmax` beside a sigmoid score (which it ignores).
 const NVIDIA_DEEPSEEK: [(&str, &[(&str, &str)]); 2] = [
     (
@@ -420,8 +419,6 @@ const NVIDIA_DEEPSEEK: [(&str, &[(&str, &str)]); 2] = [
             ("--moe-layer-freq", "[0]*3+[1]*58"),
             ("--moe-ffn-hidden-size", "2048"),
             ("--moe-router-score-function", "sigmoid"),
-            ("--moe-router-bias-update-rate", "1e-3"),
-            ("--moe-router-enable-expert-bias", ""),
             ("--moe-router-topk", "8"),
             ("--moe-router-num-groups", "8"),
             ("--moe-router-group-topk", "4"),

@@ -262,12 +262,6 @@ fn router_args(a: &Architecture, args: &mut Vec<String>) -> Result<(), PlanError
             ));
         }
         push(args, "--moe-router-score-function", "sigmoid");
-        // transformers' sigmoid router (DeepSeek-V3's `noaux_tc`) picks experts by score plus
-        // a per-expert correction bias (`e_score_correction_bias`), updated to balance load
-        // without an auxiliary loss: Megatron-Core's expert bias, at the rate NVIDIA's
-        // DeepSeek-R1 configuration sets (examples/post_training/modelopt/conf/deepseek-ai).
-        flag(args, "--moe-router-enable-expert-bias");
-        push(args, "--moe-router-bias-update-rate", "1e-3");
     } else if !r.normalize {
         flag(args, "--moe-router-pre-softmax");
     }
