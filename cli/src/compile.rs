@@ -636,10 +636,25 @@ fn engine_cannot_run(plan: &Plan) -> Option<String> {
     }
     let engine = plan.strategy.engine;
     let why = planner::export::export(plan, engine).err()?;
-    Some(format!(
-        "note: {why}; this plan runs on plait's own runtime (`plait run`), and \
-         `plait compile --target {engine}` plans the fastest one {engine} runs"
-    ))
+    // A model the engine cannot build at all: no --target plan of it would run either.
+    let buildable = plan
+        .model
+        .ir
+        .as_deref()
+        .and_then(|text| ir::text::parse(text).ok())
+        .is_some_and(|g| {
+            planner::ModelInfo::new(&g).is_ok_and(|info| {
+                planner::export::check_model(&info, engine, plan.strategy.seq).is_ok()
+            })
+        });
+    Some(if buildable {
+        format!(
+            "note: {why}; this plan runs on plait's own runtime (`plait run`), and \
+             `plait compile --target {engine}` plans the fastest one {engine} runs"
+        )
+    } else {
+        format!("note: {why}; this plan runs on plait's own runtime (`plait run`)")
+    })
 }
 
 /// ", N days" for an alternative that fits, when the plan carries a training run.

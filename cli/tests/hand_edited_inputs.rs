@@ -145,6 +145,8 @@ fn a_plan_that_no_longer_fits_is_refused_and_reported_stale() {
         (&true.into(), &false.into())
     );
     assert!(err.contains("does not fit"), "{err}");
+    // Against the card as edited, not the plan's stored capacity.
+    assert!(err.contains("of 10.5 KiB (does not fit)"), "{err}");
     // The plan as compiled is neither refused nor stale.
     let (code, json, err) = plait(&["report", &s(&plan), "--json"]);
     assert_eq!(code, 0, "{err}");

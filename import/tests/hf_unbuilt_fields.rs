@@ -170,9 +170,14 @@ fn values_no_trained_model_has_are_refused_by_name() {
     yarn["beta_slow"] = json!(32);
     let err = with("deepseek-v3", "rope_scaling", yarn).expect("inverted YaRN betas accepted");
     assert!(
-        err.contains("beta_fast 1 must exceed beta_slow 32"),
+        err.contains("beta_fast 1 must be at least beta_slow 32"),
         "{err}"
     );
+    // Equal boundaries are Kimi-K2's published ones (a DeepSeek-V3 architecture).
+    let mut kimi = fixture("deepseek-v3")["rope_scaling"].clone();
+    kimi["beta_fast"] = json!(1.0);
+    kimi["beta_slow"] = json!(1.0);
+    assert_eq!(with("deepseek-v3", "rope_scaling", kimi), None);
     for (name, field, value) in [
         ("qwen3-8b", "rms_norm_eps", json!(1e-6)),
         ("qwen3-8b", "vocab_size", json!(2)),

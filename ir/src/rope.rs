@@ -134,11 +134,12 @@ impl RopeScaling {
                 positive("attention_factor", attention_factor)?;
                 // The ramp runs from the dimension of beta_fast rotations to that of
                 // beta_slow's; the other way round it inverts (transformers warns, and
-                // interpolates the fast dimensions instead of the slow).
-                if beta_fast <= beta_slow {
+                // interpolates the fast dimensions instead of the slow). Equal is a step, not
+                // a ramp (Kimi-K2's 1 and 1).
+                if beta_fast < beta_slow {
                     return Err(format!(
-                        "rope scaling beta_fast {beta_fast} must exceed beta_slow {beta_slow} \
-                         (YaRN's defaults: 32 and 1)"
+                        "rope scaling beta_fast {beta_fast} must be at least beta_slow \
+                         {beta_slow} (YaRN's defaults: 32 and 1)"
                     ));
                 }
                 Ok(())

@@ -138,8 +138,13 @@ impl Engine {
                 ) =>
             {
                 Err(format!(
-                    "torchtitan trains in bfloat16 or float32, not {}",
-                    s.precision
+                    "torchtitan trains in bfloat16 or float32, not {}{}",
+                    s.precision,
+                    if s.precision.is_fp8() {
+                        " (plait's fp8 is Transformer Engine's; torchtitan's float8 is torchao's)"
+                    } else {
+                        ""
+                    }
                 ))
             }
             Engine::Deepspeed if pipelined && s.zero >= 2 => Err(format!(

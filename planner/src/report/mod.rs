@@ -103,6 +103,8 @@ pub struct Report {
     pub recomputed_iteration_time_s: f64,
     /// The peak memory per GPU the current cost model predicts for the plan's strategy.
     pub recomputed_peak_memory_bytes: f64,
+    /// The GPU memory the current cost model prices against (the plan's cluster as read now).
+    pub recomputed_memory_capacity_bytes: f64,
     /// Whether the strategy fits by the current cost model (a plan edited by hand may not).
     pub recomputed_fits: bool,
     /// Whether the plan's prediction and the current cost model's differ: in time or peak
@@ -149,7 +151,6 @@ pub fn optimizer_seconds(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy, 
         + cluster.gpu.launch_overhead_us * 1e-6
 }
 
-/// Whether `a` and `b` differ by more than [`STALE_TOLERANCE`] relative.
 impl Report {
     /// What the current cost model predicts for the plan's strategy, for a stale plan's
     /// warning: the iteration, the peak and whether it fits.
@@ -158,7 +159,7 @@ impl Report {
             "the current cost model predicts {} per iteration and a peak of {} of {} ({})",
             why::secs(self.recomputed_iteration_time_s),
             why::size(self.recomputed_peak_memory_bytes),
-            why::size(self.predicted.memory_capacity_bytes),
+            why::size(self.recomputed_memory_capacity_bytes),
             if self.recomputed_fits {
                 "fits"
             } else {
@@ -168,6 +169,7 @@ impl Report {
     }
 }
 
+/// Whether `a` and `b` differ by more than [`STALE_TOLERANCE`] relative.
 pub fn differs(a: f64, b: f64) -> bool {
     (a - b).abs() > STALE_TOLERANCE * a.abs().max(b.abs())
 }
@@ -264,6 +266,7 @@ pub fn build(plan: &Plan, info: &ModelInfo<'_>, traced: &Estimate) -> Report {
         },
         recomputed_iteration_time_s: recomputed,
         recomputed_peak_memory_bytes: traced.predicted.peak_memory_bytes,
+        recomputed_memory_capacity_bytes: traced.predicted.memory_capacity_bytes,
         recomputed_fits: traced.predicted.fits,
         stale: differs(p.iteration_time_s, recomputed)
             || differs(p.peak_memory_bytes, traced.predicted.peak_memory_bytes)

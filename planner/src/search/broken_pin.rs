@@ -141,7 +141,10 @@ pub(super) fn before_search(
     cluster: &Cluster,
     req: &SearchRequest,
 ) -> Option<String> {
-    broken_expert_pin(info, req)
+    req.pins
+        .dp_comm
+        .conflict()
+        .or_else(|| broken_expert_pin(info, req))
         .or_else(|| broken_stage_pin(info, req))
         .or_else(|| broken_cp_pin(req))
         .or_else(|| broken_precision_pin(cluster, req))
