@@ -143,6 +143,12 @@ pub fn compile(
         Err(inf) => {
             // In MiB below a GiB: a shortfall of 40 MiB read "by 0.0 GiB".
             let short = planner::report::why::size(inf.smallest_shortfall_bytes);
+            // A bound's shortfall (nothing was priced) is the least the closest misses by.
+            let short = if inf.shortfall_is_lower_bound {
+                format!("at least {short}")
+            } else {
+                short
+            };
             let closest = inf
                 .closest
                 .as_ref()
@@ -152,13 +158,7 @@ pub fn compile(
                         s.tp,
                         s.pp,
                         s.dp,
-                        if s.cp > 1 {
-                            format!(" cp {}", s.cp)
-                        } else if s.ep > 1 {
-                            format!(" ep {}", s.ep)
-                        } else {
-                            String::new()
-                        },
+                        cp_ep(s),
                         s.zero,
                         s.recompute,
                         s.micro_batch
@@ -594,11 +594,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
                 s.tp,
                 s.pp,
                 s.dp,
-                if s.cp > 1 {
-                    format!(" cp {}", s.cp)
-                } else {
-                    String::new()
-                },
+                cp_ep(s),
                 s.micro_batch,
                 s.schedule,
                 if s.virtual_stages > 1 {
@@ -841,6 +837,19 @@ fn runs_note(info: &planner::ModelInfo<'_>) -> String {
         " (one extraction per run of identical layers: {})",
         spans.join(", ")
     )
+}
+
+/// A strategy's context- and expert-parallel degrees beside tp, pp and dp in one line (" cp 2",
+/// " ep 8"; nothing at 1), so that two alternatives differing only there read differently.
+fn cp_ep(s: &planner::Strategy) -> String {
+    let mut out = String::new();
+    if s.cp > 1 {
+        out += &format!(" cp {}", s.cp);
+    }
+    if s.ep > 1 {
+        out += &format!(" ep {}", s.ep);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -124,7 +124,7 @@ fn invalid(extra: &[&str], fragment: &str) {
 fn invalid_strategies_exit_2_naming_the_constraint() {
     invalid(
         &["--tp", "4", "--pp", "2", "--dp", "4", "--micro-batch", "1"],
-        "tp x pp x dp = 4 x 2 x 4 = 32 must equal --gpus 64",
+        "tp x pp x dp = 4 x 2 x 4 = 32 must equal the 64 GPUs (--gpus",
     );
     invalid(
         &["--tp", "64", "--pp", "1", "--dp", "1", "--micro-batch", "1"],

@@ -184,6 +184,7 @@ fn a_plan_whose_chunks_were_edited_is_refused_by_every_command_that_reads_it() {
             vec!["codegen", &s(&bad), "-o", &s(&out)][..].to_vec(),
             vec!["export", &s(&bad), "--to", "megatron"],
             vec!["run", &s(&bad), "--steps", "1"],
+            vec!["report", &s(&bad)],
         ] {
             let (code, _, err) = plait(&args);
             assert_eq!(code, 2, "{name} {args:?}: {err}");
@@ -238,6 +239,37 @@ fn an_output_path_that_is_the_commands_input_is_refused_and_the_input_kept() {
         config,
         "the config is intact"
     );
+}
+
+/// `codegen -o` names a directory: a file there, or a directory of other files (whose own
+/// `index.json` codegen would overwrite), is refused with exit 2 and left as it was; a
+/// directory codegen wrote before is written again.
+#[test]
+fn codegen_writes_only_into_a_new_empty_or_program_directory() {
+    let d = dir("codegen-destination");
+    let plan = tiny_plan(&d);
+    let file = d.join("notes.txt");
+    std::fs::write(&file, "mine").expect("file");
+    let foreign = d.join("site");
+    std::fs::create_dir_all(&foreign).expect("dir");
+    std::fs::write(foreign.join("index.json"), r#"{"title": "mine"}"#).expect("index");
+    for (out, says) in [
+        (&file, "is a file, not a directory"),
+        (&foreign, "holds 1 other entries and no program"),
+    ] {
+        let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(out)]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(&s(out)) && err.contains(says), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&file).expect("file"), "mine");
+    let index = std::fs::read_to_string(foreign.join("index.json")).expect("index");
+    assert_eq!(
+        index, r#"{"title": "mine"}"#,
+        "the directory's own index is intact"
+    );
+    let progs = tiny_programs(&d);
+    let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(&progs)]);
+    assert_eq!(code, 0, "a program directory is written again: {err}");
 }
 
 #[test]

@@ -53,8 +53,8 @@ fn compile_twice_is_byte_identical() {
 #[test]
 fn gpt2_searched_plan() {
     let plan = compile("searched", "plan.json", &[]);
-    insta::assert_snapshot!("gpt2_dp_plan_json", plan_text(&plan));
-    insta::assert_snapshot!("gpt2_dp_report", report_text(&plan));
+    insta::assert_snapshot!("gpt2_searched_plan_json", plan_text(&plan));
+    insta::assert_snapshot!("gpt2_searched_report", report_text(&plan));
 }
 
 #[test]

@@ -262,7 +262,8 @@ impl Strategy {
                 String::new()
             };
             return err(format!(
-                "tp x pp x dp{} = {} x {} x {}{cp} = {} must equal --gpus {gpus}",
+                "tp x pp x dp{} = {} x {} x {}{cp} = {} must equal the {gpus} GPUs (--gpus; in a \
+                 plan, its `gpus` field)",
                 if self.cp > 1 { " x cp" } else { "" },
                 self.tp,
                 self.pp,

@@ -268,7 +268,11 @@ fn rejected(s: &Strategy, gpus: u64, fragment: &str) {
 
 #[test]
 fn invalid_strategies_name_their_constraint() {
-    rejected(&strategy(2, 2, 2, 1, 64), 16, "must equal --gpus 16");
+    rejected(
+        &strategy(2, 2, 2, 1, 64),
+        16,
+        "must equal the 16 GPUs (--gpus; in a plan, its `gpus` field)",
+    );
     rejected(
         &strategy(3, 1, 1, 1, 64),
         3,

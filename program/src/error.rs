@@ -9,4 +9,17 @@ pub enum ProgramError {
     Io { path: PathBuf, message: String },
     #[error("{}: not a valid program file: {message}", path.display())]
     Format { path: PathBuf, message: String },
+    #[error(
+        "{}: is a file, not a directory; the programs go into a directory (`plait codegen \
+         PLAN -o DIR`): name a new one, or one codegen wrote before",
+        path.display()
+    )]
+    NotADirectory { path: PathBuf },
+    #[error(
+        "{}: holds {entries} other entries and no program (no plait index.json); codegen would \
+         write its index.json and template files among them: name a new or empty directory, \
+         or one codegen wrote before",
+        path.display()
+    )]
+    ForeignDirectory { path: PathBuf, entries: usize },
 }

@@ -27,8 +27,11 @@ fn io(path: &Path, e: impl ToString) -> ProgramError {
     }
 }
 
-/// Writes the set into `dir` (created if needed).
+/// Writes the set into `dir` (created if needed): a new or empty directory, or one that holds
+/// a program written before (replaced). Nothing is written into a file's place or among other
+/// files (a user's `index.json` would be overwritten).
 pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), ProgramError> {
+    check_destination(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let names: Vec<String> = set
         .templates
@@ -59,6 +62,37 @@ pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), ProgramError> {
 }
 
 /// Reads a set written by [`write`].
+/// Refuses a destination that is a file, or a directory of other files.
+fn check_destination(dir: &Path) -> Result<(), ProgramError> {
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return Ok(()); // absent: created by `write`, which reports why it cannot be
+    };
+    if !meta.is_dir() {
+        return Err(ProgramError::NotADirectory { path: dir.into() });
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| io(dir, e))?.count();
+    if entries == 0 || holds_a_program(dir) {
+        return Ok(());
+    }
+    Err(ProgramError::ForeignDirectory {
+        path: dir.into(),
+        entries,
+    })
+}
+
+/// Whether `dir/index.json` is a program index (its `format` is plait's, of any version).
+fn holds_a_program(dir: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(dir.join("index.json")) else {
+        return false;
+    };
+    let family = FORMAT.split('/').next().unwrap_or(FORMAT);
+    serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| {
+        v["format"]
+            .as_str()
+            .is_some_and(|f| f.split('/').next() == Some(family))
+    })
+}
+
 pub fn read(dir: &Path) -> Result<ProgramSet, ProgramError> {
     let p = dir.join("index.json");
     let text = std::fs::read_to_string(&p).map_err(|e| {

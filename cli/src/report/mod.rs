@@ -43,6 +43,10 @@ pub fn load(path: &std::path::Path, train_tokens: Option<f64>) -> anyhow::Result
     let m = model::load(&plan.model.reference, s.micro_batch, Some(s.seq))
         .with_context(|| format!("{file}: cannot load its model `{}`", plan.model.reference))?;
     let info = ModelInfo::new(&m.graph).with_context(|| format!("{file}: model"))?;
+    // As `codegen`, `run` and `export` read it: a split edited by hand is not explained as
+    // if it were the plan's.
+    plan.check_chunks(info.layers)
+        .with_context(|| format!("{file}: its pipeline split (the `chunks` field) is not valid"))?;
     let traced = estimate_traced(&info, &plan.cluster, plan.gpus, s, plan.tp_pricing())
         .with_context(|| format!("{file}: cannot re-estimate its strategy"))?;
     let mut r = report::build(&plan, &info, &traced);

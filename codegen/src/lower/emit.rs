@@ -446,6 +446,11 @@ fn step_ins(s: &Step) -> Vec<SVal> {
 /// Likewise a look-up in a parameter table by indices the backward keeps anyway (a learned
 /// position embedding): a broadcast add's backward reads the look-up's output only for its
 /// shape, and PyTorch's add keeps nothing, so the engines hold no `[s, h]` copy per micro-batch.
+///
+/// Likewise a transposed copy of a weight (a tied head's `wteᵀ`): the weight is stored anyway,
+/// so the backward transposes it again rather than keeping a vocabulary-sized copy per
+/// micro-batch in flight (GPipe's last stage held eight). The engines keep none (their GEMM
+/// reads the table transposed); the planner counts the copy only while the head runs.
 fn rebuilt_activation(seg: &Segment, step: &Step, reads: &[bool]) -> Option<SVal> {
     let Step::Compute {
         kind,
@@ -469,6 +474,7 @@ fn rebuilt_activation(seg: &Segment, step: &Step, reads: &[bool]) -> Option<SVal
         (OpKind::Embedding, &[table, idx], &[y]) if !vocab_parallel => {
             (param(table) && owned(idx) && owned(y) && reads[idx] && reads[y]).then_some(y)
         }
+        (OpKind::Transpose { .. }, &[w], &[y]) => (param(w) && owned(y) && reads[y]).then_some(y),
         _ => None,
     }
 }

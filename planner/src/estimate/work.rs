@@ -184,11 +184,18 @@ impl Pricer<'_, '_, '_> {
         }
     }
 
-    /// Whether the strategy's recomputation repeats `o`'s forward in the backward.
+    /// Whether the backward repeats `o`'s forward: what the strategy's recomputation repeats,
+    /// and a transposed copy of a weight (a tied head's `wteᵀ`), which plait's program
+    /// transposes again for the backward rather than keeping per micro-batch in flight
+    /// (codegen's `rebuilt_activation`).
     pub fn recomputes(&self, o: OpId) -> bool {
-        let attention_core = matches!(self.cx.g.op(o).kind, ir::OpKind::Attention { .. });
+        let g = self.cx.g;
+        let op = g.op(o);
+        let attention_core = matches!(op.kind, ir::OpKind::Attention { .. });
         let r = self.cx.s.recompute;
-        r == Recompute::Full || (r == Recompute::Selective && attention_core)
+        r == Recompute::Full
+            || (r == Recompute::Selective && attention_core)
+            || transposes_a_weight(g, o)
     }
 
     /// The kernels' compute alone: each fused group (or each op) timed on the device, the
@@ -224,4 +231,14 @@ impl Pricer<'_, '_, '_> {
         });
         w
     }
+}
+
+/// Whether `o` transposes a parameter (its result a copy of the weight, not an activation).
+fn transposes_a_weight(g: &ir::Graph, o: OpId) -> bool {
+    let op = g.op(o);
+    matches!(op.kind, ir::OpKind::Transpose { .. })
+        && op
+            .inputs
+            .first()
+            .is_some_and(|&x| matches!(g.op(g.def_op(x)).kind, ir::OpKind::Param { .. }))
 }

@@ -141,6 +141,9 @@ pub struct SearchResult {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Infeasible {
     pub smallest_shortfall_bytes: f64,
+    /// The shortfall is a lower bound's (every candidate was pruned by its memory lower bound,
+    /// or none could be priced): the closest plan misses by at least that much.
+    pub shortfall_is_lower_bound: bool,
     pub closest: Option<Strategy>,
     pub suggestions: Vec<String>,
 }
@@ -945,6 +948,7 @@ fn infeasible(
         .unwrap_or_else(|| engine_default_precision(cluster, req.pins.engine.unwrap_or_default()));
     // Smallest shortfall over what was priced; when everything was pruned, the smallest lower
     // bound's; with neither, the states bound of the most sharded layout (ZeRO-3 over all GPUs).
+    let lower_bound = closest.is_none();
     let (short, strategy) = match (&closest, closest_pruned) {
         (Some(e), _) => (shortfall(e).0.max(0.0), Some(e.strategy.clone())),
         (None, Some((bound, s))) => ((bound - capacity).max(0.0), Some(s)),
@@ -992,6 +996,7 @@ fn infeasible(
     }
     Infeasible {
         smallest_shortfall_bytes: short,
+        shortfall_is_lower_bound: lower_bound,
         closest: strategy,
         suggestions,
     }
