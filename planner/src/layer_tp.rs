@@ -72,8 +72,10 @@ impl TpCall {
             .after_position
             .and_then(|p| bp.ops.iter().find(|o| o.position == p))
             .is_some_and(|o| o.mnemonic == "param");
-        // A value gathered again for the backward moves values, not gradients.
-        let values = forward || c.reason == crate::sharding::REGATHER;
+        // A value gathered (or re-split) again for the backward moves values, not gradients.
+        let values = forward
+            || c.reason == crate::sharding::REGATHER
+            || c.reason == crate::sharding::RESPLIT;
         let payload = match (c.per_step, values, of_param) {
             (true, _, _) => "parameter gradients",
             (false, true, true) => "weights",

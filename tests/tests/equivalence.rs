@@ -541,9 +541,11 @@ fn with_extraction(model: &str, c: &Config) -> (planner::plan::Plan, ir::Graph) 
 /// Layers lowered as the e-graph's extraction lays them out, not by the segment rules: at these
 /// small sizes the optimum keeps attention whole on every rank with its weights stored split
 /// and all-gathered for it (multi-query attention at tp 2, two KV heads at tp 4), or Megatron's
-/// split (GPT-2 at tp 2, and at tp 4 with SP); with sequence parallelism multi-query attention
-/// moves its input from sequence shards to hidden shards by an all-to-all (`reshard`). Each lowers exactly as extracted and trains to one
-/// device's losses and final parameters (reproducible mode).
+/// split (GPT-2 at tp 2, and at tp 4 with SP); with sequence parallelism and four sequences
+/// per micro-batch multi-query attention moves its input from sequence shards to hidden shards
+/// by an all-to-all (`reshard`), which the backward runs again from the kept shard (codegen's
+/// `regather`). Each lowers exactly as extracted and trains to one device's losses and final
+/// parameters (reproducible mode).
 #[test]
 fn extracted_layouts_equal_one_device() {
     let mut gpt_sp = Config::new(4, 1, 1);
@@ -551,6 +553,8 @@ fn extracted_layouts_equal_one_device() {
     let mut mqa_sp = Config::new(2, 1, 1);
     mqa_sp.sp = true;
     let mla_sp = mqa_sp.clone();
+    let mut mqa_sp_mb4 = mqa_sp.clone();
+    mqa_sp_mb4.micro_batch = 4;
     const MLA: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/tiny-deepseek_v3.json"
@@ -559,9 +563,11 @@ fn extracted_layouts_equal_one_device() {
     const QWEN2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-qwen2.json");
     const NEMOTRON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-nemotron.json");
     let mut bad = Vec::new();
+    let mut resplit: Vec<&str> = Vec::new();
     for (name, model, c) in [
         ("mqa tp2", common::LLAMA_MQA, Config::new(2, 1, 1)),
         ("mqa tp2 sp", common::LLAMA_MQA, mqa_sp),
+        ("mqa tp2 sp mb4", common::LLAMA_MQA, mqa_sp_mb4),
         ("kv2 tp4", LLAMA, Config::new(4, 1, 1)),
         ("gpt2 tp2", MODEL, Config::new(2, 1, 1)),
         ("gpt2 tp4 sp", MODEL, gpt_sp),
@@ -583,6 +589,9 @@ fn extracted_layouts_equal_one_device() {
                 .map(|k| format!("{} after {:?}", k.kind.name(), k.after_position))
                 .collect();
             println!("{name}: extracted forward collectives {forward:?}");
+            if forward.iter().any(|k| k.starts_with("all-to-all")) {
+                resplit.push(name);
+            }
         }
         let mismatch = codegen::lower::extraction_mismatch(&plan, &graph).unwrap();
         assert_eq!(mismatch, None, "{name}: not lowered as extracted");
@@ -593,4 +602,5 @@ fn extracted_layouts_equal_one_device() {
         }
     }
     assert!(bad.is_empty(), "differ from one device: {bad:?}");
+    assert!(!resplit.is_empty(), "no case re-splits by an all-to-all");
 }

@@ -80,9 +80,12 @@ pub fn plan(seg: &Segment, recompute: Recompute) -> Plan {
     let mut keep = vec![false; n];
     let mut regather = vec![false; n];
     let mut gathered_from = vec![None; n];
+    // A value all-gathered from a shard, or re-split from another split (an extraction's
+    // all-to-all), is made again for the backward from its source, which is kept instead: as
+    // large (a shard) or no larger (a re-split), and often kept anyway for its own readers.
     for s in &seg.steps {
         if let Step::Coll {
-            op: CollectiveOp::AllGather,
+            op: CollectiveOp::AllGather | CollectiveOp::Reshard { .. },
             x,
             y,
             ..
@@ -1108,8 +1111,8 @@ fn rebuild_value(
     inst.bufs[v] = Some(y);
 }
 
-/// Gathers `v` again for the backward from the shard it was gathered from (first gathering
-/// that shard, when it was itself gathered and not kept).
+/// Gathers (or re-splits) `v` again for the backward from the shard it was made from (first
+/// making that shard, when it was itself gathered and not kept).
 fn regather(
     b: &mut Builder,
     seg: &Segment,
@@ -1121,7 +1124,7 @@ fn regather(
     if !p.regather[v] || done[v] {
         return;
     }
-    let Some((x, group, axis)) = gathered_source(seg, v) else {
+    let Some((op, x, group, axis)) = gathered_source(seg, v) else {
         return;
     };
     done[v] = true;
@@ -1134,27 +1137,20 @@ fn regather(
         Role::Activation,
     );
     let xb = inst.bufs[x].unwrap_or(BufferId(u32::MAX));
-    b.push(coll(
-        CollectiveOp::AllGather,
-        group,
-        Some(axis),
-        xb,
-        y,
-        Purpose::Activation,
-    ));
+    b.push(coll(op, group, Some(axis), xb, y, Purpose::Activation));
     inst.bufs[v] = Some(y);
 }
 
-/// The value `v` was all-gathered from, over which group and along which axis.
-fn gathered_source(seg: &Segment, v: SVal) -> Option<(SVal, Slot, u8)> {
+/// The collective that made `v` (an all-gather or a re-split), its source, group and axis.
+fn gathered_source(seg: &Segment, v: SVal) -> Option<(CollectiveOp, SVal, Slot, u8)> {
     seg.steps.iter().find_map(|s| match s {
         Step::Coll {
-            op: CollectiveOp::AllGather,
+            op: op @ (CollectiveOp::AllGather | CollectiveOp::Reshard { .. }),
             x,
             y,
             group,
             axis,
-        } if *y == v => Some((*x, *group, *axis)),
+        } if *y == v => Some((*op, *x, *group, *axis)),
         _ => None,
     })
 }

@@ -24,6 +24,10 @@ pub enum Pass {
 /// that reads it (it kept the shard, not the gathered value).
 pub const REGATHER: &str = "gathered again for the backward (the shard is kept)";
 
+/// Why a backward all-to-all runs where the program re-splits a value again for the backward
+/// that reads it (it kept the value it was re-split from).
+pub const RESPLIT: &str = "re-split again for the backward (its source is kept)";
+
 /// A collective a node performs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Comm {
@@ -492,6 +496,17 @@ fn cost_node(
                     &fact.ty,
                     tp,
                     "re-splits along another axis",
+                ));
+            }
+            // As an all-gather's: the program keeps the source and re-splits it again for the
+            // backward that reads the result (codegen's `regather`), not a second copy.
+            if fact.ty.dtype.is_float() && !opts.expert_parallel {
+                cand.comms.push(mk(
+                    CollectiveKind::AllToAll,
+                    Pass::Backward,
+                    &fact.ty,
+                    tp,
+                    RESPLIT,
                 ));
             }
             cand.act_bytes = costs.activation_memory_bytes(out_local);

@@ -34,7 +34,7 @@ pub mod rules;
 use ir::{Binding, Graph, OpId};
 use serde::{Deserialize, Serialize};
 
-pub use candidates::{Pass, REGATHER};
+pub use candidates::{Pass, REGATHER, RESPLIT};
 pub use cost::{CollectiveKind, ComputeKind, CostOracle, SimpleCosts};
 pub use error::ShardError;
 pub use ilp::SolveReport;
