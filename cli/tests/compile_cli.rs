@@ -317,29 +317,41 @@ fn short_sequence_plans_lower_within_the_verifiers_tolerance() {
             &["--seq", "64", "--pp", "2", "--stage-layers", "1,11"][..],
         ),
     ] {
-        let plan = d.join(format!("{name}.json")).to_string_lossy().to_string();
-        let args = [
-            &[
-                "compile",
-                "gpt2",
-                "--cluster",
-                "cpu",
-                "--gpus",
-                "2",
-                "--global-batch",
-                "8",
-                "-o",
-                &plan,
-            ][..],
-            extra,
-        ]
-        .concat();
-        let (code, _, err) = plait(&args);
-        assert_eq!(code, 0, "{name}: {err}");
-        let out = d.join(name).to_string_lossy().to_string();
-        let (code, stdout, err) = plait(&["codegen", &plan, "-o", &out]);
-        assert_eq!(code, 0, "{name}: {stdout}{err}");
+        compiles_and_lowers_on_two_cpu_ranks(&d, name, "8", extra);
     }
+}
+
+/// `plait compile gpt2 --cluster cpu --gpus 2 --global-batch GB EXTRA` under `d` as `name`,
+/// then `plait codegen` of the plan: both succeed (codegen checks the program's memory
+/// against the plan's within the verifier's tolerance).
+fn compiles_and_lowers_on_two_cpu_ranks(
+    d: &std::path::Path,
+    name: &str,
+    global_batch: &str,
+    extra: &[&str],
+) {
+    let plan = d.join(format!("{name}.json")).to_string_lossy().to_string();
+    let args = [
+        &[
+            "compile",
+            "gpt2",
+            "--cluster",
+            "cpu",
+            "--gpus",
+            "2",
+            "--global-batch",
+            global_batch,
+            "-o",
+            &plan,
+        ][..],
+        extra,
+    ]
+    .concat();
+    let (code, _, err) = plait(&args);
+    assert_eq!(code, 0, "{name}: {err}");
+    let out = d.join(name).to_string_lossy().to_string();
+    let (code, stdout, err) = plait(&["codegen", &plan, "-o", &out]);
+    assert_eq!(code, 0, "{name}: {stdout}{err}");
 }
 
 /// A GPipe plan's last stage lowers within the verifier's tolerance of the plan's memory at
@@ -351,34 +363,8 @@ fn short_sequence_plans_lower_within_the_verifiers_tolerance() {
 fn gpipe_last_stage_lowers_within_the_verifiers_tolerance() {
     let d = common::dir("gpipe-last-stage");
     for global_batch in ["8", "32"] {
-        let plan = d
-            .join(format!("gb{global_batch}.json"))
-            .to_string_lossy()
-            .to_string();
-        let (code, _, err) = plait(&[
-            "compile",
-            "gpt2",
-            "--cluster",
-            "cpu",
-            "--gpus",
-            "2",
-            "--global-batch",
-            global_batch,
-            "--seq",
-            "64",
-            "--pp",
-            "2",
-            "--schedule",
-            "gpipe",
-            "-o",
-            &plan,
-        ]);
-        assert_eq!(code, 0, "gb {global_batch}: {err}");
-        let out = d
-            .join(format!("gb{global_batch}"))
-            .to_string_lossy()
-            .to_string();
-        let (code, stdout, err) = plait(&["codegen", &plan, "-o", &out]);
-        assert_eq!(code, 0, "gb {global_batch}: {stdout}{err}");
+        let name = format!("gb{global_batch}");
+        let gpipe = ["--seq", "64", "--pp", "2", "--schedule", "gpipe"];
+        compiles_and_lowers_on_two_cpu_ranks(&d, &name, global_batch, &gpipe);
     }
 }
