@@ -161,9 +161,15 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         let Some(v) = r.communication.get(d) else {
             continue;
         };
+        let label = |row: &planner::report::volume::VolumeRow| {
+            let p = row.parallelism.to_uppercase();
+            format!("{p} {} {}", row.collective, row.payload)
+        };
+        // As wide as the longest label ("TP reduce-scatter activation gradients" is 38).
+        let width = v.rows.iter().map(|r| label(r).len()).max().unwrap_or(0).max(36);
         writeln!(
             o,
-            "  stage {:<3} {:<36} {:<22} {:>5} {:>6} {:>10} {:>10} {:>9}",
+            "  stage {:<3} {:<width$} {:<22} {:>5} {:>6} {:>10} {:>10} {:>9}",
             v.stage, "collective", "link", "group", "calls", "buffer", "sent", "time"
         )?;
         if v.rows.is_empty() {
@@ -172,13 +178,8 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         for row in &v.rows {
             writeln!(
                 o,
-                "            {:<36} {:<22} {:>5} {:>6} {:>10} {:>10} {:>9}",
-                format!(
-                    "{} {} {}",
-                    row.parallelism.to_uppercase(),
-                    row.collective,
-                    row.payload
-                ),
+                "            {:<width$} {:<22} {:>5} {:>6} {:>10} {:>10} {:>9}",
+                label(row),
                 format!("{} ({})", row.link.name, row.link.level),
                 row.group_size,
                 row.calls,
