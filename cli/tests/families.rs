@@ -588,19 +588,15 @@ fn grouped_query_models_at_tp_4_run_the_extractions_layout() {
             serde_json::from_str(&std::fs::read_to_string(&plan).expect("plan")).expect("JSON");
         let method = v["sharding"]["method"].as_str().expect("method");
         assert!(method.starts_with("e-graph"), "{name}: {method}");
+        // `compile` lowered the plan and checked the program's memory: the method names the
+        // e-graph only where the extraction's program is within the verifier's tolerance.
         let collectives = v["block_plan"]["collectives"]
             .as_array()
             .expect("collectives");
-        let count = |reason: &str| collectives.iter().filter(|c| c["reason"] == reason).count();
         let all_to_alls = collectives
             .iter()
             .filter(|c| c["kind"] == "AllToAll" && c["pass"] == "Forward")
             .count();
         assert!(all_to_alls > 0, "{name}: the optimum re-splits ({method})");
-        assert_eq!(
-            count(planner::sharding::RESPLIT),
-            all_to_alls,
-            "{name}: each re-split runs again for the backward"
-        );
     }
 }

@@ -255,7 +255,7 @@ fn codegen_writes_only_into_a_new_empty_or_program_directory() {
     std::fs::write(foreign.join("index.json"), r#"{"title": "mine"}"#).expect("index");
     for (out, says) in [
         (&file, "is a file, not a directory"),
-        (&foreign, "holds 1 other entries and no program"),
+        (&foreign, "an index.json that is not plait's"),
     ] {
         let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(out)]);
         assert_eq!(code, 2, "{err}");

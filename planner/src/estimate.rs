@@ -914,6 +914,11 @@ struct Transients {
     /// plait's `grad_part`), live at the end of the first chunk's backward before it is added
     /// to the stored gradient.
     embedding_grads: f64,
+    /// What the embedding's backward holds beside that gradient as a state: under ZeRO-3 its
+    /// weights gathered whole (FSDP unshards a module for its backward whether or not it reads
+    /// them; so does plait's program), and under ZeRO-2 and 3 the gradient's reduce-scattered
+    /// shard before it is added to the stored one (codegen's `g.NAME.part`).
+    embedding_weights: f64,
 }
 
 impl Transients {
@@ -1002,6 +1007,8 @@ impl Transients {
             head_weights: (head.transposed + head.gathered) * s.precision.weight_bytes(),
             head_weight_grads: head.transposed * s.precision.activation_bytes(),
             embedding_grads: embedding_table_elems(g, info, s) * s.precision.activation_bytes(),
+            embedding_weights: embedding_backward_state_elems(g, info, s)
+                * s.precision.weight_bytes(),
         }
     }
 }
@@ -1014,7 +1021,7 @@ impl Transients {
     fn embedding_chunk(&self, layers: WorkingSet, own: f64) -> WorkingSet {
         WorkingSet {
             activations: layers.activations.max(self.embedding_grads - own),
-            states: layers.states,
+            states: layers.states.max(self.embedding_weights),
         }
     }
 }
@@ -1033,6 +1040,28 @@ fn embedding_table_elems(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> f64 {
         .into_iter()
         .map(|v| g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp))
         .sum()
+}
+
+/// The elements of [`Transients::embedding_weights`]: of every parameter the ops before the
+/// layers read (at the rank's share), under ZeRO-3 the whole, and under ZeRO-2 and 3 the
+/// reduce-scattered shard of its gradient, over more than one replica; none otherwise.
+fn embedding_backward_state_elems(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> f64 {
+    let replicas = f64::from(s.dp * s.cp);
+    if s.zero < 2 || replicas <= 1.0 {
+        return 0.0;
+    }
+    let gathered = if s.zero >= 3 { 1.0 } else { 0.0 };
+    let is_param = |v: ir::ValueId| matches!(g.op(g.def_op(v)).kind, OpKind::Param { .. });
+    let read: std::collections::BTreeSet<ir::ValueId> = info
+        .pre_ops
+        .iter()
+        .flat_map(|&o| g.op(o).inputs.iter().copied().filter(|&x| is_param(x)))
+        .collect();
+    let elems: f64 = read
+        .into_iter()
+        .map(|v| g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp))
+        .sum();
+    elems * (gathered + 1.0 / replicas)
 }
 
 /// Elements of the head's weights live while it runs beyond the stored ones.

@@ -16,10 +16,32 @@ pub enum ProgramError {
     )]
     NotADirectory { path: PathBuf },
     #[error(
-        "{}: holds {entries} other entries and no program (no plait index.json); codegen would \
-         write its index.json and template files among them: name a new or empty directory, \
-         or one codegen wrote before",
-        path.display()
+        "{}: holds {}; codegen would write its index.json and template files among them: name \
+         a new or empty directory, or one codegen wrote before",
+        path.display(),
+        foreign_contents(*others, *foreign_index)
     )]
-    ForeignDirectory { path: PathBuf, entries: usize },
+    ForeignDirectory {
+        path: PathBuf,
+        /// Entries that are neither a program's files nor hidden.
+        others: usize,
+        /// Its `index.json` is not a program's.
+        foreign_index: bool,
+    },
+}
+
+/// What a directory holds that is not a program's, for [`ProgramError::ForeignDirectory`].
+fn foreign_contents(others: usize, foreign_index: bool) -> String {
+    let files = match others {
+        0 => None,
+        1 => Some("1 file that is not a program's".to_string()),
+        n => Some(format!("{n} files that are not a program's")),
+    };
+    let index = foreign_index.then(|| "an index.json that is not plait's".to_string());
+    match (files, index) {
+        (Some(f), Some(i)) => format!("{f} and {i}"),
+        (Some(f), None) => f,
+        (None, Some(i)) => i,
+        (None, None) => "files that are not a program's".into(),
+    }
 }

@@ -61,8 +61,10 @@ pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), ProgramError> {
     std::fs::write(&p, text + "\n").map_err(|e| io(&p, e))
 }
 
-/// Reads a set written by [`write`].
-/// Refuses a destination that is a file, or a directory of other files.
+/// Refuses a destination that is a file, or a directory of other files: one holding anything
+/// but a program's own files (`index.json`, `template-K.json`, `template-K.mlir`: a program
+/// written before, or one whose writing was cut short) and hidden files (`.keep`), or an
+/// `index.json` that is not a program's.
 fn check_destination(dir: &Path) -> Result<(), ProgramError> {
     let Ok(meta) = std::fs::metadata(dir) else {
         return Ok(()); // absent: created by `write`, which reports why it cannot be
@@ -70,14 +72,30 @@ fn check_destination(dir: &Path) -> Result<(), ProgramError> {
     if !meta.is_dir() {
         return Err(ProgramError::NotADirectory { path: dir.into() });
     }
-    let entries = std::fs::read_dir(dir).map_err(|e| io(dir, e))?.count();
-    if entries == 0 || holds_a_program(dir) {
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|e| io(dir, e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let others = names.iter().filter(|n| !a_programs_own(n)).count();
+    let foreign_index = names.iter().any(|n| n == "index.json") && !holds_a_program(dir);
+    if others == 0 && !foreign_index {
         return Ok(());
     }
     Err(ProgramError::ForeignDirectory {
         path: dir.into(),
-        entries,
+        others,
+        foreign_index,
     })
+}
+
+/// Whether a directory entry named `name` is a program's own file, or hidden.
+fn a_programs_own(name: &str) -> bool {
+    let template = name
+        .strip_prefix("template-")
+        .and_then(|r| r.strip_suffix(".json").or_else(|| r.strip_suffix(".mlir")))
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
+    name == "index.json" || name.starts_with('.') || template
 }
 
 /// Whether `dir/index.json` is a program index (its `format` is plait's, of any version).
@@ -93,6 +111,7 @@ fn holds_a_program(dir: &Path) -> bool {
     })
 }
 
+/// Reads a set written by [`write`].
 pub fn read(dir: &Path) -> Result<ProgramSet, ProgramError> {
     let p = dir.join("index.json");
     let text = std::fs::read_to_string(&p).map_err(|e| {

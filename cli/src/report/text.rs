@@ -166,7 +166,13 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             format!("{p} {} {}", row.collective, row.payload)
         };
         // As wide as the longest label ("TP reduce-scatter activation gradients" is 38).
-        let width = v.rows.iter().map(|r| label(r).len()).max().unwrap_or(0).max(36);
+        let width = v
+            .rows
+            .iter()
+            .map(|r| label(r).len())
+            .max()
+            .unwrap_or(0)
+            .max(36);
         writeln!(
             o,
             "  stage {:<3} {:<width$} {:<22} {:>5} {:>6} {:>10} {:>10} {:>9}",

@@ -5,9 +5,11 @@
 //! scale, `transpose` → the inverse transpose, `reshape` → the reshape back), with the
 //! collectives' conjugates (all-gather ↔ reduce-scatter, all-reduce ↔ identity).
 //!
-//! What the forward keeps for the backward is exactly what the backward reads, so the buffers
-//! alive between them are Korthikanti et al.'s saved activations; with sequence parallelism a
-//! gathered input is kept as its shard and gathered again in the backward (Megatron-LM).
+//! What the forward keeps for the backward is what the backward reads, so the buffers alive
+//! between them are Korthikanti et al.'s saved activations, except what is cheaper made again:
+//! a gathered input is kept as its shard and gathered again in the backward (Megatron-LM's
+//! sequence parallelism), a re-split one (an all-to-all) as its source and re-split again, and
+//! a few values are recomputed from what is kept anyway ([`rebuilt_activation`]).
 
 use std::collections::BTreeMap;
 
@@ -25,7 +27,7 @@ use planner::Recompute;
 pub struct Plan {
     /// Values the forward keeps for the backward.
     pub keep: Vec<bool>,
-    /// Values the backward gathers again from their kept shard.
+    /// Values the backward gathers (or re-splits) again from their kept source.
     pub regather: Vec<bool>,
     /// Values the backward recomputes from their kept operand ([`rebuilt_activation`]), with
     /// the forward step that defines them.
@@ -561,6 +563,11 @@ pub fn backward(
             if let Some(j) = p.rebuild[v]
                 && !rebuilt[v]
             {
+                // Its operands first, where the forward freed them to be made again (a gate
+                // whose input was gathered or re-split).
+                for x in seg.steps.get(j).map(step_ins).unwrap_or_default() {
+                    regather(b, seg, (p, env), inst, x, &mut regathered);
+                }
                 rebuild_value(b, seg, env, inst, v, j);
                 rebuilt[v] = true;
             }
