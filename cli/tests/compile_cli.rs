@@ -395,3 +395,55 @@ fn sharded_plans_with_a_pipeline_lower_within_the_verifiers_tolerance() {
         }
     }
 }
+
+/// The GPU count `compile` advises for a model that does not fit is the smallest whole number
+/// of nodes it plans on, whatever count the user started from: GPT-3-1T on A100-80GB nodes was
+/// advised 384 GPUs from 8 and 400 from 192, while 224 fit. The advised count plans, and one
+/// node fewer does not.
+#[test]
+fn the_advised_gpu_count_is_the_smallest_that_plans() {
+    let advised = |gpus: &str| -> u64 {
+        let (code, _, err) = plait(&[
+            "compile",
+            "gpt-1t",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            gpus,
+            "--global-batch",
+            "8",
+        ]);
+        assert_eq!(code, 2, "{err}");
+        err.split("to make it fit: use ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no advised count: {err}"))
+    };
+    let from_8 = advised("8");
+    assert_eq!(from_8 % 8, 0, "whole nodes: {from_8}");
+    assert_eq!(
+        advised(&(from_8 - 16).to_string()),
+        from_8,
+        "from another start"
+    );
+    let fits = |gpus: u64| {
+        let d = common::dir("advised-gpus");
+        let plan = d.join(format!("{gpus}.json")).to_string_lossy().to_string();
+        let (code, _, _) = plait(&[
+            "compile",
+            "gpt-1t",
+            "--cluster",
+            "dgx-a100-80gb",
+            "--gpus",
+            &gpus.to_string(),
+            "--global-batch",
+            "8",
+            "-o",
+            &plan,
+        ]);
+        code == 0
+    };
+    assert!(fits(from_8), "the advised {from_8} GPUs plan");
+    assert!(!fits(from_8 - 8), "one node fewer than {from_8} does not");
+}

@@ -908,8 +908,8 @@ fn smallest_fitting_cluster(
     let usable = (cluster.memory_bytes() - RESERVE_BYTES).max(1.0);
     let states = (info.params() as f64 * per_param / usable).ceil() as u64;
     let node = u64::from(cluster.gpus_per_node).max(1);
-    let mut gpus = states.max(req.gpus + 1).div_ceil(node) * node;
-    for _ in 0..6 {
+    let first = states.max(req.gpus + 1).div_ceil(node) * node;
+    let fits = |gpus: u64| -> Option<Option<Estimate>> {
         let beyond_cluster = cluster
             .max_nodes
             .is_some_and(|m| gpus > u64::from(m) * node);
@@ -921,12 +921,53 @@ fn smallest_fitting_cluster(
             top_k: 0,
             ..req.clone()
         };
-        if let Ok(Ok(r)) = search_with(info, cluster, &larger, &mut |_, _| {}, false, true) {
-            return Some((gpus, r.best));
+        Some(
+            match search_with(info, cluster, &larger, &mut |_, _| {}, false, true) {
+                Ok(Ok(r)) => Some(r.best),
+                _ => None,
+            },
+        )
+    };
+    // Node by node from the states' bound, where the answer usually is (memory, not the
+    // layout, decides); then doubling, and back down by halves to the smallest count between
+    // the last that failed and the first that fit.
+    let mut failed = first - node;
+    let mut gpus = first;
+    for step in 0..ADVICE_NODE_STEPS + ADVICE_DOUBLINGS {
+        if let Some(best) = fits(gpus)? {
+            return Some(smallest_between(failed, (gpus, best), node, &fits));
         }
-        gpus *= 2;
+        failed = gpus;
+        gpus = if step + 1 < ADVICE_NODE_STEPS {
+            gpus + node
+        } else {
+            gpus * 2
+        };
     }
     None
+}
+
+/// Node counts [`smallest_fitting_cluster`] tries one by one before doubling.
+const ADVICE_NODE_STEPS: usize = 8;
+/// Doublings it tries after them.
+const ADVICE_DOUBLINGS: usize = 6;
+
+/// The smallest count, in whole nodes, above `failed` and at most `fit`'s that fits, by
+/// halving the interval (a count between two that fit is taken to fit).
+fn smallest_between(
+    mut failed: u64,
+    mut fit: (u64, Estimate),
+    node: u64,
+    fits: &dyn Fn(u64) -> Option<Option<Estimate>>,
+) -> (u64, Estimate) {
+    while fit.0 - failed > node {
+        let mid = (failed + (fit.0 - failed) / 2).div_ceil(node) * node;
+        match fits(mid).flatten() {
+            Some(best) => fit = (mid, best),
+            None => failed = mid,
+        }
+    }
+    fit
 }
 
 /// The most GPUs plait advises (and fewer where the cluster file's `max_nodes` says so): 2²⁰,
