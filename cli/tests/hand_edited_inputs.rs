@@ -193,6 +193,56 @@ fn a_plan_whose_chunks_were_edited_is_refused_by_every_command_that_reads_it() {
     }
 }
 
+/// A pipeline plan whose chunks were moved apart from the strategy's split, or whose second
+/// chunk claims the embedding, is refused naming `chunks`: `report` explained the strategy's
+/// split beside the edited chunks, and `codegen` lowered a pipeline that deadlocked.
+#[test]
+fn a_pipeline_plan_whose_chunks_disagree_with_its_split_is_refused() {
+    let d = dir("chunks-pp");
+    let plan = d.join("plan.json");
+    let (code, _, err) = plait(&[
+        "compile",
+        "gpt2",
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "--seq",
+        "64",
+        "--pp",
+        "2",
+        "-o",
+        &s(&plan),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).expect("plan")).expect("JSON");
+    let cut = v["chunks"][0]["layers"][1]
+        .as_u64()
+        .expect("first chunk's end");
+    let moved_cut = if cut + 1 < 12 { cut + 1 } else { cut - 1 };
+    let mut moved = v.clone();
+    moved["chunks"][0]["layers"][1] = serde_json::json!(moved_cut);
+    moved["chunks"][1]["layers"][0] = serde_json::json!(moved_cut);
+    let mut two_embeddings = v.clone();
+    two_embeddings["chunks"][1]["embedding"] = serde_json::json!(true);
+    for (name, edited) in [("moved", moved), ("two-embeddings", two_embeddings)] {
+        let bad = d.join(format!("{name}.json"));
+        std::fs::write(&bad, edited.to_string()).expect("edited plan");
+        let out = d.join(format!("{name}-programs"));
+        for args in [
+            vec!["codegen", &s(&bad), "-o", &s(&out)],
+            vec!["report", &s(&bad)],
+        ] {
+            let (code, _, err) = plait(&args);
+            assert_eq!(code, 2, "{name} {args:?}: {err}");
+            assert!(err.contains("`chunks`"), "{name} {args:?}: {err}");
+        }
+    }
+}
+
 #[test]
 fn a_program_directory_that_no_longer_verifies_does_not_run() {
     let progs = tiny_programs(&dir("programs"));
@@ -253,13 +303,21 @@ fn codegen_writes_only_into_a_new_empty_or_program_directory() {
     let foreign = d.join("site");
     std::fs::create_dir_all(&foreign).expect("dir");
     std::fs::write(foreign.join("index.json"), r#"{"title": "mine"}"#).expect("index");
+    let under_file = file.join("programs");
+    let slashed = PathBuf::from(format!("{}/", s(&file)));
+    let dangling = d.join("dangling");
+    std::os::unix::fs::symlink(d.join("nowhere"), &dangling).expect("link");
     for (out, says) in [
         (&file, "is a file, not a directory"),
+        (&under_file, "is a file, not a directory"),
+        (&slashed, "is a file, not a directory"),
+        (&dangling, "is a link to nothing"),
         (&foreign, "an index.json that is not plait's"),
     ] {
         let (code, _, err) = plait(&["codegen", &s(&plan), "-o", &s(out)]);
         assert_eq!(code, 2, "{err}");
-        assert!(err.contains(&s(out)) && err.contains(says), "{err}");
+        assert!(err.contains(&s(&file)) || err.contains(&s(out)), "{err}");
+        assert!(err.contains(says), "{err}");
     }
     assert_eq!(std::fs::read_to_string(&file).expect("file"), "mine");
     let index = std::fs::read_to_string(foreign.join("index.json")).expect("index");

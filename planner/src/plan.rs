@@ -94,6 +94,10 @@ impl Plan {
                 s.virtual_stages
             )));
         }
+        // The strategy's split is what the plan was priced for: chunks edited apart from it
+        // would lower a pipeline the plan never predicted.
+        let split = s.chunk_layers(layers);
+        let last = expected.saturating_sub(1);
         let mut next = 0;
         for (i, c) in self.chunks.iter().enumerate() {
             let i = i as u32;
@@ -110,6 +114,26 @@ impl Plan {
                     "chunk {i} holds layers {:?}: each holds at least one layer, from where \
                      the previous ended ({next})",
                     c.layers
+                )));
+            }
+            let held = c.layers[1] - c.layers[0];
+            if let Some(&want) = split.get(i as usize)
+                && held != want
+            {
+                return Err(bad(format!(
+                    "chunk {i} holds {held} layers where the strategy's split gives it {want} \
+                     (`strategy.stage_layers` {split:?}); edit both together, or compile again"
+                )));
+            }
+            if (c.embedding && i != 0) || (c.head && i != last) {
+                return Err(bad(format!(
+                    "chunk {i} says it holds the {}: the embedding belongs on the first chunk \
+                     only and the head on the last only",
+                    if c.embedding && i != 0 {
+                        "embedding"
+                    } else {
+                        "head"
+                    }
                 )));
             }
             next = c.layers[1];

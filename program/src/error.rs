@@ -16,6 +16,12 @@ pub enum ProgramError {
     )]
     NotADirectory { path: PathBuf },
     #[error(
+        "{}: is a link to nothing; the programs go into a directory: name a new one, or make \
+         the link point at one",
+        path.display()
+    )]
+    DanglingLink { path: PathBuf },
+    #[error(
         "{}: holds {}; codegen would write its index.json and template files among them: name \
          a new or empty directory, or one codegen wrote before",
         path.display(),

@@ -67,7 +67,7 @@ pub fn write(set: &ProgramSet, dir: &Path) -> Result<(), ProgramError> {
 /// `index.json` that is not a program's.
 fn check_destination(dir: &Path) -> Result<(), ProgramError> {
     let Ok(meta) = std::fs::metadata(dir) else {
-        return Ok(()); // absent: created by `write`, which reports why it cannot be
+        return check_creatable(dir);
     };
     if !meta.is_dir() {
         return Err(ProgramError::NotADirectory { path: dir.into() });
@@ -87,6 +87,25 @@ fn check_destination(dir: &Path) -> Result<(), ProgramError> {
         others,
         foreign_index,
     })
+}
+
+/// A destination that does not exist yet: refused where creating it would fail on a link to
+/// nothing or on a file in place of a parent directory (`notes.txt/programs`, or `notes.txt/`).
+fn check_creatable(dir: &Path) -> Result<(), ProgramError> {
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(ProgramError::DanglingLink { path: dir.into() });
+    }
+    let text = dir.to_string_lossy();
+    let trimmed = Path::new(text.trim_end_matches(std::path::MAIN_SEPARATOR));
+    for a in trimmed.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        if let Ok(meta) = std::fs::metadata(a) {
+            if !meta.is_dir() {
+                return Err(ProgramError::NotADirectory { path: a.into() });
+            }
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Whether a directory entry named `name` is a program's own file, or hidden.
