@@ -1038,7 +1038,7 @@ fn embedding_table_elems(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> f64 {
         .collect();
     tables
         .into_iter()
-        .map(|v| g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp))
+        .map(|v| outer_rank_elems(g, info, s, v))
         .sum()
 }
 
@@ -1059,9 +1059,14 @@ fn embedding_backward_state_elems(g: &Graph, info: &ModelInfo<'_>, s: &Strategy)
         .collect();
     let elems: f64 = read
         .into_iter()
-        .map(|v| g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp))
+        .map(|v| outer_rank_elems(g, info, s, v))
         .sum();
     elems * (gathered + 1.0 / replicas)
+}
+
+/// The elements of parameter `v` of the ops outside the layers that one rank stores.
+fn outer_rank_elems(g: &Graph, info: &ModelInfo<'_>, s: &Strategy, v: ir::ValueId) -> f64 {
+    g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp)
 }
 
 /// Elements of the head's weights live while it runs beyond the stored ones.
@@ -1078,9 +1083,7 @@ struct HeadWeights {
 /// the rank's share where the vocabulary splits.
 fn head_weight_elems(g: &Graph, info: &ModelInfo<'_>, s: &Strategy) -> HeadWeights {
     let is_param = |v: ir::ValueId| matches!(g.op(g.def_op(v)).kind, OpKind::Param { .. });
-    let rank_elems = |v: ir::ValueId| {
-        g.ty(v).shape.fixed_numel().unwrap_or(0) as f64 * info.outer_param_share(v, s.tp)
-    };
+    let rank_elems = |v: ir::ValueId| outer_rank_elems(g, info, s, v);
     let mut read = std::collections::BTreeSet::new();
     let mut transposed = 0.0;
     for &o in &info.post_ops {
