@@ -177,19 +177,25 @@ fn a_plan_whose_chunks_were_edited_is_refused_by_every_command_that_reads_it() {
     ] {
         let mut edited = v.clone();
         edited["chunks"] = chunks;
-        let bad = d.join(format!("chunks-{name}.json"));
-        std::fs::write(&bad, edited.to_string()).expect("edited plan");
-        let out = d.join("out");
-        for args in [
-            vec!["codegen", &s(&bad), "-o", &s(&out)][..].to_vec(),
-            vec!["export", &s(&bad), "--to", "megatron"],
-            vec!["run", &s(&bad), "--steps", "1"],
-            vec!["report", &s(&bad)],
-        ] {
-            let (code, _, err) = plait(&args);
-            assert_eq!(code, 2, "{name} {args:?}: {err}");
-            assert!(err.contains("`chunks`"), "{name} {args:?}: {err}");
-        }
+        refused_naming_chunks(&d, &format!("chunks-{name}"), &edited);
+    }
+}
+
+/// `edited` written under `d` as `name`: every command that reads a plan (`codegen`, `export`,
+/// `run`, `report`) exits 2 naming its `chunks` field.
+fn refused_naming_chunks(d: &Path, name: &str, edited: &serde_json::Value) {
+    let bad = d.join(format!("{name}.json"));
+    std::fs::write(&bad, edited.to_string()).expect("edited plan");
+    let out = d.join(format!("{name}-programs"));
+    for args in [
+        vec!["codegen", &s(&bad), "-o", &s(&out)],
+        vec!["export", &s(&bad), "--to", "megatron"],
+        vec!["run", &s(&bad), "--steps", "1"],
+        vec!["report", &s(&bad)],
+    ] {
+        let (code, _, err) = plait(&args);
+        assert_eq!(code, 2, "{name} {args:?}: {err}");
+        assert!(err.contains("`chunks`"), "{name} {args:?}: {err}");
     }
 }
 
@@ -229,17 +235,7 @@ fn a_pipeline_plan_whose_chunks_disagree_with_its_split_is_refused() {
     let mut two_embeddings = v.clone();
     two_embeddings["chunks"][1]["embedding"] = serde_json::json!(true);
     for (name, edited) in [("moved", moved), ("two-embeddings", two_embeddings)] {
-        let bad = d.join(format!("{name}.json"));
-        std::fs::write(&bad, edited.to_string()).expect("edited plan");
-        let out = d.join(format!("{name}-programs"));
-        for args in [
-            vec!["codegen", &s(&bad), "-o", &s(&out)],
-            vec!["report", &s(&bad)],
-        ] {
-            let (code, _, err) = plait(&args);
-            assert_eq!(code, 2, "{name} {args:?}: {err}");
-            assert!(err.contains("`chunks`"), "{name} {args:?}: {err}");
-        }
+        refused_naming_chunks(&d, name, &edited);
     }
 }
 
