@@ -197,6 +197,24 @@ fn every_equivalence_layout_runs_the_extraction_and_equals_one_rank() {
         ),
         ("mqa", 2, "--tp 2 --pp 1 --dp 1"),
         ("moe", 2, "--tp 1 --pp 1 --dp 2 --ep 2"),
+        // Mixtral's experts on whole tokens, split over the TP group (its extraction chose
+        // GShard's token all-to-all, which no program runs, before that rule went).
+        ("moe", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
+        ("moe", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel off"),
+        // Beside expert parallelism: each expert's FFN split over the TP group (Megatron-Core's
+        // expert tensor parallelism), the experts over the EP group.
+        (
+            "moe",
+            4,
+            "--tp 2 --pp 1 --dp 2 --ep 2 --sequence-parallel on",
+        ),
+        // Context parallelism beside an extraction the rules do not make (the experts split
+        // over the TP group on whole tokens).
+        (
+            "moe",
+            4,
+            "--tp 2 --pp 1 --dp 1 --cp 2 --attention fused --sequence-parallel off",
+        ),
         ("qwen2", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
         ("qwen3", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
         ("phi3", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),

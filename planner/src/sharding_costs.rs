@@ -175,6 +175,7 @@ pub fn block_plan_with_share(
     let b = binding(s);
     let opts = ShardOptions {
         memory_limit_bytes: Some(parameter_budget(info, s.tp, b)),
+        experts_split_outside: s.ep > 1,
         ..ShardOptions::new(s.tp, s.sequence_parallel, b)
     };
     extract(

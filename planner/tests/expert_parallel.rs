@@ -229,3 +229,25 @@ fn the_report_counts_the_dispatch_the_estimate_prices() {
         "reduce-scatter and all-gather over dp / ep"
     );
 }
+
+/// The expert-parallel group's extraction holds the experts where expert parallelism puts them,
+/// whatever the group spans: at tp 4 beside ep 8 (the group strided over four nodes, two
+/// sequences of 4096 tokens a micro-batch) gathering the experts' weights over InfiniBand
+/// once read cheaper than moving the tokens, but that is ZeRO-3 over the group, which no
+/// program runs and the outer search prices as ZeRO-3; the layout stays Megatron-Core's
+/// all-gather dispatcher.
+#[test]
+fn expert_group_extractions_never_gather_the_experts() {
+    let g = mixtral(2);
+    let info = ModelInfo::new(&g).unwrap();
+    let h100 = Cluster::load("dgx-h100").unwrap();
+    for (tp, dp, mb) in [(1, 8, 1), (4, 8, 2), (4, 16, 4)] {
+        let s = Strategy {
+            micro_batch: mb,
+            ..strategy(tp, dp, 8, 1)
+        };
+        let bp = planner::sharding_costs::expert_block_plan(&info, &h100, &s).unwrap();
+        planner::sharding_costs::expert_layout_is_lowered(&bp)
+            .unwrap_or_else(|why| panic!("tp {tp} dp {dp} micro-batch {mb}: {why}"));
+    }
+}

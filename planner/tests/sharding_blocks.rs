@@ -295,6 +295,35 @@ fn mixtral_tp2_splits_experts_or_their_ffn() {
     assert_eq!(p.count(Pass::Forward, CollectiveKind::AllReduce), 2);
 }
 
+/// Beside expert parallelism (the experts already split over `--ep` ranks) the TP group splits
+/// each expert's FFN, Megatron-Core's expert tensor parallelism, never the experts again; on
+/// sequence shards too, where the extraction alone would split the experts.
+#[test]
+fn mixtral_tp2_beside_expert_parallelism_splits_each_experts_ffn() {
+    let g = model("mixtral-8x7b");
+    let ops = g.layer_ops(0);
+    for sp in [false, true] {
+        let opts = ShardOptions {
+            experts_split_outside: true,
+            ..options_at(&g, 2, sp, B8)
+        };
+        let p = plan_block(&g, &ops, &opts, &ORACLE).unwrap();
+        let moe = p
+            .op_at(nth(&g, |k| matches!(k, OpKind::MoeExperts { .. }), 0))
+            .unwrap();
+        assert_eq!(
+            moe.inputs[2..],
+            [
+                Layout::Split { axis: 2, blocks: 1 },
+                Layout::Split { axis: 2, blocks: 1 },
+                Layout::Split { axis: 1, blocks: 1 },
+            ],
+            "sp {sp}: {moe:?}"
+        );
+        assert_eq!(moe.output, Some(Layout::Partial), "sp {sp}");
+    }
+}
+
 /// The exact extraction proves every block optimal in milliseconds, sequence parallelism
 /// included (the ILP needed 15 s under microlp for GPT-2 at tp 2 with SP).
 #[test]

@@ -127,7 +127,6 @@ rule_tests! {
     moe_experts => "moe-experts",
     moe_ffn => "moe-ffn",
     moe_tokens => "moe-tokens",
-    moe_expert_parallel => "moe-expert-parallel",
     router_tokens => "router-tokens",
     layernorm_tokens => "layernorm-tokens",
     rmsnorm_tokens => "rmsnorm-tokens",

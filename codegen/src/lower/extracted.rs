@@ -3,8 +3,10 @@
 //! stored as it stores them, and between them each change of layout is the collective (or
 //! local slice) it implies. Nothing here decides a layout: where the extraction needs a form
 //! this lowering does not have (an expert layer other than on whole tokens with its FFN or its
-//! experts split, attention or rotary on a piece of the sequence, a split norm row), it says which op, and the caller falls back to the
-//! segment rules ([`super::segment::lower`]), whose layout the plan then names.
+//! experts split; attention or rotary on a piece of the sequence; a split norm row), it says
+//! which op, and the caller falls back to the segment rules ([`super::segment::lower`]), whose
+//! layout the plan then names. Context and expert parallelism run as the rules run them, around
+//! whatever tensor-parallel layout the extraction chose.
 //!
 //! Backward conjugates follow from the forward: an activation read replicated by an op whose
 //! result differs per rank (split or partial) gets a partial gradient (Megatron's f/ḡ pair,
@@ -27,9 +29,6 @@ pub type Unsupported = String;
 /// Lowers the layer `ops` as `bp` lays it out; `Err` names the first op this lowering cannot
 /// give the extraction's layout.
 pub fn lower(cx: &Ctx<'_>, ops: &[OpId], bp: &BlockPlan) -> Result<Segment, Unsupported> {
-    if cx.ep > 1 || cx.cp > 1 {
-        return Err("expert or context parallelism beside the extraction".into());
-    }
     let mut b = B::new(cx, ops);
     let boundary = if cx.sp {
         Lay::Split { axis: 1, blocks: 1 }
@@ -132,8 +131,23 @@ fn lower_op(
         ins.push(v);
     }
     let t = u64::from(cx.tp);
-    let (kind_local, post_bias) =
+    let (mut kind_local, post_bias) =
         local_kind(b, o, &mut ins, out_lay, t).map_err(|m| at(plan, &m))?;
+    // Expert parallelism, as the segment rules run it around the group's layout (Megatron-Core's
+    // all-gather dispatcher): the expert-parallel group's tokens gathered, this rank's block of
+    // the experts run on them, the partial sum reduce-scattered back.
+    let expert_parallel = cx.ep > 1 && matches!(op.kind, OpKind::MoeExperts { .. });
+    if expert_parallel {
+        kind_local = b
+            .expert_parallel(o, &mut ins)
+            .map_err(|e| at(plan, &e.to_string()))?;
+    }
+    // Context parallelism, as the segment rules run it: attention gathers the group's keys
+    // and values along the sequence, rotary and iota take the rank's positions.
+    let mut context_grads = Vec::new();
+    let context = cx.cp > 1
+        && b.context_parallel(o, &mut ins, &mut context_grads)
+            .map_err(|e| at(plan, &e.to_string()))?;
     // A product whose bias is added in another layout than the product comes out in (a
     // row-parallel partial sum): the product, brought into the extraction's layout, then the
     // bias added.
@@ -149,8 +163,12 @@ fn lower_op(
         } else {
             cx.act
         };
+        let mut shape = local(&cx.global_shape(r), computed, cx.tp);
+        if expert_parallel && let Some(d) = shape.first_mut() {
+            *d *= u64::from(cx.ep);
+        }
         let v = b.val(Val {
-            shape: local(&cx.global_shape(r), computed, cx.tp),
+            shape,
             elem,
             grad_elem: elem,
             lay: computed,
@@ -173,6 +191,8 @@ fn lower_op(
     let partial_input_grads = replicated_reads(false)
         .into_iter()
         .map(|k| (k, Slot::Tp))
+        .chain(context_grads)
+        .chain(expert_parallel.then_some((0, Slot::Ep)))
         .collect();
     let saves = saves_of(cx, &b.seg, &kind_local, &ins, &outs);
     b.seg.placed[pos] = Some(Placed {
@@ -187,9 +207,12 @@ fn lower_op(
         partial_param_grads,
         partial_input_grads,
         vocab_parallel: false,
-        context: false,
+        context,
     });
     let mut result = outs[0];
+    if expert_parallel {
+        result = b.combine_ep(result, computed == Lay::Partial);
+    }
     if let Some((bias, _)) = post_bias {
         let reduced = relayout(b, result, out_lay).map_err(|m| at(plan, &m))?;
         let z = b.derived(reduced, out_lay, "bias");

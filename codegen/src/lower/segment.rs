@@ -358,7 +358,11 @@ impl<'c, 'g> B<'c, 'g> {
     /// run on all of them, and their partial sum reduce-scattered back along the batch. The
     /// input's gradient is then a partial sum over the group; the routing weights' gradient
     /// of this rank's experts is whole. Returns the local op.
-    fn expert_parallel(&mut self, o: OpId, ins: &mut [SVal]) -> Result<OpKind, CodegenError> {
+    pub(super) fn expert_parallel(
+        &mut self,
+        o: OpId,
+        ins: &mut [SVal],
+    ) -> Result<OpKind, CodegenError> {
         let ep = u64::from(self.cx.ep);
         let OpKind::MoeExperts { experts } = self.cx.graph.op(o).kind else {
             return Err(self.err(o, "not an expert layer"));
@@ -396,7 +400,7 @@ impl<'c, 'g> B<'c, 'g> {
     /// The reduce-scatter that completes an expert-parallel layer's partial output (each
     /// member's rows back to it, summed over the group's experts); still a partial sum over
     /// the tensor-parallel group when the experts' FFN is split there too.
-    fn combine_ep(&mut self, y: SVal, tp_partial: bool) -> SVal {
+    pub(super) fn combine_ep(&mut self, y: SVal, tp_partial: bool) -> SVal {
         let mut v = self.seg.vals[y].clone();
         if let Some(d) = v.shape.first_mut() {
             *d /= u64::from(self.cx.ep);
@@ -420,7 +424,7 @@ impl<'c, 'g> B<'c, 'g> {
     /// `cp_comm_type all_gather`; the backward gathers them again from the kept shards), and
     /// their gradients are partial sums over the group (each rank's queries contribute
     /// theirs), reduce-scattered back.
-    fn context_parallel(
+    pub(super) fn context_parallel(
         &mut self,
         o: OpId,
         ins: &mut [SVal],

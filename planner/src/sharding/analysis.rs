@@ -480,24 +480,18 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
                 _ => return fail(),
             }
         }
-        Shard::Moe(_) | Shard::MoeAllToAll(_) => {
+        Shard::Moe(_) => {
             let (x, g, ty) = (t(1)?, t(2)?, out(0)?);
             let w: Vec<Dist> = (3..6)
                 .map(|i| t(i).map(|f| f.dist))
                 .collect::<Result<_, _>>()?;
             let all_w = |d: Dist| w.iter().all(|&x| x == d);
             let e0 = S(Axis::new(0));
-            let a2a = matches!(node, Shard::MoeAllToAll(_));
             match (x.dist, g.dist) {
-                (R, R) if !a2a && all_w(R) => tensor(ty, R),
-                (S(d), S(e)) if !a2a && d == e && not_last(d, &x.ty) && all_w(R) => sharded(ty, d)?,
-                (S(d), S(e)) if a2a && d == e && not_last(d, &x.ty) && all_w(e0) => sharded(ty, d)?,
-                (R, S(d)) if !a2a && d.axis == last(&g.ty) && d.blocks == 1 && all_w(e0) => {
-                    tensor(ty, P)
-                }
-                (R, R) if !a2a && w == [S(Axis::new(2)), S(Axis::new(2)), S(Axis::new(1))] => {
-                    tensor(ty, P)
-                }
+                (R, R) if all_w(R) => tensor(ty, R),
+                (S(d), S(e)) if d == e && not_last(d, &x.ty) && all_w(R) => sharded(ty, d)?,
+                (R, S(d)) if d.axis == last(&g.ty) && d.blocks == 1 && all_w(e0) => tensor(ty, P),
+                (R, R) if w == [S(Axis::new(2)), S(Axis::new(2)), S(Axis::new(1))] => tensor(ty, P),
                 _ => return fail(),
             }
         }

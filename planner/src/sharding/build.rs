@@ -27,6 +27,10 @@ pub struct Built {
     /// Leaves that exist for the rules but may not be extracted (the whole block input under
     /// sequence parallelism).
     pub unavailable: HashSet<Atom>,
+    /// Values held split that no collective may make whole: an expert-parallel group's
+    /// experts (gathering them is ZeRO-3 over the group, not expert parallelism, and no
+    /// program runs it; the outer search prices ZeRO-3 itself).
+    pub never_gathered: HashSet<u32>,
     /// Position of each op in the list.
     pub positions: HashMap<u32, usize>,
     pub ops: Vec<OpId>,
@@ -251,6 +255,7 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
         }
     }
     let mut unavailable = HashSet::new();
+    let mut never_gathered = HashSet::new();
     let sp = Atom::Axis(Axis::new(1));
     let mut root_ids = Vec::new();
     let batch = Atom::Axis(Axis::new(0));
@@ -290,7 +295,9 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
             unavailable.insert(Atom::Val(v));
         }
         // Expert parallelism splits the experts, not each expert's FFN (that would be expert
-        // tensor parallelism over this group): no other stored split of their weights.
+        // tensor parallelism over this group): no other stored split of their weights, and
+        // none gathered whole.
+        never_gathered.extend(experts.iter().copied());
         for &w in &experts {
             let rank = graph.ty(ir::ValueId(w)).shape.rank();
             for axis in 1..rank {
@@ -316,6 +323,7 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
         egraph: eg,
         roots: root_ids,
         unavailable,
+        never_gathered,
         positions,
         ops: ops.to_vec(),
         iterations: 0,
@@ -335,10 +343,9 @@ fn routed_expert_weights(graph: &Graph, ops: &[OpId]) -> Vec<u32> {
 }
 
 /// Rules left out of an expert-parallel group's saturation (see
-/// [`ShardOptions::expert_parallel`]): the all-to-all dispatch, and the all-to-all that turns a
-/// batch split into an expert split (the routing weights), which codegen lowers as the gather
-/// and its chunk instead. Neither has a lowering in the per-rank programs yet.
-const NOT_IN_EXPERT_GROUPS: [&str; 2] = ["moe-expert-parallel", "all-to-all"];
+/// [`ShardOptions::expert_parallel`]): the all-to-all that turns a batch split into an expert
+/// split (the routing weights), which codegen lowers as the gather and its chunk instead.
+const NOT_IN_EXPERT_GROUPS: [&str; 1] = ["all-to-all"];
 
 /// Runs `f` with egg's clock (quanta's `Instant`) stopped. The saturation is then bounded by
 /// iterations and e-nodes alone, so the e-graph, and the layout extracted from it, never
@@ -356,6 +363,9 @@ pub fn saturate(mut built: Built, opts: &ShardOptions) -> Result<Built, ShardErr
     let mut rules = all_rules()?;
     if opts.expert_parallel {
         rules.retain(|r| !NOT_IN_EXPERT_GROUPS.contains(&r.name.as_str()));
+    }
+    if opts.experts_split_outside {
+        rules.retain(|r| r.name.as_str() != "moe-experts");
     }
     let runner = without_clock(|| {
         Runner::default()

@@ -207,10 +207,16 @@ impl Problem {
         let mut valid: HashMap<Id, Vec<Shard>> = HashMap::new();
         for c in eg.classes() {
             let Fact::Tensor(cf) = &c.data else { continue };
+            let held_split = c.nodes.iter().any(
+                |n| matches!(n, Shard::Atom(Atom::Val(v)) if built.never_gathered.contains(v)),
+            );
             for n in &c.nodes {
                 if let Shard::Atom(a) = n
                     && built.unavailable.contains(a)
                 {
+                    continue;
+                }
+                if held_split && n.is_collective() {
                     continue;
                 }
                 if let Fact::Tensor(nf) = enode_fact(eg, n)
@@ -547,48 +553,21 @@ fn cost_node(
             cand.compute_s =
                 costs.compute_seconds(kind, ff, fb) + costs.compute_seconds(kind, bf, bb);
             cand.act_bytes = costs.activation_memory_bytes(out_local);
-            match n {
-                Shard::VocabCrossEntropy(_) => {
-                    // Each rank's max, sum of exponentials and target logit (three floats a
-                    // token) gathered once over the group, as the program runs the loss
-                    // (`LossStats`, an all-gather, `LossCombine`): the gathered buffer holds
-                    // every member's three.
-                    if let Some(&t) = graph.op(op).inputs.get(1) {
-                        let tokens = TensorType::new(ir::DType::F32, graph.ty(t).shape.clone());
-                        cand.comms.push(mk(
-                            CollectiveKind::AllGather,
-                            Pass::Forward,
-                            &tokens,
-                            1.0 / (3.0 * tp),
-                            "vocab-parallel cross-entropy statistics",
-                        ));
-                    }
-                }
-                Shard::MoeAllToAll(_) => {
-                    // Dispatch and combine: each local token goes to k experts and back.
-                    let k = graph
-                        .op(op)
-                        .inputs
-                        .get(1)
-                        .map(|&g| &graph.op(graph.def_op(g)).kind)
-                        .and_then(|kd| match kd {
-                            OpKind::TopKRouter { k, .. } => Some(*k as f64),
-                            _ => None,
-                        })
-                        .unwrap_or(1.0);
-                    for pass in [Pass::Forward, Pass::Backward] {
-                        for reason in ["expert-parallel dispatch", "expert-parallel combine"] {
-                            cand.comms.push(mk(
-                                CollectiveKind::AllToAll,
-                                pass,
-                                &fact.ty,
-                                tp / k,
-                                reason,
-                            ));
-                        }
-                    }
-                }
-                _ => {}
+            // A vocabulary-parallel loss: each rank's max, sum of exponentials and target
+            // logit (three floats a token) gathered once over the group, as the program runs
+            // the loss (`LossStats`, an all-gather, `LossCombine`): the gathered buffer holds
+            // every member's three.
+            if let Shard::VocabCrossEntropy(_) = n
+                && let Some(&t) = graph.op(op).inputs.get(1)
+            {
+                let tokens = TensorType::new(ir::DType::F32, graph.ty(t).shape.clone());
+                cand.comms.push(mk(
+                    CollectiveKind::AllGather,
+                    Pass::Forward,
+                    &tokens,
+                    1.0 / (3.0 * tp),
+                    "vocab-parallel cross-entropy statistics",
+                ));
             }
         }
     }

@@ -148,7 +148,6 @@ define_language! {
         "expand" = Expand([Id; 2]),
         "router" = Router([Id; 3]),
         "moe" = Moe([Id; 6]),
-        "moe-a2a" = MoeAllToAll([Id; 6]),
         "opaque" = Opaque(Box<[Id]>),
         Atom(Atom),
     }

@@ -72,9 +72,14 @@ pub struct ShardOptions {
     /// The group (`tp` ranks) is an expert-parallel group of data-parallel ranks: the block's
     /// input and output are split along the batch, the routed experts' weights are held split
     /// along their expert axis (the whole weights exist nowhere), every other weight whole.
-    /// Dispatch by all-to-all (`moe-expert-parallel`, and the axis-changing `all-to-all`) is
-    /// left out: what plait lowers, and Megatron-Core's default, is the all-gather dispatcher.
+    /// The axis-changing `all-to-all` is left out (GShard's token dispatch has no rule): what
+    /// plait lowers, and Megatron-Core's default, is the all-gather dispatcher.
     pub expert_parallel: bool,
+    /// The routed experts' expert axis is split by an expert-parallel group outside this one
+    /// (`--ep` > 1 beside tensor parallelism): this group may split each expert's FFN
+    /// (Megatron-Core's expert tensor parallelism) or the tokens, not the experts again
+    /// (`moe-experts` is left out of its saturation).
+    pub experts_split_outside: bool,
     /// A dimension of this length (the vocabulary, where it does not divide by `tp`) may split
     /// padded: ⌈d / tp⌉ per rank, zeros past its end, which only ops that leave the padding
     /// out or at zero read (the vocabulary-parallel lookup and loss, the head's product, an
@@ -92,6 +97,7 @@ impl ShardOptions {
             extraction: Extraction::Exact,
             allow_batch_split: false,
             expert_parallel: false,
+            experts_split_outside: false,
             padded_dim: None,
         }
     }

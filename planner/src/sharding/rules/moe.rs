@@ -5,9 +5,13 @@
 //! - `moe-ffn`: each rank runs a slice of every expert's FFN (w1, w3 by columns, w2 by rows);
 //!   partial sums again.
 //! - `moe-tokens`: a split of the token axes commutes with the layer (experts replicated).
-//! - `moe-expert-parallel`: with tokens split, each rank holds its experts and tokens travel to
-//!   their experts and back by two all-to-alls (`moe-a2a`, GShard's dispatch and combine).
 //! - `router-tokens`: the router acts per token.
+//!
+//! GShard's dispatch (tokens split, each rank holding its experts, tokens sent to them and back
+//! by all-to-alls whose counts follow the routing) has no rule: the programs have no such
+//! collective, and an extraction that chose it (Mixtral at tp 2 did) was priced as one layout
+//! and lowered as another. Expert parallelism over data-parallel ranks (`--ep`) runs
+//! Megatron-Core's all-gather dispatcher (`ShardOptions::expert_parallel`).
 
 use super::{Rule, rw};
 use crate::sharding::error::ShardError;
@@ -28,11 +32,6 @@ pub fn rules() -> Result<Vec<Rule>, ShardError> {
             "moe-tokens",
             "(shard ?d (moe ?o ?x ?g ?w1 ?w3 ?w2))",
             "(moe ?o (shard ?d ?x) (shard ?d ?g) ?w1 ?w3 ?w2)",
-        )?,
-        rw(
-            "moe-expert-parallel",
-            "(shard ?d (moe ?o ?x ?g ?w1 ?w3 ?w2))",
-            "(moe-a2a ?o (shard ?d ?x) (shard ?d ?g) (shard @0 ?w1) (shard @0 ?w3) (shard @0 ?w2))",
         )?,
         rw(
             "router-tokens",
