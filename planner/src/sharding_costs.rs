@@ -230,12 +230,19 @@ pub fn embedding_head_plan(
 /// The expert-parallel group's extraction of the strategy's block
 /// ([`ShardOptions::expert_group`]): where the expert layer's tokens are gathered and its
 /// output reduced, priced over the expert-parallel group. One micro-batch per rank of the
-/// group, whole sequences (tensor parallelism, if any, gathers them first).
+/// group, whole sequences (tensor parallelism, if any, gathers them first). The block is the
+/// first run of layers with routed experts (DeepSeek's dense first layers have none).
 pub fn expert_block_plan(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
     s: &Strategy,
 ) -> Result<BlockPlan, PlanError> {
+    let runs = info.runs();
+    let info = runs
+        .iter()
+        .map(|r| r.info)
+        .find(|i| i.expert_params_per_layer > 0)
+        .unwrap_or(info);
     let b = binding(s);
     let opts = ShardOptions::expert_group(
         s.ep,

@@ -251,3 +251,29 @@ fn expert_group_extractions_never_gather_the_experts() {
             .unwrap_or_else(|why| panic!("tp {tp} dp {dp} micro-batch {mb}: {why}"));
     }
 }
+
+/// DeepSeek-V2-Lite's first layer is dense (`first_k_dense_replace` 1): the expert-parallel
+/// group's extraction is of its expert layers, the all-gather dispatcher, not of the first
+/// run of layers, which has no expert layer to lay out.
+#[test]
+fn the_expert_group_extraction_is_of_the_expert_layers() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/deepseek-v2-lite/config.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let spec = import::hf::parse_config(&text, std::path::Path::new(path)).unwrap();
+    let g = build_forward(&spec, ir::DType::F32).unwrap();
+    let info = ModelInfo::new(&g).unwrap();
+    assert!(
+        info.runs().len() > 1,
+        "a dense first layer, then expert layers"
+    );
+    let h100 = Cluster::load("dgx-h100").unwrap();
+    let s = Strategy {
+        seq: 2048,
+        ..strategy(1, 8, 8, 1)
+    };
+    let bp = planner::sharding_costs::expert_block_plan(&info, &h100, &s).unwrap();
+    planner::sharding_costs::expert_layout_is_lowered(&bp).unwrap();
+}

@@ -296,6 +296,12 @@ fn relayout(b: &mut B, x: SVal, to: Lay) -> Result<SVal, String> {
             },
             Lay::Split { axis, blocks: 1 },
         ) => step(CollectiveOp::Reshard { from }, axis),
+        (Lay::Split { axis: a, blocks: 1 }, Lay::Split { axis, blocks }) if a != axis => {
+            return resplit_into_blocks(b, x, a, axis, blocks);
+        }
+        (Lay::Split { axis, blocks }, Lay::Split { axis: a, blocks: 1 }) if a != axis => {
+            return resplit_out_of_blocks(b, x, axis, blocks, a);
+        }
         _ => return Err(format!("no lowering from {from:?} to {to:?}")),
     };
     let y = b.derived(x, to, op.name());
@@ -307,6 +313,121 @@ fn relayout(b: &mut B, x: SVal, to: Lay) -> Result<SVal, String> {
         group: Slot::Tp,
     });
     Ok(y)
+}
+
+/// `x`, split along `from`, re-split into `blocks` blocks along `axis` (a fused QKV product's
+/// output, sequence pieces to heads): `axis` viewed as `[blocks, n / blocks]`, the all-to-all
+/// onto the second of them (each block split alike), and the view merged back, so each rank
+/// holds its piece of every block.
+fn resplit_into_blocks(
+    b: &mut B,
+    x: SVal,
+    from: u8,
+    axis: u8,
+    blocks: u32,
+) -> Result<SVal, String> {
+    let from_viewed = if from > axis { from + 1 } else { from };
+    let out = Lay::Split { axis, blocks };
+    resplit_viewed(b, x, (axis, blocks), from_viewed, axis + 1, out)
+}
+
+/// The converse of [`resplit_into_blocks`]: `x`, split into `blocks` blocks along `axis`,
+/// re-split along `to` whole.
+fn resplit_out_of_blocks(
+    b: &mut B,
+    x: SVal,
+    axis: u8,
+    blocks: u32,
+    to: u8,
+) -> Result<SVal, String> {
+    let to_viewed = if to > axis { to + 1 } else { to };
+    let out = Lay::Split {
+        axis: to,
+        blocks: 1,
+    };
+    resplit_viewed(b, x, (axis, blocks), axis + 1, to_viewed, out)
+}
+
+/// `x` with `axis` viewed as `blocks` blocks (`[blocks, n / blocks]`), the all-to-all from
+/// the view's axis `from` to its axis `to`, and the view merged back, laid out `out`.
+fn resplit_viewed(
+    b: &mut B,
+    x: SVal,
+    (axis, blocks): (u8, u32),
+    from: u8,
+    to: u8,
+    out: Lay,
+) -> Result<SVal, String> {
+    let split = |axis| Lay::Split { axis, blocks: 1 };
+    let view = blocked_view(&b.seg.vals[x].shape, axis, blocks)?;
+    let viewed = reshape(b, x, view, split(from), "blocks");
+    let t = u64::from(b.cx.tp);
+    let mut moved_shape = b.seg.vals[viewed].shape.clone();
+    if !moved_shape[usize::from(to)].is_multiple_of(t) {
+        return Err(format!(
+            "a block of axis {axis} does not split over {t} ranks"
+        ));
+    }
+    moved_shape[usize::from(from)] *= t;
+    moved_shape[usize::from(to)] /= t;
+    let moved = b.val(Val {
+        shape: moved_shape,
+        lay: split(to),
+        name: format!("{}.reshard", b.seg.vals[viewed].name),
+        source: Source::Step,
+        ..b.seg.vals[viewed].clone()
+    });
+    b.seg.steps.push(Step::Coll {
+        op: CollectiveOp::Reshard { from },
+        axis: to,
+        x: viewed,
+        y: moved,
+        group: Slot::Tp,
+    });
+    let merged = merged_view(&b.seg.vals[moved].shape, axis);
+    Ok(reshape(b, moved, merged, out, "merged"))
+}
+
+/// `shape` with its `axis` (of local extent `n`) viewed as `[blocks, n / blocks]`.
+fn blocked_view(shape: &[u64], axis: u8, blocks: u32) -> Result<Vec<u64>, String> {
+    let a = usize::from(axis);
+    let n = *shape.get(a).ok_or("no such axis")?;
+    let k = u64::from(blocks);
+    if !n.is_multiple_of(k) {
+        return Err(format!("{n} does not split into {k} blocks"));
+    }
+    Ok([&shape[..a], &[k, n / k], &shape[a + 1..]].concat())
+}
+
+/// `shape` with its axes `axis` and `axis + 1` merged.
+fn merged_view(shape: &[u64], axis: u8) -> Vec<u64> {
+    let a = usize::from(axis);
+    [&shape[..a], &[shape[a] * shape[a + 1]], &shape[a + 2..]].concat()
+}
+
+/// A local reshape of `x` into `shape`, laid out `lay`: a view, whose gradient is the
+/// gradient's reshape.
+fn reshape(b: &mut B, x: SVal, shape: Vec<u64>, lay: Lay, suffix: &str) -> SVal {
+    let y = b.val(Val {
+        shape: shape.clone(),
+        lay,
+        name: format!("{}.{suffix}", b.seg.vals[x].name),
+        source: Source::Step,
+        ..b.seg.vals[x].clone()
+    });
+    b.seg.steps.push(Step::Compute {
+        kind: OpKind::Reshape {
+            shape: shape.into_iter().map(ir::Dim::Fixed).collect(),
+        },
+        ins: vec![x],
+        outs: vec![y],
+        saves: vec![],
+        partial_param_grads: vec![],
+        partial_input_grads: vec![],
+        vocab_parallel: false,
+        context: false,
+    });
+    y
 }
 
 /// The op each rank runs on its operands' layouts, and, for a biased product whose bias the
