@@ -311,11 +311,9 @@ fn as_lowered(
 
 /// The layer's tensor-parallel communication under strategy `s` (tp > 1), from the extraction
 /// of its block; `Err` says why the extraction cannot price it. Beside expert or context
-/// parallelism codegen lowers the layer by Megatron-LM's rules, so they price it.
+/// parallelism too: codegen runs them around the extraction's layout, whose collectives
+/// inside the tensor-parallel group are the extraction's.
 pub fn layer_tp(info: &ModelInfo<'_>, cluster: &Cluster, s: &Strategy) -> Result<LayerTp, String> {
-    if s.cp > 1 || s.ep > 1 {
-        return Err("codegen lowers the rules' layout beside expert or context parallelism".into());
-    }
     match segment_tp(info, cluster, s, Segment::Layer)? {
         Priced::Layer(t) => Ok(t),
         Priced::Outer(_) => Err("the layer's extraction priced as the embedding's".into()),
