@@ -219,16 +219,13 @@ fn lower_op(
         // Rows (tokens) split: each rank's bias gradient sums its rows only.
         let rank = b.seg.vals[reduced].shape.len() as u8;
         let split_rows = matches!(out_lay, Lay::Split { axis, .. } if axis + 1 < rank);
-        b.seg.steps.push(Step::Compute {
-            kind: OpKind::Add,
-            ins: vec![reduced, bias],
-            outs: vec![z],
-            saves: vec![],
-            partial_param_grads: if split_rows { vec![1] } else { vec![] },
-            partial_input_grads: vec![],
-            vocab_parallel: false,
-            context: false,
-        });
+        let partial = if split_rows { vec![1] } else { vec![] };
+        b.seg.steps.push(Step::plain(
+            OpKind::Add,
+            vec![reduced, bias],
+            vec![z],
+            partial,
+        ));
         if let Some(Some(p)) = b.seg.placed.get_mut(pos) {
             p.output = z;
         }
@@ -415,18 +412,12 @@ fn reshape(b: &mut B, x: SVal, shape: Vec<u64>, lay: Lay, suffix: &str) -> SVal 
         source: Source::Step,
         ..b.seg.vals[x].clone()
     });
-    b.seg.steps.push(Step::Compute {
-        kind: OpKind::Reshape {
-            shape: shape.into_iter().map(ir::Dim::Fixed).collect(),
-        },
-        ins: vec![x],
-        outs: vec![y],
-        saves: vec![],
-        partial_param_grads: vec![],
-        partial_input_grads: vec![],
-        vocab_parallel: false,
-        context: false,
-    });
+    let kind = OpKind::Reshape {
+        shape: shape.into_iter().map(ir::Dim::Fixed).collect(),
+    };
+    b.seg
+        .steps
+        .push(Step::plain(kind, vec![x], vec![y], vec![]));
     y
 }
 

@@ -116,6 +116,29 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// A compute step that keeps nothing for its backward and whose gradients are whole (a
+    /// view, a bias added), with the operands in `partial_params` (replicated parameters read
+    /// by split rows) summing partial gradients.
+    pub(super) fn plain(
+        kind: OpKind,
+        ins: Vec<SVal>,
+        outs: Vec<SVal>,
+        partial_params: Vec<usize>,
+    ) -> Step {
+        Step::Compute {
+            kind,
+            ins,
+            outs,
+            saves: vec![],
+            partial_param_grads: partial_params,
+            partial_input_grads: vec![],
+            vocab_parallel: false,
+            context: false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Segment {
     pub vals: Vec<Val>,
@@ -1037,16 +1060,10 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
             result = y;
             if let Some(bias) = post_bias {
                 let z = b.derived(y, lay, "bias");
-                b.seg.steps.push(Step::Compute {
-                    kind: OpKind::Add,
-                    ins: vec![y, bias],
-                    outs: vec![z],
-                    saves: vec![],
-                    partial_param_grads: if cx.sp { vec![1] } else { vec![] },
-                    partial_input_grads: vec![],
-                    vocab_parallel: false,
-                    context: false,
-                });
+                let split_rows = if cx.sp { vec![1] } else { vec![] };
+                b.seg
+                    .steps
+                    .push(Step::plain(OpKind::Add, vec![y, bias], vec![z], split_rows));
                 result = z;
                 // The extraction's linear with a bias ends after the bias: compare that.
                 if let Some(Some(placed)) = b.seg.placed.get_mut(pos) {
@@ -1134,16 +1151,9 @@ pub(super) fn select_kv_head(
             ..b.seg.vals[v].clone()
         });
         check_local(b, o, &kind, &[v], &[y])?;
-        b.seg.steps.push(Step::Compute {
-            kind,
-            ins: vec![v],
-            outs: vec![y],
-            saves: vec![],
-            partial_param_grads: vec![],
-            partial_input_grads: vec![],
-            vocab_parallel: false,
-            context: false,
-        });
+        b.seg
+            .steps
+            .push(Step::plain(kind, vec![v], vec![y], vec![]));
         v = y;
     }
     let local = [bs, &[d]].concat();
