@@ -784,7 +784,7 @@ fn record_extractions(
         (Some(why), _) => format!("megatron-rules ({why})"),
         (None, Some(solver)) => {
             // The program runs the extraction: the per-op table is its layout, not the rule's.
-            if let Some(bp) = plan.block_plan.as_ref().filter(|_| s.ep <= 1) {
+            if let Some(bp) = &plan.block_plan {
                 plan.sharding.ops = planner::plan::extracted_ops(info.graph, bp);
             }
             format!("e-graph + {solver}{}", runs_note(info))

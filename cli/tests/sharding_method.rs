@@ -302,7 +302,9 @@ fn every_equivalence_layout_runs_the_extraction_and_equals_one_rank() {
         ("moe", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel on"),
         ("moe", 2, "--tp 2 --pp 1 --dp 1 --sequence-parallel off"),
         // Beside expert parallelism: each expert's FFN split over the TP group (Megatron-Core's
-        // expert tensor parallelism), the experts over the EP group.
+        // expert tensor parallelism), the experts over the EP group. The extraction runs the
+        // router on whole tokens, the rules on sequence pieces: only the extracted lowering
+        // makes this layout.
         (
             "moe",
             4,

@@ -233,8 +233,8 @@ pub struct Plan {
     /// run's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub run_block_plans: Vec<crate::sharding::BlockPlan>,
-    /// The expert-parallel group's extraction of the block (ep > 1): where the expert layer's
-    /// tokens are gathered and its output reduced.
+    /// The expert-parallel group's extraction (ep > 1) of the first run of layers with routed
+    /// experts: where the expert layer's tokens are gathered and its output reduced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_block_plan: Option<crate::sharding::BlockPlan>,
     /// The extraction of the ops outside the layers (embedding before them; final norm, head

@@ -362,7 +362,7 @@ fn resplit_viewed(
     let mut moved_shape = b.seg.vals[viewed].shape.clone();
     if !moved_shape[usize::from(to)].is_multiple_of(t) {
         return Err(format!(
-            "a block of axis {axis} does not split over {t} ranks"
+            "axis {to} of axis {axis}'s view in blocks does not split over {t} ranks"
         ));
     }
     moved_shape[usize::from(from)] *= t;

@@ -505,8 +505,11 @@ fn cost_node(
                 ));
             }
             // As an all-gather's: the program keeps the source and re-splits it again for the
-            // backward that reads the result (codegen's `regather`), not a second copy.
-            if fact.ty.dtype.is_float() && !opts.expert_parallel {
+            // backward that reads the result (codegen's `regather`), not a second copy. A
+            // re-split into blocks is read through a view (codegen's `resplit_into_blocks`),
+            // whose readers keep what they read: nothing is re-split for the backward.
+            let into_blocks = matches!(fact.dist, Dist::Sharded(a) if a.blocks > 1);
+            if fact.ty.dtype.is_float() && !opts.expert_parallel && !into_blocks {
                 cand.comms.push(mk(
                     CollectiveKind::AllToAll,
                     Pass::Backward,
