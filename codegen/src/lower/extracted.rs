@@ -359,21 +359,12 @@ fn resplit_viewed(
     let view = blocked_view(&b.seg.vals[x].shape, axis, blocks)?;
     let viewed = reshape(b, x, view, split(from), "blocks");
     let t = u64::from(b.cx.tp);
-    let mut moved_shape = b.seg.vals[viewed].shape.clone();
-    if !moved_shape[usize::from(to)].is_multiple_of(t) {
+    if !b.seg.vals[viewed].shape[usize::from(to)].is_multiple_of(t) {
         return Err(format!(
             "axis {to} of axis {axis}'s view in blocks does not split over {t} ranks"
         ));
     }
-    moved_shape[usize::from(from)] *= t;
-    moved_shape[usize::from(to)] /= t;
-    let moved = b.val(Val {
-        shape: moved_shape,
-        lay: split(to),
-        name: format!("{}.reshard", b.seg.vals[viewed].name),
-        source: Source::Step,
-        ..b.seg.vals[viewed].clone()
-    });
+    let moved = b.derived(viewed, split(to), "reshard");
     b.seg.steps.push(Step::Coll {
         op: CollectiveOp::Reshard { from },
         axis: to,
