@@ -39,15 +39,19 @@ fn not_stale(plan: &std::path::Path) {
     assert_eq!(v["stale"], false, "{}", v["recomputed_iteration_time_s"]);
 }
 
-/// Qwen1.5-MoE-A2.7B at tp 8 with SP, 16 sequences of 8192 tokens a micro-batch, on 64 H100:
-/// the program of the e-graph's layout breaks the planner's memory (its activations are
-/// priced as the rules keep them), so codegen runs the rules, and the plan is priced by them
-/// (slower than the extraction's price, which `estimate` gives).
+/// Phi-3-mini at tp 8 with SP, 16 sequences of 4096 tokens a micro-batch, on 64 H100: the
+/// extraction of its embedding and head (vocabulary-parallel with the sequence pieces' tokens
+/// gathered otherwise) is not the layout codegen's rules lower, so the program runs the rules
+/// there and the plan prices those ops by the rules (slower than the extraction's price,
+/// which `estimate` gives). Every layer now runs its extraction: since the e-graph splits
+/// attention by query heads beside whole keys and values, a broadcast product along the
+/// sequence and the backward cuts a kept value's pieces again, no sweep plan of 18 models at
+/// tp 2-8 falls back to the rules for a layer, so the embedding and head carry this check.
 #[test]
 fn a_plan_lowered_by_the_rules_is_priced_by_the_rules() {
     let config = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../fixtures/hf/qwen1.5-moe-a2.7b/config.json"
+        "/../fixtures/hf/phi-3-mini-4k/config.json"
     );
     let model_and_cluster = [
         config,
@@ -70,18 +74,19 @@ fn a_plan_lowered_by_the_rules_is_priced_by_the_rules() {
     let (code, _, err) = plait(&args);
     assert_eq!(code, 0, "{err}");
     let v = plan_json(&path);
-    let method = v["sharding"]["method"].as_str().expect("method");
+    let method = v["sharding"]["embedding_head"].as_str().expect("method");
     assert!(method.starts_with("megatron-rules ("), "{method}");
-    let layer = &v["predicted"]["layer_tp_comm"];
-    let source = layer["source"].as_str().expect("source");
-    assert!(
-        source.starts_with("megatron rules (the e-graph's tensor-parallel layout is not the one"),
-        "{source}"
-    );
+    for side in ["embedding_tp_comm", "head_tp_comm"] {
+        let source = v["predicted"][side]["source"].as_str().expect("source");
+        assert!(
+            source.starts_with("megatron rules (the e-graph's layout of the embedding and head"),
+            "{side}: {source}"
+        );
+    }
     let planned = v["predicted"]["iteration_time_s"].as_f64().expect("time");
     let extraction = estimate_time_of(&model_and_cluster, &pins);
     assert!(
-        planned > extraction * 1.01,
+        planned > extraction,
         "the rules' layout ({planned} s) communicates more than the extraction's ({extraction} s)"
     );
     not_stale(&path);

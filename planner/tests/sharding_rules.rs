@@ -61,6 +61,8 @@ fn applied() -> &'static BTreeMap<String, usize> {
             (&gpt2, gpt2.layer_ops(0), 2, true, true),
             (&llama, llama.layer_ops(0), 8, true, false),
             (&llama, llama.layer_ops(0), 2, false, true),
+            // Eight kv heads over sixteen ranks: K and V whole, q by heads.
+            (&llama, llama.layer_ops(0), 16, true, false),
             (&mixtral, mixtral.layer_ops(0), 2, true, false),
             // GPT-2's 50257-token vocabulary does not split (Megatron pads it); the GPT of
             // Megatron's Table 1 has 51200 and a tied head.
@@ -119,6 +121,7 @@ rule_tests! {
     part_blocks3 => "part-blocks/3",
     part_other => "part-other",
     attention_heads => "attention-heads",
+    attention_heads_whole_kv => "attention-heads-whole-kv",
     attention_batch => "attention-batch",
     rotary_heads => "rotary-heads",
     embedding_vocab => "embedding-vocab",

@@ -538,14 +538,16 @@ fn with_extraction(model: &str, c: &Config) -> (planner::plan::Plan, ir::Graph) 
     (plan, m.graph)
 }
 
-/// Layers lowered as the e-graph's extraction lays them out, not by the segment rules: at these
-/// small sizes the optimum keeps attention whole on every rank with its weights stored split
-/// and all-gathered for it (multi-query attention at tp 2, two KV heads at tp 4), or Megatron's
-/// split (GPT-2 at tp 2, and at tp 4 with SP); with sequence parallelism and four sequences
-/// per micro-batch multi-query attention moves its input from sequence shards to hidden shards
-/// by an all-to-all (`reshard`), which the backward runs again from the kept shard (codegen's
-/// `regather`). Each lowers exactly as extracted and trains to one device's losses and final
-/// parameters (reproducible mode).
+/// Layers lowered as the e-graph's extraction lays them out, not by the segment rules: with
+/// fewer KV heads than ranks (multi-query attention at tp 2, two KV heads at tp 4) attention
+/// splits by query heads and reads K and V whole (`attention-heads-whole-kv`), whose keys and
+/// values the optimum projects row-parallel from pieces of the normalized input that the
+/// backward cuts again from the kept whole; Megatron's split (GPT-2 at tp 2, and at tp 4 with
+/// SP); Qwen2-MoE's shared expert times its one-column gate on sequence shards (a broadcasting
+/// product split), and with eight sequences a micro-batch an all-to-all (`reshard`) from
+/// sequence shards to hidden shards, which the backward runs again from the kept shard
+/// (codegen's `regather`). Each lowers exactly as extracted and trains to one device's losses
+/// and final parameters (reproducible mode).
 #[test]
 fn extracted_layouts_equal_one_device() {
     let mut gpt_sp = Config::new(4, 1, 1);
@@ -553,6 +555,10 @@ fn extracted_layouts_equal_one_device() {
     let mut mqa_sp = Config::new(2, 1, 1);
     mqa_sp.sp = true;
     let mla_sp = mqa_sp.clone();
+    let mut moe_sp_mb8 = mqa_sp.clone();
+    moe_sp_mb8.micro_batch = 8;
+    let mut mqa_mb4 = Config::new(2, 1, 1);
+    mqa_mb4.micro_batch = 4;
     let mut mqa_sp_mb4 = mqa_sp.clone();
     mqa_sp_mb4.micro_batch = 4;
     const MLA: &str = concat!(
@@ -562,8 +568,14 @@ fn extracted_layouts_equal_one_device() {
     const QWEN3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-qwen3.json");
     const QWEN2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-qwen2.json");
     const NEMOTRON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-nemotron.json");
+    const QWEN2_MOE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tiny-qwen2_moe.json"
+    );
     let mut bad = Vec::new();
     let mut resplit: Vec<&str> = Vec::new();
+    let (mut whole_kv, mut broadcast, mut recut): (Vec<&str>, Vec<&str>, Vec<&str>) =
+        Default::default();
     for (name, model, c) in [
         ("mqa tp2", common::LLAMA_MQA, Config::new(2, 1, 1)),
         ("mqa tp2 sp", common::LLAMA_MQA, mqa_sp),
@@ -577,8 +589,18 @@ fn extracted_layouts_equal_one_device() {
         ("mla tp2", MLA, Config::new(2, 1, 1)),
         ("qwen3 tp2 sp", QWEN3, mla_sp.clone()),
         ("nemotron tp2 sp", NEMOTRON, mla_sp.clone()),
+        // Two KV heads over four ranks beside a partial rotary: only the extraction lowers it
+        // (the segment rules do not split the rotary's view of the whole keys).
+        ("nemotron tp4", NEMOTRON, Config::new(4, 1, 1)),
         // Biased q, k, v projections (Qwen2), the bias added where the extraction puts it.
-        ("qwen2 tp2 sp", QWEN2, mla_sp),
+        ("qwen2 tp2 sp", QWEN2, mla_sp.clone()),
+        // A shared expert's output times its one-column sigmoid gate (Qwen2-MoE); with eight
+        // sequences a micro-batch, an all-to-all from sequence to hidden shards.
+        ("qwen2_moe tp2 sp", QWEN2_MOE, mla_sp),
+        ("qwen2_moe tp2 sp mb8", QWEN2_MOE, moe_sp_mb8),
+        // Row-parallel keys and values read their pieces of the normalized input, which the
+        // query's product keeps whole: the backward cuts the pieces again.
+        ("mqa tp2 mb4", common::LLAMA_MQA, mqa_mb4),
     ] {
         let (plan, graph) = with_extraction(model, &c);
         if let Some(bp) = &plan.block_plan {
@@ -592,15 +614,77 @@ fn extracted_layouts_equal_one_device() {
             if forward.iter().any(|k| k.starts_with("all-to-all")) {
                 resplit.push(name);
             }
+            if extracted_op(bp, "attention", |o| {
+                o.inputs.get(1) == Some(&planner::sharding::Layout::Replicated)
+                    && matches!(
+                        o.inputs[0],
+                        planner::sharding::Layout::Split { axis: 2, .. }
+                    )
+            }) {
+                whole_kv.push(name);
+            }
+            if extracted_op(bp, "mul", |o| {
+                matches!(o.output, Some(planner::sharding::Layout::Split { .. }))
+                    && broadcasts(&graph, o.op)
+            }) {
+                broadcast.push(name);
+            }
         }
         let mismatch = codegen::lower::extraction_mismatch(&plan, &graph).unwrap();
         assert_eq!(mismatch, None, "{name}: not lowered as extracted");
         let one = programs(model, &Config::new(1, 1, 1));
         let set = codegen::generate(&plan).unwrap().0;
+        if cuts_a_piece_again(&set) {
+            recut.push(name);
+        }
         if !equals_one_device(name, &one, &set) {
             bad.push(name);
         }
     }
+    println!(
+        "whole K/V: {whole_kv:?}; broadcast split: {broadcast:?}; pieces cut again: {recut:?}"
+    );
     assert!(bad.is_empty(), "differ from one device: {bad:?}");
     assert!(!resplit.is_empty(), "no case re-splits by an all-to-all");
+    assert!(
+        !whole_kv.is_empty(),
+        "no case attends by query heads with K and V whole"
+    );
+    assert!(
+        !broadcast.is_empty(),
+        "no case splits a broadcasting product"
+    );
+    assert!(
+        !recut.is_empty(),
+        "no case cuts a kept value's piece again for the backward"
+    );
+}
+
+/// Whether some op of the extraction named `mnemonic` satisfies `pred`.
+fn extracted_op(
+    bp: &planner::sharding::BlockPlan,
+    mnemonic: &str,
+    pred: impl Fn(&planner::sharding::OpPlan) -> bool,
+) -> bool {
+    bp.ops.iter().any(|o| o.mnemonic == mnemonic && pred(o))
+}
+
+/// Whether op `o` reads operands of different shapes.
+fn broadcasts(graph: &ir::Graph, o: ir::OpId) -> bool {
+    let op = graph.op(o);
+    let first = graph.ty(op.inputs[0]).shape.clone();
+    op.inputs.iter().any(|&x| graph.ty(x).shape != first)
+}
+
+/// Whether a program cuts a rank's piece of a kept value again for the backward (codegen's
+/// rebuilt activations are named `….re`) rather than keeping the piece beside the whole.
+fn cuts_a_piece_again(set: &codegen::ProgramSet) -> bool {
+    set.templates.iter().any(|t| {
+        t.instrs.iter().any(|i| match i {
+            codegen::program::Instr::Chunk { dst, .. } => {
+                t.buffer(*dst).is_some_and(|d| d.name.ends_with(".re"))
+            }
+            _ => false,
+        })
+    })
 }

@@ -119,6 +119,13 @@ pub fn plan(seg: &Segment, recompute: Recompute) -> Plan {
         if let Some(v) = rebuilt_activation(seg, st, &reads) {
             keep[v] = false;
             rebuild[v] = Some(i);
+            // Its operands live until it is made again (a piece's whole may have no other
+            // backward reader after it).
+            for x in step_ins(st) {
+                if last[v] < last[x] {
+                    last[x] = last[v];
+                }
+            }
         }
     }
     // A regathered value's shard is read (by the gather) just before the value; later values
@@ -456,7 +463,15 @@ fn step_ins(s: &Step) -> Vec<SVal> {
 /// so the backward transposes it again rather than keeping a vocabulary-sized copy per
 /// micro-batch in flight (GPipe's last stage held eight). The engines keep none (their GEMM
 /// reads the table transposed); the planner counts the copy only while the head runs.
+///
+/// Likewise a rank's piece of a value the backward reads whole anyway (an extraction's
+/// row-parallel key projection reading its slice of the normalized input that the query
+/// projection reads whole): the piece is cut again, not kept beside the whole.
 fn rebuilt_activation(seg: &Segment, step: &Step, reads: &[bool]) -> Option<SVal> {
+    let owned = |v: SVal| matches!(seg.vals[v].source, Source::Step | Source::Input);
+    if let Step::Chunk { x, y, .. } = *step {
+        return (owned(x) && owned(y) && reads[x] && reads[y]).then_some(y);
+    }
     let Step::Compute {
         kind,
         ins,
@@ -467,7 +482,6 @@ fn rebuilt_activation(seg: &Segment, step: &Step, reads: &[bool]) -> Option<SVal
     else {
         return None;
     };
-    let owned = |v: SVal| matches!(seg.vals[v].source, Source::Step | Source::Input);
     let param = |v: SVal| matches!(seg.vals[v].source, Source::Param { .. });
     match (kind, ins.as_slice(), outs.as_slice()) {
         (OpKind::Silu, &[x], &[y]) => (owned(x) && owned(y) && reads[x] && reads[y]).then_some(y),
@@ -1090,19 +1104,33 @@ fn rebuild_value(
     v: SVal,
     j: usize,
 ) {
-    let Some(Step::Compute {
-        kind, ins, context, ..
-    }) = seg.steps.get(j)
-    else {
-        return;
-    };
     let val = &seg.vals[v];
-    let y = b.alloc(
-        format!("{}.{}.re", env.tag, val.name),
-        val.elem,
-        val.shape.clone(),
-        Role::Activation,
-    );
+    let alloc = |b: &mut Builder| {
+        b.alloc(
+            format!("{}.{}.re", env.tag, val.name),
+            val.elem,
+            val.shape.clone(),
+            Role::Activation,
+        )
+    };
+    let (kind, ins, context) = match seg.steps.get(j) {
+        Some(Step::Compute {
+            kind, ins, context, ..
+        }) => (kind, ins, context),
+        Some(&Step::Chunk { axis, x, group, .. }) => {
+            let y = alloc(b);
+            b.push(Instr::Chunk {
+                src: inst.bufs[x].unwrap_or(BufferId(u32::MAX)),
+                dst: y,
+                axis: Some(axis),
+                group,
+            });
+            inst.bufs[v] = Some(y);
+            return;
+        }
+        _ => return,
+    };
+    let y = alloc(b);
     let inputs = ins
         .iter()
         .map(|&x| inst.bufs[x].unwrap_or(BufferId(u32::MAX)))

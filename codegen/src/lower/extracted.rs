@@ -131,6 +131,9 @@ fn lower_op(
         ins.push(v);
     }
     let t = u64::from(cx.tp);
+    // The operands in the extraction's layouts, before the op's own local selection (a rank's
+    // kv head of whole keys and values): what `differs_from` compares.
+    let read = ins.clone();
     let (mut kind_local, post_bias) =
         local_kind(b, o, &mut ins, out_lay, t).map_err(|m| at(plan, &m))?;
     // Expert parallelism, as the segment rules run it around the group's layout (Megatron-Core's
@@ -196,7 +199,7 @@ fn lower_op(
         .collect();
     let saves = saves_of(cx, &b.seg, &kind_local, &ins, &outs);
     b.seg.placed[pos] = Some(Placed {
-        inputs: ins.clone(),
+        inputs: read,
         output: outs[0],
     });
     b.seg.steps.push(Step::Compute {

@@ -635,6 +635,9 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         let mut partial_params = Vec::new();
         let mut partial_inputs: Vec<(usize, Slot)> = Vec::new();
         let mut post_bias: Option<SVal> = None;
+        // The operands before the op's own local selection (a rank's kv head of whole keys
+        // and values), where it makes one: what `differs_from` compares.
+        let mut read: Option<Vec<SVal>> = None;
         let mut reduce_after = false;
         let mut vocab_parallel = kind == Kind::Pre
             && cx.vocab_parallel
@@ -746,6 +749,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         ));
                     }
                     if replicated_kv {
+                        read = Some(ins.clone());
                         for k in [1, 2] {
                             ins[k] = select_kv_head(&mut b, o, ins[k], *kv_heads, t)?;
                         }
@@ -990,7 +994,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
         }
         if let (Some(slot), Some(&output)) = (b.seg.placed.get_mut(pos), outs.first()) {
             *slot = Some(Placed {
-                inputs: ins.clone(),
+                inputs: read.take().unwrap_or_else(|| ins.clone()),
                 output,
             });
         }

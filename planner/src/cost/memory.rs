@@ -102,12 +102,12 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
         2.0 * e * sbkv / kv_split
     };
     if l.qk_norm {
-        // The norms' inputs: q and k as projected, before the norm and the rotation; a
-        // replicated k is normalized whole, its norm's output (the rotation's input) kept
-        // whole too.
+        // The norms' inputs: q and k as projected, before the norm and the rotation (a
+        // replicated k is normalized whole). The norm's output is the rotation's input, which
+        // the rotation's backward does not read (its gradient is the inverse rotation).
         bytes += e * sbq / tp
             + if replicated {
-                2.0 * e * sbkv
+                e * sbkv
             } else {
                 e * sbkv / kv_split
             };

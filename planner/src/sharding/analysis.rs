@@ -155,6 +155,14 @@ fn tensor(ty: TensorType, dist: Dist) -> Fact {
     Fact::Tensor(TensorFact { ty, dist })
 }
 
+/// Whether every operand in `ins` has the rank of `out` and its extent along `d`: none
+/// broadcasts along the split axis.
+fn unbroadcast(ins: &[&TensorType], out: &TensorType, d: Axis) -> bool {
+    let extent = |t: &TensorType| t.shape.0.get(usize::from(d.axis)).cloned();
+    ins.iter()
+        .all(|t| t.shape.rank() == out.shape.rank() && extent(t) == extent(out))
+}
+
 /// The fact of `node` given its children's facts (in `node.children()` order).
 pub fn node_fact(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Fact {
     match fact_of(ctx, node, kids) {
@@ -311,6 +319,12 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
             match (a.dist, b.dist) {
                 (R, R) => tensor(ty, R),
                 (S(d), S(e)) if d == e && a.ty == b.ty => tensor(ty, S(d)),
+                // A broadcast (Qwen2-MoE's `sigmoid(gate) · shared_expert`, `[b, s, 1]` times
+                // `[b, s, h]`): split along an axis both operands have whole-sized, where
+                // neither broadcasts, each rank's pieces broadcast as the whole did.
+                (S(d), S(e)) if d == e && d.blocks == 1 && unbroadcast(&[&a.ty, &b.ty], &ty, d) => {
+                    tensor(ty, S(d))
+                }
                 (P, P) if additive && a.ty == b.ty => tensor(ty, P),
                 _ => return fail(),
             }
@@ -340,6 +354,17 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
                     && d == Axis::new(2)
                     && heads.is_multiple_of(ctx.tp)
                     && kv.is_multiple_of(ctx.tp) =>
+                {
+                    sharded(ty, d)?
+                }
+                // Fewer key/value heads than ranks (vLLM's replicated KV heads): K and V whole
+                // on every rank, each taking the one head its query heads share.
+                S(d) if d == Axis::new(2)
+                    && k.dist == R
+                    && v.dist == R
+                    && heads.is_multiple_of(ctx.tp)
+                    && kv < ctx.tp
+                    && ctx.tp.is_multiple_of(kv) =>
                 {
                     sharded(ty, d)?
                 }

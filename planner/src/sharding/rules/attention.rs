@@ -5,6 +5,9 @@
 //!   both the query heads and the kv heads divide by the TP degree; with grouped-query
 //!   attention query head `h` reads kv head `h / (heads / kv_heads)`, and contiguous splits of
 //!   both keep every group on one rank.
+//! - `attention-heads-whole-kv`: with fewer kv heads than ranks (a multiple of them), q split
+//!   by heads and k and v whole: each rank attends with the one kv head its query heads share
+//!   (vLLM's replicated KV heads; codegen selects the head from the whole K and V).
 //! - `rotary-heads`: rotary embedding acts per head.
 //! - `attention-batch`, `rotary-batch`: sequences are independent. (There is no sequence rule:
 //!   attention needs every key, and rotary needs absolute positions.)
@@ -18,6 +21,11 @@ pub fn rules() -> Result<Vec<Rule>, ShardError> {
             "attention-heads",
             "(shard @2 (attn ?o ?q ?k ?v))",
             "(attn ?o (shard @2 ?q) (shard @2 ?k) (shard @2 ?v))",
+        )?,
+        rw(
+            "attention-heads-whole-kv",
+            "(shard @2 (attn ?o ?q ?k ?v))",
+            "(attn ?o (shard @2 ?q) ?k ?v)",
         )?,
         rw(
             "attention-batch",

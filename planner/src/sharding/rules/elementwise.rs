@@ -2,7 +2,9 @@
 //!
 //! - `map-shard`: `shard(d, f(x)) = f(shard(d, x))` for unary elementwise `f` (gelu, silu,
 //!   dropout, scale...).
-//! - `zip-shard`: the same for binary elementwise ops on equal shapes (residual add, SwiGLU mul).
+//! - `zip-shard`: the same for binary elementwise ops on equal shapes (residual add, SwiGLU mul)
+//!   or broadcasting along other axes than the split one (a one-column gate times a
+//!   hidden-wide output).
 //! - `part-blocks/k`: part `i` of a `k`-way split along `a`, sharded along `a`, is part `i` of
 //!   the input sharded block-wise (`@a/k`) — how a fused QKV projection splits by heads.
 //! - `part-other`: a split along another axis commutes with the split.
