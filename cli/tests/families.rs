@@ -568,6 +568,27 @@ fn compile_writes_no_plan_whose_program_exceeds_the_gpu() {
     assert_eq!(code, 0, "{out}{err}");
 }
 
+/// Where every plan the search offers crowds the card so that its program comes out over it,
+/// `compile` searches again on a card shrunk by the worst program's excess over its plan and
+/// writes the fastest plan whose program fits. Qwen1.5-MoE on 8 H100 with tp 8, pp 1 and
+/// ZeRO-1 pinned (one mesh: the plan and its one runner-up, 32 sequences a micro-batch,
+/// planned within 0.1 % of 80 GiB, programs 0.1 % over) was refused with "no plan whose
+/// program fits the GPU", though 16 sequences a micro-batch fit with 26 GiB to spare.
+#[test]
+fn a_mesh_whose_plans_crowd_the_card_plans_one_that_fits() {
+    let d = dir("crowded");
+    let plan = d.join("plan.json").to_string_lossy().to_string();
+    let pins = ["--tp", "8", "--pp", "1", "--zero", "1"];
+    let (code, out, err) = compile_8_h100_batch(&config("qwen1.5-moe-a2.7b"), &plan, "64", &pins);
+    assert!(code == 0 && out.contains("fits"), "{out}{err}");
+    assert!(
+        out.lines().any(|l| l.contains("its program peaks at")),
+        "the plan that crowded the card is named: {out}"
+    );
+    let (code, out, err) = codegen(&plan, &d.join("programs"));
+    assert_eq!(code, 0, "{out}{err}");
+}
+
 /// Grouped-query models at tp 4 on 8 H100 run the e-graph's layout: its optimum re-splits
 /// activations by all-to-all (sequence shards to hidden or head shards, DeepSpeed-Ulysses's
 /// exchange), and the program keeps each all-to-all's source and runs it again for the
