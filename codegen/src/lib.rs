@@ -39,7 +39,7 @@ pub fn lower_checked(
         .iter()
         .find(|v| v.check == verify::Check::Memory)
         .map(|v| v.message.clone());
-    let differs = plan.block_plan.is_some() && !lower::rules_match_extraction(plan, graph)?;
+    let differs = !lower::rules_match_extraction(plan, graph);
     match over {
         Some(why) if differs => {
             let mut rules = plan.clone();

@@ -688,3 +688,49 @@ fn cuts_a_piece_again(set: &codegen::ProgramSet) -> bool {
         })
     })
 }
+
+/// Where the extraction's programs break the planner's memory, `codegen::lower_checked` lowers
+/// the layer by the segment rules instead and says why; where the rules do not lower the layer
+/// at all (two KV heads over four ranks beside Nemotron's partial rotary), it keeps the
+/// extraction's programs, their violation reported, rather than failing. The verifier is
+/// stood in by a check that finds every program over the planner's memory.
+#[test]
+fn programs_over_the_planners_memory_fall_back_to_the_rules_where_they_lower() {
+    const NEMOTRON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-nemotron.json");
+    let over = |_: &codegen::ProgramSet| codegen::Report {
+        violations: vec![codegen::Violation {
+            check: codegen::verify::Check::Memory,
+            rank: 0,
+            at: codegen::verify::Loc::None,
+            message: "peak live bytes over the planner's".into(),
+        }],
+        ..Default::default()
+    };
+    let mut mqa_mb4 = Config::new(2, 1, 1);
+    mqa_mb4.micro_batch = 4;
+    for (name, model, c, rules_lower) in [
+        ("mqa tp2 mb4", common::LLAMA_MQA, mqa_mb4, true),
+        ("nemotron tp4", NEMOTRON, Config::new(4, 1, 1), false),
+    ] {
+        let (plan, graph) = with_extraction(model, &c);
+        assert!(
+            !codegen::lower::rules_match_extraction(&plan, &graph),
+            "{name}: the extraction is not the rules' layout"
+        );
+        let (set, report, note) =
+            codegen::lower_checked(&plan, &graph, codegen::Options::default(), over).unwrap();
+        assert_eq!(report.violations.len(), 1, "{name}");
+        let extracted = codegen::lower(&plan, &graph, codegen::Options::default()).unwrap();
+        if rules_lower {
+            let note = note.expect("a note naming the fallback");
+            assert!(
+                note.contains("lowered by the segment rules"),
+                "{name}: {note}"
+            );
+            assert_ne!(set, extracted, "{name}: the rules' programs");
+        } else {
+            assert_eq!(note, None, "{name}");
+            assert_eq!(set, extracted, "{name}: the extraction's programs");
+        }
+    }
+}

@@ -114,17 +114,31 @@ pub fn plan(seg: &Segment, recompute: Recompute) -> Plan {
             None => keep[v] = true,
         }
     }
+    // The kept sources of regathered values: the backward gathers from them, so they stay
+    // kept, not made again.
+    let mut regathered_from = vec![false; n];
+    for v in (0..n).filter(|&v| regather[v]) {
+        if let Some(x) = gathered_from[v] {
+            regathered_from[x] = true;
+        }
+    }
     let mut rebuild = vec![None; n];
     for (i, st) in seg.steps.iter().enumerate() {
-        if let Some(v) = rebuilt_activation(seg, st, &reads) {
-            keep[v] = false;
-            rebuild[v] = Some(i);
-            // Its operands live until it is made again (a piece's whole may have no other
-            // backward reader after it).
-            for x in step_ins(st) {
-                if last[v] < last[x] {
-                    last[x] = last[v];
-                }
+        let Some(v) = rebuilt_activation(seg, st, &reads) else {
+            continue;
+        };
+        // Made again from kept operands only: not from one itself made again, nor in place
+        // of a regathered value's source.
+        if regathered_from[v] || step_ins(st).iter().any(|&x| rebuild[x].is_some()) {
+            continue;
+        }
+        keep[v] = false;
+        rebuild[v] = Some(i);
+        // Its operands are freed no earlier than it (freed at its last backward read): a
+        // piece's whole may have no backward reader left when the piece is made again.
+        for x in step_ins(st) {
+            if last[v] < last[x] {
+                last[x] = last[v];
             }
         }
     }

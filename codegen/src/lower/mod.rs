@@ -180,15 +180,13 @@ fn layer_or_why(
 /// Whether the segment rules alone lay every run's layer out as the plan's extractions do
 /// (then the extraction is Megatron's layout and lowering it changes nothing). `true` without
 /// one; `false` where the rules do not lower the layer at all (a layout only the extraction
-/// has: two key/value heads over four ranks beside a partial rotary).
-pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> Result<bool, CodegenError> {
-    if plan.block_plan.is_none() {
-        return Ok(true);
-    }
+/// has: two key/value heads over four ranks beside a partial rotary) or the plan does not
+/// lower (which lowering it says).
+pub fn rules_match_extraction(plan: &Plan, graph: &Graph) -> bool {
     let rules_only = |_: &Plan, cx: &Ctx<'_>, _: usize, layer_ops: &[OpId]| {
         segment::lower(cx, layer_ops, Kind::Layer).map(|layer| (layer, None))
     };
-    Ok(layer_against_extraction(plan, graph, rules_only).is_ok_and(|m| m.is_none()))
+    layer_against_extraction(plan, graph, rules_only).is_ok_and(|m| m.is_none())
 }
 
 /// Whether the layer `lower` emits for `plan` is the plan's recorded sharding extraction

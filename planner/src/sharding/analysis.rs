@@ -159,8 +159,10 @@ fn tensor(ty: TensorType, dist: Dist) -> Fact {
 /// broadcasts along the split axis.
 fn unbroadcast(ins: &[&TensorType], out: &TensorType, d: Axis) -> bool {
     let extent = |t: &TensorType| t.shape.0.get(usize::from(d.axis)).cloned();
-    ins.iter()
-        .all(|t| t.shape.rank() == out.shape.rank() && extent(t) == extent(out))
+    extent(out).is_some()
+        && ins
+            .iter()
+            .all(|t| t.shape.rank() == out.shape.rank() && extent(t) == extent(out))
 }
 
 /// The fact of `node` given its children's facts (in `node.children()` order).
