@@ -658,18 +658,8 @@ fn layouts_that_broke_the_memory_model_run_the_extraction() {
     ] {
         let plan = d.join(format!("{name}.json")).to_string_lossy().to_string();
         let cfg = config(name);
-        let mut args = vec![
-            "compile",
-            &cfg,
-            "--cluster",
-            "dgx-h100",
-            "--gpus",
-            "64",
-            "--global-batch",
-            "128",
-            "-o",
-            &plan,
-        ];
+        let mut args = vec!["compile", &cfg, "-o", &plan];
+        args.extend(common::H100_64);
         args.extend(pins.split_whitespace());
         let (code, out, err) = plait(&args);
         assert_eq!(code, 0, "{name} {pins}: {out}{err}");

@@ -181,22 +181,10 @@ fn run(d: &Path, tag: &str, plan: &Path) -> Vec<f64> {
 fn a_resplit_into_blocks_lowers_and_equals_one_rank() {
     let d = dir("sharding-method-resplit");
     let big = d.join("gpt-1.7b.json").to_string_lossy().to_string();
-    let (code, _, err) = plait(&[
-        "compile",
-        "gpt-1.7b",
-        "--cluster",
-        "dgx-h100",
-        "--gpus",
-        "64",
-        "--global-batch",
-        "128",
-        "--tp",
-        "8",
-        "--sequence-parallel",
-        "on",
-        "-o",
-        &big,
-    ]);
+    let mut args = vec!["compile", "gpt-1.7b", "-o", &big];
+    args.extend(common::H100_64);
+    args.extend(["--tp", "8", "--sequence-parallel", "on"]);
+    let (code, _, err) = plait(&args);
     assert_eq!(code, 0, "{err}");
     let big: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&big).expect("plan")).expect("plan JSON");

@@ -53,22 +53,15 @@ fn a_plan_lowered_by_the_rules_is_priced_by_the_rules() {
         env!("CARGO_MANIFEST_DIR"),
         "/../fixtures/hf/phi-3-mini-4k/config.json"
     );
-    let model_and_cluster = [
-        config,
-        "--cluster",
-        "dgx-h100",
-        "--gpus",
-        "64",
-        "--global-batch",
-        "128",
-    ];
+    let mut model_and_cluster = vec![config];
+    model_and_cluster.extend(common::H100_64);
     let pins = pins(
         "--tp 8 --pp 1 --dp 8 --micro-batch 16 --zero 1 --recompute none --sequence-parallel on",
     );
     let path = common::dir("rules").join("plan.json");
     let p = path.to_string_lossy().to_string();
     let mut args = vec!["compile"];
-    args.extend(model_and_cluster);
+    args.extend(&model_and_cluster);
     args.extend(&pins);
     args.extend(["-o", &p]);
     let (code, _, err) = plait(&args);

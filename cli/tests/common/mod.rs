@@ -47,6 +47,16 @@ pub const GPT2_AUTO: [&str; 9] = [
 
 pub const PINNED_PIPELINE: [&str; 6] = ["--tp", "2", "--pp", "2", "--dp", "2"];
 
+/// The cluster of the 64-H100 sweeps (8 DGX H100 nodes), global batch 128.
+pub const H100_64: [&str; 6] = [
+    "--cluster",
+    "dgx-h100",
+    "--gpus",
+    "64",
+    "--global-batch",
+    "128",
+];
+
 /// Compiles gpt2 (with extra pins) into `dir/name`, returning the path.
 pub fn compile(test: &str, name: &str, extra: &[&str]) -> PathBuf {
     let path = dir(test).join(name);
