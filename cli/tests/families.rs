@@ -8,7 +8,7 @@ mod common;
 use common::{dir, plait};
 
 /// (fixture, published parameters: the checkpoint's safetensors total, dense).
-const FAMILIES: [(&str, u64, bool); 11] = [
+const FAMILIES: [(&str, u64, bool); 14] = [
     ("qwen2.5-7b", 7_615_616_512, true),
     ("qwen3-8b", 8_190_735_360, true),
     ("phi-3-mini-4k", 3_821_079_552, true),
@@ -19,6 +19,11 @@ const FAMILIES: [(&str, u64, bool); 11] = [
     ("mistral-nemo-base", 12_247_782_400, true),
     ("olmo-2-1124-7b", 7_298_617_344, true),
     ("granite-3.1-2b-instruct", 2_533_531_648, true),
+    // Parallel blocks: Pythia's model card total, the GPT-NeoX-20B paper's count, Phi-2's
+    // checkpoint.
+    ("pythia-160m", 162_322_944, true),
+    ("gpt-neox-20b", 20_554_567_680, true),
+    ("phi-2", 2_779_683_840, true),
     ("qwen1.5-moe-a2.7b", 14_315_784_192, false),
     ("qwen3-30b-a3b", 30_532_122_624, false),
 ];
@@ -336,6 +341,22 @@ fn pinned_layouts_that_once_broke_the_memory_model_lower() {
         let plan = d.join("plan.json").to_string_lossy().to_string();
         let (code, out, err) = compile_on_8_h100_pinned(&config(name), &plan, pins);
         assert!(code == 0 && out.contains("fits"), "{name}: {out}{err}");
+        let (code, out, err) = codegen(&plan, &d.join("programs"));
+        assert_eq!(code, 0, "{name}: codegen {out}{err}");
+    }
+}
+
+/// Falcon-7B (71 heads over one KV head, one norm both branches read) and Falcon-40B (128
+/// heads over 8, a norm per branch): each plans on 8 H100 at seq 4096, codegen confirms the
+/// planner's memory, and the plan says Megatron-LM cannot run a parallel block.
+#[test]
+fn falcon_plans_and_lowers_on_8_h100() {
+    for name in ["falcon-7b", "falcon-40b"] {
+        let d = dir(name);
+        let plan = d.join("plan.json").to_string_lossy().to_string();
+        let (code, out, err) = compile_on_8_h100(&config(name), &plan);
+        assert!(code == 0 && out.contains("fits"), "{name}: {out}{err}");
+        assert!(err.contains("in parallel"), "{name}: {err}");
         let (code, out, err) = codegen(&plan, &d.join("programs"));
         assert_eq!(code, 0, "{name}: codegen {out}{err}");
     }

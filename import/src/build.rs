@@ -3,7 +3,7 @@
 
 use ir::{BuildError, DType, Dim, Graph, OpKind, Shape, Sym, TensorType, ValueId};
 
-use crate::spec::{Family, Mla, ModelSpec};
+use crate::spec::{Family, Mla, ModelSpec, ParallelNorms, Ungated};
 
 /// The name under which every decoder layer is tagged.
 pub const BLOCK_NAME: &str = "decoder_layer";
@@ -89,7 +89,12 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
     } else {
         b.param(head_name, &[h, v])
     };
-    let mut logits = b.op(OpKind::Linear { bias: false }, vec![x, head])?;
+    let mut head_inputs = vec![x, head];
+    if spec.variant.head_bias {
+        head_inputs.push(b.param("lm_head.bias", &[v]));
+    }
+    let bias = spec.variant.head_bias;
+    let mut logits = b.op(OpKind::Linear { bias }, head_inputs)?;
     if let Some(m) = spec.variant.multipliers {
         let factor = 1.0 / m.logits;
         logits = b.op(OpKind::Scale { factor }, vec![logits])?;
@@ -225,7 +230,6 @@ impl Builder {
     }
 
     fn llama_layer(&mut self, spec: &ModelSpec, i: u64, x: ValueId) -> Result<ValueId, BuildError> {
-        let h = spec.hidden;
         let var = &spec.variant;
         let p = format!("model.layers.{i}");
         if var.post_norms {
@@ -239,7 +243,39 @@ impl Builder {
             let y = self.mlp_of_layer(spec, i, &p, m)?;
             return self.op(OpKind::Add, vec![x, y]);
         }
-        let (q, k, v) = self.qkv(spec, &p, a)?;
+        if let Some(norms) = var.parallel {
+            return self.parallel_layer(spec, i, &p, x, a, norms);
+        }
+        let mut o = self.self_attention(spec, &p, a)?;
+        if var.sandwich_norms {
+            o = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, o)?;
+        }
+        let o = self.residual_scale(spec, o)?;
+        let x = self.op(OpKind::Add, vec![x, o])?;
+        let pre_mlp = if var.sandwich_norms {
+            "pre_feedforward_layernorm"
+        } else {
+            "post_attention_layernorm"
+        };
+        let m = self.block_norm(&format!("{p}.{pre_mlp}"), spec, x)?;
+        let mut y = self.mlp_of_layer(spec, i, &p, m)?;
+        if var.sandwich_norms {
+            y = self.block_norm(&format!("{p}.post_feedforward_layernorm"), spec, y)?;
+        }
+        let y = self.residual_scale(spec, y)?;
+        self.op(OpKind::Add, vec![x, y])
+    }
+
+    /// Attention from the normed input `a` through the output projection: q, k and v (with
+    /// Qwen3's per-head norms), the rotary embedding, and `o_proj`.
+    fn self_attention(
+        &mut self,
+        spec: &ModelSpec,
+        p: &str,
+        a: ValueId,
+    ) -> Result<ValueId, BuildError> {
+        let var = &spec.variant;
+        let (q, k, v) = self.qkv(spec, p, a)?;
         let (q, k) = if var.qk_norm {
             let q = self.head_norm(&format!("{p}.self_attn.q_norm.weight"), spec, q, spec.heads)?;
             let k = self.head_norm(
@@ -268,30 +304,37 @@ impl Builder {
             },
             vec![q, k, v],
         )?;
-        let mut o = self.linear(
+        self.linear(
             &format!("{p}.self_attn.o_proj"),
             attn,
             spec.q_width(),
-            h,
+            spec.hidden,
             var.o_bias,
-        )?;
-        if var.sandwich_norms {
-            o = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, o)?;
-        }
-        let o = self.residual_scale(spec, o)?;
-        let x = self.op(OpKind::Add, vec![x, o])?;
-        let pre_mlp = if var.sandwich_norms {
-            "pre_feedforward_layernorm"
-        } else {
-            "post_attention_layernorm"
+        )
+    }
+
+    /// A parallel block (GPT-NeoX, Falcon, Phi): attention and the MLP both read the layer's
+    /// input, through one shared norm (`a`) or each through its own, and their outputs are
+    /// added to the input together.
+    fn parallel_layer(
+        &mut self,
+        spec: &ModelSpec,
+        i: u64,
+        p: &str,
+        x: ValueId,
+        a: ValueId,
+        norms: ParallelNorms,
+    ) -> Result<ValueId, BuildError> {
+        let o = self.self_attention(spec, p, a)?;
+        let m = match norms {
+            ParallelNorms::Shared => a,
+            ParallelNorms::Separate => {
+                self.block_norm(&format!("{p}.post_attention_layernorm"), spec, x)?
+            }
         };
-        let m = self.block_norm(&format!("{p}.{pre_mlp}"), spec, x)?;
-        let mut y = self.mlp_of_layer(spec, i, &p, m)?;
-        if var.sandwich_norms {
-            y = self.block_norm(&format!("{p}.post_feedforward_layernorm"), spec, y)?;
-        }
-        let y = self.residual_scale(spec, y)?;
-        self.op(OpKind::Add, vec![x, y])
+        let y = self.mlp_of_layer(spec, i, p, m)?;
+        let branches = self.op(OpKind::Add, vec![o, y])?;
+        self.op(OpKind::Add, vec![x, branches])
     }
 
     /// A branch's output times Granite's `residual_multiplier` before its residual add.
@@ -363,8 +406,8 @@ impl Builder {
             self.gated_mlp(spec, &format!("{p}.mlp"), m, d.ffn)
         } else if spec.family == Family::Mixtral {
             self.moe(spec, p, m)
-        } else if spec.variant.relu2_mlp {
-            self.relu2_mlp(spec, &format!("{p}.mlp"), m)
+        } else if let Some(act) = spec.variant.ungated_mlp {
+            self.ungated_mlp(spec, &format!("{p}.mlp"), m, act)
         } else {
             self.gated_mlp(spec, &format!("{p}.mlp"), m, spec.ffn)
         }
@@ -557,13 +600,25 @@ impl Builder {
         )
     }
 
-    /// Nemotron's MLP: relu(x·up)²·down, without a gate.
-    fn relu2_mlp(&mut self, spec: &ModelSpec, p: &str, m: ValueId) -> Result<ValueId, BuildError> {
-        let (h, f) = (spec.hidden, spec.ffn);
-        let up = self.linear(&format!("{p}.up_proj"), m, h, f, false)?;
-        let relu = self.op(OpKind::Relu, vec![up])?;
-        let squared = self.op(OpKind::Pow { exponent: 2.0 }, vec![relu])?;
-        self.linear(&format!("{p}.down_proj"), squared, f, h, false)
+    /// An ungated MLP, act(x·up)·down: Nemotron's squared ReLU, GPT-NeoX's, Falcon's and Phi's
+    /// GELU (with biases where the family has them).
+    fn ungated_mlp(
+        &mut self,
+        spec: &ModelSpec,
+        p: &str,
+        m: ValueId,
+        act: Ungated,
+    ) -> Result<ValueId, BuildError> {
+        let (h, f, bias) = (spec.hidden, spec.ffn, spec.variant.mlp_bias);
+        let up = self.linear(&format!("{p}.up_proj"), m, h, f, bias)?;
+        let activated = match act {
+            Ungated::SquaredRelu => {
+                let relu = self.op(OpKind::Relu, vec![up])?;
+                self.op(OpKind::Pow { exponent: 2.0 }, vec![relu])?
+            }
+            Ungated::Gelu { tanh } => self.op(OpKind::Gelu { tanh }, vec![up])?,
+        };
+        self.linear(&format!("{p}.down_proj"), activated, f, h, bias)
     }
 
     /// RMSNorm over each head of `x[B, S, heads·d]` with one weight of size d (Qwen3's q_norm

@@ -61,9 +61,20 @@ pub struct Variant {
     pub dense_layers: Option<DenseLayers>,
     /// Multi-head latent attention in place of q/k/v projections (DeepSeek-V3).
     pub mla: Option<Mla>,
-    /// An ungated MLP with a squared ReLU, `relu(x·up)²·down` (Nemotron's `relu2`).
-    pub relu2_mlp: bool,
-    /// LayerNorm with weight and bias in place of RMSNorm (Nemotron's `LayerNorm1P`).
+    /// An ungated MLP, `act(x·up)·down`: Nemotron's squared ReLU, GPT-NeoX's, Falcon's, Phi's
+    /// and StarCoder2's GELU.
+    pub ungated_mlp: Option<Ungated>,
+    /// Biases on the MLP's projections (GPT-NeoX, Phi, Falcon's `bias`, StarCoder2's
+    /// `use_bias`).
+    pub mlp_bias: bool,
+    /// Attention and the MLP both read the layer's input and add their outputs to it together,
+    /// `x + attn(n₁(x)) + mlp(n₂(x))` (GPT-NeoX's and StableLM's `use_parallel_residual`,
+    /// Falcon's `parallel_attn`, Phi), with one norm or two.
+    pub parallel: Option<ParallelNorms>,
+    /// A bias on the output head (Phi's `lm_head`).
+    pub head_bias: bool,
+    /// LayerNorm with weight and bias in place of RMSNorm (Nemotron's `LayerNorm1P`, GPT-NeoX,
+    /// Phi, Falcon, StableLM, StarCoder2).
     pub layer_norm: bool,
     /// Rotary embedding over only the first this many dimensions of each head, the rest
     /// passed through (Nemotron's `partial_rotary_factor`).
@@ -74,6 +85,25 @@ pub struct Variant {
     pub post_norms: bool,
     /// Granite's four constant multipliers (transformers' `GraniteConfig`).
     pub multipliers: Option<Multipliers>,
+}
+
+/// The activation of an ungated MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ungated {
+    /// relu(x)² (Nemotron's `relu2`).
+    SquaredRelu,
+    /// GELU, exact (`gelu`) or tanh-approximated (`gelu_new` and its aliases).
+    Gelu { tanh: bool },
+}
+
+/// The norms of a parallel block: one both branches read (Phi, Falcon-7B, StableLM), or one
+/// per branch (GPT-NeoX, Falcon's `new_decoder_architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParallelNorms {
+    Shared,
+    Separate,
 }
 
 /// Granite's scalings: the embedding output times `embedding`, each attention and MLP output
@@ -260,10 +290,11 @@ impl ModelSpec {
                     .shared_expert_ffn
                     .map_or(zero, |s| three * h * n(s) + gate);
                 let experts = n(self.experts);
+                let mlp_bias = if var.mlp_bias { f + h } else { zero };
                 let mlp = if self.family == Family::Mixtral {
                     h * experts + experts * three * h * f + shared
-                } else if var.relu2_mlp {
-                    two * h * f
+                } else if var.ungated_mlp.is_some() {
+                    two * h * f + mlp_bias
                 } else {
                     three * h * f
                 };
@@ -275,10 +306,13 @@ impl ModelSpec {
                 let norm = if var.layer_norm { two * h } else { h };
                 let norms = if var.sandwich_norms {
                     four * norm
+                } else if var.parallel == Some(ParallelNorms::Shared) {
+                    norm
                 } else {
                     two * norm
                 };
-                embed + n(self.layers) * (attn + norms) + mlps + norm + head
+                let head_bias = if var.head_bias { v } else { zero };
+                embed + n(self.layers) * (attn + norms) + mlps + norm + head + head_bias
             }
         }
     }

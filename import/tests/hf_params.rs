@@ -507,7 +507,11 @@ fn nemotron_builds_its_block_and_refuses_what_it_does_not_build() {
         "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":1000"#;
     let spec = parse(&format!("{{{base}}}"));
     assert_eq!(spec.variant.rotary_dims, Some(32), "half of a 64-wide head");
-    assert!(spec.variant.layer_norm && spec.variant.relu2_mlp);
+    assert!(spec.variant.layer_norm);
+    assert_eq!(
+        spec.variant.ungated_mlp,
+        Some(import::spec::Ungated::SquaredRelu)
+    );
     // Embedding, head, and per layer q, k, v, o, up, down and two LayerNorms; the final norm.
     let (h, f, kv) = (256, 768, 2 * 64);
     let layer = h * h + 2 * h * kv + h * h + 2 * h * f + 4 * h;

@@ -743,8 +743,10 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
         qk_norm: false,
         shared_ffn: 0.0,
         latent_width: 0.0,
+        shared_inputs: 0.0,
     };
     let mut residual_norms = 0.0f64;
+    let mut residual_norm_inputs = std::collections::BTreeSet::new();
     let mut inner_widths = Vec::new();
     // The attention output's width (the output projection's input): narrower than the
     // queries in multi-head latent attention.
@@ -762,6 +764,7 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                 let x = g.ty(op.inputs[0]);
                 if width(op.inputs[0]) == Some(h) {
                     residual_norms += 1.0;
+                    residual_norm_inputs.insert(op.inputs[0]);
                 } else if x.shape.rank() == 3 {
                     // A latent's norm (MLA): its input and output, whole on every rank.
                     shape.latent_width += 2.0 * width(op.inputs[0]).unwrap_or(0) as f64;
@@ -824,6 +827,13 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
         _ => {}
     }
     shape.extra_norms = (residual_norms - 2.0).max(0.0);
+    // A parallel block: one norm both branches read (a pre-norm block has two), or two
+    // norms reading the same input.
+    shape.shared_inputs = if residual_norms == 1.0 {
+        2.0
+    } else {
+        residual_norms - residual_norm_inputs.len() as f64
+    };
     shape
 }
 

@@ -351,6 +351,9 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("qwen1.5-moe-a2.7b", "sigmoid gate"),
         ("olmo-2-1124-7b", "OLMo 2"),
         ("granite-3.1-2b-instruct", "Granite"),
+        ("pythia-160m", "in parallel"),
+        ("phi-2", "in parallel"),
+        ("falcon-7b", "in parallel"),
     ] {
         let p = plan_of(&spec(name).unwrap(), name, "dgx-h100", &s);
         match planner::export::export(&p, Engine::Megatron) {
@@ -360,6 +363,35 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
             other => panic!("{name}: {other:?}"),
         }
     }
+}
+
+/// GPT-NeoX in Llama's order (`use_parallel_residual: false`) is a block Megatron builds:
+/// LayerNorms, biases on every linear layer, a quarter of each head rotated
+/// (`--rotary-percent 0.25`), untied; its parameters from the arguments within 1e-3.
+#[test]
+fn sequential_gpt_neox_exports_with_a_quarter_head_rotary() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
+    let file = fixtures.join("pythia-160m/config.json");
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        r#""use_parallel_residual": true"#,
+        r#""use_parallel_residual": false"#,
+    );
+    let spec = import::hf::parse_config(&text, &file).unwrap();
+    assert_eq!(spec.variant.parallel, None);
+    let p = plan_of(
+        &spec,
+        "pythia-160m",
+        "dgx-h100",
+        &strategy(1, 1, 8, 1, 64, 2048),
+    );
+    let e = planner::export::export(&p, Engine::Megatron).unwrap();
+    let v = check_args(&e.args);
+    assert_eq!(v["--rotary-percent"].parse::<f64>().unwrap(), 0.25);
+    assert_eq!(v["--normalization"], "LayerNorm");
+    assert!(!v.contains_key("--disable-bias-linear") && !v.contains_key("--swiglu"));
+    assert!(v.contains_key("--untie-embeddings-and-output-weights"));
+    let (ours, theirs) = (p.model.params as f64, megatron_parameters(&v));
+    assert!(((ours - theirs) / ours).abs() < 1e-3, "{ours} vs {theirs}");
 }
 
 /// NVIDIA's own Megatron-LM model arguments for DeepSeek-V2-Lite and DeepSeek-R1 (V3's

@@ -247,7 +247,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
 /// and DeepSeek-V3's multi-head latent attention and experts, all-expert and with a leading
 /// dense layer (a block whose structure changes), and DeepSeek-V2's router (softmax shares of
-/// groups scored by their best expert).
+/// groups scored by their best expert), the parallel blocks of GPT-NeoX, Phi, Falcon and
+/// StableLM, and StarCoder2's biased GELU MLP.
 #[test]
 fn llama_structured_families_equal_one_device() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
@@ -301,6 +302,21 @@ fn llama_structured_families_equal_one_device() {
         // Qwen-MoE's mlp_only_layers: a dense layer 0 of intermediate_size before the experts.
         ("qwen2_moe-dense", &dp2),
         ("qwen2_moe-dense", &pp2),
+        // Parallel blocks, attention and the MLP off the same input: GPT-NeoX's two
+        // LayerNorms, quarter-head rotary and biased GELU MLP; Phi's one shared norm and
+        // biased head; Falcon-7B's one norm with one KV head; Falcon-40B's norm per branch.
+        ("gpt_neox", &tp2),
+        ("gpt_neox", &dp2),
+        ("phi", &tp2),
+        ("phi", &pp2),
+        ("falcon", &tp2),
+        ("falcon-new", &tp2),
+        ("falcon-new", &tp2_pp2),
+        // StableLM's parallel SwiGLU block with q/k/v biases; StarCoder2's biased GELU MLP
+        // beside two KV heads.
+        ("stablelm", &tp2),
+        ("starcoder2", &tp2),
+        ("starcoder2", &dp2),
     ] {
         let model = format!("{data}tiny-{family}.json");
         let one = programs(&model, &Config::new(1, 1, 1));

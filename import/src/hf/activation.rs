@@ -8,7 +8,7 @@ use super::{ConfigError, Fields};
 /// transformers' names (`ACT2FN`) of the tanh-approximated GELU plait's `Gelu { tanh }`
 /// computes, and of the exact one, which differs from it by under 1e-3: GPT-2's
 /// `activation_function` (default `gelu_new`) and Gemma's GeGLU gate.
-const GELU: &[&str] = &[
+pub(super) const GELU: &[&str] = &[
     "gelu_new",
     "gelu_pytorch_tanh",
     "gelu_fast",

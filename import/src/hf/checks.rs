@@ -26,7 +26,7 @@ const SWITCHES: [&str; 5] = [
 
 /// Families whose attention turns only part of each head (transformers slices the rotary
 /// dimensions there); elsewhere `partial_rotary_factor` below 1 breaks its rotary.
-const PARTIAL_ROTARY: [&str; 2] = ["nemotron", "phi3"];
+const PARTIAL_ROTARY: [&str; 5] = ["nemotron", "phi3", "gpt_neox", "phi", "stablelm"];
 
 /// Gemma 3's attention kinds per layer (`layer_types`).
 const LAYER_TYPES: [&str; 2] = ["sliding_attention", "full_attention"];
@@ -101,7 +101,7 @@ fn whole_head_rotary(f: &Fields<'_>) -> Result<(), ConfigError> {
                 "partial_rotary_factor = {factor}: {}'s attention turns the whole head (only \
                  {} turn part of it); remove the field or set it to 1.0",
                 f.model_type,
-                PARTIAL_ROTARY.join(" and ")
+                PARTIAL_ROTARY.join(", ")
             ),
         }),
         _ => Ok(()),

@@ -6,6 +6,7 @@
 mod activation;
 mod checks;
 mod error;
+mod layernorm;
 mod moe;
 mod rope;
 mod text_model;
@@ -16,10 +17,10 @@ use serde_json::{Map, Value};
 
 pub use error::ConfigError;
 
-use crate::spec::{Family, Mla, ModelSpec, Variant};
+use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 18] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 23] = [
     "gpt2",
     "llama",
     "mistral",
@@ -38,6 +39,11 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 18] = [
     "nemotron",
     "deepseek_v2",
     "deepseek_v3",
+    "gpt_neox",
+    "phi",
+    "falcon",
+    "stablelm",
+    "starcoder2",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -104,6 +110,16 @@ impl LlamaLike {
             "olmo2" => dense("olmo2", 2048, 1e-5, 10000.0, false),
             // transformers' GraniteConfig defaults: Llama's block with four multipliers.
             "granite" => dense("granite", 2048, 1e-6, 10000.0, false),
+            // GPTNeoXConfig's, PhiConfig's, FalconConfig's, StableLmConfig's and
+            // Starcoder2Config's defaults (layernorm.rs).
+            "gpt_neox" => dense("gpt_neox", 2048, 1e-5, 10000.0, false),
+            "phi" => dense("phi", 2048, 1e-5, 10000.0, false),
+            "falcon" => LlamaLike {
+                required: "hidden_size, num_hidden_layers, num_attention_heads, vocab_size",
+                ..dense("falcon", 2048, 1e-5, 10000.0, true)
+            },
+            "stablelm" => dense("stablelm", 4096, 1e-5, 10000.0, false),
+            "starcoder2" => dense("starcoder2", 4096, 1e-5, 10000.0, true),
             "mixtral" => LlamaLike {
                 model_type: "mixtral",
                 family: Family::Mixtral,
@@ -152,7 +168,13 @@ impl LlamaLike {
     /// How the family's block departs from Llama's, read from the config where it is a field.
     fn variant(&self, f: &Fields<'_>) -> Result<Variant, ConfigError> {
         let t = self.model_type;
-        activation::check_llama(f, t)?;
+        let layernorm_family = layernorm::MODEL_TYPES.contains(&t);
+        let block = if layernorm_family {
+            Some(layernorm::block(f)?)
+        } else {
+            activation::check_llama(f, t)?;
+            None
+        };
         let qwen3 = matches!(t, "qwen3" | "qwen3_moe");
         let gemma = matches!(t, "gemma" | "gemma2" | "gemma3_text");
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
@@ -175,8 +197,14 @@ impl LlamaLike {
         Ok(Variant {
             model_type: (!matches!(t, "llama" | "mixtral")).then(|| t.to_string()),
             head_dim: head_dim.filter(|&d| d != implied),
-            qkv_bias: matches!(t, "qwen2" | "qwen2_moe") || attention_bias(f, t)?,
-            o_bias: attention_bias(f, t)?,
+            qkv_bias: match &block {
+                Some(b) => b.qkv_bias,
+                None => matches!(t, "qwen2" | "qwen2_moe") || attention_bias(f, t)?,
+            },
+            o_bias: match &block {
+                Some(b) => b.o_bias,
+                None => attention_bias(f, t)?,
+            },
             qk_norm: qwen3 || matches!(t, "gemma3_text" | "olmo2"),
             gelu_gate: gemma,
             embed_scale: gemma,
@@ -221,8 +249,14 @@ impl LlamaLike {
                 _ => None,
             },
             mla,
-            relu2_mlp: t == "nemotron",
-            layer_norm: t == "nemotron",
+            ungated_mlp: match &block {
+                Some(b) => b.mlp,
+                None => (t == "nemotron").then_some(Ungated::SquaredRelu),
+            },
+            mlp_bias: block.as_ref().is_some_and(|b| b.mlp_bias),
+            parallel: block.as_ref().and_then(|b| b.parallel),
+            head_bias: block.as_ref().is_some_and(|b| b.head_bias),
+            layer_norm: t == "nemotron" || layernorm_family,
             post_norms: t == "olmo2",
             multipliers: if t == "granite" {
                 Some(granite_multipliers(f)?)
@@ -232,6 +266,10 @@ impl LlamaLike {
             rotary_dims: match t {
                 "nemotron" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
                 "phi3" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 1.0)?,
+                _ if layernorm_family => {
+                    let share = layernorm::rotary_share(f)?;
+                    rotary_dims(f, head_dim.unwrap_or(implied), share)?
+                }
                 _ => None,
             },
         })
@@ -330,14 +368,24 @@ fn partial_rotary_dims(
     let factor = f
         .opt_float("partial_rotary_factor")?
         .unwrap_or(default_factor);
+    rotary_dims(f, head_dim, ("partial_rotary_factor", factor))
+}
+
+/// The rotary width of a head of `head_dim` turned by the share `field` gives; `None` for
+/// the whole head.
+fn rotary_dims(
+    f: &Fields<'_>,
+    head_dim: u64,
+    (field, factor): (&str, f64),
+) -> Result<Option<u64>, ConfigError> {
     // transformers: int(head_dim * partial_rotary_factor).
     let dims = (head_dim as f64 * factor) as u64;
     if dims == 0 || dims > head_dim || !dims.is_multiple_of(2) {
         return Err(ConfigError::Inconsistent {
             file: f.file.clone(),
             reason: format!(
-                "partial_rotary_factor = {factor} gives {dims} rotary dimensions of a head of \
-                 {head_dim}: it must be an even number from 2 to the head size"
+                "{field} = {factor} gives {dims} rotary dimensions of a head of {head_dim}: it \
+                 must be an even number from 2 to the head size"
             ),
         });
     }
@@ -347,11 +395,22 @@ fn partial_rotary_dims(
 impl LlamaLike {
     /// The config field of the norms' epsilon.
     fn eps_field(&self) -> &'static str {
-        if self.model_type == "nemotron" {
-            "norm_eps"
-        } else {
-            "rms_norm_eps"
+        match self.model_type {
+            "nemotron" => "norm_eps",
+            "gpt_neox" | "phi" | "stablelm" => "layer_norm_eps",
+            "starcoder2" => "norm_epsilon",
+            "falcon" => "layer_norm_epsilon",
+            _ => "rms_norm_eps",
         }
+    }
+
+    /// The rotary base: `rope_theta`, or GPT-NeoX's older `rotary_emb_base`.
+    fn rope_theta(&self, f: &Fields<'_>) -> Result<f64, ConfigError> {
+        let mut theta = f.opt_rope_base("rope_theta")?;
+        if self.model_type == "gpt_neox" && theta.is_none() {
+            theta = f.opt_rope_base("rotary_emb_base")?;
+        }
+        Ok(theta.unwrap_or(self.rope_theta))
     }
 }
 
@@ -410,6 +469,11 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
                  model from `{field}`, which is missing or not an object"
             ),
         })?;
+    let obj = if model_type == "falcon" {
+        layernorm::falcon_aliases(obj)
+    } else {
+        obj
+    };
     let name = model_name(file);
     // A multimodal config's fields are its text_config's: messages name the section.
     let section = if multimodal {
@@ -497,7 +561,17 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
             f.positive(per_token)?,
             f.positive(width)?,
         ),
+        // FalconConfig: ffn_hidden_size, 4 × hidden when absent.
+        None if kind.model_type == "falcon" => {
+            let ffn = f.opt_positive("ffn_hidden_size")?;
+            (0, 0, ffn.unwrap_or(4 * hidden))
+        }
         None => (0, 0, f.positive("intermediate_size")?),
+    };
+    let kv_heads = if kind.model_type == "falcon" {
+        layernorm::falcon_kv_heads(&f, heads)?
+    } else {
+        f.opt_positive("num_key_value_heads")?.unwrap_or(heads)
     };
     Ok(ModelSpec {
         name,
@@ -505,13 +579,13 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         layers,
         hidden,
         heads,
-        kv_heads: f.opt_positive("num_key_value_heads")?.unwrap_or(heads),
+        kv_heads,
         ffn,
         vocab: f.vocabulary()?,
         max_positions,
         tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(kind.tied),
         norm_eps: f.opt_epsilon(kind.eps_field())?.unwrap_or(kind.rms_eps),
-        rope_theta: f.opt_rope_base("rope_theta")?.unwrap_or(kind.rope_theta),
+        rope_theta: kind.rope_theta(&f)?,
         rope_scaling: rope::rope_scaling(&f, max_positions)?,
         experts,
         experts_per_token,
@@ -593,6 +667,7 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("deepseek_v2".into())) {
         notes.extend(deepseek_v2_approximations(obj));
     }
+    notes.extend(layernorm::notes(obj));
     notes.extend(rope::note(obj));
     notes.extend(moe::unused_expert_notes(obj));
     notes

@@ -53,6 +53,10 @@ pub struct LayerShape {
     /// attention's low-rank latents (the inputs and outputs of their norms), computed whole on
     /// every rank on the whole sequence (0 without).
     pub latent_width: f64,
+    /// Hidden-wide tensors the MLP block reads that the attention block keeps already: in a
+    /// parallel block (GPT-NeoX, Falcon, Phi) both norms read the layer's input (1), or one
+    /// norm's output feeds both branches (2); 0 in a sequential block.
+    pub shared_inputs: f64,
 }
 
 /// How a layer's activations are kept: the parallel split of the tensors and what the run
@@ -126,7 +130,7 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
         };
     }
     // MLP block: LN input, first-linear input, dropout mask; inner activations split by TP.
-    bytes += (e * sbh + e * sbh + mask * sbh) / rep;
+    bytes += ((2.0 - l.shared_inputs) * e * sbh + mask * sbh) / rep;
     let inner = if l.gated { 3.0 } else { 2.0 };
     bytes += inner * e * s * b * l.ffn * l.experts_per_token / tp;
     bytes += 3.0 * e * s * b * l.shared_ffn / tp;
@@ -212,6 +216,7 @@ mod tests {
             qk_norm: false,
             shared_ffn: 0.0,
             latent_width: 0.0,
+            shared_inputs: 0.0,
             kv_width: h,
             ffn: 4.0 * h,
             gated: false,

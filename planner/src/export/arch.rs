@@ -428,6 +428,15 @@ fn refuse_unexpressed(
     if gate_width(g, &info.layer_ops, OpKind::Gelu { tanh: true }).is_some() {
         return Err("a gated GELU MLP (GeGLU: Gemma's)");
     }
+    if parallel_branches(g, &info.layer_ops) {
+        return Err(
+            "attention and the MLP in parallel off the layer's input (GPT-NeoX's \
+             use_parallel_residual, Falcon's parallel_attn, Phi)",
+        );
+    }
+    if kinds(g, &info.post_ops).any(|k| matches!(k, OpKind::Linear { bias: true })) {
+        return Err("a bias on the output head (Phi's lm_head)");
+    }
     let norms = layer
         .iter()
         .filter(|k| matches!(k, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }))
@@ -470,6 +479,25 @@ fn refuse_unexpressed(
         return Err("a softmax scale other than 1/sqrt(head size) (query_pre_attn_scalar)");
     }
     Ok(())
+}
+
+/// Whether the block's last projection (the MLP's output) does not read the attention's
+/// output: attention and the MLP run side by side and their outputs add (a parallel block),
+/// where the engines' layer runs the MLP on the attention's residual sum.
+fn parallel_branches(g: &Graph, layer: &[OpId]) -> bool {
+    let mut after_attention = std::collections::HashSet::new();
+    let mut mlp_reads_attention = None;
+    for &o in layer {
+        let op = g.op(o);
+        let reads = op.inputs.iter().any(|v| after_attention.contains(v));
+        if matches!(op.kind, OpKind::Attention { .. }) || reads {
+            after_attention.extend(op.results.iter().copied());
+        }
+        if matches!(op.kind, OpKind::Linear { .. } | OpKind::MoeExperts { .. }) {
+            mlp_reads_attention = Some(reads);
+        }
+    }
+    mlp_reads_attention == Some(false)
 }
 
 /// Whether each linear layer of the block but the q, k and v projections has a bias.
