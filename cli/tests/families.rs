@@ -348,17 +348,42 @@ fn pinned_layouts_that_once_broke_the_memory_model_lower() {
 
 /// Falcon-7B (71 heads over one KV head, one norm both branches read) and Falcon-40B (128
 /// heads over 8, a norm per branch): each plans on 8 H100 at seq 4096, codegen confirms the
-/// planner's memory, and the plan says Megatron-LM cannot run a parallel block.
+/// planner's memory, and the plan says Megatron-LM cannot run a parallel block. At tp 4 with
+/// SP, Falcon-40B's attention and MLP partial sums are added before one reduce-scatter per
+/// layer (the e-graph's `all-reduce-sum`), not reduce-scattered each.
 #[test]
 fn falcon_plans_and_lowers_on_8_h100() {
-    for name in ["falcon-7b", "falcon-40b"] {
-        let d = dir(name);
+    for (name, pins) in [
+        ("falcon-7b", &[][..]),
+        ("falcon-40b", &[][..]),
+        (
+            "falcon-40b",
+            &["--tp", "4", "--sequence-parallel", "on"][..],
+        ),
+    ] {
+        let d = dir(&format!("{name}{}", pins.len()));
         let plan = d.join("plan.json").to_string_lossy().to_string();
-        let (code, out, err) = compile_on_8_h100(&config(name), &plan);
+        let (code, out, err) = compile_on_8_h100_pinned(&config(name), &plan, pins);
         assert!(code == 0 && out.contains("fits"), "{name}: {out}{err}");
         assert!(err.contains("in parallel"), "{name}: {err}");
         let (code, out, err) = codegen(&plan, &d.join("programs"));
         assert_eq!(code, 0, "{name}: codegen {out}{err}");
+        if pins.is_empty() {
+            continue;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+        let reductions: Vec<&str> = v["sharding"]["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| {
+                let c = o["forward_collective"].as_str().unwrap_or("");
+                c.contains("reduce")
+            })
+            .map(|o| o["op"].as_str().unwrap())
+            .collect();
+        assert_eq!(reductions, ["add"], "{name}: {}", v["sharding"]);
     }
 }
 

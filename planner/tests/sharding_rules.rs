@@ -18,10 +18,15 @@ fn model(name: &str) -> Graph {
 }
 
 fn deepseek_v2_lite() -> Graph {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../fixtures/hf/deepseek-v2-lite/config.json"
+    fixture("deepseek-v2-lite")
+}
+
+fn fixture(name: &str) -> Graph {
+    let path = format!(
+        "{}/../fixtures/hf/{name}/config.json",
+        env!("CARGO_MANIFEST_DIR")
     );
+    let path = path.as_str();
     let text = std::fs::read_to_string(path).unwrap();
     let spec = import::hf::parse_config(&text, std::path::Path::new(path)).unwrap();
     import::build_forward(&spec, DType::F32).unwrap()
@@ -56,6 +61,8 @@ fn applied() -> &'static BTreeMap<String, usize> {
         // Multi-head latent attention views its heads through reshapes, slices, a
         // concatenation and a broadcast of the one rotary key.
         let deepseek = deepseek_v2_lite();
+        // A parallel block without biases: attention's and the MLP's partial sums add.
+        let falcon = fixture("falcon-40b");
         let cases: Vec<(&Graph, Vec<OpId>, u32, bool, bool)> = vec![
             (&gpt2, gpt2.layer_ops(0), 2, false, false),
             (&gpt2, gpt2.layer_ops(0), 2, true, true),
@@ -70,6 +77,7 @@ fn applied() -> &'static BTreeMap<String, usize> {
             (&gpt, outside(&gpt, false), 2, false, false),
             (&llama, outside(&llama, false), 8, true, false),
             (&deepseek, deepseek.layer_ops(0), 2, true, true),
+            (&falcon, falcon.layer_ops(0), 8, false, false),
         ];
         for (g, ops, tp, sp, batch) in cases {
             let mut opts = ShardOptions::new(tp, sp, B);
@@ -137,6 +145,7 @@ rule_tests! {
     all_reduce_split => "all-reduce-split",
     all_gather => "all-gather",
     all_to_all => "all-to-all",
+    all_reduce_sum => "all-reduce-sum",
     param_stored_sharded => "param-stored-sharded",
     transpose_swap_0 => "transpose-swap-0",
     rotary_batch => "rotary-batch",

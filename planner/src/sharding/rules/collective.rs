@@ -5,6 +5,9 @@
 //!   (`x → allgather → shard → x`), see the ILP's acyclicity constraints.
 //! - `all-to-all`: slicing along `b` what was just gathered along `a` is an all-to-all from
 //!   `a`-shards to `b`-shards.
+//! - `all-reduce-sum`: the sum of two all-reduced partial sums is the all-reduce of their sum
+//!   (a parallel block's attention and MLP outputs reduced once, as GPT-J and Falcon's
+//!   Megatron forks do); the analysis admits it only for an additive op.
 //!
 //! The slice `(shard d x)` of a replicated tensor is itself the "scatter" (free forward, its
 //! backward conjugate is charged by the ILP), and identity needs no node.
@@ -26,6 +29,12 @@ pub fn rules() -> Result<Vec<Rule>, ShardError> {
             "all-to-all",
             "(shard ?b (allgather ?a ?s))",
             "(alltoall ?a ?b ?s)",
+        )?,
+        // allreduce(a) + allreduce(b) = allreduce(a + b)
+        rw(
+            "all-reduce-sum",
+            "(zip ?o (allreduce ?a) (allreduce ?b))",
+            "(allreduce (zip ?o ?a ?b))",
         )?,
     ])
 }
