@@ -249,8 +249,9 @@ impl<'g> ModelInfo<'g> {
         Ok(info)
     }
 
-    /// Whether parameter `v` is a vocabulary-sized matrix (the token table, the head's weight):
-    /// one of its axes is the vocabulary and no position lookup reads it. Tensor parallelism
+    /// Whether parameter `v` is a vocabulary-sized matrix (the token table, the head's weight)
+    /// or the head's bias: one of its axes is the vocabulary and no position lookup reads it
+    /// (a vector only as the head's bias). Tensor parallelism
     /// stores these 1/tp per rank (Megatron-LM's vocabulary-parallel embedding and head); the
     /// other parameters outside the layers stay whole.
     pub fn vocabulary_matrix(&self, v: ir::ValueId) -> bool {
@@ -265,14 +266,13 @@ impl<'g> ModelInfo<'g> {
                     .get(1)
                     .is_some_and(|&i| matches!(g.op(g.def_op(i)).kind, OpKind::Iota { .. }))
         });
-        self.vocab > 0
-            && ty.shape.rank() >= 2
+        let matrix = ty.shape.rank() >= 2
             && ty
                 .shape
                 .dims()
                 .iter()
-                .any(|d| d.fixed() == Some(self.vocab))
-            && !position_table
+                .any(|d| d.fixed() == Some(self.vocab));
+        self.vocab > 0 && (matrix || vocab::head_bias(self, v)) && !position_table
     }
 
     /// Parameters of one layer that every one of `tp` tensor-parallel ranks holds whole

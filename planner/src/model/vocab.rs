@@ -70,7 +70,8 @@ impl ModelInfo<'_> {
 }
 
 /// Whether `graph` has the shape of a vocabulary-parallel model: a token embedding read by
-/// `input_ids`, and a head whose bias-free `linear` logits feed the cross-entropy (directly or
+/// `input_ids`, and a head whose `linear` logits (bias-free, or biased by a parameter: Phi)
+/// feed the cross-entropy (directly or
 /// through element-wise ops of one operand, as Gemma 2's soft-capping) with a weight that is a
 /// parameter (untied) or the transposed table (tied). Other shapes (an ONNX head with a
 /// reshape) keep both whole on every rank.
@@ -89,7 +90,14 @@ pub(super) fn vocab_parallel_shape(info: &ModelInfo<'_>) -> bool {
         matches!(op.kind, OpKind::CrossEntropy)
             && op.inputs.first().is_some_and(|&l| {
                 let lin = head_product(graph, l);
-                matches!(lin.kind, OpKind::Linear { bias: false })
+                let bias_param = |&b: &ValueId| matches!(def(b).kind, OpKind::Param { .. });
+                let bias_free_or_param = match lin.kind {
+                    OpKind::Linear { bias: false } => true,
+                    // Phi's biased head: the bias splits with the weight's columns.
+                    OpKind::Linear { bias: true } => lin.inputs.get(2).is_some_and(bias_param),
+                    _ => false,
+                };
+                bias_free_or_param
                     && lin
                         .inputs
                         .get(1)
@@ -112,6 +120,17 @@ fn head_weight(info: &ModelInfo<'_>, w: &ir::OpData) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `v` is the bias of a vocabulary-sized head (Phi's `lm_head.bias`, `[vocab]`).
+pub(super) fn head_bias(info: &ModelInfo<'_>, v: ValueId) -> bool {
+    let graph = info.graph;
+    info.post_ops.iter().any(|&o| {
+        let op = graph.op(o);
+        matches!(op.kind, OpKind::Linear { bias: true })
+            && op.inputs.get(2) == Some(&v)
+            && graph.ty(op.results[0]).shape.last().and_then(|d| d.fixed()) == Some(info.vocab)
+    })
 }
 
 /// The op that makes the logits `l` the cross-entropy reads, looking through element-wise ops
