@@ -421,6 +421,15 @@ fn as_alternative(cx: &Lowering<'_, '_>, e: &Estimate, over: Option<(f64, u32)>)
     }
 }
 
+/// Whether pricing a plan as lowered failed because its layer runs only in the sharding
+/// extraction's layout, which did not lower ([`planner::PlanError::NeedsExtraction`]).
+fn needs_extraction(err: &anyhow::Error) -> bool {
+    matches!(
+        err.downcast_ref::<planner::PlanError>(),
+        Some(planner::PlanError::NeedsExtraction { .. })
+    )
+}
+
 /// The search ranks strategies by their extractions' prices, where an extraction splits the
 /// work as the memory model does; a winner's program may run another layout (Megatron-LM's,
 /// where the extraction does not lower or its memory breaks the plan's) and cost more than it
@@ -469,6 +478,13 @@ fn rerank_as_lowered(
                     r.alternatives.push(as_alternative(cx, &e, over));
                 }
             }
+            // A layer only the extraction runs (OLMo 2's q/k norms at tp > 1) whose
+            // extraction did not lower has no program: the next plan is tried.
+            Err(err) if needs_extraction(&err) => r.alternatives.push(Alternative {
+                fits: false,
+                reason: format!("its program does not lower: {err}"),
+                ..searched_alternative(&searched)
+            }),
             // The search's winner must price as lowered; an alternative that does not keeps
             // its searched price.
             Err(err) if first => return Err(err),
@@ -756,13 +772,26 @@ fn extracted_program_fits(
             },
         )
     };
-    let (_, _, note) = codegen::lower_checked(
+    let (_, report, note) = codegen::lower_checked(
         &memory_proxy(plan),
         graph,
         codegen::Options::default(),
         check,
     )?;
-    Ok(note)
+    // Where only the extraction lowers the layer, `lower_checked` keeps its programs over the
+    // planner's memory: that plan's program would be refused by `plait codegen`.
+    let over = report
+        .violations
+        .iter()
+        .find(|v| v.check == codegen::verify::Check::Memory);
+    Ok(note.or_else(|| {
+        over.map(|v| {
+            format!(
+                "its program breaks the planner's memory ({}), and the segment rules do not lower the layer",
+                v.message
+            )
+        })
+    }))
 }
 
 /// Records the extraction of the embedding and the head (`plan.embedding_head_plan`) and, in

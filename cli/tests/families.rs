@@ -8,7 +8,7 @@ mod common;
 use common::{dir, plait};
 
 /// (fixture, published parameters: the checkpoint's safetensors total, dense).
-const FAMILIES: [(&str, u64, bool); 14] = [
+const FAMILIES: [(&str, u64, bool); 15] = [
     ("qwen2.5-7b", 7_615_616_512, true),
     ("qwen3-8b", 8_190_735_360, true),
     ("phi-3-mini-4k", 3_821_079_552, true),
@@ -26,6 +26,8 @@ const FAMILIES: [(&str, u64, bool); 14] = [
     ("phi-2", 2_779_683_840, true),
     ("qwen1.5-moe-a2.7b", 14_315_784_192, false),
     ("qwen3-30b-a3b", 30_532_122_624, false),
+    // OLMoE-1B-7B: its modules' shapes summed (import's hf_params; the card's 6.92B).
+    ("olmoe-1b-7b", 6_919_161_856, false),
 ];
 
 fn config(name: &str) -> String {
@@ -387,23 +389,44 @@ fn falcon_plans_and_lowers_on_8_h100() {
     }
 }
 
-/// OLMo 2 normalizes q and k over their whole projections, which plait does not split over
-/// tensor-parallel ranks: the search keeps tp 1 (its plan lowers, above) and a pinned `--tp 2`
-/// is refused naming why, not planned and then refused by codegen.
+/// OLMo 2 normalizes q and k over their whole projections, which Megatron-LM's layout splits
+/// by heads (the segment rules do not lower it): pinned to tp 2 and tp 4, with SP and without,
+/// it plans on 8 H100 in the e-graph's layout, whose q/k norms run on sequence shards or whole
+/// rows, never on a rank's heads, and codegen lowers that layout within the verifier's memory
+/// tolerance of the plan.
 #[test]
-fn olmo2_keeps_tp_1_and_says_why() {
-    let d = dir("olmo2-tp");
-    let plan = d.join("olmo2.json");
-    let (code, _, err) = compile_on_8_h100_pinned(
-        &config("olmo-2-1124-7b"),
-        &plan.to_string_lossy(),
-        &["--tp", "2"],
-    );
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("--tp 2") && err.contains("OLMo 2") && err.contains("--tp 1"),
-        "{err}"
-    );
+fn olmo2_plans_tensor_parallel_in_the_e_graphs_layout() {
+    for pins in [
+        &["--tp", "2", "--sequence-parallel", "on"][..],
+        &["--tp", "4", "--sequence-parallel", "on"][..],
+        &["--tp", "2", "--sequence-parallel", "off"][..],
+    ] {
+        let d = dir(&format!("olmo2-{}", pins.join("-")));
+        let plan = d.join("olmo2.json").to_string_lossy().to_string();
+        let (code, out, err) = compile_on_8_h100_pinned(&config("olmo-2-1124-7b"), &plan, pins);
+        assert!(code == 0 && out.contains("fits"), "{pins:?}: {out}{err}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+        let sharding = &v["sharding"];
+        assert!(
+            sharding["method"].as_str().unwrap().starts_with("e-graph"),
+            "{pins:?}: {sharding}"
+        );
+        let norms: Vec<&str> = sharding["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["op"] == "rmsnorm")
+            .map(|o| o["layout"].as_str().unwrap())
+            .collect();
+        assert_eq!(norms.len(), 4, "{pins:?}: {sharding}");
+        assert!(
+            norms.iter().all(|&l| l == "sequence" || l == "replicated"),
+            "{pins:?}: {norms:?}"
+        );
+        let (code, out, err) = codegen(&plan, &d.join("programs"));
+        assert_eq!(code, 0, "{pins:?}: codegen {out}{err}");
+    }
 }
 
 /// DeepSeek-V2-Lite's own config.json (`model_type: deepseek_v2`, softmax router, YaRN rope):

@@ -266,6 +266,36 @@ impl Builder {
         self.op(OpKind::Add, vec![x, y])
     }
 
+    /// q's and k's norms where the family has them: per head (Qwen3, Gemma 3) or over the
+    /// whole projections (OLMo 2, OLMoE).
+    fn qk_norms(
+        &mut self,
+        spec: &ModelSpec,
+        p: &str,
+        q: ValueId,
+        k: ValueId,
+    ) -> Result<(ValueId, ValueId), BuildError> {
+        let var = &spec.variant;
+        let (q_name, k_name) = (
+            format!("{p}.self_attn.q_norm.weight"),
+            format!("{p}.self_attn.k_norm.weight"),
+        );
+        if !var.qk_norm {
+            return Ok((q, k));
+        }
+        if !var.qk_norm_whole {
+            let q = self.head_norm(&q_name, spec, q, spec.heads)?;
+            let k = self.head_norm(&k_name, spec, k, spec.kv_heads)?;
+            return Ok((q, k));
+        }
+        let (qw, kw) = (spec.q_width(), spec.kv_heads * spec.head_dim());
+        let gq = self.param(&q_name, &[qw]);
+        let q = self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![q, gq])?;
+        let gk = self.param(&k_name, &[kw]);
+        let k = self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![k, gk])?;
+        Ok((q, k))
+    }
+
     /// Attention from the normed input `a` through the output projection: q, k and v (with
     /// Qwen3's per-head norms), the rotary embedding, and `o_proj`.
     fn self_attention(
@@ -276,18 +306,7 @@ impl Builder {
     ) -> Result<ValueId, BuildError> {
         let var = &spec.variant;
         let (q, k, v) = self.qkv(spec, p, a)?;
-        let (q, k) = if var.qk_norm {
-            let q = self.head_norm(&format!("{p}.self_attn.q_norm.weight"), spec, q, spec.heads)?;
-            let k = self.head_norm(
-                &format!("{p}.self_attn.k_norm.weight"),
-                spec,
-                k,
-                spec.kv_heads,
-            )?;
-            (q, k)
-        } else {
-            (q, k)
-        };
+        let (q, k) = self.qk_norms(spec, p, q, k)?;
         let q = self.rotary(spec, q, spec.heads)?;
         let k = self.rotary(spec, k, spec.kv_heads)?;
         let scale_base = var.query_scale.unwrap_or(spec.head_dim() as f64);
@@ -356,16 +375,7 @@ impl Builder {
         x: ValueId,
     ) -> Result<ValueId, BuildError> {
         let (q, k, v) = self.qkv(spec, p, x)?;
-        let (q, k) = if spec.variant.qk_norm {
-            let (qw, kw) = (spec.q_width(), spec.kv_heads * spec.head_dim());
-            let gq = self.param(&format!("{p}.self_attn.q_norm.weight"), &[qw]);
-            let q = self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![q, gq])?;
-            let gk = self.param(&format!("{p}.self_attn.k_norm.weight"), &[kw]);
-            let k = self.op(OpKind::RmsNorm { eps: spec.norm_eps }, vec![k, gk])?;
-            (q, k)
-        } else {
-            (q, k)
-        };
+        let (q, k) = self.qk_norms(spec, p, q, k)?;
         let q = self.rotary(spec, q, spec.heads)?;
         let k = self.rotary(spec, k, spec.kv_heads)?;
         let attn = self.op(

@@ -30,6 +30,9 @@ pub struct Variant {
     pub o_bias: bool,
     /// RMSNorm over each head of q and of k before the rotary embedding (Qwen3).
     pub qk_norm: bool,
+    /// With `qk_norm`, q and k normed over their whole projections (all heads at once: OLMo
+    /// 2, OLMoE) rather than per head.
+    pub qk_norm_whole: bool,
     /// The gate's activation: SiLU (SwiGLU) or GELU-tanh (GeGLU: Gemma).
     pub gelu_gate: bool,
     /// Embedding output multiplied by sqrt(hidden) (Gemma).
@@ -80,8 +83,7 @@ pub struct Variant {
     /// passed through (Nemotron's `partial_rotary_factor`).
     pub rotary_dims: Option<u64>,
     /// Norms on the attention and MLP outputs before each residual add and none before them
-    /// (OLMo 2's reordered norms), and q and k normed over their whole projections (all
-    /// heads at once) rather than per head.
+    /// (OLMo 2's reordered norms).
     pub post_norms: bool,
     /// Granite's four constant multipliers (transformers' `GraniteConfig`).
     pub multipliers: Option<Multipliers>,
@@ -275,7 +277,7 @@ impl ModelSpec {
                 let (q, var) = (n(self.heads) * hd, &self.variant);
                 let bias = if var.qkv_bias { q + two * kv } else { zero };
                 let bias = bias + if var.o_bias { h } else { zero };
-                let qk_norm = match (var.qk_norm, var.post_norms) {
+                let qk_norm = match (var.qk_norm, var.qk_norm_whole) {
                     (false, _) => zero,
                     (true, false) => two * hd,
                     // Over the whole projections: q's and k's widths.

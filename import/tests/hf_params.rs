@@ -379,6 +379,59 @@ fn olmo2_norms_outputs_and_whole_projections() {
     ));
 }
 
+/// OLMoE (transformers' `OlmoeForCausalLM`): Llama's pre-norm block with OLMo 2's q and k
+/// norms over their whole projections, and 64 experts of 1024, top 8, each keeping its share
+/// of the softmax over all 64 (`norm_topk_prob` false). allenai/OLMoE-1B-7B-0924: its modules'
+/// shapes sum to 6,919,161,856 (the card's 6.92B), counted here module by module.
+#[test]
+fn olmoe_norms_whole_projections_in_a_pre_norm_expert_block() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/olmoe-1b-7b/config.json"
+    );
+    let text = std::fs::read_to_string(fixture).unwrap();
+    let (h, vocab, layers, experts, ffn) = (2048u64, 50304u64, 16u64, 64u64, 1024u64);
+    // q, k, v, o; q_norm and k_norm (2048 each); two block norms; the router; the experts.
+    let layer = 4 * h * h + 2 * h + 2 * h + h * experts + experts * 3 * h * ffn;
+    let modules = 2 * vocab * h + layers * layer + h;
+    assert_eq!(modules, 6_919_161_856);
+    assert_published(&text, modules);
+    let spec = parse(&text);
+    assert_eq!(
+        spec.variant.routing,
+        ir::Routing {
+            normalize: false,
+            ..ir::Routing::default()
+        }
+    );
+    let g = import::build_forward(&spec, DType::F32).expect("builds");
+    let norms: Vec<ir::OpId> = g
+        .op_ids()
+        .filter(|&o| matches!(g.op(o).kind, ir::OpKind::RmsNorm { .. }))
+        .collect();
+    let reads_a_projection = |o: ir::OpId| {
+        matches!(
+            g.op(g.def_op(g.op(o).inputs[0])).kind,
+            ir::OpKind::Linear { .. }
+        )
+    };
+    // Each layer: the input norm (on the residual stream), q's and k's norms over the whole
+    // projections, the norm before the experts; then the final norm.
+    assert_eq!(norms.len() as u64, 4 * layers + 1);
+    assert!(!reads_a_projection(norms[0]));
+    assert!(reads_a_projection(norms[1]) && reads_a_projection(norms[2]));
+    assert_eq!(g.ty(g.op(norms[1]).inputs[1]).shape.fixed_numel(), Some(h));
+    // A clamp plait does not build is refused by name.
+    let clipped = text.replace("\"clip_qkv\": null", "\"clip_qkv\": 8.0");
+    let err = hf::parse_config(&clipped, Path::new("config.json"))
+        .expect_err("clip_qkv")
+        .to_string();
+    assert!(
+        err.contains("clip_qkv = 8") && err.contains("null"),
+        "{err}"
+    );
+}
+
 /// Granite (transformers' `GraniteForCausalLM`): Llama's parameters, with its multipliers as
 /// scale ops. ibm-granite/granite-3.1-2b-instruct: 2,533,531,648 parameters; -base, whose
 /// vocabulary is 3 rows smaller: 2,533,525,504 (their safetensors totals).

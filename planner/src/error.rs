@@ -22,6 +22,18 @@ pub enum PlanError {
          its {layers} layers"
     )]
     KindStarts { starts: Vec<u32>, layers: u32 },
+    /// A layer only the sharding extraction's layout runs at this tp (OLMo 2's q/k norms over
+    /// all heads), priced without it: its extraction failed, or did not lower and the plan
+    /// fell back to Megatron-LM's rules.
+    #[error(
+        "tp {tp}: {feature}; plait runs it only in the e-graph's layout, which does not \
+         run here ({why}): use --tp 1"
+    )]
+    NeedsExtraction {
+        tp: u32,
+        feature: &'static str,
+        why: String,
+    },
     #[error("sharding extraction failed: {message}")]
     Sharding { message: String },
     /// The target engine cannot run what the plan asks for.

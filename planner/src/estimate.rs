@@ -361,6 +361,29 @@ pub fn estimate_traced(
     estimate_impl(info, cluster, gpus, s, mode).and_then(unbounded)
 }
 
+/// A layer Megatron-LM's layout cannot split (OLMo 2's q/k norms over all heads) is priced
+/// only as the sharding extraction lays it out: at tp > 1 its runs must have priced by it.
+fn extraction_runs_the_layer(
+    info: &ModelInfo<'_>,
+    s: &Strategy,
+    runs: &[RunCost],
+) -> Result<(), PlanError> {
+    if s.tp <= 1 || !info.norm_across_heads {
+        return Ok(());
+    }
+    match runs
+        .iter()
+        .find_map(|r| r.prices.layer.as_ref()?.as_ref().err())
+    {
+        None => Ok(()),
+        Some(why) => Err(PlanError::NeedsExtraction {
+            tp: s.tp,
+            feature: crate::search::NORM_ACROSS_HEADS,
+            why: why.clone(),
+        }),
+    }
+}
+
 fn estimate_impl(
     info: &ModelInfo<'_>,
     cluster: &Cluster,
@@ -385,6 +408,7 @@ fn estimate_impl(
         .iter()
         .map(|r| RunCost::new(&cx, mode, r.info, &policy))
         .collect();
+    extraction_runs_the_layer(info, s, &runs)?;
     let prices = &runs[0].prices;
     let pricer = Pricer {
         cx: &cx,
@@ -744,6 +768,7 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
         shared_ffn: 0.0,
         latent_width: 0.0,
         shared_inputs: 0.0,
+        head_spanning_norms: 0.0,
     };
     let mut residual_norms = 0.0f64;
     let mut residual_norm_inputs = std::collections::BTreeSet::new();
@@ -760,6 +785,11 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                 attention_out = width(op.results[0]).unwrap_or(h) as f64;
             }
             OpKind::Dropout { p, .. } if *p > 0.0 => shape.dropout = true,
+            OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. }
+                if info.norms_across_heads.contains(&o) =>
+            {
+                shape.head_spanning_norms += width(op.inputs[0]).unwrap_or(h) as f64;
+            }
             OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => {
                 let x = g.ty(op.inputs[0]);
                 if width(op.inputs[0]) == Some(h) {

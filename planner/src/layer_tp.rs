@@ -430,6 +430,12 @@ fn price(
         if !carries_work(&g.op(op.op).kind) {
             continue;
         }
+        // A norm over all of q's or k's heads has no Megatron layout (its heads split): the
+        // estimate charges it as the extraction computes it (on sequence shards or whole
+        // rows), and `compile` checks the program's memory against the plan's.
+        if info.norms_across_heads.contains(&op.op) && op.instances == 1 {
+            continue;
+        }
         let split = split_work(op).unwrap_or(false);
         let megatron = match segment {
             Segment::Layer => tp_layout(g, op.op, info.hidden, s.sequence_parallel),

@@ -65,9 +65,12 @@ pub struct ModelInfo<'g> {
     /// repeats layer 0. The fields above describe layer 0 ([`ModelInfo::runs`]).
     pub layer_runs: Vec<LayerRun<'g>>,
     /// A norm in the layer spans every head of q or k at once (OLMo 2's `q_norm` and `k_norm`
-    /// over the whole projections): its statistics would need every tensor-parallel rank's
-    /// heads, which plait's lowering does not gather, so its plans keep tp 1.
+    /// over the whole projections): its statistics need every tensor-parallel rank's heads,
+    /// which Megatron-LM's layout splits, so at tp > 1 only the sharding extraction's layout
+    /// runs it (the norm on sequence shards or whole rows); the estimate refuses the rules'.
     pub norm_across_heads: bool,
+    /// Those norms of the layer (its q and k norms), for the extraction's pricing.
+    pub norms_across_heads: Vec<OpId>,
     /// The layer's multi-head latent attention (DeepSeek-V2 and V3), its widths.
     pub latent: Option<latent::Latent>,
 }
@@ -206,9 +209,11 @@ impl<'g> ModelInfo<'g> {
             tp_extractions: Default::default(),
             layer_runs: Vec::new(),
             norm_across_heads: false,
+            norms_across_heads: Vec::new(),
             latent: None,
         };
-        info.norm_across_heads = norm_across_heads(graph, &info.layer_ops, &uses);
+        info.norms_across_heads = norms_across_heads(graph, &info.layer_ops, &uses);
+        info.norm_across_heads = !info.norms_across_heads.is_empty();
         info.latent = latent::read(graph, &info.layer_ops);
         for &o in order {
             let op = graph.op(o);
@@ -390,9 +395,9 @@ fn routed_expert_params(graph: &Graph, layer_ops: &[OpId]) -> (u64, u64) {
     (params, experts)
 }
 
-/// Whether a norm among `ops` reads a projection's output whole and feeds attention (through
+/// The norms among `ops` that read a projection's output whole and feed attention (through
 /// reshapes and the rotary embedding): q or k normed over all their heads at once.
-fn norm_across_heads(graph: &Graph, ops: &[OpId], uses: &ir::Uses) -> bool {
+fn norms_across_heads(graph: &Graph, ops: &[OpId], uses: &ir::Uses) -> Vec<OpId> {
     let feeds_attention = |v: ir::ValueId| {
         let mut frontier = vec![v];
         for _ in 0..4 {
@@ -412,13 +417,16 @@ fn norm_across_heads(graph: &Graph, ops: &[OpId], uses: &ir::Uses) -> bool {
         }
         false
     };
-    ops.iter().any(|&o| {
-        let op = graph.op(o);
-        matches!(op.kind, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. })
-            && matches!(
-                graph.op(graph.def_op(op.inputs[0])).kind,
-                OpKind::Linear { .. }
-            )
-            && op.results.first().is_some_and(|&r| feeds_attention(r))
-    })
+    ops.iter()
+        .copied()
+        .filter(|&o| {
+            let op = graph.op(o);
+            matches!(op.kind, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. })
+                && matches!(
+                    graph.op(graph.def_op(op.inputs[0])).kind,
+                    OpKind::Linear { .. }
+                )
+                && op.results.first().is_some_and(|&r| feeds_attention(r))
+        })
+        .collect()
 }

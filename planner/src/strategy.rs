@@ -313,13 +313,6 @@ impl Strategy {
                 model.heads, self.tp
             ));
         }
-        if self.tp > 1 && model.norm_across_heads {
-            return err(format!(
-                "tp {}: {}",
-                self.tp,
-                crate::search::NORM_ACROSS_HEADS
-            ));
-        }
         if !model.kv_heads.is_multiple_of(u64::from(self.tp))
             && u64::from(self.tp) % model.kv_heads != 0
         {

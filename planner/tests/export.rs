@@ -350,6 +350,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("gemma-2-9b", "soft-capped"),
         ("qwen1.5-moe-a2.7b", "sigmoid gate"),
         ("olmo-2-1124-7b", "OLMo 2"),
+        ("olmoe-1b-7b", "OLMoE"),
         ("granite-3.1-2b-instruct", "Granite"),
         ("pythia-160m", "in parallel"),
         ("phi-2", "in parallel"),

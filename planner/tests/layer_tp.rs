@@ -247,3 +247,39 @@ fn one_cached_extraction_prices_every_micro_batch_count() {
         }
     }
 }
+
+/// OLMo 2's q and k norms span all their heads, which Megatron-LM's layout splits by heads: at
+/// tp 2 the estimate prices the layer as the extraction lays it out (the norms on sequence
+/// shards, never on a rank's heads), and refuses to price it by the rules, which no program
+/// runs, naming the norms.
+#[test]
+fn a_norm_over_all_heads_is_priced_only_as_extracted() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/olmo-2-1124-7b/config.json"
+    );
+    let m = import::load_model(path, 1, Some(1024)).unwrap();
+    let info = ModelInfo::new(&m.graph).unwrap();
+    assert_eq!(info.norms_across_heads.len(), 2, "q_norm and k_norm");
+    let cluster = Cluster::load("dgx-h100").unwrap();
+    let s = strategy(2, true, 1);
+    assert!(planner::layer_tp::layer_tp(&info, &cluster, &s).is_ok());
+    let bp = planner::sharding_costs::block_plan(&info, &cluster, &s).unwrap();
+    for &o in &info.norms_across_heads {
+        let norm = bp.ops.iter().find(|p| p.op == o).unwrap();
+        let normalized_axis = planner::sharding::Layout::Split { axis: 2, blocks: 1 };
+        assert_ne!(norm.inputs[0], normalized_axis, "{norm:?}");
+    }
+    let extracted = estimate::estimate_priced(&info, &cluster, 2, &s, estimate::Pricing::SEARCH);
+    assert!(extracted.is_ok(), "{extracted:?}");
+    let rules = estimate::Pricing {
+        layer: estimate::TpPricing::Rules("the layer lowered by the rules"),
+        embedding_head: estimate::TpPricing::Extraction,
+    };
+    match estimate::estimate_priced(&info, &cluster, 2, &s, rules) {
+        Err(planner::PlanError::NeedsExtraction { tp: 2, why, .. }) => {
+            assert_eq!(why, "the layer lowered by the rules")
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -241,7 +241,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// tied head, Qwen3's per-head q/k norms with an explicit head size (q wider than hidden),
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
 /// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Gemma 3's
-/// q/k norms in that block, OLMo 2's norms after attention and the MLP (dp 2, pp 2), Granite's
+/// q/k norms in that block, OLMo 2's norms after attention and the MLP (dp 2, pp 2), OLMoE's
+/// experts (dp 2, pp 2), Granite's
 /// multipliers, Phi-3, and
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
 /// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
@@ -270,9 +271,11 @@ fn llama_structured_families_equal_one_device() {
         ("gemma", &tp2),
         ("gemma2", &tp2),
         ("gemma3_text", &tp2),
-        // OLMo 2's whole-projection q/k norms keep tp 1.
+        // OLMo 2 and OLMoE at tp 2 run only as extracted (`extracted_layouts_equal_one_device`).
         ("olmo2", &dp2),
         ("olmo2", &pp2),
+        ("olmoe", &dp2),
+        ("olmoe", &pp2),
         ("granite", &tp2),
         ("qwen2_moe", &dp2),
         ("qwen3_moe", &dp2),
@@ -564,7 +567,9 @@ fn with_extraction(model: &str, c: &Config) -> (planner::plan::Plan, ir::Graph) 
 /// SP); Qwen2-MoE's shared expert times its one-column gate on sequence shards (a broadcasting
 /// product split), and with eight sequences a micro-batch an all-to-all (`reshard`) from
 /// sequence shards to hidden shards, which the backward runs again from the kept shard
-/// (codegen's `regather`). Each lowers exactly as extracted and trains to one device's losses
+/// (codegen's `regather`); OLMo 2's q/k norms over all heads, which only the extraction
+/// lowers at tp 2 (with SP, and beside pp 2), and OLMoE's beside its experts. Each lowers
+/// exactly as extracted and trains to one device's losses
 /// and final parameters (reproducible mode).
 #[test]
 fn extracted_layouts_equal_one_device() {
@@ -590,6 +595,10 @@ fn extracted_layouts_equal_one_device() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/tiny-qwen2_moe.json"
     );
+    const OLMO2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-olmo2.json");
+    const OLMOE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-olmoe.json");
+    let olmo_sp = mqa_sp.clone();
+    let olmoe_sp = mqa_sp.clone();
     let mut bad = Vec::new();
     let mut resplit: Vec<&str> = Vec::new();
     let (mut whole_kv, mut broadcast, mut recut): (Vec<&str>, Vec<&str>, Vec<&str>) =
@@ -619,6 +628,13 @@ fn extracted_layouts_equal_one_device() {
         // Row-parallel keys and values read their pieces of the normalized input, which the
         // query's product keeps whole: the backward cuts the pieces again.
         ("mqa tp2 mb4", common::LLAMA_MQA, mqa_mb4),
+        // OLMo 2's q and k normed over all their heads, which Megatron's layout splits (the
+        // segment rules do not lower it): the norms run on whole rows or sequence shards.
+        ("olmo2 tp2", OLMO2, Config::new(2, 1, 1)),
+        ("olmo2 tp2 sp", OLMO2, olmo_sp),
+        ("olmo2 tp2 pp2", OLMO2, Config::new(2, 2, 1)),
+        // OLMoE: those norms in a pre-norm block, beside experts split over the group.
+        ("olmoe tp2 sp", OLMOE, olmoe_sp),
     ] {
         let (plan, graph) = with_extraction(model, &c);
         if let Some(bp) = &plan.block_plan {

@@ -20,7 +20,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 23] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 24] = [
     "gpt2",
     "llama",
     "mistral",
@@ -33,6 +33,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 23] = [
     "gemma3_text",
     "gemma3",
     "olmo2",
+    "olmoe",
     "granite",
     "qwen2_moe",
     "qwen3_moe",
@@ -135,6 +136,17 @@ impl LlamaLike {
                     "intermediate_size",
                 )),
             },
+            // transformers' OlmoeConfig defaults: OLMo 2's whole-projection q/k norms in
+            // Llama's pre-norm block, with routed experts of `intermediate_size`.
+            "olmoe" => LlamaLike {
+                model_type: "olmoe",
+                required: "hidden_size, intermediate_size, num_hidden_layers, \
+                           num_attention_heads, vocab_size, num_experts, num_experts_per_tok",
+                positions: 4096,
+                rms_eps: 1e-5,
+                experts: Some(("num_experts", "num_experts_per_tok", "intermediate_size")),
+                ..qwen_moe("olmoe")
+            },
             "qwen2_moe" => qwen_moe("qwen2_moe"),
             "qwen3_moe" => qwen_moe("qwen3_moe"),
             // transformers' DeepseekV2Config defaults: DeepSeek-V3's block (latent attention,
@@ -205,7 +217,8 @@ impl LlamaLike {
                 Some(b) => b.o_bias,
                 None => attention_bias(f, t)?,
             },
-            qk_norm: qwen3 || matches!(t, "gemma3_text" | "olmo2"),
+            qk_norm: qwen3 || matches!(t, "gemma3_text" | "olmo2" | "olmoe"),
+            qk_norm_whole: olmo_qk_norms(f, t)?,
             gelu_gate: gemma,
             embed_scale: gemma,
             sandwich_norms: gemma2_block,
@@ -274,6 +287,24 @@ impl LlamaLike {
             },
         })
     }
+}
+
+/// Whether `t` norms q and k over their whole projections (OLMo 2, OLMoE). OLMoE's optional
+/// clamp of q, k and v (`clip_qkv`, null in its published configs) is refused: plait builds
+/// no clamp.
+fn olmo_qk_norms(f: &Fields<'_>, t: &str) -> Result<bool, ConfigError> {
+    if t == "olmoe"
+        && let Some(c) = f.opt_float("clip_qkv")?
+    {
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!(
+                "clip_qkv = {c}: plait builds OLMoE without clamping q, k and v; set it to \
+                 null (as the published OLMoE configs do)"
+            ),
+        });
+    }
+    Ok(matches!(t, "olmo2" | "olmoe"))
 }
 
 /// Granite's multipliers (each 1 unless the config sets it, as `GraniteConfig`).
@@ -794,7 +825,7 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
     if s.family == Family::Mixtral && s.experts_per_token > s.experts {
         let experts_field = match s.variant.model_type.as_deref() {
             Some("deepseek_v2" | "deepseek_v3") => "n_routed_experts",
-            Some("qwen2_moe" | "qwen3_moe") => "num_experts",
+            Some("qwen2_moe" | "qwen3_moe" | "olmoe") => "num_experts",
             _ => "num_local_experts",
         };
         return fail(format!(

@@ -14,7 +14,8 @@ use crate::spec::DenseLayers;
 /// shares, never renormalized, limited to groups by `topk_method` ([`deepseek_v2_routing`]).
 pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, ConfigError> {
     Ok(match model_type {
-        "qwen2_moe" | "qwen3_moe" => Routing {
+        // OlmoeConfig's `norm_topk_prob` defaults to false too.
+        "qwen2_moe" | "qwen3_moe" | "olmoe" => Routing {
             normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
             ..Routing::default()
         },

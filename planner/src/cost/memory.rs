@@ -57,6 +57,10 @@ pub struct LayerShape {
     /// parallel block (GPT-NeoX, Falcon, Phi) both norms read the layer's input (1), or one
     /// norm's output feeds both branches (2); 0 in a sequential block.
     pub shared_inputs: f64,
+    /// Widths summed of the norms over all of q's or k's heads (OLMo 2's `q_norm`, `k_norm`):
+    /// each keeps its input, on sequence shards under SP and whole otherwise, as the sharding
+    /// extraction lays them out (0 without).
+    pub head_spanning_norms: f64,
 }
 
 /// How a layer's activations are kept: the parallel split of the tensors and what the run
@@ -117,6 +121,7 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
             };
     }
     bytes += l.extra_norms * e * sbh / rep;
+    bytes += e * s * b * l.head_spanning_norms / rep;
     bytes += e * s * b * l.latent_width;
     // Attention core: softmax output, dropout mask and dropout output per head (5·a·s²·b);
     // selective recompute drops it.
@@ -217,6 +222,7 @@ mod tests {
             shared_ffn: 0.0,
             latent_width: 0.0,
             shared_inputs: 0.0,
+            head_spanning_norms: 0.0,
             kv_width: h,
             ffn: 4.0 * h,
             gated: false,

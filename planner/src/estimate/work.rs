@@ -14,7 +14,7 @@ use crate::strategy::Recompute;
 /// The tensor-parallel layouts and collective seconds (forward, backward per micro-batch) of
 /// the layer and of the ops before and after the layers.
 pub(super) struct TpPrices {
-    layer: Option<Result<LayerTp, String>>,
+    pub layer: Option<Result<LayerTp, String>>,
     outer: Option<Result<OuterTp, String>>,
     pub layer_times: (f64, f64),
     pub pre_times: (f64, f64),

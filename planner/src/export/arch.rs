@@ -421,8 +421,8 @@ fn refuse_unexpressed(
     }
     if info.norm_across_heads {
         return Err(
-            "q and k normed over all their heads at once, and norms after attention \
-                    and the MLP only (OLMo 2)",
+            "q and k normed over all their heads at once (OLMo 2's and OLMoE's q_norm and \
+             k_norm; Megatron's --qk-layernorm norms each head)",
         );
     }
     if gate_width(g, &info.layer_ops, OpKind::Gelu { tanh: true }).is_some() {

@@ -6,10 +6,10 @@ use super::SearchRequest;
 use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 
-/// Why a model whose q/k norms span all heads keeps tp 1 ([`ModelInfo::norm_across_heads`]).
+/// Why a model whose q/k norms span all heads cannot run Megatron-LM's tensor-parallel layout
+/// ([`ModelInfo::norm_across_heads`]).
 pub const NORM_ACROSS_HEADS: &str = "the model normalizes q and k over all their heads at once \
-     (OLMo 2's q_norm and k_norm), which plait does not split over tensor-parallel ranks yet; \
-     use --tp 1";
+     (OLMo 2's and OLMoE's q_norm and k_norm), which Megatron-LM's layout splits by heads";
 
 /// A pinned expert-parallel degree no strategy can take, named before any is priced (else every
 /// candidate fails and the search would say nothing fits).
@@ -84,9 +84,6 @@ pub(super) fn broken_pin(info: &ModelInfo<'_>, req: &SearchRequest) -> Option<St
                 "--tp {t} does not divide the model's {} attention heads",
                 info.heads
             ));
-        }
-        if t > 1 && info.norm_across_heads {
-            return Some(format!("--tp {t}: {NORM_ACROSS_HEADS}"));
         }
     }
     if let Some(q) = pp {

@@ -251,7 +251,7 @@ impl MeshCandidates {
             if p.tp.map_or(tp > gpn, |t| u64::from(t) != tp) {
                 continue;
             }
-            if !info.heads.is_multiple_of(tp) || (tp > 1 && info.norm_across_heads) {
+            if !info.heads.is_multiple_of(tp) {
                 continue;
             }
             for pp in divisors(self.gpus / tp) {
