@@ -368,7 +368,7 @@ fn extraction_runs_the_layer(
     s: &Strategy,
     runs: &[RunCost],
 ) -> Result<(), PlanError> {
-    if s.tp <= 1 || !info.norm_across_heads {
+    if s.tp <= 1 || !info.norm_across_heads() {
         return Ok(());
     }
     match runs

@@ -64,12 +64,11 @@ pub struct ModelInfo<'g> {
     /// (its first layer's ops and parameters, `layers` its length); empty where every layer
     /// repeats layer 0. The fields above describe layer 0 ([`ModelInfo::runs`]).
     pub layer_runs: Vec<LayerRun<'g>>,
-    /// A norm in the layer spans every head of q or k at once (OLMo 2's `q_norm` and `k_norm`
-    /// over the whole projections): its statistics need every tensor-parallel rank's heads,
-    /// which Megatron-LM's layout splits, so at tp > 1 only the sharding extraction's layout
-    /// runs it (the norm on sequence shards or whole rows); the estimate refuses the rules'.
-    pub norm_across_heads: bool,
-    /// Those norms of the layer (its q and k norms), for the extraction's pricing.
+    /// The layer's norms that span every head of q or k at once (OLMo 2's and OLMoE's `q_norm`
+    /// and `k_norm` over the whole projections): their statistics need every tensor-parallel
+    /// rank's heads, which Megatron-LM's layout splits, so at tp > 1 only the sharding
+    /// extraction's layout runs them (on sequence shards or whole rows); the estimate refuses
+    /// the rules'.
     pub norms_across_heads: Vec<OpId>,
     /// The layer's multi-head latent attention (DeepSeek-V2 and V3), its widths.
     pub latent: Option<latent::Latent>,
@@ -208,12 +207,10 @@ impl<'g> ModelInfo<'g> {
             post_groups,
             tp_extractions: Default::default(),
             layer_runs: Vec::new(),
-            norm_across_heads: false,
             norms_across_heads: Vec::new(),
             latent: None,
         };
         info.norms_across_heads = norms_across_heads(graph, &info.layer_ops, &uses);
-        info.norm_across_heads = !info.norms_across_heads.is_empty();
         info.latent = latent::read(graph, &info.layer_ops);
         for &o in order {
             let op = graph.op(o);
@@ -252,6 +249,11 @@ impl<'g> ModelInfo<'g> {
         info.post_whole_params = whole(&info.post_ops, &info);
         info.vocab_parallel_shape = vocab::vocab_parallel_shape(&info);
         Ok(info)
+    }
+
+    /// Whether a norm of the layer spans every head of q or k ([`Self::norms_across_heads`]).
+    pub fn norm_across_heads(&self) -> bool {
+        !self.norms_across_heads.is_empty()
     }
 
     /// Whether parameter `v` is a vocabulary-sized matrix (the token table, the head's weight)

@@ -419,7 +419,7 @@ fn refuse_unexpressed(
     if qkv.linears.is_empty() {
         return Err("attention whose q, k and v projections plait cannot find");
     }
-    if info.norm_across_heads {
+    if info.norm_across_heads() {
         return Err(
             "q and k normed over all their heads at once (OLMo 2's and OLMoE's q_norm and \
              k_norm; Megatron's --qk-layernorm norms each head)",

@@ -7,7 +7,7 @@ use crate::hardware::Cluster;
 use crate::model::ModelInfo;
 
 /// Why a model whose q/k norms span all heads cannot run Megatron-LM's tensor-parallel layout
-/// ([`ModelInfo::norm_across_heads`]).
+/// ([`ModelInfo::norms_across_heads`]).
 pub const NORM_ACROSS_HEADS: &str = "the model normalizes q and k over all their heads at once \
      (OLMo 2's and OLMoE's q_norm and k_norm), which Megatron-LM's layout splits by heads";
 
