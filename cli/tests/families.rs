@@ -741,3 +741,54 @@ fn layouts_that_broke_the_memory_model_run_the_extraction() {
         assert!(!out.contains("note "), "{name} {pins}: {out}");
     }
 }
+
+/// GLM-4.5-Air from its published config.json (`fixtures/hf/glm-4.5-air`): `inspect` counts
+/// transformers' modules exactly (106,852,245,504, the card's 106B; `import`'s `hf_params`
+/// counts them one by one) and says what it leaves out (the router's correction bias, the
+/// multi-token-prediction layer). Its 214 GB of bf16 weights need more than 8 H100, so it is
+/// planned on 64 (tp 4, pp 4 pinned to keep the search short): the plan fits, records one
+/// extraction for the dense layer 0 and one for the 45 expert layers, and codegen lowers both
+/// and confirms the planner's memory on every stage (the verifier's 3 %).
+#[test]
+fn glm_4_5_air_counts_its_modules_and_plans_on_64_h100() {
+    let cfg = config("glm-4.5-air");
+    let (code, out, err) = plait(&["inspect", &cfg, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("inspect JSON");
+    assert_eq!(v["params"].as_u64(), Some(106_852_245_504));
+    let (code, out, _) = plait(&["inspect", &cfg]);
+    assert_eq!(code, 0);
+    for said in ["e_score_correction_bias", "num_nextn_predict_layers"] {
+        assert!(out.contains(said), "inspect says nothing of {said}: {out}");
+    }
+    let d = dir("glm-4.5-air");
+    let plan = d.join("plan.json").to_string_lossy().to_string();
+    let (code, out, err) = plait(&[
+        "compile",
+        &cfg,
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "256",
+        "--seq",
+        "4096",
+        "--tp",
+        "4",
+        "--pp",
+        "4",
+        "-o",
+        &plan,
+    ]);
+    assert!(code == 0 && out.contains("fits"), "{out}{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let method = v["sharding"]["method"].as_str().unwrap_or_default();
+    assert!(
+        method.starts_with("e-graph") && method.contains("per run of identical layers: 0-0, 1-45"),
+        "{method}"
+    );
+    let (code, out, err) = codegen(&plan, &d.join("programs"));
+    assert_eq!(code, 0, "codegen {out}{err}");
+}

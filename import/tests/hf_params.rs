@@ -797,3 +797,58 @@ fn deepseek_v2_routes_as_transformers_and_refuses_other_routers() {
         "{notes:?}"
     );
 }
+
+/// GLM-4.5 (transformers' `Glm4MoeForCausalLM`): Llama's attention with biases on q, k and v
+/// (none on o), 128-wide heads of which half rotate, one dense layer, then DeepSeek-V3's
+/// sigmoid router over 128 experts of 1408 beside a shared expert of 1408. zai-org/GLM-4.5-Air:
+/// its modules' shapes sum to 106,852,245,504 (the card's 106B total), counted here module by
+/// module; its multi-token prediction layer is not built, as in transformers.
+#[test]
+fn glm4_moe_biases_q_k_v_rotates_half_heads_and_routes_like_deepseek_v3() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/glm-4.5-air/config.json"
+    );
+    let text = std::fs::read_to_string(fixture).unwrap();
+    let (h, vocab, layers, q, kv) = (4096u64, 151552u64, 46u64, 96 * 128u64, 8 * 128u64);
+    let (ffn, experts, expert_ffn) = (10944u64, 128u64, 1408u64);
+    // q, k, v with biases; o without; the two block norms.
+    let attention = h * q + q + 2 * (h * kv + kv) + q * h + 2 * h;
+    let dense = attention + 3 * h * ffn;
+    // The router, the routed experts and the shared one.
+    let moe = attention + h * experts + (experts + 1) * 3 * h * expert_ffn;
+    let modules = 2 * vocab * h + dense + (layers - 1) * moe + h;
+    assert_eq!(modules, 106_852_245_504);
+    assert_published(&text, modules);
+    let spec = parse(&text);
+    assert_eq!(
+        spec.variant.routing,
+        ir::Routing {
+            sigmoid: true,
+            normalize: true,
+            groups: 1,
+            groups_kept: 1,
+            group_top: 2,
+        }
+    );
+    assert_eq!(spec.variant.rotary_dims, Some(64));
+    assert_eq!(spec.variant.dense_layers.map(|d| d.count), Some(1));
+    assert!(spec.variant.qkv_bias && !spec.variant.o_bias && !spec.variant.qk_norm);
+    let g = import::build_forward(&spec, DType::F32).expect("builds");
+    let biased = g
+        .op_ids()
+        .filter(|&o| matches!(g.op(o).kind, ir::OpKind::Linear { bias: true }))
+        .count() as u64;
+    assert_eq!(biased, 3 * layers);
+    // GLM-4.5 (355B) norms q and k per head: two more norms of 128 per layer.
+    let normed = parse(&text.replace("\"use_qk_norm\": false", "\"use_qk_norm\": true"));
+    let g = import::build_forward(&normed, DType::F32).expect("builds");
+    let widths: Vec<Option<u64>> = g
+        .op_ids()
+        .filter(|&o| matches!(g.op(o).kind, ir::OpKind::RmsNorm { .. }))
+        .map(|o| g.ty(g.op(o).inputs[1]).shape.fixed_numel())
+        .collect();
+    assert_eq!(widths.len() as u64, 4 * layers + 1);
+    assert_eq!(widths[1..3], [Some(128), Some(128)]);
+    assert_eq!(normed.param_count(), modules + 2 * 128 * layers);
+}

@@ -302,7 +302,8 @@ fn published_plans_export_to_megatron_arguments_it_accepts() {
 /// Today's families from their published config.json files (`fixtures/hf/`): each exports
 /// with Megatron's own parameter count from its arguments within 1e-3 of plait's (heads wider
 /// or narrower than hidden / heads by `--kv-channels`, Qwen2's q/k/v biases by
-/// `--add-qkv-bias`, per-head q/k norms by `--qk-layernorm`), or is refused naming what
+/// `--add-qkv-bias`, per-head q/k norms by `--qk-layernorm`, GLM-4.5's half-head rotary by
+/// `--rotary-percent`), or is refused naming what
 /// Megatron's GPT model cannot build. Gemma's GeGLU once exported as a plain GELU MLP and
 /// Mistral-Nemo's 128-wide heads as 160-wide ones (Megatron's counts 29 % and 4 % off).
 #[test]
@@ -310,13 +311,26 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
     let spec = |name: &str| import::hf::read_config(&fixtures.join(name).join("config.json"));
     let s = strategy(1, 1, 8, 1, 64, 4096);
-    let exported: [(&str, &[&str]); 6] = [
+    let exported: [(&str, &[&str]); 7] = [
         ("qwen2.5-7b", &["--add-qkv-bias", "--disable-bias-linear"]),
         ("nemotron-mini-4b", &["--squared-relu", "--rotary-percent"]),
         ("qwen3-8b", &["--qk-layernorm", "--disable-bias-linear"]),
         ("mistral-nemo-base", &["--kv-channels"]),
         ("phi-3-mini-4k", &["--disable-bias-linear"]),
         ("qwen3-30b-a3b", &["--kv-channels", "--qk-layernorm"]),
+        // Biases on q, k and v only, half of each head rotated, a dense layer before sigmoid-
+        // routed experts beside a shared one.
+        (
+            "glm-4.5-air",
+            &[
+                "--add-qkv-bias",
+                "--disable-bias-linear",
+                "--rotary-percent",
+                "--kv-channels",
+                "--moe-shared-expert-intermediate-size",
+                "--moe-layer-freq",
+            ],
+        ),
     ];
     for (name, flags) in exported {
         let spec = spec(name).unwrap();
@@ -332,7 +346,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
             "{name}"
         );
         if let Some(share) = v.get("--rotary-percent") {
-            // Nemotron-Mini's partial_rotary_factor.
+            // Nemotron-Mini's and GLM-4.5-Air's partial_rotary_factor.
             assert_eq!(share.parse::<f64>().unwrap(), 0.5, "{name}");
         }
         if let Some(d) = v.get("--kv-channels") {

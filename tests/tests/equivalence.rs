@@ -248,7 +248,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
 /// and DeepSeek-V3's multi-head latent attention and experts, all-expert and with a leading
 /// dense layer (a block whose structure changes), and DeepSeek-V2's router (softmax shares of
-/// groups scored by their best expert), the parallel blocks of GPT-NeoX, Phi, Falcon and
+/// groups scored by their best expert), GLM-4.5's attention (q/k/v biases, per-head norms, half-head
+/// rotary) before DeepSeek-V3's experts, the parallel blocks of GPT-NeoX, Phi, Falcon and
 /// StableLM, and StarCoder2's biased GELU MLP.
 #[test]
 fn llama_structured_families_equal_one_device() {
@@ -302,6 +303,12 @@ fn llama_structured_families_equal_one_device() {
         ("deepseek_v2", &tp2),
         ("deepseek_v2", &dp2),
         ("deepseek_v2", &pp2),
+        // GLM-4.5: biases on q, k and v only, per-head q/k norms on heads wider than hidden /
+        // heads, half of each head rotated, a dense layer 0, then DeepSeek-V3's sigmoid
+        // router (two groups, one kept) with scaled routed experts and a shared expert.
+        ("glm4_moe", &tp2),
+        ("glm4_moe", &dp2),
+        ("glm4_moe", &pp2),
         // Qwen-MoE's mlp_only_layers: a dense layer 0 of intermediate_size before the experts.
         ("qwen2_moe-dense", &dp2),
         ("qwen2_moe-dense", &pp2),

@@ -16,17 +16,20 @@ const PROBABILITIES: [&str; 4] = [
 ];
 
 /// Switches transformers reads as booleans.
-const SWITCHES: [&str; 5] = [
+const SWITCHES: [&str; 6] = [
     "use_sliding_window",
     "scale_attn_weights",
     "attention_bias",
     "mlp_bias",
     "norm_topk_prob",
+    "use_qk_norm",
 ];
 
 /// Families whose attention turns only part of each head (transformers slices the rotary
 /// dimensions there); elsewhere `partial_rotary_factor` below 1 breaks its rotary.
-const PARTIAL_ROTARY: [&str; 5] = ["nemotron", "phi3", "gpt_neox", "phi", "stablelm"];
+const PARTIAL_ROTARY: [&str; 6] = [
+    "nemotron", "phi3", "gpt_neox", "phi", "stablelm", "glm4_moe",
+];
 
 /// Gemma 3's attention kinds per layer (`layer_types`).
 const LAYER_TYPES: [&str; 2] = ["sliding_attention", "full_attention"];

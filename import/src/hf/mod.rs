@@ -20,7 +20,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 24] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 25] = [
     "gpt2",
     "llama",
     "mistral",
@@ -40,6 +40,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 24] = [
     "nemotron",
     "deepseek_v2",
     "deepseek_v3",
+    "glm4_moe",
     "gpt_neox",
     "phi",
     "falcon",
@@ -173,6 +174,15 @@ impl LlamaLike {
                     "moe_intermediate_size",
                 )),
             },
+            // transformers' Glm4MoeConfig defaults (GLM-4.5): Llama's attention with biases
+            // on q, k and v only, half of each head rotated and optional per-head q/k norms,
+            // before DeepSeek-V3's shared and routed experts behind a leading dense layer.
+            "glm4_moe" => LlamaLike {
+                model_type: "glm4_moe",
+                positions: 131072,
+                rms_eps: 1e-5,
+                ..LlamaLike::of("deepseek_v3")?
+            },
             _ => return None,
         })
     }
@@ -192,6 +202,7 @@ impl LlamaLike {
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
         let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
         let deepseek = matches!(t, "deepseek_v2" | "deepseek_v3");
+        let glm = t == "glm4_moe";
         let mla = if deepseek { Some(mla(f)?) } else { None };
         // transformers' configs honour an explicit `head_dim` (Mistral-Nemo: 128 with hidden
         // 5120 and 32 heads); plait records it where it is not hidden / heads.
@@ -213,11 +224,14 @@ impl LlamaLike {
                 Some(b) => b.qkv_bias,
                 None => matches!(t, "qwen2" | "qwen2_moe") || attention_bias(f, t)?,
             },
+            // GLM-4.5's `attention_bias` is on q, k and v; its o_proj has none.
             o_bias: match &block {
                 Some(b) => b.o_bias,
-                None => attention_bias(f, t)?,
+                None => !glm && attention_bias(f, t)?,
             },
-            qk_norm: qwen3 || matches!(t, "gemma3_text" | "olmo2" | "olmoe"),
+            qk_norm: qwen3
+                || matches!(t, "gemma3_text" | "olmo2" | "olmoe")
+                || (glm && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
             qk_norm_whole: olmo_qk_norms(f, t)?,
             gelu_gate: gemma,
             embed_scale: gemma,
@@ -245,19 +259,27 @@ impl LlamaLike {
                     Some(n) => Some(n * f.positive("moe_intermediate_size")?),
                     None => None,
                 },
+                // Glm4MoeConfig's n_shared_experts defaults to 1.
+                "glm4_moe" => Some(
+                    f.opt_positive("n_shared_experts")?.unwrap_or(1)
+                        * f.positive("moe_intermediate_size")?,
+                ),
                 _ => None,
             },
             shared_expert_gate: t == "qwen2_moe",
             routing: moe::routing(f, t)?,
             routed_scale: match t {
                 "deepseek_v3" => Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5)),
-                // DeepseekV2Config's default 1.0 (DeepSeek-V2-Lite's) scales nothing.
-                "deepseek_v2" => f.opt_float("routed_scaling_factor")?.filter(|&x| x != 1.0),
+                // DeepseekV2Config's and Glm4MoeConfig's default 1.0 scales nothing.
+                "deepseek_v2" | "glm4_moe" => {
+                    f.opt_float("routed_scaling_factor")?.filter(|&x| x != 1.0)
+                }
                 _ => None,
             },
             dense_layers: match t {
                 "deepseek_v2" => moe::deepseek_dense_layers(f, 0)?,
                 "deepseek_v3" => moe::deepseek_dense_layers(f, 3)?,
+                "glm4_moe" => moe::leading_dense_layers(f, 1)?,
                 "qwen2_moe" | "qwen3_moe" => moe::qwen_dense_layers(f)?,
                 _ => None,
             },
@@ -279,6 +301,7 @@ impl LlamaLike {
             rotary_dims: match t {
                 "nemotron" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
                 "phi3" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 1.0)?,
+                "glm4_moe" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
                 _ if layernorm_family => {
                     let share = layernorm::rotary_share(f)?;
                     rotary_dims(f, head_dim.unwrap_or(implied), share)?
@@ -695,6 +718,10 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
         notes.extend(deepseek_v3_approximations(obj));
     }
+    if obj.get("model_type") == Some(&Value::String("glm4_moe".into())) {
+        notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "GLM-4.5"));
+        notes.extend(unbuilt_prediction_layers(obj));
+    }
     if obj.get("model_type") == Some(&Value::String("deepseek_v2".into())) {
         notes.extend(deepseek_v2_approximations(obj));
     }
@@ -704,14 +731,14 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     notes
 }
 
+/// The sigmoid router's load-balancing bias, as plait builds it.
+const ZERO_CORRECTION_BIAS: &str = "DeepSeek-V3's e_score_correction_bias is held at zero: it \
+     shifts which experts are chosen, not their weights, and transformers does not update it \
+     in training (a checkpoint's bias is not loaded)";
+
 /// How plait's DeepSeek-V3 departs from transformers' `DeepseekV3ForCausalLM`.
 fn deepseek_v3_approximations(obj: &Map<String, Value>) -> Vec<String> {
-    let mut notes = vec![
-        "DeepSeek-V3's e_score_correction_bias is held at zero: it shifts which experts are \
-         chosen, not their weights, and transformers does not update it in training (a \
-         checkpoint's bias is not loaded)"
-            .to_string(),
-    ];
+    let mut notes = vec![ZERO_CORRECTION_BIAS.to_string()];
     if obj.get("rope_interleave") != Some(&Value::Bool(false)) {
         notes.push(
             "rope_interleave: the rotary dimensions are paired in the rotate-half convention \
@@ -720,17 +747,21 @@ fn deepseek_v3_approximations(obj: &Map<String, Value>) -> Vec<String> {
                 .to_string(),
         );
     }
-    if let Some(n) = obj
+    notes.extend(unbuilt_prediction_layers(obj));
+    notes
+}
+
+/// DeepSeek-V3's and GLM-4.5's multi-token prediction layers, which transformers does not
+/// build.
+fn unbuilt_prediction_layers(obj: &Map<String, Value>) -> Option<String> {
+    let n = obj
         .get("num_nextn_predict_layers")
         .and_then(Value::as_u64)
-        .filter(|&n| n > 0)
-    {
-        notes.push(format!(
-            "num_nextn_predict_layers {n}: the multi-token prediction module is not built (as \
-             in transformers; its parameters are not counted)"
-        ));
-    }
-    notes
+        .filter(|&n| n > 0)?;
+    Some(format!(
+        "num_nextn_predict_layers {n}: the multi-token prediction module is not built (as in \
+         transformers; its parameters are not counted)"
+    ))
 }
 
 /// How plait's DeepSeek-V2 departs from transformers' `DeepseekV2ForCausalLM`.

@@ -19,15 +19,25 @@ pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, Confi
             normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
             ..Routing::default()
         },
-        "deepseek_v3" => Routing {
-            sigmoid: true,
-            normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(true),
-            groups: f.opt_positive("n_group")?.unwrap_or(8),
-            groups_kept: f.opt_positive("topk_group")?.unwrap_or(4),
-            group_top: 2,
-        },
+        "deepseek_v3" => sigmoid_groups(f, 8, 4)?,
+        // GLM-4.5's router is DeepSeek-V3's (transformers' Glm4MoeTopkRouter), one group by
+        // default.
+        "glm4_moe" => sigmoid_groups(f, 1, 1)?,
         "deepseek_v2" => deepseek_v2_routing(f)?,
         _ => Routing::default(),
+    })
+}
+
+/// DeepSeek-V3's sigmoid router: each group scored by its best two experts, the top k taken
+/// from the `topk_group` best of `n_group` groups (defaults `groups`, `kept`), renormalized
+/// unless `norm_topk_prob` is false.
+fn sigmoid_groups(f: &Fields<'_>, groups: u64, kept: u64) -> Result<Routing, ConfigError> {
+    Ok(Routing {
+        sigmoid: true,
+        normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(true),
+        groups: f.opt_positive("n_group")?.unwrap_or(groups),
+        groups_kept: f.opt_positive("topk_group")?.unwrap_or(kept),
+        group_top: 2,
     })
 }
 
@@ -114,6 +124,16 @@ pub(super) fn deepseek_dense_layers(
             ),
         });
     }
+    leading_dense_layers(f, default)
+}
+
+/// The `first_k_dense_replace` (absent: `default`) leading dense layers of
+/// `intermediate_size`, every later layer with experts (GLM-4.5's, which reads no layer
+/// frequency); `None` when there are none.
+pub(super) fn leading_dense_layers(
+    f: &Fields<'_>,
+    default: u64,
+) -> Result<Option<DenseLayers>, ConfigError> {
     let count = match f.obj.get("first_k_dense_replace") {
         None => default,
         Some(Value::Null) => 0,
