@@ -180,3 +180,71 @@ fn rope_scalings_transformers_cannot_build_are_refused() {
     let err = refused(r#"{"type":"foo"}"#);
     assert!(err.contains("rope_scaling.type = \"foo\""), "{err}");
 }
+
+/// A config written by transformers 5 holds its rotary settings in `rope_parameters` (one
+/// object, or one per attention kind where the model has `layer_types`) instead of
+/// `rope_theta`, `rope_scaling` and `partial_rotary_factor`: it reads as the transformers 4
+/// config of the same model, notes included, and a `rope_parameters` that is not an object is
+/// refused by name.
+#[test]
+fn transformers_5_rope_parameters_read_as_the_older_fields() {
+    let parse = |json: &str| hf::parse_config(json, Path::new("config.json"));
+    let same = |v4: &str, v5: &str| {
+        let (old, new) = (parse(v4).expect("v4 parses"), parse(v5).expect("v5 parses"));
+        assert_eq!(format!("{old:?}"), format!("{new:?}"), "{v5}");
+        assert_eq!(hf::approximations(v4), hf::approximations(v5), "{v5}");
+        new
+    };
+    // Llama 3.1: theta and the llama3 scaling in one object.
+    let v4 = llama(
+        r#"{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+            "original_max_position_embeddings":8192,"rope_type":"llama3"}"#,
+    );
+    let v5 = v4.replace(r#""rope_theta":500000.0,"#, "").replace(
+        r#""rope_scaling":{"#,
+        r#""rope_parameters":{"rope_theta":500000.0,"#,
+    );
+    let spec = same(&v4, &v5);
+    assert_eq!(spec.rope_theta, 500000.0);
+    assert!(matches!(spec.rope_scaling, RopeScaling::Llama3 { .. }));
+    // GLM-4.5: the partial rotary factor inside, the default type (no scaling).
+    let glm = |rope: &str| {
+        format!(
+            r#"{{"model_type":"glm4_moe","hidden_size":64,"intermediate_size":96,
+            "moe_intermediate_size":32,"num_hidden_layers":2,"num_attention_heads":4,
+            "num_key_value_heads":2,"head_dim":32,"n_routed_experts":4,"num_experts_per_tok":2,
+            "vocab_size":256,{rope}}}"#
+        )
+    };
+    let spec = same(
+        &glm(r#""rope_theta":1000000,"partial_rotary_factor":0.25"#),
+        &glm(
+            r#""rope_parameters":{"rope_type":"default","rope_theta":1000000,"partial_rotary_factor":0.25}"#,
+        ),
+    );
+    assert_eq!(spec.variant.rotary_dims, Some(8));
+    // Gemma 3: one object per attention kind; the sliding layers' base is read (and noted)
+    // as rope_local_base_freq.
+    let gemma = |rope: &str| {
+        format!(
+            r#"{{"model_type":"gemma3_text","hidden_size":64,"intermediate_size":96,
+            "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":1,
+            "head_dim":32,"vocab_size":256,"sliding_window":512,{rope}}}"#
+        )
+    };
+    let spec = same(
+        &gemma(
+            r#""rope_theta":1000000,"rope_local_base_freq":10000,
+            "rope_scaling":{"rope_type":"linear","factor":8.0}"#,
+        ),
+        &gemma(
+            r#""rope_parameters":{"full_attention":{"rope_type":"linear","factor":8.0,
+            "rope_theta":1000000},"sliding_attention":{"rope_type":"default","rope_theta":10000}}"#,
+        ),
+    );
+    assert_eq!(spec.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    let err = parse(&glm(r#""rope_parameters":10000"#))
+        .expect_err("a number")
+        .to_string();
+    assert!(err.contains("rope_parameters"), "{err}");
+}

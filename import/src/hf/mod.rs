@@ -9,6 +9,7 @@ mod error;
 mod layernorm;
 mod moe;
 mod rope;
+mod rope_parameters;
 mod text_model;
 
 use std::path::{Path, PathBuf};
@@ -535,6 +536,7 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
     } else {
         file.to_path_buf()
     };
+    let obj = rope_parameters::as_v4_fields(obj, &section)?;
     let fields = Fields {
         obj: &obj,
         file: section,
@@ -665,6 +667,9 @@ pub fn approximations(text: &str) -> Vec<String> {
     let multimodal = text_model::text_model_type(&model_type).is_some();
     // The object the model is read from, with its family's defaults filled in.
     let Ok((text, _)) = text_model::text_model(obj, &model_type) else {
+        return Vec::new();
+    };
+    let Ok(text) = rope_parameters::as_v4_fields(text, Path::new("config.json")) else {
         return Vec::new();
     };
     let mut notes = Vec::new();
