@@ -852,3 +852,48 @@ fn glm4_moe_biases_q_k_v_rotates_half_heads_and_routes_like_deepseek_v3() {
     assert_eq!(widths[1..3], [Some(128), Some(128)]);
     assert_eq!(normed.param_count(), modules + 2 * 128 * layers);
 }
+
+/// OLMo 3 (transformers' `Olmo3ForCausalLM`) is OLMo 2's block with a sliding window on
+/// three of every four layers: an OLMo 3 config of OLMo-2-1124-7B's shape builds OLMo 2's
+/// graph op for op (7,298,617,344 parameters), and `approximations` says the window is
+/// modelled as full attention and its layers' rotary as the full layers' (YaRN-scaled).
+#[test]
+fn olmo3_is_olmo2s_block_with_its_window_noted() {
+    let olmo = |model_type: &str, extra: &str| {
+        format!(
+            r#"{{"model_type":"{model_type}","hidden_size":4096,"intermediate_size":11008,
+            "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":32,
+            "vocab_size":100352,"rms_norm_eps":1e-06,"rope_theta":500000{extra}}}"#
+        )
+    };
+    let kinds = |text: &str| {
+        let g = import::build_forward(&parse(text), DType::F32).expect("builds");
+        g.op_ids()
+            .map(|o| format!("{:?}", g.op(o).kind))
+            .collect::<Vec<_>>()
+    };
+    let olmo3 = olmo(
+        "olmo3",
+        r#","sliding_window":4096,"rope_scaling":{"rope_type":"yarn","factor":8.0,
+            "original_max_position_embeddings":8192,"attention_factor":1.2079441541679836}"#,
+    );
+    let plain = olmo("olmo3", "");
+    assert_published(&plain, 7_298_617_344);
+    assert_eq!(kinds(&plain), kinds(&olmo("olmo2", "")));
+    let notes = hf::approximations(&olmo3);
+    assert!(
+        notes.iter().any(|n| n.contains("sliding_window 4096"))
+            && notes
+                .iter()
+                .any(|n| n.contains("sliding-window layers rotate")),
+        "{notes:?}"
+    );
+    // Without the field, transformers' default window is still noted.
+    let notes = hf::approximations(&plain);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("default sliding_window 4096")),
+        "{notes:?}"
+    );
+}

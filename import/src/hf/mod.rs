@@ -21,7 +21,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 25] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 26] = [
     "gpt2",
     "llama",
     "mistral",
@@ -34,6 +34,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 25] = [
     "gemma3_text",
     "gemma3",
     "olmo2",
+    "olmo3",
     "olmoe",
     "granite",
     "qwen2_moe",
@@ -111,6 +112,9 @@ impl LlamaLike {
             "nemotron" => dense("nemotron", 4096, 1e-5, 10000.0, false),
             // transformers' Olmo2Config defaults.
             "olmo2" => dense("olmo2", 2048, 1e-5, 10000.0, false),
+            // transformers' Olmo3Config defaults: OLMo 2's block, three of every four layers
+            // with a sliding window (modelled as full attention: `approximations`).
+            "olmo3" => dense("olmo3", 2048, 1e-5, 10000.0, false),
             // transformers' GraniteConfig defaults: Llama's block with four multipliers.
             "granite" => dense("granite", 2048, 1e-6, 10000.0, false),
             // GPTNeoXConfig's, PhiConfig's, FalconConfig's, StableLmConfig's and
@@ -231,7 +235,7 @@ impl LlamaLike {
                 None => !glm && attention_bias(f, t)?,
             },
             qk_norm: qwen3
-                || matches!(t, "gemma3_text" | "olmo2" | "olmoe")
+                || matches!(t, "gemma3_text" | "olmo2" | "olmo3" | "olmoe")
                 || (glm && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
             qk_norm_whole: olmo_qk_norms(f, t)?,
             gelu_gate: gemma,
@@ -293,7 +297,7 @@ impl LlamaLike {
             parallel: block.as_ref().and_then(|b| b.parallel),
             head_bias: block.as_ref().is_some_and(|b| b.head_bias),
             layer_norm: t == "nemotron" || layernorm_family,
-            post_norms: t == "olmo2",
+            post_norms: matches!(t, "olmo2" | "olmo3"),
             multipliers: if t == "granite" {
                 Some(granite_multipliers(f)?)
             } else {
@@ -313,7 +317,7 @@ impl LlamaLike {
     }
 }
 
-/// Whether `t` norms q and k over their whole projections (OLMo 2, OLMoE). OLMoE's optional
+/// Whether `t` norms q and k over their whole projections (OLMo 2 and 3, OLMoE). OLMoE's optional
 /// clamp of q, k and v (`clip_qkv`, null in its published configs) is refused: plait builds
 /// no clamp.
 fn olmo_qk_norms(f: &Fields<'_>, t: &str) -> Result<bool, ConfigError> {
@@ -328,7 +332,7 @@ fn olmo_qk_norms(f: &Fields<'_>, t: &str) -> Result<bool, ConfigError> {
             ),
         });
     }
-    Ok(matches!(t, "olmo2" | "olmoe"))
+    Ok(matches!(t, "olmo2" | "olmo3" | "olmoe"))
 }
 
 /// Granite's multipliers (each 1 unless the config sets it, as `GraniteConfig`).
@@ -720,6 +724,9 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
                 .to_string(),
         );
     }
+    if obj.get("model_type") == Some(&Value::String("olmo3".into())) {
+        notes.extend(olmo3_approximations(obj));
+    }
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
         notes.extend(deepseek_v3_approximations(obj));
     }
@@ -733,6 +740,30 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     notes.extend(layernorm::notes(obj));
     notes.extend(rope::note(obj));
     notes.extend(moe::unused_expert_notes(obj));
+    notes
+}
+
+/// How plait's OLMo 3 departs from transformers' `Olmo3ForCausalLM`: its sliding window (on
+/// by default, 4096 tokens, where the config names none) is modelled as full attention, and
+/// its sliding-window layers rotate as its full-attention layers do.
+fn olmo3_approximations(obj: &Map<String, Value>) -> Vec<String> {
+    let mut notes = Vec::new();
+    if obj.get("sliding_window").is_none() {
+        notes.push(
+            "OLMo 3's default sliding_window 4096 is modelled as full causal attention (the \
+             same for sequences of up to 4096 tokens; beyond, an upper bound on its attention \
+             time and memory)"
+                .to_string(),
+        );
+    }
+    if matches!(obj.get("rope_scaling"), Some(Value::Object(_))) {
+        notes.push(
+            "OLMo 3's sliding-window layers rotate with rope_theta and its scaling, as its \
+             full-attention layers do (transformers leaves them unscaled: the same shapes and \
+             FLOPs)"
+                .to_string(),
+        );
+    }
     notes
 }
 
