@@ -897,3 +897,36 @@ fn olmo3_is_olmo2s_block_with_its_window_noted() {
         "{notes:?}"
     );
 }
+
+/// Mistral Small 3.1's multimodal config (`model_type` mistral3): its language model is a whole
+/// Mistral config under `text_config` (128-wide heads beside hidden 5120, 8 KV heads, untied),
+/// planned as Mistral Small 3's text model: 23,572,403,200 parameters, counted here module by
+/// module (Mistral-Small-24B's card: 23.6B); the vision tower is noted as not built.
+#[test]
+fn mistral3s_multimodal_config_plans_its_mistral_text_model() {
+    let small_3_1 = r#"{"architectures":["Mistral3ForConditionalGeneration"],
+        "image_token_index":10,"model_type":"mistral3","multimodal_projector_bias":false,
+        "projector_hidden_act":"gelu","spatial_merge_size":2,
+        "text_config":{"attention_dropout":0.0,"head_dim":128,"hidden_act":"silu",
+            "hidden_size":5120,"initializer_range":0.02,"intermediate_size":32768,
+            "max_position_embeddings":131072,"model_type":"mistral","num_attention_heads":32,
+            "num_hidden_layers":40,"num_key_value_heads":8,"rms_norm_eps":1e-05,
+            "rope_theta":1000000000.0,"sliding_window":null,"use_cache":true,
+            "vocab_size":131072},
+        "vision_config":{"head_dim":64,"hidden_size":1024,"image_size":1540,
+            "intermediate_size":4096,"model_type":"pixtral","num_attention_heads":16,
+            "num_hidden_layers":24,"patch_size":14},
+        "vision_feature_layer":-1}"#;
+    let (h, q, kv, ffn, layers, vocab) = (5120u64, 4096u64, 1024u64, 32768u64, 40u64, 131072u64);
+    let layer = 2 * h * q + 2 * h * kv + 3 * h * ffn + 2 * h;
+    let modules = 2 * vocab * h + layers * layer + h;
+    assert_eq!(modules, 23_572_403_200);
+    assert_published(small_3_1, modules);
+    let spec = parse(small_3_1);
+    assert_eq!((spec.head_dim(), spec.rope_theta), (128, 1e9));
+    let notes = hf::approximations(small_3_1);
+    assert!(
+        notes.iter().any(|n| n.contains("vision tower")),
+        "{notes:?}"
+    );
+}

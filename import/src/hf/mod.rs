@@ -21,10 +21,11 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 26] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 27] = [
     "gpt2",
     "llama",
     "mistral",
+    "mistral3",
     "mixtral",
     "qwen2",
     "qwen3",

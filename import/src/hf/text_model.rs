@@ -1,12 +1,14 @@
 //! Multimodal configs whose language model plait plans: Gemma 3's `gemma3` nests its text
 //! model's config under `text_config`, listing only the fields that differ from transformers'
-//! `Gemma3TextConfig` defaults. plait imports that text model (the vision tower is not
-//! built) with those defaults filled in.
+//! `Gemma3TextConfig` defaults; Mistral Small 3.1's `mistral3` nests a whole Mistral config
+//! there. plait imports that text model (the vision tower is not built), with Gemma 3's
+//! defaults filled in.
 
 use serde_json::{Map, Value, json};
 
-/// (multimodal `model_type`, its text model's `model_type`).
-const TEXT_CONFIGS: [(&str, &str); 1] = [("gemma3", "gemma3_text")];
+/// (multimodal `model_type`, its text model's `model_type` where `text_config` names none:
+/// transformers' default text config).
+const TEXT_CONFIGS: [(&str, &str); 2] = [("gemma3", "gemma3_text"), ("mistral3", "mistral")];
 
 /// transformers' `Gemma3TextConfig` defaults (`configuration_gemma3.py`) for the fields plait
 /// reads; the soft-caps and rope scaling default to none.
@@ -45,8 +47,11 @@ pub(super) fn text_model(
     model_type: &str,
 ) -> Result<(Map<String, Value>, String), &'static str> {
     let (mut text, model_type) = match text_model_type(model_type) {
-        Some(t) => match obj.get("text_config") {
-            Some(Value::Object(c)) => (c.clone(), t.to_string()),
+        Some(default) => match obj.get("text_config") {
+            Some(Value::Object(c)) => {
+                let named = c.get("model_type").and_then(Value::as_str);
+                (c.clone(), named.unwrap_or(default).to_string())
+            }
             _ => return Err("text_config"),
         },
         None => (obj, model_type.to_string()),
