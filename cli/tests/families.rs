@@ -8,7 +8,7 @@ mod common;
 use common::{dir, plait};
 
 /// (fixture, published parameters: the checkpoint's safetensors total, dense).
-const FAMILIES: [(&str, u64, bool); 15] = [
+const FAMILIES: [(&str, u64, bool); 16] = [
     ("qwen2.5-7b", 7_615_616_512, true),
     ("qwen3-8b", 8_190_735_360, true),
     ("phi-3-mini-4k", 3_821_079_552, true),
@@ -19,6 +19,8 @@ const FAMILIES: [(&str, u64, bool); 15] = [
     ("mistral-nemo-base", 12_247_782_400, true),
     ("olmo-2-1124-7b", 7_298_617_344, true),
     ("granite-3.1-2b-instruct", 2_533_531_648, true),
+    // GLM-4-9B-0414: its modules' shapes summed (import's hf_params; the card's 9.4B).
+    ("glm-4-9b-0414", 9_400_279_040, true),
     // Parallel blocks: Pythia's model card total, the GPT-NeoX-20B paper's count, Phi-2's
     // checkpoint.
     ("pythia-160m", 162_322_944, true),

@@ -111,6 +111,32 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
     Ok(b.g)
 }
 
+/// The names of a block's three norms besides its input norm, where it has norms after
+/// attention and the MLP as well (transformers' names: Gemma 2's and 3's, GLM-4's).
+struct SandwichNames {
+    after_attention: &'static str,
+    before_mlp: &'static str,
+    after_mlp: &'static str,
+}
+
+impl SandwichNames {
+    fn of(spec: &ModelSpec) -> SandwichNames {
+        if spec.model_type() == "glm4" {
+            SandwichNames {
+                after_attention: "post_self_attn_layernorm",
+                before_mlp: "post_attention_layernorm",
+                after_mlp: "post_mlp_layernorm",
+            }
+        } else {
+            SandwichNames {
+                after_attention: "post_attention_layernorm",
+                before_mlp: "pre_feedforward_layernorm",
+                after_mlp: "post_feedforward_layernorm",
+            }
+        }
+    }
+}
+
 struct Builder {
     g: Graph,
     dtype: DType,
@@ -246,21 +272,22 @@ impl Builder {
         if let Some(norms) = var.parallel {
             return self.parallel_layer(spec, i, &p, x, a, norms);
         }
+        let names = SandwichNames::of(spec);
         let mut o = self.self_attention(spec, &p, a)?;
         if var.sandwich_norms {
-            o = self.block_norm(&format!("{p}.post_attention_layernorm"), spec, o)?;
+            o = self.block_norm(&format!("{p}.{}", names.after_attention), spec, o)?;
         }
         let o = self.residual_scale(spec, o)?;
         let x = self.op(OpKind::Add, vec![x, o])?;
         let pre_mlp = if var.sandwich_norms {
-            "pre_feedforward_layernorm"
+            names.before_mlp
         } else {
             "post_attention_layernorm"
         };
         let m = self.block_norm(&format!("{p}.{pre_mlp}"), spec, x)?;
         let mut y = self.mlp_of_layer(spec, i, &p, m)?;
         if var.sandwich_norms {
-            y = self.block_norm(&format!("{p}.post_feedforward_layernorm"), spec, y)?;
+            y = self.block_norm(&format!("{p}.{}", names.after_mlp), spec, y)?;
         }
         let y = self.residual_scale(spec, y)?;
         self.op(OpKind::Add, vec![x, y])

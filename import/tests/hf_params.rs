@@ -930,3 +930,50 @@ fn mistral3s_multimodal_config_plans_its_mistral_text_model() {
         "{notes:?}"
     );
 }
+
+/// GLM-4-0414 (transformers' `Glm4ForCausalLM`): Llama's attention with biases on q, k and v
+/// (attention_bias defaults to true; o_proj has none), 2 KV heads of 128, half of each head
+/// rotated, and four norms per layer named as transformers names them (post_self_attn_layernorm
+/// and post_mlp_layernorm after attention and the MLP). GLM-4-9B-0414's shape: 9,400,279,040
+/// parameters counted here module by module (its card: 9.4B).
+#[test]
+fn glm4_norms_after_attention_and_the_mlp_and_rotates_half_heads() {
+    let nine_b = r#"{"architectures":["Glm4ForCausalLM"],"attention_dropout":0.0,
+        "eos_token_id":[151329,151336,151338],"head_dim":128,"hidden_act":"silu",
+        "hidden_size":4096,"intermediate_size":13696,"max_position_embeddings":32768,
+        "model_type":"glm4","num_attention_heads":32,"num_hidden_layers":40,
+        "num_key_value_heads":2,"pad_token_id":151329,"partial_rotary_factor":0.5,
+        "rms_norm_eps":1e-05,"rope_theta":10000.0,"tie_word_embeddings":false,
+        "vocab_size":151552}"#;
+    let (h, q, kv, ffn, layers, vocab) = (4096u64, 4096u64, 256u64, 13696u64, 40u64, 151552u64);
+    let attention = h * q + q + 2 * (h * kv + kv) + q * h;
+    let modules = 2 * vocab * h + layers * (attention + 3 * h * ffn + 4 * h) + h;
+    assert_eq!(modules, 9_400_279_040);
+    assert_published(nine_b, modules);
+    let spec = parse(nine_b);
+    assert!(spec.variant.qkv_bias && !spec.variant.o_bias && spec.variant.sandwich_norms);
+    assert_eq!(spec.variant.rotary_dims, Some(64));
+    let g = import::build_forward(&spec, DType::F32).expect("builds");
+    let names: Vec<String> = g
+        .op_ids()
+        .filter_map(|o| match &g.op(o).kind {
+            ir::OpKind::Param { name } if name.starts_with("model.layers.0.") => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    for norm in [
+        "input_layernorm",
+        "post_self_attn_layernorm",
+        "post_attention_layernorm",
+        "post_mlp_layernorm",
+    ] {
+        let name = format!("model.layers.0.{norm}.weight");
+        assert!(names.contains(&name), "{name} not in {names:?}");
+    }
+    let notes = hf::approximations(nine_b);
+    assert!(
+        notes.iter().any(|n| n.contains("gate_up_proj"))
+            && notes.iter().any(|n| n.contains("interleaved")),
+        "{notes:?}"
+    );
+}

@@ -362,6 +362,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("gemma-7b", "GeGLU"),
         ("gemma-3-1b", "GeGLU"),
         ("gemma-2-9b", "soft-capped"),
+        ("glm-4-9b-0414", "GLM-4"),
         ("qwen1.5-moe-a2.7b", "sigmoid gate"),
         ("olmo-2-1124-7b", "OLMo 2"),
         ("olmoe-1b-7b", "OLMoE"),

@@ -27,8 +27,8 @@ const SWITCHES: [&str; 6] = [
 
 /// Families whose attention turns only part of each head (transformers slices the rotary
 /// dimensions there); elsewhere `partial_rotary_factor` below 1 breaks its rotary.
-const PARTIAL_ROTARY: [&str; 6] = [
-    "nemotron", "phi3", "gpt_neox", "phi", "stablelm", "glm4_moe",
+const PARTIAL_ROTARY: [&str; 7] = [
+    "nemotron", "phi3", "gpt_neox", "phi", "stablelm", "glm4", "glm4_moe",
 ];
 
 /// Gemma 3's attention kinds per layer (`layer_types`).

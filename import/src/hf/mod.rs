@@ -21,7 +21,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 27] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 28] = [
     "gpt2",
     "llama",
     "mistral",
@@ -43,6 +43,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 27] = [
     "nemotron",
     "deepseek_v2",
     "deepseek_v3",
+    "glm4",
     "glm4_moe",
     "gpt_neox",
     "phi",
@@ -180,6 +181,10 @@ impl LlamaLike {
                     "moe_intermediate_size",
                 )),
             },
+            // transformers' Glm4Config defaults (GLM-4-0414): Llama's block with norms after
+            // attention and the MLP as well (Gemma 2's four), biases on q, k and v, half of
+            // each head rotated.
+            "glm4" => dense("glm4", 131072, 1.5625e-7, 10000.0, false),
             // transformers' Glm4MoeConfig defaults (GLM-4.5): Llama's attention with biases
             // on q, k and v only, half of each head rotated and optional per-head q/k norms,
             // before DeepSeek-V3's shared and routed experts behind a leading dense layer.
@@ -208,7 +213,7 @@ impl LlamaLike {
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
         let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
         let deepseek = matches!(t, "deepseek_v2" | "deepseek_v3");
-        let glm = t == "glm4_moe";
+        let glm = matches!(t, "glm4" | "glm4_moe");
         let mla = if deepseek { Some(mla(f)?) } else { None };
         // transformers' configs honour an explicit `head_dim` (Mistral-Nemo: 128 with hidden
         // 5120 and 32 heads); plait records it where it is not hidden / heads.
@@ -218,8 +223,8 @@ impl LlamaLike {
             // `head_dim` says (transformers sets it to the rotary part).
             _ if mla.is_some() => mla.map(|m| m.qk_head_dim()),
             Some(d) => Some(d),
-            // transformers' defaults: Qwen3 128, Gemma 256.
-            None if qwen3 => Some(128),
+            // transformers' defaults: Qwen3 and GLM-4 128, Gemma 256.
+            None if qwen3 || t == "glm4" => Some(128),
             None if gemma => Some(256),
             None => None,
         };
@@ -228,6 +233,8 @@ impl LlamaLike {
             head_dim: head_dim.filter(|&d| d != implied),
             qkv_bias: match &block {
                 Some(b) => b.qkv_bias,
+                // Glm4Config's attention_bias defaults to true.
+                None if t == "glm4" => f.opt_bool("attention_bias")?.unwrap_or(true),
                 None => matches!(t, "qwen2" | "qwen2_moe") || attention_bias(f, t)?,
             },
             // GLM-4.5's `attention_bias` is on q, k and v; its o_proj has none.
@@ -241,7 +248,7 @@ impl LlamaLike {
             qk_norm_whole: olmo_qk_norms(f, t)?,
             gelu_gate: gemma,
             embed_scale: gemma,
-            sandwich_norms: gemma2_block,
+            sandwich_norms: gemma2_block || t == "glm4",
             // Gemma 2's soft-caps are on unless set to null; Gemma 3's off unless set.
             attn_softcap: match t {
                 "gemma2" => f.float_or_off("attn_logit_softcapping", 50.0)?,
@@ -307,7 +314,7 @@ impl LlamaLike {
             rotary_dims: match t {
                 "nemotron" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
                 "phi3" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 1.0)?,
-                "glm4_moe" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
+                "glm4" | "glm4_moe" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
                 _ if layernorm_family => {
                     let share = layernorm::rotary_share(f)?;
                     rotary_dims(f, head_dim.unwrap_or(implied), share)?
@@ -725,6 +732,9 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
                 .to_string(),
         );
     }
+    if obj.get("model_type") == Some(&Value::String("glm4".into())) {
+        notes.extend(GLM4_APPROXIMATIONS.map(String::from));
+    }
     if obj.get("model_type") == Some(&Value::String("olmo3".into())) {
         notes.extend(olmo3_approximations(obj));
     }
@@ -743,6 +753,15 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     notes.extend(moe::unused_expert_notes(obj));
     notes
 }
+
+/// How plait's GLM-4 departs from transformers' `Glm4ForCausalLM`.
+const GLM4_APPROXIMATIONS: [&str; 2] = [
+    "GLM-4's fused gate_up_proj is built as separate gate and up projections (the same \
+     parameters and FLOPs, two GEMMs instead of one)",
+    "GLM-4's rotary dimensions are paired in the rotate-half convention, not transformers' \
+     interleaved pairs (a fixed permutation of the rotary columns of q_proj and k_proj; the \
+     same shapes and FLOPs)",
+];
 
 /// How plait's OLMo 3 departs from transformers' `Olmo3ForCausalLM`: its sliding window (on
 /// by default, 4096 tokens, where the config names none) is modelled as full attention, and

@@ -442,7 +442,9 @@ fn refuse_unexpressed(
         .filter(|k| matches!(k, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }))
         .count();
     if norms > 2 + qkv.norms + latent.map_or(0, crate::model::latent::norms) {
-        return Err("norms after attention and the MLP as well as before them (Gemma 2 and 3)");
+        return Err(
+            "norms after attention and the MLP as well as before them (Gemma 2 and 3, GLM-4)",
+        );
     }
     if kinds(g, &info.pre_ops).any(|k| matches!(k, OpKind::Scale { .. })) {
         return Err(
