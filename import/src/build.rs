@@ -278,6 +278,7 @@ impl Builder {
             o = self.block_norm(&format!("{p}.{}", names.after_attention), spec, o)?;
         }
         let o = self.residual_scale(spec, o)?;
+        let o = self.dropout(spec, o)?;
         let x = self.op(OpKind::Add, vec![x, o])?;
         let pre_mlp = if var.sandwich_norms {
             names.before_mlp
@@ -290,6 +291,7 @@ impl Builder {
             y = self.block_norm(&format!("{p}.{}", names.after_mlp), spec, y)?;
         }
         let y = self.residual_scale(spec, y)?;
+        let y = self.dropout(spec, y)?;
         self.op(OpKind::Add, vec![x, y])
     }
 

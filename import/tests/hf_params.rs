@@ -977,3 +977,52 @@ fn glm4_norms_after_attention_and_the_mlp_and_rotates_half_heads() {
         "{notes:?}"
     );
 }
+
+/// Seed-OSS (transformers' `SeedOssForCausalLM`): Llama's block with biases on q, k and v
+/// (attention_bias, default true) but not o (attention_out_bias), 128-wide heads, and dropout
+/// after attention and the MLP (residual_dropout, default 0.1), built as dropout ops; the
+/// attention probabilities' dropout is noted as not built. Seed-OSS-36B's shape: 36,151,104,512
+/// parameters counted here module by module (its card: 36B).
+#[test]
+fn seed_oss_biases_q_k_v_and_drops_out_after_attention_and_the_mlp() {
+    let seed_36b = r#"{"architectures":["SeedOssForCausalLM"],"attention_bias":true,
+        "attention_dropout":0.1,"attention_out_bias":false,"head_dim":128,"hidden_act":"silu",
+        "hidden_size":5120,"intermediate_size":27648,"max_position_embeddings":524288,
+        "mlp_bias":false,"model_type":"seed_oss","num_attention_heads":80,
+        "num_hidden_layers":64,"num_key_value_heads":8,"residual_dropout":0.1,
+        "rms_norm_eps":1e-06,"rope_theta":10000000.0,"tie_word_embeddings":false,
+        "vocab_size":155136}"#;
+    let (h, q, kv, ffn, layers, vocab) = (5120u64, 10240u64, 1024u64, 27648u64, 64u64, 155136u64);
+    let attention = h * q + q + 2 * (h * kv + kv) + q * h;
+    let modules = 2 * vocab * h + layers * (attention + 3 * h * ffn + 2 * h) + h;
+    assert_eq!(modules, 36_151_104_512);
+    assert_published(seed_36b, modules);
+    let spec = parse(seed_36b);
+    assert!(spec.variant.qkv_bias && !spec.variant.o_bias);
+    assert_eq!((spec.head_dim(), spec.dropout), (128, 0.1));
+    let g = import::build_forward(&spec, DType::F32).expect("builds");
+    let dropouts = g
+        .op_ids()
+        .filter(|&o| matches!(g.op(o).kind, ir::OpKind::Dropout { p, .. } if p == 0.1))
+        .count() as u64;
+    assert_eq!(dropouts, 2 * layers);
+    let notes = hf::approximations(seed_36b);
+    assert!(
+        notes.iter().any(|n| n.contains("attention_dropout 0.1")),
+        "{notes:?}"
+    );
+    // Without dropout (as for fine-tuning), no dropout op and no note.
+    let off = seed_36b
+        .replace("\"residual_dropout\":0.1", "\"residual_dropout\":0.0")
+        .replace("\"attention_dropout\":0.1", "\"attention_dropout\":0.0");
+    let g = import::build_forward(&parse(&off), DType::F32).expect("builds");
+    assert!(
+        g.op_ids()
+            .all(|o| !matches!(g.op(o).kind, ir::OpKind::Dropout { .. }))
+    );
+    assert!(
+        hf::approximations(&off)
+            .iter()
+            .all(|n| !n.contains("dropout"))
+    );
+}

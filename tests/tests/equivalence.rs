@@ -306,6 +306,11 @@ fn llama_structured_families_equal_one_device() {
         // GLM-4.5: biases on q, k and v only, per-head q/k norms on heads wider than hidden /
         // heads, half of each head rotated, a dense layer 0, then DeepSeek-V3's sigmoid
         // router (two groups, one kept) with scaled routed experts and a shared expert.
+        // Seed-OSS: q/k/v biases on heads wider than hidden / heads, dropout after attention
+        // and the MLP (its masks the same on every layout).
+        ("seed_oss", &tp2),
+        ("seed_oss", &dp2),
+        ("seed_oss", &pp2),
         // GLM-4: the same attention in Gemma 2's four-norm block.
         ("glm4", &tp2),
         ("glm4", &pp2),

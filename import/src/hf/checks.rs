@@ -8,21 +8,23 @@ use super::{ConfigError, Fields};
 
 /// Dropout probabilities of layers plait builds without dropout (attention scores,
 /// embeddings): each must still be a probability.
-const PROBABILITIES: [&str; 4] = [
+const PROBABILITIES: [&str; 5] = [
     "attn_pdrop",
     "embd_pdrop",
     "attention_dropout",
     "hidden_dropout",
+    "residual_dropout",
 ];
 
 /// Switches transformers reads as booleans.
-const SWITCHES: [&str; 6] = [
+const SWITCHES: [&str; 7] = [
     "use_sliding_window",
     "scale_attn_weights",
     "attention_bias",
     "mlp_bias",
     "norm_topk_prob",
     "use_qk_norm",
+    "attention_out_bias",
 ];
 
 /// Families whose attention turns only part of each head (transformers slices the rotary

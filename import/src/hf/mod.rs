@@ -21,7 +21,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 28] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 29] = [
     "gpt2",
     "llama",
     "mistral",
@@ -40,6 +40,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 28] = [
     "granite",
     "qwen2_moe",
     "qwen3_moe",
+    "seed_oss",
     "nemotron",
     "deepseek_v2",
     "deepseek_v3",
@@ -112,6 +113,9 @@ impl LlamaLike {
             // q/k norms in place of the soft-caps.
             "gemma3_text" => dense("gemma3_text", 131072, 1e-6, 1e6, true),
             "nemotron" => dense("nemotron", 4096, 1e-5, 10000.0, false),
+            // transformers' SeedOssConfig defaults (Seed-OSS-36B): Llama's block with q/k/v
+            // biases and dropout after attention and the MLP.
+            "seed_oss" => dense("seed_oss", 524288, 1e-6, 1e7, false),
             // transformers' Olmo2Config defaults.
             "olmo2" => dense("olmo2", 2048, 1e-5, 10000.0, false),
             // transformers' Olmo3Config defaults: OLMo 2's block, three of every four layers
@@ -224,7 +228,7 @@ impl LlamaLike {
             _ if mla.is_some() => mla.map(|m| m.qk_head_dim()),
             Some(d) => Some(d),
             // transformers' defaults: Qwen3 and GLM-4 128, Gemma 256.
-            None if qwen3 || t == "glm4" => Some(128),
+            None if qwen3 || matches!(t, "glm4" | "seed_oss") => Some(128),
             None if gemma => Some(256),
             None => None,
         };
@@ -233,13 +237,17 @@ impl LlamaLike {
             head_dim: head_dim.filter(|&d| d != implied),
             qkv_bias: match &block {
                 Some(b) => b.qkv_bias,
-                // Glm4Config's attention_bias defaults to true.
-                None if t == "glm4" => f.opt_bool("attention_bias")?.unwrap_or(true),
+                // Glm4Config's and SeedOssConfig's attention_bias default to true.
+                None if matches!(t, "glm4" | "seed_oss") => {
+                    f.opt_bool("attention_bias")?.unwrap_or(true)
+                }
                 None => matches!(t, "qwen2" | "qwen2_moe") || attention_bias(f, t)?,
             },
             // GLM-4.5's `attention_bias` is on q, k and v; its o_proj has none.
             o_bias: match &block {
                 Some(b) => b.o_bias,
+                // Seed-OSS biases o_proj by its own switch.
+                None if t == "seed_oss" => f.opt_bool("attention_out_bias")?.unwrap_or(false),
                 None => !glm && attention_bias(f, t)?,
             },
             qk_norm: qwen3
@@ -471,6 +479,15 @@ impl LlamaLike {
         }
     }
 
+    /// The dropout after attention and after the MLP: Seed-OSS's `residual_dropout` (its
+    /// transformers default 0.1); none elsewhere.
+    fn residual_dropout(&self, f: &Fields<'_>) -> Result<f64, ConfigError> {
+        if self.model_type != "seed_oss" {
+            return Ok(0.0);
+        }
+        Ok(f.opt_probability("residual_dropout")?.unwrap_or(0.1))
+    }
+
     /// The rotary base: `rope_theta`, or GPT-NeoX's older `rotary_emb_base`.
     fn rope_theta(&self, f: &Fields<'_>) -> Result<f64, ConfigError> {
         let mut theta = f.opt_rope_base("rope_theta")?;
@@ -658,7 +675,7 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         experts,
         experts_per_token,
         default_seq: crate::spec::default_seq(max_positions),
-        dropout: 0.0,
+        dropout: kind.residual_dropout(&f)?,
         variant,
     })
 }
@@ -732,6 +749,9 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
                 .to_string(),
         );
     }
+    if obj.get("model_type") == Some(&Value::String("seed_oss".into())) {
+        notes.extend(seed_oss_approximations(obj));
+    }
     if obj.get("model_type") == Some(&Value::String("glm4".into())) {
         notes.extend(GLM4_APPROXIMATIONS.map(String::from));
     }
@@ -752,6 +772,19 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     notes.extend(rope::note(obj));
     notes.extend(moe::unused_expert_notes(obj));
     notes
+}
+
+/// How plait's Seed-OSS departs from transformers' `SeedOssForCausalLM`: the dropout of its
+/// attention probabilities (`attention_dropout`, default 0.1) is not built.
+fn seed_oss_approximations(obj: &Map<String, Value>) -> Option<String> {
+    let p = match obj.get("attention_dropout") {
+        None => 0.1,
+        Some(v) => v.as_f64().filter(|&p| p > 0.0)?,
+    };
+    Some(format!(
+        "Seed-OSS's attention_dropout {p} is not built: plait's fused attention keeps no \
+         probabilities to drop (its residual_dropout after attention and the MLP is built)"
+    ))
 }
 
 /// How plait's GLM-4 departs from transformers' `Glm4ForCausalLM`.
