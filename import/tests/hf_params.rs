@@ -1026,3 +1026,67 @@ fn seed_oss_biases_q_k_v_and_drops_out_after_attention_and_the_mlp() {
             .all(|n| !n.contains("dropout"))
     );
 }
+
+/// Qwen's vision-language configs plan their text model: Qwen2.5-VL-7B-Instruct's config as
+/// first published keeps its Qwen2 text model's fields at the top (M-RoPE read as plain
+/// rotary), newer transformers write them under `text_config` as `qwen2_5_vl_text`, and
+/// Qwen3-VL nests a `qwen3_vl_text` or `qwen3_vl_moe_text` model there, with
+/// `tie_word_embeddings` at the top. Each text model has the shapes of the published text-only
+/// model it was built from: Qwen2.5-7B's 7,615,616,512 parameters, Qwen3-8B's 8,190,735,360,
+/// Qwen3-30B-A3B's 30,532,122,624 (their safetensors totals); the vision tower is noted.
+#[test]
+fn qwen_vision_language_configs_plan_their_text_models() {
+    let qwen25_vl = r#"{"architectures":["Qwen2_5_VLForConditionalGeneration"],
+        "attention_dropout":0.0,"bos_token_id":151643,"eos_token_id":151645,"hidden_act":"silu",
+        "hidden_size":3584,"image_token_id":151655,"initializer_range":0.02,
+        "intermediate_size":18944,"max_position_embeddings":128000,"max_window_layers":28,
+        "model_type":"qwen2_5_vl","num_attention_heads":28,"num_hidden_layers":28,
+        "num_key_value_heads":4,"rms_norm_eps":1e-06,"rope_theta":1000000.0,
+        "sliding_window":32768,"tie_word_embeddings":false,"use_cache":true,
+        "use_sliding_window":false,"video_token_id":151656,
+        "vision_config":{"depth":32,"hidden_act":"silu","hidden_size":1280,
+            "intermediate_size":3420,"num_heads":16,"in_chans":3,"out_hidden_size":3584,
+            "patch_size":14,"spatial_merge_size":2,"window_size":112},
+        "rope_scaling":{"type":"mrope","mrope_section":[16,24,24]},"vocab_size":152064}"#;
+    assert_published(qwen25_vl, 7_615_616_512);
+    let notes = hf::approximations(qwen25_vl);
+    assert!(
+        notes.iter().any(|n| n.contains("vision tower")),
+        "{notes:?}"
+    );
+    // The same text model written under text_config by newer transformers.
+    let v: serde_json::Value = serde_json::from_str(qwen25_vl).unwrap();
+    let mut text = v.as_object().unwrap().clone();
+    text.remove("vision_config");
+    text.insert("model_type".into(), "qwen2_5_vl_text".into());
+    let nested = serde_json::json!({
+        "model_type": "qwen2_5_vl", "text_config": text, "vision_config": v["vision_config"]
+    });
+    assert_published(&nested.to_string(), 7_615_616_512);
+    let qwen3_vl = |text: &str| {
+        format!(
+            r#"{{"architectures":["Qwen3VLForConditionalGeneration"],"model_type":"qwen3_vl",
+            "tie_word_embeddings":false,"text_config":{{{text},"head_dim":128,
+            "num_key_value_heads":{kv},"rms_norm_eps":1e-06,"rope_theta":5000000,
+            "rope_scaling":{{"mrope_interleaved":true,"mrope_section":[24,20,20],
+            "rope_type":"default"}},"vocab_size":151936}},
+            "vision_config":{{"depth":27,"hidden_size":1152,"model_type":"qwen3_vl"}}}}"#,
+            kv = if text.contains("num_experts") { 4 } else { 8 }
+        )
+    };
+    assert_published(
+        &qwen3_vl(
+            r#""model_type":"qwen3_vl_text","hidden_size":4096,"intermediate_size":12288,
+            "num_attention_heads":32,"num_hidden_layers":36"#,
+        ),
+        8_190_735_360,
+    );
+    let moe = qwen3_vl(
+        r#""model_type":"qwen3_vl_moe_text","hidden_size":2048,"intermediate_size":6144,
+        "moe_intermediate_size":768,"num_attention_heads":32,"num_hidden_layers":48,
+        "num_experts":128,"num_experts_per_tok":8,"norm_topk_prob":true"#,
+    )
+    .replace("\"qwen3_vl\",\n", "\"qwen3_vl_moe\",\n");
+    assert!(moe.contains("\"model_type\":\"qwen3_vl_moe\""), "{moe}");
+    assert_published(&moe, 30_532_122_624);
+}

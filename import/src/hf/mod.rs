@@ -21,7 +21,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 29] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 33] = [
     "gpt2",
     "llama",
     "mistral",
@@ -40,6 +40,10 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 29] = [
     "granite",
     "qwen2_moe",
     "qwen3_moe",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
     "seed_oss",
     "nemotron",
     "deepseek_v2",
@@ -705,7 +709,8 @@ pub fn approximations(text: &str) -> Vec<String> {
     if multimodal {
         notes.push(format!(
             "{model_type} is a multimodal config: plait plans its language model \
-             (text_config); the vision tower (vision_config) is not built or counted"
+             (text_config, or its top-level text fields); the vision tower (vision_config) is \
+             not built or counted"
         ));
     }
     notes.extend(object_approximations(&text));

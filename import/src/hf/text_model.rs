@@ -1,14 +1,38 @@
 //! Multimodal configs whose language model plait plans: Gemma 3's `gemma3` nests its text
 //! model's config under `text_config`, listing only the fields that differ from transformers'
 //! `Gemma3TextConfig` defaults; Mistral Small 3.1's `mistral3` nests a whole Mistral config
-//! there. plait imports that text model (the vision tower is not built), with Gemma 3's
-//! defaults filled in.
+//! there; Qwen2-VL's and Qwen2.5-VL's configs carry their Qwen2 text model's fields at the top
+//! (or, written by newer transformers, under `text_config`), Qwen3-VL's a Qwen3 or Qwen3-MoE
+//! text model under `text_config`. plait imports that text model (the vision tower is not
+//! built), with Gemma 3's defaults filled in.
 
 use serde_json::{Map, Value, json};
 
 /// (multimodal `model_type`, its text model's `model_type` where `text_config` names none:
 /// transformers' default text config).
-const TEXT_CONFIGS: [(&str, &str); 2] = [("gemma3", "gemma3_text"), ("mistral3", "mistral")];
+const TEXT_CONFIGS: [(&str, &str); 6] = [
+    ("gemma3", "gemma3_text"),
+    ("mistral3", "mistral"),
+    ("qwen2_vl", "qwen2"),
+    ("qwen2_5_vl", "qwen2"),
+    ("qwen3_vl", "qwen3"),
+    ("qwen3_vl_moe", "qwen3_moe"),
+];
+
+/// Multimodal configs whose text model's fields may sit at the top instead of under
+/// `text_config` (Qwen2-VL's and Qwen2.5-VL's as first published).
+const TOP_LEVEL_TEXT: [&str; 2] = ["qwen2_vl", "qwen2_5_vl"];
+
+/// Text models' own `model_type`s that are a family plait builds: (name, family).
+const TEXT_ALIASES: [(&str, &str); 4] = [
+    ("qwen2_vl_text", "qwen2"),
+    ("qwen2_5_vl_text", "qwen2"),
+    ("qwen3_vl_text", "qwen3"),
+    ("qwen3_vl_moe_text", "qwen3_moe"),
+];
+
+/// Fields a multimodal config may keep at the top that its text model reads.
+const INHERITED: [&str; 1] = ["tie_word_embeddings"];
 
 /// transformers' `Gemma3TextConfig` defaults (`configuration_gemma3.py`) for the fields plait
 /// reads; the soft-caps and rope scaling default to none.
@@ -50,12 +74,23 @@ pub(super) fn text_model(
         Some(default) => match obj.get("text_config") {
             Some(Value::Object(c)) => {
                 let named = c.get("model_type").and_then(Value::as_str);
-                (c.clone(), named.unwrap_or(default).to_string())
+                let mut text = c.clone();
+                for field in INHERITED {
+                    if let (false, Some(v)) = (text.contains_key(field), obj.get(field)) {
+                        text.insert(field.into(), v.clone());
+                    }
+                }
+                (text, named.unwrap_or(default).to_string())
             }
+            _ if TOP_LEVEL_TEXT.contains(&model_type) => (obj, default.to_string()),
             _ => return Err("text_config"),
         },
         None => (obj, model_type.to_string()),
     };
+    let model_type = TEXT_ALIASES
+        .iter()
+        .find(|(name, _)| *name == model_type)
+        .map_or(model_type, |&(_, family)| family.to_string());
     if model_type == "gemma3_text" {
         for (field, value) in gemma3_text_defaults() {
             if !text.contains_key(field) {
