@@ -22,10 +22,12 @@ pub enum ConfigError {
     NotAnObject { file: PathBuf, found: &'static str },
     #[error("{}: field `model_type` is missing; set it to one of: {supported}", file.display())]
     MissingModelType { file: PathBuf, supported: String },
-    #[error("{}: model_type \"{model_type}\" is not supported; supported model types: {supported}", file.display())]
+    #[error("{}: model_type \"{model_type}\" is not supported{}; supported model types: {supported}", file.display(), lacking.map(|l| format!(" (plait does not build {l} yet)")).unwrap_or_default())]
     UnsupportedModelType {
         file: PathBuf,
         model_type: String,
+        /// What plait lacks for it, where it is a family people train.
+        lacking: Option<&'static str>,
         supported: String,
     },
     #[error("{}: required field `{field}` is missing ({model_type} configs need {required})", file.display())]

@@ -11,6 +11,7 @@ mod moe;
 mod rope;
 mod rope_parameters;
 mod text_model;
+mod unsupported;
 
 use std::path::{Path, PathBuf};
 
@@ -598,6 +599,7 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
             None => {
                 return Err(ConfigError::UnsupportedModelType {
                     file: file.to_path_buf(),
+                    lacking: unsupported::lacks(&model_type),
                     model_type,
                     supported,
                 });

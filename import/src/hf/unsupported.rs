@@ -1,0 +1,54 @@
+//! Model types people train that plait does not build yet, each with what it lacks, so that
+//! refusing one says why rather than only listing what is supported.
+
+/// (model types, what plait would need to build them).
+const KNOWN: [(&[&str], &str); 9] = [
+    (
+        &["gpt_oss"],
+        "gpt-oss's attention sinks (a learned logit per head in the softmax) and its experts' \
+         biases and clamped SwiGLU",
+    ),
+    (
+        &["llama4", "llama4_text"],
+        "Llama 4's chunked attention, its layers without rotary embeddings and its alternating \
+         dense and expert layers",
+    ),
+    (
+        &["qwen3_next"],
+        "Qwen3-Next's Gated DeltaNet (linear attention) layers",
+    ),
+    (
+        &[
+            "mamba",
+            "mamba2",
+            "jamba",
+            "falcon_h1",
+            "zamba2",
+            "nemotron_h",
+            "granitemoehybrid",
+        ],
+        "state-space (Mamba) layers",
+    ),
+    (
+        &["cohere", "cohere2"],
+        "Cohere's LayerNorms without biases (and Cohere2's layers without rotary embeddings)",
+    ),
+    (&["olmo"], "OLMo 1's LayerNorms without parameters"),
+    (
+        &["smollm3"],
+        "SmolLM3's layers without rotary embeddings (no_rope_layers)",
+    ),
+    (&["phimoe"], "Phi-3.5-MoE's SparseMixer router"),
+    (
+        &["bert", "roberta", "t5", "bart", "modernbert"],
+        "an encoder: plait plans decoder-only language models",
+    ),
+];
+
+/// What plait lacks to build `model_type`, where it is one people train.
+pub(super) fn lacks(model_type: &str) -> Option<&'static str> {
+    KNOWN
+        .iter()
+        .find(|(types, _)| types.contains(&model_type))
+        .map(|&(_, why)| why)
+}
