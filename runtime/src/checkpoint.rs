@@ -11,7 +11,7 @@
 //!     "<param>/weight", "<param>/m", "<param>/v": f32 pieces (the rank's flat range of its
 //!     tensor-parallel shard); metadata "plait": where each piece sits in the global tensor
 //! DIR/step-00000010/rank-00003.local.safetensors
-//!     "residual/<buffer>/<phase>": the rank's own top-k error-feedback residuals (compressed
+//!     "residual/<buffer>/<phase>": the rank's own error-feedback residuals (top-k and int8
 //!     runs only)
 //! ```
 //!

@@ -239,7 +239,7 @@ pub fn train_rank<B: Backend, C: Communicator>(
 }
 
 /// The checkpoint to resume from. A plain run reads every rank's pieces (any layout resumes).
-/// A compressed or local-SGD run keeps per-rank state (top-k's residuals; under local SGD
+/// A compressed or local-SGD run keeps per-rank state (top-k's and int8's residuals; under local SGD
 /// each replica's own weights and moments between averages), so it resumes on the mesh that
 /// wrote it, each rank from its own replica's pieces.
 fn load_for_resume(

@@ -69,14 +69,19 @@ fn resume_continues_bit_identically() {
     assert_eq!(two, straight, "resumed trajectory differs");
 }
 
-/// Top-k's residuals and local SGD's diverged replicas are checkpointed too: a resume in the
-/// middle of either (step 5 of 10; local SGD averages at 4 and 8) continues bit for bit.
+/// Top-k's and int8's residuals and local SGD's diverged replicas are checkpointed too: a
+/// resume in the middle of any (step 5 of 10; local SGD averages at 4 and 8) continues bit
+/// for bit.
 #[test]
 fn compressed_and_local_sgd_runs_resume_bit_identically() {
     let set = programs(MODEL, &Config::new(1, 1, 2));
     let modes = [
         DpComm {
             compression: GradCompression::TopK(0.01),
+            sync: DpSync::Sync,
+        },
+        DpComm {
+            compression: GradCompression::Int8,
             sync: DpSync::Sync,
         },
         DpComm {

@@ -7,10 +7,11 @@
 //! an all-reduce, an all-to-all of each destination's piece for a reduce-scatter), and every
 //! rank decodes the others' words and sums them in rank order, so every rank applies the same
 //! update. The words are bit patterns carried in f32 slots (communicators copy, never compute
-//! on them). Top-k keeps what it did not send as a residual, added to the next step's gradient
-//! (error feedback: Seide et al. 2014; Lin et al. 2018, "Deep Gradient Compression"), and runs
-//! under Adam as 1-bit Adam does: a dense warm-up, then Adam's second moment frozen
-//! ([`TOP_K_DENSE_STEPS`]).
+//! on them). Top-k and int8 keep what they did not send as a residual, added to the next step's
+//! gradient (error feedback: Seide et al. 2014; Lin et al. 2018, "Deep Gradient Compression");
+//! top-k runs under Adam as 1-bit Adam does: a dense warm-up, then Adam's second moment frozen
+//! ([`TOP_K_DENSE_STEPS`]). int8's residual is at most half a bucket's step per entry, small
+//! enough that Adam needs no freeze for it.
 //!
 //! Local SGD (Stich 2019; Lin et al. 2020; DiLoCo's inner loop, Douillard et al. 2023) skips the
 //! gradient exchange: each rank steps on its own micro-batches' mean gradient, and every H steps
@@ -142,7 +143,7 @@ fn from_bf16(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
 }
 
-/// Encodes `x` (with top-k, `residual` is added first and keeps what is not sent).
+/// Encodes `x` (with int8 and top-k, `residual` is added first and keeps what is not sent).
 pub fn encode(x: &[f32], c: GradCompression, residual: &mut Vec<f32>) -> Vec<f32> {
     match c {
         GradCompression::None => x.to_vec(),
@@ -154,9 +155,28 @@ pub fn encode(x: &[f32], c: GradCompression, residual: &mut Vec<f32>) -> Vec<f32
                 f32::from_bits(lo | hi << 16)
             })
             .collect(),
-        GradCompression::Int8 => encode_int8(x),
+        GradCompression::Int8 => encode_int8_with_feedback(x, residual),
         GradCompression::TopK(f) => encode_top_k(x, f, residual),
     }
+}
+
+/// int8 with error feedback: `residual` (what earlier rounding lost) is added first, and keeps
+/// what this rounding loses. Without it, an entry under half its bucket's step rounds to zero
+/// every step however long it persists (a small gradient beside a large one in the same
+/// bucket is never sent); with it, it is sent once it has accumulated a step's worth.
+fn encode_int8_with_feedback(x: &[f32], residual: &mut Vec<f32>) -> Vec<f32> {
+    if residual.len() != x.len() {
+        *residual = vec![0.0; x.len()];
+    }
+    for (r, &v) in residual.iter_mut().zip(x) {
+        *r += v;
+    }
+    let words = encode_int8(residual);
+    let sent = decode(&words, x.len(), GradCompression::Int8);
+    for (r, s) in residual.iter_mut().zip(sent) {
+        *r -= s;
+    }
+    words
 }
 
 fn encode_int8(x: &[f32]) -> Vec<f32> {
@@ -320,7 +340,7 @@ pub fn reduce_scatter<C: Communicator>(
 const DP_SLOT: usize = 1;
 
 impl<B: crate::Backend, C: Communicator> super::Executor<'_, B, C> {
-    /// Top-k's error-feedback residuals, named for a checkpoint (`residual/<buffer>/<phase>`:
+    /// Top-k's and int8's error-feedback residuals, named for a checkpoint (`residual/<buffer>/<phase>`:
     /// phase 0 the reduce-scatter's, 1 the summed pieces'), in name order.
     pub fn dp_residuals(&self) -> Vec<(String, Vec<f32>)> {
         let mut out: Vec<(String, Vec<f32>)> = self
@@ -434,7 +454,11 @@ impl<B: crate::Backend, C: Communicator> super::Executor<'_, B, C> {
                     });
                 }
             };
-            if matches!(d.compression, GradCompression::TopK(_)) {
+            // Error feedback (top-k's, int8's) carries the residuals to the next step.
+            if matches!(
+                d.compression,
+                GradCompression::TopK(_) | GradCompression::Int8
+            ) {
                 self.residuals.insert((i, 0), residual);
                 self.residuals.insert((i, 1), residual_sum);
             }
