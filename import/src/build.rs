@@ -99,6 +99,9 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
         let factor = 1.0 / m.logits;
         logits = b.op(OpKind::Scale { factor }, vec![logits])?;
     }
+    if let Some(factor) = spec.variant.logit_scale {
+        logits = b.op(OpKind::Scale { factor }, vec![logits])?;
+    }
     if let Some(cap) = spec.variant.final_softcap {
         // Gemma 2: cap · tanh(logits / cap).
         let scaled = b.op(OpKind::Scale { factor: 1.0 / cap }, vec![logits])?;
@@ -198,7 +201,13 @@ impl Builder {
     ) -> Result<ValueId, BuildError> {
         let g = self.param(&format!("{name}.weight"), &[spec.hidden]);
         let bias = self.param(&format!("{name}.bias"), &[spec.hidden]);
-        self.op(OpKind::LayerNorm { eps: spec.norm_eps }, vec![x, g, bias])
+        self.op(
+            OpKind::LayerNorm {
+                eps: spec.norm_eps,
+                bias: true,
+            },
+            vec![x, g, bias],
+        )
     }
 
     fn rmsnorm(&mut self, name: &str, spec: &ModelSpec, x: ValueId) -> Result<ValueId, BuildError> {
@@ -216,6 +225,13 @@ impl Builder {
     ) -> Result<ValueId, BuildError> {
         if spec.variant.layer_norm {
             self.layernorm(prefix, spec, x)
+        } else if spec.variant.bias_free_layer_norm {
+            let g = self.param(&format!("{prefix}.weight"), &[spec.hidden]);
+            let kind = OpKind::LayerNorm {
+                eps: spec.norm_eps,
+                bias: false,
+            };
+            self.op(kind, vec![x, g])
         } else {
             self.rmsnorm(&format!("{prefix}.weight"), spec, x)
         }

@@ -87,6 +87,10 @@ pub struct Variant {
     pub post_norms: bool,
     /// Granite's four constant multipliers (transformers' `GraniteConfig`).
     pub multipliers: Option<Multipliers>,
+    /// LayerNorm with a weight and no bias (Cohere's `CohereLayerNorm`).
+    pub bias_free_layer_norm: bool,
+    /// The logits multiplied by this factor (Cohere's `logit_scale`).
+    pub logit_scale: Option<f64>,
 }
 
 /// The activation of an ungated MLP.

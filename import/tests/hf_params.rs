@@ -1090,3 +1090,41 @@ fn qwen_vision_language_configs_plan_their_text_models() {
     assert!(moe.contains("\"model_type\":\"qwen3_vl_moe\""), "{moe}");
     assert_published(&moe, 30_532_122_624);
 }
+
+/// Cohere (transformers' `CohereForCausalLM`, Command R and Aya): attention and a SwiGLU MLP in
+/// parallel off one LayerNorm with a weight and no bias (`LayerNorm{bias: false}`), a tied head
+/// whose logits are scaled by `logit_scale`. Command R (v01)'s shape: 34,980,831,232
+/// parameters counted here module by module (its card: 35B). Its per-head q/k LayerNorms
+/// (Command R+) are refused by name.
+#[test]
+fn cohere_runs_attention_and_the_mlp_off_one_bias_free_layernorm() {
+    let command_r = r#"{"architectures":["CohereForCausalLM"],"attention_bias":false,
+        "attention_dropout":0.0,"bos_token_id":5,"eos_token_id":255001,"hidden_act":"silu",
+        "hidden_size":8192,"initializer_range":0.02,"intermediate_size":22528,
+        "layer_norm_eps":1e-05,"logit_scale":0.0625,"max_position_embeddings":8192,
+        "model_type":"cohere","num_attention_heads":64,"num_hidden_layers":40,
+        "num_key_value_heads":64,"pad_token_id":0,"rope_theta":8000000.0,"use_cache":true,
+        "use_qk_norm":false,"vocab_size":256000}"#;
+    let (h, ffn, layers, vocab) = (8192u64, 22528u64, 40u64, 256000u64);
+    // q, k, v, o; the SwiGLU MLP; one norm's weight.
+    let modules = vocab * h + layers * (4 * h * h + 3 * h * ffn + h) + h;
+    assert_eq!(modules, 34_980_831_232);
+    assert_published(command_r, modules);
+    let g = import::build_forward(&parse(command_r), DType::F32).expect("builds");
+    let count = |f: &dyn Fn(&ir::OpKind) -> bool| g.op_ids().filter(|&o| f(&g.op(o).kind)).count();
+    // One norm per layer and the final one, each without a beta.
+    let bias_free = |k: &ir::OpKind| matches!(k, ir::OpKind::LayerNorm { bias: false, .. });
+    assert_eq!(count(&bias_free) as u64, layers + 1);
+    assert_eq!(count(&|k| matches!(k, ir::OpKind::RmsNorm { .. })), 0);
+    assert_eq!(
+        count(&|k| matches!(k, ir::OpKind::Scale { factor } if *factor == 0.0625)),
+        1
+    );
+    let notes = hf::approximations(command_r);
+    assert!(notes.iter().any(|n| n.contains("interleaved")), "{notes:?}");
+    let plus = command_r.replace("\"use_qk_norm\":false", "\"use_qk_norm\":true");
+    let err = hf::parse_config(&plus, Path::new("config.json"))
+        .expect_err("q/k norms")
+        .to_string();
+    assert!(err.contains("use_qk_norm = true"), "{err}");
+}

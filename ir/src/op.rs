@@ -10,7 +10,8 @@
 //! - Elementwise: `Add`, `Sub`, `Mul`, `Div` (broadcasting); `Neg`, `Exp`, `Sqrt`, `Rsqrt`,
 //!   `Tanh`, `Sigmoid`, `Pow{exponent}`, `Scale{factor}`, `Gelu{tanh}`, `Silu`, `Relu`.
 //! - `ReduceMean`/`ReduceSum` over the last axis, keeping it as size 1.
-//! - `LayerNorm{eps}(x[.., H], gamma[H], beta[H])`, `RmsNorm{eps}(x[.., H], gamma[H])`.
+//! - `LayerNorm{eps, bias}(x[.., H], gamma[H], beta[H]?)` (no beta where `bias` is false:
+//!   Cohere's), `RmsNorm{eps}(x[.., H], gamma[H])`.
 //! - `Softmax{causal}` over the last axis of `[.., Sq, Sk]`; causal masks key `j > i + Sk - Sq`.
 //! - `Attention{heads, kv_heads, scale, causal}(q[B,S,heads*d], k[B,S,kv*d], v[B,S,kv*dv])`
 //!   → `[B,S,heads*dv]`: softmax(q kᵀ · scale) v per head; query head `h` reads kv head
@@ -112,6 +113,9 @@ pub enum OpKind {
     ReduceSum,
     LayerNorm {
         eps: f64,
+        /// A beta input (every LayerNorm in files written before the field).
+        #[serde(default = "with_bias", skip_serializing_if = "is_true")]
+        bias: bool,
     },
     RmsNorm {
         eps: f64,
@@ -177,6 +181,14 @@ pub enum OpKind {
         wrt: Vec<usize>,
     },
     AdamW(AdamWConfig),
+}
+
+fn with_bias() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// A coarse class of op, used by the cost model and the histogram.
@@ -332,7 +344,8 @@ impl OpKind {
             | OpKind::RmsNorm { .. }
             | OpKind::CrossEntropy
             | OpKind::TopKRouter { .. } => 2,
-            OpKind::LayerNorm { .. } | OpKind::Attention { .. } => 3,
+            OpKind::Attention { .. } => 3,
+            OpKind::LayerNorm { bias, .. } => 2 + usize::from(*bias),
             OpKind::MoeExperts { .. } => 5,
             OpKind::AdamW(_) => 5,
             OpKind::Linear { bias } => 2 + usize::from(*bias),

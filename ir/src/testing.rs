@@ -173,7 +173,13 @@ impl Builder {
     fn layer_norm(&mut self, x: ValueId, name: &str, h: u64) -> Result<ValueId, BuildError> {
         let gamma = self.param(&format!("{name}.gamma"), &[h]);
         let beta = self.param(&format!("{name}.beta"), &[h]);
-        self.op(OpKind::LayerNorm { eps: 1e-5 }, vec![x, gamma, beta])
+        self.op(
+            OpKind::LayerNorm {
+                eps: 1e-5,
+                bias: true,
+            },
+            vec![x, gamma, beta],
+        )
     }
 
     fn rms_norm(&mut self, x: ValueId, name: &str, h: u64) -> Result<ValueId, BuildError> {

@@ -166,8 +166,21 @@ fn fd_layernorm() {
     let (x, g, b) = (t(&mut r, &[2, 3, 6]), t(&mut r, &[6]), t(&mut r, &[6]));
     check_op(
         "layernorm",
-        OpKind::LayerNorm { eps: 1e-5 },
-        vec![float(x), float(g), float(b)],
+        OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: true,
+        },
+        vec![float(x.clone()), float(g.clone()), float(b)],
+        &mut r,
+    );
+    // Without a beta (Cohere's): the same function less β, two gradients.
+    check_op(
+        "layernorm without bias",
+        OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: false,
+        },
+        vec![float(x), float(g)],
         &mut r,
     );
 }

@@ -19,7 +19,10 @@ fn kinds() -> Vec<OpKind> {
         OpKind::Pow { exponent: 0.0 },
         OpKind::Gelu { tanh: false },
         OpKind::ReduceMean,
-        OpKind::LayerNorm { eps: 1e-5 },
+        OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: true,
+        },
         OpKind::RmsNorm { eps: 1e-5 },
         OpKind::Softmax { causal: true },
         OpKind::Attention {

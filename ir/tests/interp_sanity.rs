@@ -144,7 +144,10 @@ fn rotary_is_identity_at_position_zero_and_rotates_half_after() {
 fn layernorm_and_rmsnorm_by_hand() {
     let x: &[f64] = &[1.0, 2.0, 3.0];
     let y = run(
-        OpKind::LayerNorm { eps: 0.0 },
+        OpKind::LayerNorm {
+            eps: 0.0,
+            bias: true,
+        },
         &[
             (&[3], x),
             (&[3], &[1.0, 2.0, 1.0]),

@@ -26,7 +26,7 @@ __device__ void layer_norm_forward_of(float* y, const float* x, const float* gam
         double q = 0.0;
         for (i64 i = threadIdx.x; i < h; i += blockDim.x) q += (xr[i] - mu) * (xr[i] - mu);
         double rstd = 1.0 / sqrt(block_sum(q) / (double)h + eps);
-        norm_put_row<WORDS>(y, r, h, [&](i64 i) { return (float)((xr[i] - mu) * rstd * gamma[i] + beta[i]); });
+        norm_put_row<WORDS>(y, r, h, [&](i64 i) { return (float)((xr[i] - mu) * rstd * gamma[i] + (beta ? beta[i] : 0.0f)); });
     }
 }
 
@@ -277,7 +277,7 @@ __device__ void layer_norm_forward_warp_of(float* y, const float* x, const float
 #pragma unroll
         for (int u = 0; u < NORM_WARP_COLS; ++u) {
             i64 i = lane + 32 * u;
-            v[u] = i < h ? (float)((v[u] - mu) * rstd * gamma[i] + beta[i]) : 0.0f;
+            v[u] = i < h ? (float)((v[u] - mu) * rstd * gamma[i] + (beta ? beta[i] : 0.0f)) : 0.0f;
         }
         norm_put_warp_row<WORDS>(y, r, h, lane, v);
     }

@@ -94,9 +94,14 @@ pub fn backward(
                 matches!(kind, OpKind::ReduceMean),
             )?])
         }
-        OpKind::LayerNorm { eps } => {
+        OpKind::LayerNorm { eps, bias: true } => {
             let [x, gamma, beta] = operands(op, xs)?;
-            all(norm::layer_norm_vjp(x, gamma, beta, *eps, g)?.into())
+            all(norm::layer_norm_vjp(x, gamma, Some(beta), *eps, g)?.into())
+        }
+        OpKind::LayerNorm { eps, bias: false } => {
+            let [x, gamma] = operands(op, xs)?;
+            let [dx, dgamma, _] = norm::layer_norm_vjp(x, gamma, None, *eps, g)?;
+            all(vec![dx, dgamma])
         }
         OpKind::RmsNorm { eps } => {
             let [x, gamma] = operands(op, xs)?;

@@ -53,9 +53,13 @@ pub fn forward(
             let [x] = operands(op, inputs)?;
             one(reduce::reduce(x, matches!(kind, OpKind::ReduceMean))?)
         }
-        OpKind::LayerNorm { eps } => {
+        OpKind::LayerNorm { eps, bias: true } => {
             let [x, gamma, beta] = operands(op, inputs)?;
-            one(norm::layer_norm(x, gamma, beta, *eps)?)
+            one(norm::layer_norm(x, gamma, Some(beta), *eps)?)
+        }
+        OpKind::LayerNorm { eps, bias: false } => {
+            let [x, gamma] = operands(op, inputs)?;
+            one(norm::layer_norm(x, gamma, None, *eps)?)
         }
         OpKind::RmsNorm { eps } => {
             let [x, gamma] = operands(op, inputs)?;

@@ -26,21 +26,24 @@ fn to_f32(v: Vec<f64>, shape: Vec<usize>) -> Tensor32 {
     }
 }
 
-/// y = (x − μ)/√(var + eps) · γ + β.
+/// y = (x − μ)/√(var + eps) · γ + β (β zero where there is none).
 pub(crate) fn layer_norm(
     x: &Tensor32,
     gamma: &Tensor32,
-    beta: &Tensor32,
+    beta: Option<&Tensor32>,
     eps: f64,
 ) -> Result<Tensor32, KernelError> {
     let (_, h) = rows(LN, "input", x)?;
     expect_shape(LN, "gamma", gamma, &[h])?;
-    expect_shape(LN, "beta", beta, &[h])?;
+    if let Some(beta) = beta {
+        expect_shape(LN, "beta", beta, &[h])?;
+    }
     let mut out = Tensor32::zeros(&x.shape)?;
     for (xr, yr) in x.data.chunks_exact(h).zip(out.data.chunks_exact_mut(h)) {
         let (mu, rstd) = moments(xr, eps);
         for i in 0..h {
-            yr[i] = ((f(xr[i]) - mu) * rstd * f(gamma.data[i]) + f(beta.data[i])) as f32;
+            yr[i] = ((f(xr[i]) - mu) * rstd * f(gamma.data[i]) + beta.map_or(0.0, |b| f(b.data[i])))
+                as f32;
         }
     }
     Ok(out)
@@ -50,13 +53,15 @@ pub(crate) fn layer_norm(
 pub(crate) fn layer_norm_vjp(
     x: &Tensor32,
     gamma: &Tensor32,
-    beta: &Tensor32,
+    beta: Option<&Tensor32>,
     eps: f64,
     g: &Tensor32,
 ) -> Result<[Tensor32; 3], KernelError> {
     let (_, h) = rows(LN, "input", x)?;
     expect_shape(LN, "gamma", gamma, &[h])?;
-    expect_shape(LN, "beta", beta, &[h])?;
+    if let Some(beta) = beta {
+        expect_shape(LN, "beta", beta, &[h])?;
+    }
     expect_shape(LN, "output gradient", g, &x.shape)?;
     let mut dx = Tensor32::zeros(&x.shape)?;
     let mut dgamma = vec![0f64; h];

@@ -153,7 +153,23 @@ fn reductions() {
 fn norms() {
     each_seed("layernorm", |rng| {
         let ops = [rand(rng, &[2, 3, 8]), rand(rng, &[8]), rand(rng, &[8])];
-        check("layernorm", &OpKind::LayerNorm { eps: 1e-5 }, &ops, rng)
+        check(
+            "layernorm",
+            &OpKind::LayerNorm {
+                eps: 1e-5,
+                bias: true,
+            },
+            &ops,
+            rng,
+        )
+    });
+    each_seed("layernorm without bias", |rng| {
+        let ops = [rand(rng, &[2, 3, 8]), rand(rng, &[8])];
+        let kind = OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: false,
+        };
+        check("layernorm without bias", &kind, &ops, rng)
     });
     each_seed("rmsnorm", |rng| {
         let ops = [rand(rng, &[2, 3, 8]), rand(rng, &[8])];

@@ -24,7 +24,10 @@ fn all_kinds() -> Vec<OpKind> {
         OpKind::Exp,
         OpKind::Gelu { tanh: false },
         OpKind::ReduceSum,
-        OpKind::LayerNorm { eps: 1e-5 },
+        OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: true,
+        },
         OpKind::RmsNorm { eps: 1e-6 },
         OpKind::Softmax { causal: true },
         OpKind::Attention {

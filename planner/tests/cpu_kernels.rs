@@ -50,7 +50,10 @@ fn measured_fractions_replace_the_h200_ones_class_by_class() {
     let d = device(&c);
     assert_eq!(d.fraction(&OpKind::Gelu { tanh: true }), 0.1);
     // A class the file leaves out keeps plait's H200 figure.
-    let norm = OpKind::LayerNorm { eps: 1e-5 };
+    let norm = OpKind::LayerNorm {
+        eps: 1e-5,
+        bias: true,
+    };
     assert_eq!(d.fraction(&norm), bandwidth_fraction(&norm));
     // A memory-bound op's time scales with 1 / fraction (less the launch).
     let (g, _, gelu) = graph();

@@ -136,7 +136,10 @@ fn other_ops<B: Backend>(b: &B) {
     );
     check_forward(
         b,
-        OpKind::LayerNorm { eps: 1e-5 },
+        OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: true,
+        },
         &[tensor(&[3, 10], 16), tensor(&[10], 17), tensor(&[10], 18)],
         1e-5,
     );

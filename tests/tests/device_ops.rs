@@ -447,7 +447,10 @@ fn bf16_exact(mut t: Tensor32) -> Tensor32 {
 fn results_made_as_words_are_the_f32_results_rounded() {
     let b = emulator(64).with_gemm_precision(GemmPrecision::Bf16);
     let gelu = OpKind::Gelu { tanh: true };
-    let ln = OpKind::LayerNorm { eps: 1e-5 };
+    let ln = OpKind::LayerNorm {
+        eps: 1e-5,
+        bias: true,
+    };
     let rms = OpKind::RmsNorm { eps: 1e-6 };
     let split = |axis| OpKind::Split {
         axis,
@@ -750,7 +753,13 @@ fn norm_gradients_read_a_stashed_inputs_words() {
         let from_f32 = b.upload(&bf16(&x)).unwrap();
         let pb: Vec<_> = params.iter().map(|p| b.upload(p).unwrap()).collect();
         for (of, n) in [
-            (OpKind::LayerNorm { eps: 1e-5 }, 2),
+            (
+                OpKind::LayerNorm {
+                    eps: 1e-5,
+                    bias: true,
+                },
+                2,
+            ),
             (OpKind::RmsNorm { eps: 1e-6 }, 1),
         ] {
             let grad = OpKind::Grad {
@@ -1169,10 +1178,19 @@ fn norms_over_the_last_axis() {
             let (x, gamma, beta) = (tensor(&[2, 5, h], 5), tensor(&[h], 6), tensor(&[h], 7));
             check(
                 &b,
-                OpKind::LayerNorm { eps: 1e-5 },
+                OpKind::LayerNorm {
+                    eps: 1e-5,
+                    bias: true,
+                },
                 &[x.clone(), gamma.clone(), beta],
                 1e-5,
             );
+            // Cohere's LayerNorm without a beta: the LayerNorm kernels with a null beta.
+            let no_bias = OpKind::LayerNorm {
+                eps: 1e-5,
+                bias: false,
+            };
+            check(&b, no_bias, &[x.clone(), gamma.clone()], 1e-5);
             check(&b, OpKind::RmsNorm { eps: 1e-6 }, &[x, gamma], 1e-5);
         }
     }

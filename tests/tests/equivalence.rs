@@ -245,7 +245,7 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// experts (dp 2, pp 2), Granite's
 /// multipliers, Phi-3, and
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
-/// Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
+/// Cohere's bias-free LayerNorm, Nemotron's LayerNorms, squared-ReLU MLP and partial rotary (half of each head rotates),
 /// and DeepSeek-V3's multi-head latent attention and experts, all-expert and with a leading
 /// dense layer (a block whose structure changes), and DeepSeek-V2's router (softmax shares of
 /// groups scored by their best expert), GLM-4.5's attention (q/k/v biases, per-head norms, half-head
@@ -306,6 +306,11 @@ fn llama_structured_families_equal_one_device() {
         // GLM-4.5: biases on q, k and v only, per-head q/k norms on heads wider than hidden /
         // heads, half of each head rotated, a dense layer 0, then DeepSeek-V3's sigmoid
         // router (two groups, one kept) with scaled routed experts and a shared expert.
+        // Cohere: attention and the MLP off one LayerNorm without a beta, a tied head with
+        // scaled logits.
+        ("cohere", &tp2),
+        ("cohere", &tp2_no_sp),
+        ("cohere", &pp2),
         // Seed-OSS: q/k/v biases on heads wider than hidden / heads, dropout after attention
         // and the MLP (its masks the same on every layout).
         ("seed_oss", &tp2),

@@ -22,7 +22,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 33] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 34] = [
     "gpt2",
     "llama",
     "mistral",
@@ -49,6 +49,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 33] = [
     "nemotron",
     "deepseek_v2",
     "deepseek_v3",
+    "cohere",
     "glm4",
     "glm4_moe",
     "gpt_neox",
@@ -190,6 +191,9 @@ impl LlamaLike {
                     "moe_intermediate_size",
                 )),
             },
+            // transformers' CohereConfig defaults (Command R, Aya): attention and the MLP in
+            // parallel off one bias-free LayerNorm, tied, the logits scaled.
+            "cohere" => dense("cohere", 8192, 1e-5, 10000.0, true),
             // transformers' Glm4Config defaults (GLM-4-0414): Llama's block with norms after
             // attention and the MLP as well (Gemma 2's four), biases on q, k and v, half of
             // each head rotated.
@@ -315,12 +319,21 @@ impl LlamaLike {
                 None => (t == "nemotron").then_some(Ungated::SquaredRelu),
             },
             mlp_bias: block.as_ref().is_some_and(|b| b.mlp_bias),
-            parallel: block.as_ref().and_then(|b| b.parallel),
+            parallel: match &block {
+                Some(b) => b.parallel,
+                None => (t == "cohere").then_some(crate::spec::ParallelNorms::Shared),
+            },
             head_bias: block.as_ref().is_some_and(|b| b.head_bias),
             layer_norm: t == "nemotron" || layernorm_family,
             post_norms: matches!(t, "olmo2" | "olmo3"),
             multipliers: if t == "granite" {
                 Some(granite_multipliers(f)?)
+            } else {
+                None
+            },
+            bias_free_layer_norm: t == "cohere",
+            logit_scale: if t == "cohere" {
+                cohere_logit_scale(f)?
             } else {
                 None
             },
@@ -354,6 +367,22 @@ fn olmo_qk_norms(f: &Fields<'_>, t: &str) -> Result<bool, ConfigError> {
         });
     }
     Ok(matches!(t, "olmo2" | "olmo3" | "olmoe"))
+}
+
+/// Cohere's `logit_scale` (CohereConfig's default 0.0625; none where it is 1). Its per-head
+/// q/k LayerNorms (`use_qk_norm`, Command R+) are refused: plait does not build them.
+fn cohere_logit_scale(f: &Fields<'_>) -> Result<Option<f64>, ConfigError> {
+    if f.opt_bool("use_qk_norm")?.unwrap_or(false) {
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: "use_qk_norm = true: plait builds Cohere's attention without its per-head \
+                     q and k LayerNorms (Command R+'s); set it to false (as Command R and Aya \
+                     do)"
+            .into(),
+        });
+    }
+    let scale = f.opt_float("logit_scale")?.unwrap_or(0.0625);
+    Ok((scale != 1.0).then_some(scale))
 }
 
 /// Granite's multipliers (each 1 unless the config sets it, as `GraniteConfig`).
@@ -480,6 +509,7 @@ impl LlamaLike {
             "gpt_neox" | "phi" | "stablelm" => "layer_norm_eps",
             "starcoder2" => "norm_epsilon",
             "falcon" => "layer_norm_epsilon",
+            "cohere" => "layer_norm_eps",
             _ => "rms_norm_eps",
         }
     }
@@ -756,6 +786,9 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
                 .to_string(),
         );
     }
+    if obj.get("model_type") == Some(&Value::String("cohere".into())) {
+        notes.extend(COHERE_APPROXIMATIONS.map(String::from));
+    }
     if obj.get("model_type") == Some(&Value::String("seed_oss".into())) {
         notes.extend(seed_oss_approximations(obj));
     }
@@ -780,6 +813,13 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     notes.extend(moe::unused_expert_notes(obj));
     notes
 }
+
+/// How plait's Cohere departs from transformers' `CohereForCausalLM`.
+const COHERE_APPROXIMATIONS: [&str; 1] = [
+    "Cohere's rotary dimensions are paired in the rotate-half convention, not transformers' \
+     interleaved pairs (a fixed permutation of the columns of q_proj and k_proj; the same \
+     shapes and FLOPs)",
+];
 
 /// How plait's Seed-OSS departs from transformers' `SeedOssForCausalLM`: the dropout of its
 /// attention probabilities (`attention_dropout`, default 0.1) is not built.

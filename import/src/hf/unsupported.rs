@@ -30,8 +30,8 @@ const KNOWN: [(&[&str], &str); 9] = [
         "state-space (Mamba) layers",
     ),
     (
-        &["cohere", "cohere2"],
-        "Cohere's LayerNorms without biases (and Cohere2's layers without rotary embeddings)",
+        &["cohere2"],
+        "Cohere2's layers without rotary embeddings (its global-attention layers)",
     ),
     (&["olmo"], "OLMo 1's LayerNorms without parameters"),
     (

@@ -564,7 +564,7 @@ fn layer_norm(imp: &mut Importer<'_>, n: &NodeRef<'_>) -> Result<Vec<Val>, Impor
     one(push1(
         imp,
         n,
-        OpKind::LayerNorm { eps },
+        OpKind::LayerNorm { eps, bias: true },
         vec![x, gamma, beta],
     )?)
 }

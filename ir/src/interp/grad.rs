@@ -89,9 +89,14 @@ pub fn vjp(
                 matches!(kind, OpKind::ReduceMean),
             )?])
         }
-        OpKind::LayerNorm { eps } => {
+        OpKind::LayerNorm { eps, bias: true } => {
             let [x, gamma, beta] = operands(kind, xs)?;
-            all(norm::layer_norm_vjp(x, gamma, beta, *eps, g)?.into())
+            all(norm::layer_norm_vjp(x, gamma, Some(beta), *eps, g)?.into())
+        }
+        OpKind::LayerNorm { eps, bias: false } => {
+            let [x, gamma] = operands(kind, xs)?;
+            let [dx, dgamma, _] = norm::layer_norm_vjp(x, gamma, None, *eps, g)?;
+            all(vec![dx, dgamma])
         }
         OpKind::RmsNorm { eps } => {
             let [x, gamma] = operands(kind, xs)?;

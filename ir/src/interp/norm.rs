@@ -26,21 +26,23 @@ fn moments(row: &[f64], eps: f64) -> (f64, f64) {
     (mu, 1.0 / (var + eps).sqrt())
 }
 
-/// y = (x − μ)/√(var + eps) · γ + β.
+/// y = (x − μ)/√(var + eps) · γ + β (β zero where there is none).
 pub(crate) fn layer_norm(
     x: &Tensor,
     gamma: &Tensor,
-    beta: &Tensor,
+    beta: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor, KernelError> {
     let (_, h) = rows(x, "layernorm input")?;
     check_param(gamma, h, "layernorm gamma")?;
-    check_param(beta, h, "layernorm beta")?;
+    if let Some(beta) = beta {
+        check_param(beta, h, "layernorm beta")?;
+    }
     let mut out = zeros(&x.shape)?;
     for (xr, yr) in x.data.chunks_exact(h).zip(out.data.chunks_exact_mut(h)) {
         let (mu, rstd) = moments(xr, eps);
         for i in 0..h {
-            yr[i] = (xr[i] - mu) * rstd * gamma.data[i] + beta.data[i];
+            yr[i] = (xr[i] - mu) * rstd * gamma.data[i] + beta.map_or(0.0, |b| b.data[i]);
         }
     }
     Ok(out)
@@ -50,13 +52,15 @@ pub(crate) fn layer_norm(
 pub(crate) fn layer_norm_vjp(
     x: &Tensor,
     gamma: &Tensor,
-    beta: &Tensor,
+    beta: Option<&Tensor>,
     eps: f64,
     g: &Tensor,
 ) -> Result<[Tensor; 3], KernelError> {
     let (_, h) = rows(x, "layernorm input")?;
     check_param(gamma, h, "layernorm gamma")?;
-    check_param(beta, h, "layernorm beta")?;
+    if let Some(beta) = beta {
+        check_param(beta, h, "layernorm beta")?;
+    }
     check_grad(x, g)?;
     let mut dx = zeros(&x.shape)?;
     let mut dgamma = zeros(&[h])?;

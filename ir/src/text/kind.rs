@@ -120,7 +120,12 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
         OpKind::Pow { exponent } => vec![("exponent", Float(*exponent))],
         OpKind::Scale { factor } => vec![("factor", Float(*factor))],
         OpKind::Gelu { tanh } => vec![("tanh", Bool(*tanh))],
-        OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } => vec![("eps", Float(*eps))],
+        OpKind::LayerNorm { eps, bias } => {
+            let mut attrs = vec![("eps", Float(*eps))];
+            attrs.extend((!bias).then_some(("bias", Bool(false))));
+            attrs
+        }
+        OpKind::RmsNorm { eps } => vec![("eps", Float(*eps))],
         OpKind::Softmax { causal } => vec![("causal", Bool(*causal))],
         OpKind::Attention {
             heads,
@@ -465,6 +470,11 @@ pub(crate) fn build_kind(
         "reduce_sum" => OpKind::ReduceSum,
         "layernorm" => OpKind::LayerNorm {
             eps: a.float(m, "eps")?,
+            bias: if a.has("bias") {
+                a.bool(m, "bias")?
+            } else {
+                true
+            },
         },
         "rmsnorm" => OpKind::RmsNorm {
             eps: a.float(m, "eps")?,

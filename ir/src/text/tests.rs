@@ -41,7 +41,14 @@ fn every_kind() -> Vec<OpKind> {
         OpKind::Relu,
         OpKind::ReduceMean,
         OpKind::ReduceSum,
-        OpKind::LayerNorm { eps: 1e-5 },
+        OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: true,
+        },
+        OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: false,
+        },
         OpKind::RmsNorm { eps: 5e-324 },
         OpKind::Softmax { causal: true },
         OpKind::Attention {

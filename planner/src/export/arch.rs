@@ -115,7 +115,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
     refuse_unexpressed(info, &layer, &qkv, latent.as_ref()).map_err(refuse)?;
     let norm = layer.iter().find_map(|k| match k {
         OpKind::RmsNorm { eps } => Some((true, *eps)),
-        OpKind::LayerNorm { eps } => Some((false, *eps)),
+        OpKind::LayerNorm { eps, .. } => Some((false, *eps)),
         _ => None,
     });
     let (rms_norm, norm_eps) = norm.ok_or_else(|| refuse("a layer without a norm"))?;
@@ -436,6 +436,12 @@ fn refuse_unexpressed(
     }
     if kinds(g, &info.post_ops).any(|k| matches!(k, OpKind::Linear { bias: true })) {
         return Err("a bias on the output head (Phi's lm_head)");
+    }
+    if layer
+        .iter()
+        .any(|k| matches!(k, OpKind::LayerNorm { bias: false, .. }))
+    {
+        return Err("LayerNorms without biases (Cohere's)");
     }
     let norms = layer
         .iter()

@@ -498,8 +498,20 @@ fn row_cases() -> Vec<Case> {
     vec![
         case(
             "norm",
-            OpKind::LayerNorm { eps: 1e-5 },
+            OpKind::LayerNorm {
+                eps: 1e-5,
+                bias: true,
+            },
             vec![x.clone(), gamma.clone(), beta],
+            1e-5,
+        ),
+        case(
+            "norm",
+            OpKind::LayerNorm {
+                eps: 1e-5,
+                bias: false,
+            },
+            vec![x.clone(), gamma.clone()],
             1e-5,
         ),
         case(

@@ -76,9 +76,11 @@ fn case(kind: OpKind, rows: u64, cols: u64) -> Result<(Graph, ir::OpId), Runtime
     let mut ins = vec![input(&mut g, "x", &act)];
     match kind {
         OpKind::Add => ins.push(input(&mut g, "y", &act)),
-        OpKind::LayerNorm { .. } => {
+        OpKind::LayerNorm { bias, .. } => {
             ins.push(input(&mut g, "w", &vec));
-            ins.push(input(&mut g, "b", &vec));
+            if bias {
+                ins.push(input(&mut g, "b", &vec));
+            }
         }
         _ => {}
     }
@@ -269,7 +271,10 @@ fn class_cases(rows: u64, cols: u64) -> Result<Vec<(Graph, ir::OpId, f64)>, Runt
     [
         OpKind::Add,
         OpKind::Gelu { tanh: true },
-        OpKind::LayerNorm { eps: 1e-5 },
+        OpKind::LayerNorm {
+            eps: 1e-5,
+            bias: true,
+        },
         OpKind::Softmax { causal: false },
         OpKind::Dropout { p: 0.1, seed: 1 },
     ]

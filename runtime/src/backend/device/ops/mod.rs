@@ -311,7 +311,7 @@ pub(super) fn forward<D: Device>(
     let one = |r: Option<Buf<D>>| r.map(|x| vec![x]);
     Ok(match kind {
         OpKind::MatMul | OpKind::Linear { .. } => one(matmul::forward(b, kind, inputs)?),
-        OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } => {
+        OpKind::LayerNorm { eps, .. } | OpKind::RmsNorm { eps } => {
             one(rows::norm_forward(b, kind, *eps, inputs)?)
         }
         OpKind::Softmax { causal } => one(rows::softmax_forward(b, *causal, inputs)?),
@@ -490,7 +490,7 @@ fn backward_of<D: Device>(
         OpKind::MatMul | OpKind::Linear { .. } => {
             matmul::backward(b, kind, xs, g, wanted, [false; 2])?
         }
-        OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } => {
+        OpKind::LayerNorm { eps, .. } | OpKind::RmsNorm { eps } => {
             all(rows::norm_backward(b, kind, *eps, xs, g)?)
         }
         OpKind::Softmax { causal } => all(rows::softmax_backward(b, *causal, xs, g)?),

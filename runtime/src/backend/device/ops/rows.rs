@@ -13,14 +13,15 @@ fn rows_of(shape: &[usize]) -> Option<(usize, usize)> {
     (h > 0).then(|| (shape.iter().product::<usize>() / h, h))
 }
 
-/// The normalized tensor and its parameters: `(x, gamma, beta)`, beta only for LayerNorm;
-/// `None` unless gamma (and beta) are `[h]`.
+/// The normalized tensor and its parameters: `(x, gamma, beta)`, beta only for a LayerNorm
+/// with a bias; `None` unless gamma (and beta) are `[h]`.
 fn norm_operands<'a, D: Device>(
     kind: &OpKind,
     xs: &[&'a Buf<D>],
 ) -> Option<(Weighted<'a, D>, usize, usize)> {
     let (x, gamma, beta) = match (kind, xs) {
-        (OpKind::LayerNorm { .. }, &[x, gamma, beta]) => (x, gamma, Some(beta)),
+        (OpKind::LayerNorm { bias: true, .. }, &[x, gamma, beta]) => (x, gamma, Some(beta)),
+        (OpKind::LayerNorm { bias: false, .. }, &[x, gamma]) => (x, gamma, None),
         (OpKind::RmsNorm { .. }, &[x, gamma]) => (x, gamma, None),
         _ => return None,
     };
@@ -77,7 +78,8 @@ fn launch_norm_forward<D: Device>(
     };
     let block = b.device.block_size();
     let (grid, warp) = norm_grid(block, rows, h);
-    let kernel = match (beta.is_some(), warp, words) {
+    let layer_norm = matches!(kind, OpKind::LayerNorm { .. });
+    let kernel = match (layer_norm, warp, words) {
         (true, true, false) => "layer_norm_forward_warp",
         (true, true, true) => "layer_norm_forward_warp_words",
         (true, false, false) => "layer_norm_forward",
@@ -92,7 +94,10 @@ fn launch_norm_forward<D: Device>(
         KernelArg::In(&x.mem),
         KernelArg::In(&gamma.mem),
     ];
-    args.extend(beta.map(|beta| KernelArg::In(&beta.mem)));
+    // The LayerNorm kernels take a beta, null where the norm has none.
+    if layer_norm {
+        args.push(beta.map_or(KernelArg::Null, |beta| KernelArg::In(&beta.mem)));
+    }
     args.extend([size(rows), size(h), KernelArg::F64(eps)]);
     b.device.launch(kernel, grid, block, &mut args)
 }
@@ -117,7 +122,10 @@ fn norm_grid(block: u32, rows: usize, h: usize) -> (u32, bool) {
 /// they are (the `_bf16x` kernels), and the output gradient's where it is held so (`_bf16g`).
 pub(super) fn grad_reads_words(of: &OpKind, shapes: &[&[usize]], operand: usize) -> bool {
     let (params, g) = match (of, shapes) {
-        (OpKind::LayerNorm { .. }, &[x, gamma, beta, g]) => ([Some(gamma), Some(beta)], (x, g)),
+        (OpKind::LayerNorm { bias: true, .. }, &[x, gamma, beta, g]) => {
+            ([Some(gamma), Some(beta)], (x, g))
+        }
+        (OpKind::LayerNorm { bias: false, .. }, &[x, gamma, g]) => ([Some(gamma), None], (x, g)),
         (OpKind::RmsNorm { .. }, &[x, gamma, g]) => ([Some(gamma), None], (x, g)),
         _ => return false,
     };
@@ -189,7 +197,7 @@ pub(super) fn norm_backward<D: Device>(
     let words = x.exact_bf16();
     let g_words = g.exact_bf16();
     let variant = usize::from(words.is_some()) + 2 * usize::from(g_words.is_some());
-    let kernels = match (beta.is_some(), warp) {
+    let kernels = match (matches!(kind, OpKind::LayerNorm { .. }), warp) {
         (true, false) => NORM_BACKWARD[0],
         (true, true) => NORM_BACKWARD[1],
         (false, false) => NORM_BACKWARD[2],

@@ -26,7 +26,7 @@ pub(in crate::backend::device) fn forward<D: Device>(
     inputs: &[&Buf<D>],
 ) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
     Ok(match (kind, inputs) {
-        (OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps }, _) => {
+        (OpKind::LayerNorm { eps, .. } | OpKind::RmsNorm { eps }, _) => {
             rows::norm_forward_words(b, kind, *eps, inputs)?.map(|y| vec![y])
         }
         (OpKind::Linear { bias: true }, _) => {
