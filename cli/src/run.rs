@@ -46,8 +46,9 @@ pub struct RunArgs {
     /// what `plait tokenize` writes for them).
     #[arg(long, default_value = "u16")]
     data_width: runtime::data::TokenWidth,
-    /// The data-parallel gradient exchange: none (f32), bf16, int8 (a scale per 256 elements)
-    /// or topk:FRACTION (the largest entries, the rest carried to the next step; as 1-bit
+    /// The data-parallel gradient exchange: none (f32), bf16, int8 (a scale per 256 elements,
+    /// what rounding loses carried to the next step) or topk:FRACTION (the largest entries,
+    /// the rest carried to the next step; as 1-bit
     /// Adam, the first 4 steps exchange the whole gradient and Adam's second moment is then
     /// frozen, so that error feedback applies in full). Every rank
     /// still applies the same update; what the smaller exchange does to convergence is the

@@ -119,8 +119,8 @@ pub struct StrategyArgs {
     #[arg(long, value_delimiter = ',')]
     pub stage_layers: Option<Vec<u32>>,
     /// Price the data-parallel gradient exchange compressed, as `plait run` runs it: none,
-    /// bf16, int8 (a scale per 256 elements) or topk:FRACTION (index and value of the largest
-    /// entries); none unless given. Needs ZeRO-0; never searched: what it does to convergence is
+    /// bf16, int8 (a scale per 256 elements, with error feedback) or topk:FRACTION (index and
+    /// value of the largest entries); none unless given. Needs ZeRO-0; never searched: what it does to convergence is
     /// the user's trade.
     #[arg(long)]
     pub grad_compression: Option<planner::dp_comm::GradCompression>,

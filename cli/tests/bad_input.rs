@@ -99,29 +99,26 @@ fn unsupported_model_type() {
         &["inspect", &ps],
         &[
             &ps,
-            "model_type \"bert\" is not supported (plait does not build an encoder",
+            "model_type \"bert\" is not supported (plait does not build encoders",
             "gpt2, llama, mistral, mistral3, mixtral",
         ],
     );
     // A family people train says what plait lacks for it; an unknown one only lists.
-    let p = file("gptoss", "config.json", br#"{"model_type": "gpt_oss"}"#);
-    let ps = p.to_string_lossy().to_string();
-    expect_error(
-        &["inspect", &ps],
-        &[
-            &ps,
+    for (model_type, said) in [
+        (
+            "gpt_oss",
             "\"gpt_oss\" is not supported (plait does not build gpt-oss's attention sinks",
-        ],
-    );
-    let p = file("unknown", "config.json", br#"{"model_type": "wibble"}"#);
-    let ps = p.to_string_lossy().to_string();
-    expect_error(
-        &["inspect", &ps],
-        &[
-            &ps,
+        ),
+        (
+            "wibble",
             "\"wibble\" is not supported; supported model types: gpt2",
-        ],
-    );
+        ),
+    ] {
+        let json = format!(r#"{{"model_type": "{model_type}"}}"#);
+        let p = file(model_type, "config.json", json.as_bytes());
+        let ps = p.to_string_lossy().to_string();
+        expect_error(&["inspect", &ps], &[&ps, said]);
+    }
 }
 
 #[test]

@@ -53,13 +53,24 @@ fn compile_8_h100_batch(
     global_batch: &str,
     pins: &[&str],
 ) -> (i32, String, String) {
+    compile_on_h100s(cfg, plan, "8", global_batch, pins)
+}
+
+/// `plait compile` of `cfg` on `gpus` H100 at seq 4096 and `global_batch`, with `pins`.
+fn compile_on_h100s(
+    cfg: &str,
+    plan: &str,
+    gpus: &str,
+    global_batch: &str,
+    pins: &[&str],
+) -> (i32, String, String) {
     let mut args = vec![
         "compile",
         cfg,
         "--cluster",
         "dgx-h100",
         "--gpus",
-        "8",
+        gpus,
         "--global-batch",
         global_batch,
         "--seq",
@@ -482,20 +493,7 @@ fn deepseek_v2_lite_plans_and_lowers_on_8_h100() {
 fn codegen_never_writes_programs_over_the_gpus_memory() {
     let d = dir("deepseek-v2-64");
     let plan = d.join("plan.json").to_string_lossy().to_string();
-    let (code, out, err) = plait(&[
-        "compile",
-        &config("deepseek-v2"),
-        "--cluster",
-        "dgx-h100",
-        "--gpus",
-        "64",
-        "--global-batch",
-        "256",
-        "--seq",
-        "4096",
-        "-o",
-        &plan,
-    ]);
+    let (code, out, err) = compile_on_h100s(&config("deepseek-v2"), &plan, "64", "256", &[]);
     assert!(code == 0 && out.contains("fits"), "{out}{err}");
     let peaks = |out: &str| -> Vec<f64> {
         out.lines()
@@ -765,24 +763,7 @@ fn glm_4_5_air_counts_its_modules_and_plans_on_64_h100() {
     }
     let d = dir("glm-4.5-air");
     let plan = d.join("plan.json").to_string_lossy().to_string();
-    let (code, out, err) = plait(&[
-        "compile",
-        &cfg,
-        "--cluster",
-        "dgx-h100",
-        "--gpus",
-        "64",
-        "--global-batch",
-        "256",
-        "--seq",
-        "4096",
-        "--tp",
-        "4",
-        "--pp",
-        "4",
-        "-o",
-        &plan,
-    ]);
+    let (code, out, err) = compile_on_h100s(&cfg, &plan, "64", "256", &["--tp", "4", "--pp", "4"]);
     assert!(code == 0 && out.contains("fits"), "{out}{err}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();

@@ -1063,6 +1063,19 @@ fn qwen_vision_language_configs_plan_their_text_models() {
         "model_type": "qwen2_5_vl", "text_config": text, "vision_config": v["vision_config"]
     });
     assert_published(&nested.to_string(), 7_615_616_512);
+    // A text_config that is there but not an object is refused, not read past.
+    let mut broken = v.as_object().unwrap().clone();
+    broken.insert("text_config".into(), "qwen2".into());
+    let err = hf::parse_config(
+        &serde_json::Value::Object(broken).to_string(),
+        Path::new("vl.json"),
+    )
+    .expect_err("text_config a string")
+    .to_string();
+    assert!(
+        err.contains("vl.json") && err.contains("text_config"),
+        "{err}"
+    );
     let qwen3_vl = |text: &str| {
         format!(
             r#"{{"architectures":["Qwen3VLForConditionalGeneration"],"model_type":"qwen3_vl",

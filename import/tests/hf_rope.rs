@@ -243,6 +243,16 @@ fn transformers_5_rope_parameters_read_as_the_older_fields() {
         ),
     );
     assert_eq!(spec.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    // A top-level rope_scaling replaces rope_parameters whole, as in transformers 5.
+    let both = parse(&glm(
+        r#""rope_theta":500000,"rope_scaling":{"rope_type":"linear","factor":4.0},
+        "rope_parameters":{"rope_type":"default","rope_theta":1000000}"#,
+    ))
+    .expect("parses");
+    assert_eq!(
+        (both.rope_theta, both.rope_scaling),
+        (500000.0, RopeScaling::Linear { factor: 4.0 })
+    );
     let err = parse(&glm(r#""rope_parameters":10000"#))
         .expect_err("a number")
         .to_string();

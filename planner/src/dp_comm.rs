@@ -148,12 +148,13 @@ impl DpComm {
 
     /// Streaming passes over the gradient, each reading or writing `grad_bytes` per element,
     /// that compression adds to one exchange: two encodes and two decodes (see the module
-    /// doc); top-k's selection reads the magnitudes once more per encode.
+    /// doc); error feedback (int8's, top-k's) passes over its residual once more per encode
+    /// (top-k's selection reads the magnitudes there).
     pub fn kernel_passes(&self) -> f64 {
         match self.grad_compression {
             GradCompression::None => 0.0,
-            GradCompression::Bf16 | GradCompression::Int8 => 4.0,
-            GradCompression::TopK(_) => 6.0,
+            GradCompression::Bf16 => 4.0,
+            GradCompression::Int8 | GradCompression::TopK(_) => 6.0,
         }
     }
 }

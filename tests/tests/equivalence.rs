@@ -303,9 +303,6 @@ fn llama_structured_families_equal_one_device() {
         ("deepseek_v2", &tp2),
         ("deepseek_v2", &dp2),
         ("deepseek_v2", &pp2),
-        // GLM-4.5: biases on q, k and v only, per-head q/k norms on heads wider than hidden /
-        // heads, half of each head rotated, a dense layer 0, then DeepSeek-V3's sigmoid
-        // router (two groups, one kept) with scaled routed experts and a shared expert.
         // Cohere: attention and the MLP off one LayerNorm without a beta, a tied head with
         // scaled logits.
         ("cohere", &tp2),
@@ -319,6 +316,9 @@ fn llama_structured_families_equal_one_device() {
         // GLM-4: the same attention in Gemma 2's four-norm block.
         ("glm4", &tp2),
         ("glm4", &pp2),
+        // GLM-4.5: biases on q, k and v only, per-head q/k norms on heads wider than hidden /
+        // heads, half of each head rotated, a dense layer 0, then DeepSeek-V3's sigmoid
+        // router (two groups, one kept) with scaled routed experts and a shared expert.
         ("glm4_moe", &tp2),
         ("glm4_moe", &dp2),
         ("glm4_moe", &pp2),

@@ -236,7 +236,7 @@ impl LlamaLike {
             // `head_dim` says (transformers sets it to the rotary part).
             _ if mla.is_some() => mla.map(|m| m.qk_head_dim()),
             Some(d) => Some(d),
-            // transformers' defaults: Qwen3 and GLM-4 128, Gemma 256.
+            // transformers' defaults: Qwen3, GLM-4 and Seed-OSS 128, Gemma 256.
             None if qwen3 || matches!(t, "glm4" | "seed_oss") => Some(128),
             None if gemma => Some(256),
             None => None,
@@ -261,7 +261,7 @@ impl LlamaLike {
             },
             qk_norm: qwen3
                 || matches!(t, "gemma3_text" | "olmo2" | "olmo3" | "olmoe")
-                || (glm && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
+                || (t == "glm4_moe" && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
             qk_norm_whole: olmo_qk_norms(f, t)?,
             gelu_gate: gemma,
             embed_scale: gemma,
@@ -580,6 +580,8 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
         }
     };
     let multimodal = text_model::text_model_type(&model_type).is_some();
+    // Where its text model's fields are nested (not at the top: Qwen2-VL's first configs).
+    let nested = multimodal && matches!(obj.get("text_config"), Some(Value::Object(_)));
     let (obj, model_type) =
         text_model::text_model(obj, &model_type).map_err(|field| ConfigError::Inconsistent {
             file: file.to_path_buf(),
@@ -595,7 +597,7 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ModelSpec, ConfigError> {
     };
     let name = model_name(file);
     // A multimodal config's fields are its text_config's: messages name the section.
-    let section = if multimodal {
+    let section = if nested {
         PathBuf::from(format!("{}: text_config", file.display()))
     } else {
         file.to_path_buf()

@@ -2,8 +2,10 @@
 //! `rope_theta`, `rope_type` and scaling fields, `partial_rotary_factor`), or one such object
 //! per attention kind (`full_attention`, `sliding_attention`) for models with `layer_types`.
 //! transformers 4 wrote them as `rope_theta`, `rope_scaling` and `partial_rotary_factor` at the
-//! top. plait reads the older fields, so a newer config's are put back there first; as in
-//! transformers 5, the values in `rope_parameters` win over the top-level ones.
+//! top. plait reads the older fields, so a newer config's are put back there first. As in
+//! transformers 5, a top-level `rope_scaling` replaces `rope_parameters` whole (its
+//! `rope_scaling or rope_parameters`); otherwise the values in `rope_parameters` win over the
+//! top-level `rope_theta` and `partial_rotary_factor`.
 
 use std::path::Path;
 
@@ -24,6 +26,9 @@ pub(super) fn as_v4_fields(
     mut obj: Map<String, Value>,
     file: &Path,
 ) -> Result<Map<String, Value>, ConfigError> {
+    if matches!(obj.get("rope_scaling"), Some(Value::Object(_))) {
+        return Ok(obj);
+    }
     let params = match obj.get("rope_parameters") {
         None | Some(Value::Null) => return Ok(obj),
         Some(Value::Object(p)) => p.clone(),

@@ -82,7 +82,9 @@ pub(super) fn text_model(
                 }
                 (text, named.unwrap_or(default).to_string())
             }
-            _ if TOP_LEVEL_TEXT.contains(&model_type) => (obj, default.to_string()),
+            None | Some(Value::Null) if TOP_LEVEL_TEXT.contains(&model_type) => {
+                (obj, default.to_string())
+            }
             _ => return Err("text_config"),
         },
         None => (obj, model_type.to_string()),

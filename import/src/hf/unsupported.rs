@@ -41,7 +41,7 @@ const KNOWN: [(&[&str], &str); 9] = [
     (&["phimoe"], "Phi-3.5-MoE's SparseMixer router"),
     (
         &["bert", "roberta", "t5", "bart", "modernbert"],
-        "an encoder: plait plans decoder-only language models",
+        "encoders (plait plans decoder-only language models)",
     ),
 ];
 
