@@ -257,6 +257,7 @@ impl Builder {
                 scale: 1.0 / (spec.head_dim() as f64).sqrt(),
                 causal: true,
                 softcap: None,
+                sinks: false,
             },
             parts,
         )?;
@@ -365,6 +366,7 @@ impl Builder {
                 scale,
                 causal: true,
                 softcap: var.attn_softcap,
+                sinks: false,
             },
             vec![q, k, v],
         )?;
@@ -430,6 +432,7 @@ impl Builder {
                 scale: 1.0 / (spec.head_dim() as f64).sqrt(),
                 causal: true,
                 softcap: None,
+                sinks: false,
             },
             vec![q, k, v],
         )?;
@@ -538,6 +541,7 @@ impl Builder {
                 scale: mla.scale,
                 causal: true,
                 softcap: None,
+                sinks: false,
             },
             vec![q, k, v],
         )?;

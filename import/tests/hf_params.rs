@@ -239,6 +239,7 @@ fn gemma2_has_four_norms_per_layer_and_soft_caps() {
                 g.op(o).kind,
                 ir::OpKind::Attention {
                     softcap: Some(50.0),
+                    sinks: false,
                     ..
                 }
             )

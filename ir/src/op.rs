@@ -16,7 +16,9 @@
 //! - `Attention{heads, kv_heads, scale, causal}(q[B,S,heads*d], k[B,S,kv*d], v[B,S,kv*dv])`
 //!   → `[B,S,heads*dv]`: softmax(q kᵀ · scale) v per head; query head `h` reads kv head
 //!   `h / (heads / kv_heads)` (grouped-query attention). The value head size `dv` is usually
-//!   `d`; multi-head latent attention's is smaller.
+//!   `d`; multi-head latent attention's is smaller. With `sinks`, a fourth operand `sinks[heads]`
+//!   is one more logit per head in each row's softmax, attending to nothing (gpt-oss's
+//!   attention sinks): weights sum to less than one.
 //! - `Rotary{heads, theta, scaling}(x[B,S,heads*d])`: rotary position embedding in the "rotate
 //!   half" convention of Hugging Face Llama, position = index along S, its frequencies rescaled
 //!   as [`RopeScaling`] says.
@@ -132,6 +134,10 @@ pub enum OpKind {
         /// `attn_logit_softcapping`); none when absent from a file.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         softcap: Option<f64>,
+        /// A learned sink logit per head as a fourth operand (gpt-oss); none in files written
+        /// before the field.
+        #[serde(default, skip_serializing_if = "is_false")]
+        sinks: bool,
     },
     Rotary {
         heads: u64,
@@ -189,6 +195,22 @@ fn with_bias() -> bool {
 
 fn is_true(b: &bool) -> bool {
     *b
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Attention sinks are one logit per query head, of the query's float type.
+fn attention_sinks(sinks: &TensorType, q: &TensorType, heads: u64) -> Result<(), String> {
+    same_float(q, sinks)?;
+    if sinks.shape.0 != [Dim::Fixed(heads)] {
+        return Err(format!(
+            "attention sinks {} must be [{heads}] (one per query head)",
+            sinks.shape
+        ));
+    }
+    Ok(())
 }
 
 /// A coarse class of op, used by the cost model and the histogram.
@@ -344,7 +366,7 @@ impl OpKind {
             | OpKind::RmsNorm { .. }
             | OpKind::CrossEntropy
             | OpKind::TopKRouter { .. } => 2,
-            OpKind::Attention { .. } => 3,
+            OpKind::Attention { sinks, .. } => 3 + usize::from(*sinks),
             OpKind::LayerNorm { bias, .. } => 2 + usize::from(*bias),
             OpKind::MoeExperts { .. } => 5,
             OpKind::AdamW(_) => 5,
@@ -517,9 +539,15 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             one(inputs[0].clone())
         }
         OpKind::Attention {
-            heads, kv_heads, ..
+            heads,
+            kv_heads,
+            sinks,
+            ..
         } => {
             let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+            if *sinks {
+                attention_sinks(inputs[3], q, *heads)?;
+            }
             same_float(q, k)?;
             same_float(q, v)?;
             if *heads == 0 || *kv_heads == 0 || heads % kv_heads != 0 {

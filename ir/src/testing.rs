@@ -253,6 +253,7 @@ pub fn tiny_gpt2(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             scale: 1.0 / (cfg.head_dim() as f64).sqrt(),
             causal: true,
             softcap: None,
+            sinks: false,
         };
         let a = b.op(attn, parts)?;
         let a = b.linear(a, "attn.c_proj", h, h, true)?;
@@ -313,6 +314,7 @@ pub fn tiny_llama(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             scale: 1.0 / (d as f64).sqrt(),
             causal: true,
             softcap: None,
+            sinks: false,
         };
         let a = b.op(attn, vec![q, k, v])?;
         let a = b.linear(a, "self_attn.o_proj", cfg.heads * d, h, false)?;

@@ -235,6 +235,7 @@ fn fd_attention_gqa_causal() {
         scale: 0.6,
         causal: true,
         softcap: None,
+        sinks: false,
     };
     check_op(
         "attention gqa causal",
@@ -259,6 +260,7 @@ fn fd_attention_softcapped() {
         scale: 0.6,
         causal: true,
         softcap: Some(0.5),
+        sinks: false,
     };
     check_op(
         "attention softcap",
@@ -266,6 +268,30 @@ fn fd_attention_softcapped() {
         vec![float(q), float(k), float(v)],
         &mut r,
     );
+}
+
+/// gpt-oss's attention sinks: a logit per head, its gradient through the row's softmax.
+#[test]
+fn fd_attention_with_sinks() {
+    let mut r = Rng::new(17);
+    let (q, k, v, sinks) = (
+        t(&mut r, &[2, 4, 12]),
+        t(&mut r, &[2, 4, 6]),
+        t(&mut r, &[2, 4, 6]),
+        t(&mut r, &[4]),
+    );
+    for causal in [true, false] {
+        let kind = OpKind::Attention {
+            heads: 4,
+            kv_heads: 2,
+            scale: 0.6,
+            causal,
+            softcap: None,
+            sinks: true,
+        };
+        let operands = [&q, &k, &v, &sinks].map(|x| float(x.clone()));
+        check_op("attention sinks", kind, Vec::from(operands), &mut r);
+    }
 }
 
 #[test]
@@ -283,6 +309,7 @@ fn fd_attention_narrow_values() {
         scale: 0.4,
         causal: true,
         softcap: None,
+        sinks: false,
     };
     check_op(
         "attention dv < d",
@@ -307,6 +334,7 @@ fn fd_attention_more_keys_than_queries() {
             scale: 0.5,
             causal,
             softcap: None,
+            sinks: false,
         };
         check_op(
             "attention Sq<Sk",

@@ -31,6 +31,7 @@ fn kinds() -> Vec<OpKind> {
             scale: 1.0,
             causal: true,
             softcap: None,
+            sinks: false,
         },
         OpKind::Attention {
             heads: 3,
@@ -38,6 +39,7 @@ fn kinds() -> Vec<OpKind> {
             scale: 1.0,
             causal: false,
             softcap: None,
+            sinks: false,
         },
         OpKind::Rotary {
             heads: 1,

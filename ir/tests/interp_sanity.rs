@@ -77,6 +77,7 @@ fn attention_one_head_by_hand() {
         scale: 0.5,
         causal,
         softcap: None,
+        sinks: false,
     };
     let y = run(
         attn(false),
@@ -107,6 +108,7 @@ fn grouped_query_heads_share_kv_heads() {
             scale: 1.0,
             causal: false,
             softcap: None,
+            sinks: false,
         },
         &[(&[1, 2, 2], q), (&[1, 2, 1], k), (&[1, 2, 1], v)],
     );
@@ -115,6 +117,42 @@ fn grouped_query_heads_share_kv_heads() {
         10.0 * p[0] + 20.0 * p[1]
     };
     close(&y.data, &[o(1.0), o(-1.0), o(2.0), o(0.5)]);
+}
+
+/// A sink is one more logit per head that reads no value: with every score zero, each of the
+/// n visible keys weighs 1 / (n + e^sink), as transformers' gpt-oss concatenates it.
+#[test]
+fn attention_sinks_take_a_share_of_each_row() {
+    let q: &[f64] = &[0.0; 4];
+    let k: &[f64] = &[0.3, -0.7];
+    let v: &[f64] = &[10.0, 20.0];
+    let sinks: &[f64] = &[0.0, 2.0];
+    let y = run(
+        OpKind::Attention {
+            heads: 2,
+            kv_heads: 1,
+            scale: 1.0,
+            causal: true,
+            softcap: None,
+            sinks: true,
+        },
+        &[
+            (&[1, 2, 2], q),
+            (&[1, 2, 1], k),
+            (&[1, 2, 1], v),
+            (&[2], sinks),
+        ],
+    );
+    let row = |n: f64, sink: f64, sum: f64| sum / (n + f64::exp(sink));
+    close(
+        &y.data,
+        &[
+            row(1.0, 0.0, 10.0),
+            row(1.0, 2.0, 10.0),
+            row(2.0, 0.0, 30.0),
+            row(2.0, 2.0, 30.0),
+        ],
+    );
 }
 
 #[test]

@@ -1,26 +1,28 @@
-//! Scaled dot-product `Attention` with grouped-query heads, an optional causal mask and an
-//! optional soft cap on the scores (Gemma 2).
+//! Scaled dot-product `Attention` with grouped-query heads, an optional causal mask, an
+//! optional soft cap on the scores (Gemma 2) and optional attention sinks (gpt-oss).
 //!
 //! Per (batch, query head) the scores S = scale·Q Kᵀ and the output P V are two gemms on
 //! strided views of the `[B, S, heads·width]` operands (no head-major copies); the softmax runs on
 //! one `[Sq, Sk]` scratch matrix reused across heads.
 
 use crate::gemm::{Mat, MatMut, gemm};
-use crate::shape::{attr_usize, expect_shape};
-use crate::softmax::{softmax_row, softmax_row_vjp_in_place, visible_keys};
+use crate::shape::{attr_usize, expect_shape, operands};
+use crate::softmax::{softmax_row, softmax_row_vjp_in_place, softmax_row_with_sink, visible_keys};
 use crate::{KernelError, Tensor32};
 
 const OP: &str = "attention";
 
-/// The attention op's attributes.
+/// The attention op's attributes, and its sinks where it has them.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Attention {
+pub(crate) struct Attention<'s> {
     pub heads: u64,
     pub kv_heads: u64,
     pub scale: f64,
     pub causal: bool,
     /// cap·tanh(s/cap) on the scaled scores before the mask (Gemma 2).
     pub softcap: Option<f64>,
+    /// One more logit per query head in each row's softmax, reading no value (gpt-oss).
+    pub sinks: Option<&'s Tensor32>,
 }
 
 /// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`
@@ -89,7 +91,12 @@ impl Head {
 }
 
 impl Layout {
-    fn new(a: &Attention, q: &Tensor32, k: &Tensor32, v: &Tensor32) -> Result<Layout, KernelError> {
+    fn new(
+        a: &Attention<'_>,
+        q: &Tensor32,
+        k: &Tensor32,
+        v: &Tensor32,
+    ) -> Result<Layout, KernelError> {
         let (heads, kv) = (attr_usize(OP, a.heads)?, attr_usize(OP, a.kv_heads)?);
         if heads == 0 || kv == 0 || heads % kv != 0 {
             return Err(KernelError::Attribute {
@@ -115,6 +122,9 @@ impl Layout {
         let (d, dv) = (qw / heads, vw / kv);
         expect_shape(OP, "key", k, &[b, sk, kv * d])?;
         expect_shape(OP, "value", v, &[b, sk, kv * dv])?;
+        if let Some(sinks) = a.sinks {
+            expect_shape(OP, "sinks", sinks, &[heads])?;
+        }
         Ok(Layout {
             b,
             sq,
@@ -166,7 +176,7 @@ impl Layout {
     }
 }
 
-impl Attention {
+impl Attention<'_> {
     /// The scores scale·Q Kᵀ of (batch `b`, head `h`) into `s` `[sq, sk]`, soft-capped where
     /// the op caps.
     fn scores(
@@ -202,28 +212,36 @@ impl Attention {
         }
     }
 
-    /// The probabilities P = softmax(scores) of (batch `b`, head `h`) into `p` `[sq, sk]`.
+    /// The probabilities P = softmax(scores) of (batch `b`, head `h`) into `p` `[sq, sk]`,
+    /// and each row's sink share into `sunk` `[sq]` (zero without sinks).
     /// `at`: each query's position in the keys' order (keys at positions up to it are visible
     /// to a causal query); `None`: the queries are the last `sq` of the `sk` keys.
     #[allow(clippy::too_many_arguments)]
     fn probs(
         &self,
         l: &Layout,
-        q: &Tensor32,
-        k: &Tensor32,
+        (q, k): (&Tensor32, &Tensor32),
         b: usize,
         h: usize,
         p: &mut [f32],
+        sunk: &mut [f32],
         at: Option<&[usize]>,
     ) -> Result<(), KernelError> {
         self.scores(l, q, k, b, h, p)?;
+        let sink = self.sinks.map(|s| s.data[h]);
         if l.sk > 0 {
-            for (i, row) in p.chunks_exact_mut(l.sk).enumerate() {
+            for ((i, row), share) in p.chunks_exact_mut(l.sk).enumerate().zip(sunk) {
                 let visible = match at {
                     Some(pos) if self.causal => pos.get(i).map_or(l.sk, |&x| x + 1),
                     _ => visible_keys(i, l.sq, l.sk, self.causal),
                 };
-                softmax_row(row, visible);
+                *share = match sink {
+                    None => {
+                        softmax_row(row, visible);
+                        0.0
+                    }
+                    Some(s) => softmax_row_with_sink(row, visible, s),
+                };
             }
         }
         Ok(())
@@ -249,9 +267,10 @@ impl Attention {
         let l = Layout::new(self, q, k, v)?;
         let mut out = Tensor32::zeros(&l.out_shape())?;
         let mut p = vec![0f32; l.sq * l.sk];
+        let mut sunk = vec![0f32; l.sq];
         for b in 0..l.b {
             for h in 0..l.heads {
-                self.probs(&l, q, k, b, h, &mut p, at)?;
+                self.probs(&l, (q, k), b, h, &mut p, &mut sunk, at)?;
                 gemm(
                     1.0,
                     Mat::rm(&p, 0, l.sq, l.sk),
@@ -266,14 +285,16 @@ impl Attention {
 
     /// With P the probabilities and dO the output gradient, per (batch, head):
     /// dV += Pᵀ dO, dP = dO Vᵀ, dS = softmax'(dP), dQ = scale·dS K, dK += scale·dSᵀ Q.
-    /// Query heads sharing a kv head accumulate into the same dK/dV columns.
+    /// Query heads sharing a kv head accumulate into the same dK/dV columns. A sink reads no
+    /// value: its logit's gradient is its share times −Σ P·dP (softmax's rule with dP = 0).
+    /// Returns dq, dk, dv and, where the op has sinks, their gradient.
     pub(crate) fn vjp(
         &self,
         q: &Tensor32,
         k: &Tensor32,
         v: &Tensor32,
         g: &Tensor32,
-    ) -> Result<[Tensor32; 3], KernelError> {
+    ) -> Result<Vec<Tensor32>, KernelError> {
         self.vjp_at(q, k, v, g, None)
     }
 
@@ -285,13 +306,15 @@ impl Attention {
         v: &Tensor32,
         g: &Tensor32,
         at: Option<&[usize]>,
-    ) -> Result<[Tensor32; 3], KernelError> {
+    ) -> Result<Vec<Tensor32>, KernelError> {
         let l = Layout::new(self, q, k, v)?;
         expect_shape(OP, "output gradient", g, &l.out_shape())?;
         let mut dq = Tensor32::zeros(&q.shape)?;
         let mut dk = Tensor32::zeros(&k.shape)?;
         let mut dv = Tensor32::zeros(&v.shape)?;
+        let mut dsinks = vec![0f64; l.heads];
         let mut p = vec![0f32; l.sq * l.sk];
+        let mut sunk = vec![0f32; l.sq];
         let mut ds = vec![0f32; l.sq * l.sk];
         // The capped scores, kept for the cap's gradient (only when the op caps).
         let mut capped = vec![
@@ -304,8 +327,8 @@ impl Attention {
         ];
         let scale = self.scale as f32;
         for b in 0..l.b {
-            for h in 0..l.heads {
-                self.probs(&l, q, k, b, h, &mut p, at)?;
+            for (h, dsink) in dsinks.iter_mut().enumerate() {
+                self.probs(&l, (q, k), b, h, &mut p, &mut sunk, at)?;
                 if self.softcap.is_some() {
                     self.scores(&l, q, k, b, h, &mut capped)?;
                 }
@@ -320,8 +343,9 @@ impl Attention {
                     MatMut::rm(&mut ds, 0, l.sq, l.sk),
                 )?;
                 if l.sk > 0 {
-                    for (pr, dr) in p.chunks_exact(l.sk).zip(ds.chunks_exact_mut(l.sk)) {
-                        softmax_row_vjp_in_place(pr, dr);
+                    let rows = p.chunks_exact(l.sk).zip(ds.chunks_exact_mut(l.sk));
+                    for ((pr, dr), &share) in rows.zip(&sunk) {
+                        *dsink -= f64::from(share) * softmax_row_vjp_in_place(pr, dr);
                     }
                 }
                 self.uncap(&capped, &mut ds);
@@ -342,6 +366,35 @@ impl Attention {
                 )?;
             }
         }
-        Ok([dq, dk, dv])
+        let mut grads = vec![dq, dk, dv];
+        if self.sinks.is_some() {
+            grads.push(Tensor32::new(
+                vec![l.heads],
+                dsinks.into_iter().map(|x| x as f32).collect(),
+            )?);
+        }
+        Ok(grads)
     }
 }
+
+/// Attention's q, k and v, and its sinks where it has them.
+pub(crate) fn operands_of<'t>(
+    inputs: &[&'t Tensor32],
+    sinks: bool,
+) -> Result<Operands<'t>, KernelError> {
+    Ok(if sinks {
+        let [q, k, v, s] = operands(OP, inputs)?;
+        (q, k, v, Some(s))
+    } else {
+        let [q, k, v] = operands(OP, inputs)?;
+        (q, k, v, None)
+    })
+}
+
+/// q, k, v and the optional sinks of one attention call.
+pub(crate) type Operands<'t> = (
+    &'t Tensor32,
+    &'t Tensor32,
+    &'t Tensor32,
+    Option<&'t Tensor32>,
+);

@@ -3,7 +3,7 @@
 
 use ir::OpKind;
 
-use crate::attention::Attention;
+use crate::attention::{self, Attention};
 use crate::elementwise::{Binary, Unary};
 use crate::shape::{attr_usize, expect_shape, operands};
 use crate::{
@@ -117,17 +117,18 @@ pub fn backward(
             scale,
             causal,
             softcap,
+            sinks,
         } => {
-            let [q, k, v] = operands(op, xs)?;
+            let (q, k, v, sinks) = attention::operands_of(xs, sinks)?;
             all(Attention {
                 heads,
                 kv_heads,
                 scale,
                 causal,
                 softcap,
+                sinks,
             }
-            .vjp(q, k, v, g)?
-            .into())
+            .vjp(q, k, v, g)?)
         }
         OpKind::Rotary {
             heads,

@@ -11,7 +11,7 @@
 
 use ir::OpKind;
 
-use crate::attention::Attention;
+use crate::attention::{self, Attention};
 use crate::shape::operands;
 use crate::{KernelError, Tensor32, rotary};
 
@@ -92,9 +92,9 @@ pub fn context_forward(
             let pos = local_positions("rotary", x, at)?;
             Ok(vec![rotary::rotary_at(x, *heads, *theta, scaling, &pos)?])
         }
-        OpKind::Attention { .. } => {
-            let [q, k, v] = operands("attention", inputs)?;
-            let (attn, pos, order) = attention_at(kind, q, k, at)?;
+        &OpKind::Attention { sinks, .. } => {
+            let (q, k, v, sinks) = attention::operands_of(inputs, sinks)?;
+            let (attn, pos, order) = attention_at(kind, (q, k), sinks, at)?;
             let (k, v) = (order.to_whole(k)?, order.to_whole(v)?);
             Ok(vec![attn.forward_at(q, &k, &v, Some(&pos))?])
         }
@@ -144,12 +144,21 @@ fn context_backward(
                 x, *heads, *theta, scaling, g, &pos,
             )?])
         }
-        OpKind::Attention { .. } => {
-            let [q, k, v, g] = operands("attention", inputs)?;
-            let (attn, pos, order) = attention_at(of, q, k, at)?;
+        &OpKind::Attention { sinks, .. } => {
+            let (g, operands) = inputs.split_last().ok_or(KernelError::Arity {
+                op: "attention",
+                want: 4,
+                got: 0,
+            })?;
+            let (q, k, v, sinks) = attention::operands_of(operands, sinks)?;
+            let (attn, pos, order) = attention_at(of, (q, k), sinks, at)?;
             let (kw, vw) = (order.to_whole(k)?, order.to_whole(v)?);
-            let [dq, dk, dv] = attn.vjp_at(q, &kw, &vw, g, Some(&pos))?;
-            Ok(vec![dq, order.to_gathered(&dk)?, order.to_gathered(&dv)?])
+            let mut grads = attn.vjp_at(q, &kw, &vw, g, Some(&pos))?;
+            // Keys and values go back to the gathered order; q's (and the sinks') are local.
+            for kv in &mut grads[1..3] {
+                *kv = order.to_gathered(kv)?;
+            }
+            Ok(grads)
         }
         other => Err(KernelError::Unsupported {
             op: other.mnemonic(),
@@ -166,18 +175,19 @@ fn local_positions(op: &'static str, x: &Tensor32, at: Chunks) -> Result<Vec<usi
 }
 
 /// The attention op, its queries' positions and the keys' reordering.
-fn attention_at(
+fn attention_at<'s>(
     kind: &OpKind,
-    q: &Tensor32,
-    k: &Tensor32,
+    (q, k): (&Tensor32, &Tensor32),
+    sinks: Option<&'s Tensor32>,
     at: Chunks,
-) -> Result<(Attention, Vec<usize>, Order), KernelError> {
+) -> Result<(Attention<'s>, Vec<usize>, Order), KernelError> {
     let &OpKind::Attention {
         heads,
         kv_heads,
         scale,
         causal,
         softcap,
+        ..
     } = kind
     else {
         return Err(KernelError::Unsupported {
@@ -204,6 +214,7 @@ fn attention_at(
         scale,
         causal,
         softcap,
+        sinks,
     };
     let order = Order {
         gathered: at.gathered_positions(local),
@@ -286,9 +297,14 @@ mod tests {
 
     /// Every member's causal attention on its chunks (keys gathered in member order) equals
     /// the rows of one device's attention over the whole sequence, and the members' key and
-    /// value gradients sum to the whole one's.
+    /// value gradients (and gpt-oss's sinks') sum to the whole one's.
     #[test]
     fn chunked_causal_attention_equals_the_whole_sequence() {
+        check_chunked_attention(false);
+        check_chunked_attention(true);
+    }
+
+    fn check_chunked_attention(sinks: bool) {
         let (b, s, heads, kv, d, size) = (2, 8, 4, 2, 4, 2);
         let kind = OpKind::Attention {
             heads,
@@ -296,6 +312,7 @@ mod tests {
             scale: 0.5,
             causal: true,
             softcap: None,
+            sinks,
         };
         let (hw, kw) = (heads as usize * d, kv as usize * d);
         let (q, k, v) = (
@@ -303,28 +320,34 @@ mod tests {
             tensor(&[b, s, kw], 2),
             tensor(&[b, s, kw], 3),
         );
+        let sink = tensor(&[heads as usize], 5);
+        let tail: Vec<&Tensor32> = if sinks { vec![&sink] } else { vec![] };
         let g = tensor(&[b, s, hw], 4);
-        let whole = crate::forward(&kind, &[&q, &k, &v], ir::Binding { batch: 2, seq: 8 }).unwrap();
-        let dwhole = crate::backward(&kind, &[&q, &k, &v], &[&g]).unwrap();
+        let whole_ops: Vec<&Tensor32> = [&q, &k, &v].into_iter().chain(tail.clone()).collect();
+        let whole = crate::forward(&kind, &whole_ops, ir::Binding { batch: 2, seq: 8 }).unwrap();
+        let dwhole = crate::backward(&kind, &whole_ops, &[&g]).unwrap();
         let local = s / size;
         let order: Vec<usize> = Chunks { size, index: 0 }.gathered_positions(local);
         let (kg, vg) = (rows(&k, &order), rows(&v, &order));
         let mut dk_sum = vec![0f32; b * s * kw];
+        let mut dsink_sum = vec![0f32; heads as usize];
         for index in 0..size {
             let at = Chunks { size, index };
             let mine = at.positions(local);
             let ql = rows(&q, &mine);
-            let out = context_forward(&kind, &[&ql, &kg, &vg], at).unwrap();
+            let ops: Vec<&Tensor32> = [&ql, &kg, &vg].into_iter().chain(tail.clone()).collect();
+            let out = context_forward(&kind, &ops, at).unwrap();
             let want = rows(&whole[0], &mine);
             for (x, y) in out[0].data.iter().zip(&want.data) {
                 assert!((x - y).abs() < 1e-5, "{x} vs {y}");
             }
             let grad = OpKind::Grad {
                 of: Box::new(kind.clone()),
-                wrt: vec![0, 1, 2],
+                wrt: (0..ops.len()).collect(),
             };
             let gl = rows(&g, &mine);
-            let d = context_forward(&grad, &[&ql, &kg, &vg, &gl], at).unwrap();
+            let with_g: Vec<&Tensor32> = ops.into_iter().chain([&gl]).collect();
+            let d = context_forward(&grad, &with_g, at).unwrap();
             let dq_want = rows(dwhole[0].as_ref().unwrap(), &mine);
             for (x, y) in d[0].data.iter().zip(&dq_want.data) {
                 assert!((x - y).abs() < 1e-5, "dq {x} vs {y}");
@@ -332,10 +355,21 @@ mod tests {
             for (acc, x) in dk_sum.iter_mut().zip(&d[1].data) {
                 *acc += x;
             }
+            if sinks {
+                for (acc, x) in dsink_sum.iter_mut().zip(&d[3].data) {
+                    *acc += x;
+                }
+            }
         }
         let dk_want = rows(dwhole[1].as_ref().unwrap(), &order);
         for (x, y) in dk_sum.iter().zip(&dk_want.data) {
             assert!((x - y).abs() < 1e-5, "dk {x} vs {y}");
+        }
+        if sinks {
+            let want = &dwhole[3].as_ref().unwrap().data;
+            for (x, y) in dsink_sum.iter().zip(want) {
+                assert!((x - y).abs() < 1e-5, "dsinks {x} vs {y}");
+            }
         }
     }
 

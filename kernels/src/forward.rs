@@ -3,7 +3,7 @@
 
 use ir::{Binding, OpKind};
 
-use crate::attention::Attention;
+use crate::attention::{self, Attention};
 use crate::elementwise::{Binary, Unary};
 use crate::shape::{attr_usize, operands};
 use crate::{
@@ -75,14 +75,16 @@ pub fn forward(
             scale,
             causal,
             softcap,
+            sinks,
         } => {
-            let [q, k, v] = operands(op, inputs)?;
+            let (q, k, v, sinks) = attention::operands_of(inputs, sinks)?;
             one(Attention {
                 heads,
                 kv_heads,
                 scale,
                 causal,
                 softcap,
+                sinks,
             }
             .forward(q, k, v)?)
         }

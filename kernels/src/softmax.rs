@@ -34,9 +34,30 @@ pub(crate) fn softmax_row(row: &mut [f32], visible: usize) {
         .for_each(|x| *x = (f64::from(*x) * inv) as f32);
 }
 
+/// [`softmax_row`] with one more logit, `sink`, that no output reads (an attention sink);
+/// returns the sink's share, so that the row's weights sum to one less it.
+pub(crate) fn softmax_row_with_sink(row: &mut [f32], visible: usize, sink: f32) -> f32 {
+    let visible = visible.min(row.len());
+    let (shown, hidden) = row.split_at_mut(visible);
+    hidden.iter_mut().for_each(|x| *x = 0.0);
+    let max = shown.iter().copied().fold(sink, f32::max);
+    let sunk = (sink - max).exp();
+    let mut sum = f64::from(sunk);
+    for x in shown.iter_mut() {
+        *x = (*x - max).exp();
+        sum += f64::from(*x);
+    }
+    let inv = 1.0 / sum;
+    shown
+        .iter_mut()
+        .for_each(|x| *x = (f64::from(*x) * inv) as f32);
+    (f64::from(sunk) * inv) as f32
+}
+
 /// dx = y ⊙ (g − Σ g·y) for one row, overwriting the output gradient `g` with dx; the dot
-/// product in f64. Masked entries have y = 0 and so get no gradient.
-pub(crate) fn softmax_row_vjp_in_place(y: &[f32], g: &mut [f32]) {
+/// product in f64. Masked entries have y = 0 and so get no gradient. Returns Σ g·y (an
+/// attention sink's gradient is its share times minus that).
+pub(crate) fn softmax_row_vjp_in_place(y: &[f32], g: &mut [f32]) -> f64 {
     let dot: f64 = y
         .iter()
         .zip(g.iter())
@@ -45,6 +66,7 @@ pub(crate) fn softmax_row_vjp_in_place(y: &[f32], g: &mut [f32]) {
     for (gi, &yi) in g.iter_mut().zip(y) {
         *gi = (f64::from(yi) * (f64::from(*gi) - dot)) as f32;
     }
+    dot
 }
 
 /// The (query count, key count) of a `[.., Sq, Sk]` operand.

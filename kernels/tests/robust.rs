@@ -36,6 +36,7 @@ fn all_kinds() -> Vec<OpKind> {
             scale: 1.0,
             causal: true,
             softcap: None,
+            sinks: false,
         },
         OpKind::Attention {
             heads: 2,
@@ -43,6 +44,7 @@ fn all_kinds() -> Vec<OpKind> {
             scale: 1.0,
             causal: false,
             softcap: None,
+            sinks: false,
         },
         OpKind::Rotary {
             heads: 2,

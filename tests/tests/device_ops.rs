@@ -365,6 +365,7 @@ fn causal_attention(heads: u64, kv: u64) -> (OpKind, OpKind) {
         scale: 0.3,
         causal: true,
         softcap: None,
+        sinks: false,
     };
     let grad = OpKind::Grad {
         of: Box::new(attention.clone()),
@@ -1083,6 +1084,7 @@ fn context_parallel_attention_passes_on_the_emulated_tensor_cores() {
         scale: 0.3,
         causal: true,
         softcap: None,
+        sinks: false,
     };
     let inputs = [
         tensor(&[2, local, heads * d], 80),
@@ -1290,6 +1292,7 @@ fn fused_attention_with_grouped_heads_the_causal_mask_and_a_soft_cap() {
         scale: 0.35,
         causal,
         softcap,
+        sinks: false,
     };
     for block in [8, 32] {
         let b = emulator(block);

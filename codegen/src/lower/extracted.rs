@@ -465,12 +465,22 @@ fn local_kind(
             scale,
             causal,
             softcap,
+            sinks,
         } => {
             let q = lay_of(b, ins[0]);
             if sequence_split(q) {
                 return Err("attention on a piece of the sequence".into());
             }
-            if !heads_split(q, rank(b, ins[0])) {
+            let by_heads = heads_split(q, rank(b, ins[0]));
+            // A sink per query head is split as the heads are, and whole where they are.
+            let sinks_lay = by_heads.then_some(Lay::Split { axis: 0, blocks: 1 });
+            if *sinks && lay_of(b, ins[3]) != sinks_lay.unwrap_or(Lay::Rep) {
+                return Err(format!(
+                    "attention sinks in {:?} beside queries in {q:?}",
+                    lay_of(b, ins[3])
+                ));
+            }
+            if !by_heads {
                 return Ok((kind, None));
             }
             let mut kv = kv_heads / t;
@@ -488,6 +498,7 @@ fn local_kind(
                     scale: *scale,
                     causal: *causal,
                     softcap: *softcap,
+                    sinks: *sinks,
                 },
                 None,
             ))

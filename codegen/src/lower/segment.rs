@@ -735,6 +735,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     scale,
                     causal,
                     softcap,
+                    sinks,
                 } => {
                     // Fewer key/value heads than ranks: K and V are computed whole and each
                     // rank takes the one head its query heads share.
@@ -754,12 +755,17 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                             ins[k] = select_kv_head(&mut b, o, ins[k], *kv_heads, t)?;
                         }
                     }
+                    if *sinks {
+                        // One sink per query head, split as the heads are.
+                        set_split(&mut b, ins[3], 0, 1, t).map_err(|m| b.err(o, m))?;
+                    }
                     kind_local = OpKind::Attention {
                         heads: heads / t,
                         kv_heads: if replicated_kv { 1 } else { kv_heads / t },
                         scale: *scale,
                         causal: *causal,
                         softcap: *softcap,
+                        sinks: *sinks,
                     };
                     out_lay = lay_of(&b, ins[0]);
                 }

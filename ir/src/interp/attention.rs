@@ -1,9 +1,9 @@
-//! Scaled dot-product `Attention` with grouped-query heads, an optional causal mask and an
-//! optional soft cap on the scores.
+//! Scaled dot-product `Attention` with grouped-query heads, an optional causal mask, an
+//! optional soft cap on the scores and optional attention sinks.
 
 use super::KernelError;
 use super::index::{to_usize, zeros};
-use super::softmax::{softmax_row, softmax_row_vjp, visible_keys};
+use super::softmax::{softmax_row, softmax_row_vjp, softmax_row_with_sink, visible_keys};
 use crate::tensor::Tensor;
 
 /// The attention op's attributes and its operands' sizes.
@@ -89,6 +89,17 @@ impl Layout {
         h / (self.heads / self.kv)
     }
 
+    /// Sinks, where given, are one logit per query head.
+    fn check_sinks(&self, sinks: Option<&Tensor>) -> Result<(), KernelError> {
+        match sinks {
+            Some(s) if s.shape != [self.heads] => Err(KernelError::new(format!(
+                "attention sinks {:?} must be [{}] (one per query head)",
+                s.shape, self.heads
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     fn out_shape(&self) -> [usize; 3] {
         [self.b, self.sq, self.heads * self.dv]
     }
@@ -119,11 +130,19 @@ impl Attention {
             .collect()
     }
 
-    /// The attention probabilities of a row of `scores`, masked keys zero.
-    fn probs(&self, l: &Layout, scores: &[f64], i: usize) -> Vec<f64> {
+    /// The attention probabilities of a row of `scores`, masked keys zero, and the share of
+    /// the head's sink logit (zero without sinks).
+    fn probs(&self, l: &Layout, scores: &[f64], i: usize, sink: Option<f64>) -> (Vec<f64>, f64) {
         let mut p = vec![0.0; l.sk];
-        softmax_row(scores, visible_keys(i, l.sq, l.sk, self.causal), &mut p);
-        p
+        let visible = visible_keys(i, l.sq, l.sk, self.causal);
+        let sunk = match sink {
+            None => {
+                softmax_row(scores, visible, &mut p);
+                0.0
+            }
+            Some(s) => softmax_row_with_sink(scores, visible, s, &mut p),
+        };
+        (p, sunk)
     }
 
     /// The gradient through the soft cap: d(cap·tanh(s/cap))/ds = 1 − (capped/cap)².
@@ -140,13 +159,16 @@ impl Attention {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        sinks: Option<&Tensor>,
     ) -> Result<Tensor, KernelError> {
         let l = Layout::new(self, q, k, v)?;
+        l.check_sinks(sinks)?;
         let mut out = zeros(&l.out_shape())?;
         for b in 0..l.b {
             for h in 0..l.heads {
+                let sink = sinks.map(|s| s.data[h]);
                 for i in 0..l.sq {
-                    let p = self.probs(&l, &self.scores(&l, q, k, b, h, i), i);
+                    let (p, _) = self.probs(&l, &self.scores(&l, q, k, b, h, i), i, sink);
                     let o = l.o_at(b, i, h);
                     for (j, &pj) in p.iter().enumerate() {
                         let vj = &v.data[l.v_at(b, j, h)..][..l.dv];
@@ -162,15 +184,19 @@ impl Attention {
 
     /// With P the probabilities and dO the output gradient, per row:
     /// dV += Pᵀ dO, dP = dO Vᵀ, dS = softmax'(dP), dQ = scale·dS K, dK += scale·dSᵀ Q.
-    /// Query heads sharing a kv head accumulate into the same dK/dV slice.
+    /// Query heads sharing a kv head accumulate into the same dK/dV slice. A sink reads no
+    /// value, so its logit's gradient is its share times −Σ P·dP (softmax's rule, dP = 0).
+    /// Returns dq, dk, dv and, with sinks, their gradient.
     pub(crate) fn vjp(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        sinks: Option<&Tensor>,
         g: &Tensor,
-    ) -> Result<[Tensor; 3], KernelError> {
+    ) -> Result<Vec<Tensor>, KernelError> {
         let l = Layout::new(self, q, k, v)?;
+        l.check_sinks(sinks)?;
         if g.shape != l.out_shape() {
             return Err(KernelError::new(format!(
                 "output gradient {:?} must be {:?}",
@@ -181,11 +207,13 @@ impl Attention {
         let mut dq = zeros(&q.shape)?;
         let mut dk = zeros(&k.shape)?;
         let mut dv = zeros(&v.shape)?;
+        let mut dsinks = vec![0.0; l.heads];
         for b in 0..l.b {
-            for h in 0..l.heads {
+            for (h, dsink) in dsinks.iter_mut().enumerate() {
+                let sink = sinks.map(|s| s.data[h]);
                 for i in 0..l.sq {
                     let scores = self.scores(&l, q, k, b, h, i);
-                    let p = self.probs(&l, &scores, i);
+                    let (p, sunk) = self.probs(&l, &scores, i, sink);
                     let qo = l.q_at(b, i, h);
                     let oo = l.o_at(b, i, h);
                     let go = &g.data[oo..oo + l.dv];
@@ -199,6 +227,7 @@ impl Attention {
                     }
                     let mut ds = vec![0.0; l.sk];
                     softmax_row_vjp(&p, &dp, &mut ds);
+                    *dsink -= sunk * dot(&p, &dp);
                     self.uncap(&scores, &mut ds);
                     for (j, &dsj) in ds.iter().enumerate() {
                         let kvo = l.kv_at(b, j, h);
@@ -210,6 +239,10 @@ impl Attention {
                 }
             }
         }
-        Ok([dq, dk, dv])
+        let mut grads = vec![dq, dk, dv];
+        if sinks.is_some() {
+            grads.push(Tensor::new(vec![l.heads], dsinks));
+        }
+        Ok(grads)
     }
 }

@@ -87,8 +87,8 @@ pub fn apply(
             scale,
             causal,
             softcap,
+            sinks,
         } => {
-            let [q, k, v] = operands(kind, inputs)?;
             let a = Attention {
                 heads,
                 kv_heads,
@@ -96,7 +96,13 @@ pub fn apply(
                 causal,
                 softcap,
             };
-            one(a.forward(q, k, v)?)
+            if sinks {
+                let [q, k, v, s] = operands(kind, inputs)?;
+                one(a.forward(q, k, v, Some(s))?)
+            } else {
+                let [q, k, v] = operands(kind, inputs)?;
+                one(a.forward(q, k, v, None)?)
+            }
         }
         OpKind::Rotary {
             heads,

@@ -112,8 +112,8 @@ pub fn vjp(
             scale,
             causal,
             softcap,
+            sinks,
         } => {
-            let [q, k, v] = operands(kind, xs)?;
             let a = Attention {
                 heads,
                 kv_heads,
@@ -121,7 +121,13 @@ pub fn vjp(
                 causal,
                 softcap,
             };
-            all(a.vjp(q, k, v, g)?.into())
+            if sinks {
+                let [q, k, v, s] = operands(kind, xs)?;
+                all(a.vjp(q, k, v, Some(s), g)?)
+            } else {
+                let [q, k, v] = operands(kind, xs)?;
+                all(a.vjp(q, k, v, None, g)?)
+            }
         }
         OpKind::Rotary {
             heads,

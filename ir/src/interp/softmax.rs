@@ -27,6 +27,26 @@ pub(crate) fn softmax_row(logits: &[f64], visible: usize, out: &mut [f64]) {
     out[..visible].iter_mut().for_each(|o| *o /= sum);
 }
 
+/// [`softmax_row`] with one more logit, `sink`, that no output reads (an attention sink):
+/// returns the sink's share, so the row's weights sum to one less it.
+pub(crate) fn softmax_row_with_sink(
+    logits: &[f64],
+    visible: usize,
+    sink: f64,
+    out: &mut [f64],
+) -> f64 {
+    out.iter_mut().for_each(|o| *o = 0.0);
+    let shown = &logits[..visible];
+    let max = shown.iter().copied().fold(sink, f64::max);
+    let mut sum = (sink - max).exp();
+    for (o, &l) in out.iter_mut().zip(shown) {
+        *o = (l - max).exp();
+        sum += *o;
+    }
+    out[..visible].iter_mut().for_each(|o| *o /= sum);
+    (sink - max).exp() / sum
+}
+
 /// dx = y ⊙ (g − Σ g·y) for one row (masked entries have y = 0 and so get no gradient).
 pub(crate) fn softmax_row_vjp(y: &[f64], g: &[f64], dx: &mut [f64]) {
     let dot: f64 = y.iter().zip(g).map(|(a, b)| a * b).sum();

@@ -37,7 +37,7 @@ pub(crate) enum AttrTy {
 /// The type of attribute `key`, or `None` when no op has such an attribute.
 pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
     Some(match key {
-        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" => AttrTy::Bool,
+        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" | "sinks" => AttrTy::Bool,
         "value" | "exponent" | "factor" | "eps" | "scale" | "theta" | "p" | "lr" | "beta1"
         | "beta2" | "weight_decay" | "low_freq_factor" | "high_freq_factor" | "original_max"
         | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" => AttrTy::Float,
@@ -133,6 +133,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             scale,
             causal,
             softcap,
+            sinks,
         } => {
             let mut attrs = vec![
                 ("heads", Int(*heads)),
@@ -141,6 +142,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
                 ("causal", Bool(*causal)),
             ];
             attrs.extend(softcap.map(|cap| ("softcap", Float(cap))));
+            attrs.extend(sinks.then_some(("sinks", Bool(true))));
             attrs
         }
         OpKind::Rotary {
@@ -492,6 +494,7 @@ pub(crate) fn build_kind(
             } else {
                 None
             },
+            sinks: a.has("sinks") && a.bool(m, "sinks")?,
         },
         "rotary" => OpKind::Rotary {
             heads: a.int(m, "heads")?,

@@ -57,6 +57,7 @@ fn every_kind() -> Vec<OpKind> {
             scale: 0.08838834764831845,
             causal: true,
             softcap: None,
+            sinks: false,
         },
         OpKind::Attention {
             heads: 16,
@@ -64,6 +65,15 @@ fn every_kind() -> Vec<OpKind> {
             scale: 0.0625,
             causal: true,
             softcap: Some(50.0),
+            sinks: false,
+        },
+        OpKind::Attention {
+            heads: 64,
+            kv_heads: 8,
+            scale: 0.125,
+            causal: true,
+            softcap: None,
+            sinks: true,
         },
         OpKind::Rotary {
             heads: 32,

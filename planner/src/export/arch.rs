@@ -111,6 +111,14 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             "attention scores soft-capped (Gemma 2's attn_logit_softcapping)",
         ));
     }
+    if layer
+        .iter()
+        .any(|k| matches!(k, OpKind::Attention { sinks: true, .. }))
+    {
+        return Err(refuse(
+            "attention sinks (gpt-oss's learned sink logit per head)",
+        ));
+    }
     let qkv = QkvPaths::of(g, &info.layer_ops);
     refuse_unexpressed(info, &layer, &qkv, latent.as_ref()).map_err(refuse)?;
     let norm = layer.iter().find_map(|k| match k {

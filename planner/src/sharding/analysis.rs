@@ -340,8 +340,17 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
                 _ => return fail(),
             }
         }
-        Shard::Attention(_) => {
+        Shard::Attention(_) | Shard::SinkAttention(_) => {
             let (q, k, v, ty) = (t(1)?, t(2)?, t(3)?, out(0)?);
+            // A sink per query head goes where the heads go: whole unless they are split.
+            let sinks_follow = |heads_split: bool| match kids.get(4) {
+                None => true,
+                Some(_) => t(4).is_ok_and(|s| match s.dist {
+                    R => !heads_split,
+                    S(d) => heads_split && d == Axis::new(0),
+                    P => false,
+                }),
+            };
             let (heads, kv) = match ctx.op_kinds.get(&op()?) {
                 Some(OpKind::Attention {
                     heads, kv_heads, ..
@@ -349,6 +358,10 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
                 _ => return Err("attn tag is not an attention op".into()),
             };
             let same = q.dist == k.dist && k.dist == v.dist;
+            let by_heads = matches!(q.dist, S(d) if d == Axis::new(2));
+            if !sinks_follow(by_heads) {
+                return fail();
+            }
             match q.dist {
                 R if same => tensor(ty, R),
                 S(d) if same && d == Axis::new(0) => sharded(ty, d)?,

@@ -173,7 +173,10 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
             // Without a beta it shards as an RMSNorm: a per-row norm with one replicated weight.
             OpKind::LayerNorm { bias: false, .. } => Shard::RmsNorm([tag, k(0)?, k(1)?]),
             OpKind::RmsNorm { .. } => Shard::RmsNorm([tag, k(0)?, k(1)?]),
-            OpKind::Attention { .. } => Shard::Attention([tag, k(0)?, k(1)?, k(2)?]),
+            OpKind::Attention { sinks: false, .. } => Shard::Attention([tag, k(0)?, k(1)?, k(2)?]),
+            OpKind::Attention { sinks: true, .. } => {
+                Shard::SinkAttention([tag, k(0)?, k(1)?, k(2)?, k(3)?])
+            }
             OpKind::Rotary { .. } => Shard::Rotary([tag, k(0)?]),
             OpKind::Embedding => Shard::Embed([tag, k(0)?, k(1)?]),
             OpKind::CrossEntropy => Shard::CrossEntropy([tag, k(0)?, k(1)?]),

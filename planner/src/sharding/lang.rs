@@ -135,6 +135,8 @@ define_language! {
         "lnorm" = LayerNorm([Id; 4]),
         "rmsnorm" = RmsNorm([Id; 3]),
         "attn" = Attention([Id; 4]),
+        // Attention with a sink logit per head (gpt-oss): q, k, v, sinks.
+        "sattn" = SinkAttention([Id; 5]),
         "rope" = Rotary([Id; 2]),
         "part" = Part([Id; 3]),
         "embed" = Embed([Id; 3]),

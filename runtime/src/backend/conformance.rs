@@ -358,6 +358,7 @@ pub fn bf16_cases() -> Vec<Case> {
         scale: 0.3,
         causal,
         softcap,
+        sinks: false,
     };
     let qkv = |seq: usize, heads: usize, kv: usize, d: usize, seed: u64| {
         vec![
@@ -479,6 +480,7 @@ fn row_cases() -> Vec<Case> {
         scale: 0.35,
         causal: true,
         softcap: None,
+        sinks: false,
     };
     let qkv = vec![
         tensor(&[2, 300, 4 * 16], 40),

@@ -182,6 +182,7 @@ mod tests {
         scale: 0.5,
         causal: true,
         softcap: None,
+        sinks: false,
     };
 
     fn forward(stats: u32) -> Instr {

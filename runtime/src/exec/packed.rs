@@ -436,6 +436,7 @@ mod tests {
         scale: 0.5,
         causal: true,
         softcap: None,
+        sinks: false,
     };
 
     fn compute(kind: OpKind, inputs: &[u32], outputs: &[u32], saves: &[u32]) -> Instr {

@@ -184,6 +184,7 @@ pub fn attention_tflops<B: Backend>(
         scale: 1.0 / (case.head_dim as f64).sqrt(),
         causal: true,
         softcap: None,
+        sinks: false,
     };
     // The gradient reads q, k, v and the output gradient (operand 3 of its four).
     let grad = OpKind::Grad {

@@ -144,6 +144,7 @@ pub fn attention(m: &Matcher<'_>, op: OpId, _uses: &[usize]) -> Option<Rewrite> 
             scale,
             causal,
             softcap: None,
+            sinks: false,
         },
         vec![Operand::Value(q), Operand::Value(k), Operand::Value(v)],
     )];

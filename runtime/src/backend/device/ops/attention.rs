@@ -29,6 +29,7 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
             scale,
             causal,
             softcap,
+            sinks: false,
         },
         &[q, k, v],
     ) = (kind, shapes)
