@@ -734,6 +734,7 @@ impl Builder {
                 experts: e,
                 k: spec.experts_per_token,
                 routing: spec.variant.routing,
+                bias: false,
             },
             vec![m, router],
         )?;
@@ -741,7 +742,10 @@ impl Builder {
         let w3 = self.param(&format!("{p}.{moe}.experts.w3"), &[e, h, f]);
         let w2 = self.param(&format!("{p}.{moe}.experts.w2"), &[e, f, h]);
         let mut routed = self.op(
-            OpKind::MoeExperts { experts: e },
+            OpKind::MoeExperts {
+                experts: e,
+                form: Default::default(),
+            },
             vec![m, gates, w1, w3, w2],
         )?;
         if let Some(factor) = spec.variant.routed_scale {

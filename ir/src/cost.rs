@@ -152,7 +152,7 @@ pub fn op_cost(graph: &Graph, o: OpId, b: Binding) -> OpCost {
             let e = *experts as f64;
             product(2.0 * tokens * hidden * e, tokens * (e + 5.0 * *k as f64))
         }
-        OpKind::MoeExperts { experts } => {
+        OpKind::MoeExperts { experts, .. } => {
             let x = dims(op.inputs[0]);
             let hidden = x.last().copied().unwrap_or(1) as f64;
             let tokens = numel(op.inputs[0]) / hidden;

@@ -9,6 +9,7 @@
 pub mod autodiff;
 pub mod blocks;
 pub mod cost;
+pub mod expert;
 pub mod graph;
 pub mod interp;
 pub mod op;
@@ -20,6 +21,7 @@ pub mod text;
 pub mod types;
 pub mod verify;
 
+pub use expert::ExpertForm;
 pub use graph::{BuildError, Graph, OpData, OpId, Uses, ValueData, ValueDef, ValueId};
 pub use op::{AdamWConfig, OpClass, OpKind, infer_types};
 pub use rope::RopeScaling;

@@ -26,17 +26,21 @@
 //!   `Concat{axis}`, `Slice{axis, start, end}`.
 //! - `Dropout{p, seed}`: inverted dropout with a mask that is a pure function of (seed, index).
 //! - `CrossEntropy(logits[.., V], targets[..])` → scalar mean negative log-likelihood.
-//! - `TopKRouter{experts, k, routing}(x[.., H], w[H, E])` → gates `[.., E]`: the weights of
-//!   the `k` experts chosen from the router logits `x w`, zero elsewhere; [`Routing`] says how
-//!   (Mixtral's softmax over the top k, Qwen-MoE's unnormalized shares, DeepSeek-V3's
-//!   group-limited sigmoid).
-//! - `MoeExperts{experts}(x[.., H], gates[.., E], w1[E,H,F], w3[E,H,F], w2[E,F,H])` → `[.., H]`:
-//!   Σₑ gatesₑ · (silu(x w1ₑ) ⊙ (x w3ₑ)) w2ₑ.
+//! - `TopKRouter{experts, k, routing, bias}(x[.., H], w[H, E], b[E]?)` → gates `[.., E]`: the
+//!   weights of the `k` experts chosen from the router logits `x w (+ b)`, zero elsewhere;
+//!   [`Routing`] says how (Mixtral's softmax over the top k, Qwen-MoE's unnormalized shares,
+//!   DeepSeek-V3's group-limited sigmoid).
+//! - `MoeExperts{experts, form}(x[.., H], gates[.., E], w1[E,H,F], w3[E,H,F], w2[E,F,H],
+//!   b1[E,F]?, b3[E,F]?)` → `[.., H]`: Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ, the unit
+//!   SwiGLU's silu(a) ⊙ b or another [`ExpertForm`] (gpt-oss's clamped one; a bias after w2
+//!   is a `Linear` of the gates outside the op, where a split of the experts' sum cannot
+//!   count it twice).
 //! - `Grad{of, wrt}(inputs of `of`.., dy)` → one gradient per input index listed in `wrt`.
 //! - `AdamW{..}(param, grad, m, v, step)` → `(param', m', v')`.
 
 use serde::{Deserialize, Serialize};
 
+use crate::expert::ExpertForm;
 use crate::rope::RopeScaling;
 use crate::routing::Routing;
 use crate::types::{DType, Dim, Shape, TensorType};
@@ -178,9 +182,15 @@ pub enum OpKind {
         /// Scoring, normalization and group limit (Mixtral's when absent from a file).
         #[serde(default)]
         routing: Routing,
+        /// A bias `[E]` on the router logits as a third operand (gpt-oss).
+        #[serde(default, skip_serializing_if = "is_false")]
+        bias: bool,
     },
     MoeExperts {
         experts: u64,
+        /// Each expert's biases and gated unit (SwiGLU without biases when absent).
+        #[serde(default, skip_serializing_if = "ExpertForm::is_swiglu")]
+        form: ExpertForm,
     },
     Grad {
         of: Box<OpKind>,
@@ -209,6 +219,15 @@ fn attention_sinks(sinks: &TensorType, q: &TensorType, heads: u64) -> Result<(),
             "attention sinks {} must be [{heads}] (one per query head)",
             sinks.shape
         ));
+    }
+    Ok(())
+}
+
+/// A bias of the experts' ops: `shape`, of the input's float type.
+fn per_expert(what: &str, b: &TensorType, x: &TensorType, shape: &[u64]) -> Result<(), String> {
+    same_float(x, b)?;
+    if b.shape != Shape::fixed(shape) {
+        return Err(format!("{what} {} must be {shape:?}", b.shape));
     }
     Ok(())
 }
@@ -364,11 +383,11 @@ impl OpKind {
             | OpKind::Mul
             | OpKind::Div
             | OpKind::RmsNorm { .. }
-            | OpKind::CrossEntropy
-            | OpKind::TopKRouter { .. } => 2,
+            | OpKind::CrossEntropy => 2,
+            OpKind::TopKRouter { bias, .. } => 2 + usize::from(*bias),
             OpKind::Attention { sinks, .. } => 3 + usize::from(*sinks),
             OpKind::LayerNorm { bias, .. } => 2 + usize::from(*bias),
-            OpKind::MoeExperts { .. } => 5,
+            OpKind::MoeExperts { form, .. } => form.operands(),
             OpKind::AdamW(_) => 5,
             OpKind::Linear { bias } => 2 + usize::from(*bias),
             OpKind::Concat { .. } | OpKind::Grad { .. } => return None,
@@ -737,10 +756,14 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             experts,
             k,
             routing,
+            bias,
         } => {
             let (x, w) = (inputs[0], inputs[1]);
             same_float(x, w)?;
             routing.check(*experts, *k)?;
+            if *bias {
+                per_expert("router bias", inputs[2], x, &[*experts])?;
+            }
             if w.shape.rank() != 2
                 || x.shape.last() != Some(w.shape.0[0])
                 || w.shape.0[1] != Dim::Fixed(*experts)
@@ -757,9 +780,10 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             }
             one(t)
         }
-        OpKind::MoeExperts { experts } => {
+        OpKind::MoeExperts { experts, form } => {
             let (x, gates, w1, w3, w2) = (inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]);
             float(x)?;
+            form.check()?;
             let h = x.shape.last().ok_or("experts input is a scalar")?;
             let e = Dim::Fixed(*experts);
             if gates.shape.last() != Some(e) {
@@ -782,6 +806,12 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
                     "expert w2 {} must be [{experts}, {}, {h}]",
                     w2.shape, w1.shape.0[2]
                 ));
+            }
+            if form.bias {
+                for (what, b) in [("expert b1", inputs[5]), ("expert b3", inputs[6])] {
+                    let f = w1.shape.0[2].fixed().ok_or("expert width must be fixed")?;
+                    per_expert(what, b, x, &[*experts, f])?;
+                }
             }
             one(x.clone())
         }

@@ -335,13 +335,20 @@ pub fn tiny_llama(cfg: &TinyConfig) -> Result<Graph, BuildError> {
                         experts,
                         k,
                         routing: Default::default(),
+                        bias: false,
                     },
                     vec![m, router],
                 )?;
                 let w1 = b.param("moe.w1", &[experts, h, cfg.ffn]);
                 let w3 = b.param("moe.w3", &[experts, h, cfg.ffn]);
                 let w2 = b.param("moe.w2", &[experts, cfg.ffn, h]);
-                b.op(OpKind::MoeExperts { experts }, vec![m, gates, w1, w3, w2])?
+                b.op(
+                    OpKind::MoeExperts {
+                        experts,
+                        form: Default::default(),
+                    },
+                    vec![m, gates, w1, w3, w2],
+                )?
             }
         };
         x = b.op(OpKind::Add, vec![x, m])?;

@@ -496,8 +496,32 @@ fn fd_topk_router() {
             experts: 4,
             k: 2,
             routing: Default::default(),
+            bias: false,
         },
         vec![float(x), float(w)],
+        &mut r,
+    );
+}
+
+/// gpt-oss's router: a bias on the logits, small beside the margins the choice keeps.
+#[test]
+fn fd_topk_router_with_bias() {
+    let mut r = Rng::new(23);
+    let (x, w) = router_inputs(&mut r, 6, 5, 4, 2);
+    let bias = Tensor::new(
+        vec![4],
+        t(&mut r, &[4]).data.iter().map(|b| b * 0.01).collect(),
+    );
+    let router = OpKind::TopKRouter {
+        experts: 4,
+        k: 2,
+        routing: Default::default(),
+        bias: true,
+    };
+    check_op(
+        "topk_router bias",
+        router,
+        vec![float(x), float(w), float(bias)],
         &mut r,
     );
 }
@@ -557,6 +581,7 @@ fn fd_topk_router_scorings() {
             experts: 8,
             k: 3,
             routing,
+            bias: false,
         };
         check_op("topk_router", router, vec![float(x), float(w)], &mut r);
     }
@@ -574,6 +599,7 @@ fn fd_moe_experts() {
             experts: 4,
             k: 2,
             routing: Default::default(),
+            bias: false,
         },
         &[&xr, &wr],
         common::BIND,
@@ -590,8 +616,29 @@ fn fd_moe_experts() {
     ];
     check_op(
         "moe_experts",
-        OpKind::MoeExperts { experts: 4 },
-        ops,
+        OpKind::MoeExperts {
+            experts: 4,
+            form: Default::default(),
+        },
+        ops.clone(),
+        &mut r,
+    );
+    // gpt-oss's experts: biases, σ(1.702·gate), gate and up clamped (tight, so that some
+    // are), up offset by one.
+    let form = ir::ExpertForm {
+        bias: true,
+        alpha: 1.702,
+        limit: Some(0.6),
+        up_offset: 1.0,
+    };
+    let biased = ops
+        .into_iter()
+        .chain([float(t(&mut r, &[e, f])), float(t(&mut r, &[e, f]))])
+        .collect();
+    check_op(
+        "moe_experts gpt-oss",
+        OpKind::MoeExperts { experts: 4, form },
+        biased,
         &mut r,
     );
 }

@@ -72,13 +72,18 @@ fn kinds() -> Vec<OpKind> {
             experts: 2,
             k: 1,
             routing: Default::default(),
+            bias: false,
         },
         OpKind::TopKRouter {
             experts: 2,
             k: 3,
             routing: Default::default(),
+            bias: false,
         },
-        OpKind::MoeExperts { experts: 2 },
+        OpKind::MoeExperts {
+            experts: 2,
+            form: Default::default(),
+        },
         OpKind::AdamW(AdamWConfig::default()),
         OpKind::Grad {
             of: Box::new(OpKind::Split {

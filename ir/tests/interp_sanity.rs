@@ -241,6 +241,7 @@ fn topk_router_softmaxes_the_chosen_logits() {
             experts: 4,
             k: 2,
             routing: Default::default(),
+            bias: false,
         },
         &[(&[1, 1], &[1.0]), (&[1, 4], &[1.0, 3.0, 2.0, 3.0])],
     );
@@ -251,6 +252,7 @@ fn topk_router_softmaxes_the_chosen_logits() {
             experts: 4,
             k: 1,
             routing: Default::default(),
+            bias: false,
         },
         &[(&[1, 1], &[1.0]), (&[1, 4], &[1.0, 3.0, 2.0, 3.0])],
     );

@@ -173,13 +173,13 @@ pub fn backward(
             experts,
             k,
             routing,
+            bias,
         } => {
-            let [x, w] = operands(op, xs)?;
-            all(moe::top_k_router_vjp(x, w, *experts, *k, routing, g)?.into())
+            let (x, w) = moe::router_operands(xs, *bias)?;
+            all(moe::top_k_router_vjp(x, w, *experts, *k, routing, g)?)
         }
-        OpKind::MoeExperts { experts } => {
-            let ops = operands::<5>(op, xs)?;
-            all(moe::moe_experts_vjp(*experts, ops, g)?.into())
+        OpKind::MoeExperts { experts, form } => {
+            all(moe::Experts::new(*experts, *form, xs)?.vjp(g)?)
         }
         _ => Err(KernelError::Unsupported {
             op,

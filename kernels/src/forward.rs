@@ -134,13 +134,13 @@ pub fn forward(
             experts,
             k,
             routing,
+            bias,
         } => {
-            let [x, w] = operands(op, inputs)?;
+            let (x, w) = moe::router_operands(inputs, *bias)?;
             one(moe::top_k_router(x, w, *experts, *k, routing)?)
         }
-        OpKind::MoeExperts { experts } => {
-            let ops = operands::<5>(op, inputs)?;
-            one(moe::moe_experts(*experts, ops)?)
+        OpKind::MoeExperts { experts, form } => {
+            one(moe::Experts::new(*experts, *form, inputs)?.forward()?)
         }
         OpKind::Grad { of, wrt } => crate::backward::grad(of, wrt, inputs),
         OpKind::AdamW(cfg) => optim::adamw_op(cfg, operands::<5>(op, inputs)?),

@@ -1,11 +1,12 @@
-//! Mixture of experts: `TopKRouter` (the routing of `plait_ir::Routing`) and `MoeExperts` (SwiGLU experts),
+//! Mixture of experts: `TopKRouter` (the routing of `plait_ir::Routing`) and `MoeExperts` (gated
+//! experts of an `ExpertForm`),
 //! every projection a gemm over all tokens of one expert.
 
-use crate::elementwise::{Unary, sigmoid};
 use crate::gemm::{Mat, MatMut, gemm};
 use crate::matmul::{linear, linear_vjp};
-use crate::shape::{attr_usize, expect_shape, rows};
+use crate::shape::{attr_usize, expect_shape, operands, rows};
 use crate::{KernelError, Tensor32};
+use ir::ExpertForm;
 use ir::routing::{Route, Routing};
 
 const ROUTER: &str = "topk_router";
@@ -37,13 +38,13 @@ fn route_row(routing: &Routing, row: &[f32], k: usize) -> Route {
 /// Each token's expert weights, as [`Routing`] chooses them.
 pub(crate) fn top_k_router(
     x: &Tensor32,
-    w: &Tensor32,
+    (w, bias): (&Tensor32, Option<&Tensor32>),
     experts: u64,
     k: u64,
     routing: &Routing,
 ) -> Result<Tensor32, KernelError> {
     let k = router_k(w, experts, k, routing)?;
-    let mut gates = linear(x, w, None)?;
+    let mut gates = linear(x, w, bias)?;
     let (_, e) = rows(ROUTER, "logits", &gates)?;
     let mut weights = vec![0f64; e];
     for row in gates.data.chunks_exact_mut(e) {
@@ -56,17 +57,17 @@ pub(crate) fn top_k_router(
 }
 
 /// The selection is locally constant, so the gradient flows through the chosen scores only
-/// ([`Routing::logits_grad`]), then through the router's linear map.
+/// ([`Routing::logits_grad`]), then through the router's linear map (and its bias).
 pub(crate) fn top_k_router_vjp(
     x: &Tensor32,
-    w: &Tensor32,
+    (w, bias): (&Tensor32, Option<&Tensor32>),
     experts: u64,
     k: u64,
     routing: &Routing,
     g: &Tensor32,
-) -> Result<[Tensor32; 2], KernelError> {
+) -> Result<Vec<Tensor32>, KernelError> {
     let k = router_k(w, experts, k, routing)?;
-    let mut dlogits = linear(x, w, None)?;
+    let mut dlogits = linear(x, w, bias)?;
     expect_shape(ROUTER, "output gradient", g, &dlogits.shape)?;
     let (_, e) = rows(ROUTER, "logits", &dlogits)?;
     let mut d = vec![0f64; e];
@@ -75,195 +76,234 @@ pub(crate) fn top_k_router_vjp(
         routing.logits_grad(&route_row(routing, row, k), &dgates, &mut d);
         row.iter_mut().zip(&d).for_each(|(o, &v)| *o = v as f32);
     }
-    let (dx, dw, _) = linear_vjp(x, w, None, &dlogits)?;
-    Ok([dx, dw])
+    let (dx, dw, dbias) = linear_vjp(x, w, bias, &dlogits)?;
+    Ok([dx, dw].into_iter().chain(dbias).collect())
 }
 
-/// Sizes of one `MoeExperts` call: tokens, experts, hidden width, expert width.
-struct Dims {
+/// One `MoeExperts` call: its operands (with the biases where its form has them), its form
+/// and sizes: tokens, experts, hidden width, expert width.
+pub(crate) struct Experts<'t> {
+    x: &'t Tensor32,
+    gates: &'t Tensor32,
+    w1: &'t Tensor32,
+    w3: &'t Tensor32,
+    w2: &'t Tensor32,
+    b1: Option<&'t Tensor32>,
+    b3: Option<&'t Tensor32>,
+    form: ExpertForm,
     t: usize,
     e: usize,
     h: usize,
     f: usize,
 }
 
-fn experts_dims(experts: u64, ops: [&Tensor32; 5]) -> Result<Dims, KernelError> {
-    let [x, gates, w1, w3, w2] = ops;
-    let e = attr_usize(EXPERTS, experts)?;
-    let (t, h) = rows(EXPERTS, "input", x)?;
-    let mut gate_shape = x.shape.clone();
-    if let Some(last) = gate_shape.last_mut() {
-        *last = e;
-    }
-    expect_shape(EXPERTS, "gates", gates, &gate_shape)?;
-    let f = match w1.shape.as_slice() {
-        &[we, wh, f] if we == e && wh == h => f,
-        s => {
-            return Err(KernelError::Shape {
-                op: EXPERTS,
-                what: "w1",
-                got: s.to_vec(),
-                want: format!("[{e}, {h}, F]"),
-            });
-        }
-    };
-    expect_shape(EXPERTS, "w3", w3, &[e, h, f])?;
-    expect_shape(EXPERTS, "w2", w2, &[e, f, h])?;
-    Ok(Dims { t, e, h, f })
-}
-
-/// One expert's activations over a set of token rows: a = x·w1ₑ, b = x·w3ₑ, hidden = silu(a)⊙b.
+/// One expert's activations over a set of token rows: a = x·w1ₑ + b1ₑ, b = x·w3ₑ + b3ₑ,
+/// hidden = unit(a, b).
 struct Pass {
     a: Vec<f32>,
     b: Vec<f32>,
     hidden: Vec<f32>,
 }
 
-fn expert_pass(
-    d: &Dims,
-    x: &[f32],
-    rows: usize,
-    w1: &Tensor32,
-    w3: &Tensor32,
-    e: usize,
-) -> Result<Pass, KernelError> {
-    let (h, f) = (d.h, d.f);
-    let mut a = vec![0f32; rows * f];
-    let mut b = vec![0f32; rows * f];
-    gemm(
-        1.0,
-        Mat::rm(x, 0, rows, h),
-        Mat::rm(&w1.data, e * h * f, h, f),
-        0.0,
-        MatMut::rm(&mut a, 0, rows, f),
-    )?;
-    gemm(
-        1.0,
-        Mat::rm(x, 0, rows, h),
-        Mat::rm(&w3.data, e * h * f, h, f),
-        0.0,
-        MatMut::rm(&mut b, 0, rows, f),
-    )?;
-    let hidden = a
-        .iter()
-        .zip(&b)
-        .map(|(&av, &bv)| (Unary::Silu.apply(f64::from(av)) * f64::from(bv)) as f32)
-        .collect();
-    Ok(Pass { a, b, hidden })
-}
-
-/// Σₑ gatesₑ · (silu(x w1ₑ) ⊙ (x w3ₑ)) w2ₑ. Each expert runs only on the tokens routed to it
-/// (nonzero gate), gathered into one contiguous block: a zero gate contributes exactly 0.
-pub(crate) fn moe_experts(experts: u64, ops: [&Tensor32; 5]) -> Result<Tensor32, KernelError> {
-    let d = experts_dims(experts, ops)?;
-    let [x, gates, w1, w3, w2] = ops;
-    let (h, f) = (d.h, d.f);
-    let mut y = Tensor32::zeros(&x.shape)?;
-    let mut xs = Vec::new();
-    for e in 0..d.e {
-        let routed: Vec<usize> = (0..d.t)
-            .filter(|&t| gates.data[t * d.e + e] != 0.0)
-            .collect();
-        if routed.is_empty() {
-            continue;
+impl<'t> Experts<'t> {
+    pub(crate) fn new(
+        experts: u64,
+        form: ExpertForm,
+        ops: &[&'t Tensor32],
+    ) -> Result<Experts<'t>, KernelError> {
+        if ops.len() != form.operands() {
+            return Err(KernelError::Arity {
+                op: EXPERTS,
+                want: form.operands(),
+                got: ops.len(),
+            });
         }
-        xs.clear();
-        for &t in &routed {
-            xs.extend_from_slice(&x.data[t * h..(t + 1) * h]);
+        let (x, gates, w1, w3, w2) = (ops[0], ops[1], ops[2], ops[3], ops[4]);
+        let e = attr_usize(EXPERTS, experts)?;
+        let (t, h) = rows(EXPERTS, "input", x)?;
+        let mut gate_shape = x.shape.clone();
+        if let Some(last) = gate_shape.last_mut() {
+            *last = e;
         }
-        let n = routed.len();
-        let pass = expert_pass(&d, &xs, n, w1, w3, e)?;
-        let mut out = vec![0f32; n * h];
-        gemm(
-            1.0,
-            Mat::rm(&pass.hidden, 0, n, f),
-            Mat::rm(&w2.data, e * f * h, f, h),
-            0.0,
-            MatMut::rm(&mut out, 0, n, h),
-        )?;
-        for (&t, o) in routed.iter().zip(out.chunks_exact(h)) {
-            let gate = gates.data[t * d.e + e];
-            for (yv, &ov) in y.data[t * h..(t + 1) * h].iter_mut().zip(o) {
-                *yv += gate * ov;
+        expect_shape(EXPERTS, "gates", gates, &gate_shape)?;
+        let f = match w1.shape.as_slice() {
+            &[we, wh, f] if we == e && wh == h => f,
+            s => {
+                return Err(KernelError::Shape {
+                    op: EXPERTS,
+                    what: "w1",
+                    got: s.to_vec(),
+                    want: format!("[{e}, {h}, F]"),
+                });
+            }
+        };
+        expect_shape(EXPERTS, "w3", w3, &[e, h, f])?;
+        expect_shape(EXPERTS, "w2", w2, &[e, f, h])?;
+        let (b1, b3) = (ops.get(5).copied(), ops.get(6).copied());
+        for (what, b) in [("b1", b1), ("b3", b3)] {
+            if let Some(b) = b {
+                expect_shape(EXPERTS, what, b, &[e, f])?;
             }
         }
+        Ok(Experts {
+            x,
+            gates,
+            w1,
+            w3,
+            w2,
+            b1,
+            b3,
+            form,
+            t,
+            e,
+            h,
+            f,
+        })
     }
-    Ok(y)
-}
 
-/// Gradients of (x, gates, w1, w3, w2). Every expert runs on every token here, since the gate
-/// gradient dgateₜₑ = dyₜ·outₜₑ is defined (and returned) even where the gate is 0. Then
-/// dout = gate·dy, dhidden = dout w2ₑᵀ, da = dhidden ⊙ b ⊙ silu'(a), db = dhidden ⊙ silu(a).
-pub(crate) fn moe_experts_vjp(
-    experts: u64,
-    ops: [&Tensor32; 5],
-    g: &Tensor32,
-) -> Result<[Tensor32; 5], KernelError> {
-    let d = experts_dims(experts, ops)?;
-    let [x, gates, w1, w3, w2] = ops;
-    expect_shape(EXPERTS, "output gradient", g, &x.shape)?;
-    let (t, h, f) = (d.t, d.h, d.f);
-    let mut dx = Tensor32::zeros(&x.shape)?;
-    let mut dgates = Tensor32::zeros(&gates.shape)?;
-    let mut dw1 = Tensor32::zeros(&w1.shape)?;
-    let mut dw3 = Tensor32::zeros(&w3.shape)?;
-    let mut dw2 = Tensor32::zeros(&w2.shape)?;
-    let mut out = vec![0f32; t * h];
-    let mut dout = vec![0f32; t * h];
-    let mut dhidden = vec![0f32; t * f];
-    for e in 0..d.e {
-        let pass = expert_pass(&d, &x.data, t, w1, w3, e)?;
-        let hid = Mat::rm(&pass.hidden, 0, t, f);
-        gemm(
-            1.0,
-            hid,
-            Mat::rm(&w2.data, e * f * h, f, h),
-            0.0,
-            MatMut::rm(&mut out, 0, t, h),
-        )?;
-        for ti in 0..t {
-            let gate = gates.data[ti * d.e + e];
-            let (gr, or) = (&g.data[ti * h..(ti + 1) * h], &out[ti * h..(ti + 1) * h]);
-            dgates.data[ti * d.e + e] = gr
-                .iter()
-                .zip(or)
-                .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                .sum::<f64>() as f32;
-            for (dv, &gv) in dout[ti * h..(ti + 1) * h].iter_mut().zip(gr) {
-                *dv = gate * gv;
+    /// Expert `e` on `rows` token rows `x` (`[rows, h]`).
+    fn pass(&self, x: &[f32], rows: usize, e: usize) -> Result<Pass, KernelError> {
+        let (h, f) = (self.h, self.f);
+        let project = |w: &Tensor32, bias: Option<&Tensor32>| -> Result<Vec<f32>, KernelError> {
+            let mut out = vec![0f32; rows * f];
+            gemm(
+                1.0,
+                Mat::rm(x, 0, rows, h),
+                Mat::rm(&w.data, e * h * f, h, f),
+                0.0,
+                MatMut::rm(&mut out, 0, rows, f),
+            )?;
+            if let Some(b) = bias {
+                let be = &b.data[e * f..(e + 1) * f];
+                for row in out.chunks_exact_mut(f) {
+                    row.iter_mut().zip(be).for_each(|(o, &bv)| *o += bv);
+                }
+            }
+            Ok(out)
+        };
+        let (a, b) = (project(self.w1, self.b1)?, project(self.w3, self.b3)?);
+        let hidden = a
+            .iter()
+            .zip(&b)
+            .map(|(&av, &bv)| self.form.hidden(f64::from(av), f64::from(bv)) as f32)
+            .collect();
+        Ok(Pass { a, b, hidden })
+    }
+
+    /// Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ. Each expert runs only on the tokens
+    /// routed to it (nonzero gate), gathered into one contiguous block: a zero gate
+    /// contributes exactly 0.
+    pub(crate) fn forward(&self) -> Result<Tensor32, KernelError> {
+        let (h, f) = (self.h, self.f);
+        let mut y = Tensor32::zeros(&self.x.shape)?;
+        let mut xs = Vec::new();
+        for e in 0..self.e {
+            let routed: Vec<usize> = (0..self.t)
+                .filter(|&t| self.gates.data[t * self.e + e] != 0.0)
+                .collect();
+            if routed.is_empty() {
+                continue;
+            }
+            xs.clear();
+            for &t in &routed {
+                xs.extend_from_slice(&self.x.data[t * h..(t + 1) * h]);
+            }
+            let n = routed.len();
+            let pass = self.pass(&xs, n, e)?;
+            let mut out = vec![0f32; n * h];
+            gemm(
+                1.0,
+                Mat::rm(&pass.hidden, 0, n, f),
+                Mat::rm(&self.w2.data, e * f * h, f, h),
+                0.0,
+                MatMut::rm(&mut out, 0, n, h),
+            )?;
+            for (&t, o) in routed.iter().zip(out.chunks_exact(h)) {
+                let gate = self.gates.data[t * self.e + e];
+                for (yv, &ov) in y.data[t * h..(t + 1) * h].iter_mut().zip(o) {
+                    *yv += gate * ov;
+                }
             }
         }
-        let dom = Mat::rm(&dout, 0, t, h);
-        gemm(
-            1.0,
-            hid.t(),
-            dom,
-            0.0,
-            MatMut::rm(&mut dw2.data, e * f * h, f, h),
-        )?;
-        gemm(
-            1.0,
-            dom,
-            Mat::rm(&w2.data, e * f * h, f, h).t(),
-            0.0,
-            MatMut::rm(&mut dhidden, 0, t, f),
-        )?;
-        // dhidden becomes da, and db is built beside it.
-        let mut db = vec![0f32; t * f];
-        for (((dh, dbv), &av), &bv) in dhidden
-            .iter_mut()
-            .zip(db.iter_mut())
-            .zip(&pass.a)
-            .zip(&pass.b)
-        {
-            let (a64, b64, g64) = (f64::from(av), f64::from(bv), f64::from(*dh));
-            *dbv = (g64 * a64 * sigmoid(a64)) as f32;
-            *dh = (g64 * b64 * Unary::Silu.derivative(a64)) as f32;
+        Ok(y)
+    }
+
+    /// Gradients of (x, gates, w1, w3, w2, and b1, b3 with biases). Every expert runs on every
+    /// token here, since the gate gradient dgateₜₑ = dyₜ·outₜₑ is defined (and returned) even
+    /// where the gate is 0. Then dout = gate·dy, dhidden = dout w2ₑᵀ, da = dhidden · ∂unit/∂a,
+    /// db = dhidden · ∂unit/∂b; the biases' gradients sum da and db over the tokens.
+    pub(crate) fn vjp(&self, g: &Tensor32) -> Result<Vec<Tensor32>, KernelError> {
+        let x = self.x;
+        expect_shape(EXPERTS, "output gradient", g, &x.shape)?;
+        let (t, h, f) = (self.t, self.h, self.f);
+        let mut dx = Tensor32::zeros(&x.shape)?;
+        let mut dgates = Tensor32::zeros(&self.gates.shape)?;
+        let mut dw1 = Tensor32::zeros(&self.w1.shape)?;
+        let mut dw3 = Tensor32::zeros(&self.w3.shape)?;
+        let mut dw2 = Tensor32::zeros(&self.w2.shape)?;
+        let mut db1 = Tensor32::zeros(&[self.e, f])?;
+        let mut db3 = Tensor32::zeros(&[self.e, f])?;
+        let mut out = vec![0f32; t * h];
+        let mut dout = vec![0f32; t * h];
+        let mut dhidden = vec![0f32; t * f];
+        for e in 0..self.e {
+            let pass = self.pass(&x.data, t, e)?;
+            let hid = Mat::rm(&pass.hidden, 0, t, f);
+            let w2e = Mat::rm(&self.w2.data, e * f * h, f, h);
+            gemm(1.0, hid, w2e, 0.0, MatMut::rm(&mut out, 0, t, h))?;
+            for ti in 0..t {
+                let gate = self.gates.data[ti * self.e + e];
+                let (gr, or) = (&g.data[ti * h..(ti + 1) * h], &out[ti * h..(ti + 1) * h]);
+                dgates.data[ti * self.e + e] = gr
+                    .iter()
+                    .zip(or)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum::<f64>() as f32;
+                for (dv, &gv) in dout[ti * h..(ti + 1) * h].iter_mut().zip(gr) {
+                    *dv = gate * gv;
+                }
+            }
+            let dom = Mat::rm(&dout, 0, t, h);
+            let dw2e = MatMut::rm(&mut dw2.data, e * f * h, f, h);
+            gemm(1.0, hid.t(), dom, 0.0, dw2e)?;
+            gemm(1.0, dom, w2e.t(), 0.0, MatMut::rm(&mut dhidden, 0, t, f))?;
+            // dhidden becomes da, and db is built beside it.
+            let mut db = vec![0f32; t * f];
+            for (((dh, dbv), &av), &bv) in dhidden
+                .iter_mut()
+                .zip(db.iter_mut())
+                .zip(&pass.a)
+                .zip(&pass.b)
+            {
+                let (pa, pb) = self.form.partials(f64::from(av), f64::from(bv));
+                let g64 = f64::from(*dh);
+                *dbv = (g64 * pb) as f32;
+                *dh = (g64 * pa) as f32;
+            }
+            column_sums(&dhidden, &mut db1.data[e * f..(e + 1) * f]);
+            column_sums(&db, &mut db3.data[e * f..(e + 1) * f]);
+            self.input_grads(e, &dhidden, &db, [&mut dw1, &mut dw3, &mut dx])?;
         }
+        let mut grads = vec![dx, dgates, dw1, dw3, dw2];
+        if self.form.bias {
+            grads.extend([db1, db3]);
+        }
+        Ok(grads)
+    }
+
+    /// dw1ₑ = xᵀ da, dw3ₑ = xᵀ db, dx += da w1ₑᵀ + db w3ₑᵀ.
+    fn input_grads(
+        &self,
+        e: usize,
+        da: &[f32],
+        db: &[f32],
+        [dw1, dw3, dx]: [&mut Tensor32; 3],
+    ) -> Result<(), KernelError> {
+        let (t, h, f) = (self.t, self.h, self.f);
         let (xm, dam, dbm) = (
-            Mat::rm(&x.data, 0, t, h),
-            Mat::rm(&dhidden, 0, t, f),
-            Mat::rm(&db, 0, t, f),
+            Mat::rm(&self.x.data, 0, t, h),
+            Mat::rm(da, 0, t, f),
+            Mat::rm(db, 0, t, f),
         );
         gemm(
             1.0,
@@ -279,20 +319,38 @@ pub(crate) fn moe_experts_vjp(
             0.0,
             MatMut::rm(&mut dw3.data, e * h * f, h, f),
         )?;
-        gemm(
-            1.0,
-            dam,
-            Mat::rm(&w1.data, e * h * f, h, f).t(),
-            1.0,
-            MatMut::rm(&mut dx.data, 0, t, h),
-        )?;
-        gemm(
-            1.0,
-            dbm,
-            Mat::rm(&w3.data, e * h * f, h, f).t(),
-            1.0,
-            MatMut::rm(&mut dx.data, 0, t, h),
-        )?;
+        let w1e = Mat::rm(&self.w1.data, e * h * f, h, f);
+        let w3e = Mat::rm(&self.w3.data, e * h * f, h, f);
+        gemm(1.0, dam, w1e.t(), 1.0, MatMut::rm(&mut dx.data, 0, t, h))?;
+        gemm(1.0, dbm, w3e.t(), 1.0, MatMut::rm(&mut dx.data, 0, t, h))?;
+        Ok(())
     }
-    Ok([dx, dgates, dw1, dw3, dw2])
+}
+
+/// Sums of the columns of the row-major `[rows, out.len()]` matrix `m` into `out`.
+fn column_sums(m: &[f32], out: &mut [f32]) {
+    let mut acc = vec![0f64; out.len()];
+    for row in m.chunks_exact(out.len().max(1)) {
+        acc.iter_mut()
+            .zip(row)
+            .for_each(|(a, &v)| *a += f64::from(v));
+    }
+    out.iter_mut().zip(acc).for_each(|(o, a)| *o = a as f32);
+}
+
+/// The router's input, and its weight with its bias where it has one.
+pub(crate) type RouterOperands<'t> = (&'t Tensor32, (&'t Tensor32, Option<&'t Tensor32>));
+
+/// [`RouterOperands`] of a `TopKRouter` with or without a bias.
+pub(crate) fn router_operands<'t>(
+    inputs: &[&'t Tensor32],
+    bias: bool,
+) -> Result<RouterOperands<'t>, KernelError> {
+    Ok(if bias {
+        let [x, w, b] = operands(ROUTER, inputs)?;
+        (x, (w, Some(b)))
+    } else {
+        let [x, w] = operands(ROUTER, inputs)?;
+        (x, (w, None))
+    })
 }

@@ -385,6 +385,7 @@ fn moe_router_and_experts() {
             experts,
             k,
             routing: mixtral,
+            bias: false,
         };
         each_seed("topk_router", |rng| {
             let ops = [rand(rng, &[2, 3, 6]), rand(rng, &[6, experts as usize])];
@@ -405,9 +406,59 @@ fn moe_router_and_experts() {
                 rand(rng, &[e, h, f]),
                 rand(rng, &[e, f, h]),
             ];
-            check("moe_experts", &OpKind::MoeExperts { experts }, &ops, rng)
+            check(
+                "moe_experts",
+                &OpKind::MoeExperts {
+                    experts,
+                    form: Default::default(),
+                },
+                &ops,
+                rng,
+            )
         });
     }
+}
+
+/// gpt-oss's router (a bias on the logits) and experts (biases, σ(1.702·gate), clamps tight
+/// enough to bite, up offset by one), against the interpreter in both directions.
+#[test]
+fn gpt_oss_router_and_experts() {
+    let (experts, k) = (4, 2);
+    let router = OpKind::TopKRouter {
+        experts,
+        k,
+        routing: ir::Routing::default(),
+        bias: true,
+    };
+    let form = ir::ExpertForm {
+        bias: true,
+        alpha: 1.702,
+        limit: Some(0.7),
+        up_offset: 1.0,
+    };
+    each_seed("topk_router bias", |rng| {
+        let ops = [rand(rng, &[2, 3, 6]), rand(rng, &[6, 4]), rand(rng, &[4])];
+        check("topk_router bias", &router, &ops, rng)
+    });
+    each_seed("moe_experts gpt-oss", |rng| {
+        let (e, h, f) = (4, 6, 5);
+        let x = rand(rng, &[2, 3, h]);
+        let (w, b) = (rand(rng, &[h, e]), rand(rng, &[e]));
+        let gates = ir::interp::apply(&router, &[&x, &w, &b], common::BIND)
+            .expect("routes")
+            .remove(0);
+        let ops = [
+            x,
+            common::round(&gates),
+            rand(rng, &[e, h, f]),
+            rand(rng, &[e, h, f]),
+            rand(rng, &[e, f, h]),
+            rand(rng, &[e, f]),
+            rand(rng, &[e, f]),
+        ];
+        let kind = OpKind::MoeExperts { experts, form };
+        check("moe_experts gpt-oss", &kind, &ops, rng)
+    });
 }
 
 /// Qwen-MoE's unnormalized shares, DeepSeek-V3's group-limited sigmoid and DeepSeek-V2's
@@ -448,6 +499,7 @@ fn moe_router_scorings() {
             experts: 8,
             k: 3,
             routing,
+            bias: false,
         };
         each_seed("topk_router", |rng| {
             let ops = [rand(rng, &[2, 3, 6]), rand(rng, &[6, 8])];

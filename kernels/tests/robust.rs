@@ -74,8 +74,12 @@ fn all_kinds() -> Vec<OpKind> {
             experts: 4,
             k: 9,
             routing: Default::default(),
+            bias: false,
         },
-        OpKind::MoeExperts { experts: 2 },
+        OpKind::MoeExperts {
+            experts: 2,
+            form: Default::default(),
+        },
         OpKind::AdamW(AdamWConfig::default()),
         OpKind::Grad {
             of: Box::new(OpKind::MatMul),

@@ -901,7 +901,7 @@ impl ExpertDispatch {
             .layer_ops
             .iter()
             .find_map(|&o| match g.op(o).kind {
-                OpKind::MoeExperts { experts } => Some((width(g.op(o).inputs[0]), experts)),
+                OpKind::MoeExperts { experts, .. } => Some((width(g.op(o).inputs[0]), experts)),
                 _ => None,
             })
             .unwrap_or((info.hidden, info.experts));

@@ -383,7 +383,7 @@ fn routed_expert_params(graph: &Graph, layer_ops: &[OpId]) -> (u64, u64) {
     let mut experts = 0;
     for &o in layer_ops {
         let op = graph.op(o);
-        if let OpKind::MoeExperts { experts: e } = op.kind {
+        if let OpKind::MoeExperts { experts: e, .. } = op.kind {
             experts = experts.max(e);
             params += op
                 .inputs

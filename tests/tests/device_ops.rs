@@ -1628,6 +1628,7 @@ fn mixture_of_experts_routers_and_experts() {
             experts,
             k,
             routing,
+            bias: false,
         };
         check(&b, router, &[x.clone(), w.clone()], 1e-5);
     }
@@ -1635,6 +1636,7 @@ fn mixture_of_experts_routers_and_experts() {
         experts,
         k: 2,
         routing: Routing::default(),
+        bias: false,
     };
     let gates = kernels::forward(&router, &[&x, &w], BINDING)
         .unwrap()
@@ -1647,7 +1649,15 @@ fn mixture_of_experts_routers_and_experts() {
         tensor(&[e, hidden, width], 74),
         tensor(&[e, width, hidden], 75),
     ];
-    check(&b, OpKind::MoeExperts { experts }, &operands, 1e-5);
+    check(
+        &b,
+        OpKind::MoeExperts {
+            experts,
+            form: Default::default(),
+        },
+        &operands,
+        1e-5,
+    );
 }
 
 /// Shard 1 of a vocabulary of 21 tokens padded to 24 (8 rows per shard: rows 8..16 here, and
@@ -1787,6 +1797,7 @@ fn ops_without_a_lowering_take_the_host_path_and_are_counted() {
         experts: 80,
         k: 70,
         routing: Default::default(),
+        bias: false,
     };
     let w = b.upload(&tensor(&[8, 80], 35)).unwrap();
     let y = b.forward(&router, &[&x, &w], BINDING).unwrap();

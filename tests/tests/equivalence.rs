@@ -397,7 +397,7 @@ fn moe_expert_parallel_equals_one_device() {
             .flat_map(|t| &t.instrs)
             .filter_map(|i| match i {
                 codegen::program::Instr::Compute {
-                    kind: ir::OpKind::MoeExperts { experts },
+                    kind: ir::OpKind::MoeExperts { experts, .. },
                     ..
                 } => Some(*experts),
                 _ => None,

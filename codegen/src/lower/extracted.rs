@@ -572,7 +572,7 @@ fn local_kind(
         | OpKind::Expand { .. }
         | OpKind::Slice { .. }
         | OpKind::Concat { .. } => view_local(b, o, ins, out, kind),
-        OpKind::MoeExperts { experts } => moe_local(b, ins, out, *experts, t),
+        OpKind::MoeExperts { experts, form } => moe_local(b, ins, out, (*experts, *form), t),
         OpKind::TopKRouter { .. } => {
             // Routes each token it holds with the whole router: any split of the tokens'
             // axes (not of the hidden one it reads whole) passes through.
@@ -667,11 +667,12 @@ fn view_local(
 /// the down projection by rows) or the experts themselves split along their axis with the
 /// routing weights sliced to the rank's experts (`moe-experts`); either way every rank's
 /// output is a partial sum over the group.
+/// The biases of the gate and up projections (gpt-oss's, `[E, F]`) go with their weights.
 fn moe_local(
     b: &B,
     ins: &[SVal],
     out: Lay,
-    experts: u64,
+    (experts, form): (u64, ir::ExpertForm),
     t: u64,
 ) -> Result<(OpKind, Option<(SVal, Lay)>), String> {
     let lay_of = |k: usize| b.seg.vals[ins[k]].lay;
@@ -679,15 +680,19 @@ fn moe_local(
     if lay_of(0) != Lay::Rep || out != Lay::Partial {
         return Err("an expert layer off whole tokens or not a partial sum".into());
     }
-    let weights = [lay_of(2), lay_of(3), lay_of(4)];
-    if lay_of(1) == Lay::Rep && weights == [split(2), split(2), split(1)] {
-        return Ok((OpKind::MoeExperts { experts }, None));
+    let weights: Vec<Lay> = (2..ins.len()).map(lay_of).collect();
+    let biases = |axis| vec![split(axis); ins.len() - 5];
+    let by_ffn = [vec![split(2), split(2), split(1)], biases(1)].concat();
+    if lay_of(1) == Lay::Rep && weights == by_ffn {
+        return Ok((OpKind::MoeExperts { experts, form }, None));
     }
     let last = (b.seg.vals[ins[1]].shape.len() - 1) as u8;
-    if lay_of(1) == split(last) && weights == [split(0); 3] && experts.is_multiple_of(t) {
+    let by_experts = vec![split(0); ins.len() - 2];
+    if lay_of(1) == split(last) && weights == by_experts && experts.is_multiple_of(t) {
         return Ok((
             OpKind::MoeExperts {
                 experts: experts / t,
+                form,
             },
             None,
         ));

@@ -387,7 +387,7 @@ impl<'c, 'g> B<'c, 'g> {
         ins: &mut [SVal],
     ) -> Result<OpKind, CodegenError> {
         let ep = u64::from(self.cx.ep);
-        let OpKind::MoeExperts { experts } = self.cx.graph.op(o).kind else {
+        let OpKind::MoeExperts { experts, form } = self.cx.graph.op(o).kind else {
             return Err(self.err(o, "not an expert layer"));
         };
         if !experts.is_multiple_of(ep) {
@@ -417,6 +417,7 @@ impl<'c, 'g> B<'c, 'g> {
         }
         Ok(OpKind::MoeExperts {
             experts: experts / ep,
+            form,
         })
     }
 
@@ -811,7 +812,11 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                             return Err(b.err(o, "expert layer operands must be whole tokens"));
                         }
                     }
-                    for (k, axis) in [(2, 2), (3, 2), (4, 1)] {
+                    // gpt-oss's biases of the gate and up projections, `[E, F]`, with them.
+                    let biases = [(5, 1), (6, 1)]
+                        .into_iter()
+                        .take(ins.len().saturating_sub(5));
+                    for (k, axis) in [(2, 2), (3, 2), (4, 1)].into_iter().chain(biases) {
                         set_split(&mut b, ins[k], axis, 1, t).map_err(|m| b.err(o, m))?;
                     }
                     out_lay = Lay::Partial;

@@ -145,13 +145,13 @@ pub fn apply(
             experts,
             k,
             routing,
+            bias,
         } => {
-            let [x, w] = operands(kind, inputs)?;
+            let (x, w) = router_operands(kind, inputs, *bias)?;
             one(moe::top_k_router(x, w, *experts, *k, routing)?)
         }
-        OpKind::MoeExperts { experts } => {
-            let ops = operands::<5>(kind, inputs)?;
-            one(moe::moe_experts(*experts, ops)?)
+        OpKind::MoeExperts { experts, form } => {
+            one(moe::Experts::new(*experts, *form, inputs)?.forward()?)
         }
         OpKind::Grad { of, wrt } => grad::grad(of, wrt, inputs),
         OpKind::AdamW(cfg) => {
@@ -163,4 +163,22 @@ pub fn apply(
             other.mnemonic()
         ))),
     }
+}
+
+/// The router's input, and its weight with its bias where it has one.
+pub(crate) type RouterOperands<'t> = (&'t Tensor, (&'t Tensor, Option<&'t Tensor>));
+
+/// [`RouterOperands`] of a `TopKRouter` with or without a bias.
+pub(crate) fn router_operands<'t>(
+    kind: &OpKind,
+    inputs: &[&'t Tensor],
+    bias: bool,
+) -> Result<RouterOperands<'t>, KernelError> {
+    Ok(if bias {
+        let [x, w, b] = operands(kind, inputs)?;
+        (x, (w, Some(b)))
+    } else {
+        let [x, w] = operands(kind, inputs)?;
+        (x, (w, None))
+    })
 }

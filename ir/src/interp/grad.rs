@@ -172,13 +172,13 @@ pub fn vjp(
             experts,
             k,
             routing,
+            bias,
         } => {
-            let [x, w] = operands(kind, xs)?;
-            all(moe::top_k_router_vjp(x, w, *experts, *k, routing, g)?.into())
+            let (x, w) = super::forward::router_operands(kind, xs, *bias)?;
+            all(moe::top_k_router_vjp(x, w, *experts, *k, routing, g)?)
         }
-        OpKind::MoeExperts { experts } => {
-            let ops = operands::<5>(kind, xs)?;
-            all(moe::moe_experts_vjp(*experts, ops, g)?.into())
+        OpKind::MoeExperts { experts, form } => {
+            all(moe::Experts::new(*experts, *form, xs)?.vjp(g)?)
         }
         other => Err(KernelError::new(format!(
             "{} has no vector-Jacobian product",

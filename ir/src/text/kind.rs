@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use crate::expert::ExpertForm;
 use crate::op::{AdamWConfig, OpKind};
 use crate::rope::RopeScaling;
 use crate::routing::Routing;
@@ -40,7 +41,8 @@ pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
         "bias" | "tanh" | "causal" | "sigmoid" | "normalize" | "sinks" => AttrTy::Bool,
         "value" | "exponent" | "factor" | "eps" | "scale" | "theta" | "p" | "lr" | "beta1"
         | "beta2" | "weight_decay" | "low_freq_factor" | "high_freq_factor" | "original_max"
-        | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" => AttrTy::Float,
+        | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" | "alpha" | "limit"
+        | "up_offset" => AttrTy::Float,
         "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" | "groups"
         | "groups_kept" | "group_top" => AttrTy::Int,
         "len" => AttrTy::Dim,
@@ -172,6 +174,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             experts,
             k,
             routing,
+            bias,
         } => {
             let mut attrs = vec![
                 ("experts", Int(*experts)),
@@ -186,9 +189,19 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             if routing.group_top != Routing::default().group_top {
                 attrs.push(("group_top", Int(routing.group_top)));
             }
+            attrs.extend(bias.then_some(("bias", Bool(true))));
             attrs
         }
-        OpKind::MoeExperts { experts } => vec![("experts", Int(*experts))],
+        OpKind::MoeExperts { experts, form } => {
+            // Only what differs from SwiGLU without biases, as older texts have it.
+            let plain = ExpertForm::SWIGLU;
+            let mut attrs = vec![("experts", Int(*experts))];
+            attrs.extend(form.bias.then_some(("bias", Bool(true))));
+            attrs.extend((form.alpha != plain.alpha).then_some(("alpha", Float(form.alpha))));
+            attrs.extend(form.limit.map(|l| ("limit", Float(l))));
+            attrs.extend((form.up_offset != 0.0).then_some(("up_offset", Float(form.up_offset))));
+            attrs
+        }
         OpKind::Grad { of, wrt } => vec![("of", AttrVal::Kind(of.clone())), ("wrt", usizes(wrt))],
         OpKind::AdamW(c) => vec![
             ("lr", Float(c.lr)),
@@ -541,9 +554,28 @@ pub(crate) fn build_kind(
                     Routing::default().group_top
                 },
             },
+            bias: a.has("bias") && a.bool(m, "bias")?,
         },
         "moe_experts" => OpKind::MoeExperts {
             experts: a.int(m, "experts")?,
+            form: ExpertForm {
+                bias: a.has("bias") && a.bool(m, "bias")?,
+                alpha: if a.has("alpha") {
+                    a.float(m, "alpha")?
+                } else {
+                    1.0
+                },
+                limit: if a.has("limit") {
+                    Some(a.float(m, "limit")?)
+                } else {
+                    None
+                },
+                up_offset: if a.has("up_offset") {
+                    a.float(m, "up_offset")?
+                } else {
+                    0.0
+                },
+            },
         },
         "grad" => OpKind::Grad {
             of: Box::new(a.kind(m, "of")?),

@@ -132,6 +132,7 @@ fn every_kind() -> Vec<OpKind> {
             experts: 8,
             k: 2,
             routing: Default::default(),
+            bias: false,
         },
         OpKind::TopKRouter {
             experts: 256,
@@ -143,6 +144,7 @@ fn every_kind() -> Vec<OpKind> {
                 groups_kept: 4,
                 group_top: 2,
             },
+            bias: false,
         },
         OpKind::TopKRouter {
             experts: 160,
@@ -154,8 +156,27 @@ fn every_kind() -> Vec<OpKind> {
                 groups_kept: 3,
                 group_top: 1,
             },
+            bias: false,
         },
-        OpKind::MoeExperts { experts: 8 },
+        OpKind::MoeExperts {
+            experts: 8,
+            form: Default::default(),
+        },
+        OpKind::TopKRouter {
+            experts: 32,
+            k: 4,
+            routing: Default::default(),
+            bias: true,
+        },
+        OpKind::MoeExperts {
+            experts: 32,
+            form: crate::ExpertForm {
+                bias: true,
+                alpha: 1.702,
+                limit: Some(7.0),
+                up_offset: 1.0,
+            },
+        },
         OpKind::Grad {
             of: Box::new(OpKind::Grad {
                 of: Box::new(OpKind::RmsNorm { eps: 1e-6 }),

@@ -34,6 +34,7 @@ pub fn rel_err(analytic: &[f64], numeric: &[f64]) -> f64 {
 }
 
 /// One operand of the op under test.
+#[derive(Clone)]
 pub struct Operand {
     pub value: Tensor,
     /// Integer operands (ids, targets) are fed as i64 inputs and never perturbed.

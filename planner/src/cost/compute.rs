@@ -705,7 +705,7 @@ impl<'c> Device<'c> {
                 let batch = (q[0] * heads) as f64 / split;
                 Some(self.shape_efficiency(batch, q[1] as f64, k[1] as f64))
             }
-            OpKind::MoeExperts { experts } => {
+            OpKind::MoeExperts { experts, .. } => {
                 let x = dims(0);
                 let f = *dims(2).get(2)? as f64;
                 let tokens = x.iter().rev().skip(1).product::<u64>() as f64;

@@ -119,6 +119,14 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             "attention sinks (gpt-oss's learned sink logit per head)",
         ));
     }
+    if layer.iter().any(|k| {
+        matches!(k, OpKind::TopKRouter { bias: true, .. })
+            || matches!(k, OpKind::MoeExperts { form, .. } if !form.is_swiglu())
+    }) {
+        return Err(refuse(
+            "experts other than SwiGLU without biases (gpt-oss's biased, clamped experts)",
+        ));
+    }
     let qkv = QkvPaths::of(g, &info.layer_ops);
     refuse_unexpressed(info, &layer, &qkv, latent.as_ref()).map_err(refuse)?;
     let norm = layer.iter().find_map(|k| match k {
@@ -164,6 +172,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
                 experts,
                 k,
                 routing,
+                ..
             } => Some((*experts, *k, *routing)),
             _ => None,
         })

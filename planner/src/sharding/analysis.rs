@@ -512,26 +512,31 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
                 _ => return fail(),
             }
         }
-        Shard::Router(_) => {
+        Shard::Router(_) | Shard::BiasedRouter(_) => {
             let (x, w, ty) = (t(1)?, t(2)?, out(0)?);
+            if kids.len() > 3 && t(3)?.dist != R {
+                return fail();
+            }
             match (x.dist, w.dist) {
                 (R, R) => tensor(ty, R),
                 (S(d), R) if not_last(d, &x.ty) => sharded(ty, d)?,
                 _ => return fail(),
             }
         }
-        Shard::Moe(_) => {
+        Shard::Moe(_) | Shard::BiasedMoe(_) => {
             let (x, g, ty) = (t(1)?, t(2)?, out(0)?);
-            let w: Vec<Dist> = (3..6)
+            // w1, w3, w2, and gpt-oss's biases b1, b3 (`[E, F]`) where the node has them.
+            let w: Vec<Dist> = (3..kids.len())
                 .map(|i| t(i).map(|f| f.dist))
                 .collect::<Result<_, _>>()?;
             let all_w = |d: Dist| w.iter().all(|&x| x == d);
             let e0 = S(Axis::new(0));
+            let by_ffn = [2, 2, 1, 1, 1].map(|a| S(Axis::new(a)));
             match (x.dist, g.dist) {
                 (R, R) if all_w(R) => tensor(ty, R),
                 (S(d), S(e)) if d == e && not_last(d, &x.ty) && all_w(R) => sharded(ty, d)?,
                 (R, S(d)) if d.axis == last(&g.ty) && d.blocks == 1 && all_w(e0) => tensor(ty, P),
-                (R, R) if w == [S(Axis::new(2)), S(Axis::new(2)), S(Axis::new(1))] => tensor(ty, P),
+                (R, R) if w == by_ffn[..w.len()] => tensor(ty, P),
                 _ => return fail(),
             }
         }

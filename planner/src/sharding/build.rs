@@ -185,8 +185,23 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
             OpKind::Slice { .. } => Shard::Slice([tag, k(0)?]),
             OpKind::Concat { .. } if kids.len() == 2 => Shard::Concat([tag, k(0)?, k(1)?]),
             OpKind::Expand { .. } => Shard::Expand([tag, k(0)?]),
-            OpKind::TopKRouter { .. } => Shard::Router([tag, k(0)?, k(1)?]),
-            OpKind::MoeExperts { .. } => Shard::Moe([tag, k(0)?, k(1)?, k(2)?, k(3)?, k(4)?]),
+            OpKind::TopKRouter { bias: false, .. } => Shard::Router([tag, k(0)?, k(1)?]),
+            OpKind::TopKRouter { bias: true, .. } => {
+                Shard::BiasedRouter([tag, k(0)?, k(1)?, k(2)?])
+            }
+            OpKind::MoeExperts { form, .. } if !form.bias => {
+                Shard::Moe([tag, k(0)?, k(1)?, k(2)?, k(3)?, k(4)?])
+            }
+            OpKind::MoeExperts { .. } => Shard::BiasedMoe([
+                tag,
+                k(0)?,
+                k(1)?,
+                k(2)?,
+                k(3)?,
+                k(4)?,
+                k(5)?,
+                k(6)?,
+            ]),
             _ => {
                 let mut v = vec![tag];
                 v.extend(&kids);

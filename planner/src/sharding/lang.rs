@@ -150,6 +150,10 @@ define_language! {
         "expand" = Expand([Id; 2]),
         "router" = Router([Id; 3]),
         "moe" = Moe([Id; 6]),
+        // gpt-oss's: a router with a bias (x, w, b) and experts with gate and up biases
+        // (x, gates, w1, w3, w2, b1, b3).
+        "brouter" = BiasedRouter([Id; 4]),
+        "bmoe" = BiasedMoe([Id; 8]),
         "opaque" = Opaque(Box<[Id]>),
         Atom(Atom),
     }

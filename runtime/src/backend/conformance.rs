@@ -640,6 +640,7 @@ fn moe_cases() -> Vec<Case> {
         experts,
         k,
         routing,
+        bias: false,
     };
     let gates = kernels::forward(&router(2, Routing::default()), &[&x, &w], BINDING)
         .map(|mut g| g.remove(0))
@@ -665,6 +666,14 @@ fn moe_cases() -> Vec<Case> {
             1e-5,
         ),
         case("router", router(3, deepseek_v2), vec![x, w], 1e-5),
-        case("experts", OpKind::MoeExperts { experts }, operands, 1e-5),
+        case(
+            "experts",
+            OpKind::MoeExperts {
+                experts,
+                form: Default::default(),
+            },
+            operands,
+            1e-5,
+        ),
     ]
 }

@@ -354,12 +354,16 @@ pub(super) fn forward<D: Device>(
             }
             _ => None,
         },
+        // gpt-oss's biased router and biased, clamped experts run on the host for now.
         OpKind::TopKRouter {
             experts,
             k,
             routing,
+            bias: false,
         } => one(moe::router_forward(b, (*experts, *k, routing), inputs)?),
-        OpKind::MoeExperts { experts } => one(moe::experts_forward(b, *experts, inputs)?),
+        OpKind::MoeExperts { experts, form } if form.is_swiglu() => {
+            one(moe::experts_forward(b, *experts, inputs)?)
+        }
         OpKind::Grad { of, wrt } => grad(b, of, wrt, inputs)?,
         _ => one(pointwise::forward(b, kind, inputs)?),
     })
@@ -505,8 +509,11 @@ fn backward_of<D: Device>(
             experts,
             k,
             routing,
+            bias: false,
         } => moe::router_backward(b, (*experts, *k, routing), xs, g, wanted)?,
-        OpKind::MoeExperts { experts } => all(moe::experts_backward(b, *experts, xs, g)?),
+        OpKind::MoeExperts { experts, form } if form.is_swiglu() => {
+            all(moe::experts_backward(b, *experts, xs, g)?)
+        }
         OpKind::Rotary { .. } => match xs {
             &[x] if g.shape == x.shape => {
                 all(rotary::rotate(b, kind, g, -1.0, None)?.map(|d| vec![d]))
