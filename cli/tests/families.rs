@@ -742,6 +742,32 @@ fn layouts_that_broke_the_memory_model_run_the_extraction() {
     }
 }
 
+/// gpt-oss-20b from its published config.json (`fixtures/hf/gpt-oss-20b`): `inspect` counts
+/// 20,914,757,184 parameters (the model card's 20.91B; `import`'s `hf_params` counts the
+/// modules one by one) and says its sliding window is modelled as full attention; on 8 H100
+/// the plan fits in the e-graph's layout (sinks split with the heads, the experts' biases with
+/// their weights), and codegen lowers it and confirms the planner's memory.
+#[test]
+fn gpt_oss_20b_counts_its_modules_and_plans_on_8_h100() {
+    let cfg = config("gpt-oss-20b");
+    let (code, out, err) = plait(&["inspect", &cfg, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("inspect JSON");
+    assert_eq!(v["params"].as_u64(), Some(20_914_757_184));
+    let (code, out, _) = plait(&["inspect", &cfg]);
+    assert!(code == 0 && out.contains("sliding_window 128"), "{out}");
+    let d = dir("gpt-oss-20b");
+    let plan = d.join("plan.json").to_string_lossy().to_string();
+    let (code, out, err) = compile_8_h100_batch(&cfg, &plan, "64", &["--tp", "2"]);
+    assert!(code == 0 && out.contains("fits"), "{out}{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let method = v["sharding"]["method"].as_str().unwrap_or_default();
+    assert!(method.starts_with("e-graph"), "{method}");
+    let (code, out, err) = codegen(&plan, &d.join("programs"));
+    assert_eq!(code, 0, "codegen {out}{err}");
+}
+
 /// GLM-4.5-Air from its published config.json (`fixtures/hf/glm-4.5-air`): `inspect` counts
 /// transformers' modules exactly (106,852,245,504, the card's 106B; `import`'s `hf_params`
 /// counts them one by one) and says what it leaves out (the router's correction bias, the

@@ -359,6 +359,10 @@ impl Builder {
         let scale = var
             .multipliers
             .map_or(1.0 / scale_base.sqrt(), |m| m.attention);
+        let mut operands = vec![q, k, v];
+        if var.attention_sinks {
+            operands.push(self.param(&format!("{p}.self_attn.sinks"), &[spec.heads]));
+        }
         let attn = self.op(
             OpKind::Attention {
                 heads: spec.heads,
@@ -366,9 +370,9 @@ impl Builder {
                 scale,
                 causal: true,
                 softcap: var.attn_softcap,
-                sinks: false,
+                sinks: var.attention_sinks,
             },
-            vec![q, k, v],
+            operands,
         )?;
         self.linear(
             &format!("{p}.self_attn.o_proj"),
@@ -724,30 +728,46 @@ impl Builder {
     /// scales them, plus a shared expert (Qwen2-MoE's gated, DeepSeek-V3's not).
     fn moe(&mut self, spec: &ModelSpec, p: &str, m: ValueId) -> Result<ValueId, BuildError> {
         let (h, f, e) = (spec.hidden, spec.ffn, spec.experts);
-        let moe = match spec.model_type() {
-            "mixtral" => "block_sparse_moe",
-            _ => "mlp",
+        let var = &spec.variant;
+        let (moe, router) = match spec.model_type() {
+            "mixtral" => ("block_sparse_moe", "gate"),
+            "gpt_oss" => ("mlp", "router"),
+            _ => ("mlp", "gate"),
         };
-        let router = self.param(&format!("{p}.{moe}.gate.weight"), &[h, e]);
+        let mut routing = vec![
+            m,
+            self.param(&format!("{p}.{moe}.{router}.weight"), &[h, e]),
+        ];
+        if var.router_bias {
+            routing.push(self.param(&format!("{p}.{moe}.{router}.bias"), &[e]));
+        }
         let gates = self.op(
             OpKind::TopKRouter {
                 experts: e,
                 k: spec.experts_per_token,
-                routing: spec.variant.routing,
-                bias: false,
+                routing: var.routing,
+                bias: var.router_bias,
             },
-            vec![m, router],
+            routing,
         )?;
-        let w1 = self.param(&format!("{p}.{moe}.experts.w1"), &[e, h, f]);
-        let w3 = self.param(&format!("{p}.{moe}.experts.w3"), &[e, h, f]);
-        let w2 = self.param(&format!("{p}.{moe}.experts.w2"), &[e, f, h]);
-        let mut routed = self.op(
-            OpKind::MoeExperts {
-                experts: e,
-                form: Default::default(),
-            },
-            vec![m, gates, w1, w3, w2],
-        )?;
+        let experts = format!("{p}.{moe}.experts");
+        let w1 = self.param(&format!("{experts}.w1"), &[e, h, f]);
+        let w3 = self.param(&format!("{experts}.w3"), &[e, h, f]);
+        let w2 = self.param(&format!("{experts}.w2"), &[e, f, h]);
+        let mut operands = vec![m, gates, w1, w3, w2];
+        if var.expert_form.bias {
+            operands.push(self.param(&format!("{experts}.b1"), &[e, f]));
+            operands.push(self.param(&format!("{experts}.b3"), &[e, f]));
+        }
+        let form = var.expert_form;
+        let mut routed = self.op(OpKind::MoeExperts { experts: e, form }, operands)?;
+        if form.bias {
+            // The down projection's bias, Σₑ gateₑ·b2ₑ: a product of the gates outside the
+            // experts' op, so that a split of their sum over ranks cannot count it twice.
+            let b2 = self.param(&format!("{experts}.b2"), &[e, h]);
+            let biased = self.op(OpKind::Linear { bias: false }, vec![gates, b2])?;
+            routed = self.op(OpKind::Add, vec![routed, biased])?;
+        }
         if let Some(factor) = spec.variant.routed_scale {
             routed = self.op(OpKind::Scale { factor }, vec![routed])?;
         }

@@ -91,6 +91,13 @@ pub struct Variant {
     pub bias_free_layer_norm: bool,
     /// The logits multiplied by this factor (Cohere's `logit_scale`).
     pub logit_scale: Option<f64>,
+    /// A learned sink logit per attention head (gpt-oss's `sinks`).
+    pub attention_sinks: bool,
+    /// A bias on the router's logits (gpt-oss's `router.bias`).
+    pub router_bias: bool,
+    /// The routed experts' gated unit and biases (gpt-oss's clamped SwiGLU with biases on
+    /// all three projections: the down projection's is added per expert as the others).
+    pub expert_form: ir::ExpertForm,
 }
 
 /// The activation of an ungated MLP.
@@ -287,9 +294,14 @@ impl ModelSpec {
                     // Over the whole projections: q's and k's widths.
                     (true, true) => q + kv,
                 };
+                let sinks = if var.attention_sinks {
+                    n(self.heads)
+                } else {
+                    zero
+                };
                 let attn = match &var.mla {
                     Some(mla) => mla.count(self.hidden, self.heads),
-                    None => h * q + two * h * kv + q * h + bias + qk_norm,
+                    None => h * q + two * h * kv + q * h + bias + qk_norm + sinks,
                 };
                 let gate = if var.shared_expert_gate { h } else { zero };
                 let shared = var
@@ -297,8 +309,15 @@ impl ModelSpec {
                     .map_or(zero, |s| three * h * n(s) + gate);
                 let experts = n(self.experts);
                 let mlp_bias = if var.mlp_bias { f + h } else { zero };
+                let router_bias = if var.router_bias { experts } else { zero };
+                // Biases on the gate, up and down projections of each expert.
+                let expert_bias = if var.expert_form.bias {
+                    experts * (two * f + h)
+                } else {
+                    zero
+                };
                 let mlp = if self.family == Family::Mixtral {
-                    h * experts + experts * three * h * f + shared
+                    h * experts + router_bias + experts * three * h * f + expert_bias + shared
                 } else if var.ungated_mlp.is_some() {
                     two * h * f + mlp_bias
                 } else {

@@ -854,6 +854,79 @@ fn glm4_moe_biases_q_k_v_rotates_half_heads_and_routes_like_deepseek_v3() {
     assert_eq!(normed.param_count(), modules + 2 * 128 * layers);
 }
 
+/// gpt-oss (transformers' `GptOssForCausalLM`): biases on q, k, v and o, a sink logit per
+/// head, a biased router over experts whose gate, up and down projections are biased, with
+/// the clamped SwiGLU of `GptOssExperts`. OpenAI's model card gives 20.91B and 116.83B
+/// parameters for openai/gpt-oss-20b and -120b; counted module by module from their published
+/// configs (`fixtures/hf`) they are 20,914,757,184 and 116,829,156,672.
+#[test]
+fn gpt_oss_counts_sinks_and_biased_experts() {
+    let fixture = |name: &str| {
+        let path = format!(
+            "{}/../fixtures/hf/{name}/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read_to_string(path).unwrap()
+    };
+    let (h, vocab, heads, kv, d, ffn) = (2880u64, 201088u64, 64u64, 8u64, 64u64, 2880u64);
+    let count = |layers: u64, experts: u64| {
+        let (q, k) = (heads * d, kv * d);
+        // q, k, v and o with biases, the sinks, the two block norms.
+        let attention = h * q + q + 2 * (h * k + k) + q * h + h + heads + 2 * h;
+        let router = h * experts + experts;
+        let experts = experts * (2 * (h * ffn + ffn) + ffn * h + h);
+        2 * vocab * h + layers * (attention + router + experts) + h
+    };
+    assert_eq!(count(24, 32), 20_914_757_184);
+    assert_eq!(count(36, 128), 116_829_156_672);
+    assert_published(&fixture("gpt-oss-20b"), count(24, 32));
+    assert_published(&fixture("gpt-oss-120b"), count(36, 128));
+    let spec = parse(&fixture("gpt-oss-20b"));
+    let v = &spec.variant;
+    assert!(v.qkv_bias && v.o_bias && v.attention_sinks && v.router_bias);
+    assert_eq!(
+        v.expert_form,
+        ir::ExpertForm {
+            bias: true,
+            alpha: 1.702,
+            limit: Some(7.0),
+            up_offset: 1.0,
+        }
+    );
+    assert_eq!(v.routing, ir::Routing::default());
+    assert_eq!(spec.head_dim(), 64);
+    assert!(matches!(
+        spec.rope_scaling,
+        ir::RopeScaling::Yarn {
+            factor: 32.0,
+            original_max: 4096.0,
+            truncate: false,
+            ..
+        }
+    ));
+    // GptOssConfig's defaults where a config leaves its fields out: gpt-oss-120b's shape,
+    // the biases on, YaRN ×32 untruncated.
+    let bare = r#"{"model_type":"gpt_oss","hidden_size":2880,"intermediate_size":2880,
+        "num_hidden_layers":36,"num_attention_heads":64,"num_key_value_heads":8,
+        "vocab_size":201088,"num_local_experts":128,"num_experts_per_tok":4}"#;
+    let defaults = parse(bare);
+    assert_eq!(defaults.param_count(), count(36, 128));
+    assert_eq!(defaults.rope_theta, 150000.0);
+    assert!(matches!(
+        defaults.rope_scaling,
+        ir::RopeScaling::Yarn {
+            factor: 32.0,
+            truncate: false,
+            ..
+        }
+    ));
+    let notes = hf::approximations(&fixture("gpt-oss-20b"));
+    assert!(
+        notes.iter().any(|n| n.contains("sliding_window 128")),
+        "{notes:?}"
+    );
+}
+
 /// OLMo 3 (transformers' `Olmo3ForCausalLM`) is OLMo 2's block with a sliding window on
 /// three of every four layers: an OLMo 3 config of OLMo-2-1124-7B's shape builds OLMo 2's
 /// graph op for op (7,298,617,344 parameters), and `approximations` says the window is

@@ -65,6 +65,7 @@ fn yarn_attention_factor_follows_transformers_defaults() {
             beta_slow,
             original_max,
             attention_factor,
+            ..
         } => {
             assert_eq!(
                 (factor, beta_fast, beta_slow, original_max),

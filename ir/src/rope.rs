@@ -29,13 +29,16 @@ pub enum RopeScaling {
     },
     /// YaRN: interpolation (÷ `factor`) below a ramp between the dimensions that turn
     /// `beta_slow` and `beta_fast` times over `original_max` positions, extrapolation above;
-    /// cos and sin times `attention_factor`.
+    /// cos and sin times `attention_factor`. The ramp's ends are whole dimensions where
+    /// `truncate` (transformers' default), exact where not (gpt-oss's `truncate: false`).
     Yarn {
         factor: f64,
         beta_fast: f64,
         beta_slow: f64,
         original_max: f64,
         attention_factor: f64,
+        #[serde(default = "truncated", skip_serializing_if = "is_truncated")]
+        truncate: bool,
     },
 }
 
@@ -63,9 +66,11 @@ impl RopeScaling {
                 beta_fast,
                 beta_slow,
                 original_max,
+                truncate,
                 ..
             } => {
-                let (low, high) = yarn_range(beta_fast, beta_slow, d, theta, original_max);
+                let (low, high) =
+                    yarn_range((beta_fast, beta_slow), d, theta, original_max, truncate);
                 plain
                     .enumerate()
                     .map(|(c, f)| {
@@ -126,6 +131,7 @@ impl RopeScaling {
                 beta_slow,
                 original_max,
                 attention_factor,
+                ..
             } => {
                 positive("factor", factor)?;
                 positive("beta_fast", beta_fast)?;
@@ -162,21 +168,33 @@ fn llama3(f: f64, factor: f64, low: f64, high: f64, original_max: f64) -> f64 {
 }
 
 /// YaRN's ramp over channel pairs: from the pair that turns `beta_fast` times over the
-/// original context to the one that turns `beta_slow` times, floored and ceiled and clamped
-/// to the head as transformers' `find_correction_range(truncate=True)` does.
+/// original context to the one that turns `beta_slow` times, clamped to the head as
+/// transformers' `find_correction_range` does, floored and ceiled where it truncates.
 fn yarn_range(
-    beta_fast: f64,
-    beta_slow: f64,
+    (beta_fast, beta_slow): (f64, f64),
     d: usize,
     theta: f64,
     original_max: f64,
+    truncate: bool,
 ) -> (f64, f64) {
     let dim = d as f64;
     let correction =
         |turns: f64| dim * (original_max / (turns * 2.0 * PI)).ln() / (2.0 * theta.ln());
-    let low = correction(beta_fast).floor().max(0.0);
-    let high = correction(beta_slow).ceil().min(dim - 1.0);
-    (low, high)
+    let (low, high) = (correction(beta_fast), correction(beta_slow));
+    let (low, high) = if truncate {
+        (low.floor(), high.ceil())
+    } else {
+        (low, high)
+    };
+    (low.max(0.0), high.min(dim - 1.0))
+}
+
+fn truncated() -> bool {
+    true
+}
+
+fn is_truncated(t: &bool) -> bool {
+    *t
 }
 
 /// YaRN's default attention factor (`get_mscale`): 0.1·m·ln(factor) + 1 above factor 1.
@@ -226,12 +244,19 @@ mod tests {
             beta_slow: 1.0,
             original_max: 4096.0,
             attention_factor: 1.0,
+            truncate: true,
         };
         let plain = RopeScaling::None.inv_freq(10_000.0, 64);
         let scaled = yarn.inv_freq(10_000.0, 64);
-        let (low, high) = yarn_range(32.0, 1.0, 64, 10_000.0, 4096.0);
+        let (low, high) = yarn_range((32.0, 1.0), 64, 10_000.0, 4096.0, true);
         // find_correction_dim(32) = 64·ln(4096/(64π))/(2 ln 10⁴) = 10.47 → 10; (1) → 22.51 → 23.
         assert_eq!((low, high), (10.0, 23.0));
+        // Untruncated (gpt-oss's `truncate: false`), the ends are where they fall.
+        let (low, high) = yarn_range((32.0, 1.0), 64, 10_000.0, 4096.0, false);
+        assert!(
+            (low - 10.47).abs() < 0.01 && (high - 22.51).abs() < 0.01,
+            "{low} {high}"
+        );
         assert_eq!(scaled[0], plain[0]);
         assert_eq!(scaled[10], plain[10]);
         assert!((scaled[31] - plain[31] / 40.0).abs() < 1e-18);

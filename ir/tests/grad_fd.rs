@@ -370,6 +370,7 @@ fn fd_rotary_scaled() {
         beta_slow: 1.0,
         original_max: 16.0,
         attention_factor: 1.3,
+        truncate: true,
     };
     unary(
         "rotary",

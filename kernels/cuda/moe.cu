@@ -141,21 +141,56 @@ extern "C" __global__ void topk_route_backward(float* dlogits, const float* logi
     }
 }
 
-// hidden = silu(a) ⊙ b (SwiGLU), in f64 and rounded once.
-extern "C" __global__ void swiglu(float* hidden, const float* a, const float* b, i64 n) {
-    for (i64 i = global_thread(); i < n; i += grid_threads()) {
-        double x = a[i];
-        hidden[i] = (float)(x * sigmoid64(x) * (double)b[i]);
+// The experts' gated unit act(g)·(u + offset), act(g) = g·σ(α·g), of the gate g = a and the up
+// projection u = b, both clamped where limit > 0 (g ≤ limit, |u| ≤ limit: gpt-oss's); α = 1, no
+// limit and offset 0 is SwiGLU, silu(a) ⊙ b. In f64 and rounded once, as the CPU kernel.
+__device__ void expert_clamped(double& g, double& u, double limit) {
+    if (limit > 0.0) {
+        g = fmin(g, limit);
+        u = fmax(fmin(u, limit), -limit);
     }
 }
 
-// Its gradient: db = dh ⊙ silu(a), da = dh ⊙ b ⊙ silu'(a).
-extern "C" __global__ void swiglu_backward(float* da, float* db, const float* dh, const float* a, const float* b,
-                                           i64 n) {
+extern "C" __global__ void expert_unit(float* hidden, const float* a, const float* b, i64 n, double alpha,
+                                       double limit, double offset) {
     for (i64 i = global_thread(); i < n; i += grid_threads()) {
-        double x = a[i], g = dh[i], s = sigmoid64(x);
-        db[i] = (float)(g * x * s);
-        da[i] = (float)(g * (double)b[i] * (s * (1.0 + x * (1.0 - s))));
+        double g = a[i], u = b[i];
+        expert_clamped(g, u, limit);
+        hidden[i] = (float)(g * sigmoid64(alpha * g) * (u + offset));
+    }
+}
+
+// Its gradient: db = dh · act(g) where u is inside the limits, da = dh · act'(g) · (u + offset)
+// where g is (a clamped value passes nothing; at the limit, all: torch.clamp's rule).
+extern "C" __global__ void expert_unit_backward(float* da, float* db, const float* dh, const float* a,
+                                                const float* b, i64 n, double alpha, double limit,
+                                                double offset) {
+    for (i64 i = global_thread(); i < n; i += grid_threads()) {
+        double g = a[i], u = b[i], d = dh[i];
+        expert_clamped(g, u, limit);
+        double s = sigmoid64(alpha * g);
+        bool gate_open = !(limit > 0.0) || (double)a[i] <= limit;
+        bool up_open = !(limit > 0.0) || fabs((double)b[i]) <= limit;
+        db[i] = up_open ? (float)(d * g * s) : 0.0f;
+        da[i] = gate_open ? (float)(d * (u + offset) * (s * (1.0 + alpha * g * (1.0 - s)))) : 0.0f;
+    }
+}
+
+// a[e, t, c] += bias[e, c]: each expert's bias on its projection of every token (gpt-oss).
+extern "C" __global__ void expert_bias_add(float* a, const float* bias, i64 experts, i64 tokens, i64 f) {
+    for (i64 i = global_thread(); i < experts * tokens * f; i += grid_threads()) {
+        i64 e = i / (tokens * f), c = i % f;
+        a[i] += bias[e * f + c];
+    }
+}
+
+// dbias[e, c] = Σ_t da[e, t, c], tokens in order, in f64.
+extern "C" __global__ void expert_bias_grad(float* dbias, const float* da, i64 experts, i64 tokens, i64 f) {
+    for (i64 i = global_thread(); i < experts * f; i += grid_threads()) {
+        i64 e = i / f, c = i % f;
+        double s = 0.0;
+        for (i64 t = 0; t < tokens; ++t) s += (double)da[(e * tokens + t) * f + c];
+        dbias[i] = (float)s;
     }
 }
 

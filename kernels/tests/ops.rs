@@ -272,6 +272,7 @@ fn rotary() {
                 beta_slow: 1.0,
                 original_max: 16.0,
                 attention_factor: 1.2,
+                truncate: true,
             },
         };
         let e4 = check("rotary", &yarn, &[rand(rng, &[2, 9, 16])], rng);

@@ -370,6 +370,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("pythia-160m", "in parallel"),
         ("phi-2", "in parallel"),
         ("falcon-7b", "in parallel"),
+        ("gpt-oss-20b", "attention sinks"),
     ] {
         let p = plan_of(&spec(name).unwrap(), name, "dgx-h100", &s);
         match planner::export::export(&p, Engine::Megatron) {
@@ -963,6 +964,7 @@ fn megatron_rope_scaling_is_stated_or_refused() {
         beta_slow: 1.0,
         original_max: 32768.0,
         attention_factor: 1.1,
+        truncate: true,
     });
     assert!(
         matches!(yarn, Err(PlanError::Unexportable { ref feature, .. }) if feature.contains("Yarn")),

@@ -1,5 +1,6 @@
 //! One test per rewrite rule: it fires on a zoo block (GPT-2, Llama 3 8B with GQA, Mixtral,
-//! DeepSeek-V2-Lite's latent attention, and GPT-2's embedding and LM-head ops), and every union it made joined classes of equal
+//! DeepSeek-V2-Lite's latent attention, gpt-oss's sinks and biased experts, and GPT-2's
+//! embedding and LM-head ops), and every union it made joined classes of equal
 //! global shape and layout (the analysis records any other merge as a conflict, which makes
 //! `build` fail).
 
@@ -63,6 +64,8 @@ fn applied() -> &'static BTreeMap<String, usize> {
         let deepseek = deepseek_v2_lite();
         // A parallel block without biases: attention's and the MLP's partial sums add.
         let falcon = fixture("falcon-40b");
+        // gpt-oss: a sink logit per head, a biased router and biased experts.
+        let oss = fixture("gpt-oss-20b");
         let cases: Vec<(&Graph, Vec<OpId>, u32, bool, bool)> = vec![
             (&gpt2, gpt2.layer_ops(0), 2, false, false),
             (&gpt2, gpt2.layer_ops(0), 2, true, true),
@@ -78,6 +81,9 @@ fn applied() -> &'static BTreeMap<String, usize> {
             (&llama, outside(&llama, false), 8, true, false),
             (&deepseek, deepseek.layer_ops(0), 2, true, true),
             (&falcon, falcon.layer_ops(0), 8, false, false),
+            (&oss, oss.layer_ops(0), 8, true, true),
+            // Eight kv heads over sixteen ranks: the sinks split with q alone.
+            (&oss, oss.layer_ops(0), 16, true, false),
         ];
         for (g, ops, tp, sp, batch) in cases {
             let mut opts = ShardOptions::new(tp, sp, B);
@@ -153,4 +159,11 @@ rule_tests! {
     slice_other => "slice-other",
     concat_other => "concat-other",
     expand_other => "expand-other",
+    sink_attention_heads => "sink-attention-heads",
+    sink_attention_heads_whole_kv => "sink-attention-heads-whole-kv",
+    sink_attention_batch => "sink-attention-batch",
+    bmoe_experts => "bmoe-experts",
+    bmoe_ffn => "bmoe-ffn",
+    bmoe_tokens => "bmoe-tokens",
+    brouter_tokens => "brouter-tokens",
 }

@@ -1351,6 +1351,7 @@ fn rotary_with_each_scaling_and_long_positions() {
             beta_slow: 1.0,
             original_max: 64.0,
             attention_factor: 1.2,
+            truncate: true,
         },
     ] {
         let rotary = OpKind::Rotary {
@@ -1658,6 +1659,30 @@ fn mixture_of_experts_routers_and_experts() {
         &operands,
         1e-5,
     );
+    // gpt-oss's: a biased router, experts with biases and the clamped unit (a limit that
+    // bites on these values).
+    let biased_router = OpKind::TopKRouter {
+        experts,
+        k: 2,
+        routing: Routing::default(),
+        bias: true,
+    };
+    let router_bias = tensor(&[e], 76);
+    check(
+        &b,
+        biased_router,
+        &[operands[0].clone(), w, router_bias],
+        1e-5,
+    );
+    let form = ir::ExpertForm {
+        bias: true,
+        alpha: 1.702,
+        limit: Some(0.5),
+        up_offset: 1.0,
+    };
+    let mut biased = operands.to_vec();
+    biased.extend([tensor(&[e, width], 77), tensor(&[e, width], 78)]);
+    check(&b, OpKind::MoeExperts { experts, form }, &biased, 1e-5);
 }
 
 /// Shard 1 of a vocabulary of 21 tokens padded to 24 (8 rows per shard: rows 8..16 here, and

@@ -322,6 +322,15 @@ fn llama_structured_families_equal_one_device() {
         ("glm4_moe", &tp2),
         ("glm4_moe", &dp2),
         ("glm4_moe", &pp2),
+        // gpt-oss: biased attention with a sink logit per head (split with the heads), a
+        // biased router, experts with biases on all three projections and a clamped SwiGLU,
+        // YaRN untruncated. The clamp is the published 7, which this scale never reaches: a
+        // limit that bites puts values within rounding of it, where a layout's other order of
+        // summation flips the clamp (the kernels test it against the interpreter).
+        ("gpt_oss", &tp2),
+        ("gpt_oss", &tp2_no_sp),
+        ("gpt_oss", &dp2),
+        ("gpt_oss", &pp2),
         // Qwen-MoE's mlp_only_layers: a dense layer 0 of intermediate_size before the experts.
         ("qwen2_moe-dense", &dp2),
         ("qwen2_moe-dense", &pp2),
@@ -382,6 +391,8 @@ fn moe_expert_parallel_equals_one_device() {
         ("qwen3_moe dp4 ep2 zero3", "qwen3_moe", with(4, 2, 3, 1)),
         ("qwen3_moe dp4 ep4 zero2 pp2", "qwen3_moe", with(4, 4, 2, 2)),
         ("mixtral tp2 sp dp2 ep2", "mixtral", with_tp(true, 0)),
+        ("gpt_oss dp2 ep2", "gpt_oss", with(2, 2, 0, 1)),
+        ("gpt_oss tp2 sp dp2 ep2", "gpt_oss", with_tp(true, 0)),
         (
             "qwen2_moe tp2 dp2 ep2 zero1",
             "qwen2_moe",
@@ -403,7 +414,11 @@ fn moe_expert_parallel_equals_one_device() {
                 _ => None,
             })
             .collect();
-        let all = if family == "mixtral" { 4 } else { 8 };
+        let all = if matches!(family, "mixtral" | "gpt_oss") {
+            4
+        } else {
+            8
+        };
         assert!(
             !experts_per_rank.is_empty()
                 && experts_per_rank.iter().all(|&e| e == all / u64::from(c.ep)),
@@ -619,6 +634,8 @@ fn extracted_layouts_equal_one_device() {
     const OLMOE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-olmoe.json");
     let olmo_sp = mqa_sp.clone();
     let olmoe_sp = mqa_sp.clone();
+    let oss_sp = mqa_sp.clone();
+    const GPT_OSS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-gpt_oss.json");
     let mut bad = Vec::new();
     let mut resplit: Vec<&str> = Vec::new();
     let (mut whole_kv, mut broadcast, mut recut): (Vec<&str>, Vec<&str>, Vec<&str>) =
@@ -655,6 +672,10 @@ fn extracted_layouts_equal_one_device() {
         ("olmo2 tp2 pp2", OLMO2, Config::new(2, 2, 1)),
         // OLMoE: those norms in a pre-norm block, beside experts split over the group.
         ("olmoe tp2 sp", OLMOE, olmoe_sp),
+        // gpt-oss: sinks split with the heads, a biased router, biased experts and their
+        // down-projection bias as a product of the routing weights.
+        ("gpt_oss tp2 sp", GPT_OSS, oss_sp),
+        ("gpt_oss tp2", GPT_OSS, Config::new(2, 1, 1)),
     ] {
         let (plan, graph) = with_extraction(model, &c);
         if let Some(bp) = &plan.block_plan {

@@ -574,15 +574,16 @@ fn local_kind(
         | OpKind::Concat { .. } => view_local(b, o, ins, out, kind),
         OpKind::MoeExperts { experts, form } => moe_local(b, ins, out, (*experts, *form), t),
         OpKind::TopKRouter { .. } => {
-            // Routes each token it holds with the whole router: any split of the tokens'
-            // axes (not of the hidden one it reads whole) passes through.
+            // Routes each token it holds with the whole router (and bias): any split of the
+            // tokens' axes (not of the hidden one it reads whole) passes through.
             let x = lay_of(b, ins[0]);
             let per_token = match x {
                 Lay::Rep => true,
                 Lay::Split { axis, .. } => axis + 1 < rank(b, ins[0]),
                 Lay::Partial => false,
             };
-            if per_token && lay_of(b, ins[1]) == Lay::Rep && out == x {
+            let whole = ins[1..].iter().all(|&w| lay_of(b, w) == Lay::Rep);
+            if per_token && whole && out == x {
                 Ok((kind, None))
             } else {
                 Err("a router off whole tokens' hidden axis or with a split weight".into())

@@ -688,11 +688,14 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                             out_lay = Lay::Partial;
                             reduce_after = true;
                         }
-                        lay if too_narrow_to_split(&b, ins[1], blocks_of.get(&o), t) => {
+                        lay if too_narrow_to_split(&b, ins[1], blocks_of.get(&o), t)
+                            || reads_routing_weights(cx.graph, o) =>
+                        {
                             // A projection too narrow to split (Qwen2-MoE's one-column gate of
-                            // its shared expert): every rank computes it whole on the tokens it
-                            // holds; on a piece of the sequence (SP) its weight gradient is a
-                            // partial sum.
+                            // its shared expert), or one of the routing weights (gpt-oss's
+                            // experts' down-projection bias, Σₑ gateₑ·b2ₑ, beside the experts'
+                            // output): every rank computes it whole on the tokens it holds; on
+                            // a piece of the sequence (SP) its weight gradient is a partial sum.
                             out_lay = lay;
                             if let Lay::Split { axis: 1, .. } = lay {
                                 partial_params = (1..ins.len()).collect();
@@ -786,14 +789,15 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                 }
                 OpKind::TopKRouter { .. } => {
                     // Every rank routes the tokens it holds (all of them, or its piece of the
-                    // sequence with SP) with the whole router.
-                    if lay_of(&b, ins[1]) != Lay::Rep {
+                    // sequence with SP) with the whole router (and its bias: gpt-oss's), whose
+                    // gradients are then partial sums over the pieces.
+                    if ins[1..].iter().any(|&w| lay_of(&b, w) != Lay::Rep) {
                         return Err(b.err(o, "the router weight must be replicated"));
                     }
                     out_lay = lay_of(&b, ins[0]);
                     match out_lay {
                         Lay::Rep => {}
-                        Lay::Split { axis: 1, .. } => partial_params = vec![1],
+                        Lay::Split { axis: 1, .. } => partial_params = (1..ins.len()).collect(),
                         l => return Err(b.err(o, format!("no router rule for tokens laid {l:?}"))),
                     }
                 }
@@ -1343,6 +1347,12 @@ fn split_elsewhere_but_whole(b: &B, ins: &[SVal], axis: usize) -> Option<Lay> {
 }
 
 /// Whether a replicated weight `[in, out]` has too few columns to split `blocks × t` ways.
+/// Whether linear `o` reads a router's output (the experts' routing weights).
+fn reads_routing_weights(g: &Graph, o: OpId) -> bool {
+    let x = g.op(o).inputs[0];
+    matches!(g.op(g.def_op(x)).kind, OpKind::TopKRouter { .. })
+}
+
 fn too_narrow_to_split(b: &B, w: SVal, blocks: Option<&u32>, t: u64) -> bool {
     let val = &b.seg.vals[w];
     let cols = val.shape.get(1).copied().unwrap_or(0);

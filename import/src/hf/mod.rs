@@ -22,7 +22,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 34] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 35] = [
     "gpt2",
     "llama",
     "mistral",
@@ -52,6 +52,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 34] = [
     "cohere",
     "glm4",
     "glm4_moe",
+    "gpt_oss",
     "gpt_neox",
     "phi",
     "falcon",
@@ -207,6 +208,17 @@ impl LlamaLike {
                 rms_eps: 1e-5,
                 ..LlamaLike::of("deepseek_v3")?
             },
+            // transformers' GptOssConfig defaults (gpt-oss-120b): Llama's attention with
+            // biases and a sink logit per head, half the layers in a sliding window
+            // (modelled as full attention: `approximations`), then routed experts with
+            // biases and a clamped SwiGLU behind a biased router.
+            "gpt_oss" => LlamaLike {
+                model_type: "gpt_oss",
+                positions: 131072,
+                rms_eps: 1e-5,
+                rope_theta: 150000.0,
+                ..LlamaLike::of("mixtral")?
+            },
             _ => return None,
         })
     }
@@ -236,9 +248,10 @@ impl LlamaLike {
             // `head_dim` says (transformers sets it to the rotary part).
             _ if mla.is_some() => mla.map(|m| m.qk_head_dim()),
             Some(d) => Some(d),
-            // transformers' defaults: Qwen3, GLM-4 and Seed-OSS 128, Gemma 256.
+            // transformers' defaults: Qwen3, GLM-4 and Seed-OSS 128, Gemma 256, gpt-oss 64.
             None if qwen3 || matches!(t, "glm4" | "seed_oss") => Some(128),
             None if gemma => Some(256),
+            None if t == "gpt_oss" => Some(64),
             None => None,
         };
         Ok(Variant {
@@ -246,8 +259,9 @@ impl LlamaLike {
             head_dim: head_dim.filter(|&d| d != implied),
             qkv_bias: match &block {
                 Some(b) => b.qkv_bias,
-                // Glm4Config's and SeedOssConfig's attention_bias default to true.
-                None if matches!(t, "glm4" | "seed_oss") => {
+                // Glm4Config's, SeedOssConfig's and GptOssConfig's attention_bias default
+                // to true.
+                None if matches!(t, "glm4" | "seed_oss" | "gpt_oss") => {
                     f.opt_bool("attention_bias")?.unwrap_or(true)
                 }
                 None => matches!(t, "qwen2" | "qwen2_moe") || attention_bias(f, t)?,
@@ -257,6 +271,7 @@ impl LlamaLike {
                 Some(b) => b.o_bias,
                 // Seed-OSS biases o_proj by its own switch.
                 None if t == "seed_oss" => f.opt_bool("attention_out_bias")?.unwrap_or(false),
+                None if t == "gpt_oss" => f.opt_bool("attention_bias")?.unwrap_or(true),
                 None => !glm && attention_bias(f, t)?,
             },
             qk_norm: qwen3
@@ -336,6 +351,13 @@ impl LlamaLike {
                 cohere_logit_scale(f)?
             } else {
                 None
+            },
+            attention_sinks: t == "gpt_oss",
+            router_bias: t == "gpt_oss",
+            expert_form: if t == "gpt_oss" {
+                moe::gpt_oss_experts(f)?
+            } else {
+                ir::ExpertForm::SWIGLU
             },
             rotary_dims: match t {
                 "nemotron" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
@@ -521,6 +543,26 @@ impl LlamaLike {
             return Ok(0.0);
         }
         Ok(f.opt_probability("residual_dropout")?.unwrap_or(0.1))
+    }
+
+    /// The config's rope scaling; gpt-oss's where its config names none (GptOssConfig's
+    /// default: YaRN ×32 over 4096 positions, untruncated).
+    fn rope_scaling(
+        &self,
+        f: &Fields<'_>,
+        max_positions: u64,
+    ) -> Result<ir::RopeScaling, ConfigError> {
+        if self.model_type == "gpt_oss" && !f.obj.contains_key("rope_scaling") {
+            return Ok(ir::RopeScaling::Yarn {
+                factor: 32.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max: 4096.0,
+                attention_factor: ir::rope::yarn_mscale(32.0, 1.0),
+                truncate: false,
+            });
+        }
+        rope::rope_scaling(f, max_positions)
     }
 
     /// The rotary base: `rope_theta`, or GPT-NeoX's older `rotary_emb_base`.
@@ -709,7 +751,7 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(kind.tied),
         norm_eps: f.opt_epsilon(kind.eps_field())?.unwrap_or(kind.rms_eps),
         rope_theta: kind.rope_theta(&f)?,
-        rope_scaling: rope::rope_scaling(&f, max_positions)?,
+        rope_scaling: kind.rope_scaling(&f, max_positions)?,
         experts,
         experts_per_token,
         default_seq: crate::spec::default_seq(max_positions),

@@ -28,6 +28,25 @@ pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, Confi
     })
 }
 
+/// gpt-oss's experts (transformers' `GptOssExperts`): biases on every projection and the
+/// clamped unit (gate ≤ limit, |up| ≤ limit) gate·σ(α·gate)·(up + 1), with GptOssConfig's
+/// `swiglu_alpha` 1.702 and `swiglu_limit` 7.0 where the config leaves them out.
+pub(super) fn gpt_oss_experts(f: &Fields<'_>) -> Result<ir::ExpertForm, ConfigError> {
+    let alpha = f.opt_float("swiglu_alpha")?.unwrap_or(1.702);
+    let limit = f.opt_float("swiglu_limit")?.unwrap_or(7.0);
+    let form = ir::ExpertForm {
+        bias: true,
+        alpha,
+        limit: Some(limit),
+        up_offset: 1.0,
+    };
+    form.check().map_err(|reason| ConfigError::Inconsistent {
+        file: f.file.clone(),
+        reason: format!("swiglu_alpha and swiglu_limit: {reason}"),
+    })?;
+    Ok(form)
+}
+
 /// DeepSeek-V3's sigmoid router: each group scored by its best two experts, the top k taken
 /// from the `topk_group` best of `n_group` groups (defaults `groups`, `kept`), renormalized
 /// unless `norm_topk_prob` is false.

@@ -91,6 +91,16 @@ pub(super) fn rope_scaling(f: &Fields<'_>, max_positions: u64) -> Result<RopeSca
                 original_max: num("original_max_position_embeddings")?
                     .unwrap_or(max_positions as f64),
                 attention_factor,
+                truncate: match r.get("truncate") {
+                    None | Some(Value::Null) => true,
+                    Some(Value::Bool(t)) => *t,
+                    Some(v) => {
+                        return Err(ConfigError::Inconsistent {
+                            file: f.file.clone(),
+                            reason: format!("rope_scaling.truncate must be true or false, got {v}"),
+                        });
+                    }
+                },
             }
         }
         Some("dynamic") => {

@@ -2,12 +2,7 @@
 //! refusing one says why rather than only listing what is supported.
 
 /// (model types, what plait would need to build them).
-const KNOWN: [(&[&str], &str); 9] = [
-    (
-        &["gpt_oss"],
-        "gpt-oss's attention sinks (a learned logit per head in the softmax) and its experts' \
-         biases and clamped SwiGLU",
-    ),
+const KNOWN: [(&[&str], &str); 8] = [
     (
         &["llama4", "llama4_text"],
         "Llama 4's chunked attention, its layers without rotary embeddings and its alternating \

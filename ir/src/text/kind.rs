@@ -38,7 +38,7 @@ pub(crate) enum AttrTy {
 /// The type of attribute `key`, or `None` when no op has such an attribute.
 pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
     Some(match key {
-        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" | "sinks" => AttrTy::Bool,
+        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" | "sinks" | "truncate" => AttrTy::Bool,
         "value" | "exponent" | "factor" | "eps" | "scale" | "theta" | "p" | "lr" | "beta1"
         | "beta2" | "weight_decay" | "low_freq_factor" | "high_freq_factor" | "original_max"
         | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" | "alpha" | "limit"
@@ -72,7 +72,7 @@ pub(crate) fn source_name(kind: &OpKind) -> Option<&str> {
 /// The attributes of a rotary embedding's scaling, none for plain frequencies; the parser's
 /// [`Attrs::rope_scaling`] tells the kinds apart by these keys.
 fn rope_scaling_attrs(scaling: &RopeScaling) -> Vec<(&'static str, AttrVal)> {
-    use AttrVal::Float;
+    use AttrVal::{Bool, Float};
     match *scaling {
         RopeScaling::None => vec![],
         RopeScaling::Linear { factor } => vec![("factor", Float(factor))],
@@ -93,13 +93,19 @@ fn rope_scaling_attrs(scaling: &RopeScaling) -> Vec<(&'static str, AttrVal)> {
             beta_slow,
             original_max,
             attention_factor,
-        } => vec![
-            ("factor", Float(factor)),
-            ("beta_fast", Float(beta_fast)),
-            ("beta_slow", Float(beta_slow)),
-            ("original_max", Float(original_max)),
-            ("attention_factor", Float(attention_factor)),
-        ],
+            truncate,
+        } => {
+            let mut attrs = vec![
+                ("factor", Float(factor)),
+                ("beta_fast", Float(beta_fast)),
+                ("beta_slow", Float(beta_slow)),
+                ("original_max", Float(original_max)),
+                ("attention_factor", Float(attention_factor)),
+            ];
+            // Printed only where it is not transformers' default, as older texts read.
+            attrs.extend((!truncate).then_some(("truncate", Bool(false))));
+            attrs
+        }
     }
 }
 
@@ -332,6 +338,7 @@ impl Attrs {
                 beta_slow: self.float(op, "beta_slow")?,
                 original_max: self.float(op, "original_max")?,
                 attention_factor: self.float(op, "attention_factor")?,
+                truncate: !self.has("truncate") || self.bool(op, "truncate")?,
             });
         }
         if self.has("low_freq_factor") {

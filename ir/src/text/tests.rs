@@ -99,6 +99,7 @@ fn every_kind() -> Vec<OpKind> {
                 beta_slow: 1.0,
                 original_max: 4096.0,
                 attention_factor: 1.1,
+                truncate: true,
             },
         },
         OpKind::Rotary {

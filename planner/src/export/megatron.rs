@@ -220,6 +220,7 @@ fn latent_rope_args(
             beta_slow: 1.0,
             original_max: 4096.0,
             attention_factor,
+            truncate: true,
         } if factor > 1.0 && scale_squared > 0.0 => {
             let all_dim = scale_squared.sqrt();
             push(args, "--rope-type", "yarn");

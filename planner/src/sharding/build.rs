@@ -192,16 +192,9 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
             OpKind::MoeExperts { form, .. } if !form.bias => {
                 Shard::Moe([tag, k(0)?, k(1)?, k(2)?, k(3)?, k(4)?])
             }
-            OpKind::MoeExperts { .. } => Shard::BiasedMoe([
-                tag,
-                k(0)?,
-                k(1)?,
-                k(2)?,
-                k(3)?,
-                k(4)?,
-                k(5)?,
-                k(6)?,
-            ]),
+            OpKind::MoeExperts { .. } => {
+                Shard::BiasedMoe([tag, k(0)?, k(1)?, k(2)?, k(3)?, k(4)?, k(5)?, k(6)?])
+            }
             _ => {
                 let mut v = vec![tag];
                 v.extend(&kids);

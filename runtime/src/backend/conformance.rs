@@ -672,7 +672,25 @@ fn moe_cases() -> Vec<Case> {
                 experts,
                 form: Default::default(),
             },
-            operands,
+            operands.clone(),
+            1e-5,
+        ),
+        // gpt-oss's experts: biases, the clamped unit (biting on these values), offset up.
+        case(
+            "experts",
+            OpKind::MoeExperts {
+                experts,
+                form: ir::ExpertForm {
+                    bias: true,
+                    alpha: 1.702,
+                    limit: Some(0.5),
+                    up_offset: 1.0,
+                },
+            },
+            operands
+                .into_iter()
+                .chain([tensor(&[e, width], 76), tensor(&[e, width], 77)])
+                .collect(),
             1e-5,
         ),
     ]

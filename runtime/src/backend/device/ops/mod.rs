@@ -354,15 +354,14 @@ pub(super) fn forward<D: Device>(
             }
             _ => None,
         },
-        // gpt-oss's biased router and biased, clamped experts run on the host for now.
         OpKind::TopKRouter {
             experts,
             k,
             routing,
-            bias: false,
+            ..
         } => one(moe::router_forward(b, (*experts, *k, routing), inputs)?),
-        OpKind::MoeExperts { experts, form } if form.is_swiglu() => {
-            one(moe::experts_forward(b, *experts, inputs)?)
+        OpKind::MoeExperts { experts, form } => {
+            one(moe::experts_forward(b, (*experts, *form), inputs)?)
         }
         OpKind::Grad { of, wrt } => grad(b, of, wrt, inputs)?,
         _ => one(pointwise::forward(b, kind, inputs)?),
@@ -509,10 +508,10 @@ fn backward_of<D: Device>(
             experts,
             k,
             routing,
-            bias: false,
+            ..
         } => moe::router_backward(b, (*experts, *k, routing), xs, g, wanted)?,
-        OpKind::MoeExperts { experts, form } if form.is_swiglu() => {
-            all(moe::experts_backward(b, *experts, xs, g)?)
+        OpKind::MoeExperts { experts, form } => {
+            all(moe::experts_backward(b, (*experts, *form), xs, g)?)
         }
         OpKind::Rotary { .. } => match xs {
             &[x] if g.shape == x.shape => {

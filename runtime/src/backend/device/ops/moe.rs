@@ -1,12 +1,12 @@
 //! Mixture of experts on the device (`moe.cu`): `TopKRouter` as the router's GEMM and a
 //! routing kernel per token; `MoeExperts` as strided-batched GEMMs over all experts at once
-//! (every expert on every token, `x` shared by the batch with stride 0) around SwiGLU and the
-//! gated combination. The CPU kernel runs each expert on its routed tokens only; a gate of 0
+//! (every expert on every token, `x` shared by the batch with stride 0) around the experts'
+//! gated unit (SwiGLU, or gpt-oss's clamped one with biases) and the gated combination. The CPU kernel runs each expert on its routed tokens only; a gate of 0
 //! contributes exactly 0 here, so the results agree, at experts/k times the GEMM work (the
 //! routed, grouped form is issue 15's next step for MoE).
 
-use ir::OpKind;
 use ir::routing::Routing;
+use ir::{ExpertForm, OpKind};
 
 use super::{Buf, matmul, pointwise_grid, size};
 use crate::RuntimeError;
@@ -18,7 +18,12 @@ const MAX_GROUPS: u64 = 64;
 /// `moe.cu`'s `PLAIT_MAX_GROUP_TOP`: the most experts a group's score sums.
 const MAX_GROUP_TOP: u64 = 8;
 
-const ROUTER_LINEAR: OpKind = OpKind::Linear { bias: false };
+/// The router's logits `x · w (+ b)`: a linear map, biased where the router is (gpt-oss).
+fn router_linear<D: Device>(xs: &[&Buf<D>]) -> OpKind {
+    OpKind::Linear {
+        bias: xs.len() == 3,
+    }
+}
 
 /// The router's sizes when the device handles them: tokens and experts.
 fn router_dims<D: Device>(
@@ -27,15 +32,20 @@ fn router_dims<D: Device>(
     k: u64,
     routing: &Routing,
 ) -> Option<(usize, usize)> {
-    let (&[x, w], Ok(e)) = (xs, usize::try_from(experts)) else {
+    let (&[x, w, ref bias @ ..], Ok(e)) = (xs, usize::try_from(experts)) else {
         return None;
     };
     let fits = routing.check(experts, k).is_ok()
         && k <= MAX_TOPK
         && routing.groups_kept <= MAX_GROUPS
         && routing.group_top <= MAX_GROUP_TOP;
+    let bias_fits = match bias {
+        [] => true,
+        [b] => b.shape == [e],
+        _ => false,
+    };
     let h = *x.shape.last()?;
-    (fits && w.shape == [h, e]).then(|| (x.len / h.max(1), e))
+    (fits && bias_fits && w.shape == [h, e]).then(|| (x.len / h.max(1), e))
 }
 
 /// The routing kernels' arguments after their buffers.
@@ -67,7 +77,7 @@ pub(super) fn router_forward<D: Device>(
     let Some((tokens, e)) = router_dims::<D>(xs, experts, k, routing) else {
         return Ok(None);
     };
-    let Some(logits) = matmul::forward(b, &ROUTER_LINEAR, xs)? else {
+    let Some(logits) = matmul::forward(b, &router_linear::<D>(xs), xs)? else {
         return Ok(None);
     };
     let mut gates = b.alloc(&logits.shape)?;
@@ -84,7 +94,7 @@ pub(super) fn router_forward<D: Device>(
     Ok(Some(gates))
 }
 
-/// `[dx, dw]` through the chosen scores, then the router's linear map.
+/// `[dx, dw]` (and the bias's) through the chosen scores, then the router's linear map.
 pub(super) fn router_backward<D: Device>(
     b: &DeviceBackend<D>,
     (experts, k, routing): (u64, u64, &Routing),
@@ -95,7 +105,7 @@ pub(super) fn router_backward<D: Device>(
     let Some((tokens, e)) = router_dims::<D>(xs, experts, k, routing) else {
         return Ok(None);
     };
-    let Some(logits) = matmul::forward(b, &ROUTER_LINEAR, xs)? else {
+    let Some(logits) = matmul::forward(b, &router_linear::<D>(xs), xs)? else {
         return Ok(None);
     };
     if g.shape != logits.shape {
@@ -117,7 +127,7 @@ pub(super) fn router_backward<D: Device>(
         &mut args,
     )?;
     b.device.release(logits.mem);
-    let grads = matmul::backward(b, &ROUTER_LINEAR, xs, &dlogits, wanted, [false; 2]);
+    let grads = matmul::backward(b, &router_linear::<D>(xs), xs, &dlogits, wanted, [false; 2]);
     b.device.release(dlogits.mem);
     grads
 }
@@ -131,9 +141,18 @@ struct Dims {
     f: usize,
 }
 
-fn experts_dims<'a, D: Device>(experts: u64, xs: &[&'a Buf<D>]) -> Option<(Dims, Operands<'a, D>)> {
-    let &[x, gates, w1, w3, w2] = xs else {
+fn experts_dims<'a, D: Device>(
+    experts: u64,
+    form: ExpertForm,
+    xs: &[&'a Buf<D>],
+) -> Option<(Dims, Operands<'a, D>)> {
+    let (&[x, gates, w1, w3, w2], biases) = xs.split_at_checked(5)? else {
         return None;
+    };
+    let (b1, b3) = match *biases {
+        [] if !form.bias => (None, None),
+        [b1, b3] if form.bias => (Some(b1), Some(b3)),
+        _ => return None,
     };
     let e = usize::try_from(experts).ok()?;
     let h = *x.shape.last()?;
@@ -145,6 +164,7 @@ fn experts_dims<'a, D: Device>(experts: u64, xs: &[&'a Buf<D>]) -> Option<(Dims,
         && w1.shape == [e, h, f]
         && w3.shape == [e, h, f]
         && w2.shape == [e, f, h]
+        && [b1, b3].iter().flatten().all(|b| b.shape == [e, f])
         && t * h * f * e > 0;
     ok.then_some((
         Dims { t, e, h, f },
@@ -154,6 +174,9 @@ fn experts_dims<'a, D: Device>(experts: u64, xs: &[&'a Buf<D>]) -> Option<(Dims,
             w1,
             w3,
             w2,
+            b1,
+            b3,
+            form,
         },
     ))
 }
@@ -179,8 +202,8 @@ fn batched(
     }
 }
 
-/// The experts' activations on every token: `a = x w1ₑ`, `b = x w3ₑ`, `hidden = silu(a) ⊙ b`
-/// and `out = hidden w2ₑ`, each `[E, t, ·]`.
+/// The experts' activations on every token: `a = x w1ₑ (+ b1ₑ)`, `b = x w3ₑ (+ b3ₑ)`,
+/// `hidden = unit(a, b)` and `out = hidden w2ₑ`, each `[E, t, ·]`.
 struct Pass<D: Device> {
     a: Buf<D>,
     b: Buf<D>,
@@ -188,13 +211,71 @@ struct Pass<D: Device> {
     out: Buf<D>,
 }
 
-/// `MoeExperts`' operands, in order.
+/// `MoeExperts`' operands, in order, and its form.
 struct Operands<'a, D: Device> {
     x: &'a Buf<D>,
     gates: &'a Buf<D>,
     w1: &'a Buf<D>,
     w3: &'a Buf<D>,
     w2: &'a Buf<D>,
+    b1: Option<&'a Buf<D>>,
+    b3: Option<&'a Buf<D>>,
+    form: ExpertForm,
+}
+
+/// The gated unit's attributes as `expert_unit` takes them (limit 0: none).
+fn unit_args<'a, M>(form: &ExpertForm) -> [KernelArg<'a, M>; 3] {
+    [
+        KernelArg::F64(form.alpha),
+        KernelArg::F64(form.limit.unwrap_or(0.0)),
+        KernelArg::F64(form.up_offset),
+    ]
+}
+
+/// `a[e, t, ·] += bias[e, ·]` where the expert has a bias.
+fn add_bias<D: Device>(
+    be: &DeviceBackend<D>,
+    d: Dims,
+    a: &mut Buf<D>,
+    bias: Option<&Buf<D>>,
+) -> Result<(), RuntimeError> {
+    let Some(bias) = bias else {
+        return Ok(());
+    };
+    launch(
+        be,
+        "expert_bias_add",
+        d.e * d.t * d.f,
+        &mut [
+            KernelArg::Out(&mut a.mem),
+            KernelArg::In(&bias.mem),
+            size(d.e),
+            size(d.t),
+            size(d.f),
+        ],
+    )
+}
+
+/// `dbias[e, ·] = Σ_t da[e, t, ·]`.
+fn bias_grad<D: Device>(
+    be: &DeviceBackend<D>,
+    d: Dims,
+    da: &Buf<D>,
+) -> Result<Buf<D>, RuntimeError> {
+    let mut db = be.alloc(&[d.e, d.f])?;
+    launch(
+        be,
+        "expert_bias_grad",
+        d.e * d.f,
+        &mut [
+            KernelArg::Out(&mut db.mem),
+            KernelArg::In(&da.mem),
+            size(d.e),
+            size(d.t),
+            size(d.f),
+        ],
+    )?;
+    Ok(db)
 }
 
 fn expert_pass<D: Device>(
@@ -207,20 +288,19 @@ fn expert_pass<D: Device>(
     let up = batched(be, (t, h, f), (false, false), (0, h * f), e);
     let mut a = be.alloc(&[e, t, f])?;
     be.device.gemm(&up, &x.mem, &w1.mem, &mut a.mem)?;
+    add_bias(be, d, &mut a, o.b1)?;
     let mut bm = be.alloc(&[e, t, f])?;
     be.device.gemm(&up, &x.mem, &w3.mem, &mut bm.mem)?;
+    add_bias(be, d, &mut bm, o.b3)?;
     let mut hidden = be.alloc(&[e, t, f])?;
-    launch(
-        be,
-        "swiglu",
-        e * t * f,
-        &mut [
-            KernelArg::Out(&mut hidden.mem),
-            KernelArg::In(&a.mem),
-            KernelArg::In(&bm.mem),
-            size(e * t * f),
-        ],
-    )?;
+    let mut args = vec![
+        KernelArg::Out(&mut hidden.mem),
+        KernelArg::In(&a.mem),
+        KernelArg::In(&bm.mem),
+        size(e * t * f),
+    ];
+    args.extend(unit_args(&o.form));
+    launch(be, "expert_unit", e * t * f, &mut args)?;
     let down = batched(be, (t, f, h), (false, false), (t * f, f * h), e);
     let mut out = be.alloc(&[e, t, h])?;
     be.device.gemm(&down, &hidden.mem, &w2.mem, &mut out.mem)?;
@@ -243,13 +323,13 @@ fn launch<D: Device>(
         .launch(kernel, pointwise_grid(block, n), block, args)
 }
 
-/// `Σₑ gatesₑ · (silu(x w1ₑ) ⊙ (x w3ₑ)) w2ₑ`.
+/// `Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ`.
 pub(super) fn experts_forward<D: Device>(
     b: &DeviceBackend<D>,
-    experts: u64,
+    (experts, form): (u64, ExpertForm),
     xs: &[&Buf<D>],
 ) -> Result<Option<Buf<D>>, RuntimeError> {
-    let Some((d, o)) = experts_dims(experts, xs) else {
+    let Some((d, o)) = experts_dims(experts, form, xs) else {
         return Ok(None);
     };
     let pass = expert_pass(b, d, &o)?;
@@ -273,15 +353,15 @@ pub(super) fn experts_forward<D: Device>(
     Ok(Some(y))
 }
 
-/// Gradients of `(x, gates, w1, w3, w2)`, as the CPU kernel defines them (the gate gradient
-/// for every expert, chosen or not).
+/// Gradients of `(x, gates, w1, w3, w2)` and the biases', as the CPU kernel defines them (the
+/// gate gradient for every expert, chosen or not).
 pub(super) fn experts_backward<D: Device>(
     b: &DeviceBackend<D>,
-    experts: u64,
+    (experts, form): (u64, ExpertForm),
     xs: &[&Buf<D>],
     g: &Buf<D>,
 ) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
-    let Some((d, o)) = experts_dims(experts, xs) else {
+    let Some((d, o)) = experts_dims(experts, form, xs) else {
         return Ok(None);
     };
     if g.shape != o.x.shape {
@@ -329,27 +409,33 @@ pub(super) fn experts_backward<D: Device>(
         .gemm(&through_w2, &dout.mem, &o.w2.mem, &mut dhidden.mem)?;
     b.device.release(dout.mem);
     let (mut da, mut db) = (b.alloc(&[e, t, f])?, b.alloc(&[e, t, f])?);
-    launch(
-        b,
-        "swiglu_backward",
-        e * t * f,
-        &mut [
-            KernelArg::Out(&mut da.mem),
-            KernelArg::Out(&mut db.mem),
-            KernelArg::In(&dhidden.mem),
-            KernelArg::In(&pass.a.mem),
-            KernelArg::In(&pass.b.mem),
-            size(e * t * f),
-        ],
-    )?;
+    let mut args = vec![
+        KernelArg::Out(&mut da.mem),
+        KernelArg::Out(&mut db.mem),
+        KernelArg::In(&dhidden.mem),
+        KernelArg::In(&pass.a.mem),
+        KernelArg::In(&pass.b.mem),
+        size(e * t * f),
+    ];
+    args.extend(unit_args(&o.form));
+    launch(b, "expert_unit_backward", e * t * f, &mut args)?;
     for m in [dhidden, pass.a, pass.b] {
         b.device.release(m.mem);
     }
     let grads = input_side_grads(b, d, &o, &da, &db);
+    let biases = if form.bias {
+        Some((bias_grad(b, d, &da), bias_grad(b, d, &db)))
+    } else {
+        None
+    };
     b.device.release(da.mem);
     b.device.release(db.mem);
     let [dx, dw1, dw3] = grads?;
-    Ok(Some(vec![dx, dgates, dw1, dw3, dw2]))
+    let mut all = vec![dx, dgates, dw1, dw3, dw2];
+    if let Some((db1, db3)) = biases {
+        all.extend([db1?, db3?]);
+    }
+    Ok(Some(all))
 }
 
 /// `[dx, dw1, dw3]` from the gradients `da`, `db` of the two up projections.
