@@ -548,3 +548,67 @@ extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, co
         __syncthreads();
     }
 }
+
+// Attention sinks (gpt-oss): one more logit s_h per head in every row's softmax, reading no
+// value. The kernels above attend without it; these correct what they made. With l the row's
+// log-sum-exp over its keys, the keys keep 1/(1 + e^(s − l)) of the row and the sink the rest,
+// so O' = O / (1 + e^(s − l)), l' = log(e^l + e^s) and D' = dO·O' = D / (1 + e^(s − l)); the
+// backward's kernels, given l' and D', make the gradients of q, k and v with the sink, and the
+// sink's own is −Σ_rows e^(s − l') D'. `log2u`: l in log₂ units (the tensor-core kernels'), s
+// scaled to them.
+
+__device__ float sink_of(const float* sinks, const Attention& a, i64 r, int log2u) {
+    float s = sinks[(r / a.sq) % a.heads];
+    return log2u ? s * 1.4426950408889634f : s;
+}
+
+__device__ float exp_units(float x, int log2u) { return log2u ? exp2f(x) : expf(x); }
+
+// log(e^l + e^s) in the units.
+__device__ float add_sink(float l, float s, int log2u) {
+    float m = fmaxf(l, s);
+    float t = exp_units(l - m, log2u) + exp_units(s - m, log2u);
+    return m + (log2u ? log2f(t) : logf(t));
+}
+
+// o (and lse, to l') of every row with its head's sink.
+extern "C" __global__ void attention_sink_forward(float* o, float* lse, const float* sinks, Attention a,
+                                                  int log2u) {
+    i64 rows = a.batch * a.heads * a.sq;
+    for (i64 r = global_thread(); r < rows; r += grid_threads()) {
+        AttnRow x = attn_row(a, r);
+        float l = lse[r], s = sink_of(sinks, a, r, log2u);
+        float keep = 1.0f / (1.0f + exp_units(s - l, log2u));
+        float* orow = o + (x.b * a.sq + x.i) * a.heads * a.dv + x.h * a.dv;
+        for (i64 c = 0; c < a.dv; ++c) orow[c] *= keep;
+        lse[r] = add_sink(l, s, log2u);
+    }
+}
+
+// The backward's row statistics (l, D) to (l', D').
+extern "C" __global__ void attention_sink_stats(float* lse, float* dsum, const float* sinks, Attention a,
+                                                int log2u) {
+    i64 rows = a.batch * a.heads * a.sq;
+    for (i64 r = global_thread(); r < rows; r += grid_threads()) {
+        float l = lse[r], s = sink_of(sinks, a, r, log2u);
+        dsum[r] = dsum[r] / (1.0f + exp_units(s - l, log2u));
+        lse[r] = add_sink(l, s, log2u);
+    }
+}
+
+// dsinks[h] = −Σ over head h's rows of e^(s − l') D', rows in order per thread, in f64; a
+// block per head.
+extern "C" __global__ void attention_sink_grad(float* dsinks, const float* lse, const float* dsum,
+                                               const float* sinks, Attention a, int log2u) {
+    for (i64 h = blockIdx.x; h < a.heads; h += gridDim.x) {
+        double part = 0.0;
+        for (i64 t = threadIdx.x; t < a.batch * a.sq; t += blockDim.x) {
+            i64 r = (t / a.sq) * a.heads * a.sq + h * a.sq + t % a.sq;
+            float s = sink_of(sinks, a, r, log2u);
+            part += (double)exp_units(s - lse[r], log2u) * (double)dsum[r];
+        }
+        double total = block_sum(part);
+        if (threadIdx.x == 0) dsinks[h] = (float)(-total);
+        __syncthreads();
+    }
+}

@@ -414,6 +414,23 @@ pub fn bf16_cases() -> Vec<Case> {
                 qkv(70, 2, 1, 64, 66),
                 tol,
             ),
+            // gpt-oss's sinks on the tensor cores (their statistics in log₂ units).
+            case(
+                "attention",
+                OpKind::Attention {
+                    heads: 4,
+                    kv_heads: 2,
+                    scale: 0.3,
+                    causal: true,
+                    softcap: None,
+                    sinks: true,
+                },
+                qkv(90, 4, 2, 64, 80)
+                    .into_iter()
+                    .chain([tensor(&[4], 83)])
+                    .collect(),
+                tol,
+            ),
             case(
                 "attention",
                 attention(2, 1, true, None),
@@ -469,6 +486,18 @@ fn pointwise_cases() -> Vec<Case> {
         all.push(case("broadcast", kind, operands, 1e-5));
     }
     all
+}
+
+/// [`row_cases`]' attention with gpt-oss's sinks.
+fn attention_with_sinks() -> OpKind {
+    OpKind::Attention {
+        heads: 4,
+        kv_heads: 2,
+        scale: 0.35,
+        causal: true,
+        softcap: None,
+        sinks: true,
+    }
 }
 
 fn row_cases() -> Vec<Case> {
@@ -541,7 +570,14 @@ fn row_cases() -> Vec<Case> {
             vec![tensor(&[1000, 64], 13), ids(&[4, 60], 1000, 14)],
             1e-6,
         ),
-        case("attention", attention, qkv, 2e-5),
+        case("attention", attention.clone(), qkv.clone(), 2e-5),
+        // gpt-oss's sinks, one logit per head beside the keys.
+        case(
+            "attention",
+            attention_with_sinks(),
+            qkv.into_iter().chain([tensor(&[4], 43)]).collect(),
+            2e-5,
+        ),
         case("rotary", rotary, vec![tensor(&[2, 300, 4 * 16], 43)], 1e-5),
     ]
 }

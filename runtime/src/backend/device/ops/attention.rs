@@ -20,7 +20,7 @@ fn shape<D: Device>(kind: &OpKind, xs: &[&Buf<D>]) -> Option<AttentionShape> {
     shape_of(kind, &shapes)
 }
 
-/// [`shape`] from the operands' shapes alone.
+/// [`shape`] from the operands' shapes alone (q, k, v, and the sinks where the op has them).
 fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
     let (
         &OpKind::Attention {
@@ -29,13 +29,21 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
             scale,
             causal,
             softcap,
-            sinks: false,
+            sinks,
         },
-        &[q, k, v],
+        &[q, k, v, ref rest @ ..],
     ) = (kind, shapes)
     else {
         return None;
     };
+    let sinks_fit = match rest {
+        [] => !sinks,
+        [s] => sinks && *s == [usize::try_from(heads).ok()?],
+        _ => false,
+    };
+    if !sinks_fit {
+        return None;
+    }
     let (heads, kv) = (
         usize::try_from(heads).ok()?,
         usize::try_from(kv_heads).ok()?,
@@ -248,7 +256,9 @@ pub(super) fn forward_at<D: Device>(
     let Some(a) = shape::<D>(kind, xs) else {
         return Ok(None);
     };
-    let &[q, k, v] = xs else { return Ok(None) };
+    let Some((q, k, v, sinks)) = with_sinks::<D>(xs) else {
+        return Ok(None);
+    };
     let p = Kernels::of(b, &a);
     if qpos.is_some() && !p.tiled {
         return Ok(None);
@@ -262,7 +272,110 @@ pub(super) fn forward_at<D: Device>(
             v: &v.mem,
         }
     };
-    run_forward(b, &a, &p, &x, qpos, None, false).map(Some)
+    let Some(sinks) = sinks else {
+        return run_forward(b, &a, &p, &x, qpos, None, false).map(Some);
+    };
+    // Each row's log-sum-exp over its keys: the tensor-core forward keeps it (log₂ units);
+    // elsewhere the row statistics make it, the output standing in for dO (D is not read).
+    let mut lse = b.alloc(&[rows(&a)])?;
+    let mut o = if p.mma {
+        run_forward(b, &a, &p, &x, qpos, Some(&mut lse), false)?
+    } else {
+        let o = run_forward(b, &a, &p, &x, qpos, None, false)?;
+        let mut unread = b.alloc(&[rows(&a)])?;
+        let mut args = vec![
+            KernelArg::Out(&mut lse.mem),
+            KernelArg::Out(&mut unread.mem),
+            KernelArg::In(x.q),
+            KernelArg::In(x.k),
+            KernelArg::In(x.v),
+            KernelArg::In(&o.mem),
+        ];
+        positions(&mut args, p.tiled, qpos);
+        args.push(KernelArg::Attention(a));
+        b.device
+            .launch(p.row_stats, p.query_grid, p.block, &mut args)?;
+        drop(args);
+        b.device.release(unread.mem);
+        o
+    };
+    let mut args = [
+        KernelArg::Out(&mut o.mem),
+        KernelArg::Out(&mut lse.mem),
+        KernelArg::In(&sinks.mem),
+        KernelArg::Attention(a),
+        KernelArg::I32(i32::from(p.mma)),
+    ];
+    let launched = sink_launch(b, "attention_sink_forward", rows(&a), &mut args);
+    b.device.release(lse.mem);
+    launched.map(|()| Some(o))
+}
+
+/// q, k, v and the sinks where the op reads them.
+type WithSinks<'x, D> = (&'x Buf<D>, &'x Buf<D>, &'x Buf<D>, Option<&'x Buf<D>>);
+
+fn with_sinks<'x, D: Device>(xs: &[&'x Buf<D>]) -> Option<WithSinks<'x, D>> {
+    match *xs {
+        [q, k, v] => Some((q, k, v, None)),
+        [q, k, v, s] => Some((q, k, v, Some(s))),
+        _ => None,
+    }
+}
+
+/// One of the sink kernels over every row (`attention.cu`'s attention sinks).
+fn sink_launch<D: Device>(
+    b: &DeviceBackend<D>,
+    kernel: &'static str,
+    n: usize,
+    args: &mut [KernelArg<'_, D::Mem>],
+) -> Result<(), RuntimeError> {
+    let block = b.device.block_size();
+    b.device
+        .launch(kernel, super::pointwise_grid(block, n), block, args)
+}
+
+/// The backward's row statistics with the sinks (`attention_sink_stats`: l', D').
+fn sink_stats<D: Device>(
+    b: &DeviceBackend<D>,
+    a: &AttentionShape,
+    [lse, dsum]: [&mut Buf<D>; 2],
+    sinks: &Buf<D>,
+    log2u: bool,
+) -> Result<(), RuntimeError> {
+    let mut args = [
+        KernelArg::Out(&mut lse.mem),
+        KernelArg::Out(&mut dsum.mem),
+        KernelArg::In(&sinks.mem),
+        KernelArg::Attention(*a),
+        KernelArg::I32(i32::from(log2u)),
+    ];
+    sink_launch(b, "attention_sink_stats", rows(a), &mut args)
+}
+
+/// The sinks' gradient from the statistics with them: a block per head.
+fn sink_grad<D: Device>(
+    b: &DeviceBackend<D>,
+    a: &AttentionShape,
+    [lse, dsum]: [&Buf<D>; 2],
+    sinks: &Buf<D>,
+    log2u: bool,
+) -> Result<Buf<D>, RuntimeError> {
+    let mut dsinks = b.alloc(&sinks.shape)?;
+    let block = b.device.block_size();
+    b.device.launch(
+        "attention_sink_grad",
+        row_grid(a.heads as usize),
+        block,
+        &mut [
+            KernelArg::Out(&mut dsinks.mem),
+            KernelArg::In(&lse.mem),
+            KernelArg::In(&dsum.mem),
+            KernelArg::In(&sinks.mem),
+            KernelArg::Attention(*a),
+            KernelArg::I32(i32::from(log2u)),
+        ],
+    )?;
+    Ok(dsinks)
 }
 
 /// The forward on the tensor cores with each query row's log-sum-exp (`[batch, heads, sq]`,
@@ -279,6 +392,8 @@ pub(crate) fn forward_keeping<D: Device>(
     let Some(a) = shape::<D>(kind, xs) else {
         return Ok(None);
     };
+    // With sinks (four operands) the forward and backward correct their statistics: no
+    // statistics are kept.
     let &[q, k, v] = xs else { return Ok(None) };
     let p = Kernels::of(b, &a);
     if !p.mma {
@@ -389,7 +504,8 @@ fn run_forward<D: Device>(
     }
 }
 
-/// `[dq, dk, dv]`: the row statistics, then dq per query and dk, dv per key (no atomics).
+/// `[dq, dk, dv]` (and the sinks' gradient): the row statistics (corrected for the sinks),
+/// then dq per query and dk, dv per key (no atomics).
 pub(super) fn backward<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
@@ -410,14 +526,16 @@ pub(super) fn backward_at<D: Device>(
     let Some(a) = shape::<D>(kind, xs) else {
         return Ok(None);
     };
-    let &[q, k, v] = xs else { return Ok(None) };
+    let Some((q, k, v, sinks)) = with_sinks::<D>(xs) else {
+        return Ok(None);
+    };
     let p = Kernels::of(b, &a);
     let block = p.block;
     if g.shape != out_shape(&a) || (qpos.is_some() && !p.tiled) {
         return Ok(None);
     }
     if p.mma {
-        return backward_mma(b, &a, &p, [q, k, v, g], qpos).map(Some);
+        return backward_mma(b, &a, &p, [q, k, v, g], (qpos, sinks)).map(Some);
     }
 
     let (mut lse, mut dsum) = (b.alloc(&[rows(&a)])?, b.alloc(&[rows(&a)])?);
@@ -434,6 +552,9 @@ pub(super) fn backward_at<D: Device>(
     b.device
         .launch(p.row_stats, p.query_grid, block, &mut args)?;
     drop(args);
+    if let Some(s) = sinks {
+        sink_stats(b, &a, [&mut lse, &mut dsum], s, false)?;
+    }
     let mut dq = b.alloc(&q.shape)?;
     let mut args = vec![
         KernelArg::Out(&mut dq.mem),
@@ -463,9 +584,12 @@ pub(super) fn backward_at<D: Device>(
     args.push(KernelArg::Attention(a));
     b.device.launch(p.dkv, p.key_grid, block, &mut args)?;
     drop(args);
+    let dsinks = sinks
+        .map(|s| sink_grad(b, &a, [&lse, &dsum], s, false))
+        .transpose();
     b.device.release(lse.mem);
     b.device.release(dsum.mem);
-    Ok(Some(vec![dq, dk, dv]))
+    Ok(Some([dq, dk, dv].into_iter().chain(dsinks?).collect()))
 }
 
 /// `x`'s bf16 words, in order, as the tensor-core kernels read q, k, v and dO in their own
@@ -522,7 +646,7 @@ fn backward_mma<D: Device>(
     a: &AttentionShape,
     p: &Kernels,
     [q, k, v, g]: [&Buf<D>; 4],
-    qpos: Option<&D::Mem>,
+    (qpos, sinks): (Option<&D::Mem>, Option<&Buf<D>>),
 ) -> Result<Vec<Buf<D>>, RuntimeError> {
     let x = Operands::of(b, [q, k, v])?;
     let (mut lse, mut dsum) = (b.alloc(&[rows(a)])?, b.alloc(&[rows(a)])?);
@@ -548,7 +672,13 @@ fn backward_mma<D: Device>(
         crate::Backend::free(b, t);
     }
     stats?;
-    mma_gradients(b, a, p, &x, g, [&lse, &dsum], qpos, false)
+    let Some(s) = sinks else {
+        return mma_gradients(b, a, p, &x, g, [&lse, &dsum], qpos, false);
+    };
+    sink_stats(b, a, [&mut lse, &mut dsum], s, true)?;
+    let mut grads = mma_gradients(b, a, p, &x, g, [&lse, &dsum], qpos, false)?;
+    grads.push(sink_grad(b, a, [&lse, &dsum], s, true)?);
+    Ok(grads)
 }
 
 /// [`backward_mma`] from the row statistics the forward kept: `lse` as
