@@ -147,7 +147,7 @@ fn context_backward(
         &OpKind::Attention { sinks, .. } => {
             let (g, operands) = inputs.split_last().ok_or(KernelError::Arity {
                 op: "attention",
-                want: 4,
+                want: 4 + usize::from(sinks),
                 got: 0,
             })?;
             let (q, k, v, sinks) = attention::operands_of(operands, sinks)?;

@@ -709,6 +709,7 @@ pub fn row_parallel_ops(g: &Graph, ops: &[OpId], hidden: u64) -> usize {
                     width(op.results[0]) == Some(hidden)
                         && tp_layout(g, producer, hidden, false) == TpLayout::Split
                         && !g.op(producer).kind.is_source()
+                        && !crate::model::reads_routing_weights(g, o)
                 }
                 OpKind::MoeExperts { .. } => true,
                 OpKind::Embedding => {
@@ -802,6 +803,8 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                     shape.qk_norm = true;
                 }
             }
+            // The routing weights' product (gpt-oss's down-projection bias) is no MLP.
+            OpKind::Linear { .. } if crate::model::reads_routing_weights(g, o) => {}
             OpKind::Linear { .. } => {
                 let (k, n) = (width(op.inputs[0]), width(op.results[0]));
                 if n == Some(h)

@@ -376,6 +376,16 @@ pub struct Run<'a, 'g> {
     pub info: &'a ModelInfo<'g>,
 }
 
+/// Whether op `o` reads a router's output, the routing weights (gpt-oss's experts' down-
+/// projection bias, Σₑ gateₑ·b2ₑ, is a `Linear` of them): a product every tensor-parallel
+/// rank computes whole, as Megatron-Core adds the experts' biases, with no collective.
+pub fn reads_routing_weights(g: &Graph, o: OpId) -> bool {
+    g.op(o)
+        .inputs
+        .first()
+        .is_some_and(|&x| matches!(g.op(g.def_op(x)).kind, OpKind::TopKRouter { .. }))
+}
+
 /// The routed experts' weights in `layer_ops` (the weight operands of its expert ops) and their
 /// expert count.
 fn routed_expert_params(graph: &Graph, layer_ops: &[OpId]) -> (u64, u64) {

@@ -1078,46 +1078,53 @@ fn the_tensor_core_attention_passes_on_the_emulated_warps() {
 fn context_parallel_attention_passes_on_the_emulated_tensor_cores() {
     let b = tests::emulator::emulator_mma(64);
     let (local, heads, kv, d) = (96, 2, 1, 64);
-    let kind = OpKind::Attention {
-        heads: heads as u64,
-        kv_heads: kv as u64,
-        scale: 0.3,
-        causal: true,
-        softcap: None,
-        sinks: false,
-    };
-    let inputs = [
-        tensor(&[2, local, heads * d], 80),
-        tensor(&[2, 2 * local, kv * d], 81),
-        tensor(&[2, 2 * local, kv * d], 82),
-        tensor(&[2, local, heads * d], 83),
-    ];
-    let grad = OpKind::Grad {
-        of: Box::new(kind.clone()),
-        wrt: vec![0, 1, 2],
-    };
-    for index in 0..2 {
-        let at = kernels::Chunks { size: 2, index };
-        for (op, n) in [(&kind, 3), (&grad, 4)] {
-            let host: Vec<&Tensor32> = inputs[..n].iter().collect();
-            let want = kernels::context_forward(op, &host, at).unwrap();
-            let bufs: Vec<_> = host.iter().map(|t| b.upload(t).unwrap()).collect();
-            let refs: Vec<_> = bufs.iter().collect();
-            let got = b
-                .context_op(op, &refs, at, kernels::Accumulate::F32)
-                .unwrap();
-            assert_eq!(got.len(), want.len());
-            for (g, w) in got.iter().zip(&want) {
-                let g = b.download(g).unwrap();
-                assert_eq!(g.shape, w.shape);
-                let worst = g
-                    .data
-                    .iter()
-                    .zip(&w.data)
-                    .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
-                    .fold(0f32, f32::max);
-                println!("member {index} {}: max error {worst:.1e}", op.mnemonic());
-                assert!(worst < 2e-2, "member {index} {}: {worst}", op.mnemonic());
+    // Plain, and with gpt-oss's sinks (each member's rows take their heads' sinks).
+    for sinks in [false, true] {
+        let kind = OpKind::Attention {
+            heads: heads as u64,
+            kv_heads: kv as u64,
+            scale: 0.3,
+            causal: true,
+            softcap: None,
+            sinks,
+        };
+        let mut inputs = vec![
+            tensor(&[2, local, heads * d], 80),
+            tensor(&[2, 2 * local, kv * d], 81),
+            tensor(&[2, 2 * local, kv * d], 82),
+        ];
+        if sinks {
+            inputs.push(tensor(&[heads], 84));
+        }
+        let n = inputs.len();
+        inputs.push(tensor(&[2, local, heads * d], 83));
+        let grad = OpKind::Grad {
+            of: Box::new(kind.clone()),
+            wrt: (0..n).collect(),
+        };
+        for index in 0..2 {
+            let at = kernels::Chunks { size: 2, index };
+            for (op, n) in [(&kind, n), (&grad, n + 1)] {
+                let host: Vec<&Tensor32> = inputs[..n].iter().collect();
+                let want = kernels::context_forward(op, &host, at).unwrap();
+                let bufs: Vec<_> = host.iter().map(|t| b.upload(t).unwrap()).collect();
+                let refs: Vec<_> = bufs.iter().collect();
+                let got = b
+                    .context_op(op, &refs, at, kernels::Accumulate::F32)
+                    .unwrap();
+                assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    let g = b.download(g).unwrap();
+                    assert_eq!(g.shape, w.shape);
+                    let worst = g
+                        .data
+                        .iter()
+                        .zip(&w.data)
+                        .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
+                        .fold(0f32, f32::max);
+                    println!("member {index} {}: max error {worst:.1e}", op.mnemonic());
+                    assert!(worst < 2e-2, "member {index} {}: {worst}", op.mnemonic());
+                }
             }
         }
     }

@@ -689,7 +689,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                             reduce_after = true;
                         }
                         lay if too_narrow_to_split(&b, ins[1], blocks_of.get(&o), t)
-                            || reads_routing_weights(cx.graph, o) =>
+                            || planner::model::reads_routing_weights(cx.graph, o) =>
                         {
                             // A projection too narrow to split (Qwen2-MoE's one-column gate of
                             // its shared expert), or one of the routing weights (gpt-oss's
@@ -1347,12 +1347,6 @@ fn split_elsewhere_but_whole(b: &B, ins: &[SVal], axis: usize) -> Option<Lay> {
 }
 
 /// Whether a replicated weight `[in, out]` has too few columns to split `blocks × t` ways.
-/// Whether linear `o` reads a router's output (the experts' routing weights).
-fn reads_routing_weights(g: &Graph, o: OpId) -> bool {
-    let x = g.op(o).inputs[0];
-    matches!(g.op(g.def_op(x)).kind, OpKind::TopKRouter { .. })
-}
-
 fn too_narrow_to_split(b: &B, w: SVal, blocks: Option<&u32>, t: u64) -> bool {
     let val = &b.seg.vals[w];
     let cols = val.shape.get(1).copied().unwrap_or(0);

@@ -196,10 +196,11 @@ fn classify(g: &Graph, ops: &[OpId]) -> Vec<(ValueId, Kept)> {
 }
 
 /// Ops whose parameters every tensor-parallel rank holds whole: norms (their scale and
-/// shift) and a router (Megatron-Core's `TopKRouter` weight is not split).
+/// shift), a router (Megatron-Core's `TopKRouter` weight is not split) and the routing
+/// weights' product (gpt-oss's experts' down-projection bias).
 fn replicated_reader(g: &Graph, o: OpId) -> bool {
     matches!(
         g.op(o).kind,
         OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. } | OpKind::TopKRouter { .. }
-    )
+    ) || crate::model::reads_routing_weights(g, o)
 }

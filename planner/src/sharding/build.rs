@@ -378,7 +378,7 @@ pub fn saturate(mut built: Built, opts: &ShardOptions) -> Result<Built, ShardErr
         rules.retain(|r| !NOT_IN_EXPERT_GROUPS.contains(&r.name.as_str()));
     }
     if opts.experts_split_outside {
-        rules.retain(|r| r.name.as_str() != "moe-experts");
+        rules.retain(|r| !matches!(r.name.as_str(), "moe-experts" | "bmoe-experts"));
     }
     let runner = without_clock(|| {
         Runner::default()

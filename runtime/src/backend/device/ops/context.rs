@@ -26,11 +26,21 @@ pub(in crate::backend::device) fn run<D: Device>(
             Ok(positions(b, n, at)?.map(|p| vec![p]))
         }
         (OpKind::Rotary { .. }, &[x]) => turn(b, kind, x, 1.0, at),
-        (OpKind::Attention { .. }, &[q, k, v]) => attend(b, kind, [q, k, v], at),
+        (OpKind::Attention { sinks: false, .. }, &[q, k, v]) => {
+            attend(b, kind, [q, k, v], None, at)
+        }
+        (OpKind::Attention { sinks: true, .. }, &[q, k, v, s]) => {
+            attend(b, kind, [q, k, v], Some(s), at)
+        }
         (OpKind::Grad { of, wrt }, _) => {
             let all = match (of.as_ref(), xs) {
                 (OpKind::Rotary { .. }, &[x, g]) if g.shape == x.shape => turn(b, of, g, -1.0, at)?,
-                (OpKind::Attention { .. }, &[q, k, v, g]) => attend_grad(b, of, [q, k, v, g], at)?,
+                (OpKind::Attention { sinks: false, .. }, &[q, k, v, g]) => {
+                    attend_grad(b, of, [q, k, v, g], None, at)?
+                }
+                (OpKind::Attention { sinks: true, .. }, &[q, k, v, s, g]) => {
+                    attend_grad(b, of, [q, k, v, g], Some(s), at)?
+                }
                 _ => None,
             };
             Ok(all.and_then(|all| pick(b, all, wrt)))
@@ -169,37 +179,44 @@ impl<D: Device> Whole<D> {
     }
 }
 
+/// The local queries' attention over the gathered keys (with the sinks where the op has them:
+/// each query row takes its head's, whichever member holds it).
 fn attend<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     [q, k, v]: [&Buf<D>; 3],
+    sinks: Option<&Buf<D>>,
     at: Chunks,
 ) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
     let Some(w) = Whole::of(b, q, k, v, at)? else {
         return Ok(None);
     };
-    let o = attention::forward_at(b, kind, &[q, &w.k, &w.v], Some(&w.pos.mem));
+    let xs: Vec<&Buf<D>> = [q, &w.k, &w.v].into_iter().chain(sinks).collect();
+    let o = attention::forward_at(b, kind, &xs, Some(&w.pos.mem));
     w.release(b);
     Ok(o?.map(|o| vec![o]))
 }
 
-/// `[dq, dk, dv]`, dk and dv back in member order.
+/// `[dq, dk, dv]` (and the member's part of the sinks' gradient, summed over the group as
+/// every weight's is), dk and dv back in member order.
 fn attend_grad<D: Device>(
     b: &DeviceBackend<D>,
     kind: &OpKind,
     [q, k, v, g]: [&Buf<D>; 4],
+    sinks: Option<&Buf<D>>,
     at: Chunks,
 ) -> Result<Option<Vec<Buf<D>>>, RuntimeError> {
     let local = q.shape.get(1).copied().unwrap_or(0);
     let Some(w) = Whole::of(b, q, k, v, at)? else {
         return Ok(None);
     };
-    let grads = attention::backward_at(b, kind, &[q, &w.k, &w.v], g, Some(&w.pos.mem));
+    let xs: Vec<&Buf<D>> = [q, &w.k, &w.v].into_iter().chain(sinks).collect();
+    let grads = attention::backward_at(b, kind, &xs, g, Some(&w.pos.mem));
     w.release(b);
     let Some(mut grads) = grads? else {
         return Ok(None);
     };
-    for d in grads.iter_mut().skip(1) {
+    for d in grads.iter_mut().skip(1).take(2) {
         let back = reorder(b, d, local, at, false)?;
         if let Some(back) = back {
             let whole = std::mem::replace(d, back);
