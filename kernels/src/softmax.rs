@@ -17,21 +17,10 @@ pub(crate) fn visible_keys(i: usize, sq: usize, sk: usize, causal: bool) -> usiz
     }
 }
 
-/// In place: softmax of `row[..visible]`, zeros beyond; all zeros if none is visible.
+/// In place: softmax of `row[..visible]`, zeros beyond; all zeros if none is visible. A sink
+/// of −∞ takes no share (e⁻ᶦⁿᶠ adds an exact 0 to the sum).
 pub(crate) fn softmax_row(row: &mut [f32], visible: usize) {
-    let visible = visible.min(row.len());
-    let (shown, hidden) = row.split_at_mut(visible);
-    hidden.iter_mut().for_each(|x| *x = 0.0);
-    let max = shown.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
-    for x in shown.iter_mut() {
-        *x = (*x - max).exp();
-        sum += f64::from(*x);
-    }
-    let inv = 1.0 / sum;
-    shown
-        .iter_mut()
-        .for_each(|x| *x = (f64::from(*x) * inv) as f32);
+    softmax_row_with_sink(row, visible, f32::NEG_INFINITY);
 }
 
 /// [`softmax_row`] with one more logit, `sink`, that no output reads (an attention sink);

@@ -15,16 +15,9 @@ pub(crate) fn visible_keys(i: usize, sq: usize, sk: usize, causal: bool) -> usiz
 }
 
 /// Softmax of `logits[..visible]` into `out[..visible]`, zeros beyond; all zeros if none visible.
+/// A sink of −∞ takes no share (e⁻ᶦⁿᶠ adds an exact 0 to the sum).
 pub(crate) fn softmax_row(logits: &[f64], visible: usize, out: &mut [f64]) {
-    out.iter_mut().for_each(|o| *o = 0.0);
-    let shown = &logits[..visible];
-    let max = shown.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let mut sum = 0.0;
-    for (o, &l) in out.iter_mut().zip(shown) {
-        *o = (l - max).exp();
-        sum += *o;
-    }
-    out[..visible].iter_mut().for_each(|o| *o /= sum);
+    softmax_row_with_sink(logits, visible, f64::NEG_INFINITY, out);
 }
 
 /// [`softmax_row`] with one more logit, `sink`, that no output reads (an attention sink):
