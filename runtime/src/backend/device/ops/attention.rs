@@ -306,7 +306,7 @@ pub(super) fn forward_at<D: Device>(
         KernelArg::Attention(a),
         KernelArg::I32(i32::from(p.mma)),
     ];
-    let launched = sink_launch(b, "attention_sink_forward", rows(&a), &mut args);
+    let launched = super::launch_pointwise(b, "attention_sink_forward", rows(&a), &mut args);
     b.device.release(lse.mem);
     launched.map(|()| Some(o))
 }
@@ -320,18 +320,6 @@ fn with_sinks<'x, D: Device>(xs: &[&'x Buf<D>]) -> Option<WithSinks<'x, D>> {
         [q, k, v, s] => Some((q, k, v, Some(s))),
         _ => None,
     }
-}
-
-/// One of the sink kernels over every row (`attention.cu`'s attention sinks).
-fn sink_launch<D: Device>(
-    b: &DeviceBackend<D>,
-    kernel: &'static str,
-    n: usize,
-    args: &mut [KernelArg<'_, D::Mem>],
-) -> Result<(), RuntimeError> {
-    let block = b.device.block_size();
-    b.device
-        .launch(kernel, super::pointwise_grid(block, n), block, args)
 }
 
 /// The backward's row statistics with the sinks (`attention_sink_stats`: l', D').
@@ -349,7 +337,7 @@ fn sink_stats<D: Device>(
         KernelArg::Attention(*a),
         KernelArg::I32(i32::from(log2u)),
     ];
-    sink_launch(b, "attention_sink_stats", rows(a), &mut args)
+    super::launch_pointwise(b, "attention_sink_stats", rows(a), &mut args)
 }
 
 /// The sinks' gradient from the statistics with them: a block per head.

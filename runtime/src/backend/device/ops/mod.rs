@@ -649,6 +649,18 @@ fn column_total<D: Device>(
 /// The most blocks a launch asks for: grid-stride loops cover the rest.
 const MAX_GRID: usize = 1 << 16;
 
+/// `kernel` over `n` elements, a thread each (grid-strided), at the device's block size.
+fn launch_pointwise<D: Device>(
+    b: &DeviceBackend<D>,
+    kernel: &'static str,
+    n: usize,
+    args: &mut [KernelArg<'_, D::Mem>],
+) -> Result<(), RuntimeError> {
+    let block = b.device.block_size();
+    b.device
+        .launch(kernel, pointwise_grid(block, n), block, args)
+}
+
 /// Blocks for a pointwise kernel over `n` elements.
 fn pointwise_grid(block: u32, n: usize) -> u32 {
     n.div_ceil(block as usize).clamp(1, MAX_GRID) as u32

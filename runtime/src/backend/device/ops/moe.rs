@@ -8,7 +8,7 @@
 use ir::routing::Routing;
 use ir::{ExpertForm, OpKind};
 
-use super::{Buf, matmul, pointwise_grid, size};
+use super::{Buf, launch_pointwise as launch, matmul, pointwise_grid, size};
 use crate::RuntimeError;
 use crate::backend::device::{Device, DeviceBackend, Gemm, KernelArg};
 
@@ -310,17 +310,6 @@ fn expert_pass<D: Device>(
         hidden,
         out,
     })
-}
-
-fn launch<D: Device>(
-    b: &DeviceBackend<D>,
-    kernel: &'static str,
-    n: usize,
-    args: &mut [KernelArg<'_, D::Mem>],
-) -> Result<(), RuntimeError> {
-    let block = b.device.block_size();
-    b.device
-        .launch(kernel, pointwise_grid(block, n), block, args)
 }
 
 /// `Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ`.
