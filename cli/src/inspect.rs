@@ -92,6 +92,12 @@ fn summary_text(graph: &ir::Graph, binding: ir::Binding) -> String {
     if let Some(block) = ir::blocks::layer_summary(graph) {
         line(format!("repeated block   {block}"));
     }
+    if let Some(w) = &s.sliding_window {
+        line(format!(
+            "sliding window   {} keys, in {} of {} attention layers",
+            w.keys, w.windowed, w.attentions
+        ));
+    }
     line("ops:".into());
     let mut hist: Vec<_> = s.op_histogram.iter().collect();
     hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));

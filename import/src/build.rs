@@ -258,6 +258,7 @@ impl Builder {
                 causal: true,
                 softcap: None,
                 sinks: false,
+                window: None,
             },
             parts,
         )?;
@@ -371,6 +372,7 @@ impl Builder {
                 causal: true,
                 softcap: var.attn_softcap,
                 sinks: var.attention_sinks,
+                window: self.window(spec),
             },
             operands,
         )?;
@@ -407,6 +409,12 @@ impl Builder {
         self.op(OpKind::Add, vec![x, branches])
     }
 
+    /// The sliding window of the layer being built (none: full attention).
+    fn window(&self, spec: &ModelSpec) -> Option<u64> {
+        let sliding = spec.variant.sliding_window.as_ref()?;
+        sliding.of_layer(u64::from(self.layer?))
+    }
+
     /// A branch's output times Granite's `residual_multiplier` before its residual add.
     fn residual_scale(&mut self, spec: &ModelSpec, y: ValueId) -> Result<ValueId, BuildError> {
         match spec.variant.multipliers {
@@ -437,6 +445,7 @@ impl Builder {
                 causal: true,
                 softcap: None,
                 sinks: false,
+                window: self.window(spec),
             },
             vec![q, k, v],
         )?;
@@ -546,6 +555,7 @@ impl Builder {
                 causal: true,
                 softcap: None,
                 sinks: false,
+                window: None,
             },
             vec![q, k, v],
         )?;

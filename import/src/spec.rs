@@ -98,6 +98,33 @@ pub struct Variant {
     /// The routed experts' gated unit and biases (gpt-oss's clamped SwiGLU with biases on
     /// all three projections: the down projection's is added per expert as the others).
     pub expert_form: ir::ExpertForm,
+    /// A sliding attention window on some or all layers (Mistral's `sliding_window`, Gemma 2's
+    /// and gpt-oss's alternate layers, Gemma 3's five of six, OLMo 3's three of four).
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// The sliding window of a model's attention: each query of a windowed layer sees its `keys`
+/// most recent keys, itself included; the other layers attend to every earlier key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SlidingWindow {
+    pub keys: u64,
+    /// Whether each layer, in order, attends within the window.
+    pub windowed: Vec<bool>,
+}
+
+impl SlidingWindow {
+    /// The window of layer `layer`'s attention (none: full attention).
+    pub fn of_layer(&self, layer: u64) -> Option<u64> {
+        let windowed = usize::try_from(layer)
+            .ok()
+            .and_then(|l| self.windowed.get(l));
+        windowed.copied().unwrap_or(false).then_some(self.keys)
+    }
+
+    /// How many layers attend within the window.
+    pub fn windowed_layers(&self) -> usize {
+        self.windowed.iter().filter(|&&w| w).count()
+    }
 }
 
 /// The activation of an ungated MLP.

@@ -56,7 +56,34 @@ pub struct ModelSummary {
     /// Training FLOPs per token: forward + backward, no recompute.
     pub flops_per_token: f64,
     pub repeated_block: Option<BlockSummary>,
+    /// The attention's sliding window, where some layers attend within one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<WindowSummary>,
     pub op_histogram: BTreeMap<String, usize>,
+}
+
+/// A sliding attention window: its keys, and how many of the attention ops (one a layer in
+/// the decoders plait imports) have it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WindowSummary {
+    pub keys: u64,
+    pub windowed: usize,
+    pub attentions: usize,
+}
+
+/// The widest window of `g`'s attention ops and how many have a window.
+fn window_summary(g: &Graph) -> Option<WindowSummary> {
+    let windows: Vec<Option<u64>> = g
+        .order()
+        .iter()
+        .filter(|&&o| matches!(g.op(o).kind, OpKind::Attention { .. }))
+        .map(|&o| g.op(o).kind.attention_window())
+        .collect();
+    Some(WindowSummary {
+        keys: windows.iter().flatten().copied().max()?,
+        windowed: windows.iter().flatten().count(),
+        attentions: windows.len(),
+    })
 }
 
 /// Summarizes a forward graph at the given batch and sequence length.
@@ -129,6 +156,7 @@ pub fn summarize(g: &Graph, b: Binding) -> ModelSummary {
         seq: b.seq,
         flops_per_token: cost::training_flops_per_token(g, b),
         repeated_block,
+        sliding_window: window_summary(g),
         op_histogram: g.histogram().into_iter().collect(),
     }
 }

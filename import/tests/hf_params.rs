@@ -9,6 +9,12 @@ fn parse(json: &str) -> import::ModelSpec {
     hf::parse_config(json, Path::new("config.json")).expect("config parses")
 }
 
+/// The spec's sliding window: its keys and how many layers attend within it.
+fn window(spec: &import::ModelSpec) -> Option<(u64, usize)> {
+    let w = spec.variant.sliding_window.as_ref()?;
+    Some((w.keys, w.windowed_layers()))
+}
+
 fn graph_params(spec: &import::ModelSpec) -> u64 {
     build_forward(spec, DType::F32)
         .expect("graph builds")
@@ -87,11 +93,8 @@ fn mistral_7b_has_7_24b_parameters() {
         "rope_theta":10000.0,"sliding_window":4096,"tie_word_embeddings":false}"#;
     let spec = parse(text);
     assert_eq!(graph_params(&spec), 7_241_732_096);
-    let notes = hf::approximations(text);
-    assert!(
-        notes.iter().any(|n| n.contains("sliding_window 4096")),
-        "{notes:?}"
-    );
+    assert_eq!(window(&spec), Some((4096, 32)));
+    assert!(hf::approximations(text).is_empty());
 }
 
 #[test]
@@ -224,11 +227,11 @@ fn gemma2_has_four_norms_per_layer_and_soft_caps() {
     );
     let notes = hf::approximations(nine_b);
     assert!(
-        notes.iter().all(|n| !n.contains("softcapping"))
-            && notes.iter().any(|n| n.contains("sliding_window 4096")),
+        notes.iter().all(|n| !n.contains("softcapping")),
         "{notes:?}"
     );
     let spec = parse(nine_b);
+    assert_eq!(window(&spec), Some((4096, 21)));
     assert_eq!(spec.variant.final_softcap, Some(30.0));
     // The attention cap reaches every layer's attention op.
     let g = import::build_forward(&spec, DType::F32).expect("builds");
@@ -305,10 +308,11 @@ fn gemma3_keeps_gemma2s_block_with_qk_norms_and_no_soft_caps() {
     assert_eq!(norms, 26 * 6 + 1);
     let notes = hf::approximations(one_b);
     assert!(
-        notes.iter().any(|n| n.contains("sliding_window 512"))
-            && notes.iter().any(|n| n.contains("rope_local_base_freq")),
+        notes.iter().any(|n| n.contains("rope_local_base_freq")),
         "{notes:?}"
     );
+    // Five of every six of its 26 layers in a window of 512 keys.
+    assert_eq!(window(&parse(one_b)), Some((512, 22)));
 }
 
 /// google/gemma-3-4b-it's multimodal config as published: `model_type` gemma3, its language
@@ -333,10 +337,10 @@ fn gemma3s_multimodal_config_plans_its_text_model() {
     assert_eq!((spec.heads, spec.kv_heads, spec.head_dim()), (8, 4, 256));
     let notes = hf::approximations(four_b_it);
     assert!(
-        notes.iter().any(|n| n.contains("vision tower"))
-            && notes.iter().any(|n| n.contains("sliding_window 1024")),
+        notes.iter().any(|n| n.contains("vision tower")),
         "{notes:?}"
     );
+    assert_eq!(window(&spec), Some((1024, 29)));
     let err = hf::parse_config(
         r#"{"model_type":"gemma3","vision_config":{}}"#,
         std::path::Path::new("mm.json"),
@@ -920,19 +924,16 @@ fn gpt_oss_counts_sinks_and_biased_experts() {
             ..
         }
     ));
-    let notes = hf::approximations(&fixture("gpt-oss-20b"));
-    assert!(
-        notes.iter().any(|n| n.contains("sliding_window 128")),
-        "{notes:?}"
-    );
+    assert_eq!(window(&defaults), Some((128, 18)));
 }
 
 /// OLMo 3 (transformers' `Olmo3ForCausalLM`) is OLMo 2's block with a sliding window on
 /// three of every four layers: an OLMo 3 config of OLMo-2-1124-7B's shape builds OLMo 2's
-/// graph op for op (7,298,617,344 parameters), and `approximations` says the window is
-/// modelled as full attention and its layers' rotary as the full layers' (YaRN-scaled).
+/// graph op for op but for the windows (7,298,617,344 parameters), transformers' default
+/// window 4096 where the config names none, and `approximations` says its windowed layers'
+/// rotary is the full layers' (YaRN-scaled).
 #[test]
-fn olmo3_is_olmo2s_block_with_its_window_noted() {
+fn olmo3_is_olmo2s_block_in_a_sliding_window() {
     let olmo = |model_type: &str, extra: &str| {
         format!(
             r#"{{"model_type":"{model_type}","hidden_size":4096,"intermediate_size":11008,
@@ -940,11 +941,19 @@ fn olmo3_is_olmo2s_block_with_its_window_noted() {
             "vocab_size":100352,"rms_norm_eps":1e-06,"rope_theta":500000{extra}}}"#
         )
     };
+    // Each op's kind with its attention window cleared, and the windows.
     let kinds = |text: &str| {
         let g = import::build_forward(&parse(text), DType::F32).expect("builds");
-        g.op_ids()
-            .map(|o| format!("{:?}", g.op(o).kind))
-            .collect::<Vec<_>>()
+        let kinds: Vec<String> = g
+            .op_ids()
+            .map(|o| format!("{:?}", g.op(o).kind.clone().with_window(None)))
+            .collect();
+        let windows: Vec<Option<u64>> = g
+            .op_ids()
+            .filter(|&o| matches!(g.op(o).kind, ir::OpKind::Attention { .. }))
+            .map(|o| g.op(o).kind.attention_window())
+            .collect();
+        (kinds, windows)
     };
     let olmo3 = olmo(
         "olmo3",
@@ -953,21 +962,15 @@ fn olmo3_is_olmo2s_block_with_its_window_noted() {
     );
     let plain = olmo("olmo3", "");
     assert_published(&plain, 7_298_617_344);
-    assert_eq!(kinds(&plain), kinds(&olmo("olmo2", "")));
+    let ((olmo3_kinds, windows), (olmo2_kinds, full)) = (kinds(&plain), kinds(&olmo("olmo2", "")));
+    assert_eq!(olmo3_kinds, olmo2_kinds);
+    let three_of_four: Vec<Option<u64>> = (0..32).map(|i| (i % 4 != 3).then_some(4096)).collect();
+    assert_eq!((windows, full), (three_of_four, vec![None; 32]));
     let notes = hf::approximations(&olmo3);
-    assert!(
-        notes.iter().any(|n| n.contains("sliding_window 4096"))
-            && notes
-                .iter()
-                .any(|n| n.contains("sliding-window layers rotate")),
-        "{notes:?}"
-    );
-    // Without the field, transformers' default window is still noted.
-    let notes = hf::approximations(&plain);
     assert!(
         notes
             .iter()
-            .any(|n| n.contains("default sliding_window 4096")),
+            .any(|n| n.contains("sliding-window layers rotate")),
         "{notes:?}"
     );
 }

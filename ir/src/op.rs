@@ -18,7 +18,8 @@
 //!   `h / (heads / kv_heads)` (grouped-query attention). The value head size `dv` is usually
 //!   `d`; multi-head latent attention's is smaller. With `sinks`, a fourth operand `sinks[heads]`
 //!   is one more logit per head in each row's softmax, attending to nothing (gpt-oss's
-//!   attention sinks): weights sum to less than one.
+//!   attention sinks): weights sum to less than one. With `window` w (causal only), query i
+//!   sees keys i − w < j ≤ i (a sliding window).
 //! - `Rotary{heads, theta, scaling}(x[B,S,heads*d])`: rotary position embedding in the "rotate
 //!   half" convention of Hugging Face Llama, position = index along S, its frequencies rescaled
 //!   as [`RopeScaling`] says.
@@ -142,6 +143,11 @@ pub enum OpKind {
         /// before the field.
         #[serde(default, skip_serializing_if = "is_false")]
         sinks: bool,
+        /// A sliding window: query i sees keys i − window < j ≤ i, the `window` most recent
+        /// itself included (transformers' `sliding_window` mask: Mistral, Gemma 2/3, gpt-oss).
+        /// Causal only; none (full attention) in files written before the field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window: Option<u64>,
     },
     Rotary {
         heads: u64,
@@ -242,6 +248,39 @@ pub enum OpClass {
 }
 
 impl OpKind {
+    /// An attention's sliding window ([`OpKind::Attention`]'s `window`); none for other kinds.
+    pub fn attention_window(&self) -> Option<u64> {
+        match self {
+            OpKind::Attention { window, .. } => *window,
+            _ => None,
+        }
+    }
+
+    /// This kind with an attention's sliding window replaced by `w` (any other kind as it is):
+    /// the window is a per-layer attribute, as a dropout's seed is.
+    pub fn with_window(self, w: Option<u64>) -> OpKind {
+        match self {
+            OpKind::Attention {
+                heads,
+                kv_heads,
+                scale,
+                causal,
+                softcap,
+                sinks,
+                ..
+            } => OpKind::Attention {
+                heads,
+                kv_heads,
+                scale,
+                causal,
+                softcap,
+                sinks,
+                window: w,
+            },
+            other => other,
+        }
+    }
+
     /// The mnemonic used by the text form and histograms.
     pub fn mnemonic(&self) -> &'static str {
         match self {
@@ -561,11 +600,22 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             heads,
             kv_heads,
             sinks,
+            causal,
+            window,
             ..
         } => {
             let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
             if *sinks {
                 attention_sinks(inputs[3], q, *heads)?;
+            }
+            match window {
+                Some(0) => return Err("an attention window must hold at least one key".into()),
+                Some(w) if !causal => {
+                    return Err(format!(
+                        "a sliding window ({w} keys) needs causal attention"
+                    ));
+                }
+                _ => {}
             }
             same_float(q, k)?;
             same_float(q, v)?;

@@ -254,6 +254,7 @@ pub fn tiny_gpt2(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             causal: true,
             softcap: None,
             sinks: false,
+            window: None,
         };
         let a = b.op(attn, parts)?;
         let a = b.linear(a, "attn.c_proj", h, h, true)?;
@@ -315,6 +316,7 @@ pub fn tiny_llama(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             causal: true,
             softcap: None,
             sinks: false,
+            window: None,
         };
         let a = b.op(attn, vec![q, k, v])?;
         let a = b.linear(a, "self_attn.o_proj", cfg.heads * d, h, false)?;

@@ -236,6 +236,7 @@ fn fd_attention_gqa_causal() {
         causal: true,
         softcap: None,
         sinks: false,
+        window: None,
     };
     check_op(
         "attention gqa causal",
@@ -261,6 +262,7 @@ fn fd_attention_softcapped() {
         causal: true,
         softcap: Some(0.5),
         sinks: false,
+        window: None,
     };
     check_op(
         "attention softcap",
@@ -288,9 +290,39 @@ fn fd_attention_with_sinks() {
             causal,
             softcap: None,
             sinks: true,
+            window: None,
         };
         let operands = [&q, &k, &v, &sinks].map(|x| float(x.clone()));
         check_op("attention sinks", kind, Vec::from(operands), &mut r);
+    }
+}
+
+/// A sliding window of 2 keys over 5 (Mistral's, Gemma 2's, gpt-oss's mask), with a soft cap
+/// and with sinks: the keys it hides get no gradient and take no share.
+#[test]
+fn fd_attention_windowed() {
+    let mut r = Rng::new(18);
+    let (q, k, v, sinks) = (
+        t(&mut r, &[2, 5, 12]),
+        t(&mut r, &[2, 5, 6]),
+        t(&mut r, &[2, 5, 6]),
+        t(&mut r, &[4]),
+    );
+    for (softcap, with_sinks) in [(None, false), (Some(0.5), false), (None, true)] {
+        let kind = OpKind::Attention {
+            heads: 4,
+            kv_heads: 2,
+            scale: 0.6,
+            causal: true,
+            softcap,
+            sinks: with_sinks,
+            window: Some(2),
+        };
+        let mut operands = vec![float(q.clone()), float(k.clone()), float(v.clone())];
+        if with_sinks {
+            operands.push(float(sinks.clone()));
+        }
+        check_op("attention window", kind, operands, &mut r);
     }
 }
 
@@ -310,6 +342,7 @@ fn fd_attention_narrow_values() {
         causal: true,
         softcap: None,
         sinks: false,
+        window: None,
     };
     check_op(
         "attention dv < d",
@@ -335,6 +368,7 @@ fn fd_attention_more_keys_than_queries() {
             causal,
             softcap: None,
             sinks: false,
+            window: None,
         };
         check_op(
             "attention Sq<Sk",

@@ -32,6 +32,7 @@ fn kinds() -> Vec<OpKind> {
             causal: true,
             softcap: None,
             sinks: false,
+            window: None,
         },
         OpKind::Attention {
             heads: 3,
@@ -40,6 +41,7 @@ fn kinds() -> Vec<OpKind> {
             causal: false,
             softcap: None,
             sinks: false,
+            window: None,
         },
         OpKind::Rotary {
             heads: 1,

@@ -78,6 +78,7 @@ fn attention_one_head_by_hand() {
         causal,
         softcap: None,
         sinks: false,
+        window: None,
     };
     let y = run(
         attn(false),
@@ -109,6 +110,7 @@ fn grouped_query_heads_share_kv_heads() {
             causal: false,
             softcap: None,
             sinks: false,
+            window: None,
         },
         &[(&[1, 2, 2], q), (&[1, 2, 1], k), (&[1, 2, 1], v)],
     );
@@ -135,6 +137,7 @@ fn attention_sinks_take_a_share_of_each_row() {
             causal: true,
             softcap: None,
             sinks: true,
+            window: None,
         },
         &[
             (&[1, 2, 2], q),
@@ -153,6 +156,31 @@ fn attention_sinks_take_a_share_of_each_row() {
             row(2.0, 2.0, 30.0),
         ],
     );
+}
+
+/// A window of 2 keys: with every score zero, query i averages the values of keys i − 1 and i
+/// (transformers' sliding-window mask, `q_idx − kv_idx < sliding_window`); query 0 sees only
+/// key 0. A window as long as the sequence is the causal mask.
+#[test]
+fn a_sliding_window_hides_keys_before_it() {
+    let q: &[f64] = &[0.0; 4];
+    let k: &[f64] = &[0.5, -1.0, 2.0, 0.25];
+    let v: &[f64] = &[10.0, 20.0, 40.0, 80.0];
+    let attention = |window| OpKind::Attention {
+        heads: 1,
+        kv_heads: 1,
+        scale: 1.0,
+        causal: true,
+        softcap: None,
+        sinks: false,
+        window,
+    };
+    let operands = [(&[1, 4, 1][..], q), (&[1, 4, 1], k), (&[1, 4, 1], v)];
+    let y = run(attention(Some(2)), &operands);
+    close(&y.data, &[10.0, 15.0, 30.0, 60.0]);
+    let causal = run(attention(None), &operands);
+    close(&run(attention(Some(4)), &operands).data, &causal.data);
+    close(&causal.data, &[10.0, 15.0, 70.0 / 3.0, 37.5]);
 }
 
 #[test]

@@ -23,6 +23,8 @@ pub(crate) struct Attention<'s> {
     pub softcap: Option<f64>,
     /// One more logit per query head in each row's softmax, reading no value (gpt-oss).
     pub sinks: Option<&'s Tensor32>,
+    /// Each causal query sees only its `window` most recent keys (a sliding window).
+    pub window: Option<u64>,
 }
 
 /// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`
@@ -234,7 +236,15 @@ impl Attention<'_> {
                 let visible = match at {
                     Some(pos) if self.causal => pos.get(i).map_or(l.sk, |&x| x + 1),
                     _ => visible_keys(i, l.sq, l.sk, self.causal),
-                };
+                }
+                .min(l.sk);
+                // Keys before the window take no share (their weights are zeroed).
+                let first = self.window.map_or(0, |w| {
+                    visible.saturating_sub(usize::try_from(w).unwrap_or(usize::MAX))
+                });
+                let (before, row) = row.split_at_mut(first);
+                before.fill(0.0);
+                let visible = visible - first;
                 *share = match sink {
                     None => {
                         softmax_row(row, visible);

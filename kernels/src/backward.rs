@@ -118,6 +118,7 @@ pub fn backward(
             causal,
             softcap,
             sinks,
+            window,
         } => {
             let (q, k, v, sinks) = attention::operands_of(xs, sinks)?;
             all(Attention {
@@ -127,6 +128,7 @@ pub fn backward(
                 causal,
                 softcap,
                 sinks,
+                window,
             }
             .vjp(q, k, v, g)?)
         }

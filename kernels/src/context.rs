@@ -187,6 +187,7 @@ fn attention_at<'s>(
         scale,
         causal,
         softcap,
+        window,
         ..
     } = kind
     else {
@@ -215,6 +216,7 @@ fn attention_at<'s>(
         causal,
         softcap,
         sinks,
+        window,
     };
     let order = Order {
         gathered: at.gathered_positions(local),
@@ -300,11 +302,19 @@ mod tests {
     /// value gradients (and gpt-oss's sinks') sum to the whole one's.
     #[test]
     fn chunked_causal_attention_equals_the_whole_sequence() {
-        check_chunked_attention(false);
-        check_chunked_attention(true);
+        check_chunked_attention(false, None);
+        check_chunked_attention(true, None);
     }
 
-    fn check_chunked_attention(sinks: bool) {
+    /// A sliding window of 3 keys under context parallelism: each query's window is counted
+    /// in whole-sequence positions, across the chunks it spans.
+    #[test]
+    fn chunked_windowed_attention_equals_the_whole_sequence() {
+        check_chunked_attention(false, Some(3));
+        check_chunked_attention(true, Some(3));
+    }
+
+    fn check_chunked_attention(sinks: bool, window: Option<u64>) {
         let (b, s, heads, kv, d, size) = (2, 8, 4, 2, 4, 2);
         let kind = OpKind::Attention {
             heads,
@@ -313,6 +323,7 @@ mod tests {
             causal: true,
             softcap: None,
             sinks,
+            window,
         };
         let (hw, kw) = (heads as usize * d, kv as usize * d);
         let (q, k, v) = (

@@ -76,6 +76,7 @@ pub fn forward(
             causal,
             softcap,
             sinks,
+            window,
         } => {
             let (q, k, v, sinks) = attention::operands_of(inputs, sinks)?;
             one(Attention {
@@ -85,6 +86,7 @@ pub fn forward(
                 causal,
                 softcap,
                 sinks,
+                window,
             }
             .forward(q, k, v)?)
         }

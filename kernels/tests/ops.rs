@@ -206,32 +206,42 @@ fn attention_mha_gqa_causal() {
         (4, 2, 5, 2, 4, 6, false),
     ];
     // Every case plain, with Gemma 2's soft cap (tight, so the tanh bends) and with gpt-oss's
-    // sinks.
-    let variants = [(None, false), (Some(0.75), false), (None, true)];
+    // sinks; the causal ones also in sliding windows (of 2 keys, and of 3 with both).
+    let variants = [
+        (None, false, None),
+        (Some(0.75), false, None),
+        (None, true, None),
+        (None, false, Some(2)),
+        (Some(0.75), true, Some(3)),
+    ];
     each_seed("attention", |rng| {
         cases
             .iter()
             .flat_map(|&case| variants.map(|variant| (case, variant)))
-            .map(|((heads, kv, d, dv, sq, sk, causal), (softcap, sinks))| {
-                let kind = OpKind::Attention {
-                    heads,
-                    kv_heads: kv,
-                    scale: 1.0 / (d as f64).sqrt(),
-                    causal,
-                    softcap,
-                    sinks,
-                };
-                let (h, kvu, d, dv) = (heads as usize, kv as usize, d as usize, dv as usize);
-                let mut ops = vec![
-                    rand(rng, &[2, sq, h * d]),
-                    rand(rng, &[2, sk, kvu * d]),
-                    rand(rng, &[2, sk, kvu * dv]),
-                ];
-                if sinks {
-                    ops.push(rand(rng, &[h]));
-                }
-                check("attention", &kind, &ops, rng)
-            })
+            .filter(|&((.., causal), (.., window))| causal || window.is_none())
+            .map(
+                |((heads, kv, d, dv, sq, sk, causal), (softcap, sinks, window))| {
+                    let kind = OpKind::Attention {
+                        heads,
+                        kv_heads: kv,
+                        scale: 1.0 / (d as f64).sqrt(),
+                        causal,
+                        softcap,
+                        sinks,
+                        window,
+                    };
+                    let (h, kvu, d, dv) = (heads as usize, kv as usize, d as usize, dv as usize);
+                    let mut ops = vec![
+                        rand(rng, &[2, sq, h * d]),
+                        rand(rng, &[2, sk, kvu * d]),
+                        rand(rng, &[2, sk, kvu * dv]),
+                    ];
+                    if sinks {
+                        ops.push(rand(rng, &[h]));
+                    }
+                    check("attention", &kind, &ops, rng)
+                },
+            )
             .fold(0.0, f64::max)
     });
 }

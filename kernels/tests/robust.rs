@@ -37,6 +37,7 @@ fn all_kinds() -> Vec<OpKind> {
             causal: true,
             softcap: None,
             sinks: false,
+            window: None,
         },
         OpKind::Attention {
             heads: 2,
@@ -45,6 +46,7 @@ fn all_kinds() -> Vec<OpKind> {
             causal: false,
             softcap: None,
             sinks: false,
+            window: None,
         },
         OpKind::Rotary {
             heads: 2,

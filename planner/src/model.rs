@@ -72,6 +72,9 @@ pub struct ModelInfo<'g> {
     pub norms_across_heads: Vec<OpId>,
     /// The layer's multi-head latent attention (DeepSeek-V2 and V3), its widths.
     pub latent: Option<latent::Latent>,
+    /// The layers' sliding attention windows, as the representative layer's attention is
+    /// priced for all (none: every layer attends to every earlier key).
+    pub layer_windows: Option<crate::cost::compute::WindowMix>,
 }
 
 /// A run of structurally identical layers of a block that changes structure.
@@ -209,6 +212,7 @@ impl<'g> ModelInfo<'g> {
             layer_runs: Vec::new(),
             norms_across_heads: Vec::new(),
             latent: None,
+            layer_windows: crate::cost::compute::WindowMix::of_graph(graph),
         };
         info.norms_across_heads = norms_across_heads(graph, &info.layer_ops, &uses);
         info.latent = latent::read(graph, &info.layer_ops);

@@ -316,7 +316,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("nemotron-mini-4b", &["--squared-relu", "--rotary-percent"]),
         ("qwen3-8b", &["--qk-layernorm", "--disable-bias-linear"]),
         ("mistral-nemo-base", &["--kv-channels"]),
-        ("phi-3-mini-4k", &["--disable-bias-linear"]),
+        ("phi-3-mini-4k", &["--disable-bias-linear", "--window-size"]),
         ("qwen3-30b-a3b", &["--kv-channels", "--qk-layernorm"]),
         // Biases on q, k and v only, half of each head rotated, a dense layer before sigmoid-
         // routed experts beside a shared one.
@@ -526,6 +526,81 @@ fn deepseek_exports_as_nvidias_own_megatron_arguments() {
             ((ours - theirs) / ours).abs() < 1e-3,
             "{name}: Megatron builds {theirs:.6e} parameters, plait counts {ours:.6e}"
         );
+    }
+}
+
+/// Each layer's attention window as Megatron-Core builds it from the arguments (its
+/// `TransformerConfig`: `window_size` = (keys to the left, keys to the right) of the query,
+/// and with `window_attn_skip_freq` n, layer numbers (from 1) divisible by n attend fully).
+fn megatron_windows(v: &HashMap<String, String>, layers: u64) -> Vec<Option<u64>> {
+    let Some(size) = v.get("--window-size") else {
+        return vec![None; layers as usize];
+    };
+    let (left, right) = size.split_once(',').unwrap();
+    assert_eq!(right, "0", "a causal window");
+    let keys = left.parse::<u64>().unwrap() + 1;
+    let skip = v
+        .get("--window-attn-skip-freq")
+        .map(|n| n.parse::<u64>().unwrap());
+    (1..=layers)
+        .map(|number| match skip {
+            Some(n) if number % n == 0 => None,
+            _ => Some(keys),
+        })
+        .collect()
+}
+
+/// Sliding windows export as Megatron-Core's `--window-size` and `--window-attn-skip-freq`
+/// and build each layer's window as plait's graph has it: Phi-3-mini's 2047 keys on every
+/// layer, a Mistral whose `layer_types` make every second or every fourth layer full; a
+/// pattern the two flags cannot say is refused by name.
+#[test]
+fn sliding_windows_export_as_megatrons_window_flags() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
+    let phi3 = import::hf::read_config(&fixtures.join("phi-3-mini-4k/config.json")).unwrap();
+    let mistral = |types: &str| {
+        let text = format!(
+            r#"{{"model_type":"mistral","hidden_size":1024,"intermediate_size":2048,
+            "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":8,
+            "vocab_size":32000,"sliding_window":512,"layer_types":{types}}}"#
+        );
+        import::hf::parse_config(&text, std::path::Path::new("config.json")).unwrap()
+    };
+    let (sw, full) = ("\"sliding_attention\"", "\"full_attention\"");
+    let s = strategy(1, 1, 8, 1, 64, 4096);
+    for (name, spec) in [
+        ("phi-3-mini-4k", phi3),
+        (
+            "mistral 1:1",
+            mistral(&format!("[{sw},{full},{sw},{full}]")),
+        ),
+        ("mistral 3:1", mistral(&format!("[{sw},{sw},{sw},{full}]"))),
+    ] {
+        let g = import::build_forward(&spec, DType::F32).unwrap();
+        let ours: Vec<Option<u64>> = g
+            .op_ids()
+            .filter(|&o| matches!(g.op(o).kind, ir::OpKind::Attention { .. }))
+            .map(|o| g.op(o).kind.attention_window())
+            .collect();
+        assert!(ours.iter().any(Option::is_some), "{name}");
+        let p = plan_of(&spec, name, "dgx-h100", &s);
+        let v = check_args(&planner::export::export(&p, Engine::Megatron).unwrap().args);
+        assert_eq!(megatron_windows(&v, spec.layers), ours, "{name}");
+    }
+    let p = plan_of(
+        &mistral(&format!("[{full},{sw},{sw},{full}]")),
+        "mistral",
+        "dgx-h100",
+        &s,
+    );
+    match planner::export::export(&p, Engine::Megatron) {
+        Err(PlanError::Unexportable { feature, .. }) => {
+            assert!(
+                feature.contains("sliding-window layers [1, 2]"),
+                "{feature}"
+            )
+        }
+        other => panic!("{other:?}"),
     }
 }
 

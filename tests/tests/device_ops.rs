@@ -366,6 +366,7 @@ fn causal_attention(heads: u64, kv: u64) -> (OpKind, OpKind) {
         causal: true,
         softcap: None,
         sinks: false,
+        window: None,
     };
     let grad = OpKind::Grad {
         of: Box::new(attention.clone()),
@@ -1087,6 +1088,7 @@ fn context_parallel_attention_passes_on_the_emulated_tensor_cores() {
             causal: true,
             softcap: None,
             sinks,
+            window: None,
         };
         let mut inputs = vec![
             tensor(&[2, local, heads * d], 80),
@@ -1300,6 +1302,7 @@ fn fused_attention_with_grouped_heads_the_causal_mask_and_a_soft_cap() {
         causal,
         softcap,
         sinks: false,
+        window: None,
     };
     for block in [8, 32] {
         let b = emulator(block);

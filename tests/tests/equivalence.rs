@@ -271,6 +271,7 @@ fn llama_structured_families_equal_one_device() {
         ("phi3", &tp2),
         ("gemma", &tp2),
         ("gemma2", &tp2),
+        // Gemma 3: both layers in a sliding window of 8 keys (of 32).
         ("gemma3_text", &tp2),
         // OLMo 2 and OLMoE at tp 2 run only as extracted (`extracted_layouts_equal_one_device`).
         ("olmo2", &dp2),
@@ -322,7 +323,8 @@ fn llama_structured_families_equal_one_device() {
         ("glm4_moe", &tp2),
         ("glm4_moe", &dp2),
         ("glm4_moe", &pp2),
-        // gpt-oss: biased attention with a sink logit per head (split with the heads), a
+        // gpt-oss: biased attention with a sink logit per head (split with the heads) in a
+        // window of 8 keys on layer 0 (of a 32-token sequence) and full on layer 1, a
         // biased router, experts with biases on all three projections and a clamped SwiGLU,
         // YaRN untruncated. The clamp is the published 7, which this scale never reaches: a
         // limit that bites puts values within rounding of it, where a layout's other order of
@@ -449,8 +451,9 @@ fn moe_expert_parallel_equals_one_device() {
 /// reduce-scattered back and the weights' gradients reduce over dp × cp. Llama at cp 2 (dp 1
 /// and dp 2 under ZeRO-1), cp 4, cp 2 beside tp 2 with SP, cp 2 with full recomputation and a
 /// pipeline of two stages, beside ZeRO-3, one KV head at tp 2, GPT-2 (learned positions,
-/// dropout on global positions), Qwen3 (per-head q/k norms) and a Mixtral-style MoE at cp 2:
-/// losses and every final parameter element equal one device's (reproducible mode).
+/// dropout on global positions), Qwen3 (per-head q/k norms), a Mixtral-style MoE and gpt-oss
+/// (a sliding window across the chunks, sinks) at cp 2: losses and every final parameter
+/// element equal one device's (reproducible mode).
 #[test]
 fn context_parallel_equals_one_device() {
     let with = |tp: u32, pp: u32, dp: u32, cp: u32| {
@@ -460,9 +463,10 @@ fn context_parallel_equals_one_device() {
     };
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
     let dropout = format!("{data}tiny-gpt2-dropout.json");
-    let (qwen3, mixtral) = (
+    let (qwen3, mixtral, gpt_oss) = (
         format!("{data}tiny-qwen3.json"),
         format!("{data}tiny-mixtral.json"),
+        format!("{data}tiny-gpt_oss.json"),
     );
     let mut bad = Vec::new();
     for (name, model, c) in [
@@ -492,6 +496,8 @@ fn context_parallel_equals_one_device() {
         ("llama mqa tp2 cp2", common::LLAMA_MQA, with(2, 1, 1, 2)),
         ("qwen3 cp2", &qwen3, with(1, 1, 1, 2)),
         ("mixtral cp2", &mixtral, with(1, 1, 1, 2)),
+        // A sliding window of 8 keys on layer 0 (with sinks), spanning the 8-token chunks.
+        ("gpt_oss cp2", &gpt_oss, with(1, 1, 1, 2)),
     ] {
         let one = programs(model, &Config::new(1, 1, 1));
         let set = programs(model, &c);

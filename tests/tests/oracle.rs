@@ -51,9 +51,13 @@ fn interp_first_loss(model: &str, seed: u64) -> f64 {
     ev.output("loss").unwrap().data[0]
 }
 
+/// gpt-oss's tiny config: a sliding window of 8 keys (of 32) on layer 0, full attention on
+/// layer 1; the program lowers layer 0 once and gives each layer its own window.
+const WINDOWED_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-gpt_oss.json");
+
 #[test]
 fn first_loss_equals_the_interpreter() {
-    for model in [common::MODEL, DROPOUT_MODEL] {
+    for model in [common::MODEL, DROPOUT_MODEL, WINDOWED_MODEL] {
         let want = interp_first_loss(model, 7);
         let got = train(&programs(model, &Config::new(1, 1, 1)), 1, 7).losses[0];
         let d = (got - want).abs() / want.abs();

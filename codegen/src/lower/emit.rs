@@ -179,9 +179,8 @@ pub struct Env<'a> {
     pub targets: Option<BufferId>,
     pub layer: Option<u32>,
     pub tag: String,
-    /// The seeds of this instance's dropout ops, in segment order (a layer's own: the segment
-    /// is lowered from layer 0). Empty: the segment's seeds.
-    pub seeds: &'a [u64],
+    /// This instance's own dropout seeds and attention windows (empty: the segment's).
+    pub instance: &'a Instance,
     /// Gradient accumulators a backward adds each whole (not tensor-parallel partial)
     /// parameter gradient into as soon as it is computed, so no layer's gradients wait
     /// together (Megatron's gradient-accumulation fusion). Empty: returned as contributions.
@@ -202,16 +201,16 @@ impl<'a> Env<'a> {
             targets,
             layer: None,
             tag,
-            seeds: &[],
+            instance: &SEGMENT_INSTANCE,
             accumulators: BTreeMap::new(),
         }
     }
 
-    /// Layer `layer`'s instance, with that layer's dropout seeds.
+    /// Layer `layer`'s instance, with that layer's dropout seeds and attention windows.
     pub fn layer(
         params: &'a [Option<(ParamId, BufferId)>],
         layer: u32,
-        seeds: &'a [u64],
+        instance: &'a Instance,
         tag: String,
     ) -> Env<'a> {
         Env {
@@ -220,31 +219,64 @@ impl<'a> Env<'a> {
             targets: None,
             layer: Some(layer),
             tag,
-            seeds,
+            instance,
             accumulators: BTreeMap::new(),
         }
     }
 }
 
-/// `kind` of step `i` for this instance: a dropout takes the instance's seed.
+/// What each instance of a layer's segment sets for itself, in segment order: its dropout ops'
+/// seeds and its attention ops' sliding windows (the segment is lowered from the first layer of
+/// its run; Gemma 2's and gpt-oss's layers alternate windowed and full attention).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Instance {
+    pub seeds: Vec<u64>,
+    pub windows: Vec<Option<u64>>,
+}
+
+/// An instance with no attributes of its own: the segment's stand.
+pub static SEGMENT_INSTANCE: Instance = Instance {
+    seeds: Vec::new(),
+    windows: Vec::new(),
+};
+
+impl Instance {
+    /// The seeds and windows of `ops` (one layer's, in order).
+    pub fn of_ops(g: &ir::Graph, ops: &[ir::OpId]) -> Instance {
+        let mut own = Instance::default();
+        for &o in ops {
+            match g.op(o).kind {
+                OpKind::Dropout { seed, .. } => own.seeds.push(seed),
+                OpKind::Attention { window, .. } => own.windows.push(window),
+                _ => {}
+            }
+        }
+        own
+    }
+}
+
+/// `kind` of step `i` for this instance: a dropout takes the instance's seed, an attention its
+/// window (the segment's own where the instance names none).
 fn instance_kind(seg: &Segment, i: usize, kind: &OpKind, env: &Env<'_>) -> OpKind {
+    let before = |is: fn(&OpKind) -> bool| {
+        seg.steps[..i]
+            .iter()
+            .filter(|s| matches!(s, Step::Compute { kind, .. } if is(kind)))
+            .count()
+    };
     match kind {
         OpKind::Dropout { p, seed } => {
-            let k = seg.steps[..i]
-                .iter()
-                .filter(|s| {
-                    matches!(
-                        s,
-                        Step::Compute {
-                            kind: OpKind::Dropout { .. },
-                            ..
-                        }
-                    )
-                })
-                .count();
+            let k = before(|k| matches!(k, OpKind::Dropout { .. }));
             OpKind::Dropout {
                 p: *p,
-                seed: env.seeds.get(k).copied().unwrap_or(*seed),
+                seed: env.instance.seeds.get(k).copied().unwrap_or(*seed),
+            }
+        }
+        OpKind::Attention { .. } => {
+            let k = before(|k| matches!(k, OpKind::Attention { .. }));
+            match env.instance.windows.get(k) {
+                Some(&w) => kind.clone().with_window(w),
+                None => kind.clone(),
             }
         }
         other => other.clone(),
@@ -612,6 +644,9 @@ pub fn backward(
                 vocab_parallel,
                 context,
             } => {
+                // This instance's own attributes (its dropout seeds, its attention windows).
+                let own = instance_kind(seg, i, kind, env);
+                let kind = &own;
                 // Output gradients, reduced if partial.
                 let mut dys = Vec::new();
                 for &o in outs {

@@ -466,6 +466,7 @@ fn local_kind(
             causal,
             softcap,
             sinks,
+            window,
         } => {
             let q = lay_of(b, ins[0]);
             if sequence_split(q) {
@@ -499,6 +500,7 @@ fn local_kind(
                     causal: *causal,
                     softcap: *softcap,
                     sinks: *sinks,
+                    window: *window,
                 },
                 None,
             ))

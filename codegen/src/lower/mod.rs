@@ -33,7 +33,7 @@ use planner::plan::Plan;
 use planner::{ModelInfo, Precision, Recompute};
 
 use self::builder::Builder;
-use self::emit::{Contribution, Env, Inst};
+use self::emit::{Contribution, Env, Inst, Instance};
 use self::segment::{Ctx, Kind, Lay, Segment, Source};
 use crate::error::CodegenError;
 use crate::ids::{BucketId, BufferId, ParamId, TemplateId};
@@ -396,16 +396,9 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
         .map(|&seg| (seg, emit::plan(seg, s.recompute)))
         .collect();
     let names: Vec<String> = params.iter().map(|p| p.name.clone()).collect();
-    let layer_seeds: Vec<Vec<u64>> = ops_by_layer
+    let layer_instances: Vec<Instance> = ops_by_layer
         .iter()
-        .map(|ops| {
-            ops.iter()
-                .filter_map(|&o| match graph.op(o).kind {
-                    OpKind::Dropout { seed, .. } => Some(seed),
-                    _ => None,
-                })
-                .collect()
-        })
+        .map(|ops| Instance::of_ops(graph, ops))
         .collect();
     let mut templates = Vec::new();
     for d in 0..pp {
@@ -417,7 +410,7 @@ pub fn lower(plan: &Plan, graph: &Graph, opts: Options) -> Result<ProgramSet, Co
             pre_pids: &pre_pids,
             post_pids: &post_pids,
             layer_pids: &layer_pids,
-            layer_seeds: &layer_seeds,
+            layer_instances: &layer_instances,
             layer_runs: &layer_runs,
             run_of_layer: &run_of_layer,
             local: &local,
@@ -546,8 +539,8 @@ struct Stage<'a> {
     pre_pids: &'a [Option<ParamId>],
     post_pids: &'a [Option<ParamId>],
     layer_pids: &'a [Vec<Option<ParamId>>],
-    /// Each layer's dropout seeds in op order.
-    layer_seeds: &'a [Vec<u64>],
+    /// Each layer's own dropout seeds and attention windows in op order.
+    layer_instances: &'a [Instance],
     /// Each run of identical layers' segment and its emission plan (one run where every
     /// layer repeats one structure), and the run of each layer.
     layer_runs: &'a [(&'a Segment, emit::Plan)],

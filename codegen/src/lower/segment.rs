@@ -740,6 +740,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     causal,
                     softcap,
                     sinks,
+                    window,
                 } => {
                     // Fewer key/value heads than ranks: K and V are computed whole and each
                     // rank takes the one head its query heads share.
@@ -770,6 +771,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         causal: *causal,
                         softcap: *softcap,
                         sinks: *sinks,
+                        window: *window,
                     };
                     out_lay = lay_of(&b, ins[0]);
                 }

@@ -343,11 +343,12 @@ impl<'a> Stage<'a> {
         (seg, plan)
     }
 
-    /// Layer `l`'s dropout seeds (borrowed from the lowering, not from `self`).
-    pub(super) fn seeds(&self, l: u32) -> &'a [u64] {
-        self.layer_seeds
+    /// Layer `l`'s own dropout seeds and attention windows (borrowed from the lowering, not
+    /// from `self`).
+    pub(super) fn instance(&self, l: u32) -> &'a Instance {
+        self.layer_instances
             .get(l as usize)
-            .map_or(&[], |v| v.as_slice())
+            .unwrap_or(&emit::SEGMENT_INSTANCE)
     }
 
     pub(super) fn stage_has_embedding(&self) -> bool {

@@ -88,7 +88,7 @@ impl<'a> Stage<'a> {
         let full = self.plan.strategy.recompute == Recompute::Full;
         for l in ch.layers[0]..ch.layers[1] {
             let params = self.gather(Which::Layer, l, self.bucket(Which::Layer, l));
-            let env = Env::layer(&params, l, self.seeds(l), format!("l{l}.m{mb}"));
+            let env = Env::layer(&params, l, self.instance(l), format!("l{l}.m{mb}"));
             let (layer, p) = self.layer_code(l);
             let keep: Vec<bool> = if full {
                 (0..layer.vals.len())
@@ -227,7 +227,7 @@ impl<'a> Stage<'a> {
                 .ok_or_else(|| CodegenError::plan("schedule", "missing layer state"))?;
             let bucket = self.bucket(Which::Layer, l);
             let params = self.gather(Which::Layer, l, bucket);
-            let mut env = Env::layer(&params, l, self.seeds(l), format!("l{l}.m{mb}"));
+            let mut env = Env::layer(&params, l, self.instance(l), format!("l{l}.m{mb}"));
             env.accumulators = self.accumulators(&params);
             let (layer, layer_plan) = self.layer_code(l);
             if full {

@@ -12,6 +12,7 @@ mod rope;
 mod rope_parameters;
 mod text_model;
 mod unsupported;
+mod window;
 
 use std::path::{Path, PathBuf};
 
@@ -108,8 +109,7 @@ impl LlamaLike {
         };
         Some(match model_type {
             "llama" => dense("llama", 2048, 1e-6, 10000.0, false),
-            // Mistral is Llama's architecture (its sliding window is modelled as full
-            // attention: `approximations`).
+            // Mistral is Llama's architecture in a sliding window (`window.rs`).
             "mistral" => dense("mistral", 4096 * 32, 1e-6, 10000.0, false),
             "qwen2" => dense("qwen2", 32768, 1e-6, 10000.0, false),
             "qwen3" => dense("qwen3", 32768, 1e-6, 10000.0, false),
@@ -126,7 +126,7 @@ impl LlamaLike {
             // transformers' Olmo2Config defaults.
             "olmo2" => dense("olmo2", 2048, 1e-5, 10000.0, false),
             // transformers' Olmo3Config defaults: OLMo 2's block, three of every four layers
-            // with a sliding window (modelled as full attention: `approximations`).
+            // with a sliding window (`window.rs`).
             "olmo3" => dense("olmo3", 2048, 1e-5, 10000.0, false),
             // transformers' GraniteConfig defaults: Llama's block with four multipliers.
             "granite" => dense("granite", 2048, 1e-6, 10000.0, false),
@@ -210,7 +210,7 @@ impl LlamaLike {
             },
             // transformers' GptOssConfig defaults (gpt-oss-120b): Llama's attention with
             // biases and a sink logit per head, half the layers in a sliding window
-            // (modelled as full attention: `approximations`), then routed experts with
+            // (`window.rs`), then routed experts with
             // biases and a clamped SwiGLU behind a biased router.
             "gpt_oss" => LlamaLike {
                 model_type: "gpt_oss",
@@ -354,6 +354,7 @@ impl LlamaLike {
             },
             attention_sinks: t == "gpt_oss",
             router_bias: t == "gpt_oss",
+            sliding_window: window::sliding_window(f, f.positive("num_hidden_layers")?)?,
             expert_form: if t == "gpt_oss" {
                 moe::gpt_oss_experts(f)?
             } else {
@@ -761,8 +762,7 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
 }
 
 /// What a config asks for that plait models more simply, one sentence each (`plait inspect`
-/// prints them): a sliding attention window is modelled as full causal attention, a rope
-/// scaling plait does not compute (longrope) as plain rotary embeddings.
+/// prints them): a rope scaling plait does not compute (longrope) as plain rotary embeddings.
 pub fn approximations(text: &str) -> Vec<String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text) else {
@@ -796,17 +796,6 @@ pub fn approximations(text: &str) -> Vec<String> {
 /// [`approximations`] of one (text) model's config object.
 fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     let mut notes = Vec::new();
-    // Qwen2's configs carry a `sliding_window` that `use_sliding_window: false` turns off.
-    let window_off = obj.get("use_sliding_window") == Some(&Value::Bool(false));
-    if let Some(w) = obj
-        .get("sliding_window")
-        .filter(|v| !v.is_null() && !window_off)
-    {
-        notes.push(format!(
-            "sliding_window {w} is modelled as full causal attention (the same for sequences \
-             of up to {w} tokens; beyond, an upper bound on its attention time and memory)"
-        ));
-    }
     if obj.get("model_type") == Some(&Value::String("phi3".into())) {
         notes.push(
             "Phi-3's fused qkv_proj and gate_up_proj are built as separate projections (the \
@@ -887,19 +876,10 @@ const GLM4_APPROXIMATIONS: [&str; 2] = [
      same shapes and FLOPs)",
 ];
 
-/// How plait's OLMo 3 departs from transformers' `Olmo3ForCausalLM`: its sliding window (on
-/// by default, 4096 tokens, where the config names none) is modelled as full attention, and
-/// its sliding-window layers rotate as its full-attention layers do.
+/// How plait's OLMo 3 departs from transformers' `Olmo3ForCausalLM`: its sliding-window layers
+/// rotate as its full-attention layers do.
 fn olmo3_approximations(obj: &Map<String, Value>) -> Vec<String> {
     let mut notes = Vec::new();
-    if obj.get("sliding_window").is_none() {
-        notes.push(
-            "OLMo 3's default sliding_window 4096 is modelled as full causal attention (the \
-             same for sequences of up to 4096 tokens; beyond, an upper bound on its attention \
-             time and memory)"
-                .to_string(),
-        );
-    }
     if matches!(obj.get("rope_scaling"), Some(Value::Object(_))) {
         notes.push(
             "OLMo 3's sliding-window layers rotate with rope_theta and its scaling, as its \

@@ -15,6 +15,8 @@ pub(crate) struct Attention {
     pub causal: bool,
     /// cap·tanh(s/cap) on the scaled scores before the mask (Gemma 2).
     pub softcap: Option<f64>,
+    /// Only the `window` most recent keys are visible (a sliding window; causal only).
+    pub window: Option<u64>,
 }
 
 /// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`,
@@ -135,12 +137,17 @@ impl Attention {
     fn probs(&self, l: &Layout, scores: &[f64], i: usize, sink: Option<f64>) -> (Vec<f64>, f64) {
         let mut p = vec![0.0; l.sk];
         let visible = visible_keys(i, l.sq, l.sk, self.causal);
+        // Keys before the window take no share (their weights stay 0).
+        let first = self.window.map_or(0, |w| {
+            visible.saturating_sub(usize::try_from(w).unwrap_or(usize::MAX))
+        });
+        let (shown, out) = (&scores[first..], &mut p[first..]);
         let sunk = match sink {
             None => {
-                softmax_row(scores, visible, &mut p);
+                softmax_row(shown, visible - first, out);
                 0.0
             }
-            Some(s) => softmax_row_with_sink(scores, visible, s, &mut p),
+            Some(s) => softmax_row_with_sink(shown, visible - first, s, out),
         };
         (p, sunk)
     }

@@ -88,6 +88,7 @@ pub fn apply(
             causal,
             softcap,
             sinks,
+            window,
         } => {
             let a = Attention {
                 heads,
@@ -95,6 +96,7 @@ pub fn apply(
                 scale,
                 causal,
                 softcap,
+                window,
             };
             if sinks {
                 let [q, k, v, s] = operands(kind, inputs)?;

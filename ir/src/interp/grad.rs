@@ -113,6 +113,7 @@ pub fn vjp(
             causal,
             softcap,
             sinks,
+            window,
         } => {
             let a = Attention {
                 heads,
@@ -120,6 +121,7 @@ pub fn vjp(
                 scale,
                 causal,
                 softcap,
+                window,
             };
             if sinks {
                 let [q, k, v, s] = operands(kind, xs)?;

@@ -44,7 +44,7 @@ pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
         | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" | "alpha" | "limit"
         | "up_offset" => AttrTy::Float,
         "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" | "groups"
-        | "groups_kept" | "group_top" => AttrTy::Int,
+        | "groups_kept" | "group_top" | "window" => AttrTy::Int,
         "len" => AttrTy::Dim,
         "shape" => AttrTy::Dims,
         "perm" | "sizes" | "wrt" => AttrTy::Ints,
@@ -142,6 +142,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             causal,
             softcap,
             sinks,
+            window,
         } => {
             let mut attrs = vec![
                 ("heads", Int(*heads)),
@@ -151,6 +152,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             ];
             attrs.extend(softcap.map(|cap| ("softcap", Float(cap))));
             attrs.extend(sinks.then_some(("sinks", Bool(true))));
+            attrs.extend(window.map(|w| ("window", Int(w))));
             attrs
         }
         OpKind::Rotary {
@@ -515,6 +517,11 @@ pub(crate) fn build_kind(
                 None
             },
             sinks: a.has("sinks") && a.bool(m, "sinks")?,
+            window: if a.has("window") {
+                Some(a.int(m, "window")?)
+            } else {
+                None
+            },
         },
         "rotary" => OpKind::Rotary {
             heads: a.int(m, "heads")?,

@@ -58,6 +58,7 @@ fn every_kind() -> Vec<OpKind> {
             causal: true,
             softcap: None,
             sinks: false,
+            window: None,
         },
         OpKind::Attention {
             heads: 16,
@@ -66,6 +67,7 @@ fn every_kind() -> Vec<OpKind> {
             causal: true,
             softcap: Some(50.0),
             sinks: false,
+            window: Some(4096),
         },
         OpKind::Attention {
             heads: 64,
@@ -74,6 +76,7 @@ fn every_kind() -> Vec<OpKind> {
             causal: true,
             softcap: None,
             sinks: true,
+            window: None,
         },
         OpKind::Rotary {
             heads: 32,

@@ -208,3 +208,56 @@ fn each_layer_matches_the_first_layer_of_its_run() {
     assert!(text.contains("block \"blk\" kind_starts 1\n"), "{text}");
     assert_eq!(crate::text::parse(&text).unwrap(), g);
 }
+
+/// Two layers of attention on q = k = v `[1, 4, 8]`, the first with `window`, the second
+/// with none.
+fn windowed_then_full(window: Option<u64>, causal: bool) -> Graph {
+    let mut g = Graph::new("windows");
+    g.block_name = Some("blk".into());
+    let mut x = g.push_source(OpKind::Input { name: "x".into() }, f32s(&[1, 4, 8]), None);
+    for (layer, window) in [window, None].into_iter().enumerate() {
+        let kind = OpKind::Attention {
+            heads: 2,
+            kv_heads: 2,
+            scale: 0.5,
+            causal,
+            softcap: None,
+            sinks: false,
+            window,
+        };
+        x = g.push_op(kind, vec![x, x, x], Some(layer as u32)).unwrap()[0];
+    }
+    g.add_output("y", x);
+    g
+}
+
+/// A window is a per-layer attribute (Gemma 2's and gpt-oss's layers alternate): layers that
+/// differ only in it are one structure; a window of no keys, or on non-causal attention, is
+/// refused (the builder checks types as the verifier does).
+#[test]
+fn attention_windows_may_differ_between_layers() {
+    assert_eq!(
+        messages(&windowed_then_full(Some(2), true)),
+        Vec::<String>::new()
+    );
+    let g = windowed_then_full(Some(2), true);
+    assert_eq!(crate::text::parse(&crate::text::print(&g)).unwrap(), g);
+    let mut g = Graph::new("bad");
+    let x = g.push_source(OpKind::Input { name: "x".into() }, f32s(&[1, 4, 8]), None);
+    for (window, causal, why) in [
+        (Some(0), true, "at least one key"),
+        (Some(2), false, "needs causal attention"),
+    ] {
+        let kind = OpKind::Attention {
+            heads: 2,
+            kv_heads: 2,
+            scale: 0.5,
+            causal,
+            softcap: None,
+            sinks: false,
+            window,
+        };
+        let e = g.push_op(kind, vec![x, x, x], None).unwrap_err();
+        assert!(e.reason.contains(why), "{e}");
+    }
+}

@@ -316,11 +316,58 @@ pub fn fuse_pointwise(g: &Graph, ops: &[OpId], uses: &ir::Uses) -> Vec<Vec<OpId>
 /// Average fraction of the keys a causal query row sees (`sq` queries ending at the last of `sk`
 /// keys; query i sees `sk − sq + i + 1` of them).
 fn causal_visible_fraction(sq: u64, sk: u64) -> f64 {
+    windowed_visible_fraction(sq, sk, None)
+}
+
+/// [`causal_visible_fraction`] in a sliding window of `window` keys: query i sees the
+/// min(sk − sq + i + 1, window) keys before it, itself included.
+pub fn windowed_visible_fraction(sq: u64, sk: u64, window: Option<u64>) -> f64 {
     if sk == 0 {
         return 1.0;
     }
-    let (sq, sk) = (sq.min(sk) as f64, sk as f64);
-    ((sk - sq) + (sq + 1.0) / 2.0) / sk
+    let sq = sq.min(sk);
+    // Keys seen by the queries at positions 0..m: Σ min(p + 1, window).
+    let seen = |m: u64| -> f64 {
+        let (m, w) = (m as f64, window.map_or(f64::INFINITY, |w| w as f64));
+        if m <= w {
+            m * (m + 1.0) / 2.0
+        } else {
+            w * (w + 1.0) / 2.0 + (m - w) * w
+        }
+    };
+    (seen(sk) - seen(sk - sq)) / (sq.max(1) as f64 * sk as f64)
+}
+
+/// The sliding windows of a model's layers, as one representative layer's attention is priced
+/// for every layer: the share of layers whose attention sees only the `keys` most recent keys
+/// (Gemma 2's and gpt-oss's half, Gemma 3's five in six), the rest full causal attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowMix {
+    pub windowed: f64,
+    pub keys: u64,
+}
+
+impl WindowMix {
+    /// The mix of `g`'s layers' attention ops (none where no layer has a window; the widest
+    /// window where layers differ in it).
+    pub fn of_graph(g: &Graph) -> Option<WindowMix> {
+        let windows: Vec<Option<u64>> = g
+            .order()
+            .iter()
+            .filter(|&&o| g.op(o).layer.is_some())
+            .filter(|&&o| matches!(g.op(o).kind, OpKind::Attention { .. }))
+            .map(|&o| g.op(o).kind.attention_window())
+            .collect();
+        let keys = windows.iter().flatten().copied().max()?;
+        let windowed = windows.iter().flatten().count() as f64 / windows.len() as f64;
+        Some(WindowMix { windowed, keys })
+    }
+
+    /// The average fraction of the keys a query sees over the layers.
+    fn visible_fraction(self, sq: u64, sk: u64) -> f64 {
+        (1.0 - self.windowed) * windowed_visible_fraction(sq, sk, None)
+            + self.windowed * windowed_visible_fraction(sq, sk, Some(self.keys))
+    }
 }
 
 /// The device a strategy runs on, with the numbers the roofline needs.
@@ -341,6 +388,9 @@ pub struct Device<'c> {
     /// Context-parallel degree: each rank holds 1/cp of the queries (two load-balanced chunks)
     /// and attends to the whole sequence's keys passed around the ring.
     pub cp: u64,
+    /// Where set, a layer's fused attention is priced as the model's mix of sliding-window and
+    /// full layers (its representative layer stands for all); else by its own window.
+    pub layer_windows: Option<WindowMix>,
     /// FP8 GEMMs as Transformer Engine runs them (see [`FP8_GEMM_SPEEDUP`]).
     pub fp8: bool,
     /// The GEMMs convert f32 operands to bf16 first (`gpu.matmul_casts_operands`, a 16-bit
@@ -391,6 +441,7 @@ impl<'c> Device<'c> {
             flash_fwd,
             flash_bwd,
             cp: 1,
+            layer_windows: None,
             fp8: precision.is_fp8(),
             casts: cluster.gpu.matmul_casts_operands && precision != Precision::Fp32,
             attention,
@@ -580,10 +631,12 @@ impl<'c> Device<'c> {
         // load-balanced split (chunks r and 2·cp − 1 − r) gives each rank an equal share of the
         // causal work, the whole sequence's visible fraction.
         let sk = g.ty(op.inputs[1]).shape.eval(b)[1] * self.cp.max(1);
-        let visible = if causal {
-            causal_visible_fraction(sk, sk)
-        } else {
-            1.0
+        // A sliding window skips the key blocks wholly before it (FlashAttention-2's
+        // `window_size`, Megatron's `--window-size`): the windowed fraction of the products.
+        let visible = match (causal, self.layer_windows) {
+            (false, _) => 1.0,
+            (true, Some(mix)) if op.layer.is_some() => mix.visible_fraction(sk, sk),
+            (true, _) => windowed_visible_fraction(sk, sk, op.kind.attention_window()),
         };
         let products = 4.0 * (q[0] * q[1] * sk * q[2]) as f64 * visible / split;
         let fwd_flops = products;

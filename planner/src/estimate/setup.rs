@@ -60,6 +60,7 @@ impl<'a, 'g> Setup<'a, 'g> {
             u64::from(s.cp),
         );
         device.cp = cp;
+        device.layer_windows = info.layer_windows;
         let ep = u64::from(s.ep.max(1));
         let b = Binding {
             batch: s.micro_batch,

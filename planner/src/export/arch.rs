@@ -66,6 +66,66 @@ pub struct Architecture {
     pub moe_layers: Vec<(bool, u32)>,
     /// The dense layers' MLP width where the block also has expert layers.
     pub dense_ffn: Option<u64>,
+    /// A sliding attention window on every layer or on all but every n-th.
+    pub window: Option<WindowPattern>,
+}
+
+/// Sliding-window attention as Megatron-Core's `--window-size` and `--window-attn-skip-freq`
+/// say it: each windowed query sees its `keys` most recent keys (itself included), and where
+/// `full_every` is n, layer i (from 0) attends to every earlier key when (i + 1) % n = 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowPattern {
+    pub keys: u64,
+    pub full_every: Option<u32>,
+}
+
+/// The window pattern of `g`'s layers' attention (one attention op a layer), or what in it the
+/// engines cannot say.
+fn window_pattern(g: &Graph) -> Result<Option<WindowPattern>, String> {
+    let windows: Vec<Option<u64>> = g
+        .ops_by_layer()
+        .iter()
+        .map(|ops| {
+            ops.iter().find_map(|&o| match g.op(o).kind {
+                OpKind::Attention { window, .. } => Some(window),
+                _ => None,
+            })
+        })
+        .map(Option::flatten)
+        .collect();
+    let Some(keys) = windows.iter().flatten().copied().max() else {
+        return Ok(None);
+    };
+    if windows.iter().flatten().any(|&w| w != keys) {
+        return Err("sliding windows of different sizes on different layers".into());
+    }
+    if windows.iter().all(Option::is_some) {
+        return Ok(Some(WindowPattern {
+            keys,
+            full_every: None,
+        }));
+    }
+    let full_every = (2..=windows.len()).find(|&n| {
+        windows
+            .iter()
+            .enumerate()
+            .all(|(i, w)| w.is_none() == ((i + 1) % n == 0))
+    });
+    match full_every {
+        Some(n) => Ok(Some(WindowPattern {
+            keys,
+            full_every: u32::try_from(n).ok(),
+        })),
+        None => Err(format!(
+            "sliding-window layers {:?} (not all layers, nor all but every n-th)",
+            windows
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.is_some())
+                .map(|(i, _)| i)
+                .collect::<Vec<_>>()
+        )),
+    }
 }
 
 fn kinds<'g>(g: &'g Graph, ops: &'g [OpId]) -> impl Iterator<Item = &'g OpKind> + 'g {
@@ -84,8 +144,9 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
                 SwiGLU or squared-ReLU MLPs and top-k MoE layers"
             .into(),
     };
+    let window = window_pattern(g).map_err(|why| refuse(&why))?;
     if !info.layer_runs.is_empty() {
-        return read_runs(info, engine);
+        return read_runs(info, engine).map(|a| Architecture { window, ..a });
     }
     let latent = info.latent;
     let narrower_values = info.layer_ops.iter().any(|&o| {
@@ -224,6 +285,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         latent,
         moe_layers: Vec::new(),
         dense_ffn: None,
+        window,
     })
 }
 

@@ -80,6 +80,19 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
         flag(args, "--group-query-attention");
         push(args, "--num-query-groups", a.kv_heads);
     }
+    if let Some(w) = a.window {
+        // Megatron-Core's window is (keys to the left, keys to the right) beside the query
+        // itself; transformers' `sliding_window` counts the query among its keys.
+        push(
+            args,
+            "--window-size",
+            format!("{},0", w.keys.saturating_sub(1)),
+        );
+        if let Some(n) = w.full_every {
+            // Layer numbers from 1: every n-th attends to every earlier key.
+            push(args, "--window-attn-skip-freq", n);
+        }
+    }
     push(args, "--seq-length", seq);
     match a.positions {
         Positions::Learned { rows } => {

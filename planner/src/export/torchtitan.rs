@@ -44,6 +44,7 @@ pub(super) fn config_name(a: &Architecture) -> Result<&'static str, PlanError> {
                 && a.swiglu
                 && a.experts == 0
                 && a.latent.is_none()
+                && a.window.is_none()
                 && !a.tied
                 // Its Llama 3 has no biases or q/k norms, and heads dim / n_heads wide.
                 && !(a.qkv_bias || a.other_bias || a.qk_norm)

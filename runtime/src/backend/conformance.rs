@@ -359,6 +359,7 @@ pub fn bf16_cases() -> Vec<Case> {
         causal,
         softcap,
         sinks: false,
+        window: None,
     };
     let qkv = |seq: usize, heads: usize, kv: usize, d: usize, seed: u64| {
         vec![
@@ -424,6 +425,7 @@ pub fn bf16_cases() -> Vec<Case> {
                     causal: true,
                     softcap: None,
                     sinks: true,
+                    window: None,
                 },
                 qkv(90, 4, 2, 64, 80)
                     .into_iter()
@@ -497,6 +499,7 @@ fn attention_with_sinks() -> OpKind {
         causal: true,
         softcap: None,
         sinks: true,
+        window: None,
     }
 }
 
@@ -510,6 +513,7 @@ fn row_cases() -> Vec<Case> {
         causal: true,
         softcap: None,
         sinks: false,
+        window: None,
     };
     let qkv = vec![
         tensor(&[2, 300, 4 * 16], 40),

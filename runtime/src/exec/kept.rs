@@ -183,6 +183,7 @@ mod tests {
         causal: true,
         softcap: None,
         sinks: false,
+        window: None,
     };
 
     fn forward(stats: u32) -> Instr {

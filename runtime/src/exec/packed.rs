@@ -437,6 +437,7 @@ mod tests {
         causal: true,
         softcap: None,
         sinks: false,
+        window: None,
     };
 
     fn compute(kind: OpKind, inputs: &[u32], outputs: &[u32], saves: &[u32]) -> Instr {

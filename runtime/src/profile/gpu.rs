@@ -185,6 +185,7 @@ pub fn attention_tflops<B: Backend>(
         causal: true,
         softcap: None,
         sinks: false,
+        window: None,
     };
     // The gradient reads q, k, v and the output gradient (operand 3 of its four).
     let grad = OpKind::Grad {

@@ -145,6 +145,7 @@ pub fn attention(m: &Matcher<'_>, op: OpId, _uses: &[usize]) -> Option<Rewrite> 
             causal,
             softcap: None,
             sinks: false,
+            window: None,
         },
         vec![Operand::Value(q), Operand::Value(k), Operand::Value(v)],
     )];

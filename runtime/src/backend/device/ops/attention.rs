@@ -30,6 +30,7 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
             causal,
             softcap,
             sinks,
+            window: None,
         },
         &[q, k, v, ref rest @ ..],
     ) = (kind, shapes)

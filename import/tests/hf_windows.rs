@@ -1,0 +1,113 @@
+//! Sliding-window attention as transformers builds it: which layers of which families attend
+//! within a window, read from published configs and from each family's defaults.
+
+use std::path::Path;
+
+use import::{build_forward, hf};
+use ir::{DType, OpKind};
+
+fn spec(json: &str) -> import::ModelSpec {
+    hf::parse_config(json, Path::new("config.json")).expect("config parses")
+}
+
+fn fixture(name: &str) -> import::ModelSpec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/hf")
+        .join(name)
+        .join("config.json");
+    hf::read_config(&path).expect("fixture parses")
+}
+
+/// Each layer's attention window in the built graph, in layer order.
+fn windows(spec: &import::ModelSpec) -> Vec<Option<u64>> {
+    let g = build_forward(spec, DType::F32).expect("graph builds");
+    g.order()
+        .iter()
+        .filter(|&&o| matches!(g.op(o).kind, OpKind::Attention { .. }))
+        .map(|&o| g.op(o).kind.attention_window())
+        .collect()
+}
+
+fn every(layers: usize, window: Option<u64>) -> Vec<Option<u64>> {
+    vec![window; layers]
+}
+
+/// Layers `(i + 1) % n != 0` windowed: Gemma 2's and gpt-oss's n = 2, OLMo 3's 4, Gemma 3's 6.
+fn all_but_every(n: usize, layers: usize, window: u64) -> Vec<Option<u64>> {
+    (0..layers)
+        .map(|i| ((i + 1) % n != 0).then_some(window))
+        .collect()
+}
+
+const TINY: &str = r#""hidden_size":64,"intermediate_size":128,"num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":100"#;
+
+fn tiny(model_type: &str, extra: &str) -> import::ModelSpec {
+    spec(&format!(r#"{{"model_type":"{model_type}",{TINY}{extra}}}"#))
+}
+
+/// Published configs: gpt-oss-20b lists its layer types (sliding first, 128 keys); Gemma 2
+/// windows its even layers at 4096; Gemma 3 1B five of six at 512; Phi-3-mini every layer at
+/// 2047; Qwen2.5 and Qwen3 turn the window off (`use_sliding_window: false`); Mistral-Nemo's
+/// is null.
+#[test]
+fn published_configs_window_the_layers_transformers_does() {
+    assert_eq!(windows(&fixture("gpt-oss-20b")), all_but_every(2, 24, 128));
+    assert_eq!(windows(&fixture("gemma-2-9b")), all_but_every(2, 42, 4096));
+    assert_eq!(windows(&fixture("gemma-3-1b")), all_but_every(6, 26, 512));
+    assert_eq!(windows(&fixture("phi-3-mini-4k")), every(32, Some(2047)));
+    for none in [
+        "qwen2.5-7b",
+        "qwen3-8b",
+        "mistral-nemo-base",
+        "olmo-2-1124-7b",
+    ] {
+        let w = windows(&fixture(none));
+        assert!(w.iter().all(Option::is_none), "{none}: {w:?}");
+    }
+}
+
+/// transformers' defaults where a config names no window: Mistral 4096 on every layer, OLMo 3
+/// 4096 on three of four, Gemma 3 4096 on five of six (or its `sliding_window_pattern`),
+/// gpt-oss 128 on alternate layers; Mixtral none. Qwen2 windows the layers from
+/// `max_window_layers` on only with `use_sliding_window`. A null or 0 window is off; a window
+/// in a family transformers builds without one (Llama) is not built.
+#[test]
+fn family_defaults_and_switches() {
+    assert_eq!(windows(&tiny("mistral", "")), every(4, Some(4096)));
+    assert_eq!(windows(&tiny("olmo3", "")), all_but_every(4, 4, 4096));
+    assert_eq!(windows(&tiny("gemma2", "")), all_but_every(2, 4, 4096));
+    assert_eq!(
+        windows(&tiny("gemma3_text", r#","sliding_window_pattern":2"#)),
+        all_but_every(2, 4, 4096)
+    );
+    assert_eq!(
+        windows(&tiny(
+            "mixtral",
+            r#","num_local_experts":4,"num_experts_per_tok":2"#
+        )),
+        every(4, None)
+    );
+    let qwen = |extra: &str| windows(&tiny("qwen2", extra));
+    assert_eq!(qwen(r#","sliding_window":64"#), every(4, None));
+    assert_eq!(
+        qwen(r#","sliding_window":64,"use_sliding_window":true,"max_window_layers":2"#),
+        [None, None, Some(64), Some(64)]
+    );
+    for off in ["null", "0"] {
+        let extra = format!(r#","sliding_window":{off}"#);
+        assert_eq!(windows(&tiny("mistral", &extra)), every(4, None), "{off}");
+    }
+    assert_eq!(
+        windows(&tiny("llama", r#","sliding_window":64"#)),
+        every(4, None)
+    );
+}
+
+/// A config's `layer_types` overrides the family's pattern.
+#[test]
+fn layer_types_name_the_windowed_layers() {
+    let types = r#","sliding_window":32,"layer_types":["full_attention","sliding_attention","sliding_attention","full_attention"]"#;
+    let want = [None, Some(32), Some(32), None];
+    assert_eq!(windows(&tiny("gemma2", types)), want);
+    assert_eq!(windows(&tiny("mistral", types)), want);
+}
