@@ -66,7 +66,7 @@ extern "C" __global__ void attention_forward(float* o, const float* q, const flo
         i64 vis = visible_keys(x.i, a.sq, a.sk, a.causal);
         float m = -INFINITY;
         double l = 0.0;
-        for (i64 j0 = 0; j0 < vis; j0 += blockDim.x) {
+        for (i64 j0 = window_first(vis, a.window); j0 < vis; j0 += blockDim.x) {
             i64 j = j0 + threadIdx.x;
             float s = j < vis ? attn_score(a, qrow, key_row(a, k, x, j)) : -INFINITY;
             float m_new = fmaxf(m, block_max(s));
@@ -95,7 +95,7 @@ __device__ float attn_log_sum_exp(const Attention& a, const float* qrow, const f
                                   i64 vis) {
     float m = -INFINITY;
     double l = 0.0;
-    for (i64 j0 = 0; j0 < vis; j0 += blockDim.x) {
+    for (i64 j0 = window_first(vis, a.window); j0 < vis; j0 += blockDim.x) {
         i64 j = j0 + threadIdx.x;
         float s = j < vis ? attn_score(a, qrow, key_row(a, k, x, j)) : -INFINITY;
         float m_new = fmaxf(m, block_max(s));
@@ -130,7 +130,7 @@ extern "C" __global__ void attention_row_stats(float* lse, float* dsum, const fl
         i64 vis = visible_keys(x.i, a.sq, a.sk, a.causal);
         float l = attn_log_sum_exp(a, qrow, k, x, vis);
         double part = 0.0;
-        for (i64 j = threadIdx.x; j < vis; j += blockDim.x) {
+        for (i64 j = window_first(vis, a.window) + threadIdx.x; j < vis; j += blockDim.x) {
             float p = expf(attn_score(a, qrow, key_row(a, k, x, j)) - l);
             part += (double)p * dot_row(grow, value_row(a, v, x, j), a.dv);
         }
@@ -169,7 +169,7 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* q, cons
         for (i64 c = threadIdx.x; c < a.d; c += blockDim.x) dqacc[c] = 0.0f;
         __syncthreads();
         i64 vis = visible_keys(x.i, a.sq, a.sk, a.causal);
-        for (i64 j0 = 0; j0 < vis; j0 += blockDim.x) {
+        for (i64 j0 = window_first(vis, a.window); j0 < vis; j0 += blockDim.x) {
             i64 j = j0 + threadIdx.x;
             float dsj = 0.0f;
             if (j < vis) {
@@ -216,11 +216,13 @@ extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const fl
         // The first query that sees key j (all of them without the mask).
         i64 first = a.causal ? j - (a.sk - a.sq) : 0;
         if (first < 0) first = 0;
+        // One past the last query that sees it (its window's reach).
+        i64 end = window_last_query(a, j);
         for (i64 h = g * group; h < (g + 1) * group; ++h) {
-            for (i64 i0 = first; i0 < a.sq; i0 += blockDim.x) {
+            for (i64 i0 = first; i0 < end; i0 += blockDim.x) {
                 i64 i = i0 + threadIdx.x;
                 float p = 0.0f, dsi = 0.0f;
-                if (i < a.sq) {
+                if (i < end) {
                     i64 row = (b * a.heads + h) * a.sq + i;
                     const float* qi = q + (b * a.sq + i) * a.heads * a.d + h * a.d;
                     const float* gi = go + (b * a.sq + i) * a.heads * a.dv + h * a.dv;
@@ -231,7 +233,7 @@ extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const fl
                 ps[threadIdx.x] = p;
                 ds[threadIdx.x] = dsi;
                 __syncthreads();
-                i64 n = a.sq - i0 < (i64)blockDim.x ? a.sq - i0 : (i64)blockDim.x;
+                i64 n = end - i0 < (i64)blockDim.x ? end - i0 : (i64)blockDim.x;
                 for (i64 c = threadIdx.x; c < a.dv; c += blockDim.x) {
                     double s2 = 0.0;
                     for (i64 t = 0; t < n; ++t)
@@ -292,6 +294,21 @@ __device__ i64 attn_visible(const Attention& a, const float* qpos, i64 qi) {
     return v < a.sk ? v : a.sk;
 }
 
+// Whether query `qi` sees key `j`: below its visible count and, in a sliding window, within it.
+__device__ bool attn_sees(const Attention& a, const float* qpos, i64 qi, i64 j) {
+    if (qi >= a.sq) return false;
+    i64 vis = attn_visible(a, qpos, qi);
+    return j < vis && j >= window_first(vis, a.window);
+}
+
+// The first key tile (of `tile` keys) any query from `q0` on sees: in a sliding window, the tile
+// of the first query's window (queries in order; with positions, every tile from 0).
+__device__ i64 attn_first_tile(const Attention& a, const float* qpos, i64 q0, i64 tile) {
+    if (qpos || a.window <= 0 || q0 >= a.sq) return 0;
+    i64 first = window_first(attn_visible(a, qpos, q0), a.window);
+    return first - first % tile;
+}
+
 // Rows `r0 ..` of a [batch, n, width·heads]-strided tensor's head `hh` into `dst[rows][ATTN_ROW]`,
 // zero past `n`.
 __device__ void load_tile(float* dst, const float* src, i64 b, i64 r0, i64 rows, i64 n, i64 heads, i64 hh,
@@ -326,14 +343,14 @@ __device__ void attn_tile_forward(const Attention& a, const AttnTile& x, const f
     // Keys any query of the tile sees (the causal mask's visible count grows with the query).
     i64 last = (x.q0 + ATTN_TILE_Q < a.sq ? x.q0 + ATTN_TILE_Q : a.sq) - 1;
     i64 keys = attn_visible(a, qpos, last);
-    for (i64 k0 = 0; k0 < keys; k0 += ATTN_TILE_K) {
+    for (i64 k0 = attn_first_tile(a, qpos, x.q0, ATTN_TILE_K); k0 < keys; k0 += ATTN_TILE_K) {
         __syncthreads();  // the previous tile's readers are done
         load_tile(w.kt, k, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.d);
         load_tile(w.vt, v, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.dv);
         __syncthreads();
         for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_K; e += blockDim.x) {
             i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = x.q0 + i;
-            bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
+            bool seen = attn_sees(a, qpos, qi, k0 + j);
             w.st[e] = seen ? attn_score(a, w.qt + i * ATTN_ROW, w.kt + j * ATTN_ROW) : -INFINITY;
         }
         __syncthreads();
@@ -443,14 +460,14 @@ extern "C" __global__ void attention_backward_dq_tiled(float* dq, const float* q
         i64 last = (x.q0 + ATTN_TILE_Q < a.sq ? x.q0 + ATTN_TILE_Q : a.sq) - 1;
         i64 keys = attn_visible(a, qpos, last);
         i64 row0 = (x.b * a.heads + x.h) * a.sq + x.q0;
-        for (i64 k0 = 0; k0 < keys; k0 += ATTN_TILE_K) {
+        for (i64 k0 = attn_first_tile(a, qpos, x.q0, ATTN_TILE_K); k0 < keys; k0 += ATTN_TILE_K) {
             __syncthreads();
             load_tile(kt, k, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.d);
             load_tile(vt, v, x.b, k0, ATTN_TILE_K, a.sk, a.kv, x.g, a.dv);
             __syncthreads();
             for (i64 e = threadIdx.x; e < ATTN_TILE_Q * ATTN_TILE_K; e += blockDim.x) {
                 i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = x.q0 + i;
-                bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
+                bool seen = attn_sees(a, qpos, qi, k0 + j);
                 float s = seen ? attn_score(a, qt + i * ATTN_ROW, kt + j * ATTN_ROW) : -INFINITY;
                 float p;
                 dst[e] = seen ? attn_tile_ds(a, s, lse[row0 + i], gt + i * ATTN_ROW, vt + j * ATTN_ROW,
@@ -504,15 +521,17 @@ extern "C" __global__ void attention_backward_dkv_tiled(float* dk, float* dv, co
         // mask alone says).
         i64 first = a.causal && !qpos ? k0 - (a.sk - a.sq) : 0;
         if (first < 0) first = 0;
+        // One past the last query that sees the tile's last key (with positions, every query).
+        i64 end = qpos ? a.sq : window_last_query(a, k0 + ATTN_TILE_K - 1);
         for (i64 h = g * group; h < (g + 1) * group; ++h) {
-            for (i64 i0 = first; i0 < a.sq; i0 += ATTN_BWD_Q) {
+            for (i64 i0 = first; i0 < end; i0 += ATTN_BWD_Q) {
                 __syncthreads();
                 load_tile(qt, q, b, i0, ATTN_BWD_Q, a.sq, a.heads, h, a.d);
                 load_tile(gt, go, b, i0, ATTN_BWD_Q, a.sq, a.heads, h, a.dv);
                 __syncthreads();
                 for (i64 e = threadIdx.x; e < ATTN_BWD_Q * ATTN_TILE_K; e += blockDim.x) {
                     i64 i = e / ATTN_TILE_K, j = e % ATTN_TILE_K, qi = i0 + i;
-                    bool seen = qi < a.sq && k0 + j < attn_visible(a, qpos, qi);
+                    bool seen = attn_sees(a, qpos, qi, k0 + j);
                     i64 row = (b * a.heads + h) * a.sq + qi;
                     float s = seen ? attn_score(a, qt + i * ATTN_ROW, kt + j * ATTN_ROW) : -INFINITY;
                     float p = 0.0f;

@@ -408,12 +408,13 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
-        i64 keys = mma_block_keys(a, qpos, x.q0);
+        i64 keys = mma_block_keys(a, qpos, x.q0), k_first = attn_first_tile(a, qpos, x.q0, TILE);
+        i64 lo[2] = {window_first(vis[0], a.window), window_first(vis[1], a.window)};
         MmaHead kh = mma_k<D>(kp, a, x.b, x.g), vh = mma_v<D>(vp, a, x.b, x.g);
         const int words = TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
-        if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kh, vh, 0, TILE);
-        for (i64 k0 = 0; k0 < keys; k0 += TILE) {
+        if (k_first < keys) mma_kv_tile<D>(ks, vs, (int)(k_first / TILE) % 2, words, kh, vh, k_first, TILE);
+        for (i64 k0 = k_first; k0 < keys; k0 += TILE) {
             int now = (int)(k0 / TILE) % 2;
             mma_copies_land();
             __syncthreads();  // this tile is in, and the other buffer's readers are done
@@ -426,15 +427,17 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
                 for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
             mma_rows<D, TILE / 8>(s, qa, kt, l);
             mma_scores2<TILE / 8>(s, sc);
-            // Columns from k0 each of the lane's two rows sees (all but on the diagonal).
+            // Columns from k0 each of the lane's two rows sees (all but on the diagonal, and
+            // in a sliding window none before it).
             int seen[2] = {mma_below(vis[0], k0, TILE), mma_below(vis[1], k0, TILE)};
+            int from[2] = {mma_below(lo[0], k0, TILE), mma_below(lo[1], k0, TILE)};
             float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int nt = 0; nt < TILE / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     int c = nt * 8 + 2 * l.t + e % 2;
-                    s[nt][e] = c < seen[e / 2] ? s[nt][e] : -INFINITY;
+                    s[nt][e] = c >= from[e / 2] && c < seen[e / 2] ? s[nt][e] : -INFINITY;
                     tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
                 }
             // A row that has seen no key yet keeps max −∞ and subtracts 0: its exponents stay
@@ -563,12 +566,14 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
         for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
-        i64 keys = mma_block_keys(a, qpos, x.q0);
+        i64 keys = mma_block_keys(a, qpos, x.q0), k_first = attn_first_tile(a, qpos, x.q0, MMA_BWD_TILE);
+        i64 lo[2] = {window_first(vis[0], a.window), window_first(vis[1], a.window)};
         MmaHead kh = mma_k<D>(kp, a, x.b, x.g), vh = mma_v<D>(vp, a, x.b, x.g);
         const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
-        if (keys > 0) mma_kv_tile<D>(ks, vs, 0, words, kh, vh, 0, MMA_BWD_TILE);
-        for (i64 k0 = 0; k0 < keys; k0 += MMA_BWD_TILE) {
+        if (k_first < keys)
+            mma_kv_tile<D>(ks, vs, (int)(k_first / MMA_BWD_TILE) % 2, words, kh, vh, k_first, MMA_BWD_TILE);
+        for (i64 k0 = k_first; k0 < keys; k0 += MMA_BWD_TILE) {
             int now = (int)(k0 / MMA_BWD_TILE) % 2;
             mma_copies_land();
             __syncthreads();  // this tile is in, and the other buffer's readers are done
@@ -584,6 +589,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
             mma_rows<D, MMA_BWD_TILE / 8>(dp, ga, vt, l);
             mma_scores2<MMA_BWD_TILE / 8>(s, sc);
             int seen[2] = {mma_below(vis[0], k0, MMA_BWD_TILE), mma_below(vis[1], k0, MMA_BWD_TILE)};
+            int from[2] = {mma_below(lo[0], k0, MMA_BWD_TILE), mma_below(lo[1], k0, MMA_BWD_TILE)};
 #pragma unroll
             for (int nt = 0; nt < MMA_BWD_TILE / 8; ++nt)
 #pragma unroll
@@ -591,7 +597,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
                     int c = nt * 8 + 2 * l.t + e % 2, r = e / 2;
                     float x2 = s[nt][e];
                     float ds = mma_score_grad(sc, x2, exp2f(fmaf(x2, sc.fold, -row_lse[r])), dp[nt][e], row_d[r]);
-                    s[nt][e] = c < seen[r] ? ds : 0.0f;
+                    s[nt][e] = c >= from[r] && c < seen[r] ? ds : 0.0f;
                 }
             mma_cols<D, MMA_BWD_TILE / 8>(acc, s, kt, l);
         }
@@ -652,15 +658,17 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
         i64 first = a.causal && !qpos ? k0 - (a.sk - a.sq) : 0;
         if (first < 0) first = 0;
         first -= first % MMA_DKV_TILE(D);  // whole tiles
+        // One past the last query that sees the block's last key (with positions, every query).
+        i64 end = qpos ? a.sq : window_last_query(a, k0 + MMA_BLOCK_ROWS - 1);
         // The group's query heads' tiles in turn, each fetched while the one before is used.
         const int words = MMA_DKV_TILE(D) * MMA_ROW_WORDS(D);  // one buffer
         i64 h = g * group, i0 = first;
-        bool any = first < a.sq;
+        bool any = first < end;
         __syncthreads();  // the last block's readers are done with both buffers
         if (any) mma_query_tile<D>(w, 0, qp, gp, lse, dsum, b, h, i0, a);
         for (int it = 0; any && h < (g + 1) * group; ++it) {
             i64 nh = h, ni0 = i0 + MMA_DKV_TILE(D);
-            if (ni0 >= a.sq) {
+            if (ni0 >= end) {
                 ++nh;
                 ni0 = first;
             }
@@ -682,18 +690,20 @@ __device__ void mma_backward_dkv(float* dk, float* dv, const float* qp, const fl
             // query whose causal window reaches the key to the last query (or, with the
             // queries' positions, as each position says).
             mma_scores2<MMA_DKV_TILE(D) / 8>(s, sc);
-            int hi = mma_below(a.sq, i0, MMA_DKV_TILE(D)), lo[2];
+            int hi[2], lo[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
+            for (int r = 0; r < 2; ++r) {
                 lo[r] = keys[r] >= a.sk ? MMA_DKV_TILE(D)
                                         : (a.causal ? mma_below(keys[r] - (a.sk - a.sq), i0, MMA_DKV_TILE(D)) : 0);
+                hi[r] = mma_below(window_last_query(a, keys[r]), i0, MMA_DKV_TILE(D));
+            }
 #pragma unroll
             for (int nt = 0; nt < MMA_DKV_TILE(D) / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     int c = nt * 8 + 2 * l.t + e % 2, r = e / 2;
-                    bool seen = qpos ? keys[r] < a.sk && keys[r] < mma_visible(a, qpos, i0 + c)
-                                     : c >= lo[r] && c < hi;
+                    bool seen = qpos ? keys[r] < a.sk && attn_sees(a, qpos, i0 + c, keys[r])
+                                     : c >= lo[r] && c < hi[r];
                     float x2 = s[nt][e];
                     float p = seen ? exp2f(fmaf(x2, sc.fold, -tl[c])) : 0.0f;
                     s[nt][e] = p;

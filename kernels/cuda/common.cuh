@@ -215,4 +215,21 @@ struct Attention {
     // The gradients dq, dk and dv written in the operands' layout too (one buffer: dq's;
     // dk and dv in it where dv is null), so that no concatenation joins them afterwards.
     int grads_packed;
+    // A sliding window: each causal query sees only its `window` most recent keys, itself
+    // included (0: every earlier key).
+    i64 window;
 };
+
+// The first key a query that sees keys [0, vis) reads: in a sliding window of `window` keys
+// (0: none) the window's first.
+__device__ i64 window_first(i64 vis, i64 window) {
+    return window > 0 && vis > window ? vis - window : 0;
+}
+
+// One past the last query that sees key `j` (queries aligned with the last keys): in a sliding
+// window, the window's reach; else the last query.
+__device__ i64 window_last_query(const Attention& a, i64 j) {
+    if (a.window <= 0 || !a.causal) return a.sq;
+    i64 end = j + a.window - (a.sk - a.sq);
+    return end < 0 ? 0 : (end < a.sq ? end : a.sq);
+}

@@ -230,6 +230,8 @@ pub struct AttentionShape {
     /// 1: the gradients are written in the operands' (packed) layout, into one buffer
     /// (dq's; dk's and dv's in it where dv is null): no concatenation joins them afterwards.
     pub grads_packed: i32,
+    /// A sliding window of this many keys (0: none).
+    pub window: i64,
 }
 
 impl AttentionShape {

@@ -1073,14 +1073,21 @@ fn the_tensor_core_attention_passes_on_the_emulated_warps() {
 }
 
 /// Context parallelism on the tensor cores: each member's queries at their whole-sequence
-/// positions over the group's keys (the `qpos` masks of `attention_mma.cu`), forward and every
-/// gradient, against the CPU's `kernels::context_forward` at bf16's tolerance.
+/// positions over the group's keys (the `qpos` masks of `attention_mma.cu`, with and without a
+/// sliding window), forward and every gradient, against the CPU's `kernels::context_forward`
+/// at bf16's tolerance.
 #[test]
 fn context_parallel_attention_passes_on_the_emulated_tensor_cores() {
     let b = tests::emulator::emulator_mma(64);
     let (local, heads, kv, d) = (96, 2, 1, 64);
-    // Plain, and with gpt-oss's sinks (each member's rows take their heads' sinks).
-    for sinks in [false, true] {
+    // Plain, with gpt-oss's sinks (each member's rows take their heads' sinks), and in a
+    // sliding window of 70 keys (counted in whole-sequence positions, across the chunks).
+    for (sinks, window) in [
+        (false, None),
+        (true, None),
+        (false, Some(70)),
+        (true, Some(70)),
+    ] {
         let kind = OpKind::Attention {
             heads: heads as u64,
             kv_heads: kv as u64,
@@ -1088,7 +1095,7 @@ fn context_parallel_attention_passes_on_the_emulated_tensor_cores() {
             causal: true,
             softcap: None,
             sinks,
-            window: None,
+            window,
         };
         let mut inputs = vec![
             tensor(&[2, local, heads * d], 80),
@@ -1340,6 +1347,44 @@ fn fused_attention_with_grouped_heads_the_causal_mask_and_a_soft_cap() {
             tensor(&[1, 19, 130], 49),
         );
         check(&b, attention(2, 1, true, Some(2.0)), &[q, k, v], 2e-5);
+    }
+}
+
+/// Sliding windows (Mistral's, Gemma 2's, gpt-oss's) on every f32 path: the tiled kernels
+/// (windows of 1, 5 and 20 keys over 37, across tiles of 16; with fewer queries than keys;
+/// with a soft cap) and the one-block-per-query kernels of heads wider than 128.
+#[test]
+fn fused_attention_in_a_sliding_window() {
+    let grouped = |heads, kv_heads, window, softcap| OpKind::Attention {
+        heads,
+        kv_heads,
+        scale: 0.35,
+        causal: true,
+        softcap,
+        sinks: false,
+        window: Some(window),
+    };
+    let attention = |window, softcap| grouped(4, 2, window, softcap);
+    for block in [8, 32] {
+        let b = emulator(block);
+        let (q, k, v) = (
+            tensor(&[2, 37, 4 * 8], 40),
+            tensor(&[2, 37, 2 * 8], 41),
+            tensor(&[2, 37, 2 * 8], 42),
+        );
+        for window in [1, 5, 20] {
+            let qkv = [q.clone(), k.clone(), v.clone()];
+            check(&b, attention(window, None), &qkv, 2e-5);
+        }
+        let q_short = tensor(&[2, 9, 4 * 8], 43);
+        check(&b, attention(6, Some(1.5)), &[q_short, k, v], 2e-5);
+        let wide = grouped(2, 1, 7, None);
+        let (q, k, v) = (
+            tensor(&[1, 19, 2 * 136], 47),
+            tensor(&[1, 19, 136], 48),
+            tensor(&[1, 19, 130], 49),
+        );
+        check(&b, wide, &[q, k, v], 2e-5);
     }
 }
 

@@ -415,6 +415,35 @@ pub fn bf16_cases() -> Vec<Case> {
                 qkv(70, 2, 1, 64, 66),
                 tol,
             ),
+            // Sliding windows on the tensor cores: 70 keys (across blocks of 64 keys, with
+            // sinks) and 9 (inside one), with fewer queries than keys.
+            case(
+                "attention",
+                OpKind::Attention {
+                    heads: 4,
+                    kv_heads: 2,
+                    scale: 0.3,
+                    causal: true,
+                    softcap: None,
+                    sinks: true,
+                    window: Some(70),
+                },
+                qkv(200, 4, 2, 64, 86)
+                    .into_iter()
+                    .chain([tensor(&[4], 89)])
+                    .collect(),
+                tol,
+            ),
+            case(
+                "attention",
+                attention(4, 2, true, None).with_window(Some(9)),
+                vec![
+                    tensor(&[2, 40, 4 * 32], 90),
+                    tensor(&[2, 100, 2 * 32], 91),
+                    tensor(&[2, 100, 2 * 32], 92),
+                ],
+                tol,
+            ),
             // gpt-oss's sinks on the tensor cores (their statistics in log₂ units).
             case(
                 "attention",
@@ -579,7 +608,15 @@ fn row_cases() -> Vec<Case> {
         case(
             "attention",
             attention_with_sinks(),
-            qkv.into_iter().chain([tensor(&[4], 43)]).collect(),
+            qkv.clone().into_iter().chain([tensor(&[4], 43)]).collect(),
+            2e-5,
+        ),
+        // A sliding window of 40 keys (Mistral's, Gemma 2's, gpt-oss's), with the sinks:
+        // windows that start inside a tile and skip whole tiles before them.
+        case(
+            "attention",
+            attention_with_sinks().with_window(Some(40)),
+            qkv.into_iter().chain([tensor(&[4], 44)]).collect(),
             2e-5,
         ),
         case("rotary", rotary, vec![tensor(&[2, 300, 4 * 16], 43)], 1e-5),

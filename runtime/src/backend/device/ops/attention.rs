@@ -30,7 +30,7 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
             causal,
             softcap,
             sinks,
-            window: None,
+            window,
         },
         &[q, k, v, ref rest @ ..],
     ) = (kind, shapes)
@@ -74,6 +74,7 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
         scale,
         softcap: softcap.unwrap_or(0.0),
         causal: i32::from(causal),
+        window: i(usize::try_from(window.unwrap_or(0)).ok()?)?,
         ..AttentionShape::default()
     })
 }
