@@ -111,3 +111,32 @@ fn layer_types_name_the_windowed_layers() {
     assert_eq!(windows(&tiny("gemma2", types)), want);
     assert_eq!(windows(&tiny("mistral", types)), want);
 }
+
+/// A windowed layer's attention counts `S × min(S, w)` scores where a full layer counts
+/// `S × S` (plait's FLOP convention, `ir::cost`): at 4096 tokens a window of 512 counts an
+/// eighth of the full layer's products and softmax.
+#[test]
+fn a_window_counts_the_scores_it_computes() {
+    let b = ir::Binding {
+        batch: 1,
+        seq: 4096,
+    };
+    let attention_flops = |extra: &str| {
+        let g = build_forward(&tiny("mistral", extra), DType::F32).expect("graph builds");
+        let o = g
+            .order()
+            .iter()
+            .copied()
+            .find(|&o| matches!(g.op(o).kind, OpKind::Attention { .. }))
+            .expect("an attention op");
+        ir::cost::op_cost(&g, o, b).fwd_flops
+    };
+    let (windowed, full) = (
+        attention_flops(r#","sliding_window":512"#),
+        attention_flops(r#","sliding_window":null"#),
+    );
+    assert!(
+        (windowed / full - 512.0 / 4096.0).abs() < 1e-12,
+        "{windowed} / {full}"
+    );
+}

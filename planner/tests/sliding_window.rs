@@ -63,14 +63,18 @@ fn model(window: &str, layer_types: &str) -> ir::Graph {
     import::build_forward(&spec, ir::DType::F32).unwrap()
 }
 
-/// The predicted forward seconds of the fused attention kernels of one step (a materialized
-/// attention computes every score whatever the mask).
+/// The predicted forward seconds of the fused attention kernels of one step.
 fn attention_seconds(g: &ir::Graph) -> f64 {
+    attention_seconds_with(g, AttentionKernel::Fused)
+}
+
+/// The predicted forward seconds of attention computed by `kernel`.
+fn attention_seconds_with(g: &ir::Graph, kernel: AttentionKernel) -> f64 {
     let info = ModelInfo::new(g).unwrap();
     let cluster = Cluster::load("dgx-h100").unwrap();
     let s = Strategy {
         seq: 32768,
-        attention: AttentionKernel::Fused,
+        attention: kernel,
         ..common::tp_strategy(1, false, 1)
     };
     let e = estimate_traced(&info, &cluster, 1, &s, Pricing::SEARCH).unwrap();
@@ -98,4 +102,13 @@ fn windowed_layers_cost_the_pairs_they_see() {
         let g = model("4096", &format!(r#","layer_types":{types}"#));
         close(attention_seconds(&g) / full, half_mix, types);
     }
+}
+
+/// Scores written to memory are computed whole and then masked: a window saves a
+/// materialized attention nothing.
+#[test]
+fn a_materialized_attention_computes_every_score_in_a_window() {
+    let full = attention_seconds_with(&model("null", ""), AttentionKernel::Materialized);
+    let windowed = attention_seconds_with(&model("4096", ""), AttentionKernel::Materialized);
+    assert!((windowed / full - 1.0).abs() < 1e-9, "{windowed} vs {full}");
 }

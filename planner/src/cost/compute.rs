@@ -338,6 +338,19 @@ pub fn windowed_visible_fraction(sq: u64, sk: u64, window: Option<u64>) -> f64 {
     (seen(sk) - seen(sk - sq)) / (sq.max(1) as f64 * sk as f64)
 }
 
+/// For an attention op in a sliding window, the keys a row has over those `ir::cost` counts for
+/// it (Sk / min(Sk, w)); 1 for any other op.
+fn unwindowed_share(g: &Graph, o: OpId, b: Binding) -> f64 {
+    let op = g.op(o);
+    match op.kind.attention_window() {
+        Some(w) => {
+            let sk = g.ty(op.inputs[1]).shape.eval(b)[1];
+            sk as f64 / sk.min(w).max(1) as f64
+        }
+        None => 1.0,
+    }
+}
+
 /// The sliding windows of a model's layers, as one representative layer's attention is priced
 /// for every layer: the share of layers whose attention sees only the `keys` most recent keys
 /// (Gemma 2's and gpt-oss's half, Gemma 3's five in six), the rest full causal attention.
@@ -519,7 +532,14 @@ impl<'c> Device<'c> {
         if op.kind.is_source() {
             return OpTime::default();
         }
-        let c = op_cost(g, o, b);
+        let mut c = op_cost(g, o, b);
+        if self.attention == AttentionKernel::Materialized {
+            // Scores written to memory are computed whole and masked: a sliding window saves
+            // none of the products `ir::cost` leaves out for it.
+            let scale = unwindowed_share(g, o, b);
+            c.fwd_flops *= scale;
+            c.bwd_flops *= scale;
+        }
         let split = if layout == TpLayout::Split {
             tp.max(1) as f64
         } else {
