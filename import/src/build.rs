@@ -595,11 +595,12 @@ impl Builder {
         d: u64,
     ) -> Result<ValueId, BuildError> {
         let flat = self.flat_view(x, heads * d)?;
+        let (theta, scaling) = spec.rope_of_layer(self.layer);
         let turned = self.op(
             OpKind::Rotary {
                 heads,
-                theta: spec.rope_theta,
-                scaling: spec.rope_scaling,
+                theta,
+                scaling,
             },
             vec![flat],
         )?;
@@ -636,11 +637,12 @@ impl Builder {
 
     fn rotary(&mut self, spec: &ModelSpec, x: ValueId, heads: u64) -> Result<ValueId, BuildError> {
         let Some(r) = spec.variant.rotary_dims else {
+            let (theta, scaling) = spec.rope_of_layer(self.layer);
             return self.op(
                 OpKind::Rotary {
                     heads,
-                    theta: spec.rope_theta,
-                    scaling: spec.rope_scaling,
+                    theta,
+                    scaling,
                 },
                 vec![x],
             );

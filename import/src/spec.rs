@@ -101,6 +101,9 @@ pub struct Variant {
     /// A sliding attention window on some or all layers (Mistral's `sliding_window`, Gemma 2's
     /// and gpt-oss's alternate layers, Gemma 3's five of six, OLMo 3's three of four).
     pub sliding_window: Option<SlidingWindow>,
+    /// The rotary base of the sliding-window layers, unscaled, where it is their own (Gemma
+    /// 3's `rope_local_base_freq`; OLMo 3's `rope_theta` without its scaling).
+    pub window_rope_theta: Option<f64>,
 }
 
 /// The sliding window of a model's attention: each query of a windowed layer sees its `keys`
@@ -110,6 +113,19 @@ pub struct SlidingWindow {
     pub keys: u64,
     /// Whether each layer, in order, attends within the window.
     pub windowed: Vec<bool>,
+}
+
+impl ModelSpec {
+    /// The rotary base and scaling of layer `layer` (none: outside the layers): the sliding-
+    /// window layers' own where the family gives them one, else the model's.
+    pub fn rope_of_layer(&self, layer: Option<u32>) -> (f64, ir::RopeScaling) {
+        let window = self.variant.sliding_window.as_ref();
+        let windowed = layer.and_then(|l| window?.of_layer(u64::from(l)));
+        match (windowed, self.variant.window_rope_theta) {
+            (Some(_), Some(theta)) => (theta, ir::RopeScaling::None),
+            _ => (self.rope_theta, self.rope_scaling),
+        }
+    }
 }
 
 impl SlidingWindow {

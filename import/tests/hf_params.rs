@@ -306,13 +306,21 @@ fn gemma3_keeps_gemma2s_block_with_qk_norms_and_no_soft_caps() {
         .count();
     // Per layer four around attention and the MLP, and q's and k's; then the final norm.
     assert_eq!(norms, 26 * 6 + 1);
-    let notes = hf::approximations(one_b);
-    assert!(
-        notes.iter().any(|n| n.contains("rope_local_base_freq")),
-        "{notes:?}"
-    );
-    // Five of every six of its 26 layers in a window of 512 keys.
+    assert!(hf::approximations(one_b).is_empty());
+    // Five of every six of its 26 layers in a window of 512 keys, rotating by
+    // rope_local_base_freq (transformers' `rotary_emb_local`); the sixth by rope_theta.
     assert_eq!(window(&parse(one_b)), Some((512, 22)));
+    let bases: Vec<f64> = g
+        .op_ids()
+        .filter_map(|o| match g.op(o).kind {
+            ir::OpKind::Rotary { theta, .. } => Some(theta),
+            _ => None,
+        })
+        .collect();
+    let want: Vec<f64> = (0..26)
+        .flat_map(|l| [if l % 6 == 5 { 1e6 } else { 1e4 }; 2])
+        .collect();
+    assert_eq!(bases, want);
 }
 
 /// google/gemma-3-4b-it's multimodal config as published: `model_type` gemma3, its language
@@ -930,8 +938,7 @@ fn gpt_oss_counts_sinks_and_biased_experts() {
 /// OLMo 3 (transformers' `Olmo3ForCausalLM`) is OLMo 2's block with a sliding window on
 /// three of every four layers: an OLMo 3 config of OLMo-2-1124-7B's shape builds OLMo 2's
 /// graph op for op but for the windows (7,298,617,344 parameters), transformers' default
-/// window 4096 where the config names none, and `approximations` says its windowed layers'
-/// rotary is the full layers' (YaRN-scaled).
+/// window 4096 where the config names none, its windowed layers rotating unscaled.
 #[test]
 fn olmo3_is_olmo2s_block_in_a_sliding_window() {
     let olmo = |model_type: &str, extra: &str| {
@@ -966,13 +973,22 @@ fn olmo3_is_olmo2s_block_in_a_sliding_window() {
     assert_eq!(olmo3_kinds, olmo2_kinds);
     let three_of_four: Vec<Option<u64>> = (0..32).map(|i| (i % 4 != 3).then_some(4096)).collect();
     assert_eq!((windows, full), (three_of_four, vec![None; 32]));
-    let notes = hf::approximations(&olmo3);
-    assert!(
-        notes
-            .iter()
-            .any(|n| n.contains("sliding-window layers rotate")),
-        "{notes:?}"
-    );
+    // With YaRN, the windowed layers rotate unscaled (transformers' default rope type for
+    // them), the full ones scaled.
+    assert!(hf::approximations(&olmo3).is_empty());
+    let g = import::build_forward(&parse(&olmo3), DType::F32).expect("builds");
+    let scaled: Vec<bool> = g
+        .op_ids()
+        .filter_map(|o| match g.op(o).kind {
+            ir::OpKind::Rotary { theta, scaling, .. } => {
+                assert_eq!(theta, 500000.0);
+                Some(scaling != ir::RopeScaling::None)
+            }
+            _ => None,
+        })
+        .collect();
+    let want: Vec<bool> = (0..32).flat_map(|l| [l % 4 == 3; 2]).collect();
+    assert_eq!(scaled, want);
 }
 
 /// Mistral Small 3.1's multimodal config (`model_type` mistral3): its language model is a whole

@@ -224,8 +224,8 @@ fn transformers_5_rope_parameters_read_as_the_older_fields() {
         ),
     );
     assert_eq!(spec.variant.rotary_dims, Some(8));
-    // Gemma 3: one object per attention kind; the sliding layers' base is read (and noted)
-    // as rope_local_base_freq.
+    // Gemma 3: one object per attention kind; the sliding layers' base is read as
+    // rope_local_base_freq (their rotary's base).
     let gemma = |rope: &str| {
         format!(
             r#"{{"model_type":"gemma3_text","hidden_size":64,"intermediate_size":96,
@@ -244,6 +244,7 @@ fn transformers_5_rope_parameters_read_as_the_older_fields() {
         ),
     );
     assert_eq!(spec.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!(spec.variant.window_rope_theta, Some(10000.0));
     // A top-level rope_scaling replaces rope_parameters whole, as in transformers 5.
     let both = parse(&glm(
         r#""rope_theta":500000,"rope_scaling":{"rope_type":"linear","factor":4.0},

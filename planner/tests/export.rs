@@ -360,7 +360,11 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
     }
     for (name, feature) in [
         ("gemma-7b", "GeGLU"),
-        ("gemma-3-1b", "GeGLU"),
+        // Its windowed layers rotate by rope_local_base_freq, the others by rope_theta.
+        (
+            "gemma-3-1b",
+            "rotary embeddings whose base or scaling differs",
+        ),
         ("gemma-2-9b", "soft-capped"),
         ("glm-4-9b-0414", "GLM-4"),
         ("qwen1.5-moe-a2.7b", "sigmoid gate"),

@@ -271,7 +271,8 @@ fn llama_structured_families_equal_one_device() {
         ("phi3", &tp2),
         ("gemma", &tp2),
         ("gemma2", &tp2),
-        // Gemma 3: both layers in a sliding window of 8 keys (of 32).
+        // Gemma 3: layer 0 in a sliding window of 8 keys (of 32) rotating by its local base,
+        // layer 1 full with linear rope scaling.
         ("gemma3_text", &tp2),
         // OLMo 2 and OLMoE at tp 2 run only as extracted (`extracted_layouts_equal_one_device`).
         ("olmo2", &dp2),

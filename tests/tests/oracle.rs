@@ -55,9 +55,21 @@ fn interp_first_loss(model: &str, seed: u64) -> f64 {
 /// layer 1; the program lowers layer 0 once and gives each layer its own window.
 const WINDOWED_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-gpt_oss.json");
 
+/// Gemma 3's tiny config: layer 0 in a window rotating by rope_local_base_freq unscaled, layer
+/// 1 full rotating by rope_theta with linear scaling; each layer instance its own rotary.
+const LOCAL_ROPE_MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/tiny-gemma3_text.json"
+);
+
 #[test]
 fn first_loss_equals_the_interpreter() {
-    for model in [common::MODEL, DROPOUT_MODEL, WINDOWED_MODEL] {
+    for model in [
+        common::MODEL,
+        DROPOUT_MODEL,
+        WINDOWED_MODEL,
+        LOCAL_ROPE_MODEL,
+    ] {
         let want = interp_first_loss(model, 7);
         let got = train(&programs(model, &Config::new(1, 1, 1)), 1, 7).losses[0];
         let d = (got - want).abs() / want.abs();

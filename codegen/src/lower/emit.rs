@@ -226,18 +226,21 @@ impl<'a> Env<'a> {
 }
 
 /// What each instance of a layer's segment sets for itself, in segment order: its dropout ops'
-/// seeds and its attention ops' sliding windows (the segment is lowered from the first layer of
-/// its run; Gemma 2's and gpt-oss's layers alternate windowed and full attention).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// seeds, its attention ops' sliding windows and its rotary embeddings' bases and scalings (the
+/// segment is lowered from the first layer of its run; Gemma 2's and gpt-oss's layers alternate
+/// windowed and full attention, Gemma 3's windowed layers rotate by their own base).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Instance {
     pub seeds: Vec<u64>,
     pub windows: Vec<Option<u64>>,
+    pub rotaries: Vec<(f64, ir::RopeScaling)>,
 }
 
 /// An instance with no attributes of its own: the segment's stand.
 pub static SEGMENT_INSTANCE: Instance = Instance {
     seeds: Vec::new(),
     windows: Vec::new(),
+    rotaries: Vec::new(),
 };
 
 impl Instance {
@@ -248,6 +251,7 @@ impl Instance {
             match g.op(o).kind {
                 OpKind::Dropout { seed, .. } => own.seeds.push(seed),
                 OpKind::Attention { window, .. } => own.windows.push(window),
+                OpKind::Rotary { theta, scaling, .. } => own.rotaries.push((theta, scaling)),
                 _ => {}
             }
         }
@@ -256,7 +260,8 @@ impl Instance {
 }
 
 /// `kind` of step `i` for this instance: a dropout takes the instance's seed, an attention its
-/// window (the segment's own where the instance names none).
+/// window, a rotary embedding its base and scaling (the segment's own where the instance names
+/// none).
 fn instance_kind(seg: &Segment, i: usize, kind: &OpKind, env: &Env<'_>) -> OpKind {
     let before = |is: fn(&OpKind) -> bool| {
         seg.steps[..i]
@@ -276,6 +281,17 @@ fn instance_kind(seg: &Segment, i: usize, kind: &OpKind, env: &Env<'_>) -> OpKin
             let k = before(|k| matches!(k, OpKind::Attention { .. }));
             match env.instance.windows.get(k) {
                 Some(&w) => kind.clone().with_window(w),
+                None => kind.clone(),
+            }
+        }
+        OpKind::Rotary { heads, .. } => {
+            let k = before(|k| matches!(k, OpKind::Rotary { .. }));
+            match env.instance.rotaries.get(k) {
+                Some(&(theta, scaling)) => OpKind::Rotary {
+                    heads: *heads,
+                    theta,
+                    scaling,
+                },
                 None => kind.clone(),
             }
         }

@@ -355,6 +355,7 @@ impl LlamaLike {
             attention_sinks: t == "gpt_oss",
             router_bias: t == "gpt_oss",
             sliding_window: window::sliding_window(f, f.positive("num_hidden_layers")?)?,
+            window_rope_theta: window::rope_theta(f, t, self.rope_theta(f)?)?,
             expert_form: if t == "gpt_oss" {
                 moe::gpt_oss_experts(f)?
             } else {
@@ -811,14 +812,6 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
                 .to_string(),
         );
     }
-    if obj.get("model_type") == Some(&Value::String("gemma3_text".into())) {
-        notes.push(
-            "Gemma 3's sliding-window layers rotate with rope_theta and its scaling, as its \
-             global layers do (transformers gives them rope_local_base_freq, unscaled: the \
-             same shapes and FLOPs)"
-                .to_string(),
-        );
-    }
     if obj.get("model_type") == Some(&Value::String("cohere".into())) {
         notes.extend(COHERE_APPROXIMATIONS.map(String::from));
     }
@@ -827,9 +820,6 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     }
     if obj.get("model_type") == Some(&Value::String("glm4".into())) {
         notes.extend(GLM4_APPROXIMATIONS.map(String::from));
-    }
-    if obj.get("model_type") == Some(&Value::String("olmo3".into())) {
-        notes.extend(olmo3_approximations(obj));
     }
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
         notes.extend(deepseek_v3_approximations(obj));
@@ -875,21 +865,6 @@ const GLM4_APPROXIMATIONS: [&str; 2] = [
      interleaved pairs (a fixed permutation of the rotary columns of q_proj and k_proj; the \
      same shapes and FLOPs)",
 ];
-
-/// How plait's OLMo 3 departs from transformers' `Olmo3ForCausalLM`: its sliding-window layers
-/// rotate as its full-attention layers do.
-fn olmo3_approximations(obj: &Map<String, Value>) -> Vec<String> {
-    let mut notes = Vec::new();
-    if matches!(obj.get("rope_scaling"), Some(Value::Object(_))) {
-        notes.push(
-            "OLMo 3's sliding-window layers rotate with rope_theta and its scaling, as its \
-             full-attention layers do (transformers leaves them unscaled: the same shapes and \
-             FLOPs)"
-                .to_string(),
-        );
-    }
-    notes
-}
 
 /// The sigmoid router's load-balancing bias, as plait builds it.
 const ZERO_CORRECTION_BIAS: &str = "DeepSeek-V3's e_score_correction_bias is held at zero: it \

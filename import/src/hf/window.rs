@@ -104,3 +104,19 @@ fn default_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<b
         }
     })
 }
+
+/// The sliding-window layers' own rotary base, unscaled, as transformers builds them: Gemma 3's
+/// `rope_local_base_freq` (default 10000; `rope_parameters`' sliding kind is read into it),
+/// OLMo 3's `rope_theta` (the model's, `theta`) with the default rope type. Other families
+/// rotate every layer alike.
+pub(super) fn rope_theta(
+    f: &Fields<'_>,
+    model_type: &str,
+    theta: f64,
+) -> Result<Option<f64>, ConfigError> {
+    Ok(match model_type {
+        "gemma3_text" => Some(f.opt_rope_base("rope_local_base_freq")?.unwrap_or(10_000.0)),
+        "olmo3" => Some(theta),
+        _ => None,
+    })
+}

@@ -127,13 +127,19 @@ pub(crate) fn same_kind_up_to_name(a: &OpKind, b: &OpKind) -> bool {
 }
 
 /// `kind` with every per-instance attribute cleared: a dropout's `seed` (also inside `grad`),
-/// which each layer picks for itself as it names its own parameters, and an attention's sliding
+/// which each layer picks for itself as it names its own parameters, an attention's sliding
 /// `window` (Gemma 2 and gpt-oss alternate windowed and full layers: the same ops, shapes and
-/// parameters, a different mask).
+/// parameters, a different mask) and a rotary embedding's base and scaling (Gemma 3's and
+/// OLMo 3's windowed layers rotate by their own).
 pub(crate) fn instance_neutral(kind: &OpKind) -> OpKind {
     match kind {
         OpKind::Dropout { p, .. } => OpKind::Dropout { p: *p, seed: 0 },
         OpKind::Attention { .. } => kind.clone().with_window(None),
+        OpKind::Rotary { heads, .. } => OpKind::Rotary {
+            heads: *heads,
+            theta: 0.0,
+            scaling: crate::RopeScaling::None,
+        },
         OpKind::Grad { of, wrt } => OpKind::Grad {
             of: Box::new(instance_neutral(of)),
             wrt: wrt.clone(),
@@ -145,9 +151,13 @@ pub(crate) fn instance_neutral(kind: &OpKind) -> OpKind {
 /// Equal kinds up to per-instance attributes ([`instance_neutral`]).
 pub(crate) fn same_kind_up_to_instance(a: &OpKind, b: &OpKind) -> bool {
     match (a, b) {
-        (OpKind::Dropout { .. } | OpKind::Attention { .. } | OpKind::Grad { .. }, _) => {
-            instance_neutral(a) == instance_neutral(b)
-        }
+        (
+            OpKind::Dropout { .. }
+            | OpKind::Attention { .. }
+            | OpKind::Rotary { .. }
+            | OpKind::Grad { .. },
+            _,
+        ) => instance_neutral(a) == instance_neutral(b),
         _ => a == b,
     }
 }

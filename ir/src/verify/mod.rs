@@ -32,8 +32,9 @@
 //!      are its tagged non-source ops in execution order; its *own sources* are its tagged
 //!      source ops. Layer k matches layer 0 when it has as many compute ops, and position by
 //!      position: the kinds are equal (attributes included, except a `dropout`'s `seed`, also
-//!      inside `grad{of=dropout}`: each layer draws its own mask; and an `attention`'s
-//!      `window`: Gemma 2 and gpt-oss alternate sliding-window and full layers), the result types are equal, the
+//!      inside `grad{of=dropout}`: each layer draws its own mask; an `attention`'s `window`:
+//!      Gemma 2 and gpt-oss alternate sliding-window and full layers; a `rotary`'s `theta`
+//!      and `scaling`: Gemma 3's and OLMo 3's windowed layers rotate by their own), the result types are equal, the
 //!      operand counts are equal, and each operand is of the same class: *internal* (result
 //!      r of the layer's compute op at position q, with the same q and r), *own source* (the
 //!      source kinds equal up to their names, the types equal, and layer k's own sources map

@@ -79,6 +79,17 @@ pub struct WindowPattern {
     pub full_every: Option<u32>,
 }
 
+/// Whether every rotary embedding of `g` turns by one base and scaling (the engines' one
+/// `--rotary-base`).
+fn rotary_is_uniform(g: &Graph) -> bool {
+    let mut rotaries = g.order().iter().filter_map(|&o| match g.op(o).kind {
+        OpKind::Rotary { theta, scaling, .. } => Some((theta, scaling)),
+        _ => None,
+    });
+    let first = rotaries.next();
+    rotaries.all(|r| Some(r) == first)
+}
+
 /// The window pattern of `g`'s layers' attention (one attention op a layer), or what in it the
 /// engines cannot say.
 fn window_pattern(g: &Graph) -> Result<Option<WindowPattern>, String> {
@@ -145,6 +156,12 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             .into(),
     };
     let window = window_pattern(g).map_err(|why| refuse(&why))?;
+    if !rotary_is_uniform(g) {
+        return Err(refuse(
+            "rotary embeddings whose base or scaling differs between layers (Gemma 3's and \
+             OLMo 3's sliding-window layers)",
+        ));
+    }
     if !info.layer_runs.is_empty() {
         return read_runs(info, engine).map(|a| Architecture { window, ..a });
     }
