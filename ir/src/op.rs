@@ -258,27 +258,11 @@ impl OpKind {
 
     /// This kind with an attention's sliding window replaced by `w` (any other kind as it is):
     /// the window is a per-layer attribute, as a dropout's seed is.
-    pub fn with_window(self, w: Option<u64>) -> OpKind {
-        match self {
-            OpKind::Attention {
-                heads,
-                kv_heads,
-                scale,
-                causal,
-                softcap,
-                sinks,
-                ..
-            } => OpKind::Attention {
-                heads,
-                kv_heads,
-                scale,
-                causal,
-                softcap,
-                sinks,
-                window: w,
-            },
-            other => other,
+    pub fn with_window(mut self, w: Option<u64>) -> OpKind {
+        if let OpKind::Attention { window, .. } = &mut self {
+            *window = w;
         }
+        self
     }
 
     /// The mnemonic used by the text form and histograms.

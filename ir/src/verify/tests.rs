@@ -209,6 +209,19 @@ fn each_layer_matches_the_first_layer_of_its_run() {
     assert_eq!(crate::text::parse(&text).unwrap(), g);
 }
 
+/// Attention of two heads, with `window`.
+fn attention(window: Option<u64>, causal: bool) -> OpKind {
+    OpKind::Attention {
+        heads: 2,
+        kv_heads: 2,
+        scale: 0.5,
+        causal,
+        softcap: None,
+        sinks: false,
+        window,
+    }
+}
+
 /// Two layers of attention on q = k = v `[1, 4, 8]`, the first with `window`, the second
 /// with none.
 fn windowed_then_full(window: Option<u64>, causal: bool) -> Graph {
@@ -216,15 +229,7 @@ fn windowed_then_full(window: Option<u64>, causal: bool) -> Graph {
     g.block_name = Some("blk".into());
     let mut x = g.push_source(OpKind::Input { name: "x".into() }, f32s(&[1, 4, 8]), None);
     for (layer, window) in [window, None].into_iter().enumerate() {
-        let kind = OpKind::Attention {
-            heads: 2,
-            kv_heads: 2,
-            scale: 0.5,
-            causal,
-            softcap: None,
-            sinks: false,
-            window,
-        };
+        let kind = attention(window, causal);
         x = g.push_op(kind, vec![x, x, x], Some(layer as u32)).unwrap()[0];
     }
     g.add_output("y", x);
@@ -248,16 +253,9 @@ fn attention_windows_may_differ_between_layers() {
         (Some(0), true, "at least one key"),
         (Some(2), false, "needs causal attention"),
     ] {
-        let kind = OpKind::Attention {
-            heads: 2,
-            kv_heads: 2,
-            scale: 0.5,
-            causal,
-            softcap: None,
-            sinks: false,
-            window,
-        };
-        let e = g.push_op(kind, vec![x, x, x], None).unwrap_err();
+        let e = g
+            .push_op(attention(window, causal), vec![x, x, x], None)
+            .unwrap_err();
         assert!(e.reason.contains(why), "{e}");
     }
 }
