@@ -101,9 +101,17 @@ pub struct Variant {
     /// A sliding attention window on some or all layers (Mistral's `sliding_window`, Gemma 2's
     /// and gpt-oss's alternate layers, Gemma 3's five of six, OLMo 3's three of four).
     pub sliding_window: Option<SlidingWindow>,
-    /// The rotary base of the sliding-window layers, unscaled, where it is their own (Gemma
-    /// 3's `rope_local_base_freq`; OLMo 3's `rope_theta` without its scaling).
-    pub window_rope_theta: Option<f64>,
+    /// The sliding-kind layers' own rotary, where they have one (Gemma 3's
+    /// `rope_local_base_freq`; OLMo 3's `rope_theta` without its scaling).
+    pub local_rope: Option<LocalRope>,
+}
+
+/// The rotary of a model's sliding-kind layers (transformers' `rotary_emb_local`): base
+/// `theta`, unscaled; `layers` says which layers are of that kind, window or not.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LocalRope {
+    pub theta: f64,
+    pub layers: Vec<bool>,
 }
 
 /// The sliding window of a model's attention: each query of a windowed layer sees its `keys`
@@ -117,13 +125,15 @@ pub struct SlidingWindow {
 
 impl ModelSpec {
     /// The rotary base and scaling of layer `layer` (none: outside the layers): the sliding-
-    /// window layers' own where the family gives them one, else the model's.
+    /// kind layers' own where the family gives them one, else the model's.
     pub fn rope_of_layer(&self, layer: Option<u32>) -> (f64, ir::RopeScaling) {
-        let window = self.variant.sliding_window.as_ref();
-        let windowed = layer.and_then(|l| window?.of_layer(u64::from(l)));
-        match (windowed, self.variant.window_rope_theta) {
-            (Some(_), Some(theta)) => (theta, ir::RopeScaling::None),
-            _ => (self.rope_theta, self.rope_scaling),
+        let local = self.variant.local_rope.as_ref().filter(|r| {
+            let at = layer.and_then(|l| usize::try_from(l).ok());
+            at.and_then(|l| r.layers.get(l)).copied().unwrap_or(false)
+        });
+        match local {
+            Some(r) => (r.theta, ir::RopeScaling::None),
+            None => (self.rope_theta, self.rope_scaling),
         }
     }
 }

@@ -244,7 +244,11 @@ fn transformers_5_rope_parameters_read_as_the_older_fields() {
         ),
     );
     assert_eq!(spec.rope_scaling, RopeScaling::Linear { factor: 8.0 });
-    assert_eq!(spec.variant.window_rope_theta, Some(10000.0));
+    let local = spec.variant.local_rope.as_ref().expect("a local rope");
+    assert_eq!(
+        (local.theta, local.layers.as_slice()),
+        (10000.0, &[true, true][..])
+    );
     // A top-level rope_scaling replaces rope_parameters whole, as in transformers 5.
     let both = parse(&glm(
         r#""rope_theta":500000,"rope_scaling":{"rope_type":"linear","factor":4.0},

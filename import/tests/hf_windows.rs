@@ -93,6 +93,19 @@ fn family_defaults_and_switches() {
         qwen(r#","sliding_window":64,"use_sliding_window":true,"max_window_layers":2"#),
         [None, None, Some(64), Some(64)]
     );
+    // Qwen2-MoE windows its even layers below max_window_layers; Qwen3-MoE every layer; both
+    // only with use_sliding_window, which also turns off a listed layer_types' windows.
+    let moe = r#","num_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":32,"sliding_window":64,"use_sliding_window":true"#;
+    assert_eq!(
+        windows(&tiny(
+            "qwen2_moe",
+            &format!(r#"{moe},"shared_expert_intermediate_size":64,"max_window_layers":3"#)
+        )),
+        [Some(64), None, Some(64), None]
+    );
+    assert_eq!(windows(&tiny("qwen3_moe", moe)), every(4, Some(64)));
+    let listed_but_off = r#","sliding_window":64,"layer_types":["sliding_attention","full_attention","sliding_attention","full_attention"]"#;
+    assert_eq!(windows(&tiny("qwen2", listed_but_off)), every(4, None));
     for off in ["null", "0"] {
         let extra = format!(r#","sliding_window":{off}"#);
         assert_eq!(windows(&tiny("mistral", &extra)), every(4, None), "{off}");
@@ -101,6 +114,39 @@ fn family_defaults_and_switches() {
         windows(&tiny("llama", r#","sliding_window":64"#)),
         every(4, None)
     );
+}
+
+/// Gemma 3's sliding-kind layers rotate by rope_local_base_freq unscaled whether or not a
+/// window is set (transformers picks `rotary_emb_local` by layer type); its other layers by
+/// rope_theta and its scaling.
+#[test]
+fn gemma3s_local_rope_follows_the_layer_kind() {
+    for window in ["512", "null"] {
+        let spec = tiny(
+            "gemma3_text",
+            &format!(
+                r#","sliding_window":{window},"sliding_window_pattern":2,"rope_theta":1000000,"rope_local_base_freq":10000,"rope_scaling":{{"rope_type":"linear","factor":8.0}}"#
+            ),
+        );
+        let g = build_forward(&spec, DType::F32).expect("graph builds");
+        let rotaries: Vec<(f64, bool)> = g
+            .order()
+            .iter()
+            .filter_map(|&o| match g.op(o).kind {
+                OpKind::Rotary { theta, scaling, .. } => {
+                    Some((theta, scaling != ir::RopeScaling::None))
+                }
+                _ => None,
+            })
+            .collect();
+        let local = (1e4, false);
+        let global = (1e6, true);
+        assert_eq!(
+            rotaries,
+            [local, local, global, global, local, local, global, global],
+            "window {window}"
+        );
+    }
 }
 
 /// A config's `layer_types` overrides the family's pattern.

@@ -1300,15 +1300,16 @@ fn device_work(
 }
 
 /// Training FLOPs per token (forward + backward, no recompute) from the block structure: the
-/// embedding side, `layers` times one layer (every layer is structurally identical) and the head
-/// side. Equal to [`cost::training_flops_per_token`] over the whole graph, without walking
-/// every layer on each estimate (the search's cost stays flat in depth).
+/// embedding side, `layers` times one layer (every layer is structurally identical, but for
+/// its attention's window: the representative's attention counts as the layers' mean) and the
+/// head side. Equal to [`cost::training_flops_per_token`] over the whole graph, without
+/// walking every layer on each estimate (the search's cost stays flat in depth).
 pub fn training_flops_per_token(info: &ModelInfo<'_>, b: Binding) -> f64 {
     let sum = |ops: &[OpId]| -> f64 {
         ops.iter()
             .map(|&o| {
                 let c = cost::op_cost(info.graph, o, b);
-                c.fwd_flops + c.bwd_flops
+                (c.fwd_flops + c.bwd_flops) * window_mean_share(info, o, b)
             })
             .sum()
     };
@@ -1319,4 +1320,19 @@ pub fn training_flops_per_token(info: &ModelInfo<'_>, b: Binding) -> f64 {
         .sum();
     let total = sum(&info.pre_ops) + layers + sum(&info.post_ops);
     total / (b.batch * b.seq) as f64
+}
+
+/// For a layer's attention op, the mean over the model's layers of the keys `ir::cost` counts
+/// per query (S × min(S, w) in a window of w, S × S without) over those it counts for `o`'s own
+/// window: Gemma 2's and gpt-oss's windowed layer 0 stands for full layers too. 1 for any other
+/// op, or where no layer has a window.
+fn window_mean_share(info: &ModelInfo<'_>, o: OpId, b: Binding) -> f64 {
+    let op = info.graph.op(o);
+    let (Some(mix), OpKind::Attention { window, .. }) = (info.layer_windows, &op.kind) else {
+        return 1.0;
+    };
+    let sk = info.graph.ty(op.inputs[1]).shape.eval(b)[1];
+    let counted = |w: Option<u64>| w.map_or(sk, |w| sk.min(w)).max(1) as f64;
+    let mean = (1.0 - mix.windowed) * counted(None) + mix.windowed * counted(Some(mix.keys));
+    mean / counted(*window)
 }

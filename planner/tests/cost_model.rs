@@ -327,7 +327,8 @@ fn a_precision_the_gpu_lacks_is_refused() {
 
 /// Model FLOPs from the block structure (embedding side + layers × one layer + head side), as
 /// every estimate computes them, equal the sum over every op of the whole graph, for each zoo
-/// model and DeepSeek-V3 (three dense layers, then expert layers: per run of identical
+/// model, gpt-oss-20b (windowed and full layers alternating) and DeepSeek-V3 (three dense
+/// layers, then expert layers: per run of identical
 /// layers) at two sequence lengths; so do the parameters.
 #[test]
 fn block_structured_model_flops_equal_the_whole_graph() {
@@ -338,7 +339,14 @@ fn block_structured_model_flops_equal_the_whole_graph() {
     .unwrap();
     let deepseek =
         import::hf::parse_config(&deepseek, std::path::Path::new("config.json")).unwrap();
-    for spec in import::zoo::zoo().into_iter().chain([deepseek]) {
+    // gpt-oss-20b: a window of 128 keys on layer 0 and every second layer after it, full
+    // attention between (the sequences are longer than the window).
+    let gpt_oss = import::hf::read_config(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/hf/gpt-oss-20b/config.json"
+    )))
+    .unwrap();
+    for spec in import::zoo::zoo().into_iter().chain([deepseek, gpt_oss]) {
         let g = build_forward(&spec, DType::F32).unwrap();
         let info = ModelInfo::new(&g).unwrap();
         assert_eq!(info.params(), g.param_count(), "{}", spec.name);

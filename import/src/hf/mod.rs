@@ -355,7 +355,11 @@ impl LlamaLike {
             attention_sinks: t == "gpt_oss",
             router_bias: t == "gpt_oss",
             sliding_window: window::sliding_window(f, f.positive("num_hidden_layers")?)?,
-            window_rope_theta: window::rope_theta(f, t, self.rope_theta(f)?)?,
+            local_rope: window::local_rope(
+                f,
+                self.rope_theta(f)?,
+                f.positive("num_hidden_layers")?,
+            )?,
             expert_form: if t == "gpt_oss" {
                 moe::gpt_oss_experts(f)?
             } else {

@@ -1,45 +1,54 @@
 //! Sliding-window attention as transformers builds it: which families read `sliding_window`,
-//! their defaults, and which layers attend within the window (`layer_types` where the config
-//! lists them, else the family's own pattern).
+//! their defaults, which layers are of the sliding kind (`layer_types` where the config lists
+//! them, else the family's own pattern), and the rotary those layers turn by.
 
 use serde_json::Value;
 
 use super::{ConfigError, Fields};
-use crate::spec::SlidingWindow;
+use crate::spec::{LocalRope, SlidingWindow};
 
-/// Which layers of a family attend within the window when the config lists no `layer_types`
+/// Which layers of a family are of the sliding kind when the config lists no `layer_types`
 /// (transformers' configs compute their default `layer_types` so).
 #[derive(Clone, Copy, Debug)]
 enum Pattern {
-    /// Every layer (Mistral, Mixtral, Phi-3, StarCoder2).
+    /// Every layer (Mistral, Mixtral, Phi-3, StarCoder2, Qwen3-MoE).
     All,
     /// Every layer but each `n`-th: (i + 1) % n ≠ 0 (Gemma 2 and gpt-oss: n = 2; OLMo 3:
     /// n = 4; Gemma 3: `sliding_window_pattern`, default 6).
     AllButEvery(u64),
-    /// Layers from `max_window_layers` on, where `use_sliding_window` is true (Qwen2, Qwen3 and
-    /// their mixtures of experts).
+    /// Layers from `max_window_layers` on (Qwen2, Qwen3).
     FromMaxWindowLayers,
+    /// Even layers below `max_window_layers`: (i + 1) % 2 ≠ 0 and i < it (Qwen2-MoE).
+    EvenBelowMaxWindowLayers,
 }
 
-/// The families whose attention reads `sliding_window`, with transformers' default window
-/// (their config classes' `sliding_window` defaults) and the layers it applies to.
-fn family(model_type: &str) -> Option<(Option<u64>, Pattern)> {
-    Some(match model_type {
-        "mistral" => (Some(4096), Pattern::All),
-        "mixtral" | "phi3" | "starcoder2" => (None, Pattern::All),
-        "gemma2" | "olmo3" | "gemma3_text" => (Some(4096), pattern_of(model_type)),
-        "gpt_oss" => (Some(128), Pattern::AllButEvery(2)),
-        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe" => (Some(4096), Pattern::FromMaxWindowLayers),
+/// A family whose attention reads `sliding_window`: transformers' default window (its config
+/// class's `sliding_window` default), the sliding layers, and whether the window is on only
+/// with `use_sliding_window` (Qwen's configs set it to none otherwise).
+struct Family {
+    default: Option<u64>,
+    pattern: Pattern,
+    switched: bool,
+}
+
+fn family(model_type: &str) -> Option<Family> {
+    let (default, pattern, switched) = match model_type {
+        "mistral" => (Some(4096), Pattern::All, false),
+        "mixtral" | "phi3" | "starcoder2" => (None, Pattern::All, false),
+        "gemma2" => (Some(4096), Pattern::AllButEvery(2), false),
+        "olmo3" => (Some(4096), Pattern::AllButEvery(4), false),
+        "gemma3_text" => (Some(4096), Pattern::AllButEvery(6), false),
+        "gpt_oss" => (Some(128), Pattern::AllButEvery(2), false),
+        "qwen2" | "qwen3" => (Some(4096), Pattern::FromMaxWindowLayers, true),
+        "qwen2_moe" => (Some(4096), Pattern::EvenBelowMaxWindowLayers, true),
+        "qwen3_moe" => (Some(4096), Pattern::All, true),
         _ => return None,
+    };
+    Some(Family {
+        default,
+        pattern,
+        switched,
     })
-}
-
-fn pattern_of(model_type: &str) -> Pattern {
-    match model_type {
-        "olmo3" => Pattern::AllButEvery(4),
-        "gemma3_text" => Pattern::AllButEvery(6),
-        _ => Pattern::AllButEvery(2),
-    }
 }
 
 /// The sliding window of `f`'s config of `layers` layers: none where its family reads no window
@@ -48,41 +57,66 @@ pub(super) fn sliding_window(
     f: &Fields<'_>,
     layers: u64,
 ) -> Result<Option<SlidingWindow>, ConfigError> {
-    let Some((default, pattern)) = family(f.model_type) else {
+    let Some(fam) = family(f.model_type) else {
         return Ok(None);
     };
+    if fam.switched && !f.opt_bool("use_sliding_window")?.unwrap_or(false) {
+        return Ok(None);
+    }
     let keys = match f.obj.get("sliding_window") {
-        None => default,
+        None => fam.default,
         Some(v) => v.as_u64(),
     };
     let Some(keys) = keys.filter(|&k| k > 0) else {
         return Ok(None);
     };
-    let windowed = match listed_layer_types(f) {
-        Some(listed) => listed,
-        None => default_layers(f, pattern, layers)?,
-    };
+    let windowed = sliding_layers(f, fam.pattern, layers)?;
     Ok(windowed
         .contains(&true)
         .then_some(SlidingWindow { keys, windowed }))
 }
 
-/// The config's `layer_types` as windowed or not, one per layer (checked by `checks`).
-fn listed_layer_types(f: &Fields<'_>) -> Option<Vec<bool>> {
-    let Some(Value::Array(kinds)) = f.obj.get("layer_types") else {
-        return None;
+/// The sliding-kind layers' own rotary, unscaled, as transformers builds them whether or not
+/// a window is set: Gemma 3's `rope_local_base_freq` (default 10000; `rope_parameters`'
+/// sliding kind is read into it), OLMo 3's `rope_theta` (the model's, `theta`) with the
+/// default rope type. Other families rotate every layer alike.
+pub(super) fn local_rope(
+    f: &Fields<'_>,
+    theta: f64,
+    layers: u64,
+) -> Result<Option<LocalRope>, ConfigError> {
+    let theta = match f.model_type {
+        "gemma3_text" => f.opt_rope_base("rope_local_base_freq")?.unwrap_or(10_000.0),
+        "olmo3" => theta,
+        _ => return Ok(None),
     };
-    Some(
-        kinds
-            .iter()
-            .map(|k| k.as_str() == Some("sliding_attention"))
-            .collect(),
-    )
+    let Some(fam) = family(f.model_type) else {
+        return Ok(None);
+    };
+    Ok(Some(LocalRope {
+        theta,
+        layers: sliding_layers(f, fam.pattern, layers)?,
+    }))
 }
 
-fn default_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<bool>, ConfigError> {
+/// Which layers are of the sliding kind: the config's `layer_types` (checked by `checks`), else
+/// the family's pattern.
+fn sliding_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<bool>, ConfigError> {
+    if let Some(Value::Array(kinds)) = f.obj.get("layer_types") {
+        return Ok(kinds
+            .iter()
+            .map(|k| k.as_str() == Some("sliding_attention"))
+            .collect());
+    }
+    // Qwen2Config's default; a null keeps it.
+    let max_window_layers = || {
+        f.obj
+            .get("max_window_layers")
+            .and_then(Value::as_u64)
+            .unwrap_or(28)
+    };
     Ok(match pattern {
-        Pattern::All => (0..layers).map(|_| true).collect(),
+        Pattern::All => vec![true; usize::try_from(layers).unwrap_or(0)],
         Pattern::AllButEvery(n) => {
             // Gemma 3 names its period `sliding_window_pattern` (positive: `checks`).
             let n = if f.model_type == "gemma3_text" {
@@ -93,30 +127,12 @@ fn default_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<b
             (0..layers).map(|i| (i + 1) % n != 0).collect()
         }
         Pattern::FromMaxWindowLayers => {
-            let on = f.opt_bool("use_sliding_window")?.unwrap_or(false);
-            // Qwen2Config's default; a null keeps it.
-            let first = f
-                .obj
-                .get("max_window_layers")
-                .and_then(Value::as_u64)
-                .unwrap_or(28);
-            (0..layers).map(|i| on && i >= first).collect()
+            let first = max_window_layers();
+            (0..layers).map(|i| i >= first).collect()
         }
-    })
-}
-
-/// The sliding-window layers' own rotary base, unscaled, as transformers builds them: Gemma 3's
-/// `rope_local_base_freq` (default 10000; `rope_parameters`' sliding kind is read into it),
-/// OLMo 3's `rope_theta` (the model's, `theta`) with the default rope type. Other families
-/// rotate every layer alike.
-pub(super) fn rope_theta(
-    f: &Fields<'_>,
-    model_type: &str,
-    theta: f64,
-) -> Result<Option<f64>, ConfigError> {
-    Ok(match model_type {
-        "gemma3_text" => Some(f.opt_rope_base("rope_local_base_freq")?.unwrap_or(10_000.0)),
-        "olmo3" => Some(theta),
-        _ => None,
+        Pattern::EvenBelowMaxWindowLayers => {
+            let end = max_window_layers();
+            (0..layers).map(|i| (i + 1) % 2 != 0 && i < end).collect()
+        }
     })
 }
