@@ -98,6 +98,9 @@ fn summary_text(graph: &ir::Graph, binding: ir::Binding) -> String {
             w.keys, w.windowed, w.attentions
         ));
     }
+    if let Some(n) = s.nope_layers {
+        line(format!("no rotary (NoPE) in {n} of {} layers", s.layers));
+    }
     line("ops:".into());
     let mut hist: Vec<_> = s.op_histogram.iter().collect();
     hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));

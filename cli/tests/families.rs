@@ -8,7 +8,7 @@ mod common;
 use common::{dir, plait};
 
 /// (fixture, published parameters: the checkpoint's safetensors total, dense).
-const FAMILIES: [(&str, u64, bool); 16] = [
+const FAMILIES: [(&str, u64, bool); 18] = [
     ("qwen2.5-7b", 7_615_616_512, true),
     ("qwen3-8b", 8_190_735_360, true),
     ("phi-3-mini-4k", 3_821_079_552, true),
@@ -21,6 +21,10 @@ const FAMILIES: [(&str, u64, bool); 16] = [
     ("granite-3.1-2b-instruct", 2_533_531_648, true),
     // GLM-4-9B-0414: its modules' shapes summed (import's hf_params; the card's 9.4B).
     ("glm-4-9b-0414", 9_400_279_040, true),
+    // NoPE layers: SmolLM3-3B's every fourth, Command R7B's global ones (Cohere2); their
+    // modules' shapes summed (import's hf_nope; the cards' 3.08B and 8.03B).
+    ("smollm3-3b", 3_075_098_624, true),
+    ("command-r7b", 8_028_033_024, true),
     // Parallel blocks: Pythia's model card total, the GPT-NeoX-20B paper's count, Phi-2's
     // checkpoint.
     ("pythia-160m", 162_322_944, true),
@@ -117,6 +121,27 @@ fn published_configs_count_their_parameters_and_plan_on_8_h100() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// `inspect` says how many layers go unrotated (NoPE), in its text and its JSON
+/// (`nope_layers`), beside Command R7B's window on the others.
+#[test]
+fn inspect_counts_the_layers_without_rotary_embeddings() {
+    for (name, nope, layers) in [("smollm3-3b", 9, 36), ("command-r7b", 8, 32)] {
+        let cfg = config(name);
+        let (code, out, err) = plait(&["inspect", &cfg, "--json"]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("inspect JSON");
+        assert_eq!(v["nope_layers"].as_u64(), Some(nope), "{name}");
+        let (code, out, _) = plait(&["inspect", &cfg]);
+        let line = format!("no rotary (NoPE) in {nope} of {layers} layers");
+        assert!(code == 0 && out.contains(&line), "{name}: {out}");
+    }
+    let (_, out, _) = plait(&["inspect", &config("command-r7b")]);
+    assert!(out.contains("4096 keys, in 24 of 32"), "{out}");
+    let (_, out, _) = plait(&["inspect", &config("qwen3-8b"), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("inspect JSON");
+    assert!(v.get("nope_layers").is_none(), "{out}");
 }
 
 /// Nemotron (transformers' `NemotronForCausalLM`: LayerNorm1P with biases, an ungated

@@ -104,6 +104,9 @@ pub struct Variant {
     /// The sliding-kind layers' own rotary, where they have one (Gemma 3's
     /// `rope_local_base_freq`; OLMo 3's `rope_theta` without its scaling).
     pub local_rope: Option<LocalRope>,
+    /// Whether each layer, in order, leaves positions unrotated (NoPE: SmolLM3's
+    /// `no_rope_layers`, Cohere2's global-attention layers); none where every layer rotates.
+    pub nope: Option<Vec<bool>>,
 }
 
 /// The rotary of a model's sliding-kind layers (transformers' `rotary_emb_local`): base
@@ -124,17 +127,30 @@ pub struct SlidingWindow {
 }
 
 impl ModelSpec {
-    /// The rotary base and scaling of layer `layer` (none: outside the layers): the sliding-
-    /// kind layers' own where the family gives them one, else the model's.
+    /// The rotary base and scaling of layer `layer` (none: outside the layers): none at all
+    /// ([`ir::RopeScaling::Nope`]) in a NoPE layer, the sliding-kind layers' own where the
+    /// family gives them one, else the model's.
     pub fn rope_of_layer(&self, layer: Option<u32>) -> (f64, ir::RopeScaling) {
-        let local = self.variant.local_rope.as_ref().filter(|r| {
-            let at = layer.and_then(|l| usize::try_from(l).ok());
-            at.and_then(|l| r.layers.get(l)).copied().unwrap_or(false)
-        });
-        match local {
+        let at = layer.and_then(|l| usize::try_from(l).ok());
+        let marked = |layers: &Vec<bool>| at.and_then(|l| layers.get(l)).copied().unwrap_or(false);
+        if self.variant.nope.as_ref().is_some_and(marked) {
+            return (self.rope_theta, ir::RopeScaling::Nope);
+        }
+        match self
+            .variant
+            .local_rope
+            .as_ref()
+            .filter(|r| marked(&r.layers))
+        {
             Some(r) => (r.theta, ir::RopeScaling::None),
             None => (self.rope_theta, self.rope_scaling),
         }
+    }
+
+    /// How many layers leave positions unrotated (NoPE).
+    pub fn nope_layers(&self) -> usize {
+        let nope = self.variant.nope.as_deref().unwrap_or_default();
+        nope.iter().filter(|&&n| n).count()
     }
 }
 

@@ -59,6 +59,9 @@ pub struct ModelSummary {
     /// The attention's sliding window, where some layers attend within one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<WindowSummary>,
+    /// How many layers leave positions unrotated (NoPE), where some do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nope_layers: Option<usize>,
     pub op_histogram: BTreeMap<String, usize>,
 }
 
@@ -84,6 +87,18 @@ fn window_summary(g: &Graph) -> Option<WindowSummary> {
         windowed: windows.iter().flatten().count(),
         attentions: windows.len(),
     })
+}
+
+/// How many layers' rotaries turn nothing ([`ir::RopeScaling::Nope`]); none where none do.
+fn nope_layers(g: &Graph) -> Option<usize> {
+    let layers: std::collections::BTreeSet<Option<u32>> = g
+        .order()
+        .iter()
+        .map(|&o| g.op(o))
+        .filter(|op| matches!(&op.kind, OpKind::Rotary { scaling, .. } if scaling.is_nope()))
+        .map(|op| op.layer)
+        .collect();
+    (!layers.is_empty()).then_some(layers.len())
 }
 
 /// Summarizes a forward graph at the given batch and sequence length.
@@ -157,6 +172,7 @@ pub fn summarize(g: &Graph, b: Binding) -> ModelSummary {
         flops_per_token: cost::training_flops_per_token(g, b),
         repeated_block,
         sliding_window: window_summary(g),
+        nope_layers: nope_layers(g),
         op_histogram: g.histogram().into_iter().collect(),
     }
 }

@@ -40,6 +40,11 @@ pub enum RopeScaling {
         #[serde(default = "truncated", skip_serializing_if = "is_truncated")]
         truncate: bool,
     },
+    /// No positional rotation (a NoPE layer: SmolLM3's `no_rope_layers`, Cohere2's global
+    /// layers): every frequency zero, so cos = 1 and sin = 0 and the rotary is the identity,
+    /// exactly. Such a layer keeps its rotary op so that it stays structurally identical to
+    /// its rotated neighbours (the verifier's invariant 8d), as a window does.
+    Nope,
 }
 
 impl RopeScaling {
@@ -47,11 +52,17 @@ impl RopeScaling {
         matches!(self, RopeScaling::None)
     }
 
+    /// Whether the rotary turns nothing ([`RopeScaling::Nope`]).
+    pub fn is_nope(&self) -> bool {
+        matches!(self, RopeScaling::Nope)
+    }
+
     /// The inverse frequency of each of the `d / 2` channel pairs of a head of size `d`.
     pub fn inv_freq(&self, theta: f64, d: usize) -> Vec<f64> {
         let plain = (0..d / 2).map(|c| 1.0 / theta.powf((2 * c) as f64 / d as f64));
         match *self {
             RopeScaling::None => plain.collect(),
+            RopeScaling::Nope => vec![0.0; d / 2],
             RopeScaling::Linear { factor } => plain.map(|f| f / factor).collect(),
             RopeScaling::Llama3 {
                 factor,
@@ -105,7 +116,7 @@ impl RopeScaling {
             }
         };
         match *self {
-            RopeScaling::None => Ok(()),
+            RopeScaling::None | RopeScaling::Nope => Ok(()),
             RopeScaling::Linear { factor } => positive("factor", factor),
             RopeScaling::Llama3 {
                 factor,

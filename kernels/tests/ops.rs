@@ -290,6 +290,48 @@ fn rotary() {
     });
 }
 
+/// A NoPE layer's rotary (every frequency zero) hands its operand and its gradient through
+/// unchanged, bit for bit, in the kernels and in the reference.
+#[test]
+fn nope_rotary_is_the_identity() {
+    let mut rng = Rng::new(7);
+    let nope = OpKind::Rotary {
+        heads: 2,
+        theta: 10_000.0,
+        scaling: ir::RopeScaling::Nope,
+    };
+    let x = rand(&mut rng, &[2, 9, 16]);
+    let dy = rand(&mut rng, &[2, 9, 16]);
+    let want = ir::interp::apply(&nope, &[&x], common::BIND).unwrap();
+    assert_eq!(want[0].data, x.data, "reference forward");
+    let back = ir::interp::vjp(&nope, &[&x], &[&dy]).unwrap();
+    assert_eq!(
+        back[0].as_ref().unwrap().data,
+        dy.data,
+        "reference backward"
+    );
+    let (x32, dy32) = (
+        kernels::Tensor32::from_ir(&x),
+        kernels::Tensor32::from_ir(&dy),
+    );
+    let got = kernels::forward(&nope, &[&x32], common::BIND).unwrap();
+    assert_eq!(got[0].to_ir().data, x.data, "kernel forward");
+    let back = kernels::backward(&nope, &[&x32], &[&dy32]).unwrap();
+    assert_eq!(
+        back[0].as_ref().unwrap().to_ir().data,
+        dy.data,
+        "kernel backward"
+    );
+    // The same op with frequencies turns the operand: the check above can fail.
+    let plain = OpKind::Rotary {
+        heads: 2,
+        theta: 10_000.0,
+        scaling: ir::RopeScaling::None,
+    };
+    let turned = kernels::forward(&plain, &[&x32], common::BIND).unwrap();
+    assert_ne!(turned[0].to_ir().data, x.data);
+}
+
 #[test]
 fn layout_ops() {
     each_seed("layout", |rng| {

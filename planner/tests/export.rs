@@ -311,13 +311,15 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
     let spec = |name: &str| import::hf::read_config(&fixtures.join(name).join("config.json"));
     let s = strategy(1, 1, 8, 1, 64, 4096);
-    let exported: [(&str, &[&str]); 7] = [
+    let exported: [(&str, &[&str]); 8] = [
         ("qwen2.5-7b", &["--add-qkv-bias", "--disable-bias-linear"]),
         ("nemotron-mini-4b", &["--squared-relu", "--rotary-percent"]),
         ("qwen3-8b", &["--qk-layernorm", "--disable-bias-linear"]),
         ("mistral-nemo-base", &["--kv-channels"]),
         ("phi-3-mini-4k", &["--disable-bias-linear", "--window-size"]),
         ("qwen3-30b-a3b", &["--kv-channels", "--qk-layernorm"]),
+        // Every fourth layer without rotary embeddings.
+        ("smollm3-3b", &["--no-rope-freq", "--disable-bias-linear"]),
         // Biases on q, k and v only, half of each head rotated, a dense layer before sigmoid-
         // routed experts beside a shared one.
         (
@@ -374,6 +376,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("pythia-160m", "in parallel"),
         ("phi-2", "in parallel"),
         ("falcon-7b", "in parallel"),
+        ("command-r7b", "in parallel"),
         ("gpt-oss-20b", "attention sinks"),
     ] {
         let p = plan_of(&spec(name).unwrap(), name, "dgx-h100", &s);
@@ -605,6 +608,71 @@ fn sliding_windows_export_as_megatrons_window_flags() {
             )
         }
         other => panic!("{other:?}"),
+    }
+}
+
+/// Whether each layer skips its rotary embedding as Megatron-Core reads `--no-rope-freq`
+/// (`no_rope_freq_type` and `TransformerConfig`: n repeats `[0] * (n − 1) + [1]` over the
+/// layers, which must be whole periods; a list gives 1 (skip) or 0 per layer, and may hold
+/// only digits, commas, brackets, parentheses, `+` and `*`).
+fn megatron_nope(v: &HashMap<String, String>, layers: u64) -> Vec<bool> {
+    let Some(freq) = v.get("--no-rope-freq") else {
+        return vec![false; layers as usize];
+    };
+    if let Ok(n) = freq.parse::<u64>() {
+        assert_eq!(layers % n, 0, "whole periods of {n}");
+        return (1..=layers).map(|number| number % n == 0).collect();
+    }
+    assert!(
+        freq.chars()
+            .all(|c| c.is_ascii_digit() || ",[]()+*".contains(c)),
+        "{freq}: Megatron's pattern check"
+    );
+    let list: Vec<bool> = freq
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|x| x == "1")
+        .collect();
+    assert_eq!(list.len() as u64, layers, "{freq}");
+    list
+}
+
+/// Layers without rotary embeddings export as Megatron-Core's `--no-rope-freq`, and Megatron
+/// skips the rotary of the layers plait's graph leaves unrotated: SmolLM3-3B's every fourth
+/// (`4`), and a SmolLM3 whose first and last layers are NoPE (the list), still turning the
+/// others by the config's base.
+#[test]
+fn nope_layers_export_as_megatrons_no_rope_freq() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
+    let smollm3 = import::hf::read_config(&fixtures.join("smollm3-3b/config.json")).unwrap();
+    let custom = import::hf::parse_config(
+        r#"{"model_type":"smollm3","hidden_size":1024,"intermediate_size":2048,
+        "num_hidden_layers":8,"num_attention_heads":8,"num_key_value_heads":4,
+        "vocab_size":32000,"rope_theta":100000,"no_rope_layers":[0,1,1,1,1,1,1,0]}"#,
+        std::path::Path::new("config.json"),
+    )
+    .unwrap();
+    let s = strategy(1, 1, 8, 1, 64, 4096);
+    for (name, spec, freq, base) in [
+        ("smollm3-3b", smollm3, "4", "5000000"),
+        ("first and last", custom, "[1,0,0,0,0,0,0,1]", "100000"),
+    ] {
+        let g = import::build_forward(&spec, DType::F32).unwrap();
+        let ours: Vec<bool> = g
+            .ops_by_layer()
+            .iter()
+            .map(|ops| {
+                ops.iter().any(|&o| {
+                    matches!(&g.op(o).kind, ir::OpKind::Rotary { scaling, .. } if scaling.is_nope())
+                })
+            })
+            .collect();
+        assert!(ours.contains(&true), "{name}");
+        let p = plan_of(&spec, name, "dgx-h100", &s);
+        let v = check_args(&planner::export::export(&p, Engine::Megatron).unwrap().args);
+        assert_eq!(v["--no-rope-freq"], freq, "{name}");
+        assert_eq!(v["--rotary-base"], base, "{name}");
+        assert_eq!(megatron_nope(&v, spec.layers), ours, "{name}");
     }
 }
 

@@ -62,6 +62,13 @@ const LOCAL_ROPE_MODEL: &str = concat!(
     "/tests/data/tiny-gemma3_text.json"
 );
 
+/// SmolLM3's tiny config: layer 0 rotated with full attention, layer 1 unrotated (NoPE) in a
+/// window of 8 keys; Cohere2's: layer 0 rotated in a window of 8, layer 1 unrotated and full.
+const NOPE_MODELS: [&str; 2] = [
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-smollm3.json"),
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-cohere2.json"),
+];
+
 #[test]
 fn first_loss_equals_the_interpreter() {
     for model in [
@@ -69,6 +76,8 @@ fn first_loss_equals_the_interpreter() {
         DROPOUT_MODEL,
         WINDOWED_MODEL,
         LOCAL_ROPE_MODEL,
+        NOPE_MODELS[0],
+        NOPE_MODELS[1],
     ] {
         let want = interp_first_loss(model, 7);
         let got = train(&programs(model, &Config::new(1, 1, 1)), 1, 7).losses[0];

@@ -8,6 +8,7 @@ mod checks;
 mod error;
 mod layernorm;
 mod moe;
+mod nope;
 mod rope;
 mod rope_parameters;
 mod text_model;
@@ -23,7 +24,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 35] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 37] = [
     "gpt2",
     "llama",
     "mistral",
@@ -51,6 +52,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 35] = [
     "deepseek_v2",
     "deepseek_v3",
     "cohere",
+    "cohere2",
     "glm4",
     "glm4_moe",
     "gpt_oss",
@@ -59,6 +61,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 35] = [
     "falcon",
     "stablelm",
     "starcoder2",
+    "smollm3",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -195,6 +198,13 @@ impl LlamaLike {
             // transformers' CohereConfig defaults (Command R, Aya): attention and the MLP in
             // parallel off one bias-free LayerNorm, tied, the logits scaled.
             "cohere" => dense("cohere", 8192, 1e-5, 10000.0, true),
+            // transformers' Cohere2Config defaults (Command R7B, Command A): Cohere's block,
+            // three of four layers in a sliding window and rotated, the fourth global and
+            // unrotated (`nope.rs`).
+            "cohere2" => dense("cohere2", 8192, 1e-5, 10000.0, true),
+            // transformers' SmolLM3Config defaults (SmolLM3-3B): Llama's block, every fourth
+            // layer unrotated (`nope.rs`).
+            "smollm3" => dense("smollm3", 32768, 1e-6, 2_000_000.0, true),
             // transformers' Glm4Config defaults (GLM-4-0414): Llama's block with norms after
             // attention and the MLP as well (Gemma 2's four), biases on q, k and v, half of
             // each head rotated.
@@ -239,6 +249,7 @@ impl LlamaLike {
         let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
         let deepseek = matches!(t, "deepseek_v2" | "deepseek_v3");
         let glm = matches!(t, "glm4" | "glm4_moe");
+        let cohere = matches!(t, "cohere" | "cohere2");
         let mla = if deepseek { Some(mla(f)?) } else { None };
         // transformers' configs honour an explicit `head_dim` (Mistral-Nemo: 128 with hidden
         // 5120 and 32 heads); plait records it where it is not hidden / heads.
@@ -247,6 +258,8 @@ impl LlamaLike {
             // MLA's query/key heads are `qk_nope_head_dim + qk_rope_head_dim` wide whatever
             // `head_dim` says (transformers sets it to the rotary part).
             _ if mla.is_some() => mla.map(|m| m.qk_head_dim()),
+            // Cohere2Config sets head_dim to hidden / heads whatever the file says.
+            _ if t == "cohere2" => None,
             Some(d) => Some(d),
             // transformers' defaults: Qwen3, GLM-4 and Seed-OSS 128, Gemma 256, gpt-oss 64.
             None if qwen3 || matches!(t, "glm4" | "seed_oss") => Some(128),
@@ -336,7 +349,7 @@ impl LlamaLike {
             mlp_bias: block.as_ref().is_some_and(|b| b.mlp_bias),
             parallel: match &block {
                 Some(b) => b.parallel,
-                None => (t == "cohere").then_some(crate::spec::ParallelNorms::Shared),
+                None => cohere.then_some(crate::spec::ParallelNorms::Shared),
             },
             head_bias: block.as_ref().is_some_and(|b| b.head_bias),
             layer_norm: t == "nemotron" || layernorm_family,
@@ -346,12 +359,8 @@ impl LlamaLike {
             } else {
                 None
             },
-            bias_free_layer_norm: t == "cohere",
-            logit_scale: if t == "cohere" {
-                cohere_logit_scale(f)?
-            } else {
-                None
-            },
+            bias_free_layer_norm: cohere,
+            logit_scale: if cohere { cohere_logit_scale(f)? } else { None },
             attention_sinks: t == "gpt_oss",
             router_bias: t == "gpt_oss",
             sliding_window: window::sliding_window(f, f.positive("num_hidden_layers")?)?,
@@ -360,6 +369,7 @@ impl LlamaLike {
                 self.rope_theta(f)?,
                 f.positive("num_hidden_layers")?,
             )?,
+            nope: nope::nope_layers(f, f.positive("num_hidden_layers")?)?,
             expert_form: if t == "gpt_oss" {
                 moe::gpt_oss_experts(f)?
             } else {
@@ -397,10 +407,11 @@ fn olmo_qk_norms(f: &Fields<'_>, t: &str) -> Result<bool, ConfigError> {
     Ok(matches!(t, "olmo2" | "olmo3" | "olmoe"))
 }
 
-/// Cohere's `logit_scale` (CohereConfig's default 0.0625; none where it is 1). Its per-head
-/// q/k LayerNorms (`use_qk_norm`, Command R+) are refused: plait does not build them.
+/// Cohere's `logit_scale` (CohereConfig's and Cohere2Config's default 0.0625; none where it
+/// is 1). Cohere's per-head q/k LayerNorms (`use_qk_norm`, Command R+) are refused: plait does
+/// not build them (Cohere2 has none).
 fn cohere_logit_scale(f: &Fields<'_>) -> Result<Option<f64>, ConfigError> {
-    if f.opt_bool("use_qk_norm")?.unwrap_or(false) {
+    if f.model_type == "cohere" && f.opt_bool("use_qk_norm")?.unwrap_or(false) {
         return Err(ConfigError::Inconsistent {
             file: f.file.clone(),
             reason: "use_qk_norm = true: plait builds Cohere's attention without its per-head \
@@ -537,7 +548,7 @@ impl LlamaLike {
             "gpt_neox" | "phi" | "stablelm" => "layer_norm_eps",
             "starcoder2" => "norm_epsilon",
             "falcon" => "layer_norm_epsilon",
-            "cohere" => "layer_norm_eps",
+            "cohere" | "cohere2" => "layer_norm_eps",
             _ => "rms_norm_eps",
         }
     }
@@ -816,7 +827,10 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
                 .to_string(),
         );
     }
-    if obj.get("model_type") == Some(&Value::String("cohere".into())) {
+    if matches!(
+        obj.get("model_type").and_then(Value::as_str),
+        Some("cohere" | "cohere2")
+    ) {
         notes.extend(COHERE_APPROXIMATIONS.map(String::from));
     }
     if obj.get("model_type") == Some(&Value::String("seed_oss".into())) {

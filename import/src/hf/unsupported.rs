@@ -2,11 +2,11 @@
 //! refusing one says why rather than only listing what is supported.
 
 /// (model types, what plait would need to build them).
-const KNOWN: [(&[&str], &str); 8] = [
+const KNOWN: [(&[&str], &str); 6] = [
     (
         &["llama4", "llama4_text"],
-        "Llama 4's chunked attention, its layers without rotary embeddings and its alternating \
-         dense and expert layers",
+        "Llama 4's chunked attention, its weightless q/k norms, its NoPE layers' attention \
+         temperature and its alternating dense and expert layers",
     ),
     (
         &["qwen3_next"],
@@ -24,15 +24,7 @@ const KNOWN: [(&[&str], &str); 8] = [
         ],
         "state-space (Mamba) layers",
     ),
-    (
-        &["cohere2"],
-        "Cohere2's layers without rotary embeddings (its global-attention layers)",
-    ),
     (&["olmo"], "OLMo 1's LayerNorms without parameters"),
-    (
-        &["smollm3"],
-        "SmolLM3's layers without rotary embeddings (no_rope_layers)",
-    ),
     (&["phimoe"], "Phi-3.5-MoE's SparseMixer router"),
     (
         &["bert", "roberta", "t5", "bart", "modernbert"],

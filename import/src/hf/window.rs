@@ -20,6 +20,8 @@ enum Pattern {
     FromMaxWindowLayers,
     /// Even layers below `max_window_layers`: (i + 1) % 2 ≠ 0 and i < it (Qwen2-MoE).
     EvenBelowMaxWindowLayers,
+    /// The NoPE layers (SmolLM3, whose config builds its default `layer_types` so).
+    NopeLayers,
 }
 
 /// A family whose attention reads `sliding_window`: transformers' default window (its config
@@ -42,6 +44,8 @@ fn family(model_type: &str) -> Option<Family> {
         "qwen2" | "qwen3" => (Some(4096), Pattern::FromMaxWindowLayers, true),
         "qwen2_moe" => (Some(4096), Pattern::EvenBelowMaxWindowLayers, true),
         "qwen3_moe" => (Some(4096), Pattern::All, true),
+        "cohere2" => (Some(4096), Pattern::AllButEvery(4), false),
+        "smollm3" => (None, Pattern::NopeLayers, true),
         _ => return None,
     };
     Some(Family {
@@ -99,6 +103,15 @@ pub(super) fn local_rope(
     }))
 }
 
+/// Which of `f`'s `layers` layers are of the sliding kind, window or not (none where its
+/// family has no sliding kind).
+pub(super) fn sliding_kind(f: &Fields<'_>, layers: u64) -> Result<Vec<bool>, ConfigError> {
+    match family(f.model_type) {
+        Some(fam) => sliding_layers(f, fam.pattern, layers),
+        None => Ok(vec![false; usize::try_from(layers).unwrap_or(0)]),
+    }
+}
+
 /// Which layers are of the sliding kind: the config's `layer_types` (checked by `checks`), else
 /// the family's pattern.
 fn sliding_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<bool>, ConfigError> {
@@ -118,8 +131,9 @@ fn sliding_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<b
     Ok(match pattern {
         Pattern::All => vec![true; usize::try_from(layers).unwrap_or(0)],
         Pattern::AllButEvery(n) => {
-            // Gemma 3 names its period `sliding_window_pattern` (positive: `checks`).
-            let n = if f.model_type == "gemma3_text" {
+            // Gemma 3 and Cohere2 name their period `sliding_window_pattern` (positive:
+            // `checks`).
+            let n = if matches!(f.model_type, "gemma3_text" | "cohere2") {
                 f.opt_positive("sliding_window_pattern")?.unwrap_or(n)
             } else {
                 n
@@ -134,5 +148,6 @@ fn sliding_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<b
             let end = max_window_layers();
             (0..layers).map(|i| (i + 1) % 2 != 0 && i < end).collect()
         }
+        Pattern::NopeLayers => super::nope::smollm3(f, layers)?,
     })
 }

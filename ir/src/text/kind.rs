@@ -38,7 +38,9 @@ pub(crate) enum AttrTy {
 /// The type of attribute `key`, or `None` when no op has such an attribute.
 pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
     Some(match key {
-        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" | "sinks" | "truncate" => AttrTy::Bool,
+        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" | "sinks" | "truncate" | "nope" => {
+            AttrTy::Bool
+        }
         "value" | "exponent" | "factor" | "eps" | "scale" | "theta" | "p" | "lr" | "beta1"
         | "beta2" | "weight_decay" | "low_freq_factor" | "high_freq_factor" | "original_max"
         | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" | "alpha" | "limit"
@@ -75,6 +77,7 @@ fn rope_scaling_attrs(scaling: &RopeScaling) -> Vec<(&'static str, AttrVal)> {
     use AttrVal::{Bool, Float};
     match *scaling {
         RopeScaling::None => vec![],
+        RopeScaling::Nope => vec![("nope", Bool(true))],
         RopeScaling::Linear { factor } => vec![("factor", Float(factor))],
         RopeScaling::Llama3 {
             factor,
@@ -333,6 +336,12 @@ impl Attrs {
 
     /// A rotary embedding's scaling, told apart by the keys present (none: no scaling).
     fn rope_scaling(&mut self, op: &str) -> Result<RopeScaling, String> {
+        if self.has("nope") {
+            return match self.bool(op, "nope")? {
+                true => Ok(RopeScaling::Nope),
+                false => Err("attribute `nope` is true where present: a rotary that turns is written without it".into()),
+            };
+        }
         if self.has("beta_fast") {
             return Ok(RopeScaling::Yarn {
                 factor: self.float(op, "factor")?,

@@ -110,6 +110,11 @@ fn every_kind() -> Vec<OpKind> {
             theta: 10000.0,
             scaling: crate::RopeScaling::Linear { factor: 2.0 },
         },
+        OpKind::Rotary {
+            heads: 4,
+            theta: 10000.0,
+            scaling: crate::RopeScaling::Nope,
+        },
         OpKind::Reshape {
             shape: vec![Dim::Sym(Sym::Batch), s, Dim::Fixed(4), Dim::Fixed(16)],
         },

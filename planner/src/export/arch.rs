@@ -68,6 +68,9 @@ pub struct Architecture {
     pub dense_ffn: Option<u64>,
     /// A sliding attention window on every layer or on all but every n-th.
     pub window: Option<WindowPattern>,
+    /// Whether each layer, in order, leaves positions unrotated (NoPE: SmolLM3's every
+    /// fourth, Cohere2's global layers); empty where every layer rotates.
+    pub nope: Vec<bool>,
 }
 
 /// Sliding-window attention as Megatron-Core's `--window-size` and `--window-attn-skip-freq`
@@ -79,15 +82,39 @@ pub struct WindowPattern {
     pub full_every: Option<u32>,
 }
 
-/// Whether every rotary embedding of `g` turns by one base and scaling (the engines' one
-/// `--rotary-base`).
-fn rotary_is_uniform(g: &Graph) -> bool {
-    let mut rotaries = g.order().iter().filter_map(|&o| match g.op(o).kind {
-        OpKind::Rotary { theta, scaling, .. } => Some((theta, scaling)),
+/// The base and scaling of each rotary embedding of `g` that turns (a NoPE layer's does not).
+fn turning_rotaries(g: &Graph) -> impl Iterator<Item = (f64, RopeScaling)> + '_ {
+    g.order().iter().filter_map(|&o| match g.op(o).kind {
+        OpKind::Rotary { theta, scaling, .. } if !scaling.is_nope() => Some((theta, scaling)),
         _ => None,
-    });
+    })
+}
+
+/// Whether every rotary embedding of `g` that turns does so by one base and scaling (the
+/// engines' one `--rotary-base`).
+fn rotary_is_uniform(g: &Graph) -> bool {
+    let mut rotaries = turning_rotaries(g);
     let first = rotaries.next();
     rotaries.all(|r| Some(r) == first)
+}
+
+/// Whether each layer of `g` leaves positions unrotated (its rotaries turn nothing); empty
+/// where no layer does.
+fn nope_layers(g: &Graph) -> Vec<bool> {
+    let nope: Vec<bool> = g
+        .ops_by_layer()
+        .iter()
+        .map(|ops| {
+            ops.iter().any(
+                |&o| matches!(&g.op(o).kind, OpKind::Rotary { scaling, .. } if scaling.is_nope()),
+            )
+        })
+        .collect();
+    if nope.contains(&true) {
+        nope
+    } else {
+        Vec::new()
+    }
 }
 
 /// The window pattern of `g`'s layers' attention (one attention op a layer), or what in it the
@@ -163,7 +190,8 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         ));
     }
     if !info.layer_runs.is_empty() {
-        return read_runs(info, engine).map(|a| Architecture { window, ..a });
+        let nope = nope_layers(g);
+        return read_runs(info, engine).map(|a| Architecture { window, nope, ..a });
     }
     let latent = info.latent;
     let narrower_values = info.layer_ops.iter().any(|&o| {
@@ -213,10 +241,9 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         _ => None,
     });
     let (rms_norm, norm_eps) = norm.ok_or_else(|| refuse("a layer without a norm"))?;
-    let rotary = layer.iter().find_map(|k| match k {
-        OpKind::Rotary { theta, scaling, .. } => Some((*theta, *scaling)),
-        _ => None,
-    });
+    // The first layer may be one that does not rotate (NoPE): the positions are the turning
+    // layers'.
+    let rotary = turning_rotaries(g).next();
     let learned = kinds(g, &info.pre_ops)
         .filter(|k| matches!(k, OpKind::Embedding))
         .count()
@@ -303,6 +330,7 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
         moe_layers: Vec::new(),
         dense_ffn: None,
         window,
+        nope: nope_layers(g),
     })
 }
 

@@ -60,6 +60,27 @@ fn rope_scaling_args(scaling: RopeScaling, args: &mut Vec<String>) -> Result<(),
     }
 }
 
+/// Megatron-Core's `--no-rope-freq` for the layers that do not rotate: n where every n-th
+/// layer is NoPE and the layers come in whole periods (`TransformerConfig` repeats
+/// `[0] * (n − 1) + [1]`), else the list of 1s (skip) and 0s, one per layer.
+fn no_rope_freq(nope: &[bool]) -> String {
+    let layers = nope.len();
+    let period = (1..=layers).find(|&n| {
+        layers.is_multiple_of(n)
+            && nope
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == (i + 1).is_multiple_of(n))
+    });
+    match period {
+        Some(n) => n.to_string(),
+        None => {
+            let flags: Vec<&str> = nope.iter().map(|&x| if x { "1" } else { "0" }).collect();
+            format!("[{}]", flags.join(","))
+        }
+    }
+}
+
 /// The model's arguments: layers, widths, heads, positions, norm, MLP, vocabulary, dropout.
 fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), PlanError> {
     push(args, "--num-layers", a.layers);
@@ -110,6 +131,9 @@ fn model_args(a: &Architecture, seq: u64, args: &mut Vec<String>) -> Result<(), 
             match &a.latent {
                 Some(l) => latent_rope_args(l, scaling, args)?,
                 None => rope_scaling_args(scaling, args)?,
+            }
+            if !a.nope.is_empty() {
+                push(args, "--no-rope-freq", no_rope_freq(&a.nope));
             }
         }
     }

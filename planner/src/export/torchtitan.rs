@@ -45,6 +45,7 @@ pub(super) fn config_name(a: &Architecture) -> Result<&'static str, PlanError> {
                 && a.experts == 0
                 && a.latent.is_none()
                 && a.window.is_none()
+                && a.nope.is_empty()
                 && !a.tied
                 // Its Llama 3 has no biases or q/k norms, and heads dim / n_heads wide.
                 && !(a.qkv_bias || a.other_bias || a.qk_norm)
