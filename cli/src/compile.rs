@@ -17,7 +17,8 @@ use crate::strategy_args::{ClusterArgs, StrategyArgs, Switch};
 
 #[derive(Args, Debug)]
 pub struct CompileArgs {
-    /// A zoo name (see `plait models`), a Hugging Face config.json, or an ONNX file.
+    /// A zoo name (see `plait models`), a Hugging Face config.json (or its directory), an ONNX
+    /// file, or a Hub id (`org/name`) already downloaded to the local Hugging Face cache.
     model: String,
     #[command(flatten)]
     cluster: ClusterArgs,

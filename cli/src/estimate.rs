@@ -8,7 +8,8 @@ use crate::strategy_args::{ClusterArgs, StrategyArgs};
 
 #[derive(Args, Debug)]
 pub struct EstimateArgs {
-    /// A zoo name (see `plait models`), a Hugging Face config.json, or an ONNX file.
+    /// A zoo name (see `plait models`), a Hugging Face config.json (or its directory), an ONNX
+    /// file, or a Hub id (`org/name`) already downloaded to the local Hugging Face cache.
     model: String,
     #[command(flatten)]
     cluster: ClusterArgs,

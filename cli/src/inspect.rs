@@ -9,7 +9,8 @@ use crate::models::human;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// A zoo name (see `plait models`), a Hugging Face config.json, or an ONNX file.
+    /// A zoo name (see `plait models`), a Hugging Face config.json (or its directory), an ONNX
+    /// file, or a Hub id (`org/name`) already downloaded to the local Hugging Face cache.
     model: String,
     /// Sequence length (default: a config's or zoo model's context length, at most 8192; for ONNX the length
     /// the file fixes, else 128 capped by a learned position table).

@@ -35,8 +35,8 @@ const EXIT_BAD_INPUT: u8 = 2;
     name = "plait",
     version,
     about = "Plan, compile and run parallel training of large models",
-    long_about = "plait imports a model (a Hugging Face config.json, an ONNX file, or a built-in zoo \
-name), lowers it to a typed tensor-graph IR with autodiff, searches the fastest way to train it on \
+    long_about = "plait imports a model (a Hugging Face config.json or a Hub id in the local Hugging \
+Face cache, an ONNX file, or a built-in zoo name), lowers it to a typed tensor-graph IR with autodiff, searches the fastest way to train it on \
 a cluster that fits in memory (`compile`), explains the plan (`report`), generates and verifies one \
 program per rank (`codegen`), trains it on CPU ranks (`run`) or writes it as the launch of \
 Megatron-LM, torchtitan or DeepSpeed (`export`).\n\nStart with `plait models`, `plait inspect \

@@ -174,3 +174,52 @@ fn an_onnx_file_that_fixes_its_batch_is_inspected_at_that_batch() {
     let v = json(&["inspect", &p]);
     assert_eq!((int(&v, "batch"), int(&v, "seq")), (2, 8));
 }
+
+/// A Hugging Face Hub id names a model downloaded to the local Hub cache (`HF_HUB_CACHE`, as
+/// huggingface_hub reads it): `inspect` reads the cached config.json of `main`; an id not in
+/// the cache exits 2 saying plait does not download and how to fetch the file.
+#[test]
+fn hub_ids_read_the_local_hub_cache() {
+    let cache = std::env::temp_dir().join(format!("plait-hub-cache-{}", std::process::id()));
+    let snapshot = cache.join("models--HuggingFaceTB--SmolLM3-3B/snapshots/4567def");
+    std::fs::create_dir_all(&snapshot).expect("snapshot");
+    std::fs::copy(
+        repo("fixtures/hf/smollm3-3b/config.json"),
+        snapshot.join("config.json"),
+    )
+    .expect("config");
+    std::fs::create_dir_all(cache.join("models--HuggingFaceTB--SmolLM3-3B/refs")).expect("refs");
+    std::fs::write(
+        cache.join("models--HuggingFaceTB--SmolLM3-3B/refs/main"),
+        "4567def\n",
+    )
+    .expect("ref");
+    let run = |id: &str| {
+        Command::new(env!("CARGO_BIN_EXE_plait"))
+            .args(["inspect", id, "--json"])
+            .env("HF_HUB_CACHE", &cache)
+            .output()
+            .expect("plait runs")
+    };
+    let out = run("HuggingFaceTB/SmolLM3-3B");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        (int(&v, "params"), v["model"].as_str()),
+        (3_075_098_624, Some("SmolLM3-3B"))
+    );
+    let out = run("meta-llama/Llama-3.1-8B");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for said in [
+        "meta-llama/Llama-3.1-8B",
+        "models--meta-llama--Llama-3.1-8B",
+        "huggingface-cli download meta-llama/Llama-3.1-8B config.json",
+    ] {
+        assert!(err.contains(said), "{said}: {err}");
+    }
+}

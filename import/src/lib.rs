@@ -6,6 +6,7 @@
 pub mod build;
 pub mod error;
 pub mod hf;
+pub mod hub;
 pub mod load;
 pub mod onnx;
 pub mod sizes;

@@ -7,7 +7,9 @@
 //! 2. an existing directory → its `model.onnx`, else its `config.json`;
 //! 3. an existing file, or a name ending in `.json` → [`crate::hf::read_config`], then
 //!    [`crate::build_forward`] (f32);
-//! 4. otherwise a zoo name ([`crate::zoo::find`], case-insensitive).
+//! 4. a Hugging Face Hub id (`org/name`) → its `config.json` in the local Hub cache
+//!    ([`crate::hub`]; plait does not download);
+//! 5. otherwise a zoo name ([`crate::zoo::find`], case-insensitive).
 //!
 //! The sequence length, when not given: a config's or zoo entry's `default_seq` (its context
 //! length, at most 8192: `spec::default_seq`); for ONNX, the length the file fixes for its token-id input, else
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use ir::{Binding, BuildError, DType, Graph, OpKind, ValueId, Weights};
 
 use crate::hf::{self, ConfigError};
-use crate::{ImportError, build_forward, onnx, zoo};
+use crate::{ImportError, build_forward, hub, onnx, zoo};
 
 /// Sequence length of an ONNX import when neither the caller nor the file fixes one.
 pub const DEFAULT_ONNX_SEQ: u64 = 128;
@@ -71,6 +73,17 @@ pub enum Error {
         zoo.join(", ")
     )]
     UnknownModel { name: String, zoo: Vec<String> },
+    /// A Hub id whose `config.json` is not in the local cache.
+    #[error(
+        "`{id}` reads as a Hugging Face Hub id, but no config.json of it is in the Hub cache \
+         ({}); plait does not download: fetch it with `huggingface-cli download {id} \
+         config.json` (which fills that cache) or give the config.json's path",
+        match cache {
+            Some(dir) => hub::repo_dir(dir, id).display().to_string(),
+            None => "no cache directory: set HF_HUB_CACHE or HF_HOME".to_string(),
+        }
+    )]
+    HubNotCached { id: String, cache: Option<PathBuf> },
     /// A directory without a `model.onnx` or `config.json`.
     #[error(
         "{}: the directory holds neither model.onnx nor config.json; give the model file's path",
@@ -161,6 +174,16 @@ pub fn load_model_at(
     }
     if path.exists() || has_extension(path, "json") {
         return load_config(path, one, seq);
+    }
+    if hub::is_hub_id(model) {
+        let cache = hub::cache_dir();
+        return match cache.as_deref().and_then(|c| hub::cached_config(c, model)) {
+            Some(config) => load_config(&config, one, seq),
+            None => Err(Error::HubNotCached {
+                id: model.to_string(),
+                cache,
+            }),
+        };
     }
     let Some(spec) = zoo::find(model) else {
         return Err(Error::UnknownModel {

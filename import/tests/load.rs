@@ -144,3 +144,57 @@ fn errors_of_each_importer_are_wrapped() {
     let err = load_model("gpt2", 0, None).unwrap_err();
     assert!(matches!(err, Error::BadBinding { .. }), "{err:?}");
 }
+
+/// A Hub cache as `huggingface-cli download` leaves it: the repository's folder, `refs/main`
+/// naming a commit, that commit's snapshot, and an older snapshot beside it.
+fn fake_hub_cache(test: &str, with_ref: bool) -> PathBuf {
+    let cache = scratch(test);
+    let repo = cache.join("models--HuggingFaceTB--SmolLM3-3B");
+    let fixture = std::fs::read_to_string(repo_fixture("smollm3-3b")).expect("fixture");
+    for (commit, text) in [
+        (
+            "0123abc",
+            fixture.replace("\"num_hidden_layers\": 36", "\"num_hidden_layers\": 35"),
+        ),
+        ("4567def", fixture),
+    ] {
+        let snapshot = repo.join("snapshots").join(commit);
+        std::fs::create_dir_all(&snapshot).expect("snapshot");
+        std::fs::write(snapshot.join("config.json"), text).expect("config");
+    }
+    if with_ref {
+        std::fs::create_dir_all(repo.join("refs")).expect("refs");
+        std::fs::write(repo.join("refs/main"), "4567def").expect("ref");
+    }
+    cache
+}
+
+fn repo_fixture(name: &str) -> String {
+    repo(&format!("fixtures/hf/{name}/config.json"))
+}
+
+/// A Hub id reads the snapshot `refs/main` points at (not the older one beside it), named as
+/// the repository; without refs, the newest snapshot; an id not in the cache is not found.
+#[test]
+fn hub_ids_read_the_cached_snapshot_of_main() {
+    let cache = fake_hub_cache("hub-main", true);
+    let config = import::hub::cached_config(&cache, "HuggingFaceTB/SmolLM3-3B").expect("cached");
+    assert!(
+        config.ends_with("snapshots/4567def/config.json"),
+        "{config:?}"
+    );
+    let spec = import::hf::read_config(&config).expect("parses");
+    assert_eq!((spec.name.as_str(), spec.layers), ("SmolLM3-3B", 36));
+    assert!(import::hub::cached_config(&cache, "HuggingFaceTB/SmolLM2-1.7B").is_none());
+    let unref = fake_hub_cache("hub-newest", false);
+    let old = unref.join("models--HuggingFaceTB--SmolLM3-3B/snapshots/0123abc/config.json");
+    let text = std::fs::read_to_string(&old).expect("old");
+    // Written last, so newest.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&old, text).expect("touch");
+    let config = import::hub::cached_config(&unref, "HuggingFaceTB/SmolLM3-3B").expect("cached");
+    assert!(
+        config.ends_with("snapshots/0123abc/config.json"),
+        "{config:?}"
+    );
+}

@@ -1159,16 +1159,28 @@ fn strip_position(msg: &str) -> String {
     }
 }
 
-/// A model's name from its config path: the parent directory for `config.json`, else the stem.
+fn dir_name(p: Option<&Path>) -> Option<&str> {
+    p.and_then(Path::file_name).and_then(|s| s.to_str())
+}
+
+/// A model's name from its config path: the parent directory for `config.json` (the
+/// repository's name for a snapshot in the Hugging Face cache,
+/// `models--{org}--{name}/snapshots/{commit}/config.json`), else the stem.
 fn model_name(file: &Path) -> String {
     let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
-    if stem == "config"
-        && let Some(dir) = file
-            .parent()
-            .and_then(|p| p.file_name())
-            .and_then(|s| s.to_str())
-    {
-        return dir.to_string();
+    let parent = file.parent();
+    if stem != "config" {
+        return stem.to_string();
     }
-    stem.to_string()
+    let snapshots = parent.and_then(Path::parent);
+    let hub_name = (dir_name(snapshots) == Some("snapshots"))
+        .then(|| dir_name(snapshots.and_then(Path::parent)))
+        .flatten()
+        .and_then(|repo| repo.strip_prefix("models--"))
+        .and_then(|id| id.split_once("--"))
+        .map(|(_, name)| name);
+    match hub_name.or_else(|| dir_name(parent)) {
+        Some(name) => name.to_string(),
+        None => stem.to_string(),
+    }
 }
