@@ -198,3 +198,75 @@ fn cohere2_windows_and_rotations_follow_its_pattern() {
     let unwindowed = tiny("cohere2", r#","sliding_window":null"#);
     assert_eq!(layers(&unwindowed), vec![(true, None); 8]);
 }
+
+/// EXAONE 4.0-32B's shape (`model_type` exaone4): OLMo 2's norms after attention and the MLP,
+/// per-head q/k norms, three of four layers in a 4096-key window and rotated (llama3-scaled),
+/// the fourth global and unrotated; 30,954,640,384 parameters without the embeddings counted
+/// here module by module (its card: 30.95B without embeddings), untied. EXAONE 4.0-1.2B has no
+/// window: every layer rotates (its card: 1.07B without embeddings, tied).
+#[test]
+fn exaone4_leaves_its_global_layers_unrotated() {
+    let (sw, full) = ("\"sliding_attention\"", "\"full_attention\"");
+    let types = |layers: usize, every: Option<usize>| {
+        let kinds: Vec<&str> = (0..layers)
+            .map(|i| match every {
+                Some(n) if (i + 1) % n != 0 => sw,
+                _ => full,
+            })
+            .collect();
+        format!("[{}]", kinds.join(","))
+    };
+    let large = format!(
+        r#"{{"model_type":"exaone4","hidden_size":5120,"intermediate_size":27392,
+        "num_hidden_layers":64,"num_attention_heads":40,"num_key_value_heads":8,"head_dim":128,
+        "vocab_size":102400,"max_position_embeddings":131072,"rms_norm_eps":1e-05,
+        "rope_theta":1000000,"rope_scaling":{{"rope_type":"llama3","factor":16.0,
+        "low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}},
+        "sliding_window":4096,"sliding_window_pattern":"LLLG","layer_types":{},
+        "tie_word_embeddings":false}}"#,
+        types(64, Some(4))
+    );
+    let (h, ffn, q, kv, d) = (5120u64, 27392u64, 5120u64, 1024u64, 128u64);
+    // q and o, k and v, the SwiGLU MLP, the norms after attention and the MLP, q/k norms.
+    let layer = 2 * h * q + 2 * h * kv + 3 * h * ffn + 2 * h + 2 * d;
+    let body = 64 * layer + h;
+    assert_eq!(body, 30_954_640_384);
+    let exaone = spec(&large);
+    let g = build_forward(&exaone, DType::F32).expect("builds");
+    assert_eq!(g.param_count(), body + 2 * 102400 * h);
+    let want: Vec<(bool, Option<u64>)> = (0..64)
+        .map(|i| (i % 4 == 3, (i % 4 != 3).then_some(4096)))
+        .collect();
+    assert_eq!(layers(&exaone), want);
+    // Without the layer types, the pattern string says the same; as an integer too.
+    let spelled = large.replace(&types(64, Some(4)), "null");
+    assert_eq!(layers(&spec(&spelled)), want);
+    let numbered = spelled.replace("\"LLLG\"", "4");
+    assert_eq!(layers(&spec(&numbered)), want);
+    let small = format!(
+        r#"{{"model_type":"exaone4","hidden_size":2048,"intermediate_size":4096,
+        "num_hidden_layers":30,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":64,
+        "vocab_size":102400,"rms_norm_eps":1e-05,"rope_theta":1000000,"sliding_window":null,
+        "layer_types":{},"tie_word_embeddings":true}}"#,
+        types(30, None)
+    );
+    let (h, ffn, q, kv, d) = (2048u64, 4096u64, 2048u64, 512u64, 64u64);
+    let body = 30 * (2 * h * q + 2 * h * kv + 3 * h * ffn + 2 * h + 2 * d) + h;
+    assert_eq!(body, 1_069_676_288);
+    let small = spec(&small);
+    assert_eq!(graph_params(&small), body + 102400 * h);
+    assert_eq!(layers(&small), vec![(false, None); 30]);
+    for bad in ["\"LLXG\"", "\"\""] {
+        let text = spelled.replace("\"LLLG\"", bad);
+        let err = hf::parse_config(&text, Path::new("config.json"))
+            .expect_err(bad)
+            .to_string();
+        assert!(err.contains("sliding_window_pattern"), "{bad}: {err}");
+    }
+}
+
+fn graph_params(spec: &import::ModelSpec) -> u64 {
+    build_forward(spec, DType::F32)
+        .expect("builds")
+        .param_count()
+}

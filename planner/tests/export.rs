@@ -640,7 +640,7 @@ fn megatron_nope(v: &HashMap<String, String>, layers: u64) -> Vec<bool> {
 /// Layers without rotary embeddings export as Megatron-Core's `--no-rope-freq`, and Megatron
 /// skips the rotary of the layers plait's graph leaves unrotated: SmolLM3-3B's every fourth
 /// (`4`), and a SmolLM3 whose first and last layers are NoPE (the list), still turning the
-/// others by the config's base.
+/// others by the config's base; EXAONE 4's post-norm block is refused.
 #[test]
 fn nope_layers_export_as_megatrons_no_rope_freq() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hf");
@@ -673,6 +673,24 @@ fn nope_layers_export_as_megatrons_no_rope_freq() {
         assert_eq!(v["--no-rope-freq"], freq, "{name}");
         assert_eq!(v["--rotary-base"], base, "{name}");
         assert_eq!(megatron_nope(&v, spec.layers), ours, "{name}");
+    }
+    // EXAONE 4's NoPE layers sit in a block whose norms follow attention and the MLP, with
+    // per-head q/k norms: not Megatron's pre-norm layer, refused by name (not exported as one).
+    let exaone4 = import::hf::parse_config(
+        r#"{"model_type":"exaone4","hidden_size":1024,"intermediate_size":2048,
+        "num_hidden_layers":8,"num_attention_heads":8,"num_key_value_heads":4,
+        "vocab_size":32000}"#,
+        std::path::Path::new("config.json"),
+    )
+    .unwrap();
+    let p = plan_of(&exaone4, "exaone4", "dgx-h100", &s);
+    for engine in [Engine::Megatron, Engine::Torchtitan] {
+        match planner::export::export(&p, engine) {
+            Err(PlanError::Unexportable { feature, .. }) => {
+                assert!(feature.contains("instead of before them"), "{feature}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
 

@@ -241,7 +241,7 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// tied head, Qwen3's per-head q/k norms with an explicit head size (q wider than hidden),
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
 /// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Gemma 3's
-/// q/k norms in that block, SmolLM3's and Cohere2's layers without rotary embeddings, OLMo 2's norms after attention and the MLP (dp 2, pp 2), OLMoE's
+/// q/k norms in that block, SmolLM3's, Cohere2's and EXAONE 4's layers without rotary embeddings, OLMo 2's norms after attention and the MLP (dp 2, pp 2), OLMoE's
 /// experts (dp 2, pp 2), Granite's
 /// multipliers, Phi-3, and
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
@@ -279,6 +279,10 @@ fn llama_structured_families_equal_one_device() {
         ("smollm3", &tp2),
         ("smollm3", &pp2),
         ("cohere2", &tp2),
+        // EXAONE 4: OLMo 2's norms after attention and the MLP with per-head q/k norms,
+        // layer 0 rotated in a window, layer 1 unrotated and full.
+        ("exaone4", &tp2),
+        ("exaone4", &pp2),
         // OLMo 2 and OLMoE at tp 2 run only as extracted (`extracted_layouts_equal_one_device`).
         ("olmo2", &dp2),
         ("olmo2", &pp2),

@@ -63,10 +63,12 @@ const LOCAL_ROPE_MODEL: &str = concat!(
 );
 
 /// SmolLM3's tiny config: layer 0 rotated with full attention, layer 1 unrotated (NoPE) in a
-/// window of 8 keys; Cohere2's: layer 0 rotated in a window of 8, layer 1 unrotated and full.
-const NOPE_MODELS: [&str; 2] = [
+/// window of 8 keys; Cohere2's and EXAONE 4's: layer 0 rotated in a window of 8, layer 1
+/// unrotated and full.
+const NOPE_MODELS: [&str; 3] = [
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-smollm3.json"),
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-cohere2.json"),
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-exaone4.json"),
 ];
 
 #[test]
@@ -78,6 +80,7 @@ fn first_loss_equals_the_interpreter() {
         LOCAL_ROPE_MODEL,
         NOPE_MODELS[0],
         NOPE_MODELS[1],
+        NOPE_MODELS[2],
     ] {
         let want = interp_first_loss(model, 7);
         let got = train(&programs(model, &Config::new(1, 1, 1)), 1, 7).losses[0];

@@ -52,7 +52,12 @@ pub(super) fn unbuilt_fields(f: &Fields<'_>, layers: u64) -> Result<(), ConfigEr
     {
         return Err(f.wrong("sliding_window", "a non-negative integer or null", v));
     }
-    f.opt_positive("sliding_window_pattern")?;
+    // EXAONE 4 may spell it as local and global layers ("LLLG"), read by `window`.
+    let spelled = f.model_type == "exaone4"
+        && matches!(f.obj.get("sliding_window_pattern"), Some(Value::String(_)));
+    if !spelled {
+        f.opt_positive("sliding_window_pattern")?;
+    }
     f.opt_rope_base("rope_local_base_freq")?;
     for field in ["max_window_layers", "num_nextn_predict_layers"] {
         if let Some(v) = f

@@ -24,7 +24,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 37] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 38] = [
     "gpt2",
     "llama",
     "mistral",
@@ -62,6 +62,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 37] = [
     "stablelm",
     "starcoder2",
     "smollm3",
+    "exaone4",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -205,6 +206,10 @@ impl LlamaLike {
             // transformers' SmolLM3Config defaults (SmolLM3-3B): Llama's block, every fourth
             // layer unrotated (`nope.rs`).
             "smollm3" => dense("smollm3", 32768, 1e-6, 2_000_000.0, true),
+            // transformers' Exaone4Config defaults (EXAONE 4.0): OLMo 2's norms after
+            // attention and the MLP, per-head q/k norms as Qwen3's, three of four layers in a
+            // sliding window and rotated, the fourth global and unrotated (`nope.rs`).
+            "exaone4" => dense("exaone4", 2048, 1e-5, 10000.0, false),
             // transformers' Glm4Config defaults (GLM-4-0414): Llama's block with norms after
             // attention and the MLP as well (Gemma 2's four), biases on q, k and v, half of
             // each head rotated.
@@ -288,7 +293,7 @@ impl LlamaLike {
                 None => !glm && attention_bias(f, t)?,
             },
             qk_norm: qwen3
-                || matches!(t, "gemma3_text" | "olmo2" | "olmo3" | "olmoe")
+                || matches!(t, "gemma3_text" | "olmo2" | "olmo3" | "olmoe" | "exaone4")
                 || (t == "glm4_moe" && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
             qk_norm_whole: olmo_qk_norms(f, t)?,
             gelu_gate: gemma,
@@ -353,7 +358,7 @@ impl LlamaLike {
             },
             head_bias: block.as_ref().is_some_and(|b| b.head_bias),
             layer_norm: t == "nemotron" || layernorm_family,
-            post_norms: matches!(t, "olmo2" | "olmo3"),
+            post_norms: matches!(t, "olmo2" | "olmo3" | "exaone4"),
             multipliers: if t == "granite" {
                 Some(granite_multipliers(f)?)
             } else {

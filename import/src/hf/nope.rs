@@ -1,6 +1,7 @@
 //! Layers without rotary embeddings (NoPE) as transformers builds them: SmolLM3's
-//! `no_rope_layers` (one NoPE layer in `no_rope_layer_interval`, default every fourth) and
-//! Cohere2's global-attention layers (it rotates only where a layer has a sliding window).
+//! `no_rope_layers` (one NoPE layer in `no_rope_layer_interval`, default every fourth),
+//! Cohere2's global-attention layers (it rotates only where a layer has a sliding window) and
+//! EXAONE 4's (its global layers go unrotated where the model has a window at all).
 
 use serde_json::Value;
 
@@ -16,6 +17,7 @@ pub(super) fn nope_layers(f: &Fields<'_>, layers: u64) -> Result<Option<Vec<bool
     let nope = match f.model_type {
         "smollm3" => smollm3(f, layers)?,
         "cohere2" => cohere2(f, layers)?,
+        "exaone4" => exaone4(f, layers)?,
         _ => return Ok(None),
     };
     Ok(nope.contains(&true).then_some(nope))
@@ -66,5 +68,17 @@ fn cohere2(f: &Fields<'_>, layers: u64) -> Result<Vec<bool>, ConfigError> {
     let sliding = window::sliding_kind(f, layers)?;
     Ok((0..layers as usize)
         .map(|i| !(window_set && sliding.get(i).copied().unwrap_or(false)))
+        .collect())
+}
+
+/// Exaone4Attention rotates where the model has no window (`sliding_window` null) or the layer
+/// is of the sliding kind: with a window, its global layers are NoPE.
+fn exaone4(f: &Fields<'_>, layers: u64) -> Result<Vec<bool>, ConfigError> {
+    if matches!(f.obj.get("sliding_window"), Some(Value::Null)) {
+        return Ok(vec![false; layers as usize]);
+    }
+    let sliding = window::sliding_kind(f, layers)?;
+    Ok((0..layers as usize)
+        .map(|i| !sliding.get(i).copied().unwrap_or(false))
         .collect())
 }

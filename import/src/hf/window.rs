@@ -46,6 +46,7 @@ fn family(model_type: &str) -> Option<Family> {
         "qwen3_moe" => (Some(4096), Pattern::All, true),
         "cohere2" => (Some(4096), Pattern::AllButEvery(4), false),
         "smollm3" => (None, Pattern::NopeLayers, true),
+        "exaone4" => (Some(4096), Pattern::AllButEvery(4), false),
         _ => return None,
     };
     Some(Family {
@@ -103,6 +104,29 @@ pub(super) fn local_rope(
     }))
 }
 
+/// The sliding layers of a family that names its period `sliding_window_pattern` (default
+/// `n`): an integer n, every layer but each n-th (positive: `checks`); or, in EXAONE 4's
+/// configs, a string of `L` (local: windowed) and `G` (global) read from layer 0 and repeated.
+fn named_period(f: &Fields<'_>, n: u64, layers: u64) -> Result<Vec<bool>, ConfigError> {
+    if let Some(v @ Value::String(kinds)) = f.obj.get("sliding_window_pattern")
+        && f.model_type == "exaone4"
+    {
+        let local: Vec<bool> = kinds.chars().map(|c| c == 'L').collect();
+        if local.is_empty() || !kinds.chars().all(|c| c == 'L' || c == 'G') {
+            return Err(f.wrong("sliding_window_pattern", LOCAL_GLOBAL, v));
+        }
+        return Ok((0..layers as usize)
+            .map(|i| local[i % local.len()])
+            .collect());
+    }
+    let n = f.opt_positive("sliding_window_pattern")?.unwrap_or(n);
+    Ok((0..layers).map(|i| (i + 1) % n != 0).collect())
+}
+
+/// What EXAONE 4's `sliding_window_pattern` may be.
+const LOCAL_GLOBAL: &str =
+    "a positive integer or a string of L (local) and G (global) layers, such as \"LLLG\"";
+
 /// Which of `f`'s `layers` layers are of the sliding kind, window or not (none where its
 /// family has no sliding kind).
 pub(super) fn sliding_kind(f: &Fields<'_>, layers: u64) -> Result<Vec<bool>, ConfigError> {
@@ -130,16 +154,13 @@ fn sliding_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<b
     };
     Ok(match pattern {
         Pattern::All => vec![true; usize::try_from(layers).unwrap_or(0)],
-        Pattern::AllButEvery(n) => {
-            // Gemma 3 and Cohere2 name their period `sliding_window_pattern` (positive:
-            // `checks`).
-            let n = if matches!(f.model_type, "gemma3_text" | "cohere2") {
-                f.opt_positive("sliding_window_pattern")?.unwrap_or(n)
-            } else {
-                n
-            };
-            (0..layers).map(|i| (i + 1) % n != 0).collect()
+        // Gemma 3, Cohere2 and EXAONE 4 name their period `sliding_window_pattern`.
+        Pattern::AllButEvery(n)
+            if matches!(f.model_type, "gemma3_text" | "cohere2" | "exaone4") =>
+        {
+            named_period(f, n, layers)?
         }
+        Pattern::AllButEvery(n) => (0..layers).map(|i| (i + 1) % n != 0).collect(),
         Pattern::FromMaxWindowLayers => {
             let first = max_window_layers();
             (0..layers).map(|i| i >= first).collect()

@@ -530,6 +530,15 @@ impl QkvPaths {
     }
 }
 
+/// Whether linear `o` projects a norm's output (a pre-norm block's q, k and v do).
+fn reads_a_norm(g: &Graph, o: OpId) -> bool {
+    let input = g.def_op(g.op(o).inputs[0]);
+    matches!(
+        g.op(input).kind,
+        OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }
+    )
+}
+
 /// The layer structures an engine's GPT model has no argument for, named: a gated GELU MLP,
 /// norms after attention and the MLP as well as before them, a scaled embedding, soft-capped
 /// logits, a gated shared expert, a softmax scale other than 1/√head_dim.
@@ -566,6 +575,12 @@ fn refuse_unexpressed(
         .any(|k| matches!(k, OpKind::LayerNorm { bias: false, .. }))
     {
         return Err("LayerNorms without biases (Cohere's)");
+    }
+    if !qkv.linears.iter().all(|&o| reads_a_norm(g, o)) {
+        return Err(
+            "norms after attention and the MLP instead of before them (OLMo 2's and EXAONE 4's \
+             post_attention_layernorm and post_feedforward_layernorm)",
+        );
     }
     let norms = layer
         .iter()
