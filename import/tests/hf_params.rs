@@ -903,6 +903,7 @@ fn gpt_oss_counts_sinks_and_biased_experts() {
             alpha: 1.702,
             limit: Some(7.0),
             up_offset: 1.0,
+            scales_input: false,
         }
     );
     assert_eq!(v.routing, ir::Routing::default());

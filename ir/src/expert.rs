@@ -21,6 +21,11 @@ pub struct ExpertForm {
     /// Added to the up projection before the product.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub up_offset: f64,
+    /// The gate scales each expert's input, Σₑ unit(gₑx w1ₑ, gₑx w3ₑ) w2ₑ, rather than its
+    /// output (transformers' `Llama4TextMoe`: `routed_in = hidden_states * router_scores`).
+    /// Without biases only, so that an expert at gate 0 adds exactly 0 either way.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub scales_input: bool,
 }
 
 impl Default for ExpertForm {
@@ -36,6 +41,7 @@ impl ExpertForm {
         alpha: 1.0,
         limit: None,
         up_offset: 0.0,
+        scales_input: false,
     };
 
     pub fn is_swiglu(&self) -> bool {
@@ -88,6 +94,9 @@ impl ExpertForm {
                 self.alpha, self.up_offset
             ));
         }
+        if self.scales_input && self.bias {
+            return Err("experts whose gate scales their input take no biases".into());
+        }
         match self.limit {
             Some(l) if !(l.is_finite() && l > 0.0) => {
                 Err(format!("expert limit {l} must be a positive number"))
@@ -126,6 +135,7 @@ mod tests {
         alpha: 1.702,
         limit: Some(7.0),
         up_offset: 1.0,
+        scales_input: false,
     };
 
     #[test]

@@ -658,6 +658,21 @@ fn fd_moe_experts() {
         ops.clone(),
         &mut r,
     );
+    // Llama 4's: each gate scales its expert's input (the gate's gradient is then x·dxs, not
+    // dy·out).
+    let scaling_input = ir::ExpertForm {
+        scales_input: true,
+        ..ir::ExpertForm::SWIGLU
+    };
+    check_op(
+        "moe_experts scaling input",
+        OpKind::MoeExperts {
+            experts: 4,
+            form: scaling_input,
+        },
+        ops.clone(),
+        &mut r,
+    );
     // gpt-oss's experts: biases, σ(1.702·gate), gate and up clamped (tight, so that some
     // are), up offset by one.
     let form = ir::ExpertForm {
@@ -665,6 +680,7 @@ fn fd_moe_experts() {
         alpha: 1.702,
         limit: Some(0.6),
         up_offset: 1.0,
+        scales_input: false,
     };
     let biased = ops
         .into_iter()

@@ -219,7 +219,7 @@ extern "C" __global__ void moe_gate_grad(float* dgates, const float* dy, const f
     }
 }
 
-// dout[e, t, c] = gates[t, e] · dy[t, c].
+// dout[e, t, c] = gates[t, e] · dy[t, c] (also each expert's gated input, gates[t, e] · x[t, c]).
 extern "C" __global__ void moe_gate_scale(float* dout, const float* dy, const float* gates, i64 tokens,
                                           i64 experts, i64 h) {
     for (i64 i = global_thread(); i < experts * tokens * h; i += grid_threads()) {
@@ -228,14 +228,15 @@ extern "C" __global__ void moe_gate_scale(float* dout, const float* dy, const fl
     }
 }
 
-// dx[i] = Σ_e (from_w1[e, i] + from_w3[e, i]), experts in order, in f32.
+// dx[i] = Σ_e (from_w1[e, i] + from_w3[e, i]), experts in order, in f32; from_w3 may be null
+// (the experts' outputs summed unweighted: Llama 4's, whose gates scaled their inputs).
 extern "C" __global__ void moe_expert_sum(float* dx, const float* from_w1, const float* from_w3, i64 experts,
                                           i64 n) {
     for (i64 i = global_thread(); i < n; i += grid_threads()) {
         float acc = 0.0f;
         for (i64 e = 0; e < experts; ++e) {
             acc += from_w1[e * n + i];
-            acc += from_w3[e * n + i];
+            if (from_w3) acc += from_w3[e * n + i];
         }
         dx[i] = acc;
     }

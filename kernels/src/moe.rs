@@ -190,23 +190,32 @@ impl<'t> Experts<'t> {
         Ok(Pass { a, b, hidden })
     }
 
-    /// Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ. Each expert runs only on the tokens
-    /// routed to it (nonzero gate), gathered into one contiguous block: a zero gate
-    /// contributes exactly 0.
+    /// Token `t`'s gate for expert `e`.
+    fn gate(&self, t: usize, e: usize) -> f32 {
+        self.gates.data[t * self.e + e]
+    }
+
+    /// Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ, or Σₑ unit(gatesₑx w1ₑ, gatesₑx w3ₑ) w2ₑ
+    /// where the form `scales_input`. Each expert runs only on the tokens routed to it
+    /// (nonzero gate), gathered into one contiguous block: a zero gate contributes exactly 0.
     pub(crate) fn forward(&self) -> Result<Tensor32, KernelError> {
         let (h, f) = (self.h, self.f);
         let mut y = Tensor32::zeros(&self.x.shape)?;
         let mut xs = Vec::new();
         for e in 0..self.e {
-            let routed: Vec<usize> = (0..self.t)
-                .filter(|&t| self.gates.data[t * self.e + e] != 0.0)
-                .collect();
+            let routed: Vec<usize> = (0..self.t).filter(|&t| self.gate(t, e) != 0.0).collect();
             if routed.is_empty() {
                 continue;
             }
             xs.clear();
             for &t in &routed {
-                xs.extend_from_slice(&self.x.data[t * h..(t + 1) * h]);
+                let row = &self.x.data[t * h..(t + 1) * h];
+                let scale = if self.form.scales_input {
+                    self.gate(t, e)
+                } else {
+                    1.0
+                };
+                xs.extend(row.iter().map(|&v| scale * v));
             }
             let n = routed.len();
             let pass = self.pass(&xs, n, e)?;
@@ -219,7 +228,11 @@ impl<'t> Experts<'t> {
                 MatMut::rm(&mut out, 0, n, h),
             )?;
             for (&t, o) in routed.iter().zip(out.chunks_exact(h)) {
-                let gate = self.gates.data[t * self.e + e];
+                let gate = if self.form.scales_input {
+                    1.0
+                } else {
+                    self.gate(t, e)
+                };
                 for (yv, &ov) in y.data[t * h..(t + 1) * h].iter_mut().zip(o) {
                     *yv += gate * ov;
                 }
@@ -231,7 +244,9 @@ impl<'t> Experts<'t> {
     /// Gradients of (x, gates, w1, w3, w2, and b1, b3 with biases). Every expert runs on every
     /// token here, since the gate gradient dgateₜₑ = dyₜ·outₜₑ is defined (and returned) even
     /// where the gate is 0. Then dout = gate·dy, dhidden = dout w2ₑᵀ, da = dhidden · ∂unit/∂a,
-    /// db = dhidden · ∂unit/∂b; the biases' gradients sum da and db over the tokens.
+    /// db = dhidden · ∂unit/∂b; the biases' gradients sum da and db over the tokens. Where the
+    /// gate scales the input, the expert runs on xs = gate·x with dout = dy, and the scaled
+    /// input's gradient dxs gives dx = gate·dxs and dgate = x·dxs ([`Experts::input_grads`]).
     pub(crate) fn vjp(&self, g: &Tensor32) -> Result<Vec<Tensor32>, KernelError> {
         let x = self.x;
         expect_shape(EXPERTS, "output gradient", g, &x.shape)?;
@@ -247,20 +262,20 @@ impl<'t> Experts<'t> {
         let mut dout = vec![0f32; t * h];
         let mut dhidden = vec![0f32; t * f];
         for e in 0..self.e {
-            let pass = self.pass(&x.data, t, e)?;
+            let xs = self.expert_input(e);
+            let pass = self.pass(&xs, t, e)?;
             let hid = Mat::rm(&pass.hidden, 0, t, f);
             let w2e = Mat::rm(&self.w2.data, e * f * h, f, h);
             gemm(1.0, hid, w2e, 0.0, MatMut::rm(&mut out, 0, t, h))?;
             for ti in 0..t {
-                let gate = self.gates.data[ti * self.e + e];
+                let gate = self.gate(ti, e);
                 let (gr, or) = (&g.data[ti * h..(ti + 1) * h], &out[ti * h..(ti + 1) * h]);
-                dgates.data[ti * self.e + e] = gr
-                    .iter()
-                    .zip(or)
-                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                    .sum::<f64>() as f32;
+                let out_scale = if self.form.scales_input { 1.0 } else { gate };
+                if !self.form.scales_input {
+                    dgates.data[ti * self.e + e] = dot(gr, or);
+                }
                 for (dv, &gv) in dout[ti * h..(ti + 1) * h].iter_mut().zip(gr) {
-                    *dv = gate * gv;
+                    *dv = out_scale * gv;
                 }
             }
             let dom = Mat::rm(&dout, 0, t, h);
@@ -282,7 +297,8 @@ impl<'t> Experts<'t> {
             }
             column_sums(&dhidden, &mut db1.data[e * f..(e + 1) * f]);
             column_sums(&db, &mut db3.data[e * f..(e + 1) * f]);
-            self.input_grads(e, &dhidden, &db, [&mut dw1, &mut dw3, &mut dx])?;
+            let grads = [&mut dw1, &mut dw3, &mut dx, &mut dgates];
+            self.input_grads(e, &xs, (&dhidden, &db), grads)?;
         }
         let mut grads = vec![dx, dgates, dw1, dw3, dw2];
         if self.form.bias {
@@ -291,17 +307,34 @@ impl<'t> Experts<'t> {
         Ok(grads)
     }
 
-    /// dw1ₑ = xᵀ da, dw3ₑ = xᵀ db, dx += da w1ₑᵀ + db w3ₑᵀ.
+    /// Expert `e`'s input: x, or each token's row times its gate where the form scales the
+    /// input.
+    fn expert_input(&self, e: usize) -> std::borrow::Cow<'t, [f32]> {
+        if !self.form.scales_input {
+            return std::borrow::Cow::Borrowed(&self.x.data);
+        }
+        let h = self.h;
+        let mut xs = self.x.data.clone();
+        for (ti, row) in xs.chunks_exact_mut(h.max(1)).enumerate() {
+            let gate = self.gate(ti, e);
+            row.iter_mut().for_each(|v| *v *= gate);
+        }
+        std::borrow::Cow::Owned(xs)
+    }
+
+    /// dw1ₑ = xsᵀ da, dw3ₑ = xsᵀ db for the expert's input `xs`, and its gradient
+    /// dxs = da w1ₑᵀ + db w3ₑᵀ: added to dx as it is, or, where the gate scaled the input,
+    /// as gate·dxs, with dgate = x·dxs.
     fn input_grads(
         &self,
         e: usize,
-        da: &[f32],
-        db: &[f32],
-        [dw1, dw3, dx]: [&mut Tensor32; 3],
+        xs: &[f32],
+        (da, db): (&[f32], &[f32]),
+        [dw1, dw3, dx, dgates]: [&mut Tensor32; 4],
     ) -> Result<(), KernelError> {
         let (t, h, f) = (self.t, self.h, self.f);
         let (xm, dam, dbm) = (
-            Mat::rm(&self.x.data, 0, t, h),
+            Mat::rm(xs, 0, t, h),
             Mat::rm(da, 0, t, f),
             Mat::rm(db, 0, t, f),
         );
@@ -321,10 +354,30 @@ impl<'t> Experts<'t> {
         )?;
         let w1e = Mat::rm(&self.w1.data, e * h * f, h, f);
         let w3e = Mat::rm(&self.w3.data, e * h * f, h, f);
-        gemm(1.0, dam, w1e.t(), 1.0, MatMut::rm(&mut dx.data, 0, t, h))?;
-        gemm(1.0, dbm, w3e.t(), 1.0, MatMut::rm(&mut dx.data, 0, t, h))?;
+        if !self.form.scales_input {
+            gemm(1.0, dam, w1e.t(), 1.0, MatMut::rm(&mut dx.data, 0, t, h))?;
+            gemm(1.0, dbm, w3e.t(), 1.0, MatMut::rm(&mut dx.data, 0, t, h))?;
+            return Ok(());
+        }
+        let mut dxs = vec![0f32; t * h];
+        gemm(1.0, dam, w1e.t(), 0.0, MatMut::rm(&mut dxs, 0, t, h))?;
+        gemm(1.0, dbm, w3e.t(), 1.0, MatMut::rm(&mut dxs, 0, t, h))?;
+        for (ti, d) in dxs.chunks_exact(h.max(1)).enumerate() {
+            let gate = self.gate(ti, e);
+            let row = &mut dx.data[ti * h..(ti + 1) * h];
+            row.iter_mut().zip(d).for_each(|(o, &v)| *o += gate * v);
+            dgates.data[ti * self.e + e] = dot(&self.x.data[ti * h..(ti + 1) * h], d);
+        }
         Ok(())
     }
+}
+
+/// a·b, summed in f64.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum::<f64>() as f32
 }
 
 /// Sums of the columns of the row-major `[rows, out.len()]` matrix `m` into `out`.

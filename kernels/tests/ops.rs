@@ -472,6 +472,45 @@ fn moe_router_and_experts() {
     }
 }
 
+/// Llama 4's experts (each gate scales its expert's input, routed by a top-1 sigmoid),
+/// against the interpreter in both directions.
+#[test]
+fn experts_scaling_their_input() {
+    let (experts, k) = (4, 1);
+    let routing = ir::Routing {
+        sigmoid: true,
+        normalize: false,
+        ..ir::Routing::default()
+    };
+    let router = OpKind::TopKRouter {
+        experts,
+        k,
+        routing,
+        bias: false,
+    };
+    let form = ir::ExpertForm {
+        scales_input: true,
+        ..ir::ExpertForm::SWIGLU
+    };
+    each_seed("moe_experts scaling input", |rng| {
+        let (e, h, f) = (4, 6, 5);
+        let x = rand(rng, &[2, 3, h]);
+        let w = rand(rng, &[h, e]);
+        let gates = ir::interp::apply(&router, &[&x, &w], common::BIND)
+            .expect("routes")
+            .remove(0);
+        let ops = [
+            x,
+            common::round(&gates),
+            rand(rng, &[e, h, f]),
+            rand(rng, &[e, h, f]),
+            rand(rng, &[e, f, h]),
+        ];
+        let kind = OpKind::MoeExperts { experts, form };
+        check("moe_experts scaling input", &kind, &ops, rng)
+    });
+}
+
 /// gpt-oss's router (a bias on the logits) and experts (biases, σ(1.702·gate), clamps tight
 /// enough to bite, up offset by one), against the interpreter in both directions.
 #[test]
@@ -488,6 +527,7 @@ fn gpt_oss_router_and_experts() {
         alpha: 1.702,
         limit: Some(0.7),
         up_offset: 1.0,
+        scales_input: false,
     };
     each_seed("topk_router bias", |rng| {
         let ops = [rand(rng, &[2, 3, 6]), rand(rng, &[6, 4]), rand(rng, &[4])];

@@ -1714,6 +1714,12 @@ fn mixture_of_experts_routers_and_experts() {
         &operands,
         1e-5,
     );
+    // Llama 4's: each gate scales its expert's input.
+    let form = ir::ExpertForm {
+        scales_input: true,
+        ..ir::ExpertForm::SWIGLU
+    };
+    check(&b, OpKind::MoeExperts { experts, form }, &operands, 1e-5);
     // gpt-oss's: a biased router, experts with biases and the clamped unit (a limit that
     // bites on these values).
     let biased_router = OpKind::TopKRouter {
@@ -1734,6 +1740,7 @@ fn mixture_of_experts_routers_and_experts() {
         alpha: 1.702,
         limit: Some(0.5),
         up_offset: 1.0,
+        scales_input: false,
     };
     let mut biased = operands.to_vec();
     biased.extend([tensor(&[e, width], 77), tensor(&[e, width], 78)]);

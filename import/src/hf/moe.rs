@@ -39,6 +39,7 @@ pub(super) fn gpt_oss_experts(f: &Fields<'_>) -> Result<ir::ExpertForm, ConfigEr
         alpha,
         limit: Some(limit),
         up_offset: 1.0,
+        scales_input: false,
     };
     form.check().map_err(|reason| ConfigError::Inconsistent {
         file: f.file.clone(),

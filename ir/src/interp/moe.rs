@@ -154,10 +154,24 @@ impl<'t> Experts<'t> {
         })
     }
 
-    /// Expert `e`'s intermediate values for token `t`.
-    fn pass(&self, t: usize, e: usize) -> ExpertPass {
+    /// The factors on expert `e`'s input and output for token `t`: its gate on one, 1 on the
+    /// other, as the form says.
+    fn gate_sides(&self, t: usize, e: usize) -> (f64, f64) {
+        let gate = self.gates.data[t * self.e + e];
+        if self.form.scales_input {
+            (gate, 1.0)
+        } else {
+            (1.0, gate)
+        }
+    }
+
+    /// Expert `e`'s intermediate values for token `t`, its input scaled by `scale`.
+    fn pass(&self, t: usize, e: usize, scale: f64) -> ExpertPass {
         let (h, f, hf) = (self.h, self.f, self.h * self.f);
-        let xt = &self.x.data[t * h..(t + 1) * h];
+        let xt: Vec<f64> = self.x.data[t * h..(t + 1) * h]
+            .iter()
+            .map(|&v| scale * v)
+            .collect();
         let proj = |w: &Tensor, b: Option<&Tensor>| -> Vec<f64> {
             let w = &w.data[e * hf..(e + 1) * hf];
             (0..f)
@@ -180,17 +194,18 @@ impl<'t> Experts<'t> {
         ExpertPass { a, b, hidden, out }
     }
 
-    /// Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ. Every expert runs for every token, even
-    /// at gate 0: this is an oracle, and the gate's gradient needs each expert's output anyway.
+    /// Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ, or with `scales_input`
+    /// Σₑ unit(gatesₑx w1ₑ, gatesₑx w3ₑ) w2ₑ. Every expert runs for every token, even at gate
+    /// 0: this is an oracle, and the gate's gradient needs each expert's output anyway.
     pub(crate) fn forward(&self) -> Result<Tensor, KernelError> {
         let h = self.h;
         let mut y = zeros(&self.x.shape)?;
         for t in 0..self.tokens {
             for e in 0..self.e {
-                let gate = self.gates.data[t * self.e + e];
-                let pass = self.pass(t, e);
+                let (in_scale, out_scale) = self.gate_sides(t, e);
+                let pass = self.pass(t, e, in_scale);
                 for (yv, &o) in y.data[t * h..(t + 1) * h].iter_mut().zip(&pass.out) {
-                    *yv += gate * o;
+                    *yv += out_scale * o;
                 }
             }
         }
@@ -199,7 +214,9 @@ impl<'t> Experts<'t> {
 
     /// Gradients of every operand, per token and expert: dgate = dy·out,
     /// dhidden = w2ₑ (gate·dy), da = dhidden · ∂unit/∂a, db = dhidden · ∂unit/∂b, and the
-    /// biases' gradients da and db.
+    /// biases' gradients da and db. With `scales_input`, dhidden = w2ₑ dy, the input's
+    /// gradient dxs = w1ₑ da + w3ₑ db is the scaled input's, so dx = gate·dxs and
+    /// dgate = x·dxs.
     pub(crate) fn vjp(&self, g: &Tensor) -> Result<Vec<Tensor>, KernelError> {
         super::index::same_shape(self.x, g, "output gradient")?;
         let (h, f, hf) = (self.h, self.f, self.h * self.f);
@@ -214,12 +231,15 @@ impl<'t> Experts<'t> {
             let xt = &self.x.data[t * h..(t + 1) * h];
             let gt = &g.data[t * h..(t + 1) * h];
             for e in 0..self.e {
-                let gate = self.gates.data[t * self.e + e];
+                let (in_scale, out_scale) = self.gate_sides(t, e);
                 let w = |m: &'t Tensor| &m.data[e * hf..(e + 1) * hf];
                 let (w1e, w3e, w2e) = (w(self.w1), w(self.w3), w(self.w2));
-                let pass = self.pass(t, e);
-                dgates.data[t * self.e + e] = gt.iter().zip(&pass.out).map(|(a, b)| a * b).sum();
-                let dout: Vec<f64> = gt.iter().map(|&gv| gate * gv).collect();
+                let pass = self.pass(t, e, in_scale);
+                if !self.form.scales_input {
+                    dgates.data[t * self.e + e] =
+                        gt.iter().zip(&pass.out).map(|(a, b)| a * b).sum();
+                }
+                let dout: Vec<f64> = gt.iter().map(|&gv| out_scale * gv).collect();
                 let dw2e = &mut dw2.data[e * hf..(e + 1) * hf];
                 let mut da = vec![0.0; f];
                 let mut db = vec![0.0; f];
@@ -242,12 +262,19 @@ impl<'t> Experts<'t> {
                     &mut dw3.data[e * hf..(e + 1) * hf],
                 );
                 let dxt = &mut dx.data[t * h..(t + 1) * h];
+                let mut dgate = 0.0;
                 for i in 0..h {
+                    let mut dxs = 0.0;
                     for j in 0..f {
-                        dw1e[i * f + j] += xt[i] * da[j];
-                        dw3e[i * f + j] += xt[i] * db[j];
-                        dxt[i] += w1e[i * f + j] * da[j] + w3e[i * f + j] * db[j];
+                        dw1e[i * f + j] += in_scale * xt[i] * da[j];
+                        dw3e[i * f + j] += in_scale * xt[i] * db[j];
+                        dxs += w1e[i * f + j] * da[j] + w3e[i * f + j] * db[j];
                     }
+                    dxt[i] += in_scale * dxs;
+                    dgate += xt[i] * dxs;
+                }
+                if self.form.scales_input {
+                    dgates.data[t * self.e + e] = dgate;
                 }
             }
         }

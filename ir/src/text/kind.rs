@@ -211,6 +211,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             attrs.extend((form.alpha != plain.alpha).then_some(("alpha", Float(form.alpha))));
             attrs.extend(form.limit.map(|l| ("limit", Float(l))));
             attrs.extend((form.up_offset != 0.0).then_some(("up_offset", Float(form.up_offset))));
+            attrs.extend(form.scales_input.then_some(("scales_input", Bool(true))));
             attrs
         }
         OpKind::Grad { of, wrt } => vec![("of", AttrVal::Kind(of.clone())), ("wrt", usizes(wrt))],
@@ -598,6 +599,7 @@ pub(crate) fn build_kind(
                 } else {
                     0.0
                 },
+                scales_input: a.has("scales_input") && a.bool(m, "scales_input")?,
             },
         },
         "grad" => OpKind::Grad {

@@ -184,6 +184,7 @@ fn every_kind() -> Vec<OpKind> {
                 alpha: 1.702,
                 limit: Some(7.0),
                 up_offset: 1.0,
+                scales_input: false,
             },
         },
         OpKind::Grad {

@@ -762,6 +762,7 @@ fn moe_cases() -> Vec<Case> {
                     alpha: 1.702,
                     limit: Some(0.5),
                     up_offset: 1.0,
+                    scales_input: false,
                 },
             },
             operands

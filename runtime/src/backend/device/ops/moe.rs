@@ -278,19 +278,60 @@ fn bias_grad<D: Device>(
     Ok(db)
 }
 
+/// Each expert's own input `[E, t, h]`, gates[t, e]·x[t], where the form scales the input
+/// (Llama 4); none where every expert reads x.
+fn scaled_inputs<D: Device>(
+    be: &DeviceBackend<D>,
+    d: Dims,
+    o: &Operands<'_, D>,
+) -> Result<Option<Buf<D>>, RuntimeError> {
+    if !o.form.scales_input {
+        return Ok(None);
+    }
+    let mut xs = be.alloc(&[d.e, d.t, d.h])?;
+    launch(
+        be,
+        "moe_gate_scale",
+        d.e * d.t * d.h,
+        &mut [
+            KernelArg::Out(&mut xs.mem),
+            KernelArg::In(&o.x.mem),
+            KernelArg::In(&o.gates.mem),
+            size(d.t),
+            size(d.e),
+            size(d.h),
+        ],
+    )?;
+    Ok(Some(xs))
+}
+
+/// The experts' input: `xs` per expert where given, else x for all (stride 0).
+fn experts_input<'a, D: Device>(
+    d: Dims,
+    o: &Operands<'a, D>,
+    xs: Option<&'a Buf<D>>,
+) -> (&'a D::Mem, usize) {
+    match xs {
+        Some(xs) => (&xs.mem, d.t * d.h),
+        None => (&o.x.mem, 0),
+    }
+}
+
 fn expert_pass<D: Device>(
     be: &DeviceBackend<D>,
     d: Dims,
     o: &Operands<'_, D>,
+    xs: Option<&Buf<D>>,
 ) -> Result<Pass<D>, RuntimeError> {
-    let (x, w1, w3, w2) = (o.x, o.w1, o.w3, o.w2);
+    let (w1, w3, w2) = (o.w1, o.w3, o.w2);
     let (t, e, h, f) = (d.t, d.e, d.h, d.f);
-    let up = batched(be, (t, h, f), (false, false), (0, h * f), e);
+    let (x, x_stride) = experts_input(d, o, xs);
+    let up = batched(be, (t, h, f), (false, false), (x_stride, h * f), e);
     let mut a = be.alloc(&[e, t, f])?;
-    be.device.gemm(&up, &x.mem, &w1.mem, &mut a.mem)?;
+    be.device.gemm(&up, x, &w1.mem, &mut a.mem)?;
     add_bias(be, d, &mut a, o.b1)?;
     let mut bm = be.alloc(&[e, t, f])?;
-    be.device.gemm(&up, &x.mem, &w3.mem, &mut bm.mem)?;
+    be.device.gemm(&up, x, &w3.mem, &mut bm.mem)?;
     add_bias(be, d, &mut bm, o.b3)?;
     let mut hidden = be.alloc(&[e, t, f])?;
     let mut args = vec![
@@ -312,7 +353,8 @@ fn expert_pass<D: Device>(
     })
 }
 
-/// `Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ`.
+/// `Σₑ gatesₑ · unit(x w1ₑ + b1ₑ, x w3ₑ + b3ₑ) w2ₑ`, or `Σₑ unit(gatesₑx w1ₑ, gatesₑx w3ₑ) w2ₑ`
+/// where the form scales the input.
 pub(super) fn experts_forward<D: Device>(
     b: &DeviceBackend<D>,
     (experts, form): (u64, ExpertForm),
@@ -321,25 +363,89 @@ pub(super) fn experts_forward<D: Device>(
     let Some((d, o)) = experts_dims(experts, form, xs) else {
         return Ok(None);
     };
-    let pass = expert_pass(b, d, &o)?;
+    let inputs = scaled_inputs(b, d, &o)?;
+    let pass = expert_pass(b, d, &o, inputs.as_ref())?;
     let mut y = b.alloc(&o.x.shape)?;
+    if form.scales_input {
+        expert_total(b, d, &mut y, &pass.out, None)?;
+    } else {
+        combine(b, d, &mut y, &pass.out, o.gates)?;
+    }
+    for m in [pass.a, pass.b, pass.hidden, pass.out]
+        .into_iter()
+        .chain(inputs)
+    {
+        b.device.release(m.mem);
+    }
+    Ok(Some(y))
+}
+
+/// `y[t] = Σₑ gates[t, e] · per_expert[e, t]`.
+fn combine<D: Device>(
+    b: &DeviceBackend<D>,
+    d: Dims,
+    y: &mut Buf<D>,
+    per_expert: &Buf<D>,
+    gates: &Buf<D>,
+) -> Result<(), RuntimeError> {
     launch(
         b,
         "moe_combine",
         d.t * d.h,
         &mut [
             KernelArg::Out(&mut y.mem),
-            KernelArg::In(&pass.out.mem),
-            KernelArg::In(&o.gates.mem),
+            KernelArg::In(&per_expert.mem),
+            KernelArg::In(&gates.mem),
             size(d.t),
             size(d.e),
             size(d.h),
         ],
-    )?;
-    for m in [pass.a, pass.b, pass.hidden, pass.out] {
-        b.device.release(m.mem);
-    }
-    Ok(Some(y))
+    )
+}
+
+/// `y[t] = Σₑ (a[e, t] + b[e, t])`, b where given.
+fn expert_total<D: Device>(
+    be: &DeviceBackend<D>,
+    d: Dims,
+    y: &mut Buf<D>,
+    a: &Buf<D>,
+    b: Option<&Buf<D>>,
+) -> Result<(), RuntimeError> {
+    launch(
+        be,
+        "moe_expert_sum",
+        d.t * d.h,
+        &mut [
+            KernelArg::Out(&mut y.mem),
+            KernelArg::In(&a.mem),
+            b.map_or(KernelArg::Null, |b| KernelArg::In(&b.mem)),
+            size(d.e),
+            size(d.t * d.h),
+        ],
+    )
+}
+
+/// `dgates[t, e] = dy[t] · per_expert[e, t]`.
+fn gate_grad<D: Device>(
+    b: &DeviceBackend<D>,
+    d: Dims,
+    dgates: &mut Buf<D>,
+    dy: &Buf<D>,
+    per_expert: &Buf<D>,
+) -> Result<(), RuntimeError> {
+    launch(
+        b,
+        "moe_gate_grad",
+        d.t * d.e,
+        &mut [
+            KernelArg::Out(&mut dgates.mem),
+            KernelArg::In(&dy.mem),
+            KernelArg::In(&per_expert.mem),
+            size(d.t),
+            size(d.e),
+            size(d.h),
+        ],
+    )
 }
 
 /// Gradients of `(x, gates, w1, w3, w2)` and the biases', as the CPU kernel defines them (the
@@ -357,46 +463,47 @@ pub(super) fn experts_backward<D: Device>(
         return Ok(None);
     }
     let (t, e, h, f) = (d.t, d.e, d.h, d.f);
-    let pass = expert_pass(b, d, &o)?;
+    let inputs = scaled_inputs(b, d, &o)?;
+    let pass = expert_pass(b, d, &o, inputs.as_ref())?;
     let mut dgates = b.alloc(&o.gates.shape)?;
-    launch(
-        b,
-        "moe_gate_grad",
-        t * e,
-        &mut [
-            KernelArg::Out(&mut dgates.mem),
-            KernelArg::In(&g.mem),
-            KernelArg::In(&pass.out.mem),
-            size(t),
-            size(e),
-            size(h),
-        ],
-    )?;
+    if !form.scales_input {
+        gate_grad(b, d, &mut dgates, g, &pass.out)?;
+    }
     b.device.release(pass.out.mem);
-    let mut dout = b.alloc(&[e, t, h])?;
-    launch(
-        b,
-        "moe_gate_scale",
-        e * t * h,
-        &mut [
-            KernelArg::Out(&mut dout.mem),
-            KernelArg::In(&g.mem),
-            KernelArg::In(&o.gates.mem),
-            size(t),
-            size(e),
-            size(h),
-        ],
-    )?;
+    // Each expert's output gradient: gates[t, e]·dy[t], or dy itself (stride 0) where the
+    // gate scaled the input instead.
+    let dout = if form.scales_input {
+        None
+    } else {
+        let mut dout = b.alloc(&[e, t, h])?;
+        launch(
+            b,
+            "moe_gate_scale",
+            e * t * h,
+            &mut [
+                KernelArg::Out(&mut dout.mem),
+                KernelArg::In(&g.mem),
+                KernelArg::In(&o.gates.mem),
+                size(t),
+                size(e),
+                size(h),
+            ],
+        )?;
+        Some(dout)
+    };
+    let (dout_mem, dout_stride) = dout.as_ref().map_or((&g.mem, 0), |m| (&m.mem, t * h));
     let mut dw2 = b.alloc(&o.w2.shape)?;
-    let hidden_t = batched(b, (f, t, h), (true, false), (t * f, t * h), e);
+    let hidden_t = batched(b, (f, t, h), (true, false), (t * f, dout_stride), e);
     b.device
-        .gemm(&hidden_t, &pass.hidden.mem, &dout.mem, &mut dw2.mem)?;
+        .gemm(&hidden_t, &pass.hidden.mem, dout_mem, &mut dw2.mem)?;
     b.device.release(pass.hidden.mem);
     let mut dhidden = b.alloc(&[e, t, f])?;
-    let through_w2 = batched(b, (t, h, f), (false, true), (t * h, f * h), e);
+    let through_w2 = batched(b, (t, h, f), (false, true), (dout_stride, f * h), e);
     b.device
-        .gemm(&through_w2, &dout.mem, &o.w2.mem, &mut dhidden.mem)?;
-    b.device.release(dout.mem);
+        .gemm(&through_w2, dout_mem, &o.w2.mem, &mut dhidden.mem)?;
+    if let Some(dout) = dout {
+        b.device.release(dout.mem);
+    }
     let (mut da, mut db) = (b.alloc(&[e, t, f])?, b.alloc(&[e, t, f])?);
     let mut args = vec![
         KernelArg::Out(&mut da.mem),
@@ -411,7 +518,10 @@ pub(super) fn experts_backward<D: Device>(
     for m in [dhidden, pass.a, pass.b] {
         b.device.release(m.mem);
     }
-    let grads = input_side_grads(b, d, &o, &da, &db);
+    let grads = input_side_grads(b, d, (&o, inputs.as_ref()), (&da, &db), &mut dgates);
+    if let Some(xs) = inputs {
+        b.device.release(xs.mem);
+    }
     let biases = if form.bias {
         Some((bias_grad(b, d, &da), bias_grad(b, d, &db)))
     } else {
@@ -427,40 +537,44 @@ pub(super) fn experts_backward<D: Device>(
     Ok(Some(all))
 }
 
-/// `[dx, dw1, dw3]` from the gradients `da`, `db` of the two up projections.
+/// `[dx, dw1, dw3]` from the gradients `da`, `db` of the two up projections of the experts'
+/// input (`xs` where each expert has its own, [`scaled_inputs`]). Where the gate scaled the
+/// input, its gradient dxs gives dx = Σₑ gateₑ·dxsₑ and, into `dgates`, x·dxsₑ.
 fn input_side_grads<D: Device>(
     b: &DeviceBackend<D>,
     d: Dims,
-    o: &Operands<'_, D>,
-    da: &Buf<D>,
-    db: &Buf<D>,
+    (o, xs): (&Operands<'_, D>, Option<&Buf<D>>),
+    (da, db): (&Buf<D>, &Buf<D>),
+    dgates: &mut Buf<D>,
 ) -> Result<[Buf<D>; 3], RuntimeError> {
     let (t, e, h, f) = (d.t, d.e, d.h, d.f);
-    let (x, w1, w3) = (o.x, o.w1, o.w3);
-    let x_t = batched(b, (h, t, f), (true, false), (0, t * f), e);
+    let (w1, w3) = (o.w1, o.w3);
+    let (x, x_stride) = experts_input(d, o, xs);
+    let x_t = batched(b, (h, t, f), (true, false), (x_stride, t * f), e);
     let (mut dw1, mut dw3) = (b.alloc(&w1.shape)?, b.alloc(&w3.shape)?);
-    b.device.gemm(&x_t, &x.mem, &da.mem, &mut dw1.mem)?;
-    b.device.gemm(&x_t, &x.mem, &db.mem, &mut dw3.mem)?;
+    b.device.gemm(&x_t, x, &da.mem, &mut dw1.mem)?;
+    b.device.gemm(&x_t, x, &db.mem, &mut dw3.mem)?;
     let through_w = batched(b, (t, f, h), (false, true), (t * f, h * f), e);
-    let (mut from_w1, mut from_w3) = (b.alloc(&[e, t, h])?, b.alloc(&[e, t, h])?);
+    let mut dx = b.alloc(&o.x.shape)?;
+    let mut from_w1 = b.alloc(&[e, t, h])?;
     b.device
         .gemm(&through_w, &da.mem, &w1.mem, &mut from_w1.mem)?;
-    b.device
-        .gemm(&through_w, &db.mem, &w3.mem, &mut from_w3.mem)?;
-    let mut dx = b.alloc(&x.shape)?;
-    launch(
-        b,
-        "moe_expert_sum",
-        t * h,
-        &mut [
-            KernelArg::Out(&mut dx.mem),
-            KernelArg::In(&from_w1.mem),
-            KernelArg::In(&from_w3.mem),
-            size(e),
-            size(t * h),
-        ],
-    )?;
+    if o.form.scales_input {
+        // dxs = da w1ₑᵀ + db w3ₑᵀ, in place.
+        let onto = Gemm {
+            accumulate: true,
+            ..through_w
+        };
+        b.device.gemm(&onto, &db.mem, &w3.mem, &mut from_w1.mem)?;
+        combine(b, d, &mut dx, &from_w1, o.gates)?;
+        gate_grad(b, d, dgates, o.x, &from_w1)?;
+    } else {
+        let mut from_w3 = b.alloc(&[e, t, h])?;
+        b.device
+            .gemm(&through_w, &db.mem, &w3.mem, &mut from_w3.mem)?;
+        expert_total(b, d, &mut dx, &from_w1, Some(&from_w3))?;
+        b.device.release(from_w3.mem);
+    }
     b.device.release(from_w1.mem);
-    b.device.release(from_w3.mem);
     Ok([dx, dw1, dw3])
 }
