@@ -45,6 +45,11 @@ pub enum RopeScaling {
     /// exactly. Such a layer keeps its rotary op so that it stays structurally identical to
     /// its rotated neighbours (the verifier's invariant 8d), as a window does.
     Nope,
+    /// No rotation, and the queries of position p scaled by Llama 4's attention temperature
+    /// 1 + `scale`·ln(⌊(p + 1)/`floor`⌋ + 1) (`attn_temperature_tuning` with `floor_scale` and
+    /// `attn_scale`, on its NoPE layers' queries only): cos is that factor and sin 0, so the
+    /// position-wise scaling runs, and differentiates, as a rotary does.
+    Temperature { floor: f64, scale: f64 },
 }
 
 impl RopeScaling {
@@ -52,9 +57,9 @@ impl RopeScaling {
         matches!(self, RopeScaling::None)
     }
 
-    /// Whether the rotary turns nothing ([`RopeScaling::Nope`]).
+    /// Whether the rotary turns nothing ([`RopeScaling::Nope`], [`RopeScaling::Temperature`]).
     pub fn is_nope(&self) -> bool {
-        matches!(self, RopeScaling::Nope)
+        matches!(self, RopeScaling::Nope | RopeScaling::Temperature { .. })
     }
 
     /// The inverse frequency of each of the `d / 2` channel pairs of a head of size `d`.
@@ -62,7 +67,7 @@ impl RopeScaling {
         let plain = (0..d / 2).map(|c| 1.0 / theta.powf((2 * c) as f64 / d as f64));
         match *self {
             RopeScaling::None => plain.collect(),
-            RopeScaling::Nope => vec![0.0; d / 2],
+            RopeScaling::Nope | RopeScaling::Temperature { .. } => vec![0.0; d / 2],
             RopeScaling::Linear { factor } => plain.map(|f| f / factor).collect(),
             RopeScaling::Llama3 {
                 factor,
@@ -96,13 +101,34 @@ impl RopeScaling {
         }
     }
 
-    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    /// What cos and sin are multiplied by at every position (YaRN's attention factor; 1
+    /// otherwise).
     pub fn attention_factor(&self) -> f64 {
         match *self {
             RopeScaling::Yarn {
                 attention_factor, ..
             } => attention_factor,
             _ => 1.0,
+        }
+    }
+
+    /// What cos and sin are multiplied by at position `pos`: the attention factor, times the
+    /// temperature of [`RopeScaling::Temperature`].
+    pub fn magnitude(&self, pos: f64) -> f64 {
+        let (floor, scale) = self.temperature();
+        let temperature = if floor > 0.0 {
+            1.0 + scale * ((pos + 1.0) / floor).floor().ln_1p()
+        } else {
+            1.0
+        };
+        self.attention_factor() * temperature
+    }
+
+    /// (floor, scale) of [`RopeScaling::Temperature`]; (0, 0) for the others.
+    pub fn temperature(&self) -> (f64, f64) {
+        match *self {
+            RopeScaling::Temperature { floor, scale } => (floor, scale),
+            _ => (0.0, 0.0),
         }
     }
 
@@ -117,6 +143,16 @@ impl RopeScaling {
         };
         match *self {
             RopeScaling::None | RopeScaling::Nope => Ok(()),
+            RopeScaling::Temperature { floor, scale } => {
+                positive("floor_scale", floor)?;
+                if scale.is_finite() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "attention temperature attn_scale {scale} must be finite"
+                    ))
+                }
+            }
             RopeScaling::Linear { factor } => positive("factor", factor),
             RopeScaling::Llama3 {
                 factor,

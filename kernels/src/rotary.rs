@@ -33,7 +33,8 @@ fn rotate(
     let d = w / heads;
     let half = d / 2;
     // The (cos, sin) table per (position, channel pair), computed once in f64 from HF's
-    // inv_freq = 1/θ^(2c/d) rescaled as `rope_scaling` says (YaRN also scales cos and sin),
+    // inv_freq = 1/θ^(2c/d) rescaled as `rope_scaling` says (YaRN, and Llama 4's temperature
+    // per position, also scale cos and sin),
     // then shared by every batch entry and head.
     if at.is_some_and(|p| p.len() != s) {
         return Err(KernelError::Attribute {
@@ -45,10 +46,10 @@ fn rotate(
         });
     }
     let inv_freq = scaling.inv_freq(theta, d);
-    let m = scaling.attention_factor();
     let mut table = Vec::with_capacity(s * half);
     for i in 0..s {
         let pos = at.map_or(i, |p| p[i]);
+        let m = scaling.magnitude(pos as f64);
         for &f in &inv_freq {
             let angle = pos as f64 * f;
             table.push((m * angle.cos(), m * sign * angle.sin()));

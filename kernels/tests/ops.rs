@@ -286,7 +286,16 @@ fn rotary() {
             },
         };
         let e4 = check("rotary", &yarn, &[rand(rng, &[2, 9, 16])], rng);
-        e1.max(e2).max(e3).max(e4)
+        let temperature = OpKind::Rotary {
+            heads: 2,
+            theta: 10_000.0,
+            scaling: ir::RopeScaling::Temperature {
+                floor: 3.0,
+                scale: 0.1,
+            },
+        };
+        let e5 = check("rotary", &temperature, &[rand(rng, &[2, 9, 16])], rng);
+        e1.max(e2).max(e3).max(e4).max(e5)
     });
 }
 
@@ -330,6 +339,57 @@ fn nope_rotary_is_the_identity() {
     };
     let turned = kernels::forward(&plain, &[&x32], common::BIND).unwrap();
     assert_ne!(turned[0].to_ir().data, x.data);
+}
+
+/// Llama 4's attention temperature on its NoPE layers' queries: position p scaled by
+/// 1 + 0.1·ln(⌊(p + 1)/4⌋ + 1) (transformers' `log1p(floor((pos + 1) / floor_scale)) *
+/// attn_scale + 1`, here with floor_scale 4), unturned, in both directions and both
+/// implementations.
+#[test]
+fn temperature_scales_each_position() {
+    let mut rng = Rng::new(11);
+    let kind = OpKind::Rotary {
+        heads: 2,
+        theta: 500_000.0,
+        scaling: ir::RopeScaling::Temperature {
+            floor: 4.0,
+            scale: 0.1,
+        },
+    };
+    let (s, w) = (9, 16);
+    let x = rand(&mut rng, &[2, s, w]);
+    let temperature = |p: usize| 1.0 + 0.1 * (((p + 1) / 4) as f64 + 1.0).ln();
+    assert_eq!(temperature(2), 1.0);
+    let want: Vec<f64> = x
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v * temperature((i / w) % s))
+        .collect();
+    let reference = ir::interp::apply(&kind, &[&x], common::BIND).unwrap();
+    let back = ir::interp::vjp(&kind, &[&x], &[&x]).unwrap();
+    let x32 = kernels::Tensor32::from_ir(&x);
+    let got = kernels::forward(&kind, &[&x32], common::BIND).unwrap();
+    let got_back = kernels::backward(&kind, &[&x32], &[&x32]).unwrap();
+    let outputs = [
+        ("reference forward", reference[0].data.clone()),
+        ("reference backward", back[0].as_ref().unwrap().data.clone()),
+        ("kernel forward", got[0].to_ir().data),
+        (
+            "kernel backward",
+            got_back[0].as_ref().unwrap().to_ir().data,
+        ),
+    ];
+    for (what, data) in outputs {
+        let worst = data
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-6, "{what}: off by {worst}");
+    }
+    // Positions 7 and 8 are scaled by 1 + 0.1·ln 3: the check above sees the temperature.
+    assert!((temperature(8) - 1.109_861).abs() < 1e-6);
 }
 
 #[test]

@@ -42,7 +42,6 @@ fn rotate(
     // HF computes inv_freq = 1 / θ^(arange(0, d, 2)/d), i.e. θ^(−2c/d) for c < half, then
     // rescales it as `rope_scaling` says; YaRN also scales cos and sin.
     let inv_freq = scaling.inv_freq(theta, d);
-    let m = scaling.attention_factor();
     let sign = match dir {
         Direction::Forward => 1.0,
         Direction::Inverse => -1.0,
@@ -50,6 +49,7 @@ fn rotate(
     let mut out = zeros(&x.shape)?;
     for bi in 0..b {
         for pos in 0..s {
+            let m = scaling.magnitude(pos as f64);
             for h in 0..heads {
                 let base = (bi * s + pos) * w + h * d;
                 for (c, &f) in inv_freq.iter().enumerate() {

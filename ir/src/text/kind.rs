@@ -38,13 +38,12 @@ pub(crate) enum AttrTy {
 /// The type of attribute `key`, or `None` when no op has such an attribute.
 pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
     Some(match key {
-        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" | "sinks" | "truncate" | "nope" => {
-            AttrTy::Bool
-        }
+        "bias" | "tanh" | "causal" | "sigmoid" | "normalize" | "sinks" | "truncate" | "nope"
+        | "scales_input" => AttrTy::Bool,
         "value" | "exponent" | "factor" | "eps" | "scale" | "theta" | "p" | "lr" | "beta1"
         | "beta2" | "weight_decay" | "low_freq_factor" | "high_freq_factor" | "original_max"
         | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" | "alpha" | "limit"
-        | "up_offset" => AttrTy::Float,
+        | "up_offset" | "temperature_floor" | "temperature_scale" => AttrTy::Float,
         "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" | "groups"
         | "groups_kept" | "group_top" | "window" => AttrTy::Int,
         "len" => AttrTy::Dim,
@@ -78,6 +77,10 @@ fn rope_scaling_attrs(scaling: &RopeScaling) -> Vec<(&'static str, AttrVal)> {
     match *scaling {
         RopeScaling::None => vec![],
         RopeScaling::Nope => vec![("nope", Bool(true))],
+        RopeScaling::Temperature { floor, scale } => vec![
+            ("temperature_floor", Float(floor)),
+            ("temperature_scale", Float(scale)),
+        ],
         RopeScaling::Linear { factor } => vec![("factor", Float(factor))],
         RopeScaling::Llama3 {
             factor,
@@ -342,6 +345,12 @@ impl Attrs {
                 true => Ok(RopeScaling::Nope),
                 false => Err("attribute `nope` is true where present: a rotary that turns is written without it".into()),
             };
+        }
+        if self.has("temperature_floor") {
+            return Ok(RopeScaling::Temperature {
+                floor: self.float(op, "temperature_floor")?,
+                scale: self.float(op, "temperature_scale")?,
+            });
         }
         if self.has("beta_fast") {
             return Ok(RopeScaling::Yarn {

@@ -115,6 +115,14 @@ fn every_kind() -> Vec<OpKind> {
             theta: 10000.0,
             scaling: crate::RopeScaling::Nope,
         },
+        OpKind::Rotary {
+            heads: 4,
+            theta: 10000.0,
+            scaling: crate::RopeScaling::Temperature {
+                floor: 8192.0,
+                scale: 0.1,
+            },
+        },
         OpKind::Reshape {
             shape: vec![Dim::Sym(Sym::Batch), s, Dim::Fixed(4), Dim::Fixed(16)],
         },
@@ -185,6 +193,13 @@ fn every_kind() -> Vec<OpKind> {
                 limit: Some(7.0),
                 up_offset: 1.0,
                 scales_input: false,
+            },
+        },
+        OpKind::MoeExperts {
+            experts: 16,
+            form: crate::ExpertForm {
+                scales_input: true,
+                ..crate::ExpertForm::SWIGLU
             },
         },
         OpKind::Grad {

@@ -620,6 +620,20 @@ fn row_cases() -> Vec<Case> {
             2e-5,
         ),
         case("rotary", rotary, vec![tensor(&[2, 300, 4 * 16], 43)], 1e-5),
+        // Llama 4's NoPE queries: unturned, scaled by the attention temperature per position.
+        case(
+            "rotary temperature",
+            OpKind::Rotary {
+                heads: 4,
+                theta: 500_000.0,
+                scaling: RopeScaling::Temperature {
+                    floor: 64.0,
+                    scale: 0.1,
+                },
+            },
+            vec![tensor(&[2, 300, 4 * 16], 44)],
+            1e-5,
+        ),
     ]
 }
 

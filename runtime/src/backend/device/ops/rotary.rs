@@ -73,6 +73,8 @@ pub(super) fn rotate<D: Device>(
                     size(heads),
                     size(d),
                     KernelArg::F64(scaling.attention_factor()),
+                    KernelArg::F64(scaling.temperature().0),
+                    KernelArg::F64(scaling.temperature().1),
                     KernelArg::F64(sign),
                 ],
             )
