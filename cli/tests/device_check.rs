@@ -39,8 +39,9 @@ fn bench_kernels_runs_the_conformance_suite_and_refuses_a_missing_gpu() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
-        // Attention plain, with gpt-oss's sinks, and with them in a sliding window.
-        text.contains("attention") && text.contains("all 3 cases agree"),
+        // Attention plain, with gpt-oss's sinks, with them in a sliding window, and in
+        // Llama 4's chunks (alone, and under a window with the sinks).
+        text.contains("attention") && text.contains("all 5 cases agree"),
         "{text}"
     );
 

@@ -259,6 +259,7 @@ impl Builder {
                 softcap: None,
                 sinks: false,
                 window: None,
+                chunk: None,
             },
             parts,
         )?;
@@ -373,6 +374,7 @@ impl Builder {
                 softcap: var.attn_softcap,
                 sinks: var.attention_sinks,
                 window: self.window(spec),
+                chunk: None,
             },
             operands,
         )?;
@@ -446,6 +448,7 @@ impl Builder {
                 softcap: None,
                 sinks: false,
                 window: self.window(spec),
+                chunk: None,
             },
             vec![q, k, v],
         )?;
@@ -556,6 +559,7 @@ impl Builder {
                 softcap: None,
                 sinks: false,
                 window: None,
+                chunk: None,
             },
             vec![q, k, v],
         )?;

@@ -7,7 +7,8 @@
 //! - Attention counts the full `S × S` score matrix for both `q kᵀ` and `p v`
 //!   (4·B·heads·Sq·Sk·d), the convention of Narayanan et al. (SC'21) whose formula
 //!   72·l·h²·(1 + s/6h + V/12lh) plait's `flops_per_token` is checked against; in a sliding
-//!   window of w keys, `S × min(S, w)` (as NeMo's FLOP counts for gpt-oss's windowed layers).
+//!   window of w keys, `S × min(S, w)` (as NeMo's FLOP counts for gpt-oss's windowed layers),
+//!   and in chunks of c, `S × min(S, c)`.
 //!   Bytes assume a fused (flash-style) kernel: q, k, v read once and the output written once.
 //! - Backward of a product op is twice its forward (one product per operand gradient); backward
 //!   of an elementwise op is costed at twice its forward (it reads the forward operands and the
@@ -133,11 +134,12 @@ pub fn op_cost(graph: &Graph, o: OpId, b: Binding) -> OpCost {
             let out = numel(op.results[0]);
             product(2.0 * out * k, if *bias { out } else { 0.0 })
         }
-        OpKind::Attention { heads, window, .. } => {
+        OpKind::Attention { heads, .. } => {
             let q = dims(op.inputs[0]);
             let kv = dims(op.inputs[1]);
             let (bsz, sq, width) = (q[0] as f64, q[1] as f64, q[2] as f64);
-            let sk = window.map_or(kv[1], |w| kv[1].min(w)) as f64;
+            let widest = op.kind.attention_mask().widest();
+            let sk = widest.map_or(kv[1], |w| kv[1].min(w)) as f64;
             let h = *heads as f64;
             // q kᵀ: B·heads·Sq·Sk·d multiply-adds (d·heads = the query width); p v: the same
             // with the value head size (heads·dv = the output width, narrower in MLA).

@@ -12,6 +12,7 @@ pub mod cost;
 pub mod expert;
 pub mod graph;
 pub mod interp;
+pub mod mask;
 pub mod op;
 pub mod rope;
 pub mod routing;
@@ -23,6 +24,7 @@ pub mod verify;
 
 pub use expert::ExpertForm;
 pub use graph::{BuildError, Graph, OpData, OpId, Uses, ValueData, ValueDef, ValueId};
+pub use mask::KeyMask;
 pub use op::{AdamWConfig, OpClass, OpKind, infer_types};
 pub use rope::RopeScaling;
 pub use routing::Routing;

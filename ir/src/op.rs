@@ -19,7 +19,8 @@
 //!   `d`; multi-head latent attention's is smaller. With `sinks`, a fourth operand `sinks[heads]`
 //!   is one more logit per head in each row's softmax, attending to nothing (gpt-oss's
 //!   attention sinks): weights sum to less than one. With `window` w (causal only), query i
-//!   sees keys i − w < j ≤ i (a sliding window).
+//!   sees keys i − w < j ≤ i (a sliding window); with `chunk` c (causal only), keys j ≤ i with
+//!   ⌊j/c⌋ = ⌊i/c⌋ (chunked attention); [`crate::KeyMask`] says which.
 //! - `Rotary{heads, theta, scaling}(x[B,S,heads*d])`: rotary position embedding in the "rotate
 //!   half" convention of Hugging Face Llama, position = index along S, its frequencies rescaled
 //!   as [`RopeScaling`] says.
@@ -148,6 +149,11 @@ pub enum OpKind {
         /// Causal only; none (full attention) in files written before the field.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         window: Option<u64>,
+        /// Chunked attention: query i sees only keys j ≤ i of its own chunk, ⌊j/chunk⌋ =
+        /// ⌊i/chunk⌋ (Llama 4's `attention_chunk_size`). Causal only; none in files written
+        /// before the field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chunk: Option<u64>,
     },
     Rotary {
         heads: u64,
@@ -261,6 +267,27 @@ impl OpKind {
     pub fn with_window(mut self, w: Option<u64>) -> OpKind {
         if let OpKind::Attention { window, .. } = &mut self {
             *window = w;
+        }
+        self
+    }
+
+    /// An attention's mask beyond causality (its window and chunk); causal for other kinds.
+    pub fn attention_mask(&self) -> crate::KeyMask {
+        match self {
+            OpKind::Attention { window, chunk, .. } => crate::KeyMask {
+                window: *window,
+                chunk: *chunk,
+            },
+            _ => crate::KeyMask::CAUSAL,
+        }
+    }
+
+    /// This kind with an attention's mask replaced by `mask` (any other kind as it is): a
+    /// per-layer attribute, as a window is.
+    pub fn with_mask(mut self, mask: crate::KeyMask) -> OpKind {
+        if let OpKind::Attention { window, chunk, .. } = &mut self {
+            *window = mask.window;
+            *chunk = mask.chunk;
         }
         self
     }
@@ -586,6 +613,7 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
             sinks,
             causal,
             window,
+            chunk,
             ..
         } => {
             let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
@@ -597,6 +625,15 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
                 Some(w) if !causal => {
                     return Err(format!(
                         "a sliding window ({w} keys) needs causal attention"
+                    ));
+                }
+                _ => {}
+            }
+            match chunk {
+                Some(0) => return Err("an attention chunk must hold at least one key".into()),
+                Some(c) if !causal => {
+                    return Err(format!(
+                        "chunked attention ({c} keys) needs causal attention"
                     ));
                 }
                 _ => {}

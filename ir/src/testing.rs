@@ -255,6 +255,7 @@ pub fn tiny_gpt2(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         };
         let a = b.op(attn, parts)?;
         let a = b.linear(a, "attn.c_proj", h, h, true)?;
@@ -317,6 +318,7 @@ pub fn tiny_llama(cfg: &TinyConfig) -> Result<Graph, BuildError> {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         };
         let a = b.op(attn, vec![q, k, v])?;
         let a = b.linear(a, "self_attn.o_proj", cfg.heads * d, h, false)?;

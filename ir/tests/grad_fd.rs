@@ -237,6 +237,7 @@ fn fd_attention_gqa_causal() {
         softcap: None,
         sinks: false,
         window: None,
+        chunk: None,
     };
     check_op(
         "attention gqa causal",
@@ -263,6 +264,7 @@ fn fd_attention_softcapped() {
         softcap: Some(0.5),
         sinks: false,
         window: None,
+        chunk: None,
     };
     check_op(
         "attention softcap",
@@ -291,6 +293,7 @@ fn fd_attention_with_sinks() {
             softcap: None,
             sinks: true,
             window: None,
+            chunk: None,
         };
         let operands = [&q, &k, &v, &sinks].map(|x| float(x.clone()));
         check_op("attention sinks", kind, Vec::from(operands), &mut r);
@@ -317,12 +320,28 @@ fn fd_attention_windowed() {
             softcap,
             sinks: with_sinks,
             window: Some(2),
+            chunk: None,
         };
         let mut operands = vec![float(q.clone()), float(k.clone()), float(v.clone())];
         if with_sinks {
             operands.push(float(sinks.clone()));
         }
         check_op("attention window", kind, operands, &mut r);
+    }
+    // Llama 4's chunked attention (chunks of 2 over 5 positions), alone and under a window.
+    for window in [None, Some(1)] {
+        let kind = OpKind::Attention {
+            heads: 4,
+            kv_heads: 2,
+            scale: 0.6,
+            causal: true,
+            softcap: None,
+            sinks: false,
+            window,
+            chunk: Some(2),
+        };
+        let operands = vec![float(q.clone()), float(k.clone()), float(v.clone())];
+        check_op("attention chunk", kind, operands, &mut r);
     }
 }
 
@@ -343,6 +362,7 @@ fn fd_attention_narrow_values() {
         softcap: None,
         sinks: false,
         window: None,
+        chunk: None,
     };
     check_op(
         "attention dv < d",
@@ -369,6 +389,7 @@ fn fd_attention_more_keys_than_queries() {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         };
         check_op(
             "attention Sq<Sk",

@@ -33,6 +33,7 @@ fn kinds() -> Vec<OpKind> {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         },
         OpKind::Attention {
             heads: 3,
@@ -42,6 +43,7 @@ fn kinds() -> Vec<OpKind> {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         },
         OpKind::Rotary {
             heads: 1,

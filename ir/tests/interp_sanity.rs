@@ -79,6 +79,7 @@ fn attention_one_head_by_hand() {
         softcap: None,
         sinks: false,
         window: None,
+        chunk: None,
     };
     let y = run(
         attn(false),
@@ -111,6 +112,7 @@ fn grouped_query_heads_share_kv_heads() {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         },
         &[(&[1, 2, 2], q), (&[1, 2, 1], k), (&[1, 2, 1], v)],
     );
@@ -138,6 +140,7 @@ fn attention_sinks_take_a_share_of_each_row() {
             softcap: None,
             sinks: true,
             window: None,
+            chunk: None,
         },
         &[
             (&[1, 2, 2], q),
@@ -174,6 +177,7 @@ fn a_sliding_window_hides_keys_before_it() {
         softcap: None,
         sinks: false,
         window,
+        chunk: None,
     };
     let operands = [(&[1, 4, 1][..], q), (&[1, 4, 1], k), (&[1, 4, 1], v)];
     let y = run(attention(Some(2)), &operands);
@@ -181,6 +185,28 @@ fn a_sliding_window_hides_keys_before_it() {
     let causal = run(attention(None), &operands);
     close(&run(attention(Some(4)), &operands).data, &causal.data);
     close(&causal.data, &[10.0, 15.0, 70.0 / 3.0, 37.5]);
+}
+
+/// Chunks of 2 keys (Llama 4's `attention_chunk_size`, transformers' chunked causal mask
+/// `q_idx // chunk == kv_idx // chunk`): with every score zero, queries 0 and 1 average keys
+/// 0..=q, queries 2 and 3 only keys from 2 on.
+#[test]
+fn chunked_attention_sees_its_own_chunk() {
+    let q: &[f64] = &[0.0; 4];
+    let k: &[f64] = &[0.5, -1.0, 2.0, 0.25];
+    let v: &[f64] = &[10.0, 20.0, 40.0, 80.0];
+    let attention = OpKind::Attention {
+        heads: 1,
+        kv_heads: 1,
+        scale: 1.0,
+        causal: true,
+        softcap: None,
+        sinks: false,
+        window: None,
+        chunk: Some(2),
+    };
+    let operands = [(&[1, 4, 1][..], q), (&[1, 4, 1], k), (&[1, 4, 1], v)];
+    close(&run(attention, &operands).data, &[10.0, 15.0, 40.0, 60.0]);
 }
 
 #[test]

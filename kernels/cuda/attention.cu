@@ -66,7 +66,7 @@ extern "C" __global__ void attention_forward(float* o, const float* q, const flo
         i64 vis = visible_keys(x.i, a.sq, a.sk, a.causal);
         float m = -INFINITY;
         double l = 0.0;
-        for (i64 j0 = window_first(vis, a.window); j0 < vis; j0 += blockDim.x) {
+        for (i64 j0 = mask_first(a, vis); j0 < vis; j0 += blockDim.x) {
             i64 j = j0 + threadIdx.x;
             float s = j < vis ? attn_score(a, qrow, key_row(a, k, x, j)) : -INFINITY;
             float m_new = fmaxf(m, block_max(s));
@@ -95,7 +95,7 @@ __device__ float attn_log_sum_exp(const Attention& a, const float* qrow, const f
                                   i64 vis) {
     float m = -INFINITY;
     double l = 0.0;
-    for (i64 j0 = window_first(vis, a.window); j0 < vis; j0 += blockDim.x) {
+    for (i64 j0 = mask_first(a, vis); j0 < vis; j0 += blockDim.x) {
         i64 j = j0 + threadIdx.x;
         float s = j < vis ? attn_score(a, qrow, key_row(a, k, x, j)) : -INFINITY;
         float m_new = fmaxf(m, block_max(s));
@@ -130,7 +130,7 @@ extern "C" __global__ void attention_row_stats(float* lse, float* dsum, const fl
         i64 vis = visible_keys(x.i, a.sq, a.sk, a.causal);
         float l = attn_log_sum_exp(a, qrow, k, x, vis);
         double part = 0.0;
-        for (i64 j = window_first(vis, a.window) + threadIdx.x; j < vis; j += blockDim.x) {
+        for (i64 j = mask_first(a, vis) + threadIdx.x; j < vis; j += blockDim.x) {
             float p = expf(attn_score(a, qrow, key_row(a, k, x, j)) - l);
             part += (double)p * dot_row(grow, value_row(a, v, x, j), a.dv);
         }
@@ -169,7 +169,7 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* q, cons
         for (i64 c = threadIdx.x; c < a.d; c += blockDim.x) dqacc[c] = 0.0f;
         __syncthreads();
         i64 vis = visible_keys(x.i, a.sq, a.sk, a.causal);
-        for (i64 j0 = window_first(vis, a.window); j0 < vis; j0 += blockDim.x) {
+        for (i64 j0 = mask_first(a, vis); j0 < vis; j0 += blockDim.x) {
             i64 j = j0 + threadIdx.x;
             float dsj = 0.0f;
             if (j < vis) {
@@ -294,18 +294,19 @@ __device__ i64 attn_visible(const Attention& a, const float* qpos, i64 qi) {
     return v < a.sk ? v : a.sk;
 }
 
-// Whether query `qi` sees key `j`: below its visible count and, in a sliding window, within it.
+// Whether query `qi` sees key `j`: below its visible count and, in a sliding window or a chunk,
+// within it.
 __device__ bool attn_sees(const Attention& a, const float* qpos, i64 qi, i64 j) {
     if (qi >= a.sq) return false;
     i64 vis = attn_visible(a, qpos, qi);
-    return j < vis && j >= window_first(vis, a.window);
+    return j < vis && j >= mask_first(a, vis);
 }
 
 // The first key tile (of `tile` keys) any query from `q0` on sees: in a sliding window, the tile
 // of the first query's window (queries in order; with positions, every tile from 0).
 __device__ i64 attn_first_tile(const Attention& a, const float* qpos, i64 q0, i64 tile) {
-    if (qpos || a.window <= 0 || q0 >= a.sq) return 0;
-    i64 first = window_first(attn_visible(a, qpos, q0), a.window);
+    if (qpos || (a.window <= 0 && a.chunk <= 0) || q0 >= a.sq) return 0;
+    i64 first = mask_first(a, attn_visible(a, qpos, q0));
     return first - first % tile;
 }
 

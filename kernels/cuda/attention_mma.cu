@@ -409,7 +409,7 @@ __device__ void mma_forward(float* o, float* lse, float* dsum, const float* qp, 
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
         i64 keys = mma_block_keys(a, qpos, x.q0), k_first = attn_first_tile(a, qpos, x.q0, TILE);
-        i64 lo[2] = {window_first(vis[0], a.window), window_first(vis[1], a.window)};
+        i64 lo[2] = {mask_first(a, vis[0]), mask_first(a, vis[1])};
         MmaHead kh = mma_k<D>(kp, a, x.b, x.g), vh = mma_v<D>(vp, a, x.b, x.g);
         const int words = TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers
@@ -567,7 +567,7 @@ __device__ void mma_backward_dq(float* dq, const float* qp, const float* kp, con
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
         i64 keys = mma_block_keys(a, qpos, x.q0), k_first = attn_first_tile(a, qpos, x.q0, MMA_BWD_TILE);
-        i64 lo[2] = {window_first(vis[0], a.window), window_first(vis[1], a.window)};
+        i64 lo[2] = {mask_first(a, vis[0]), mask_first(a, vis[1])};
         MmaHead kh = mma_k<D>(kp, a, x.b, x.g), vh = mma_v<D>(vp, a, x.b, x.g);
         const int words = MMA_BWD_TILE * MMA_ROW_WORDS(D);  // one buffer
         __syncthreads();  // the last block's readers are done with both buffers

@@ -218,18 +218,31 @@ struct Attention {
     // A sliding window: each causal query sees only its `window` most recent keys, itself
     // included (0: every earlier key).
     i64 window;
+    // Chunked attention (Llama 4): each causal query sees only the keys of its own chunk of
+    // `chunk` positions (0: none). ir::KeyMask says the same.
+    i64 chunk;
 };
 
-// The first key a query that sees keys [0, vis) reads: in a sliding window of `window` keys
-// (0: none) the window's first.
-__device__ i64 window_first(i64 vis, i64 window) {
-    return window > 0 && vis > window ? vis - window : 0;
+// The first key a query that sees keys [0, vis) reads: the later of its sliding window's first
+// and its chunk's first (0 without either).
+__device__ i64 mask_first(const Attention& a, i64 vis) {
+    i64 first = a.window > 0 && vis > a.window ? vis - a.window : 0;
+    if (a.chunk > 0 && vis > 0) {
+        i64 last = vis - 1, chunked = last - last % a.chunk;
+        first = chunked > first ? chunked : first;
+    }
+    return first;
 }
 
-// One past the last query that sees key `j` (queries aligned with the last keys): in a sliding
-// window, the window's reach; else the last query.
+// One past the last query that sees key `j` (queries aligned with the last keys): the nearer of
+// its window's reach and its chunk's end; else the last query.
 __device__ i64 window_last_query(const Attention& a, i64 j) {
-    if (a.window <= 0 || !a.causal) return a.sq;
-    i64 end = j + a.window - (a.sk - a.sq);
+    if ((a.window <= 0 && a.chunk <= 0) || !a.causal) return a.sq;
+    i64 reach = a.window > 0 ? j + a.window : j + a.sk;  // one past the last position seeing j
+    if (a.chunk > 0) {
+        i64 chunk_end = (j / a.chunk + 1) * a.chunk;
+        reach = chunk_end < reach ? chunk_end : reach;
+    }
+    i64 end = reach - (a.sk - a.sq);
     return end < 0 ? 0 : (end < a.sq ? end : a.sq);
 }

@@ -23,8 +23,8 @@ pub(crate) struct Attention<'s> {
     pub softcap: Option<f64>,
     /// One more logit per query head in each row's softmax, reading no value (gpt-oss).
     pub sinks: Option<&'s Tensor32>,
-    /// Each causal query sees only its `window` most recent keys (a sliding window).
-    pub window: Option<u64>,
+    /// Each causal query sees only its window's keys, or its own chunk's (`ir::KeyMask`).
+    pub mask: ir::KeyMask,
 }
 
 /// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`
@@ -238,10 +238,9 @@ impl Attention<'_> {
                     _ => visible_keys(i, l.sq, l.sk, self.causal),
                 }
                 .min(l.sk);
-                // Keys before the window take no share (their weights are zeroed).
-                let first = self.window.map_or(0, |w| {
-                    visible.saturating_sub(usize::try_from(w).unwrap_or(usize::MAX))
-                });
+                // Keys before the window or the query's chunk take no share (their weights
+                // are zeroed).
+                let first = usize::try_from(self.mask.first_key(visible as u64)).unwrap_or(visible);
                 let (before, row) = row.split_at_mut(first);
                 before.fill(0.0);
                 let visible = visible - first;

@@ -119,6 +119,7 @@ pub fn backward(
             softcap,
             sinks,
             window,
+            chunk,
         } => {
             let (q, k, v, sinks) = attention::operands_of(xs, sinks)?;
             all(Attention {
@@ -128,7 +129,7 @@ pub fn backward(
                 causal,
                 softcap,
                 sinks,
-                window,
+                mask: ir::KeyMask { window, chunk },
             }
             .vjp(q, k, v, g)?)
         }

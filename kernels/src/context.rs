@@ -188,6 +188,7 @@ fn attention_at<'s>(
         causal,
         softcap,
         window,
+        chunk,
         ..
     } = kind
     else {
@@ -216,7 +217,7 @@ fn attention_at<'s>(
         causal,
         softcap,
         sinks,
-        window,
+        mask: ir::KeyMask { window, chunk },
     };
     let order = Order {
         gathered: at.gathered_positions(local),
@@ -314,7 +315,29 @@ mod tests {
         check_chunked_attention(true, Some(3));
     }
 
+    /// Llama 4's chunks of 3 keys under context parallelism (chunks of 2 positions per
+    /// member's piece): each query's chunk is counted in whole-sequence positions.
+    #[test]
+    fn context_parallel_chunked_attention_equals_the_whole_sequence() {
+        let chunked = ir::KeyMask {
+            window: None,
+            chunk: Some(3),
+        };
+        check_masked_attention(false, chunked);
+        check_masked_attention(true, chunked);
+    }
+
     fn check_chunked_attention(sinks: bool, window: Option<u64>) {
+        check_masked_attention(
+            sinks,
+            ir::KeyMask {
+                window,
+                chunk: None,
+            },
+        );
+    }
+
+    fn check_masked_attention(sinks: bool, mask: ir::KeyMask) {
         let (b, s, heads, kv, d, size) = (2, 8, 4, 2, 4, 2);
         let kind = OpKind::Attention {
             heads,
@@ -323,7 +346,8 @@ mod tests {
             causal: true,
             softcap: None,
             sinks,
-            window,
+            window: mask.window,
+            chunk: mask.chunk,
         };
         let (hw, kw) = (heads as usize * d, kv as usize * d);
         let (q, k, v) = (

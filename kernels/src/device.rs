@@ -232,6 +232,8 @@ pub struct AttentionShape {
     pub grads_packed: i32,
     /// A sliding window of this many keys (0: none).
     pub window: i64,
+    /// Chunks of this many keys, each query seeing only its own chunk's (0: none).
+    pub chunk: i64,
 }
 
 impl AttentionShape {

@@ -77,6 +77,7 @@ pub fn forward(
             softcap,
             sinks,
             window,
+            chunk,
         } => {
             let (q, k, v, sinks) = attention::operands_of(inputs, sinks)?;
             one(Attention {
@@ -86,7 +87,7 @@ pub fn forward(
                 causal,
                 softcap,
                 sinks,
-                window,
+                mask: ir::KeyMask { window, chunk },
             }
             .forward(q, k, v)?)
         }

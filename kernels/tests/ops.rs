@@ -206,21 +206,26 @@ fn attention_mha_gqa_causal() {
         (4, 2, 5, 2, 4, 6, false),
     ];
     // Every case plain, with Gemma 2's soft cap (tight, so the tanh bends) and with gpt-oss's
-    // sinks; the causal ones also in sliding windows (of 2 keys, and of 3 with both).
+    // sinks; the causal ones also in sliding windows (of 2 keys, and of 3 with both) and in
+    // Llama 4's chunks (of 2 keys, and of 3 under a window of 2).
     let variants = [
-        (None, false, None),
-        (Some(0.75), false, None),
-        (None, true, None),
-        (None, false, Some(2)),
-        (Some(0.75), true, Some(3)),
+        (None, false, None, None),
+        (Some(0.75), false, None, None),
+        (None, true, None, None),
+        (None, false, Some(2), None),
+        (Some(0.75), true, Some(3), None),
+        (None, false, None, Some(2)),
+        (None, true, Some(2), Some(3)),
     ];
     each_seed("attention", |rng| {
         cases
             .iter()
             .flat_map(|&case| variants.map(|variant| (case, variant)))
-            .filter(|&((.., causal), (.., window))| causal || window.is_none())
+            .filter(|&((.., causal), (.., window, chunk))| {
+                causal || (window.is_none() && chunk.is_none())
+            })
             .map(
-                |((heads, kv, d, dv, sq, sk, causal), (softcap, sinks, window))| {
+                |((heads, kv, d, dv, sq, sk, causal), (softcap, sinks, window, chunk))| {
                     let kind = OpKind::Attention {
                         heads,
                         kv_heads: kv,
@@ -229,6 +234,7 @@ fn attention_mha_gqa_causal() {
                         softcap,
                         sinks,
                         window,
+                        chunk,
                     };
                     let (h, kvu, d, dv) = (heads as usize, kv as usize, d as usize, dv as usize);
                     let mut ops = vec![

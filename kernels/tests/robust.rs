@@ -38,6 +38,7 @@ fn all_kinds() -> Vec<OpKind> {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         },
         OpKind::Attention {
             heads: 2,
@@ -47,6 +48,7 @@ fn all_kinds() -> Vec<OpKind> {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         },
         OpKind::Rotary {
             heads: 2,

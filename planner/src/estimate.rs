@@ -1323,16 +1323,20 @@ pub fn training_flops_per_token(info: &ModelInfo<'_>, b: Binding) -> f64 {
 }
 
 /// For a layer's attention op, the mean over the model's layers of the keys `ir::cost` counts
-/// per query (S × min(S, w) in a window of w, S × S without) over those it counts for `o`'s own
-/// window: Gemma 2's and gpt-oss's windowed layer 0 stands for full layers too. 1 for any other
+/// per query (S × min(S, w) in a window or chunks of w, S × S without) over those it counts for
+/// `o`'s own mask: Gemma 2's and gpt-oss's windowed layer 0 stands for full layers too. 1 for any other
 /// op, or where no layer has a window.
 fn window_mean_share(info: &ModelInfo<'_>, o: OpId, b: Binding) -> f64 {
     let op = info.graph.op(o);
-    let (Some(mix), OpKind::Attention { window, .. }) = (info.layer_windows, &op.kind) else {
+    let (Some(mix), OpKind::Attention { .. }) = (info.layer_windows, &op.kind) else {
         return 1.0;
     };
     let sk = info.graph.ty(op.inputs[1]).shape.eval(b)[1];
     let counted = |w: Option<u64>| w.map_or(sk, |w| sk.min(w)).max(1) as f64;
-    let mean = (1.0 - mix.windowed) * counted(None) + mix.windowed * counted(Some(mix.keys));
-    mean / counted(*window)
+    let mean: f64 = mix
+        .masks()
+        .iter()
+        .map(|(mask, share)| share * counted(mask.widest()))
+        .sum();
+    mean / counted(op.kind.attention_mask().widest())
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use planner::cost::compute::{AttentionKernel, windowed_visible_fraction};
+use planner::cost::compute::{AttentionKernel, masked_visible_fraction, windowed_visible_fraction};
 use planner::estimate::{Pricing, estimate_traced};
 use planner::{Cluster, ModelInfo, Strategy};
 
@@ -46,6 +46,36 @@ fn the_visible_fraction_counts_the_pairs_a_window_shows() {
             );
             if sq == sk {
                 assert!((summed(sq, window) - want).abs() < 1e-12);
+            }
+        }
+    }
+}
+
+/// Llama 4's chunks (with and without a window): the fraction against pairs counted one by
+/// one, each key seen where it is in the query's own chunk of `chunk` positions.
+#[test]
+fn the_visible_fraction_counts_the_pairs_a_chunk_shows() {
+    for (sq, sk) in [(1, 1), (7, 7), (64, 64), (5, 64), (64, 200)] {
+        for chunk in [1, 3, 16, 64, 500] {
+            for window in [None, Some(5)] {
+                let mask = ir::KeyMask {
+                    window,
+                    chunk: Some(chunk),
+                };
+                let mut seen = 0u64;
+                for i in 0..sq {
+                    let pos = sk - sq + i;
+                    for j in 0..=pos {
+                        let in_window = window.is_none_or(|w| pos - j < w);
+                        seen += u64::from(in_window && j / chunk == pos / chunk);
+                    }
+                }
+                let want = seen as f64 / (sq * sk) as f64;
+                let got = masked_visible_fraction(sq, sk, mask);
+                assert!(
+                    (got - want).abs() < 1e-12,
+                    "{sq} {sk} {mask:?}: {got} vs {want}"
+                );
             }
         }
     }

@@ -367,6 +367,7 @@ fn causal_attention(heads: u64, kv: u64) -> (OpKind, OpKind) {
         softcap: None,
         sinks: false,
         window: None,
+        chunk: None,
     };
     let grad = OpKind::Grad {
         of: Box::new(attention.clone()),
@@ -1081,12 +1082,14 @@ fn context_parallel_attention_passes_on_the_emulated_tensor_cores() {
     let b = tests::emulator::emulator_mma(64);
     let (local, heads, kv, d) = (96, 2, 1, 64);
     // Plain, with gpt-oss's sinks (each member's rows take their heads' sinks), and in a
-    // sliding window of 70 keys (counted in whole-sequence positions, across the chunks).
-    for (sinks, window) in [
-        (false, None),
-        (true, None),
-        (false, Some(70)),
-        (true, Some(70)),
+    // sliding window of 70 keys (counted in whole-sequence positions, across the chunks), and
+    // in Llama 4's chunks of 80 keys (whole-sequence positions too).
+    for (sinks, window, chunk) in [
+        (false, None, None),
+        (true, None, None),
+        (false, Some(70), None),
+        (true, Some(70), None),
+        (false, None, Some(80)),
     ] {
         let kind = OpKind::Attention {
             heads: heads as u64,
@@ -1096,6 +1099,7 @@ fn context_parallel_attention_passes_on_the_emulated_tensor_cores() {
             softcap: None,
             sinks,
             window,
+            chunk,
         };
         let mut inputs = vec![
             tensor(&[2, local, heads * d], 80),
@@ -1310,6 +1314,7 @@ fn fused_attention_with_grouped_heads_the_causal_mask_and_a_soft_cap() {
         softcap,
         sinks: false,
         window: None,
+        chunk: None,
     };
     for block in [8, 32] {
         let b = emulator(block);
@@ -1363,6 +1368,7 @@ fn fused_attention_in_a_sliding_window() {
         softcap,
         sinks: false,
         window: Some(window),
+        chunk: None,
     };
     let attention = |window, softcap| grouped(4, 2, window, softcap);
     for block in [8, 32] {
@@ -1385,6 +1391,55 @@ fn fused_attention_in_a_sliding_window() {
             tensor(&[1, 19, 130], 49),
         );
         check(&b, wide, &[q, k, v], 2e-5);
+    }
+}
+
+/// Llama 4's chunked attention on every f32 path: the tiled kernels (chunks of 1, 6 and 20
+/// keys over 37, across tiles; with fewer queries than keys; under a window) and the
+/// one-block-per-query kernels of heads wider than 128.
+#[test]
+fn fused_attention_in_chunks() {
+    let chunked = |heads, kv_heads, chunk, window| {
+        OpKind::Attention {
+            heads,
+            kv_heads,
+            scale: 0.35,
+            causal: true,
+            softcap: None,
+            sinks: false,
+            window: None,
+            chunk: None,
+        }
+        .with_mask(ir::KeyMask {
+            window,
+            chunk: Some(chunk),
+        })
+    };
+    for block in [8, 32] {
+        let b = emulator(block);
+        let (q, k, v) = (
+            tensor(&[2, 37, 4 * 8], 50),
+            tensor(&[2, 37, 2 * 8], 51),
+            tensor(&[2, 37, 2 * 8], 52),
+        );
+        for chunk in [1, 6, 20] {
+            let qkv = [q.clone(), k.clone(), v.clone()];
+            check(&b, chunked(4, 2, chunk, None), &qkv, 2e-5);
+        }
+        check(
+            &b,
+            chunked(4, 2, 16, Some(5)),
+            &[q.clone(), k.clone(), v.clone()],
+            2e-5,
+        );
+        let q_short = tensor(&[2, 9, 4 * 8], 53);
+        check(&b, chunked(4, 2, 12, None), &[q_short, k, v], 2e-5);
+        let (q, k, v) = (
+            tensor(&[1, 19, 2 * 136], 57),
+            tensor(&[1, 19, 136], 58),
+            tensor(&[1, 19, 130], 59),
+        );
+        check(&b, chunked(2, 1, 7, None), &[q, k, v], 2e-5);
     }
 }
 

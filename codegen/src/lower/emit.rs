@@ -179,7 +179,7 @@ pub struct Env<'a> {
     pub targets: Option<BufferId>,
     pub layer: Option<u32>,
     pub tag: String,
-    /// This instance's own dropout seeds and attention windows (empty: the segment's).
+    /// This instance's own dropout seeds and attention masks (empty: the segment's).
     pub instance: &'a Instance,
     /// Gradient accumulators a backward adds each whole (not tensor-parallel partial)
     /// parameter gradient into as soon as it is computed, so no layer's gradients wait
@@ -206,7 +206,7 @@ impl<'a> Env<'a> {
         }
     }
 
-    /// Layer `layer`'s instance, with that layer's dropout seeds and attention windows.
+    /// Layer `layer`'s instance, with that layer's dropout seeds and attention masks.
     pub fn layer(
         params: &'a [Option<(ParamId, BufferId)>],
         layer: u32,
@@ -226,31 +226,32 @@ impl<'a> Env<'a> {
 }
 
 /// What each instance of a layer's segment sets for itself, in segment order: its dropout ops'
-/// seeds, its attention ops' sliding windows and its rotary embeddings' bases and scalings (the
-/// segment is lowered from the first layer of its run; Gemma 2's and gpt-oss's layers alternate
-/// windowed and full attention, Gemma 3's windowed layers rotate by their own base).
+/// seeds, its attention ops' masks (sliding windows, chunks) and its rotary embeddings' bases and
+/// scalings (the segment is lowered from the first layer of its run; Gemma 2's and gpt-oss's
+/// layers alternate windowed and full attention, Llama 4's chunked and full, Gemma 3's windowed
+/// layers rotate by their own base).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Instance {
     pub seeds: Vec<u64>,
-    pub windows: Vec<Option<u64>>,
+    pub masks: Vec<ir::KeyMask>,
     pub rotaries: Vec<(f64, ir::RopeScaling)>,
 }
 
 /// An instance with no attributes of its own: the segment's stand.
 pub static SEGMENT_INSTANCE: Instance = Instance {
     seeds: Vec::new(),
-    windows: Vec::new(),
+    masks: Vec::new(),
     rotaries: Vec::new(),
 };
 
 impl Instance {
-    /// The seeds and windows of `ops` (one layer's, in order).
+    /// The seeds, masks and rotaries of `ops` (one layer's, in order).
     pub fn of_ops(g: &ir::Graph, ops: &[ir::OpId]) -> Instance {
         let mut own = Instance::default();
         for &o in ops {
             match g.op(o).kind {
                 OpKind::Dropout { seed, .. } => own.seeds.push(seed),
-                OpKind::Attention { window, .. } => own.windows.push(window),
+                OpKind::Attention { .. } => own.masks.push(g.op(o).kind.attention_mask()),
                 OpKind::Rotary { theta, scaling, .. } => own.rotaries.push((theta, scaling)),
                 _ => {}
             }
@@ -260,7 +261,7 @@ impl Instance {
 }
 
 /// `kind` of step `i` for this instance: a dropout takes the instance's seed, an attention its
-/// window, a rotary embedding its base and scaling (the segment's own where the instance names
+/// mask, a rotary embedding its base and scaling (the segment's own where the instance names
 /// none).
 fn instance_kind(seg: &Segment, i: usize, kind: &OpKind, env: &Env<'_>) -> OpKind {
     let before = |is: fn(&OpKind) -> bool| {
@@ -279,8 +280,8 @@ fn instance_kind(seg: &Segment, i: usize, kind: &OpKind, env: &Env<'_>) -> OpKin
         }
         OpKind::Attention { .. } => {
             let k = before(|k| matches!(k, OpKind::Attention { .. }));
-            match env.instance.windows.get(k) {
-                Some(&w) => kind.clone().with_window(w),
+            match env.instance.masks.get(k) {
+                Some(&mask) => kind.clone().with_mask(mask),
                 None => kind.clone(),
             }
         }
@@ -660,7 +661,7 @@ pub fn backward(
                 vocab_parallel,
                 context,
             } => {
-                // This instance's own attributes (its dropout seeds, its attention windows).
+                // This instance's own attributes (its dropout seeds, its attention masks).
                 let own = instance_kind(seg, i, kind, env);
                 let kind = &own;
                 // Output gradients, reduced if partial.

@@ -467,6 +467,7 @@ fn local_kind(
             softcap,
             sinks,
             window,
+            chunk,
         } => {
             let q = lay_of(b, ins[0]);
             if sequence_split(q) {
@@ -501,6 +502,7 @@ fn local_kind(
                     softcap: *softcap,
                     sinks: *sinks,
                     window: *window,
+                    chunk: *chunk,
                 },
                 None,
             ))

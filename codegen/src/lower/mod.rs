@@ -539,7 +539,7 @@ struct Stage<'a> {
     pre_pids: &'a [Option<ParamId>],
     post_pids: &'a [Option<ParamId>],
     layer_pids: &'a [Vec<Option<ParamId>>],
-    /// Each layer's own dropout seeds and attention windows in op order.
+    /// Each layer's own dropout seeds and attention masks in op order.
     layer_instances: &'a [Instance],
     /// Each run of identical layers' segment and its emission plan (one run where every
     /// layer repeats one structure), and the run of each layer.

@@ -741,6 +741,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     softcap,
                     sinks,
                     window,
+                    chunk,
                 } => {
                     // Fewer key/value heads than ranks: K and V are computed whole and each
                     // rank takes the one head its query heads share.
@@ -772,6 +773,7 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                         softcap: *softcap,
                         sinks: *sinks,
                         window: *window,
+                        chunk: *chunk,
                     };
                     out_lay = lay_of(&b, ins[0]);
                 }

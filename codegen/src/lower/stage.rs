@@ -343,7 +343,7 @@ impl<'a> Stage<'a> {
         (seg, plan)
     }
 
-    /// Layer `l`'s own dropout seeds and attention windows (borrowed from the lowering, not
+    /// Layer `l`'s own dropout seeds and attention masks (borrowed from the lowering, not
     /// from `self`).
     pub(super) fn instance(&self, l: u32) -> &'a Instance {
         self.layer_instances

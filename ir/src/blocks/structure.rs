@@ -128,13 +128,13 @@ pub(crate) fn same_kind_up_to_name(a: &OpKind, b: &OpKind) -> bool {
 
 /// `kind` with every per-instance attribute cleared: a dropout's `seed` (also inside `grad`),
 /// which each layer picks for itself as it names its own parameters, an attention's sliding
-/// `window` (Gemma 2 and gpt-oss alternate windowed and full layers: the same ops, shapes and
-/// parameters, a different mask) and a rotary embedding's base and scaling (Gemma 3's and
+/// `window` and `chunk` (Gemma 2 and gpt-oss alternate windowed and full layers, Llama 4
+/// chunked and full ones: the same ops, shapes and parameters, a different mask) and a rotary embedding's base and scaling (Gemma 3's and
 /// OLMo 3's windowed layers rotate by their own).
 pub(crate) fn instance_neutral(kind: &OpKind) -> OpKind {
     match kind {
         OpKind::Dropout { p, .. } => OpKind::Dropout { p: *p, seed: 0 },
-        OpKind::Attention { .. } => kind.clone().with_window(None),
+        OpKind::Attention { .. } => kind.clone().with_mask(crate::KeyMask::CAUSAL),
         OpKind::Rotary { heads, .. } => OpKind::Rotary {
             heads: *heads,
             theta: 0.0,

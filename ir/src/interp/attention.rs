@@ -15,8 +15,9 @@ pub(crate) struct Attention {
     pub causal: bool,
     /// cap·tanh(s/cap) on the scaled scores before the mask (Gemma 2).
     pub softcap: Option<f64>,
-    /// Only the `window` most recent keys are visible (a sliding window; causal only).
-    pub window: Option<u64>,
+    /// Only the keys of a sliding window or of the query's own chunk are visible (causal
+    /// only).
+    pub mask: crate::KeyMask,
 }
 
 /// Sizes of one call: q is `[b, sq, heads·d]`, k is `[b, sk, kv·d]`, v is `[b, sk, kv·dv]`,
@@ -137,10 +138,8 @@ impl Attention {
     fn probs(&self, l: &Layout, scores: &[f64], i: usize, sink: Option<f64>) -> (Vec<f64>, f64) {
         let mut p = vec![0.0; l.sk];
         let visible = visible_keys(i, l.sq, l.sk, self.causal);
-        // Keys before the window take no share (their weights stay 0).
-        let first = self.window.map_or(0, |w| {
-            visible.saturating_sub(usize::try_from(w).unwrap_or(usize::MAX))
-        });
+        // Keys before the window or the query's chunk take no share (their weights stay 0).
+        let first = usize::try_from(self.mask.first_key(visible as u64)).unwrap_or(visible);
         let (shown, out) = (&scores[first..], &mut p[first..]);
         let sunk = match sink {
             None => {

@@ -89,6 +89,7 @@ pub fn apply(
             softcap,
             sinks,
             window,
+            chunk,
         } => {
             let a = Attention {
                 heads,
@@ -96,7 +97,7 @@ pub fn apply(
                 scale,
                 causal,
                 softcap,
-                window,
+                mask: crate::KeyMask { window, chunk },
             };
             if sinks {
                 let [q, k, v, s] = operands(kind, inputs)?;

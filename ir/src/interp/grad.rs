@@ -114,6 +114,7 @@ pub fn vjp(
             softcap,
             sinks,
             window,
+            chunk,
         } => {
             let a = Attention {
                 heads,
@@ -121,7 +122,7 @@ pub fn vjp(
                 scale,
                 causal,
                 softcap,
-                window,
+                mask: crate::KeyMask { window, chunk },
             };
             if sinks {
                 let [q, k, v, s] = operands(kind, xs)?;

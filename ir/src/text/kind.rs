@@ -45,7 +45,7 @@ pub(crate) fn attr_type(key: &str) -> Option<AttrTy> {
         | "beta_fast" | "beta_slow" | "attention_factor" | "softcap" | "alpha" | "limit"
         | "up_offset" | "temperature_floor" | "temperature_scale" => AttrTy::Float,
         "heads" | "kv_heads" | "axis" | "start" | "end" | "seed" | "experts" | "k" | "groups"
-        | "groups_kept" | "group_top" | "window" => AttrTy::Int,
+        | "groups_kept" | "group_top" | "window" | "chunk" => AttrTy::Int,
         "len" => AttrTy::Dim,
         "shape" => AttrTy::Dims,
         "perm" | "sizes" | "wrt" => AttrTy::Ints,
@@ -149,6 +149,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             softcap,
             sinks,
             window,
+            chunk,
         } => {
             let mut attrs = vec![
                 ("heads", Int(*heads)),
@@ -159,6 +160,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
             attrs.extend(softcap.map(|cap| ("softcap", Float(cap))));
             attrs.extend(sinks.then_some(("sinks", Bool(true))));
             attrs.extend(window.map(|w| ("window", Int(w))));
+            attrs.extend(chunk.map(|c| ("chunk", Int(c))));
             attrs
         }
         OpKind::Rotary {
@@ -538,6 +540,11 @@ pub(crate) fn build_kind(
             sinks: a.has("sinks") && a.bool(m, "sinks")?,
             window: if a.has("window") {
                 Some(a.int(m, "window")?)
+            } else {
+                None
+            },
+            chunk: if a.has("chunk") {
+                Some(a.int(m, "chunk")?)
             } else {
                 None
             },

@@ -59,6 +59,17 @@ fn every_kind() -> Vec<OpKind> {
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
+        },
+        OpKind::Attention {
+            heads: 40,
+            kv_heads: 8,
+            scale: 0.08838834764831845,
+            causal: true,
+            softcap: None,
+            sinks: false,
+            window: None,
+            chunk: Some(8192),
         },
         OpKind::Attention {
             heads: 16,
@@ -68,6 +79,7 @@ fn every_kind() -> Vec<OpKind> {
             softcap: Some(50.0),
             sinks: false,
             window: Some(4096),
+            chunk: None,
         },
         OpKind::Attention {
             heads: 64,
@@ -77,6 +89,7 @@ fn every_kind() -> Vec<OpKind> {
             softcap: None,
             sinks: true,
             window: None,
+            chunk: None,
         },
         OpKind::Rotary {
             heads: 32,

@@ -219,6 +219,7 @@ fn attention(window: Option<u64>, causal: bool) -> OpKind {
         softcap: None,
         sinks: false,
         window,
+        chunk: None,
     }
 }
 

@@ -17,7 +17,7 @@
 //! point-wise ops as one kernel ([`fuse_pointwise`]) and applies the causal mask inside the
 //! softmax of a materialized attention (Megatron-LM's fused kernels, Narayanan et al. SC'21 §4.2).
 
-use ir::{Binding, Graph, OpId, OpKind, cost::op_cost};
+use ir::{Binding, Graph, KeyMask, OpId, OpKind, cost::op_cost};
 
 use crate::hardware::Cluster;
 use crate::precision::Precision;
@@ -322,27 +322,31 @@ fn causal_visible_fraction(sq: u64, sk: u64) -> f64 {
 /// [`causal_visible_fraction`] in a sliding window of `window` keys: query i sees the
 /// min(sk − sq + i + 1, window) keys before it, itself included.
 pub fn windowed_visible_fraction(sq: u64, sk: u64, window: Option<u64>) -> f64 {
+    masked_visible_fraction(
+        sq,
+        sk,
+        KeyMask {
+            window,
+            chunk: None,
+        },
+    )
+}
+
+/// [`causal_visible_fraction`] under `mask`: the query at position p sees
+/// [`KeyMask::keys_of`] p keys (its window's, or its own chunk's).
+pub fn masked_visible_fraction(sq: u64, sk: u64, mask: KeyMask) -> f64 {
     if sk == 0 {
         return 1.0;
     }
     let sq = sq.min(sk);
-    // Keys seen by the queries at positions 0..m: Σ min(p + 1, window).
-    let seen = |m: u64| -> f64 {
-        let (m, w) = (m as f64, window.map_or(f64::INFINITY, |w| w as f64));
-        if m <= w {
-            m * (m + 1.0) / 2.0
-        } else {
-            w * (w + 1.0) / 2.0 + (m - w) * w
-        }
-    };
-    (seen(sk) - seen(sk - sq)) / (sq.max(1) as f64 * sk as f64)
+    (mask.keys_seen(sk) - mask.keys_seen(sk - sq)) / (sq.max(1) as f64 * sk as f64)
 }
 
-/// For an attention op in a sliding window, the keys a row has over those `ir::cost` counts for
-/// it (Sk / min(Sk, w)); 1 for any other op.
+/// For an attention op in a sliding window or chunks, the keys a row has over those `ir::cost`
+/// counts for it (Sk / min(Sk, w)); 1 for any other op.
 fn unwindowed_share(g: &Graph, o: OpId, b: Binding) -> f64 {
     let op = g.op(o);
-    match op.kind.attention_window() {
+    match op.kind.attention_mask().widest() {
         Some(w) => {
             let sk = g.ty(op.inputs[1]).shape.eval(b)[1];
             sk as f64 / sk.min(w).max(1) as f64
@@ -351,35 +355,64 @@ fn unwindowed_share(g: &Graph, o: OpId, b: Binding) -> f64 {
     }
 }
 
-/// The sliding windows of a model's layers, as one representative layer's attention is priced
-/// for every layer: the share of layers whose attention sees only the `keys` most recent keys
-/// (Gemma 2's and gpt-oss's half, Gemma 3's five in six), the rest full causal attention.
+/// The masks of a model's layers' attention, as one representative layer's attention is priced
+/// for every layer: each distinct mask and the share of layers with it (Gemma 2's and gpt-oss's
+/// half windowed, Gemma 3's five in six, Llama 4's three in four chunked), the rest full causal
+/// attention. At most [`MaskMix::MAX`] masks are told apart (no model has more than two); any
+/// further ones are priced as the last.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct WindowMix {
-    pub windowed: f64,
-    pub keys: u64,
+pub struct MaskMix {
+    masks: [(KeyMask, f64); MaskMix::MAX],
+    len: usize,
 }
 
-impl WindowMix {
-    /// The mix of `g`'s layers' attention ops (none where no layer has a window; the widest
-    /// window where layers differ in it).
-    pub fn of_graph(g: &Graph) -> Option<WindowMix> {
-        let windows: Vec<Option<u64>> = g
+/// The name the estimate and the model info use for it (sliding windows came first).
+pub type WindowMix = MaskMix;
+
+impl MaskMix {
+    pub const MAX: usize = 4;
+
+    /// The mix of `g`'s layers' attention ops (none where every layer attends to every earlier
+    /// key).
+    pub fn of_graph(g: &Graph) -> Option<MaskMix> {
+        let masks: Vec<KeyMask> = g
             .order()
             .iter()
             .filter(|&&o| g.op(o).layer.is_some())
             .filter(|&&o| matches!(g.op(o).kind, OpKind::Attention { .. }))
-            .map(|&o| g.op(o).kind.attention_window())
+            .map(|&o| g.op(o).kind.attention_mask())
             .collect();
-        let keys = windows.iter().flatten().copied().max()?;
-        let windowed = windows.iter().flatten().count() as f64 / windows.len() as f64;
-        Some(WindowMix { windowed, keys })
+        if masks.iter().all(KeyMask::is_causal) {
+            return None;
+        }
+        let mut mix = MaskMix {
+            masks: [(KeyMask::CAUSAL, 0.0); MaskMix::MAX],
+            len: 0,
+        };
+        let share = 1.0 / masks.len() as f64;
+        for mask in masks {
+            let slot = mix.masks[..mix.len].iter().position(|(m, _)| *m == mask);
+            let at = slot.unwrap_or(mix.len.min(MaskMix::MAX - 1));
+            if slot.is_none() && mix.len < MaskMix::MAX {
+                mix.masks[at].0 = mask;
+                mix.len += 1;
+            }
+            mix.masks[at].1 += share;
+        }
+        Some(mix)
+    }
+
+    /// Each distinct mask and its share of the layers.
+    pub fn masks(&self) -> &[(KeyMask, f64)] {
+        &self.masks[..self.len]
     }
 
     /// The average fraction of the keys a query sees over the layers.
     fn visible_fraction(self, sq: u64, sk: u64) -> f64 {
-        (1.0 - self.windowed) * windowed_visible_fraction(sq, sk, None)
-            + self.windowed * windowed_visible_fraction(sq, sk, Some(self.keys))
+        self.masks()
+            .iter()
+            .map(|&(mask, share)| share * masked_visible_fraction(sq, sk, mask))
+            .sum()
     }
 }
 
@@ -652,11 +685,12 @@ impl<'c> Device<'c> {
         // causal work, the whole sequence's visible fraction.
         let sk = g.ty(op.inputs[1]).shape.eval(b)[1] * self.cp.max(1);
         // A sliding window skips the key blocks wholly before it (FlashAttention-2's
-        // `window_size`, Megatron's `--window-size`): the windowed fraction of the products.
+        // `window_size`, Megatron's `--window-size`), a chunked query those before its chunk:
+        // the fraction of the products the mask leaves.
         let visible = match (causal, self.layer_windows) {
             (false, _) => 1.0,
             (true, Some(mix)) if op.layer.is_some() => mix.visible_fraction(sk, sk),
-            (true, _) => windowed_visible_fraction(sk, sk, op.kind.attention_window()),
+            (true, _) => masked_visible_fraction(sk, sk, op.kind.attention_mask()),
         };
         let products = 4.0 * (q[0] * q[1] * sk * q[2]) as f64 * visible / split;
         let fwd_flops = products;

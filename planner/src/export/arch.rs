@@ -166,6 +166,27 @@ fn window_pattern(g: &Graph) -> Result<Option<WindowPattern>, String> {
     }
 }
 
+/// The first of Llama 4's departures from the engines' GPT that `g` has, named: chunked
+/// attention (no engine argument masks by chunk), its NoPE layers' attention temperature and
+/// experts whose gate scales their input.
+fn unexpressed_llama4_part(g: &Graph) -> Option<&'static str> {
+    let kinds = || g.order().iter().map(|&o| &g.op(o).kind);
+    if kinds().any(|k| matches!(k, OpKind::Attention { chunk: Some(_), .. })) {
+        return Some("chunked attention (Llama 4's attention_chunk_size)");
+    }
+    if kinds().any(|k| matches!(k, OpKind::Rotary { scaling, .. } if scaling.temperature().0 > 0.0))
+    {
+        return Some(
+            "the attention temperature on the unrotated layers' queries (Llama 4's \
+             attn_temperature_tuning)",
+        );
+    }
+    if kinds().any(|k| matches!(k, OpKind::MoeExperts { form, .. } if form.scales_input)) {
+        return Some("experts whose router weight scales their input (Llama 4's MoE)");
+    }
+    None
+}
+
 fn kinds<'g>(g: &'g Graph, ops: &'g [OpId]) -> impl Iterator<Item = &'g OpKind> + 'g {
     ops.iter().map(move |&o| &g.op(o).kind)
 }
@@ -183,6 +204,9 @@ pub fn read(info: &ModelInfo<'_>, engine: &'static str) -> Result<Architecture, 
             .into(),
     };
     let window = window_pattern(g).map_err(|why| refuse(&why))?;
+    if let Some(feature) = unexpressed_llama4_part(g) {
+        return Err(refuse(feature));
+    }
     if !rotary_is_uniform(g) {
         return Err(refuse(
             "rotary embeddings whose base or scaling differs between layers (Gemma 3's and \

@@ -360,6 +360,7 @@ pub fn bf16_cases() -> Vec<Case> {
         softcap,
         sinks: false,
         window: None,
+        chunk: None,
     };
     let qkv = |seq: usize, heads: usize, kv: usize, d: usize, seed: u64| {
         vec![
@@ -427,6 +428,7 @@ pub fn bf16_cases() -> Vec<Case> {
                     softcap: None,
                     sinks: true,
                     window: Some(70),
+                    chunk: None,
                 },
                 qkv(200, 4, 2, 64, 86)
                     .into_iter()
@@ -444,6 +446,30 @@ pub fn bf16_cases() -> Vec<Case> {
                 ],
                 tol,
             ),
+            // Llama 4's chunks on the tensor cores: 96 keys (chunks starting inside blocks of
+            // 64 keys), and 24 under fewer queries than keys.
+            case(
+                "attention",
+                attention(4, 2, true, None).with_mask(ir::KeyMask {
+                    window: None,
+                    chunk: Some(96),
+                }),
+                qkv(200, 4, 2, 64, 93),
+                tol,
+            ),
+            case(
+                "attention",
+                attention(4, 2, true, None).with_mask(ir::KeyMask {
+                    window: None,
+                    chunk: Some(24),
+                }),
+                vec![
+                    tensor(&[2, 40, 4 * 32], 94),
+                    tensor(&[2, 100, 2 * 32], 95),
+                    tensor(&[2, 100, 2 * 32], 96),
+                ],
+                tol,
+            ),
             // gpt-oss's sinks on the tensor cores (their statistics in log₂ units).
             case(
                 "attention",
@@ -455,6 +481,7 @@ pub fn bf16_cases() -> Vec<Case> {
                     softcap: None,
                     sinks: true,
                     window: None,
+                    chunk: None,
                 },
                 qkv(90, 4, 2, 64, 80)
                     .into_iter()
@@ -529,6 +556,7 @@ fn attention_with_sinks() -> OpKind {
         softcap: None,
         sinks: true,
         window: None,
+        chunk: None,
     }
 }
 
@@ -543,6 +571,7 @@ fn row_cases() -> Vec<Case> {
         softcap: None,
         sinks: false,
         window: None,
+        chunk: None,
     };
     let qkv = vec![
         tensor(&[2, 300, 4 * 16], 40),
@@ -616,7 +645,27 @@ fn row_cases() -> Vec<Case> {
         case(
             "attention",
             attention_with_sinks().with_window(Some(40)),
-            qkv.into_iter().chain([tensor(&[4], 44)]).collect(),
+            qkv.clone().into_iter().chain([tensor(&[4], 44)]).collect(),
+            2e-5,
+        ),
+        // Llama 4's chunks of 50 keys, each query seeing only its own chunk's (chunks starting
+        // inside tiles), alone and under a window of 30.
+        case(
+            "attention",
+            attention.clone().with_mask(ir::KeyMask {
+                window: None,
+                chunk: Some(50),
+            }),
+            qkv.clone(),
+            2e-5,
+        ),
+        case(
+            "attention",
+            attention_with_sinks().with_mask(ir::KeyMask {
+                window: Some(30),
+                chunk: Some(50),
+            }),
+            qkv.into_iter().chain([tensor(&[4], 45)]).collect(),
             2e-5,
         ),
         case("rotary", rotary, vec![tensor(&[2, 300, 4 * 16], 43)], 1e-5),

@@ -184,6 +184,7 @@ mod tests {
         softcap: None,
         sinks: false,
         window: None,
+        chunk: None,
     };
 
     fn forward(stats: u32) -> Instr {

@@ -438,6 +438,7 @@ mod tests {
         softcap: None,
         sinks: false,
         window: None,
+        chunk: None,
     };
 
     fn compute(kind: OpKind, inputs: &[u32], outputs: &[u32], saves: &[u32]) -> Instr {

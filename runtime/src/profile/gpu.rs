@@ -186,6 +186,7 @@ pub fn attention_tflops<B: Backend>(
         softcap: None,
         sinks: false,
         window: None,
+        chunk: None,
     };
     // The gradient reads q, k, v and the output gradient (operand 3 of its four).
     let grad = OpKind::Grad {

@@ -146,6 +146,7 @@ pub fn attention(m: &Matcher<'_>, op: OpId, _uses: &[usize]) -> Option<Rewrite> 
             softcap: None,
             sinks: false,
             window: None,
+            chunk: None,
         },
         vec![Operand::Value(q), Operand::Value(k), Operand::Value(v)],
     )];

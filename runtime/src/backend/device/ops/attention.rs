@@ -31,6 +31,7 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
             softcap,
             sinks,
             window,
+            chunk,
         },
         &[q, k, v, ref rest @ ..],
     ) = (kind, shapes)
@@ -75,6 +76,7 @@ fn shape_of(kind: &OpKind, shapes: &[&[usize]]) -> Option<AttentionShape> {
         softcap: softcap.unwrap_or(0.0),
         causal: i32::from(causal),
         window: i(usize::try_from(window.unwrap_or(0)).ok()?)?,
+        chunk: i(usize::try_from(chunk.unwrap_or(0)).ok()?)?,
         ..AttentionShape::default()
     })
 }
