@@ -58,7 +58,9 @@ pub struct ModelInfo<'g> {
     pub post_groups: Vec<Vec<OpId>>,
     /// The block's sharding extractions, per tensor-parallel shape, as the estimate prices
     /// them ([`crate::layer_tp`]).
-    pub tp_extractions: crate::layer_tp::TpCache,
+    /// Shared by the runs whose layers are structurally identical (Llama 4's rotated and
+    /// unrotated runs alternate), whose extractions are the same.
+    pub tp_extractions: std::sync::Arc<crate::layer_tp::TpCache>,
     /// Where the block changes structure ([`ir::Graph::kind_starts`]: DeepSeek-V3's dense
     /// layers, then its expert layers), each run of identical layers as a model of its own
     /// (its first layer's ops and parameters, `layers` its length); empty where every layer
@@ -112,6 +114,14 @@ impl<'g> ModelInfo<'g> {
                 first,
                 info: Self::seen_through_layer(graph, first, end - first)?,
             });
+        }
+        // A run whose layers repeat an earlier run's structure prices its extractions from
+        // the same cache: they are the same layer.
+        let alike = ir::blocks::earlier_alike(graph, &firsts);
+        for (i, earlier) in alike.into_iter().enumerate() {
+            if let Some(j) = earlier {
+                runs[i].info.tp_extractions = runs[j].info.tp_extractions.clone();
+            }
         }
         // The expert count a strategy's expert parallelism must divide: the expert runs'.
         info.experts = runs.iter().map(|r| r.info.experts).max().unwrap_or(0);

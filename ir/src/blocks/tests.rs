@@ -234,3 +234,25 @@ fn dropout_seeds_are_per_layer() {
     let err = verify(&changed).unwrap_err().to_string();
     assert!(err.contains("differs from layer 0"), "{err}");
 }
+
+/// Layers alternating two structures (negate, tanh, negate, tanh): each run is found alike to
+/// the first earlier run of its structure, and the structure, not the position, decides.
+#[test]
+fn alternating_runs_are_alike_to_the_first_of_their_structure() {
+    let mut g = Graph::new("alternating");
+    g.block_name = Some("blk".into());
+    g.kind_starts = vec![1, 2, 3];
+    let mut x = g.push_source(OpKind::Input { name: "x".into() }, act(), None);
+    for (layer, kind) in [OpKind::Neg, OpKind::Tanh, OpKind::Neg, OpKind::Tanh]
+        .into_iter()
+        .enumerate()
+    {
+        x = g.push_op(kind, vec![x], Some(layer as u32)).unwrap()[0];
+    }
+    g.add_output("y", x);
+    assert_eq!(
+        crate::blocks::earlier_alike(&g, &[0, 1, 2, 3]),
+        [None, None, Some(0), Some(1)]
+    );
+    assert_eq!(crate::blocks::earlier_alike(&g, &[1, 3]), [None, Some(0)]);
+}
