@@ -99,6 +99,12 @@ fn summary_text(graph: &ir::Graph, binding: ir::Binding) -> String {
             w.keys, w.windowed, w.attentions
         ));
     }
+    if let Some(c) = &s.attention_chunk {
+        line(format!(
+            "attention chunks {} keys, in {} of {} attention layers",
+            c.keys, c.windowed, c.attentions
+        ));
+    }
     if let Some(n) = s.nope_layers {
         line(format!("no rotary (NoPE) in {n} of {} layers", s.layers));
     }

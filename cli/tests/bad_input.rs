@@ -106,8 +106,8 @@ fn unsupported_model_type() {
     // A family people train says what plait lacks for it; an unknown one only lists.
     for (model_type, said) in [
         (
-            "llama4",
-            "\"llama4\" is not supported (plait does not build Llama 4's chunked attention",
+            "qwen3_next",
+            "\"qwen3_next\" is not supported (plait does not build Qwen3-Next's Gated DeltaNet",
         ),
         (
             "wibble",

@@ -66,12 +66,9 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
             vec![x],
         )?;
     }
-    // Leading dense layers (DeepSeek-V3) are a run of their own.
-    if let Some(d) = spec.variant.dense_layers
-        && d.count < spec.layers
-    {
-        b.g.kind_starts = vec![d.count as u32];
-    }
+    // Runs of layers of one structure: DeepSeek-V3's leading dense layers, Llama 4's rotated
+    // (q/k-normed) and unrotated ones, Maverick's dense and expert layers.
+    b.g.kind_starts = spec.kind_starts();
     for layer in 0..spec.layers {
         b.layer = Some(layer as u32);
         x = match spec.family {
@@ -152,6 +149,15 @@ impl Builder {
         self.g.push_source(
             OpKind::Param { name: name.into() },
             TensorType::new(self.dtype, Shape::fixed(dims)),
+            self.layer,
+        )
+    }
+
+    /// A literal of the layer being built (its own source, as a parameter is).
+    fn scalar(&mut self, value: f64) -> ValueId {
+        self.g.push_source(
+            OpKind::Scalar { value },
+            TensorType::new(self.dtype, Shape::fixed(&[])),
             self.layer,
         )
     }
@@ -355,8 +361,8 @@ impl Builder {
         let var = &spec.variant;
         let (q, k, v) = self.qkv(spec, p, a)?;
         let (q, k) = self.qk_norms(spec, p, q, k)?;
-        let q = self.rotary(spec, q, spec.heads)?;
-        let k = self.rotary(spec, k, spec.kv_heads)?;
+        let (q, k) = self.rotaries(spec, q, k)?;
+        let (q, k) = self.qk_l2_norms(spec, q, k)?;
         let scale_base = var.query_scale.unwrap_or(spec.head_dim() as f64);
         let scale = var
             .multipliers
@@ -374,7 +380,7 @@ impl Builder {
                 softcap: var.attn_softcap,
                 sinks: var.attention_sinks,
                 window: self.window(spec),
-                chunk: None,
+                chunk: self.chunk(spec),
             },
             operands,
         )?;
@@ -417,6 +423,54 @@ impl Builder {
         sliding.of_layer(u64::from(self.layer?))
     }
 
+    /// The attention chunk of the layer being built (none: every earlier key).
+    fn chunk(&self, spec: &ModelSpec) -> Option<u64> {
+        let chunked = spec.variant.chunked_attention.as_ref()?;
+        chunked.of_layer(u64::from(self.layer?))
+    }
+
+    /// q and k turned by the layer's rotaries: the queries' own where the layer scales them
+    /// by the attention temperature (Llama 4's NoPE layers).
+    fn rotaries(
+        &mut self,
+        spec: &ModelSpec,
+        q: ValueId,
+        k: ValueId,
+    ) -> Result<(ValueId, ValueId), BuildError> {
+        let q = self.rotary(spec, q, spec.heads, spec.query_rope_of_layer(self.layer))?;
+        let k = self.rotary(spec, k, spec.kv_heads, spec.rope_of_layer(self.layer))?;
+        Ok((q, k))
+    }
+
+    /// Llama 4's `Llama4TextL2Norm` of q and k after the rotary, where the layer has it: each
+    /// head divided by its root mean square, x·rsqrt(mean(x²) + eps), with no weight.
+    fn qk_l2_norms(
+        &mut self,
+        spec: &ModelSpec,
+        q: ValueId,
+        k: ValueId,
+    ) -> Result<(ValueId, ValueId), BuildError> {
+        if !spec.qk_l2_norm_in(self.layer) {
+            return Ok((q, k));
+        }
+        let q = self.l2_norm(spec, q, spec.heads)?;
+        let k = self.l2_norm(spec, k, spec.kv_heads)?;
+        Ok((q, k))
+    }
+
+    /// `x[B, S, heads·d]` with each head divided by its root mean square (no weight).
+    fn l2_norm(&mut self, spec: &ModelSpec, x: ValueId, heads: u64) -> Result<ValueId, BuildError> {
+        let d = spec.head_dim();
+        let per_head = self.heads_view(x, heads, d)?;
+        let squares = self.op(OpKind::Mul, vec![per_head, per_head])?;
+        let mean = self.op(OpKind::ReduceMean, vec![squares])?;
+        let eps = self.scalar(spec.norm_eps);
+        let shifted = self.op(OpKind::Add, vec![mean, eps])?;
+        let inverse = self.op(OpKind::Rsqrt, vec![shifted])?;
+        let normed = self.op(OpKind::Mul, vec![per_head, inverse])?;
+        self.flat_view(normed, heads * d)
+    }
+
     /// A branch's output times Granite's `residual_multiplier` before its residual add.
     fn residual_scale(&mut self, spec: &ModelSpec, y: ValueId) -> Result<ValueId, BuildError> {
         match spec.variant.multipliers {
@@ -437,8 +491,7 @@ impl Builder {
     ) -> Result<ValueId, BuildError> {
         let (q, k, v) = self.qkv(spec, p, x)?;
         let (q, k) = self.qk_norms(spec, p, q, k)?;
-        let q = self.rotary(spec, q, spec.heads)?;
-        let k = self.rotary(spec, k, spec.kv_heads)?;
+        let (q, k) = self.rotaries(spec, q, k)?;
         let attn = self.op(
             OpKind::Attention {
                 heads: spec.heads,
@@ -475,9 +528,9 @@ impl Builder {
         p: &str,
         m: ValueId,
     ) -> Result<ValueId, BuildError> {
-        let dense = spec.variant.dense_layers.filter(|d| i < d.count);
+        let dense = spec.variant.dense_layers.as_ref().filter(|d| d.is_dense(i));
         if let Some(d) = dense {
-            self.gated_mlp(spec, &format!("{p}.mlp"), m, d.ffn)
+            self.gated_mlp(spec, &format!("{p}.{}", mlp_name(spec)), m, d.ffn)
         } else if spec.family == Family::Mixtral {
             self.moe(spec, p, m)
         } else if let Some(act) = spec.variant.ungated_mlp {
@@ -515,7 +568,7 @@ impl Builder {
         let q_heads = self.heads_view(q, heads, qk)?;
         let q_pass = self.slice(q_heads, 3, 0, nope)?;
         let q_rot = self.slice(q_heads, 3, nope, qk)?;
-        let q_rot = self.rotary_per_head(spec, q_rot, heads, rope)?;
+        let q_rot = self.rotary_per_head(q_rot, heads, rope, spec.rope_of_layer(self.layer))?;
         let q = self.op(OpKind::Concat { axis: 3 }, vec![q_pass, q_rot])?;
         let q = self.flat_view(q, heads * qk)?;
         let latent_width = mla.kv_lora_rank + rope;
@@ -593,13 +646,12 @@ impl Builder {
     /// The rotary embedding of `x[B, S, heads, d]` per head, as `[B, S, heads, d]`.
     fn rotary_per_head(
         &mut self,
-        spec: &ModelSpec,
         x: ValueId,
         heads: u64,
         d: u64,
+        (theta, scaling): (f64, ir::RopeScaling),
     ) -> Result<ValueId, BuildError> {
         let flat = self.flat_view(x, heads * d)?;
-        let (theta, scaling) = spec.rope_of_layer(self.layer);
         let turned = self.op(
             OpKind::Rotary {
                 heads,
@@ -639,9 +691,14 @@ impl Builder {
         Ok((q, k, v))
     }
 
-    fn rotary(&mut self, spec: &ModelSpec, x: ValueId, heads: u64) -> Result<ValueId, BuildError> {
+    fn rotary(
+        &mut self,
+        spec: &ModelSpec,
+        x: ValueId,
+        heads: u64,
+        (theta, scaling): (f64, ir::RopeScaling),
+    ) -> Result<ValueId, BuildError> {
         let Some(r) = spec.variant.rotary_dims else {
-            let (theta, scaling) = spec.rope_of_layer(self.layer);
             return self.op(
                 OpKind::Rotary {
                     heads,
@@ -669,7 +726,7 @@ impl Builder {
         };
         let rot = part(self, 0, r)?;
         let pass = part(self, r, d)?;
-        let back = self.rotary_per_head(spec, rot, heads, r)?;
+        let back = self.rotary_per_head(rot, heads, r, (theta, scaling))?;
         let joined = self.op(OpKind::Concat { axis: 3 }, vec![back, pass])?;
         self.op(
             OpKind::Reshape {
@@ -748,6 +805,7 @@ impl Builder {
         let (moe, router) = match spec.model_type() {
             "mixtral" => ("block_sparse_moe", "gate"),
             "gpt_oss" => ("mlp", "router"),
+            "llama4_text" => ("feed_forward", "router"),
             _ => ("mlp", "gate"),
         };
         let mut routing = vec![
@@ -791,7 +849,11 @@ impl Builder {
             return Ok(routed);
         };
         if !spec.variant.shared_expert_gate {
-            let name = format!("{p}.{moe}.shared_experts");
+            let shared_name = match spec.model_type() {
+                "llama4_text" => "shared_expert",
+                _ => "shared_experts",
+            };
+            let name = format!("{p}.{moe}.{shared_name}");
             let dense = self.gated_mlp(spec, &name, m, shared)?;
             return self.op(OpKind::Add, vec![routed, dense]);
         }
@@ -800,5 +862,14 @@ impl Builder {
         let weight = self.op(OpKind::Sigmoid, vec![logit])?;
         let gated = self.op(OpKind::Mul, vec![dense, weight])?;
         self.op(OpKind::Add, vec![routed, gated])
+    }
+}
+
+/// The name of a layer's MLP module (transformers' attribute): Llama 4's `feed_forward`,
+/// elsewhere `mlp`.
+fn mlp_name(spec: &ModelSpec) -> &'static str {
+    match spec.model_type() {
+        "llama4_text" => "feed_forward",
+        _ => "mlp",
     }
 }

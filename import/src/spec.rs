@@ -59,8 +59,9 @@ pub struct Variant {
     /// The routed experts' sum multiplied by this factor (DeepSeek-V3's
     /// `routed_scaling_factor`).
     pub routed_scale: Option<f64>,
-    /// The first this many layers have a dense SwiGLU MLP of this width in place of the
-    /// experts (DeepSeek-V3's `first_k_dense_replace` layers of `intermediate_size`).
+    /// Layers with a dense SwiGLU MLP of their own width in place of the experts (DeepSeek-V3's
+    /// `first_k_dense_replace` leading layers of `intermediate_size`, Llama 4 Maverick's every
+    /// other layer of `intermediate_size_mlp`).
     pub dense_layers: Option<DenseLayers>,
     /// Multi-head latent attention in place of q/k/v projections (DeepSeek-V3).
     pub mla: Option<Mla>,
@@ -107,6 +108,43 @@ pub struct Variant {
     /// Whether each layer, in order, leaves positions unrotated (NoPE: SmolLM3's
     /// `no_rope_layers`, Cohere2's global-attention layers); none where every layer rotates.
     pub nope: Option<Vec<bool>>,
+    /// Chunked attention on some layers (Llama 4's `attention_chunk_size` on its rotated
+    /// layers): each query sees only the keys of its own chunk.
+    pub chunked_attention: Option<ChunkedAttention>,
+    /// Whether each layer, in order, divides q and k (after the rotary) per head by their root
+    /// mean square, with no weight (Llama 4's `use_qk_norm`, `Llama4TextL2Norm`, on its rotated
+    /// layers); none where no layer does.
+    pub qk_l2_norm: Option<Vec<bool>>,
+    /// The NoPE layers' queries scaled by a temperature growing with the position (Llama 4's
+    /// `attn_temperature_tuning`, [`ir::RopeScaling::Temperature`]).
+    pub attn_temperature: Option<AttnTemperature>,
+}
+
+/// Llama 4's chunked attention: each query of a chunked layer sees only the keys of its own
+/// chunk of `keys` positions (transformers' `create_chunked_causal_mask`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChunkedAttention {
+    pub keys: u64,
+    /// Whether each layer, in order, attends in chunks.
+    pub chunked: Vec<bool>,
+}
+
+impl ChunkedAttention {
+    /// The chunk of layer `layer`'s attention (none: every earlier key).
+    pub fn of_layer(&self, layer: u64) -> Option<u64> {
+        let chunked = usize::try_from(layer)
+            .ok()
+            .and_then(|l| self.chunked.get(l));
+        chunked.copied().unwrap_or(false).then_some(self.keys)
+    }
+}
+
+/// Llama 4's attention temperature: a NoPE layer's query at position p is scaled by
+/// 1 + `scale`·ln(⌊(p + 1)/`floor`⌋ + 1) (`floor_scale`, `attn_scale`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct AttnTemperature {
+    pub floor: f64,
+    pub scale: f64,
 }
 
 /// The rotary of a model's sliding-kind layers (transformers' `rotary_emb_local`): base
@@ -145,6 +183,51 @@ impl ModelSpec {
             Some(r) => (r.theta, ir::RopeScaling::None),
             None => (self.rope_theta, self.rope_scaling),
         }
+    }
+
+    /// The rotary of layer `layer`'s queries: [`ModelSpec::rope_of_layer`], with the attention
+    /// temperature in place of no rotation in a NoPE layer where the model has one.
+    pub fn query_rope_of_layer(&self, layer: Option<u32>) -> (f64, ir::RopeScaling) {
+        let (theta, scaling) = self.rope_of_layer(layer);
+        match self.variant.attn_temperature {
+            Some(t) if scaling == ir::RopeScaling::Nope => (
+                theta,
+                ir::RopeScaling::Temperature {
+                    floor: t.floor,
+                    scale: t.scale,
+                },
+            ),
+            _ => (theta, scaling),
+        }
+    }
+
+    /// Whether layer `layer` divides q and k by their root mean square after the rotary.
+    pub fn qk_l2_norm_in(&self, layer: Option<u32>) -> bool {
+        let at = layer.and_then(|l| usize::try_from(l).ok());
+        let layers = self.variant.qk_l2_norm.as_deref().unwrap_or_default();
+        at.and_then(|l| layers.get(l)).copied().unwrap_or(false)
+    }
+
+    /// Whether layer `layer` has a dense MLP in place of the experts.
+    pub fn dense_in(&self, layer: u64) -> bool {
+        self.variant
+            .dense_layers
+            .as_ref()
+            .is_some_and(|d| d.is_dense(layer))
+    }
+
+    /// The layers where the block changes structure ([`ir::Graph::kind_starts`]): where a
+    /// layer's MLP turns dense or routed, or its q/k norm appears or goes, against the layer
+    /// before it.
+    pub fn kind_starts(&self) -> Vec<u32> {
+        let kind = |l: u64| {
+            let layer = u32::try_from(l).ok();
+            (self.dense_in(l), self.qk_l2_norm_in(layer))
+        };
+        (1..self.layers)
+            .filter(|&l| kind(l) != kind(l - 1))
+            .filter_map(|l| u32::try_from(l).ok())
+            .collect()
     }
 
     /// How many layers leave positions unrotated (NoPE).
@@ -199,11 +282,32 @@ pub struct Multipliers {
     pub logits: f64,
 }
 
-/// Leading dense layers of a mixture-of-experts model.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+/// The dense layers of a mixture-of-experts model and their MLP's width.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DenseLayers {
-    pub count: u64,
+    /// Whether each layer, in order, is dense (past the list: routed).
+    pub dense: Vec<bool>,
     pub ffn: u64,
+}
+
+impl DenseLayers {
+    /// The first `count` of `layers` layers dense (DeepSeek's `first_k_dense_replace`).
+    pub fn leading(count: u64, layers: u64, ffn: u64) -> DenseLayers {
+        DenseLayers {
+            dense: (0..layers).map(|l| l < count).collect(),
+            ffn,
+        }
+    }
+
+    pub fn is_dense(&self, layer: u64) -> bool {
+        let at = usize::try_from(layer).ok();
+        at.and_then(|l| self.dense.get(l)).copied().unwrap_or(false)
+    }
+
+    /// How many of the first `layers` layers are dense.
+    pub fn count(&self, layers: u64) -> u64 {
+        (0..layers).filter(|&l| self.is_dense(l)).count() as u64
+    }
 }
 
 /// Multi-head latent attention (DeepSeek-V2/V3, transformers' `DeepseekV3Attention`): queries
@@ -392,9 +496,15 @@ impl ModelSpec {
                 } else {
                     three * h * f
                 };
-                // Leading dense layers swap the experts for one SwiGLU MLP.
-                let dense = var.dense_layers.map_or(0, |d| d.count.min(self.layers));
-                let dense_mlp = var.dense_layers.map_or(zero, |d| three * h * n(d.ffn));
+                // Dense layers swap the experts for one SwiGLU MLP.
+                let dense = var
+                    .dense_layers
+                    .as_ref()
+                    .map_or(0, |d| d.count(self.layers));
+                let dense_mlp = var
+                    .dense_layers
+                    .as_ref()
+                    .map_or(zero, |d| three * h * n(d.ffn));
                 let mlps = n(self.layers - dense) * mlp + n(dense) * dense_mlp;
                 // A LayerNorm has a bias beside its weight.
                 let norm = if var.layer_norm { two * h } else { h };

@@ -62,6 +62,9 @@ pub struct ModelSummary {
     /// How many layers leave positions unrotated (NoPE), where some do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nope_layers: Option<usize>,
+    /// The attention's chunks, where some layers attend in chunks (Llama 4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention_chunk: Option<WindowSummary>,
     pub op_histogram: BTreeMap<String, usize>,
 }
 
@@ -76,11 +79,17 @@ pub struct WindowSummary {
 
 /// The widest window of `g`'s attention ops and how many have a window.
 fn window_summary(g: &Graph) -> Option<WindowSummary> {
+    mask_summary(g, |m| m.window)
+}
+
+/// The widest of a mask's limits (`limit`: its window or its chunk) over `g`'s attention ops
+/// and how many have it.
+fn mask_summary(g: &Graph, limit: fn(ir::KeyMask) -> Option<u64>) -> Option<WindowSummary> {
     let windows: Vec<Option<u64>> = g
         .order()
         .iter()
         .filter(|&&o| matches!(g.op(o).kind, OpKind::Attention { .. }))
-        .map(|&o| g.op(o).kind.attention_window())
+        .map(|&o| limit(g.op(o).kind.attention_mask()))
         .collect();
     Some(WindowSummary {
         keys: windows.iter().flatten().copied().max()?,
@@ -172,6 +181,7 @@ pub fn summarize(g: &Graph, b: Binding) -> ModelSummary {
         flops_per_token: cost::training_flops_per_token(g, b),
         repeated_block,
         sliding_window: window_summary(g),
+        attention_chunk: mask_summary(g, |m| m.chunk),
         nope_layers: nope_layers(g),
         op_histogram: g.histogram().into_iter().collect(),
     }

@@ -676,7 +676,10 @@ fn qwen_moe_dense_layers_follow_mlp_only_layers() {
     let two_dense = parse(&config(r#","mlp_only_layers":[0,1]"#));
     assert_eq!(
         two_dense.variant.dense_layers,
-        Some(import::spec::DenseLayers { count: 2, ffn: 96 })
+        Some(import::spec::DenseLayers {
+            dense: vec![true, true, false, false],
+            ffn: 96
+        })
     );
     // Per layer: the router (64·8), 8 experts of 3·64·16, the shared expert 3·64·32 and its
     // one-column gate, against a dense SwiGLU of 3·64·96.
@@ -845,7 +848,8 @@ fn glm4_moe_biases_q_k_v_rotates_half_heads_and_routes_like_deepseek_v3() {
         }
     );
     assert_eq!(spec.variant.rotary_dims, Some(64));
-    assert_eq!(spec.variant.dense_layers.map(|d| d.count), Some(1));
+    let dense = spec.variant.dense_layers.as_ref();
+    assert_eq!(dense.map(|d| d.count(spec.layers)), Some(1));
     assert!(spec.variant.qkv_bias && !spec.variant.o_bias && !spec.variant.qk_norm);
     let g = import::build_forward(&spec, DType::F32).expect("builds");
     let biased = g

@@ -770,6 +770,8 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
         latent_width: 0.0,
         shared_inputs: 0.0,
         head_spanning_norms: 0.0,
+        composed_q_norms: 0.0,
+        composed_kv_norms: 0.0,
     };
     let mut residual_norms = 0.0f64;
     let mut residual_norm_inputs = std::collections::BTreeSet::new();
@@ -845,6 +847,20 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
             OpKind::TopKRouter { k, .. } => {
                 shape.experts_per_token = *k as f64;
                 shape.routed = true;
+            }
+            // A norm composed of elementwise ops over each head of `[B, S, heads, d]` (Llama
+            // 4's L2 norms): the mean of the square. It keeps the input and the square (d
+            // each a head) and the mean shifted by eps and its rsqrt (one each a head).
+            OpKind::ReduceMean => {
+                let dims = g.ty(op.inputs[0]).shape.dims().to_vec();
+                let fixed = |i: usize| dims.get(i).and_then(|d| d.fixed()).unwrap_or(0) as f64;
+                let (heads, d) = (fixed(2), fixed(3));
+                let kept = 2.0 * heads * d + 2.0 * heads;
+                if heads as u64 == info.heads {
+                    shape.composed_q_norms += kept;
+                } else {
+                    shape.composed_kv_norms += kept;
+                }
             }
             _ => {}
         }

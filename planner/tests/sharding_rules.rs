@@ -1,5 +1,6 @@
 //! One test per rewrite rule: it fires on a zoo block (GPT-2, Llama 3 8B with GQA, Mixtral,
-//! DeepSeek-V2-Lite's latent attention, gpt-oss's sinks and biased experts, and GPT-2's
+//! DeepSeek-V2-Lite's latent attention, gpt-oss's sinks and biased experts, Llama 4 Scout's
+//! composed q/k norms, and GPT-2's
 //! embedding and LM-head ops), and every union it made joined classes of equal
 //! global shape and layout (the analysis records any other merge as a conflict, which makes
 //! `build` fail).
@@ -66,6 +67,9 @@ fn applied() -> &'static BTreeMap<String, usize> {
         let falcon = fixture("falcon-40b");
         // gpt-oss: a sink logit per head, a biased router and biased experts.
         let oss = fixture("gpt-oss-20b");
+        // Llama 4 Scout: q and k divided per head by their root mean square, composed of a
+        // square, its mean over the head, eps (a scalar) and a broadcast product.
+        let scout = fixture("llama-4-scout");
         let cases: Vec<(&Graph, Vec<OpId>, u32, bool, bool)> = vec![
             (&gpt2, gpt2.layer_ops(0), 2, false, false),
             (&gpt2, gpt2.layer_ops(0), 2, true, true),
@@ -84,6 +88,7 @@ fn applied() -> &'static BTreeMap<String, usize> {
             (&oss, oss.layer_ops(0), 8, true, true),
             // Eight kv heads over sixteen ranks: the sinks split with q alone.
             (&oss, oss.layer_ops(0), 16, true, false),
+            (&scout, scout.layer_ops(0), 8, true, false),
         ];
         for (g, ops, tp, sp, batch) in cases {
             let mut opts = ShardOptions::new(tp, sp, B);
@@ -132,6 +137,8 @@ rule_tests! {
     transpose_swap_1 => "transpose-swap-1",
     map_shard => "map-shard",
     zip_shard => "zip-shard",
+    zip_shard_left => "zip-shard-left",
+    reduce_other => "reduce-other",
     part_blocks3 => "part-blocks/3",
     part_other => "part-other",
     attention_heads => "attention-heads",

@@ -241,7 +241,8 @@ fn llama_with_fewer_kv_heads_than_tp_equals_one_device() {
 /// tied head, Qwen3's per-head q/k norms with an explicit head size (q wider than hidden),
 /// Gemma's GeGLU, wide heads with one KV head and a scaled embedding, Gemma 2's four norms per
 /// layer, query scale and soft-capped logits (vocabulary-parallel through the cap), Gemma 3's
-/// q/k norms in that block, SmolLM3's, Cohere2's and EXAONE 4's layers without rotary embeddings, OLMo 2's norms after attention and the MLP (dp 2, pp 2), OLMoE's
+/// q/k norms in that block, SmolLM3's, Cohere2's and EXAONE 4's layers without rotary embeddings, Llama 4's
+/// chunked, L2-normed and temperature-scaled layers, OLMo 2's norms after attention and the MLP (dp 2, pp 2), OLMoE's
 /// experts (dp 2, pp 2), Granite's
 /// multipliers, Phi-3, and
 /// Qwen's many small routed experts (Qwen2-MoE's with a sigmoid-gated shared expert), and
@@ -283,6 +284,12 @@ fn llama_structured_families_equal_one_device() {
         // layer 0 rotated in a window, layer 1 unrotated and full.
         ("exaone4", &tp2),
         ("exaone4", &pp2),
+        // Llama 4: chunked, q/k-L2-normed dense layers between unrotated expert layers
+        // (temperature-scaled queries, experts scaling their input): four runs of two
+        // structures.
+        ("llama4", &tp2),
+        ("llama4", &pp2),
+        ("llama4", &dp2),
         // OLMo 2 and OLMoE at tp 2 run only as extracted (`extracted_layouts_equal_one_device`).
         ("olmo2", &dp2),
         ("olmo2", &pp2),
@@ -652,6 +659,8 @@ fn extracted_layouts_equal_one_device() {
     let olmoe_sp = mqa_sp.clone();
     let oss_sp = mqa_sp.clone();
     const GPT_OSS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-gpt_oss.json");
+    const LLAMA4: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-llama4.json");
+    let llama4_sp = oss_sp.clone();
     let mut bad = Vec::new();
     let mut resplit: Vec<&str> = Vec::new();
     let (mut whole_kv, mut broadcast, mut recut): (Vec<&str>, Vec<&str>, Vec<&str>) =
@@ -692,6 +701,10 @@ fn extracted_layouts_equal_one_device() {
         // down-projection bias as a product of the routing weights.
         ("gpt_oss tp2 sp", GPT_OSS, oss_sp),
         ("gpt_oss tp2", GPT_OSS, Config::new(2, 1, 1)),
+        // Llama 4: q and k L2-normed per head on head-split rows (the mean over each head,
+        // eps broadcast to every rank's piece), four runs of two structures.
+        ("llama4 tp2 sp", LLAMA4, llama4_sp),
+        ("llama4 tp2", LLAMA4, Config::new(2, 1, 1)),
     ] {
         let (plan, graph) = with_extraction(model, &c);
         if let Some(bp) = &plan.block_plan {

@@ -71,6 +71,12 @@ const NOPE_MODELS: [&str; 3] = [
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-exaone4.json"),
 ];
 
+/// Llama 4's tiny config: layers 0 and 2 rotated, q/k L2-normed and attending in chunks of 8
+/// keys (of 32) with dense MLPs; layers 1 and 3 unrotated, attending to every earlier key, their
+/// queries scaled by the attention temperature (floor 8, scale 0.5) from position 7 on, with
+/// top-1 experts whose gate scales their input beside a shared expert.
+const LLAMA4_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-llama4.json");
+
 #[test]
 fn first_loss_equals_the_interpreter() {
     for model in [
@@ -81,6 +87,7 @@ fn first_loss_equals_the_interpreter() {
         NOPE_MODELS[0],
         NOPE_MODELS[1],
         NOPE_MODELS[2],
+        LLAMA4_MODEL,
     ] {
         let want = interp_first_loss(model, 7);
         let got = train(&programs(model, &Config::new(1, 1, 1)), 1, 7).losses[0];

@@ -549,6 +549,12 @@ fn local_kind(
             }
             Ok((kind, None))
         }
+        // A mean or sum over the last axis of a tensor split along another.
+        OpKind::ReduceMean | OpKind::ReduceSum => match lay_of(b, ins[0]) {
+            Lay::Rep => Ok((kind, None)),
+            Lay::Split { axis, .. } if axis + 1 < rank(b, ins[0]) => Ok((kind, None)),
+            l => Err(format!("a reduction over the last axis on {l:?}")),
+        },
         OpKind::Dropout { .. } => match lay_of(b, ins[0]) {
             // The runtime draws masks on global indices for whole and sequence-split tensors.
             Lay::Rep => Ok((kind, None)),

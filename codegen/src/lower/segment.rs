@@ -898,10 +898,11 @@ pub fn lower(cx: &Ctx<'_>, ops: &[OpId], kind: Kind) -> Result<Segment, CodegenE
                     }
                 }
                 _ => {
-                    // Elementwise, norms, dropout: the activation operands' layout.
+                    // Elementwise, norms, dropout: the activation operands' layout (a scalar,
+                    // Llama 4's eps, broadcasts to every rank's piece as it is).
                     let acts: Vec<Lay> = ins
                         .iter()
-                        .filter(|&&v| !is_param(&b, v))
+                        .filter(|&&v| !is_param(&b, v) && !b.seg.vals[v].shape.is_empty())
                         .map(|&v| lay_of(&b, v))
                         .collect();
                     out_lay = acts.first().copied().unwrap_or(Lay::Rep);

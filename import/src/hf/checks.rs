@@ -33,8 +33,10 @@ const PARTIAL_ROTARY: [&str; 7] = [
     "nemotron", "phi3", "gpt_neox", "phi", "stablelm", "glm4", "glm4_moe",
 ];
 
-/// Gemma 3's attention kinds per layer (`layer_types`).
+/// The attention kinds per layer (`layer_types`): Gemma 3's and the other windowed families',
+/// and Llama 4's chunked layers.
 const LAYER_TYPES: [&str; 2] = ["sliding_attention", "full_attention"];
+const LLAMA4_LAYER_TYPES: [&str; 2] = ["chunked_attention", "full_attention"];
 
 /// Checks the fields above for `f`'s config of `layers` layers.
 pub(super) fn unbuilt_fields(f: &Fields<'_>, layers: u64) -> Result<(), ConfigError> {
@@ -77,11 +79,21 @@ fn layer_types(f: &Fields<'_>, layers: u64) -> Result<(), ConfigError> {
     let Some(v) = f.obj.get("layer_types").filter(|v| !v.is_null()) else {
         return Ok(());
     };
-    let expected = "a list of \"sliding_attention\" or \"full_attention\", one per layer";
+    let (kinds_known, expected) = if f.model_type == "llama4_text" {
+        (
+            LLAMA4_LAYER_TYPES,
+            "a list of \"chunked_attention\" or \"full_attention\", one per layer",
+        )
+    } else {
+        (
+            LAYER_TYPES,
+            "a list of \"sliding_attention\" or \"full_attention\", one per layer",
+        )
+    };
     let Value::Array(kinds) = v else {
         return Err(f.wrong("layer_types", expected, v));
     };
-    let known = |k: &Value| k.as_str().is_some_and(|k| LAYER_TYPES.contains(&k));
+    let known = |k: &Value| k.as_str().is_some_and(|k| kinds_known.contains(&k));
     if kinds.len() as u64 != layers || !kinds.iter().all(known) {
         return Err(ConfigError::Inconsistent {
             file: f.file.clone(),

@@ -7,6 +7,7 @@ mod activation;
 mod checks;
 mod error;
 mod layernorm;
+mod llama4;
 mod moe;
 mod nope;
 mod rope;
@@ -24,7 +25,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 38] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 40] = [
     "gpt2",
     "llama",
     "mistral",
@@ -63,6 +64,8 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 38] = [
     "starcoder2",
     "smollm3",
     "exaone4",
+    "llama4",
+    "llama4_text",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -234,6 +237,24 @@ impl LlamaLike {
                 rope_theta: 150000.0,
                 ..LlamaLike::of("mixtral")?
             },
+            // transformers' Llama4TextConfig defaults (Llama 4 Scout): Llama's attention with
+            // chunks, NoPE layers, q/k L2 norms and the attention temperature (`llama4.rs`),
+            // and a top-1 sigmoid router weighing its experts' inputs beside a shared expert.
+            "llama4_text" => LlamaLike {
+                model_type: "llama4_text",
+                family: Family::Mixtral,
+                required: "hidden_size, intermediate_size, num_hidden_layers, \
+                           num_attention_heads, vocab_size, num_local_experts, num_experts_per_tok",
+                positions: 4096 * 32,
+                rms_eps: 1e-5,
+                rope_theta: 500000.0,
+                tied: false,
+                experts: Some((
+                    "num_local_experts",
+                    "num_experts_per_tok",
+                    "intermediate_size",
+                )),
+            },
             _ => return None,
         })
     }
@@ -256,6 +277,12 @@ impl LlamaLike {
         let glm = matches!(t, "glm4" | "glm4_moe");
         let cohere = matches!(t, "cohere" | "cohere2");
         let mla = if deepseek { Some(mla(f)?) } else { None };
+        let layers = f.positive("num_hidden_layers")?;
+        let nope = nope::nope_layers(f, layers)?;
+        // Each layer's NoPE flag (all rotate where none is listed).
+        let nope_list = nope
+            .clone()
+            .unwrap_or_else(|| vec![false; usize::try_from(layers.min(MAX_LAYERS)).unwrap_or(0)]);
         // transformers' configs honour an explicit `head_dim` (Mistral-Nemo: 128 with hidden
         // 5120 and 32 heads); plait records it where it is not hidden / heads.
         let implied = f.positive("hidden_size")? / f.positive("num_attention_heads")?.max(1);
@@ -327,6 +354,8 @@ impl LlamaLike {
                     f.opt_positive("n_shared_experts")?.unwrap_or(1)
                         * f.positive("moe_intermediate_size")?,
                 ),
+                // Llama 4's shared expert is an MLP of intermediate_size, as each expert.
+                "llama4_text" => Some(f.positive("intermediate_size")?),
                 _ => None,
             },
             shared_expert_gate: t == "qwen2_moe",
@@ -344,6 +373,7 @@ impl LlamaLike {
                 "deepseek_v3" => moe::deepseek_dense_layers(f, 3)?,
                 "glm4_moe" => moe::leading_dense_layers(f, 1)?,
                 "qwen2_moe" | "qwen3_moe" => moe::qwen_dense_layers(f)?,
+                "llama4_text" if layers <= MAX_LAYERS => llama4::dense_layers(f, layers)?,
                 _ => None,
             },
             mla,
@@ -374,11 +404,26 @@ impl LlamaLike {
                 self.rope_theta(f)?,
                 f.positive("num_hidden_layers")?,
             )?,
-            nope: nope::nope_layers(f, f.positive("num_hidden_layers")?)?,
-            expert_form: if t == "gpt_oss" {
-                moe::gpt_oss_experts(f)?
-            } else {
-                ir::ExpertForm::SWIGLU
+            nope: nope.clone(),
+            chunked_attention: match t {
+                "llama4_text" => llama4::chunked_attention(f, &nope_list)?,
+                _ => None,
+            },
+            qk_l2_norm: match t {
+                "llama4_text" => llama4::qk_l2_norm(f, &nope_list)?,
+                _ => None,
+            },
+            attn_temperature: match t {
+                "llama4_text" => llama4::temperature(f)?,
+                _ => None,
+            },
+            expert_form: match t {
+                "gpt_oss" => moe::gpt_oss_experts(f)?,
+                "llama4_text" => ir::ExpertForm {
+                    scales_input: true,
+                    ..ir::ExpertForm::SWIGLU
+                },
+                _ => ir::ExpertForm::SWIGLU,
             },
             rotary_dims: match t {
                 "nemotron" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
@@ -841,6 +886,9 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("seed_oss".into())) {
         notes.extend(seed_oss_approximations(obj));
     }
+    if obj.get("model_type") == Some(&Value::String("llama4_text".into())) {
+        notes.push(LLAMA4_ROTARY.to_string());
+    }
     if obj.get("model_type") == Some(&Value::String("glm4".into())) {
         notes.extend(GLM4_APPROXIMATIONS.map(String::from));
     }
@@ -866,6 +914,11 @@ const COHERE_APPROXIMATIONS: [&str; 1] = [
      interleaved pairs (a fixed permutation of the columns of q_proj and k_proj; the same \
      shapes and FLOPs)",
 ];
+
+/// How plait's Llama 4 departs from transformers' `Llama4TextAttention`.
+const LLAMA4_ROTARY: &str = "Llama 4's rotary dimensions are paired in the rotate-half \
+     convention, not transformers' interleaved complex pairs (a fixed permutation of the columns \
+     of q_proj and k_proj; the same shapes and FLOPs)";
 
 /// How plait's Seed-OSS departs from transformers' `SeedOssForCausalLM`: the dropout of its
 /// attention probabilities (`attention_dropout`, default 0.1) is not built.

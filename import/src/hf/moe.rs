@@ -24,6 +24,7 @@ pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, Confi
         // default.
         "glm4_moe" => sigmoid_groups(f, 1, 1)?,
         "deepseek_v2" => deepseek_v2_routing(f)?,
+        "llama4_text" => super::llama4::routing(),
         _ => Routing::default(),
     })
 }
@@ -164,10 +165,16 @@ pub(super) fn leading_dense_layers(
     if count == 0 {
         return Ok(None);
     }
-    Ok(Some(DenseLayers {
+    let layers = f.positive("num_hidden_layers")?;
+    if layers > super::MAX_LAYERS {
+        // Refused by the consistency check, without a walk over every layer first.
+        return Ok(None);
+    }
+    Ok(Some(DenseLayers::leading(
         count,
-        ffn: f.positive("intermediate_size")?,
-    }))
+        layers,
+        f.positive("intermediate_size")?,
+    )))
 }
 
 /// Qwen-MoE's dense layers: transformers gives layer i experts unless it is in
@@ -218,10 +225,11 @@ pub(super) fn qwen_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, C
     if count == 0 {
         return Ok(None);
     }
-    Ok(Some(DenseLayers {
+    Ok(Some(DenseLayers::leading(
         count,
-        ffn: f.positive("intermediate_size")?,
-    }))
+        layers,
+        f.positive("intermediate_size")?,
+    )))
 }
 
 /// What `inspect` says of expert fields that leave no layer with experts or name no layer

@@ -15,7 +15,8 @@ pub(super) fn nope_layers(f: &Fields<'_>, layers: u64) -> Result<Option<Vec<bool
         return Ok(None);
     }
     let nope = match f.model_type {
-        "smollm3" => smollm3(f, layers)?,
+        // Llama4TextConfig reads `no_rope_layers` and its interval as SmolLM3Config does.
+        "smollm3" | "llama4_text" => smollm3(f, layers)?,
         "cohere2" => cohere2(f, layers)?,
         "exaone4" => exaone4(f, layers)?,
         _ => return Ok(None),
@@ -28,8 +29,15 @@ pub(super) fn nope_layers(f: &Fields<'_>, layers: u64) -> Result<Option<Vec<bool
 /// `no_rope_layer_interval` (default 4).
 pub(super) fn smollm3(f: &Fields<'_>, layers: u64) -> Result<Vec<bool>, ConfigError> {
     const EXPECTED: &str = "a list of 1 (the layer rotates) or 0 (it does not), one per layer";
-    let items = match f.obj.get("no_rope_layers") {
-        None | Some(Value::Null) => {
+    // Llama4TextConfig takes an empty list as none (`if self.no_rope_layers`).
+    let empty =
+        |v: &Value| f.model_type == "llama4_text" && v.as_array().is_some_and(Vec::is_empty);
+    let listed = f
+        .obj
+        .get("no_rope_layers")
+        .filter(|v| !v.is_null() && !empty(v));
+    let items = match listed {
+        None => {
             let interval = f.opt_positive("no_rope_layer_interval")?.unwrap_or(4);
             return Ok((0..layers).map(|i| (i + 1) % interval == 0).collect());
         }

@@ -10,8 +10,9 @@ use serde_json::{Map, Value, json};
 
 /// (multimodal `model_type`, its text model's `model_type` where `text_config` names none:
 /// transformers' default text config).
-const TEXT_CONFIGS: [(&str, &str); 6] = [
+const TEXT_CONFIGS: [(&str, &str); 7] = [
     ("gemma3", "gemma3_text"),
+    ("llama4", "llama4_text"),
     ("mistral3", "mistral"),
     ("qwen2_vl", "qwen2"),
     ("qwen2_5_vl", "qwen2"),

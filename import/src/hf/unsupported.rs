@@ -2,12 +2,7 @@
 //! refusing one says why rather than only listing what is supported.
 
 /// (model types, what plait would need to build them).
-const KNOWN: [(&[&str], &str); 6] = [
-    (
-        &["llama4", "llama4_text"],
-        "Llama 4's chunked attention, its weightless q/k norms, its NoPE layers' attention \
-         temperature and its alternating dense and expert layers",
-    ),
+const KNOWN: [(&[&str], &str); 5] = [
     (
         &["qwen3_next"],
         "Qwen3-Next's Gated DeltaNet (linear attention) layers",

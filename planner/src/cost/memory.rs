@@ -61,6 +61,12 @@ pub struct LayerShape {
     /// each keeps its input, on sequence shards under SP and whole otherwise, as the sharding
     /// extraction lays them out (0 without).
     pub head_spanning_norms: f64,
+    /// Per-token elements kept by the norms composed of elementwise ops over q's heads and
+    /// over k's (Llama 4's weightless L2 norms, x·rsqrt(mean(x²) + eps)): each keeps its
+    /// input and its square (the square's mean reads it) and two per-head statistics, split
+    /// as the heads are (0 without).
+    pub composed_q_norms: f64,
+    pub composed_kv_norms: f64,
 }
 
 /// How a layer's activations are kept: the parallel split of the tensors and what the run
@@ -120,6 +126,8 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
                 e * sbkv / kv_split
             };
     }
+    bytes += e * s * b * l.composed_q_norms / tp;
+    bytes += e * s * b * l.composed_kv_norms / if replicated { 1.0 } else { kv_split };
     bytes += l.extra_norms * e * sbh / rep;
     bytes += e * s * b * l.head_spanning_norms / rep;
     bytes += e * s * b * l.latent_width;
@@ -223,6 +231,8 @@ mod tests {
             latent_width: 0.0,
             shared_inputs: 0.0,
             head_spanning_norms: 0.0,
+            composed_q_norms: 0.0,
+            composed_kv_norms: 0.0,
             kv_width: h,
             ffn: 4.0 * h,
             gated: false,

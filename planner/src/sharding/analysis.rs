@@ -165,6 +165,17 @@ fn unbroadcast(ins: &[&TensorType], out: &TensorType, d: Axis) -> bool {
             .all(|t| t.shape.rank() == out.shape.rank() && extent(t) == extent(out))
 }
 
+/// Whether `t` broadcasts along axis `d` of `out` (numpy's trailing alignment): it has no such
+/// axis, or one of extent 1.
+fn broadcasts(t: &TensorType, out: &TensorType, d: Axis) -> bool {
+    let (rank, out_rank) = (t.shape.rank(), out.shape.rank());
+    let from_end = out_rank - usize::from(d.axis).min(out_rank);
+    match rank.checked_sub(from_end) {
+        None => true,
+        Some(i) => t.shape.0.get(i) == Some(&Dim::Fixed(1)),
+    }
+}
+
 /// The fact of `node` given its children's facts (in `node.children()` order).
 pub fn node_fact(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Fact {
     match fact_of(ctx, node, kids) {
@@ -328,6 +339,20 @@ fn fact_of(ctx: &Ctx, node: &Shard, kids: &[Fact]) -> Result<Fact, String> {
                     tensor(ty, S(d))
                 }
                 (P, P) if additive && a.ty == b.ty => tensor(ty, P),
+                // The second operand whole and broadcast along the split axis (a scalar:
+                // Llama 4's eps): each rank's piece of the first meets the whole, as the whole
+                // did.
+                (S(d), R) if d.blocks == 1 && a.ty == ty && broadcasts(&b.ty, &ty, d) => {
+                    tensor(ty, S(d))
+                }
+                _ => return fail(),
+            }
+        }
+        Shard::Reduce(_) => {
+            let x = t(1)?;
+            match x.dist {
+                R => tensor(out(0)?, R),
+                S(d) if not_last(d, &x.ty) => tensor(out(0)?, S(d)),
                 _ => return fail(),
             }
         }

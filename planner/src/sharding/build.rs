@@ -169,6 +169,7 @@ pub fn lower(graph: &Graph, ops: &[OpId], opts: &ShardOptions) -> Result<Built, 
             OpKind::Linear { bias: false } => Shard::Linear([tag, k(0)?, k(1)?]),
             kind if kind.is_binary_pointwise() => Shard::Zip([tag, k(0)?, k(1)?]),
             kind if kind.is_unary_pointwise() => Shard::Map([tag, k(0)?]),
+            OpKind::ReduceMean | OpKind::ReduceSum => Shard::Reduce([tag, k(0)?]),
             OpKind::LayerNorm { bias: true, .. } => Shard::LayerNorm([tag, k(0)?, k(1)?, k(2)?]),
             // Without a beta it shards as an RMSNorm: a per-row norm with one replicated weight.
             OpKind::LayerNorm { bias: false, .. } => Shard::RmsNorm([tag, k(0)?, k(1)?]),

@@ -132,6 +132,8 @@ define_language! {
         "bias" = Bias([Id; 3]),
         "map" = Map([Id; 2]),
         "zip" = Zip([Id; 3]),
+        // A mean or sum over the last axis, keeping it as size 1.
+        "reduce" = Reduce([Id; 2]),
         "lnorm" = LayerNorm([Id; 4]),
         "rmsnorm" = RmsNorm([Id; 3]),
         "attn" = Attention([Id; 4]),

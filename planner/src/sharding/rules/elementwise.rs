@@ -5,6 +5,10 @@
 //! - `zip-shard`: the same for binary elementwise ops on equal shapes (residual add, SwiGLU mul)
 //!   or broadcasting along other axes than the split one (a one-column gate times a
 //!   hidden-wide output).
+//! - `zip-shard-left`: the same with the second operand whole where it broadcasts along the
+//!   split axis (Llama 4's eps beside a head-split mean).
+//! - `reduce-other`: a mean or sum over the last axis commutes with a split of another axis
+//!   (Llama 4's per-head L2 norms on head-split q and k).
 //! - `part-blocks/k`: part `i` of a `k`-way split along `a`, sharded along `a`, is part `i` of
 //!   the input sharded block-wise (`@a/k`) — how a fused QKV projection splits by heads.
 //! - `part-other`: a split along another axis commutes with the split.
@@ -23,6 +27,18 @@ pub fn rules() -> Result<Vec<Rule>, ShardError> {
             "zip-shard",
             "(shard ?d (zip ?o ?a ?b))",
             "(zip ?o (shard ?d ?a) (shard ?d ?b))",
+        )?,
+        // The second operand whole where it broadcasts along the split axis (the analysis
+        // checks): how the builders write a constant, after the tensor it meets.
+        rw(
+            "zip-shard-left",
+            "(shard ?d (zip ?o ?a ?b))",
+            "(zip ?o (shard ?d ?a) ?b)",
+        )?,
+        rw(
+            "reduce-other",
+            "(shard ?d (reduce ?o ?x))",
+            "(reduce ?o (shard ?d ?x))",
         )?,
         rw(
             "part-other",
