@@ -240,20 +240,11 @@ impl LlamaLike {
             // transformers' Llama4TextConfig defaults (Llama 4 Scout): Llama's attention with
             // chunks, NoPE layers, q/k L2 norms and the attention temperature (`llama4.rs`),
             // and a top-1 sigmoid router weighing its experts' inputs beside a shared expert.
+            // Mixtral's fields and defaults but the rotary base.
             "llama4_text" => LlamaLike {
                 model_type: "llama4_text",
-                family: Family::Mixtral,
-                required: "hidden_size, intermediate_size, num_hidden_layers, \
-                           num_attention_heads, vocab_size, num_local_experts, num_experts_per_tok",
-                positions: 4096 * 32,
-                rms_eps: 1e-5,
                 rope_theta: 500000.0,
-                tied: false,
-                experts: Some((
-                    "num_local_experts",
-                    "num_experts_per_tok",
-                    "intermediate_size",
-                )),
+                ..LlamaLike::of("mixtral")?
             },
             _ => return None,
         })
