@@ -804,6 +804,7 @@ impl Builder {
         let var = &spec.variant;
         let (moe, router) = match spec.model_type() {
             "mixtral" => ("block_sparse_moe", "gate"),
+            "granitemoe" | "granitemoeshared" => ("block_sparse_moe", "router.layer"),
             "gpt_oss" => ("mlp", "router"),
             "llama4_text" => ("feed_forward", "router"),
             _ => ("mlp", "gate"),
@@ -849,11 +850,12 @@ impl Builder {
             return Ok(routed);
         };
         if !spec.variant.shared_expert_gate {
-            let shared_name = match spec.model_type() {
-                "llama4_text" => "shared_expert",
-                _ => "shared_experts",
+            let name = match spec.model_type() {
+                "llama4_text" => format!("{p}.{moe}.shared_expert"),
+                // GraniteMoeShared's is the layer's own `shared_mlp`.
+                "granitemoeshared" => format!("{p}.shared_mlp"),
+                _ => format!("{p}.{moe}.shared_experts"),
             };
-            let name = format!("{p}.{moe}.{shared_name}");
             let dense = self.gated_mlp(spec, &name, m, shared)?;
             return self.op(OpKind::Add, vec![routed, dense]);
         }

@@ -296,6 +296,10 @@ fn llama_structured_families_equal_one_device() {
         ("olmoe", &dp2),
         ("olmoe", &pp2),
         ("granite", &tp2),
+        // Granite's MoE: Mixtral's experts with its multipliers, an ungated shared MLP.
+        ("granitemoeshared", &tp2),
+        ("granitemoeshared", &dp2),
+        ("granitemoeshared", &pp2),
         ("qwen2_moe", &dp2),
         ("qwen3_moe", &dp2),
         ("nemotron", &tp2),
@@ -411,6 +415,11 @@ fn moe_expert_parallel_equals_one_device() {
         ("qwen3_moe dp4 ep4 zero2 pp2", "qwen3_moe", with(4, 4, 2, 2)),
         ("mixtral tp2 sp dp2 ep2", "mixtral", with_tp(true, 0)),
         ("gpt_oss dp2 ep2", "gpt_oss", with(2, 2, 0, 1)),
+        (
+            "granitemoeshared dp2 ep2",
+            "granitemoeshared",
+            with(2, 2, 0, 1),
+        ),
         ("gpt_oss tp2 sp dp2 ep2", "gpt_oss", with_tp(true, 0)),
         (
             "qwen2_moe tp2 dp2 ep2 zero1",
@@ -433,7 +442,7 @@ fn moe_expert_parallel_equals_one_device() {
                 _ => None,
             })
             .collect();
-        let all = if matches!(family, "mixtral" | "gpt_oss") {
+        let all = if matches!(family, "mixtral" | "gpt_oss" | "granitemoeshared") {
             4
         } else {
             8

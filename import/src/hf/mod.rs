@@ -25,7 +25,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 40] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 42] = [
     "gpt2",
     "llama",
     "mistral",
@@ -42,6 +42,8 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 40] = [
     "olmo3",
     "olmoe",
     "granite",
+    "granitemoe",
+    "granitemoeshared",
     "qwen2_moe",
     "qwen3_moe",
     "qwen2_vl",
@@ -172,6 +174,20 @@ impl LlamaLike {
                 rms_eps: 1e-5,
                 experts: Some(("num_experts", "num_experts_per_tok", "intermediate_size")),
                 ..qwen_moe("olmoe")
+            },
+            // transformers' GraniteMoeConfig defaults (Granite 3.0/3.1 MoE, PowerMoE): Mixtral's
+            // block and router (a softmax over the top k logits) with Granite's multipliers;
+            // GraniteMoeSharedConfig adds an ungated shared MLP of `shared_intermediate_size`.
+            "granitemoe" | "granitemoeshared" => LlamaLike {
+                model_type: if model_type == "granitemoe" {
+                    "granitemoe"
+                } else {
+                    "granitemoeshared"
+                },
+                positions: 2048,
+                rms_eps: 1e-6,
+                rope_theta: 10000.0,
+                ..LlamaLike::of("mixtral")?
             },
             "qwen2_moe" => qwen_moe("qwen2_moe"),
             "qwen3_moe" => qwen_moe("qwen3_moe"),
@@ -347,6 +363,8 @@ impl LlamaLike {
                 ),
                 // Llama 4's shared expert is an MLP of intermediate_size, as each expert.
                 "llama4_text" => Some(f.positive("intermediate_size")?),
+                // GraniteMoeSharedConfig's shared_intermediate_size 0 (its default) means none.
+                "granitemoeshared" => f.opt_count("shared_intermediate_size")?.filter(|&n| n > 0),
                 _ => None,
             },
             shared_expert_gate: t == "qwen2_moe",
@@ -380,7 +398,7 @@ impl LlamaLike {
             head_bias: block.as_ref().is_some_and(|b| b.head_bias),
             layer_norm: t == "nemotron" || layernorm_family,
             post_norms: matches!(t, "olmo2" | "olmo3" | "exaone4"),
-            multipliers: if t == "granite" {
+            multipliers: if matches!(t, "granite" | "granitemoe" | "granitemoeshared") {
                 Some(granite_multipliers(f)?)
             } else {
                 None
@@ -1111,6 +1129,18 @@ impl Fields<'_> {
                 Some(n) if n > 0 => Ok(Some(n)),
                 _ => Err(self.wrong(field, "a positive integer", v)),
             },
+        }
+    }
+
+    /// A non-negative integer field (where 0 means "none", as GraniteMoeShared's
+    /// `shared_intermediate_size`).
+    fn opt_count(&self, field: &'static str) -> Result<Option<u64>, ConfigError> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.wrong(field, "a non-negative integer", v)),
         }
     }
 
