@@ -72,3 +72,34 @@ fn mlp_biases_are_refused_rather_than_dropped() {
         params(&config("llama", ""))
     );
 }
+
+/// Arcee (transformers' `ArceeForCausalLM`, AFM-4.5B): Llama's block whose MLP is Nemotron's,
+/// up_proj → squared ReLU → down_proj with no gate, in RMSNorm's pre-norm block. AFM-4.5B's
+/// shapes (hidden 2560, MLP 18432, 36 layers, 20 heads of 128 beside 4 KV heads, vocabulary
+/// 128004, untied) counted module by module.
+#[test]
+fn arcee_builds_an_ungated_squared_relu_mlp() {
+    let afm = r#"{"model_type":"arcee","hidden_size":2560,"intermediate_size":18432,
+        "num_hidden_layers":36,"num_attention_heads":20,"num_key_value_heads":4,"head_dim":128,
+        "vocab_size":128004,"max_position_embeddings":65536,"tie_word_embeddings":false,
+        "rope_scaling":{"rope_type":"yarn","factor":20.0,"original_max_position_embeddings":4096}}"#;
+    let (h, f, kv, vocab) = (2560u64, 18432u64, 512u64, 128_004u64);
+    let layer = 2 * h * h + 2 * h * kv + 2 * h * f + 2 * h;
+    assert_eq!(params(afm), 2 * vocab * h + 36 * layer + h);
+    let spec = hf::parse_config(afm, Path::new("config.json")).expect("parses");
+    let g = build_forward(&spec, DType::F32).expect("builds");
+    let count = |pred: fn(&ir::OpKind) -> bool| g.op_ids().filter(|&o| pred(&g.op(o).kind)).count();
+    assert_eq!(count(|k| matches!(k, ir::OpKind::Relu)), 36);
+    assert_eq!(count(|k| matches!(k, ir::OpKind::Silu)), 0);
+    assert_eq!(
+        count(|k| matches!(k, ir::OpKind::RmsNorm { .. })),
+        2 * 36 + 1
+    );
+    assert_eq!(count(|k| matches!(k, ir::OpKind::LayerNorm { .. })), 0);
+    // ArceeConfig's hidden_act is relu2; SwiGLU is not what its modeling code builds.
+    let err = refusal(&afm.replace(
+        r#""tie_word_embeddings""#,
+        r#""hidden_act":"silu","tie_word_embeddings""#,
+    ));
+    assert!(err.contains("hidden_act") && err.contains("relu2"), "{err}");
+}

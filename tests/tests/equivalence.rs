@@ -304,6 +304,9 @@ fn llama_structured_families_equal_one_device() {
         ("qwen3_moe", &dp2),
         ("nemotron", &tp2),
         ("nemotron", &dp2),
+        // Arcee: Nemotron's ungated squared-ReLU MLP in Llama's RMSNorm block.
+        ("arcee", &tp2),
+        ("arcee", &pp2),
         // Expert tensor parallelism: every expert's FFN split over the group.
         ("qwen2_moe", &tp2),
         ("qwen3_moe", &tp2_no_sp),

@@ -21,8 +21,8 @@ pub(super) fn check_gpt2(f: &Fields<'_>) -> Result<(), ConfigError> {
     named(f, "activation_function", GELU, "a GELU MLP")
 }
 
-/// A Llama-like family's `hidden_act` (Gemma 2 and 3: `hidden_activation`; Nemotron's
-/// squared ReLU) and `mlp_bias`.
+/// A Llama-like family's `hidden_act` (Gemma 2 and 3: `hidden_activation`; Nemotron's and
+/// Arcee's squared ReLU) and `mlp_bias`.
 pub(super) fn check_llama(f: &Fields<'_>, model_type: &str) -> Result<(), ConfigError> {
     let gemma = matches!(model_type, "gemma" | "gemma2" | "gemma3_text");
     if gemma {
@@ -32,7 +32,7 @@ pub(super) fn check_llama(f: &Fields<'_>, model_type: &str) -> Result<(), Config
             "hidden_act"
         };
         named(f, key, GELU, "GeGLU (a GELU gate)")?;
-    } else if model_type == "nemotron" {
+    } else if matches!(model_type, "nemotron" | "arcee") {
         named(f, "hidden_act", &["relu2"], "a squared-ReLU MLP")?;
     } else {
         named(f, "hidden_act", &["silu", "swish"], "SwiGLU (a SiLU gate)")?;

@@ -25,7 +25,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 42] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 43] = [
     "gpt2",
     "llama",
     "mistral",
@@ -68,6 +68,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 42] = [
     "exaone4",
     "llama4",
     "llama4_text",
+    "arcee",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -129,6 +130,9 @@ impl LlamaLike {
             // q/k norms in place of the soft-caps.
             "gemma3_text" => dense("gemma3_text", 131072, 1e-6, 1e6, true),
             "nemotron" => dense("nemotron", 4096, 1e-5, 10000.0, false),
+            // transformers' ArceeConfig defaults (AFM-4.5B): Llama's block with Nemotron's
+            // ungated squared-ReLU MLP.
+            "arcee" => dense("arcee", 4096, 1e-5, 10000.0, false),
             // transformers' SeedOssConfig defaults (Seed-OSS-36B): Llama's block with q/k/v
             // biases and dropout after attention and the MLP.
             "seed_oss" => dense("seed_oss", 524288, 1e-6, 1e7, false),
@@ -388,7 +392,7 @@ impl LlamaLike {
             mla,
             ungated_mlp: match &block {
                 Some(b) => b.mlp,
-                None => (t == "nemotron").then_some(Ungated::SquaredRelu),
+                None => matches!(t, "nemotron" | "arcee").then_some(Ungated::SquaredRelu),
             },
             mlp_bias: block.as_ref().is_some_and(|b| b.mlp_bias),
             parallel: match &block {
