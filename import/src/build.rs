@@ -229,7 +229,9 @@ impl Builder {
         spec: &ModelSpec,
         x: ValueId,
     ) -> Result<ValueId, BuildError> {
-        if spec.variant.layer_norm {
+        if spec.variant.weightless_norms {
+            self.weightless_layer_norm(spec, x)
+        } else if spec.variant.layer_norm {
             self.layernorm(prefix, spec, x)
         } else if spec.variant.bias_free_layer_norm {
             let g = self.param(&format!("{prefix}.weight"), &[spec.hidden]);
@@ -361,6 +363,7 @@ impl Builder {
         let var = &spec.variant;
         let (q, k, v) = self.qkv(spec, p, a)?;
         let (q, k) = self.qk_norms(spec, p, q, k)?;
+        let (q, k, v) = self.clip_qkv(spec, (q, k, v))?;
         let (q, k) = self.rotaries(spec, q, k)?;
         let (q, k) = self.qk_l2_norms(spec, q, k)?;
         let scale_base = var.query_scale.unwrap_or(spec.head_dim() as f64);
@@ -469,6 +472,40 @@ impl Builder {
         let inverse = self.op(OpKind::Rsqrt, vec![shifted])?;
         let normed = self.op(OpKind::Mul, vec![per_head, inverse])?;
         self.flat_view(normed, heads * d)
+    }
+
+    /// OLMo 1's `OlmoLayerNorm` of `x[B, S, H]`: `F.layer_norm` with no weight or bias,
+    /// (x − mean)·rsqrt(mean((x − mean)²) + eps), composed of ops every backend has.
+    fn weightless_layer_norm(
+        &mut self,
+        spec: &ModelSpec,
+        x: ValueId,
+    ) -> Result<ValueId, BuildError> {
+        let mean = self.op(OpKind::ReduceMean, vec![x])?;
+        let centred = self.op(OpKind::Sub, vec![x, mean])?;
+        let squares = self.op(OpKind::Mul, vec![centred, centred])?;
+        let variance = self.op(OpKind::ReduceMean, vec![squares])?;
+        let eps = self.scalar(spec.norm_eps);
+        let shifted = self.op(OpKind::Add, vec![variance, eps])?;
+        let inverse = self.op(OpKind::Rsqrt, vec![shifted])?;
+        self.op(OpKind::Mul, vec![centred, inverse])
+    }
+
+    /// q, k and v clamped to ±`clip_qkv` (OLMo's and OLMoE's), where the config sets it.
+    fn clip_qkv(
+        &mut self,
+        spec: &ModelSpec,
+        qkv: (ValueId, ValueId, ValueId),
+    ) -> Result<(ValueId, ValueId, ValueId), BuildError> {
+        let Some(limit) = spec.variant.clip_qkv else {
+            return Ok(qkv);
+        };
+        let (q, k, v) = qkv;
+        Ok((
+            self.op(OpKind::Clamp { limit }, vec![q])?,
+            self.op(OpKind::Clamp { limit }, vec![k])?,
+            self.op(OpKind::Clamp { limit }, vec![v])?,
+        ))
     }
 
     /// A branch's output times Granite's `residual_multiplier` before its residual add.

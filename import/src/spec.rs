@@ -90,6 +90,12 @@ pub struct Variant {
     pub multipliers: Option<Multipliers>,
     /// LayerNorm with a weight and no bias (Cohere's `CohereLayerNorm`).
     pub bias_free_layer_norm: bool,
+    /// LayerNorms with neither weight nor bias (OLMo 1's `OlmoLayerNorm`), composed of
+    /// elementwise ops and means: (x − mean(x))·rsqrt(var(x) + eps).
+    pub weightless_norms: bool,
+    /// q, k and v clamped to ±this after their projections (and OLMoE's q/k norms): OLMo's
+    /// and OLMoE's `clip_qkv`.
+    pub clip_qkv: Option<f64>,
     /// The logits multiplied by this factor (Cohere's `logit_scale`).
     pub logit_scale: Option<f64>,
     /// A learned sink logit per attention head (gpt-oss's `sinks`).
@@ -506,8 +512,14 @@ impl ModelSpec {
                     .as_ref()
                     .map_or(zero, |d| three * h * n(d.ffn));
                 let mlps = n(self.layers - dense) * mlp + n(dense) * dense_mlp;
-                // A LayerNorm has a bias beside its weight.
-                let norm = if var.layer_norm { two * h } else { h };
+                // A LayerNorm has a bias beside its weight; OLMo 1's have neither.
+                let norm = if var.weightless_norms {
+                    zero
+                } else if var.layer_norm {
+                    two * h
+                } else {
+                    h
+                };
                 let norms = if var.sandwich_norms {
                     four * norm
                 } else if var.parallel == Some(ParallelNorms::Shared) {

@@ -73,6 +73,7 @@ pub fn elementwise_flops(kind: &OpKind) -> f64 {
         OpKind::Sigmoid => 4.0,
         OpKind::Silu => 5.0,
         OpKind::Relu => 1.0,
+        OpKind::Clamp { .. } => 2.0,
         OpKind::Gelu { .. } => 10.0,
         OpKind::ReduceMean | OpKind::ReduceSum => 1.0,
         OpKind::LayerNorm { .. } => 8.0,

@@ -8,7 +8,8 @@
 //! - `MatMul(a[.., M, K], b[.., K, N])` → `[.., M, N]`, batch dims broadcast.
 //! - `Linear(x[.., K], w[K, N], bias[N]?)` → `[.., N]` (weights stored input-major).
 //! - Elementwise: `Add`, `Sub`, `Mul`, `Div` (broadcasting); `Neg`, `Exp`, `Sqrt`, `Rsqrt`,
-//!   `Tanh`, `Sigmoid`, `Pow{exponent}`, `Scale{factor}`, `Gelu{tanh}`, `Silu`, `Relu`.
+//!   `Tanh`, `Sigmoid`, `Pow{exponent}`, `Scale{factor}`, `Gelu{tanh}`, `Silu`, `Relu`,
+//!   `Clamp{limit}` (to ±limit).
 //! - `ReduceMean`/`ReduceSum` over the last axis, keeping it as size 1.
 //! - `LayerNorm{eps, bias}(x[.., H], gamma[H], beta[H]?)` (no beta where `bias` is false:
 //!   Cohere's), `RmsNorm{eps}(x[.., H], gamma[H])`.
@@ -117,6 +118,11 @@ pub enum OpKind {
     },
     Silu,
     Relu,
+    /// `min(max(x, -limit), limit)` (OLMo's `clip_qkv`); the gradient passes where
+    /// |x| ≤ limit, as PyTorch's `clamp`.
+    Clamp {
+        limit: f64,
+    },
     ReduceMean,
     ReduceSum,
     LayerNorm {
@@ -319,6 +325,7 @@ impl OpKind {
             OpKind::Gelu { .. } => "gelu",
             OpKind::Silu => "silu",
             OpKind::Relu => "relu",
+            OpKind::Clamp { .. } => "clamp",
             OpKind::ReduceMean => "reduce_mean",
             OpKind::ReduceSum => "reduce_sum",
             OpKind::LayerNorm { .. } => "layernorm",
@@ -380,6 +387,7 @@ impl OpKind {
                 | OpKind::Gelu { .. }
                 | OpKind::Silu
                 | OpKind::Relu
+                | OpKind::Clamp { .. }
                 | OpKind::Dropout { .. }
         )
     }
@@ -416,6 +424,7 @@ impl OpKind {
             | OpKind::Gelu { .. }
             | OpKind::Silu
             | OpKind::Relu
+            | OpKind::Clamp { .. }
             | OpKind::ReduceMean
             | OpKind::ReduceSum
             | OpKind::Softmax { .. }
@@ -576,6 +585,7 @@ pub fn infer_types(kind: &OpKind, inputs: &[&TensorType]) -> Result<Vec<TensorTy
         | OpKind::Gelu { .. }
         | OpKind::Silu
         | OpKind::Relu
+        | OpKind::Clamp { .. }
         | OpKind::Dropout { .. } => {
             float(inputs[0])?;
             one(inputs[0].clone())

@@ -109,6 +109,12 @@ fn fd_neg_exp_tanh_sigmoid_scale_silu_relu() {
     );
     unary("silu", OpKind::Silu, t(&mut r, &[3, 4]), 55);
     unary("relu", OpKind::Relu, t(&mut r, &[3, 4]), 56);
+    unary(
+        "clamp",
+        OpKind::Clamp { limit: 0.4 },
+        t(&mut r, &[3, 4]),
+        57,
+    );
 }
 
 #[test]

@@ -19,6 +19,7 @@
 #define U_GELU_TANH 9
 #define U_SILU 10
 #define U_RELU 11
+#define U_CLAMP 12
 
 #define GELU_TANH_C 0.7978845608028654
 #define GELU_TANH_CUBIC 0.044715
@@ -41,6 +42,7 @@ __device__ double unary_apply(int op, double p, double x) {
             return 0.5 * x * (1.0 + (double)tanhf((float)u));
         }
         case U_SILU: return x * sigmoid32(x);
+        case U_CLAMP: return fmin(fmax(x, -p), p);
         default: return x > 0.0 ? x : 0.0;  // U_RELU
     }
 }
@@ -66,6 +68,7 @@ __device__ double unary_derivative(int op, double p, double x) {
             return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
         }
         case U_SILU: { double s = sigmoid32(x); return s * (1.0 + x * (1.0 - s)); }
+        case U_CLAMP: return fabs(x) <= p ? 1.0 : 0.0;  // PyTorch's: passes where min <= x <= max
         default: return x > 0.0 ? 1.0 : 0.0;  // U_RELU: PyTorch's subgradient 0 at 0
     }
 }

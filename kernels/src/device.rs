@@ -74,6 +74,7 @@ pub fn unary_code(kind: &ir::OpKind) -> Option<(i32, f64)> {
         Unary::Gelu { tanh: true } => (9, 0.0),
         Unary::Silu => (10, 0.0),
         Unary::Relu => (11, 0.0),
+        Unary::Clamp(l) => (12, l),
     })
 }
 

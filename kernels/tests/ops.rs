@@ -32,6 +32,7 @@ fn unary() {
         OpKind::Gelu { tanh: true },
         OpKind::Silu,
         OpKind::Relu,
+        OpKind::Clamp { limit: 0.4 },
     ];
     for kind in kinds {
         each_seed(kind.mnemonic(), |rng| {

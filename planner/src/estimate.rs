@@ -772,6 +772,7 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
         head_spanning_norms: 0.0,
         composed_q_norms: 0.0,
         composed_kv_norms: 0.0,
+        clamped_qkv: false,
     };
     let mut residual_norms = 0.0f64;
     let mut residual_norm_inputs = std::collections::BTreeSet::new();
@@ -822,7 +823,11 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                 if both && w.is_some_and(|w| w != h) {
                     shape.gated = true;
                 }
-                let one_column = op.inputs.iter().any(|&v| width(v) == Some(1));
+                // A composed norm's rsqrt (OLMo 1's LayerNorm) scales no branch.
+                let one_column = op
+                    .inputs
+                    .iter()
+                    .any(|&v| width(v) == Some(1) && g.op(g.def_op(v)).kind != OpKind::Rsqrt);
                 if w == Some(h) && one_column {
                     shape.gate_scaled += 1.0;
                 }
@@ -848,14 +853,19 @@ fn layer_shape(g: &Graph, info: &ModelInfo<'_>) -> LayerShape {
                 shape.experts_per_token = *k as f64;
                 shape.routed = true;
             }
+            // OLMo's clip_qkv: each clamp keeps its input, q's, k's or v's projection.
+            OpKind::Clamp { .. } => shape.clamped_qkv = true,
             // A norm composed of elementwise ops over each head of `[B, S, heads, d]` (Llama
-            // 4's L2 norms): the mean of the square. It keeps the input and the square (d
-            // each a head) and the mean shifted by eps and its rsqrt (one each a head).
-            OpKind::ReduceMean => {
+            // 4's L2 norms): the mean of the square. It keeps the input (d a head; the mean's
+            // gradient reads no value) and the mean shifted by eps and its rsqrt (one each a
+            // head). A composed norm over the hidden axis (OLMo 1's weightless LayerNorm,
+            // `[B, S, H]`) keeps its centred input in place of a norm's input, which the
+            // block's count has, and three statistics a token (under 0.1 % of it): no term.
+            OpKind::ReduceMean if g.ty(op.inputs[0]).shape.rank() == 4 => {
                 let dims = g.ty(op.inputs[0]).shape.dims().to_vec();
                 let fixed = |i: usize| dims.get(i).and_then(|d| d.fixed()).unwrap_or(0) as f64;
                 let (heads, d) = (fixed(2), fixed(3));
-                let kept = 2.0 * heads * d + 2.0 * heads;
+                let kept = heads * d + 2.0 * heads;
                 if heads as u64 == info.heads {
                     shape.composed_q_norms += kept;
                 } else {

@@ -373,6 +373,7 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("olmo-2-1124-7b", "OLMo 2"),
         ("olmoe-1b-7b", "OLMoE"),
         ("granite-3.1-2b-instruct", "Granite"),
+        ("granite-3.1-3b-a800m", "Granite"),
         ("pythia-160m", "in parallel"),
         ("phi-2", "in parallel"),
         ("falcon-7b", "in parallel"),
@@ -385,6 +386,29 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
                 assert!(f.contains(feature), "{name}: {f}")
             }
             other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
+/// OLMo 1's LayerNorms have no weight or bias, and its q, k and v may be clamped
+/// (`clip_qkv`): neither is an argument of Megatron's GPT model, and each is named.
+#[test]
+fn olmo_1_is_refused_by_name() {
+    let olmo = r#"{"model_type":"olmo","hidden_size":2048,"intermediate_size":8192,
+        "num_hidden_layers":16,"num_attention_heads":16,"vocab_size":50304,
+        "max_position_embeddings":2048,"tie_word_embeddings":true,"clip_qkv":null}"#;
+    let s = strategy(1, 1, 8, 1, 64, 2048);
+    for (config, feature) in [
+        (olmo.to_string(), "OLMo 1's"),
+        (olmo.replace("null", "8.0"), "clip_qkv"),
+    ] {
+        let spec = import::hf::parse_config(&config, std::path::Path::new("config.json")).unwrap();
+        let p = plan_of(&spec, "olmo", "dgx-h100", &s);
+        match planner::export::export(&p, Engine::Megatron) {
+            Err(PlanError::Unexportable { feature: f, .. }) => {
+                assert!(f.contains(feature), "{feature}: {f}")
+            }
+            other => panic!("{feature}: {other:?}"),
         }
     }
 }

@@ -1159,6 +1159,7 @@ fn unary_functions_and_their_derivatives() {
         OpKind::Gelu { tanh: true },
         OpKind::Silu,
         OpKind::Relu,
+        OpKind::Clamp { limit: 0.4 },
     ] {
         check(&b, kind, &[x()], 1e-6);
     }

@@ -304,6 +304,12 @@ fn llama_structured_families_equal_one_device() {
         ("qwen3_moe", &dp2),
         ("nemotron", &tp2),
         ("nemotron", &dp2),
+        // OLMo 1: weightless LayerNorms composed of means and elementwise ops, q, k and v
+        // clamped to ±0.2.
+        ("olmo", &tp2),
+        ("olmo", &tp2_no_sp),
+        ("olmo", &dp2),
+        ("olmo", &pp2),
         // Arcee: Nemotron's ungated squared-ReLU MLP in Llama's RMSNorm block.
         ("arcee", &tp2),
         ("arcee", &pp2),
@@ -673,6 +679,8 @@ fn extracted_layouts_equal_one_device() {
     const GPT_OSS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-gpt_oss.json");
     const LLAMA4: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-llama4.json");
     let llama4_sp = oss_sp.clone();
+    const OLMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-olmo.json");
+    let olmo1_sp = oss_sp.clone();
     let mut bad = Vec::new();
     let mut resplit: Vec<&str> = Vec::new();
     let (mut whole_kv, mut broadcast, mut recut): (Vec<&str>, Vec<&str>, Vec<&str>) =
@@ -717,6 +725,10 @@ fn extracted_layouts_equal_one_device() {
         // eps broadcast to every rank's piece), four runs of two structures.
         ("llama4 tp2 sp", LLAMA4, llama4_sp),
         ("llama4 tp2", LLAMA4, Config::new(2, 1, 1)),
+        // OLMo 1: weightless LayerNorms composed of means over the hidden axis (on sequence
+        // shards under SP), q, k and v clamped with the heads split.
+        ("olmo tp2 sp", OLMO, olmo1_sp),
+        ("olmo tp2", OLMO, Config::new(2, 1, 1)),
     ] {
         let (plan, graph) = with_extraction(model, &c);
         if let Some(bp) = &plan.block_plan {

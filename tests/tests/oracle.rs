@@ -77,6 +77,11 @@ const NOPE_MODELS: [&str; 3] = [
 /// top-1 experts whose gate scales their input beside a shared expert.
 const LLAMA4_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-llama4.json");
 
+/// OLMo 1's tiny config: LayerNorms of neither weight nor bias composed of means and
+/// elementwise ops (their gradients spread over the hidden axis), q, k and v clamped to ±0.2
+/// (about a fifth of them clamped at this initialization).
+const OLMO_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-olmo.json");
+
 #[test]
 fn first_loss_equals_the_interpreter() {
     for model in [
@@ -88,6 +93,7 @@ fn first_loss_equals_the_interpreter() {
         NOPE_MODELS[1],
         NOPE_MODELS[2],
         LLAMA4_MODEL,
+        OLMO_MODEL,
     ] {
         let want = interp_first_loss(model, 7);
         let got = train(&programs(model, &Config::new(1, 1, 1)), 1, 7).losses[0];

@@ -2,7 +2,8 @@
 //! (one `grad` per differentiated op as `ir::autodiff::backward` builds them, except ops whose
 //! gradient reads no operand value, which become forward ops on the output gradient: `add` →
 //! the gradient itself, `split` → `concat`, `dropout` → the same dropout, `scale` → the same
-//! scale, `transpose` → the inverse transpose, `reshape` → the reshape back), with the
+//! scale, `transpose` → the inverse transpose, `reshape` → the reshape back, `reduce_mean` and
+//! `reduce_sum` → the gradient expanded over the axis, scaled by 1/width for the mean), with the
 //! collectives' conjugates (all-gather ↔ reduce-scatter, all-reduce ↔ identity).
 //!
 //! What the forward keeps for the backward is what the backward reads, so the buffers alive
@@ -60,7 +61,10 @@ pub fn bwd_reads(seg: &Segment, step: &Step) -> Vec<SVal> {
             | OpKind::Slice { .. }
             | OpKind::Concat { .. }
             // A rotation's adjoint is the inverse rotation of the output gradient.
-            | OpKind::Rotary { .. } => vec![],
+            | OpKind::Rotary { .. }
+            // A mean's or sum's gradient is the output gradient spread over the axis.
+            | OpKind::ReduceMean
+            | OpKind::ReduceSum => vec![],
             _ => ins.clone(),
         },
         _ => vec![],
@@ -859,6 +863,32 @@ pub fn backward(
                                 }
                             }
                             dxs.push((0, one(b, 0, OpKind::Transpose { perm: inv }, vec![dys[0]])));
+                        }
+                        OpKind::ReduceMean | OpKind::ReduceSum => {
+                            let shape = &seg.vals[ins[0]].shape;
+                            let width = shape.last().copied().unwrap_or(1).max(1);
+                            let expand = OpKind::Expand {
+                                shape: shape.iter().map(|&d| ir::Dim::Fixed(d)).collect(),
+                            };
+                            let dx = if matches!(kind, OpKind::ReduceMean) {
+                                let name = format!("{}.mean", gname(ins[0]));
+                                let spread = b.alloc_like(dys[0], name, Role::ActGrad);
+                                let factor = 1.0 / width as f64;
+                                b.push(compute(
+                                    OpKind::Scale { factor },
+                                    vec![dys[0]],
+                                    vec![spread],
+                                    vec![],
+                                    env.layer,
+                                    false,
+                                ));
+                                let dx = one(b, 0, expand, vec![spread]);
+                                b.free(spread);
+                                dx
+                            } else {
+                                one(b, 0, expand, vec![dys[0]])
+                            };
+                            dxs.push((0, dx));
                         }
                         OpKind::Reshape { .. } => {
                             let shape = seg.vals[ins[0]]

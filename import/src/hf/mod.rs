@@ -25,7 +25,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 43] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 44] = [
     "gpt2",
     "llama",
     "mistral",
@@ -38,6 +38,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 43] = [
     "gemma2",
     "gemma3_text",
     "gemma3",
+    "olmo",
     "olmo2",
     "olmo3",
     "olmoe",
@@ -136,6 +137,9 @@ impl LlamaLike {
             // transformers' SeedOssConfig defaults (Seed-OSS-36B): Llama's block with q/k/v
             // biases and dropout after attention and the MLP.
             "seed_oss" => dense("seed_oss", 524288, 1e-6, 1e7, false),
+            // transformers' OlmoConfig defaults (OLMo 1, 1.7): Llama's block with LayerNorms
+            // of neither weight nor bias (eps 1e-5, fixed), q, k and v optionally clamped.
+            "olmo" => dense("olmo", 2048, 1e-5, 10000.0, false),
             // transformers' Olmo2Config defaults.
             "olmo2" => dense("olmo2", 2048, 1e-5, 10000.0, false),
             // transformers' Olmo3Config defaults: OLMo 2's block, three of every four layers
@@ -333,7 +337,7 @@ impl LlamaLike {
             qk_norm: qwen3
                 || matches!(t, "gemma3_text" | "olmo2" | "olmo3" | "olmoe" | "exaone4")
                 || (t == "glm4_moe" && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
-            qk_norm_whole: olmo_qk_norms(f, t)?,
+            qk_norm_whole: matches!(t, "olmo2" | "olmo3" | "olmoe"),
             gelu_gate: gemma,
             embed_scale: gemma,
             sandwich_norms: gemma2_block || t == "glm4",
@@ -408,6 +412,8 @@ impl LlamaLike {
                 None
             },
             bias_free_layer_norm: cohere,
+            weightless_norms: t == "olmo",
+            clip_qkv: clip_qkv(f, t)?,
             logit_scale: if cohere { cohere_logit_scale(f)? } else { None },
             attention_sinks: t == "gpt_oss",
             router_bias: t == "gpt_oss",
@@ -452,22 +458,25 @@ impl LlamaLike {
     }
 }
 
-/// Whether `t` norms q and k over their whole projections (OLMo 2 and 3, OLMoE). OLMoE's optional
-/// clamp of q, k and v (`clip_qkv`, null in its published configs) is refused: plait builds
-/// no clamp.
-fn olmo_qk_norms(f: &Fields<'_>, t: &str) -> Result<bool, ConfigError> {
-    if t == "olmoe"
-        && let Some(c) = f.opt_float("clip_qkv")?
-    {
+/// OLMo's and OLMoE's `clip_qkv`: q, k and v clamped to ±it (null, their default: none). A
+/// limit that is not positive would clamp everything to a point or nothing.
+fn clip_qkv(f: &Fields<'_>, t: &str) -> Result<Option<f64>, ConfigError> {
+    if !matches!(t, "olmo" | "olmoe") {
+        return Ok(None);
+    }
+    let Some(limit) = f.opt_float("clip_qkv")? else {
+        return Ok(None);
+    };
+    if !(limit > 0.0 && limit.is_finite()) {
         return Err(ConfigError::Inconsistent {
             file: f.file.clone(),
             reason: format!(
-                "clip_qkv = {c}: plait builds OLMoE without clamping q, k and v; set it to \
-                 null (as the published OLMoE configs do)"
+                "clip_qkv = {limit}: q, k and v are clamped to ±clip_qkv, which must be a \
+                 positive number (or null for no clamp)"
             ),
         });
     }
-    Ok(matches!(t, "olmo2" | "olmo3" | "olmoe"))
+    Ok(Some(limit))
 }
 
 /// Cohere's `logit_scale` (CohereConfig's and Cohere2Config's default 0.0625; none where it
@@ -604,16 +613,18 @@ fn rotary_dims(
 }
 
 impl LlamaLike {
-    /// The config field of the norms' epsilon.
-    fn eps_field(&self) -> &'static str {
-        match self.model_type {
+    /// The config field of the norms' epsilon; `None` where it is fixed (OlmoLayerNorm's
+    /// 1e-5, whatever the config says).
+    fn eps_field(&self) -> Option<&'static str> {
+        Some(match self.model_type {
+            "olmo" => return None,
             "nemotron" => "norm_eps",
             "gpt_neox" | "phi" | "stablelm" => "layer_norm_eps",
             "starcoder2" => "norm_epsilon",
             "falcon" => "layer_norm_epsilon",
             "cohere" | "cohere2" => "layer_norm_eps",
             _ => "rms_norm_eps",
-        }
+        })
     }
 
     /// The dropout after attention and after the MLP: Seed-OSS's `residual_dropout` (its
@@ -829,7 +840,10 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
         vocab: f.vocabulary()?,
         max_positions,
         tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(kind.tied),
-        norm_eps: f.opt_epsilon(kind.eps_field())?.unwrap_or(kind.rms_eps),
+        norm_eps: match kind.eps_field() {
+            Some(field) => f.opt_epsilon(field)?.unwrap_or(kind.rms_eps),
+            None => kind.rms_eps,
+        },
         rope_theta: kind.rope_theta(&f)?,
         rope_scaling: kind.rope_scaling(&f, max_positions)?,
         experts,

@@ -2,7 +2,7 @@
 //! refusing one says why rather than only listing what is supported.
 
 /// (model types, what plait would need to build them).
-const KNOWN: [(&[&str], &str); 5] = [
+const KNOWN: [(&[&str], &str); 4] = [
     (
         &["qwen3_next"],
         "Qwen3-Next's Gated DeltaNet (linear attention) layers",
@@ -19,7 +19,6 @@ const KNOWN: [(&[&str], &str); 5] = [
         ],
         "state-space (Mamba) layers",
     ),
-    (&["olmo"], "OLMo 1's LayerNorms without parameters"),
     (&["phimoe"], "Phi-3.5-MoE's SparseMixer router"),
     (
         &["bert", "roberta", "t5", "bart", "modernbert"],

@@ -22,6 +22,7 @@ pub(crate) enum Unary {
     Gelu { tanh: bool },
     Silu,
     Relu,
+    Clamp(f64),
 }
 
 /// √(2/π), the constant of GPT-2's tanh approximation of GELU.
@@ -42,6 +43,7 @@ impl Unary {
             OpKind::Gelu { tanh } => Unary::Gelu { tanh: *tanh },
             OpKind::Silu => Unary::Silu,
             OpKind::Relu => Unary::Relu,
+            OpKind::Clamp { limit } => Unary::Clamp(*limit),
             _ => return None,
         })
     }
@@ -63,6 +65,7 @@ impl Unary {
             }
             Unary::Silu => x * sigmoid(x),
             Unary::Relu => x.max(0.0),
+            Unary::Clamp(l) => x.clamp(-l, l),
         }
     }
 
@@ -100,6 +103,14 @@ impl Unary {
             // The subgradient 0 at x = 0, as PyTorch's relu backward.
             Unary::Relu => {
                 if x > 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            // PyTorch's clamp backward passes the gradient where min ≤ x ≤ max.
+            Unary::Clamp(l) => {
+                if x.abs() <= l {
                     1.0
                 } else {
                     0.0

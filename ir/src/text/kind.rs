@@ -133,6 +133,7 @@ pub(crate) fn attrs_of(kind: &OpKind) -> Vec<(&'static str, AttrVal)> {
         OpKind::Linear { bias } => vec![("bias", Bool(*bias))],
         OpKind::Pow { exponent } => vec![("exponent", Float(*exponent))],
         OpKind::Scale { factor } => vec![("factor", Float(*factor))],
+        OpKind::Clamp { limit } => vec![("limit", Float(*limit))],
         OpKind::Gelu { tanh } => vec![("tanh", Bool(*tanh))],
         OpKind::LayerNorm { eps, bias } => {
             let mut attrs = vec![("eps", Float(*eps))];
@@ -511,6 +512,9 @@ pub(crate) fn build_kind(
         },
         "silu" => OpKind::Silu,
         "relu" => OpKind::Relu,
+        "clamp" => OpKind::Clamp {
+            limit: a.float(m, "limit")?,
+        },
         "reduce_mean" => OpKind::ReduceMean,
         "reduce_sum" => OpKind::ReduceSum,
         "layernorm" => OpKind::LayerNorm {

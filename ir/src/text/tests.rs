@@ -39,6 +39,7 @@ fn every_kind() -> Vec<OpKind> {
         OpKind::Gelu { tanh: false },
         OpKind::Silu,
         OpKind::Relu,
+        OpKind::Clamp { limit: 8.0 },
         OpKind::ReduceMean,
         OpKind::ReduceSum,
         OpKind::LayerNorm {

@@ -63,10 +63,12 @@ pub struct LayerShape {
     pub head_spanning_norms: f64,
     /// Per-token elements kept by the norms composed of elementwise ops over q's heads and
     /// over k's (Llama 4's weightless L2 norms, x·rsqrt(mean(x²) + eps)): each keeps its
-    /// input and its square (the square's mean reads it) and two per-head statistics, split
-    /// as the heads are (0 without).
+    /// input and two per-head statistics, split as the heads are (0 without).
     pub composed_q_norms: f64,
     pub composed_kv_norms: f64,
+    /// q, k and v clamped after their projections (OLMo's `clip_qkv`): each clamp keeps its
+    /// input beside the attention's q, k and v, split as they are.
+    pub clamped_qkv: bool,
 }
 
 /// How a layer's activations are kept: the parallel split of the tensors and what the run
@@ -125,6 +127,15 @@ pub fn layer_activation_bytes(l: &LayerShape, s: f64, b: f64, a: &ActivationPoli
             } else {
                 e * sbkv / kv_split
             };
+    }
+    if l.clamped_qkv {
+        bytes += e * sbq / tp
+            + 2.0
+                * if replicated {
+                    e * sbkv
+                } else {
+                    e * sbkv / kv_split
+                };
     }
     bytes += e * s * b * l.composed_q_norms / tp;
     bytes += e * s * b * l.composed_kv_norms / if replicated { 1.0 } else { kv_split };
@@ -233,6 +244,7 @@ mod tests {
             head_spanning_norms: 0.0,
             composed_q_norms: 0.0,
             composed_kv_norms: 0.0,
+            clamped_qkv: false,
             kv_width: h,
             ffn: 4.0 * h,
             gated: false,

@@ -576,11 +576,21 @@ fn refuse_unexpressed(
     if qkv.linears.is_empty() {
         return Err("attention whose q, k and v projections plait cannot find");
     }
+    if layer.iter().any(|k| matches!(k, OpKind::Clamp { .. })) {
+        return Err("q, k and v clamped after their projections (OLMo's and OLMoE's clip_qkv)");
+    }
     if info.norm_across_heads() {
         return Err(
             "q and k normed over all their heads at once (OLMo 2's and OLMoE's q_norm and \
              k_norm; Megatron's --qk-layernorm norms each head)",
         );
+    }
+    if layer.iter().any(|k| matches!(k, OpKind::ReduceMean))
+        && !layer
+            .iter()
+            .any(|k| matches!(k, OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. }))
+    {
+        return Err("LayerNorms without weight or bias (OLMo 1's)");
     }
     if gate_width(g, &info.layer_ops, OpKind::Gelu { tanh: true }).is_some() {
         return Err("a gated GELU MLP (GeGLU: Gemma's)");

@@ -532,6 +532,7 @@ fn pointwise_cases() -> Vec<Case> {
         OpKind::Gelu { tanh: true },
         OpKind::Silu,
         OpKind::Relu,
+        OpKind::Clamp { limit: 0.4 },
     ]
     .into_iter()
     .map(|k| case("unary", k, vec![x.clone()], 1e-6))

@@ -21,6 +21,7 @@ pub(super) enum Ew {
     Gelu { tanh: bool },
     Silu,
     Relu,
+    Clamp(f64),
 }
 
 impl Ew {
@@ -41,6 +42,7 @@ impl Ew {
             OpKind::Gelu { tanh } => Ew::Gelu { tanh: *tanh },
             OpKind::Silu => Ew::Silu,
             OpKind::Relu => Ew::Relu,
+            OpKind::Clamp { limit } => Ew::Clamp(*limit),
             OpKind::Expand { .. } => Ew::Identity,
             _ => return None,
         })
@@ -144,6 +146,11 @@ impl Emitter<'_> {
             Ew::Relu => {
                 let zero = self.f32_const(0.0);
                 self.f32_op("arith.maximumf", &[&a, &zero])
+            }
+            Ew::Clamp(l) => {
+                let (low, high) = (self.f32_const(-l), self.f32_const(l));
+                let floored = self.f32_op("arith.maximumf", &[&a, &low]);
+                self.f32_op("arith.minimumf", &[&floored, &high])
             }
         })
     }
