@@ -310,6 +310,12 @@ fn llama_structured_families_equal_one_device() {
         ("olmo", &tp2_no_sp),
         ("olmo", &dp2),
         ("olmo", &pp2),
+        // ERNIE 4.5's MoE: dense layers 0 and 2 between expert layers 1 and 3 (a softmax
+        // router, an ungated shared expert), four runs of two structures.
+        ("ernie4_5_moe", &tp2),
+        ("ernie4_5_moe", &dp2),
+        ("ernie4_5_moe", &pp2),
+        ("ernie4_5_moe", &interleaved),
         // Arcee: Nemotron's ungated squared-ReLU MLP in Llama's RMSNorm block.
         ("arcee", &tp2),
         ("arcee", &pp2),
@@ -429,6 +435,7 @@ fn moe_expert_parallel_equals_one_device() {
             "granitemoeshared",
             with(2, 2, 0, 1),
         ),
+        ("ernie4_5_moe dp2 ep2", "ernie4_5_moe", with(2, 2, 0, 1)),
         ("gpt_oss tp2 sp dp2 ep2", "gpt_oss", with_tp(true, 0)),
         (
             "qwen2_moe tp2 dp2 ep2 zero1",
@@ -451,7 +458,10 @@ fn moe_expert_parallel_equals_one_device() {
                 _ => None,
             })
             .collect();
-        let all = if matches!(family, "mixtral" | "gpt_oss" | "granitemoeshared") {
+        let all = if matches!(
+            family,
+            "mixtral" | "gpt_oss" | "granitemoeshared" | "ernie4_5_moe"
+        ) {
             4
         } else {
             8

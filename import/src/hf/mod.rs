@@ -25,7 +25,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 44] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 46] = [
     "gpt2",
     "llama",
     "mistral",
@@ -70,6 +70,8 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 44] = [
     "llama4",
     "llama4_text",
     "arcee",
+    "ernie4_5",
+    "ernie4_5_moe",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -198,6 +200,25 @@ impl LlamaLike {
                 ..LlamaLike::of("mixtral")?
             },
             "qwen2_moe" => qwen_moe("qwen2_moe"),
+            // transformers' Ernie4_5Config defaults (ERNIE-4.5-0.3B): Llama's block, tied,
+            // its rotary pairs interleaved (GLM's rotate_half).
+            "ernie4_5" => dense("ernie4_5", 131072, 1e-5, 500000.0, true),
+            // transformers' Ernie4_5_MoeConfig defaults (ERNIE-4.5-21B-A3B): that block with
+            // a softmax router over `moe_num_experts` experts of `moe_intermediate_size`
+            // beside `moe_num_shared_experts` shared ones, dense layers where
+            // `moe_layer_start_index`, `moe_layer_end_index` and `moe_layer_interval` say.
+            "ernie4_5_moe" => LlamaLike {
+                model_type: "ernie4_5_moe",
+                family: Family::Mixtral,
+                required: "hidden_size, intermediate_size, moe_intermediate_size, \
+                           num_hidden_layers, num_attention_heads, vocab_size, \
+                           moe_num_experts, moe_k",
+                positions: 131072,
+                rms_eps: 1e-5,
+                rope_theta: 500000.0,
+                tied: true,
+                experts: Some(("moe_num_experts", "moe_k", "moe_intermediate_size")),
+            },
             "qwen3_moe" => qwen_moe("qwen3_moe"),
             // transformers' DeepseekV2Config defaults: DeepSeek-V3's block (latent attention,
             // shared and routed experts) with V2's softmax router.
@@ -308,12 +329,16 @@ impl LlamaLike {
             // Cohere2Config sets head_dim to hidden / heads whatever the file says.
             _ if t == "cohere2" => None,
             Some(d) => Some(d),
-            // transformers' defaults: Qwen3, GLM-4 and Seed-OSS 128, Gemma 256, gpt-oss 64.
-            None if qwen3 || matches!(t, "glm4" | "seed_oss") => Some(128),
+            // transformers' defaults: Qwen3, GLM-4, Seed-OSS and ERNIE 4.5 128, Gemma 256,
+            // gpt-oss 64.
+            None if qwen3 || matches!(t, "glm4" | "seed_oss" | "ernie4_5") => Some(128),
             None if gemma => Some(256),
             None if t == "gpt_oss" => Some(64),
             None => None,
         };
+        if matches!(t, "ernie4_5" | "ernie4_5_moe") {
+            ernie_bias_free(f)?;
+        }
         Ok(Variant {
             model_type: (!matches!(t, "llama" | "mixtral")).then(|| t.to_string()),
             head_dim: head_dim.filter(|&d| d != implied),
@@ -371,6 +396,11 @@ impl LlamaLike {
                 ),
                 // Llama 4's shared expert is an MLP of intermediate_size, as each expert.
                 "llama4_text" => Some(f.positive("intermediate_size")?),
+                // moe_num_shared_experts (Ernie4_5_MoeConfig's default 2) MLPs as one.
+                "ernie4_5_moe" => match f.opt_count("moe_num_shared_experts")?.unwrap_or(2) {
+                    0 => None,
+                    n => Some(n * f.positive("moe_intermediate_size")?),
+                },
                 // GraniteMoeSharedConfig's shared_intermediate_size 0 (its default) means none.
                 "granitemoeshared" => f.opt_count("shared_intermediate_size")?.filter(|&n| n > 0),
                 _ => None,
@@ -390,6 +420,7 @@ impl LlamaLike {
                 "deepseek_v3" => moe::deepseek_dense_layers(f, 3)?,
                 "glm4_moe" => moe::leading_dense_layers(f, 1)?,
                 "qwen2_moe" | "qwen3_moe" => moe::qwen_dense_layers(f)?,
+                "ernie4_5_moe" if layers <= MAX_LAYERS => moe::ernie_dense_layers(f, layers)?,
                 "llama4_text" if layers <= MAX_LAYERS => llama4::dense_layers(f, layers)?,
                 _ => None,
             },
@@ -456,6 +487,20 @@ impl LlamaLike {
             },
         })
     }
+}
+
+/// ERNIE 4.5's `use_bias` (biases on every projection, the MoE's head too) is refused: plait
+/// builds its projections without them, as every published ERNIE 4.5 config has them.
+fn ernie_bias_free(f: &Fields<'_>) -> Result<(), ConfigError> {
+    if f.opt_bool("use_bias")?.unwrap_or(false) {
+        return Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: "use_bias = true: plait builds ERNIE 4.5's projections without biases; set \
+                     it to false (as the published ERNIE 4.5 configs do)"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// OLMo's and OLMoE's `clip_qkv`: q, k and v clamped to ±it (null, their default: none). A
@@ -919,6 +964,16 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("glm4".into())) {
         notes.extend(GLM4_APPROXIMATIONS.map(String::from));
     }
+    if matches!(
+        obj.get("model_type").and_then(Value::as_str),
+        Some("ernie4_5" | "ernie4_5_moe")
+    ) {
+        notes.push(ERNIE_ROTARY.to_string());
+    }
+    if obj.get("model_type") == Some(&Value::String("ernie4_5_moe".into())) {
+        notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "ERNIE 4.5"));
+        notes.extend(unbuilt_prediction_layers(obj));
+    }
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
         notes.extend(deepseek_v3_approximations(obj));
     }
@@ -946,6 +1001,11 @@ const COHERE_APPROXIMATIONS: [&str; 1] = [
 const LLAMA4_ROTARY: &str = "Llama 4's rotary dimensions are paired in the rotate-half \
      convention, not transformers' interleaved complex pairs (a fixed permutation of the columns \
      of q_proj and k_proj; the same shapes and FLOPs)";
+
+/// How plait's ERNIE 4.5 departs from transformers' `Ernie4_5Attention`.
+const ERNIE_ROTARY: &str = "ERNIE 4.5's rotary dimensions are paired in the rotate-half \
+     convention, not transformers' interleaved pairs (a fixed permutation of the columns of \
+     q_proj and k_proj; the same shapes and FLOPs)";
 
 /// How plait's Seed-OSS departs from transformers' `SeedOssForCausalLM`: the dropout of its
 /// attention probabilities (`attention_dropout`, default 0.1) is not built.
@@ -1095,10 +1155,15 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
         let experts_field = match s.variant.model_type.as_deref() {
             Some("deepseek_v2" | "deepseek_v3") => "n_routed_experts",
             Some("qwen2_moe" | "qwen3_moe" | "olmoe") => "num_experts",
+            Some("ernie4_5_moe") => "moe_num_experts",
             _ => "num_local_experts",
         };
+        let picked_field = match s.variant.model_type.as_deref() {
+            Some("ernie4_5_moe") => "moe_k",
+            _ => "num_experts_per_tok",
+        };
         return fail(format!(
-            "num_experts_per_tok = {} exceeds {experts_field} = {}: a token picks at most every \
+            "{picked_field} = {} exceeds {experts_field} = {}: a token picks at most every \
              expert",
             s.experts_per_token, s.experts
         ));

@@ -267,3 +267,37 @@ pub(super) fn unused_expert_notes(obj: &serde_json::Map<String, Value>) -> Vec<S
     }
     notes
 }
+
+/// ERNIE 4.5's dense layers (transformers' `Ernie4_5_MoeDecoderLayer`): layer i has experts
+/// when `moe_layer_start_index` ≤ i ≤ `moe_layer_end_index` (−1: the last layer) and
+/// `moe_layer_interval` divides i + 1 (defaults 1, −1, 1); every other layer a SwiGLU MLP of
+/// `intermediate_size` (every layer, as transformers builds it, where the fields leave none with
+/// experts). `None` when every layer has experts.
+pub(super) fn ernie_dense_layers(
+    f: &Fields<'_>,
+    layers: u64,
+) -> Result<Option<DenseLayers>, ConfigError> {
+    let start = f.opt_count("moe_layer_start_index")?.unwrap_or(1);
+    let end = match f.obj.get("moe_layer_end_index") {
+        None | Some(Value::Null) => layers.saturating_sub(1),
+        Some(v) if v.as_i64() == Some(-1) => layers.saturating_sub(1),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            f.wrong(
+                "moe_layer_end_index",
+                "a layer index, or -1 for the last layer",
+                v,
+            )
+        })?,
+    };
+    let interval = f.opt_positive("moe_layer_interval")?.unwrap_or(1);
+    let dense: Vec<bool> = (0..layers)
+        .map(|i| !(start <= i && i <= end && (i + 1).is_multiple_of(interval)))
+        .collect();
+    if !dense.contains(&true) {
+        return Ok(None);
+    }
+    Ok(Some(DenseLayers {
+        dense,
+        ffn: f.positive("intermediate_size")?,
+    }))
+}
