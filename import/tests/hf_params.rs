@@ -637,22 +637,26 @@ fn deepseek_v3_counts_its_latent_attention_dense_layers_and_experts() {
     let moe = 4 * 3 * 64 * 16 + 4 * 64 + 3 * 64 * 32;
     let want = 2 * 100 * 64 + 64 + 3 * (attention + 2 * 64) + 3 * 64 * 96 + 2 * moe;
     assert_published(no_lora, want);
-    // Dense layers between expert layers (moe_layer_freq 2) are refused by name.
-    let err = hf::parse_config(
-        &no_lora.replace(
-            r#""vocab_size":100"#,
-            r#""vocab_size":100,"moe_layer_freq":2"#,
-        ),
-        Path::new("config.json"),
-    )
-    .expect_err("moe_layer_freq 2")
-    .to_string();
-    assert!(err.contains("moe_layer_freq = 2"), "{err}");
+    // moe_layer_freq 2 (transformers: experts where i >= first_k_dense_replace and i % 2 ==
+    // 0): of three layers only layer 2 has experts, layer 1 is dense between them.
+    let every_other = parse(&no_lora.replace(
+        r#""vocab_size":100"#,
+        r#""vocab_size":100,"moe_layer_freq":2"#,
+    ));
+    assert_eq!(
+        every_other.variant.dense_layers,
+        Some(import::spec::DenseLayers {
+            dense: vec![true, true, false],
+            ffn: 96
+        })
+    );
+    let want = 2 * 100 * 64 + 64 + 3 * (attention + 2 * 64) + 2 * 3 * 64 * 96 + moe;
+    assert_eq!(graph_params(&every_other), want);
+    assert_eq!(every_other.param_count(), want);
 }
 
 /// Qwen-MoE's `mlp_only_layers` / `decoder_sparse_step`: transformers gives those layers a
-/// dense MLP of `intermediate_size`; leading ones are built, dense layers between expert layers
-/// are refused by name.
+/// dense MLP of `intermediate_size`, leading or between expert layers.
 #[test]
 fn qwen_moe_dense_layers_follow_mlp_only_layers() {
     let config = |extra: &str| {
@@ -679,16 +683,20 @@ fn qwen_moe_dense_layers_follow_mlp_only_layers() {
         graph_params(&two_dense),
         all_experts - 2 * moe + 2 * 3 * h * 96
     );
-    let err = hf::parse_config(
-        &config(r#","decoder_sparse_step":2"#),
-        Path::new("config.json"),
-    )
-    .expect_err("every other layer dense")
-    .to_string();
-    assert!(
-        err.contains("decoder_sparse_step 2") && err.contains("layers 0, 2"),
-        "{err}"
+    // decoder_sparse_step 2: experts where 2 divides i + 1, layers 1 and 3.
+    let every_other = parse(&config(r#","decoder_sparse_step":2"#));
+    assert_eq!(
+        every_other.variant.dense_layers,
+        Some(import::spec::DenseLayers {
+            dense: vec![true, false, true, false],
+            ffn: 96
+        })
     );
+    assert_eq!(
+        graph_params(&every_other),
+        all_experts - 2 * moe + 2 * 3 * h * 96
+    );
+    assert_eq!(every_other.param_count(), graph_params(&every_other));
 }
 
 fn fixture(name: &str) -> String {

@@ -126,26 +126,47 @@ fn refused(f: &Fields<'_>, reason: String) -> ConfigError {
     }
 }
 
-/// DeepSeek's leading dense layers: `first_k_dense_replace` (absent: `default`, transformers'
-/// 3 for V3 and 0 for V2) of `intermediate_size`; `None` when there are none.
+/// DeepSeek's dense layers (transformers' `DeepseekV3DecoderLayer`): layer i has experts when
+/// i ≥ `first_k_dense_replace` (absent: `default`, transformers' 3 for V3 and 0 for V2) and
+/// `moe_layer_freq` (default 1) divides i; the others a SwiGLU of `intermediate_size`. `None`
+/// when every layer has experts.
 pub(super) fn deepseek_dense_layers(
     f: &Fields<'_>,
     default: u64,
 ) -> Result<Option<DenseLayers>, ConfigError> {
-    // transformers gives layer i experts when i >= first_k_dense_replace and i is a multiple
-    // of moe_layer_freq: plait builds them all so (frequency 1), as every published config.
     let freq = f.opt_positive("moe_layer_freq")?.unwrap_or(1);
-    if freq != 1 {
-        return Err(ConfigError::Inconsistent {
-            file: f.file.clone(),
-            reason: format!(
-                "moe_layer_freq = {freq}: plait builds every layer after the \
-                 first_k_dense_replace dense ones with experts (moe_layer_freq 1), not dense \
-                 layers between expert layers"
-            ),
-        });
+    let Some(leading) = leading_dense_layers(f, default)? else {
+        if freq == 1 {
+            return Ok(None);
+        }
+        return every_layer_where(f, |i| !i.is_multiple_of(freq));
+    };
+    if freq == 1 {
+        return Ok(Some(leading));
     }
-    leading_dense_layers(f, default)
+    let first = leading.count(leading.dense.len() as u64);
+    every_layer_where(f, |i| i < first || !i.is_multiple_of(freq))
+}
+
+/// The dense layers `dense(i)` picks of `num_hidden_layers`, each a SwiGLU of
+/// `intermediate_size`; `None` where it picks none.
+fn every_layer_where(
+    f: &Fields<'_>,
+    dense: impl Fn(u64) -> bool,
+) -> Result<Option<DenseLayers>, ConfigError> {
+    let layers = f.positive("num_hidden_layers")?;
+    if layers > super::MAX_LAYERS {
+        // Refused by the consistency check, without a walk over every layer first.
+        return Ok(None);
+    }
+    let dense: Vec<bool> = (0..layers).map(dense).collect();
+    if !dense.contains(&true) {
+        return Ok(None);
+    }
+    Ok(Some(DenseLayers {
+        dense,
+        ffn: f.positive("intermediate_size")?,
+    }))
 }
 
 /// The `first_k_dense_replace` (absent: `default`) leading dense layers of
@@ -179,15 +200,8 @@ pub(super) fn leading_dense_layers(
 
 /// Qwen-MoE's dense layers: transformers gives layer i experts unless it is in
 /// `mlp_only_layers` or i + 1 is not a multiple of `decoder_sparse_step` (default 1); a dense
-/// layer's MLP is `intermediate_size` wide. plait builds dense layers before the expert layers
-/// (a block that changes structure once); dense layers between expert layers are refused,
-/// naming the fields.
+/// layer's MLP is `intermediate_size` wide.
 pub(super) fn qwen_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, ConfigError> {
-    let layers = f.positive("num_hidden_layers")?;
-    if layers > super::MAX_LAYERS {
-        // Refused by the consistency check, without a walk over every layer first.
-        return Ok(None);
-    }
     let step = f.opt_positive("decoder_sparse_step")?.unwrap_or(1);
     let only: Vec<u64> = match f.obj.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
@@ -200,36 +214,7 @@ pub(super) fn qwen_dense_layers(f: &Fields<'_>) -> Result<Option<DenseLayers>, C
             .collect::<Result<_, _>>()?,
         Some(v) => return Err(f.wrong("mlp_only_layers", "a list of layer indices", v)),
     };
-    let dense: Vec<u64> = (0..layers)
-        .filter(|i| only.contains(i) || !(i + 1).is_multiple_of(step))
-        .collect();
-    let count = dense.len() as u64;
-    if dense.iter().zip(0..).any(|(&layer, k)| layer != k) {
-        let shown: Vec<String> = dense.iter().take(6).map(u64::to_string).collect();
-        return Err(ConfigError::Inconsistent {
-            file: f.file.clone(),
-            reason: format!(
-                "decoder_sparse_step {step} and mlp_only_layers {only:?} give dense MLPs to \
-                 layers {}{} between expert layers: plait builds dense layers only before the \
-                 expert layers (published Qwen-MoE configs have decoder_sparse_step 1 and no \
-                 mlp_only_layers)",
-                shown.join(", "),
-                if dense.len() > shown.len() {
-                    ", ..."
-                } else {
-                    ""
-                }
-            ),
-        });
-    }
-    if count == 0 {
-        return Ok(None);
-    }
-    Ok(Some(DenseLayers::leading(
-        count,
-        layers,
-        f.positive("intermediate_size")?,
-    )))
+    every_layer_where(f, |i| only.contains(&i) || !(i + 1).is_multiple_of(step))
 }
 
 /// What `inspect` says of expert fields that leave no layer with experts or name no layer
@@ -290,14 +275,7 @@ pub(super) fn ernie_dense_layers(
         })?,
     };
     let interval = f.opt_positive("moe_layer_interval")?.unwrap_or(1);
-    let dense: Vec<bool> = (0..layers)
-        .map(|i| !(start <= i && i <= end && (i + 1).is_multiple_of(interval)))
-        .collect();
-    if !dense.contains(&true) {
-        return Ok(None);
-    }
-    Ok(Some(DenseLayers {
-        dense,
-        ffn: f.positive("intermediate_size")?,
-    }))
+    every_layer_where(f, |i| {
+        !(start <= i && i <= end && (i + 1).is_multiple_of(interval))
+    })
 }
