@@ -316,6 +316,11 @@ fn llama_structured_families_equal_one_device() {
         ("ernie4_5_moe", &dp2),
         ("ernie4_5_moe", &pp2),
         ("ernie4_5_moe", &interleaved),
+        // dots.llm1: Qwen3's per-head q/k norms, a dense layer 0, then DeepSeek-V3's
+        // sigmoid router with scaled routed experts beside a shared one.
+        ("dots1", &tp2),
+        ("dots1", &dp2),
+        ("dots1", &pp2),
         // Arcee: Nemotron's ungated squared-ReLU MLP in Llama's RMSNorm block.
         ("arcee", &tp2),
         ("arcee", &pp2),

@@ -25,7 +25,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 46] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 47] = [
     "gpt2",
     "llama",
     "mistral",
@@ -72,6 +72,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 46] = [
     "arcee",
     "ernie4_5",
     "ernie4_5_moe",
+    "dots1",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -271,6 +272,16 @@ impl LlamaLike {
                 rms_eps: 1e-5,
                 ..LlamaLike::of("deepseek_v3")?
             },
+            // transformers' Dots1Config defaults (dots.llm1): Qwen3's attention (per-head q/k
+            // norms) before DeepSeek-V3's sigmoid-routed experts and shared experts, behind
+            // first_k_dense_replace dense layers.
+            "dots1" => LlamaLike {
+                model_type: "dots1",
+                positions: 2048,
+                rms_eps: 1e-6,
+                rope_theta: 10000.0,
+                ..LlamaLike::of("deepseek_v3")?
+            },
             // transformers' GptOssConfig defaults (gpt-oss-120b): Llama's attention with
             // biases and a sink logit per head, half the layers in a sliding window
             // (`window.rs`), then routed experts with
@@ -306,6 +317,8 @@ impl LlamaLike {
             None
         };
         let qwen3 = matches!(t, "qwen3" | "qwen3_moe");
+        // Qwen3's attention (per-head q/k norms) with hidden / heads heads by default.
+        let qwen3_attention = qwen3 || t == "dots1";
         let gemma = matches!(t, "gemma" | "gemma2" | "gemma3_text");
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
         let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
@@ -359,7 +372,7 @@ impl LlamaLike {
                 None if t == "gpt_oss" => f.opt_bool("attention_bias")?.unwrap_or(true),
                 None => !glm && attention_bias(f, t)?,
             },
-            qk_norm: qwen3
+            qk_norm: qwen3_attention
                 || matches!(t, "gemma3_text" | "olmo2" | "olmo3" | "olmoe" | "exaone4")
                 || (t == "glm4_moe" && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
             qk_norm_whole: matches!(t, "olmo2" | "olmo3" | "olmoe"),
@@ -385,10 +398,12 @@ impl LlamaLike {
             shared_expert_ffn: match t {
                 "qwen2_moe" => f.opt_positive("shared_expert_intermediate_size")?,
                 // transformers: one MLP of moe_intermediate_size × n_shared_experts.
-                "deepseek_v2" | "deepseek_v3" => match f.opt_positive("n_shared_experts")? {
-                    Some(n) => Some(n * f.positive("moe_intermediate_size")?),
-                    None => None,
-                },
+                "deepseek_v2" | "deepseek_v3" | "dots1" => {
+                    match f.opt_positive("n_shared_experts")? {
+                        Some(n) => Some(n * f.positive("moe_intermediate_size")?),
+                        None => None,
+                    }
+                }
                 // Glm4MoeConfig's n_shared_experts defaults to 1.
                 "glm4_moe" => Some(
                     f.opt_positive("n_shared_experts")?.unwrap_or(1)
@@ -410,7 +425,7 @@ impl LlamaLike {
             routed_scale: match t {
                 "deepseek_v3" => Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5)),
                 // DeepseekV2Config's and Glm4MoeConfig's default 1.0 scales nothing.
-                "deepseek_v2" | "glm4_moe" => {
+                "deepseek_v2" | "glm4_moe" | "dots1" => {
                     f.opt_float("routed_scaling_factor")?.filter(|&x| x != 1.0)
                 }
                 _ => None,
@@ -419,6 +434,7 @@ impl LlamaLike {
                 "deepseek_v2" => moe::deepseek_dense_layers(f, 0)?,
                 "deepseek_v3" => moe::deepseek_dense_layers(f, 3)?,
                 "glm4_moe" => moe::leading_dense_layers(f, 1)?,
+                "dots1" => moe::leading_dense_layers(f, 0)?,
                 "qwen2_moe" | "qwen3_moe" => moe::qwen_dense_layers(f)?,
                 "ernie4_5_moe" if layers <= MAX_LAYERS => moe::ernie_dense_layers(f, layers)?,
                 "llama4_text" if layers <= MAX_LAYERS => llama4::dense_layers(f, layers)?,
@@ -977,6 +993,9 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
         notes.extend(deepseek_v3_approximations(obj));
     }
+    if obj.get("model_type") == Some(&Value::String("dots1".into())) {
+        notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "dots.llm1"));
+    }
     if obj.get("model_type") == Some(&Value::String("glm4_moe".into())) {
         notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "GLM-4.5"));
         notes.extend(unbuilt_prediction_layers(obj));
@@ -1153,7 +1172,7 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
     }
     if s.family == Family::Mixtral && s.experts_per_token > s.experts {
         let experts_field = match s.variant.model_type.as_deref() {
-            Some("deepseek_v2" | "deepseek_v3") => "n_routed_experts",
+            Some("deepseek_v2" | "deepseek_v3" | "dots1") => "n_routed_experts",
             Some("qwen2_moe" | "qwen3_moe" | "olmoe") => "num_experts",
             Some("ernie4_5_moe") => "moe_num_experts",
             _ => "num_local_experts",

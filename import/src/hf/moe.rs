@@ -23,6 +23,11 @@ pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, Confi
         // GLM-4.5's router is DeepSeek-V3's (transformers' Glm4MoeTopkRouter), one group by
         // default.
         "glm4_moe" => sigmoid_groups(f, 1, 1)?,
+        // dots.llm1's is too, its norm_topk_prob false by default (Dots1Config).
+        "dots1" => Routing {
+            normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            ..sigmoid_groups(f, 1, 1)?
+        },
         "deepseek_v2" => deepseek_v2_routing(f)?,
         "llama4_text" => super::llama4::routing(),
         _ => Routing::default(),

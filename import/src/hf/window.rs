@@ -44,6 +44,8 @@ fn family(model_type: &str) -> Option<Family> {
         "qwen2" | "qwen3" => (Some(4096), Pattern::FromMaxWindowLayers, true),
         "qwen2_moe" => (Some(4096), Pattern::EvenBelowMaxWindowLayers, true),
         "qwen3_moe" => (Some(4096), Pattern::All, true),
+        // Dots1Config: layers from max_window_layers (default 62) on, no switch.
+        "dots1" => (Some(4096), Pattern::FromMaxWindowLayers, false),
         "cohere2" => (Some(4096), Pattern::AllButEvery(4), false),
         "smollm3" => (None, Pattern::NopeLayers, true),
         "exaone4" => (Some(4096), Pattern::AllButEvery(4), false),
@@ -145,12 +147,13 @@ fn sliding_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<b
             .map(|k| k.as_str() == Some("sliding_attention"))
             .collect());
     }
-    // Qwen2Config's default; a null keeps it.
+    // Qwen2Config's default (Dots1Config's 62); a null keeps it.
     let max_window_layers = || {
+        let default = if f.model_type == "dots1" { 62 } else { 28 };
         f.obj
             .get("max_window_layers")
             .and_then(Value::as_u64)
-            .unwrap_or(28)
+            .unwrap_or(default)
     };
     Ok(match pattern {
         Pattern::All => vec![true; usize::try_from(layers).unwrap_or(0)],
