@@ -264,3 +264,33 @@ fn transformers_5_rope_parameters_read_as_the_older_fields() {
         .to_string();
     assert!(err.contains("rope_parameters"), "{err}");
 }
+
+/// GLM (transformers' `GlmForCausalLM`, GLM-4-9B-chat-hf): GLM-4-0414's attention (biases on q,
+/// k and v, none on o, heads of 128, half of each rotated) in Llama's two-norm block, its
+/// fused gate_up_proj and interleaved pairs noted. THUDM/glm-4-9b-chat-hf's shapes: 40 layers
+/// of hidden 4096, 32 query heads beside 2 KV heads, a SwiGLU of 13696, untied embeddings of
+/// 151552; the card's 9.4B.
+#[test]
+fn glm_is_glm4_attention_in_a_two_norm_block() {
+    let glm = r#"{"model_type":"glm","hidden_size":4096,"intermediate_size":13696,
+        "num_hidden_layers":40,"num_attention_heads":32,"num_key_value_heads":2,"head_dim":128,
+        "partial_rotary_factor":0.5,"attention_bias":true,"vocab_size":151552,
+        "max_position_embeddings":131072,"rms_norm_eps":1.5625e-07,"tie_word_embeddings":false}"#;
+    let spec = import::hf::parse_config(glm, std::path::Path::new("config.json")).unwrap();
+    let (h, kv) = (4096u64, 256u64);
+    let attention = 2 * h * h + 2 * h * kv + h + 2 * kv;
+    let layer = attention + 3 * h * 13696 + 2 * h;
+    let want = 2 * 151_552 * h + 40 * layer + h;
+    assert_eq!(want, 9_399_951_360);
+    assert_eq!(spec.param_count(), want);
+    let g = import::build_forward(&spec, ir::DType::F32).unwrap();
+    assert_eq!(g.param_count(), want);
+    assert_eq!(spec.variant.rotary_dims, Some(64));
+    assert!(spec.variant.qkv_bias && !spec.variant.o_bias && !spec.variant.sandwich_norms);
+    let notes = import::hf::approximations(glm);
+    assert!(
+        notes.iter().any(|n| n.contains("gate_up_proj")),
+        "{notes:?}"
+    );
+    assert!(notes.iter().any(|n| n.contains("interleaved")), "{notes:?}");
+}

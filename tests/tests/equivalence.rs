@@ -355,6 +355,8 @@ fn llama_structured_families_equal_one_device() {
         ("seed_oss", &tp2),
         ("seed_oss", &dp2),
         ("seed_oss", &pp2),
+        // GLM: biases on q, k and v, half of each head rotated, in Llama's two-norm block.
+        ("glm", &tp2),
         // GLM-4: the same attention in Gemma 2's four-norm block.
         ("glm4", &tp2),
         ("glm4", &pp2),

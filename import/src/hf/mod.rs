@@ -25,7 +25,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 47] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 48] = [
     "gpt2",
     "llama",
     "mistral",
@@ -57,6 +57,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 47] = [
     "deepseek_v3",
     "cohere",
     "cohere2",
+    "glm",
     "glm4",
     "glm4_moe",
     "gpt_oss",
@@ -263,6 +264,9 @@ impl LlamaLike {
             // attention and the MLP as well (Gemma 2's four), biases on q, k and v, half of
             // each head rotated.
             "glm4" => dense("glm4", 131072, 1.5625e-7, 10000.0, false),
+            // transformers' GlmConfig defaults (GLM-4-9B-chat-hf, GLM-Edge): GLM-4-0414's
+            // attention in Llama's two-norm block.
+            "glm" => dense("glm", 131072, 1.5625e-7, 10000.0, false),
             // transformers' Glm4MoeConfig defaults (GLM-4.5): Llama's attention with biases
             // on q, k and v only, half of each head rotated and optional per-head q/k norms,
             // before DeepSeek-V3's shared and routed experts behind a leading dense layer.
@@ -323,7 +327,7 @@ impl LlamaLike {
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
         let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
         let deepseek = matches!(t, "deepseek_v2" | "deepseek_v3");
-        let glm = matches!(t, "glm4" | "glm4_moe");
+        let glm = matches!(t, "glm" | "glm4" | "glm4_moe");
         let cohere = matches!(t, "cohere" | "cohere2");
         let mla = if deepseek { Some(mla(f)?) } else { None };
         let layers = f.positive("num_hidden_layers")?;
@@ -344,7 +348,7 @@ impl LlamaLike {
             Some(d) => Some(d),
             // transformers' defaults: Qwen3, GLM-4, Seed-OSS and ERNIE 4.5 128, Gemma 256,
             // gpt-oss 64.
-            None if qwen3 || matches!(t, "glm4" | "seed_oss" | "ernie4_5") => Some(128),
+            None if qwen3 || matches!(t, "glm" | "glm4" | "seed_oss" | "ernie4_5") => Some(128),
             None if gemma => Some(256),
             None if t == "gpt_oss" => Some(64),
             None => None,
@@ -359,7 +363,7 @@ impl LlamaLike {
                 Some(b) => b.qkv_bias,
                 // Glm4Config's, SeedOssConfig's and GptOssConfig's attention_bias default
                 // to true.
-                None if matches!(t, "glm4" | "seed_oss" | "gpt_oss") => {
+                None if matches!(t, "glm" | "glm4" | "seed_oss" | "gpt_oss") => {
                     f.opt_bool("attention_bias")?.unwrap_or(true)
                 }
                 None => matches!(t, "qwen2" | "qwen2_moe") || attention_bias(f, t)?,
@@ -494,7 +498,9 @@ impl LlamaLike {
             rotary_dims: match t {
                 "nemotron" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
                 "phi3" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 1.0)?,
-                "glm4" | "glm4_moe" => partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?,
+                "glm" | "glm4" | "glm4_moe" => {
+                    partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?
+                }
                 _ if layernorm_family => {
                     let share = layernorm::rotary_share(f)?;
                     rotary_dims(f, head_dim.unwrap_or(implied), share)?
@@ -977,7 +983,10 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("llama4_text".into())) {
         notes.push(LLAMA4_ROTARY.to_string());
     }
-    if obj.get("model_type") == Some(&Value::String("glm4".into())) {
+    if matches!(
+        obj.get("model_type").and_then(Value::as_str),
+        Some("glm" | "glm4")
+    ) {
         notes.extend(GLM4_APPROXIMATIONS.map(String::from));
     }
     if matches!(
