@@ -156,6 +156,13 @@ fn layer_types_name_the_windowed_layers() {
     let want = [None, Some(32), Some(32), None];
     assert_eq!(windows(&tiny("gemma2", types)), want);
     assert_eq!(windows(&tiny("mistral", types)), want);
+    // Ministral (MinistralConfig): Mistral's block, every layer sliding unless layer_types
+    // names full ones; no q/k/v biases whatever attention_bias says.
+    assert_eq!(windows(&tiny("ministral", types)), want);
+    assert_eq!(windows(&tiny("ministral", "")), every(4, Some(4096)));
+    let biased = tiny("ministral", r#","attention_bias":true"#);
+    assert_eq!(biased.param_count(), tiny("ministral", "").param_count());
+    assert_eq!(biased.param_count(), tiny("mistral", "").param_count());
 }
 
 /// A windowed layer's attention counts `S × min(S, w)` scores where a full layer counts

@@ -25,10 +25,11 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 48] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 49] = [
     "gpt2",
     "llama",
     "mistral",
+    "ministral",
     "mistral3",
     "mixtral",
     "qwen2",
@@ -126,6 +127,9 @@ impl LlamaLike {
             "llama" => dense("llama", 2048, 1e-6, 10000.0, false),
             // Mistral is Llama's architecture in a sliding window (`window.rs`).
             "mistral" => dense("mistral", 4096 * 32, 1e-6, 10000.0, false),
+            // transformers' MinistralConfig (Ministral-8B): Mistral's block, each layer of
+            // `layer_types` sliding or full (every layer sliding where it names none).
+            "ministral" => dense("ministral", 4096 * 32, 1e-6, 10000.0, false),
             "qwen2" => dense("qwen2", 32768, 1e-6, 10000.0, false),
             "qwen3" => dense("qwen3", 32768, 1e-6, 10000.0, false),
             "phi3" => dense("phi3", 4096, 1e-5, 10000.0, false),
@@ -639,7 +643,14 @@ fn yarn_mscale(obj: &Map<String, Value>) -> f64 {
 fn attention_bias(f: &Fields<'_>, model_type: &str) -> Result<bool, ConfigError> {
     let read = !matches!(
         model_type,
-        "mistral" | "mixtral" | "phi3" | "qwen2" | "qwen2_moe" | "deepseek_v2" | "deepseek_v3"
+        "mistral"
+            | "ministral"
+            | "mixtral"
+            | "phi3"
+            | "qwen2"
+            | "qwen2_moe"
+            | "deepseek_v2"
+            | "deepseek_v3"
     );
     Ok(read && f.opt_bool("attention_bias")?.unwrap_or(false))
 }

@@ -35,7 +35,7 @@ struct Family {
 
 fn family(model_type: &str) -> Option<Family> {
     let (default, pattern, switched) = match model_type {
-        "mistral" => (Some(4096), Pattern::All, false),
+        "mistral" | "ministral" => (Some(4096), Pattern::All, false),
         "mixtral" | "phi3" | "starcoder2" => (None, Pattern::All, false),
         "gemma2" => (Some(4096), Pattern::AllButEvery(2), false),
         "olmo3" => (Some(4096), Pattern::AllButEvery(4), false),
