@@ -362,9 +362,16 @@ impl Builder {
     ) -> Result<ValueId, BuildError> {
         let var = &spec.variant;
         let (q, k, v) = self.qkv(spec, p, a)?;
-        let (q, k) = self.qk_norms(spec, p, q, k)?;
-        let (q, k, v) = self.clip_qkv(spec, (q, k, v))?;
-        let (q, k) = self.rotaries(spec, q, k)?;
+        let (q, k, v) = if var.qk_norm_after_rotary {
+            let (q, k) = self.rotaries(spec, q, k)?;
+            let (q, k) = self.qk_norms(spec, p, q, k)?;
+            (q, k, v)
+        } else {
+            let (q, k) = self.qk_norms(spec, p, q, k)?;
+            let (q, k, v) = self.clip_qkv(spec, (q, k, v))?;
+            let (q, k) = self.rotaries(spec, q, k)?;
+            (q, k, v)
+        };
         let (q, k) = self.qk_l2_norms(spec, q, k)?;
         let scale_base = var.query_scale.unwrap_or(spec.head_dim() as f64);
         let scale = var

@@ -30,6 +30,9 @@ pub struct Variant {
     pub o_bias: bool,
     /// RMSNorm over each head of q and of k before the rotary embedding (Qwen3).
     pub qk_norm: bool,
+    /// With `qk_norm`, the norms after the rotary embedding rather than before it (Hunyuan's
+    /// `query_layernorm` and `key_layernorm`).
+    pub qk_norm_after_rotary: bool,
     /// With `qk_norm`, q and k normed over their whole projections (all heads at once: OLMo
     /// 2, OLMoE) rather than per head.
     pub qk_norm_whole: bool,

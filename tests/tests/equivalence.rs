@@ -321,6 +321,10 @@ fn llama_structured_families_equal_one_device() {
         ("dots1", &tp2),
         ("dots1", &dp2),
         ("dots1", &pp2),
+        // Hunyuan: per-head q/k norms after the rotary, whose base the NTK alpha raises.
+        ("hunyuan_v1_dense", &tp2),
+        ("hunyuan_v1_dense", &tp2_no_sp),
+        ("hunyuan_v1_dense", &pp2),
         // Arcee: Nemotron's ungated squared-ReLU MLP in Llama's RMSNorm block.
         ("arcee", &tp2),
         ("arcee", &pp2),

@@ -25,7 +25,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 49] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 50] = [
     "gpt2",
     "llama",
     "mistral",
@@ -75,6 +75,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 49] = [
     "ernie4_5",
     "ernie4_5_moe",
     "dots1",
+    "hunyuan_v1_dense",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -142,6 +143,10 @@ impl LlamaLike {
             // transformers' ArceeConfig defaults (AFM-4.5B): Llama's block with Nemotron's
             // ungated squared-ReLU MLP.
             "arcee" => dense("arcee", 4096, 1e-5, 10000.0, false),
+            // transformers' HunYuanDenseV1Config defaults (Hunyuan-7B and smaller): Llama's
+            // block with per-head q/k RMSNorms after the rotary, whose base an NTK alpha
+            // raises.
+            "hunyuan_v1_dense" => dense("hunyuan_v1_dense", 2048, 1e-5, 10000.0, false),
             // transformers' SeedOssConfig defaults (Seed-OSS-36B): Llama's block with q/k/v
             // biases and dropout after attention and the MLP.
             "seed_oss" => dense("seed_oss", 524288, 1e-6, 1e7, false),
@@ -381,9 +386,11 @@ impl LlamaLike {
                 None => !glm && attention_bias(f, t)?,
             },
             qk_norm: qwen3_attention
+                || t == "hunyuan_v1_dense"
                 || matches!(t, "gemma3_text" | "olmo2" | "olmo3" | "olmoe" | "exaone4")
                 || (t == "glm4_moe" && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
             qk_norm_whole: matches!(t, "olmo2" | "olmo3" | "olmoe"),
+            qk_norm_after_rotary: t == "hunyuan_v1_dense",
             gelu_gate: gemma,
             embed_scale: gemma,
             sandwich_norms: gemma2_block || t == "glm4",
@@ -721,6 +728,10 @@ impl LlamaLike {
         f: &Fields<'_>,
         max_positions: u64,
     ) -> Result<ir::RopeScaling, ConfigError> {
+        if self.model_type == "hunyuan_v1_dense" && rope::ntk_alpha(f)?.is_some() {
+            // The alpha changes the base only (`rope_theta`).
+            return Ok(ir::RopeScaling::None);
+        }
         if self.model_type == "gpt_oss" && !f.obj.contains_key("rope_scaling") {
             return Ok(ir::RopeScaling::Yarn {
                 factor: 32.0,
@@ -734,13 +745,23 @@ impl LlamaLike {
         rope::rope_scaling(f, max_positions)
     }
 
-    /// The rotary base: `rope_theta`, or GPT-NeoX's older `rotary_emb_base`.
+    /// The rotary base: `rope_theta`, or GPT-NeoX's older `rotary_emb_base`; Hunyuan's raised
+    /// by its NTK alpha ([`rope::ntk_alpha`]).
     fn rope_theta(&self, f: &Fields<'_>) -> Result<f64, ConfigError> {
         let mut theta = f.opt_rope_base("rope_theta")?;
         if self.model_type == "gpt_neox" && theta.is_none() {
             theta = f.opt_rope_base("rotary_emb_base")?;
         }
-        Ok(theta.unwrap_or(self.rope_theta))
+        let theta = theta.unwrap_or(self.rope_theta);
+        if self.model_type == "hunyuan_v1_dense"
+            && let Some(alpha) = rope::ntk_alpha(f)?
+        {
+            // HunYuanDenseV1RotaryEmbedding: base · alpha^(d / (d − 2)) over a head of d.
+            let implied = f.positive("hidden_size")? / f.positive("num_attention_heads")?.max(1);
+            let d = f.opt_positive("head_dim")?.unwrap_or(implied) as f64;
+            return Ok(theta * alpha.powf(d / (d - 2.0)));
+        }
+        Ok(theta)
     }
 }
 

@@ -200,9 +200,33 @@ fn longrope_factors(f: &Fields<'_>, r: &Map<String, Value>) -> Result<(), Config
     Ok(())
 }
 
+/// Hunyuan's dynamic NTK alpha (`rope_scaling: {"type": "dynamic", "alpha": a}`), which
+/// raises the rotary base once (HunYuanDenseV1RotaryEmbedding); `None` without one. An alpha
+/// that is not a number above 1 is refused, as HunYuanDenseV1Config refuses it.
+pub(super) fn ntk_alpha(f: &Fields<'_>) -> Result<Option<f64>, ConfigError> {
+    let Some(r) = scaling_object(f.obj) else {
+        return Ok(None);
+    };
+    let Some(v) = r.get("alpha").filter(|_| kind(r) == Some("dynamic")) else {
+        return Ok(None);
+    };
+    match v.as_f64() {
+        Some(a) if a > 1.0 && a.is_finite() => Ok(Some(a)),
+        _ => Err(ConfigError::Inconsistent {
+            file: f.file.clone(),
+            reason: format!("rope_scaling.alpha must be a number above 1, got {v}"),
+        }),
+    }
+}
+
 /// What `inspect` says of a scaling plait does not compute, `None` for one it does.
 pub(super) fn note(obj: &Map<String, Value>) -> Option<String> {
     let r = scaling_object(obj)?;
+    let hunyuan = obj.get("model_type").and_then(Value::as_str) == Some("hunyuan_v1_dense");
+    if hunyuan && kind(r) == Some("dynamic") && r.contains_key("alpha") {
+        // Computed: the alpha raises the base (`ntk_alpha`).
+        return None;
+    }
     match kind(r) {
         Some(k) if COMPUTED.contains(&k) => None,
         Some("dynamic") => Some(format!(

@@ -579,6 +579,12 @@ fn refuse_unexpressed(
     if layer.iter().any(|k| matches!(k, OpKind::Clamp { .. })) {
         return Err("q, k and v clamped after their projections (OLMo's and OLMoE's clip_qkv)");
     }
+    if info.layer_ops.iter().any(|&o| norms_a_rotation(g, o)) {
+        return Err(
+            "q and k normed after the rotary embedding (Hunyuan's query_layernorm and \
+             key_layernorm; Megatron's --qk-layernorm norms them before it)",
+        );
+    }
     if info.norm_across_heads() {
         return Err(
             "q and k normed over all their heads at once (OLMo 2's and OLMoE's q_norm and \
@@ -660,6 +666,21 @@ fn refuse_unexpressed(
         return Err("a softmax scale other than 1/sqrt(head size) (query_pre_attn_scalar)");
     }
     Ok(())
+}
+
+/// Whether `o` is a norm whose input is a rotated q or k (through its views).
+fn norms_a_rotation(g: &Graph, o: OpId) -> bool {
+    if !matches!(
+        g.op(o).kind,
+        OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }
+    ) {
+        return false;
+    }
+    let mut x = g.op(o).inputs[0];
+    while let OpKind::Reshape { .. } = g.op(g.def_op(x)).kind {
+        x = g.op(g.def_op(x)).inputs[0];
+    }
+    matches!(g.op(g.def_op(x)).kind, OpKind::Rotary { .. })
 }
 
 /// Whether the block's last projection (the MLP's output) does not read the attention's
