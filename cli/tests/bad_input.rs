@@ -110,6 +110,10 @@ fn unsupported_model_type() {
             "\"qwen3_next\" is not supported (plait does not build Qwen3-Next's Gated DeltaNet",
         ),
         (
+            "hunyuan_v1_moe",
+            "(plait does not build Hunyuan-A13B's experts of fixed capacity",
+        ),
+        (
             "wibble",
             "\"wibble\" is not supported; supported model types: gpt2",
         ),

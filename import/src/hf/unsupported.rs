@@ -2,7 +2,7 @@
 //! refusing one says why rather than only listing what is supported.
 
 /// (model types, what plait would need to build them).
-const KNOWN: [(&[&str], &str); 4] = [
+const KNOWN: [(&[&str], &str); 9] = [
     (
         &["qwen3_next"],
         "Qwen3-Next's Gated DeltaNet (linear attention) layers",
@@ -20,6 +20,20 @@ const KNOWN: [(&[&str], &str); 4] = [
         "state-space (Mamba) layers",
     ),
     (&["phimoe"], "Phi-3.5-MoE's SparseMixer router"),
+    (
+        &["hunyuan_v1_moe"],
+        "Hunyuan-A13B's experts of fixed capacity, which drop the tokens beyond it",
+    ),
+    (
+        &["minimax"],
+        "MiniMax-Text-01's lightning (linear) attention layers",
+    ),
+    (&["lfm2"], "LFM2's short convolution layers"),
+    (&["jetmoe"], "JetMoE's mixture of attention heads"),
+    (
+        &["gemma3n"],
+        "Gemma 3n's per-layer embeddings and alternating updates (AltUp)",
+    ),
     (
         &["bert", "roberta", "t5", "bart", "modernbert"],
         "encoders (plait plans decoder-only language models)",
