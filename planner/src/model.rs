@@ -422,19 +422,22 @@ fn routed_expert_params(graph: &Graph, layer_ops: &[OpId]) -> (u64, u64) {
 }
 
 /// The norms among `ops` that read a projection's output whole and feed attention (through
-/// reshapes and the rotary embedding): q or k normed over all their heads at once.
+/// reshapes, the rotary embedding and a partial rotary's slice and concat): q or k normed over
+/// all their heads at once.
 fn norms_across_heads(graph: &Graph, ops: &[OpId], uses: &ir::Uses) -> Vec<OpId> {
     let feeds_attention = |v: ir::ValueId| {
         let mut frontier = vec![v];
-        for _ in 0..4 {
+        // A partial rotary reaches attention through a slice, the rotary and a concat.
+        for _ in 0..6 {
             let mut next = Vec::new();
             for v in frontier {
                 for &u in &uses[v.index()] {
                     match graph.op(u).kind {
                         OpKind::Attention { .. } => return true,
-                        OpKind::Reshape { .. } | OpKind::Rotary { .. } => {
-                            next.extend(graph.op(u).results.iter().copied())
-                        }
+                        OpKind::Reshape { .. }
+                        | OpKind::Rotary { .. }
+                        | OpKind::Slice { .. }
+                        | OpKind::Concat { .. } => next.extend(graph.op(u).results.iter().copied()),
                         _ => {}
                     }
                 }

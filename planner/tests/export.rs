@@ -372,6 +372,9 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
         ("qwen1.5-moe-a2.7b", "sigmoid gate"),
         ("olmo-2-1124-7b", "OLMo 2"),
         ("olmoe-1b-7b", "OLMoE"),
+        // Its whole-projection norms reach attention through a partial rotary's slice and
+        // concatenation.
+        ("minimax-m2.7-nvfp4", "MiniMax-M2's q_norm"),
         ("granite-3.1-2b-instruct", "Granite"),
         ("granite-3.1-3b-a800m", "Granite"),
         ("pythia-160m", "in parallel"),

@@ -325,6 +325,18 @@ fn llama_structured_families_equal_one_device() {
         ("hunyuan_v1_dense", &tp2),
         ("hunyuan_v1_dense", &tp2_no_sp),
         ("hunyuan_v1_dense", &pp2),
+        // FlexOlmo: OLMo 2's post-norm block with OLMoE's softmax-routed experts.
+        ("flex_olmo", &dp2),
+        ("flex_olmo", &pp2),
+        // GLM-4.7-Flash: latent attention, a dense layer, then sigmoid-routed experts beside a
+        // shared one.
+        ("glm4_moe_lite", &tp2),
+        ("glm4_moe_lite", &dp2),
+        ("glm4_moe_lite", &pp2),
+        // MiniMax-M2: q and k normed over their whole projections, half of each head
+        // rotated, a sigmoid router renormalizing its top k.
+        ("minimax_m2", &dp2),
+        ("minimax_m2", &pp2),
         // Arcee: Nemotron's ungated squared-ReLU MLP in Llama's RMSNorm block.
         ("arcee", &tp2),
         ("arcee", &pp2),
@@ -702,6 +714,16 @@ fn extracted_layouts_equal_one_device() {
     let llama4_sp = oss_sp.clone();
     const OLMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-olmo.json");
     let olmo1_sp = oss_sp.clone();
+    const MINIMAX: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tiny-minimax_m2.json"
+    );
+    let minimax_sp = oss_sp.clone();
+    const FLEX_OLMO: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tiny-flex_olmo.json"
+    );
+    let flex_sp = oss_sp.clone();
     let mut bad = Vec::new();
     let mut resplit: Vec<&str> = Vec::new();
     let (mut whole_kv, mut broadcast, mut recut): (Vec<&str>, Vec<&str>, Vec<&str>) =
@@ -750,6 +772,12 @@ fn extracted_layouts_equal_one_device() {
         // shards under SP), q, k and v clamped with the heads split.
         ("olmo tp2 sp", OLMO, olmo1_sp),
         ("olmo tp2", OLMO, Config::new(2, 1, 1)),
+        // MiniMax-M2: OLMo 2's whole-projection norms before a partial rotary's slice and
+        // concatenation, beside sigmoid-routed experts.
+        ("minimax_m2 tp2 sp", MINIMAX, minimax_sp),
+        ("minimax_m2 tp2", MINIMAX, Config::new(2, 1, 1)),
+        // FlexOlmo: those norms in OLMo 2's post-norm block beside experts.
+        ("flex_olmo tp2 sp", FLEX_OLMO, flex_sp),
     ] {
         let (plan, graph) = with_extraction(model, &c);
         if let Some(bp) = &plan.block_plan {

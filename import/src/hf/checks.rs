@@ -29,8 +29,16 @@ const SWITCHES: [&str; 7] = [
 
 /// Families whose attention turns only part of each head (transformers slices the rotary
 /// dimensions there); elsewhere `partial_rotary_factor` below 1 breaks its rotary.
-const PARTIAL_ROTARY: [&str; 8] = [
-    "nemotron", "phi3", "gpt_neox", "phi", "stablelm", "glm", "glm4", "glm4_moe",
+const PARTIAL_ROTARY: [&str; 9] = [
+    "nemotron",
+    "phi3",
+    "gpt_neox",
+    "phi",
+    "stablelm",
+    "glm",
+    "glm4",
+    "glm4_moe",
+    "minimax_m2",
 ];
 
 /// The attention kinds per layer (`layer_types`): Gemma 3's and the other windowed families',

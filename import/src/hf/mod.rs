@@ -8,6 +8,7 @@ mod checks;
 mod error;
 mod layernorm;
 mod llama4;
+mod minimax;
 mod moe;
 mod nope;
 mod rope;
@@ -25,7 +26,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 50] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 53] = [
     "gpt2",
     "llama",
     "mistral",
@@ -76,6 +77,9 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 50] = [
     "ernie4_5_moe",
     "dots1",
     "hunyuan_v1_dense",
+    "minimax_m2",
+    "flex_olmo",
+    "glm4_moe_lite",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -196,6 +200,15 @@ impl LlamaLike {
                 experts: Some(("num_experts", "num_experts_per_tok", "intermediate_size")),
                 ..qwen_moe("olmoe")
             },
+            // transformers' FlexOlmoConfig defaults (FlexOlmo-7x7B-1T): OLMo 2's block (norms
+            // after attention and the MLP, whole-projection q/k norms) with OLMoE's experts.
+            "flex_olmo" => LlamaLike {
+                model_type: "flex_olmo",
+                positions: 4096,
+                rms_eps: 1e-6,
+                rope_theta: 500000.0,
+                ..LlamaLike::of("olmoe")?
+            },
             // transformers' GraniteMoeConfig defaults (Granite 3.0/3.1 MoE, PowerMoE): Mixtral's
             // block and router (a softmax over the top k logits) with Granite's multipliers;
             // GraniteMoeSharedConfig adds an ungated shared MLP of `shared_intermediate_size`.
@@ -285,6 +298,15 @@ impl LlamaLike {
                 rms_eps: 1e-5,
                 ..LlamaLike::of("deepseek_v3")?
             },
+            // transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash): DeepSeek-V3's latent
+            // attention before GLM-4.5's experts (its sigmoid router, a shared expert), the
+            // layers `mlp_layer_types` calls dense (default the first) a SwiGLU.
+            "glm4_moe_lite" => LlamaLike {
+                model_type: "glm4_moe_lite",
+                positions: 202752,
+                rms_eps: 1e-5,
+                ..LlamaLike::of("deepseek_v3")?
+            },
             // transformers' Dots1Config defaults (dots.llm1): Qwen3's attention (per-head q/k
             // norms) before DeepSeek-V3's sigmoid-routed experts and shared experts, behind
             // first_k_dense_replace dense layers.
@@ -294,6 +316,16 @@ impl LlamaLike {
                 rms_eps: 1e-6,
                 rope_theta: 10000.0,
                 ..LlamaLike::of("deepseek_v3")?
+            },
+            // transformers' MiniMaxM2Config defaults (MiniMax-M2): Mixtral's block and experts
+            // behind a sigmoid router, whole-projection q/k norms, part of each head rotated
+            // (`minimax.rs`).
+            "minimax_m2" => LlamaLike {
+                model_type: "minimax_m2",
+                positions: 196608,
+                rms_eps: 1e-6,
+                rope_theta: 5e6,
+                ..LlamaLike::of("mixtral")?
             },
             // transformers' GptOssConfig defaults (gpt-oss-120b): Llama's attention with
             // biases and a sink logit per head, half the layers in a sliding window
@@ -335,10 +367,11 @@ impl LlamaLike {
         let gemma = matches!(t, "gemma" | "gemma2" | "gemma3_text");
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
         let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
-        let deepseek = matches!(t, "deepseek_v2" | "deepseek_v3");
+        // DeepSeek's latent attention: V2's and V3's, GLM-4.7-Flash's.
+        let deepseek = matches!(t, "deepseek_v2" | "deepseek_v3" | "glm4_moe_lite");
         let glm = matches!(t, "glm" | "glm4" | "glm4_moe");
         let cohere = matches!(t, "cohere" | "cohere2");
-        let mla = if deepseek { Some(mla(f)?) } else { None };
+        let mla = if deepseek { Some(mla(f, t)?) } else { None };
         let layers = f.positive("num_hidden_layers")?;
         let nope = nope::nope_layers(f, layers)?;
         // Each layer's NoPE flag (all rotate where none is listed).
@@ -360,11 +393,21 @@ impl LlamaLike {
             None if qwen3 || matches!(t, "glm" | "glm4" | "seed_oss" | "ernie4_5") => Some(128),
             None if gemma => Some(256),
             None if t == "gpt_oss" => Some(64),
+            None if t == "minimax_m2" => Some(minimax::HEAD_DIM),
             None => None,
         };
         if matches!(t, "ernie4_5" | "ernie4_5_moe") {
             ernie_bias_free(f)?;
         }
+        let minimax = t == "minimax_m2";
+        if minimax {
+            minimax::check_unbuilt(f)?;
+        }
+        let (minimax_qk_norm, minimax_whole) = if minimax {
+            minimax::qk_norm(f)?
+        } else {
+            (false, false)
+        };
         Ok(Variant {
             model_type: (!matches!(t, "llama" | "mixtral")).then(|| t.to_string()),
             head_dim: head_dim.filter(|&d| d != implied),
@@ -387,9 +430,13 @@ impl LlamaLike {
             },
             qk_norm: qwen3_attention
                 || t == "hunyuan_v1_dense"
-                || matches!(t, "gemma3_text" | "olmo2" | "olmo3" | "olmoe" | "exaone4")
-                || (t == "glm4_moe" && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
-            qk_norm_whole: matches!(t, "olmo2" | "olmo3" | "olmoe"),
+                || matches!(
+                    t,
+                    "gemma3_text" | "olmo2" | "olmo3" | "olmoe" | "flex_olmo" | "exaone4"
+                )
+                || (t == "glm4_moe" && f.opt_bool("use_qk_norm")?.unwrap_or(false))
+                || minimax_qk_norm,
+            qk_norm_whole: matches!(t, "olmo2" | "olmo3" | "olmoe" | "flex_olmo") || minimax_whole,
             qk_norm_after_rotary: t == "hunyuan_v1_dense",
             gelu_gate: gemma,
             embed_scale: gemma,
@@ -419,8 +466,8 @@ impl LlamaLike {
                         None => None,
                     }
                 }
-                // Glm4MoeConfig's n_shared_experts defaults to 1.
-                "glm4_moe" => Some(
+                // Glm4MoeConfig's and Glm4MoeLiteConfig's n_shared_experts default to 1.
+                "glm4_moe" | "glm4_moe_lite" => Some(
                     f.opt_positive("n_shared_experts")?.unwrap_or(1)
                         * f.positive("moe_intermediate_size")?,
                 ),
@@ -439,6 +486,10 @@ impl LlamaLike {
             routing: moe::routing(f, t)?,
             routed_scale: match t {
                 "deepseek_v3" => Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5)),
+                "glm4_moe_lite" => f
+                    .opt_float("routed_scaling_factor")?
+                    .or(Some(1.8))
+                    .filter(|&x| x != 1.0),
                 // DeepseekV2Config's and Glm4MoeConfig's default 1.0 scales nothing.
                 "deepseek_v2" | "glm4_moe" | "dots1" => {
                     f.opt_float("routed_scaling_factor")?.filter(|&x| x != 1.0)
@@ -449,6 +500,7 @@ impl LlamaLike {
                 "deepseek_v2" => moe::deepseek_dense_layers(f, 0)?,
                 "deepseek_v3" => moe::deepseek_dense_layers(f, 3)?,
                 "glm4_moe" => moe::leading_dense_layers(f, 1)?,
+                "glm4_moe_lite" => moe::mlp_layer_types(f, layers)?,
                 "dots1" => moe::leading_dense_layers(f, 0)?,
                 "qwen2_moe" | "qwen3_moe" => moe::qwen_dense_layers(f)?,
                 "ernie4_5_moe" if layers <= MAX_LAYERS => moe::ernie_dense_layers(f, layers)?,
@@ -467,7 +519,7 @@ impl LlamaLike {
             },
             head_bias: block.as_ref().is_some_and(|b| b.head_bias),
             layer_norm: t == "nemotron" || layernorm_family,
-            post_norms: matches!(t, "olmo2" | "olmo3" | "exaone4"),
+            post_norms: matches!(t, "olmo2" | "olmo3" | "exaone4" | "flex_olmo"),
             multipliers: if matches!(t, "granite" | "granitemoe" | "granitemoeshared") {
                 Some(granite_multipliers(f)?)
             } else {
@@ -512,6 +564,7 @@ impl LlamaLike {
                 "glm" | "glm4" | "glm4_moe" => {
                     partial_rotary_dims(f, head_dim.unwrap_or(implied), 0.5)?
                 }
+                "minimax_m2" => minimax::rotary_dims(f, head_dim.unwrap_or(implied))?,
                 _ if layernorm_family => {
                     let share = layernorm::rotary_share(f)?;
                     rotary_dims(f, head_dim.unwrap_or(implied), share)?
@@ -587,24 +640,34 @@ fn granite_multipliers(f: &Fields<'_>) -> Result<crate::spec::Multipliers, Confi
 
 /// DeepSeek-V3's multi-head latent attention, with transformers' defaults. Refuses attention
 /// biases (plait builds MLA without them).
-fn mla(f: &Fields<'_>) -> Result<Mla, ConfigError> {
+fn mla(f: &Fields<'_>, model_type: &str) -> Result<Mla, ConfigError> {
     if f.opt_bool("attention_bias")?.unwrap_or(false) {
         return Err(ConfigError::Inconsistent {
             file: f.file.clone(),
             reason: "attention_bias = true: plait builds DeepSeek's latent attention without \
-                     biases; set it to false (as the published DeepSeek-V2 and V3 configs do)"
+                     biases; set it to false (as the published DeepSeek-V2, V3 and \
+                     GLM-4.7-Flash configs do)"
                 .into(),
         });
     }
     let or = |field, default| -> Result<u64, ConfigError> {
         Ok(f.opt_positive(field)?.unwrap_or(default))
     };
+    // transformers' defaults: DeepseekV3Config's (V2's the same where plait reads them),
+    // Glm4MoeLiteConfig's narrower query rank and wider heads.
+    let (q_rank, nope_dim, v_dim) = match model_type {
+        "glm4_moe_lite" => (768, 192, 256),
+        _ => (1536, 128, 128),
+    };
     // `q_lora_rank: null` (DeepSeek-V2-Lite) means one q_proj.
     let q_lora_rank = match f.obj.get("q_lora_rank") {
         Some(Value::Null) => None,
-        _ => Some(or("q_lora_rank", 1536)?),
+        _ => Some(or("q_lora_rank", q_rank)?),
     };
-    let (nope, rope) = (or("qk_nope_head_dim", 128)?, or("qk_rope_head_dim", 64)?);
+    let (nope, rope) = (
+        or("qk_nope_head_dim", nope_dim)?,
+        or("qk_rope_head_dim", 64)?,
+    );
     if !rope.is_multiple_of(2) {
         return Err(ConfigError::Inconsistent {
             file: f.file.clone(),
@@ -618,7 +681,7 @@ fn mla(f: &Fields<'_>) -> Result<Mla, ConfigError> {
         kv_lora_rank: or("kv_lora_rank", 512)?,
         qk_nope_head_dim: nope,
         qk_rope_head_dim: rope,
-        v_head_dim: or("v_head_dim", 128)?,
+        v_head_dim: or("v_head_dim", v_dim)?,
         scale: ((nope + rope) as f64).powf(-0.5) * yarn_mscale(f.obj).powi(2),
     })
 }
@@ -925,6 +988,9 @@ fn llama(f: Fields<'_>, name: String, kind: &LlamaLike) -> Result<ModelSpec, Con
     };
     let kv_heads = if kind.model_type == "falcon" {
         layernorm::falcon_kv_heads(&f, heads)?
+    } else if kind.model_type == "minimax_m2" {
+        f.opt_positive("num_key_value_heads")?
+            .unwrap_or(minimax::KV_HEADS)
     } else {
         f.opt_positive("num_key_value_heads")?.unwrap_or(heads)
     };
@@ -1040,6 +1106,17 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("glm4_moe".into())) {
         notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "GLM-4.5"));
         notes.extend(unbuilt_prediction_layers(obj));
+    }
+    if obj.get("model_type") == Some(&Value::String("glm4_moe_lite".into())) {
+        notes.extend(
+            deepseek_v3_approximations(obj)
+                .into_iter()
+                .map(|n| n.replace("DeepSeek-V3", "GLM-4.7-Flash")),
+        );
+    }
+    if obj.get("model_type") == Some(&Value::String("minimax_m2".into())) {
+        notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "MiniMax-M2"));
+        notes.extend(minimax::unbuilt_prediction_modules(obj));
     }
     if obj.get("model_type") == Some(&Value::String("deepseek_v2".into())) {
         notes.extend(deepseek_v2_approximations(obj));
@@ -1213,8 +1290,8 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
     }
     if s.family == Family::Mixtral && s.experts_per_token > s.experts {
         let experts_field = match s.variant.model_type.as_deref() {
-            Some("deepseek_v2" | "deepseek_v3" | "dots1") => "n_routed_experts",
-            Some("qwen2_moe" | "qwen3_moe" | "olmoe") => "num_experts",
+            Some("deepseek_v2" | "deepseek_v3" | "dots1" | "glm4_moe_lite") => "n_routed_experts",
+            Some("qwen2_moe" | "qwen3_moe" | "olmoe" | "flex_olmo") => "num_experts",
             Some("ernie4_5_moe") => "moe_num_experts",
             _ => "num_local_experts",
         };

@@ -14,15 +14,15 @@ use crate::spec::DenseLayers;
 /// shares, never renormalized, limited to groups by `topk_method` ([`deepseek_v2_routing`]).
 pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, ConfigError> {
     Ok(match model_type {
-        // OlmoeConfig's `norm_topk_prob` defaults to false too.
-        "qwen2_moe" | "qwen3_moe" | "olmoe" => Routing {
+        // OlmoeConfig's and FlexOlmoConfig's `norm_topk_prob` default to false too.
+        "qwen2_moe" | "qwen3_moe" | "olmoe" | "flex_olmo" => Routing {
             normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
             ..Routing::default()
         },
         "deepseek_v3" => sigmoid_groups(f, 8, 4)?,
         // GLM-4.5's router is DeepSeek-V3's (transformers' Glm4MoeTopkRouter), one group by
         // default.
-        "glm4_moe" => sigmoid_groups(f, 1, 1)?,
+        "glm4_moe" | "glm4_moe_lite" => sigmoid_groups(f, 1, 1)?,
         // dots.llm1's is too, its norm_topk_prob false by default (Dots1Config).
         "dots1" => Routing {
             normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
@@ -30,6 +30,7 @@ pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, Confi
         },
         "deepseek_v2" => deepseek_v2_routing(f)?,
         "llama4_text" => super::llama4::routing(),
+        "minimax_m2" => super::minimax::routing(f)?,
         _ => Routing::default(),
     })
 }
@@ -201,6 +202,41 @@ pub(super) fn leading_dense_layers(
         layers,
         f.positive("intermediate_size")?,
     )))
+}
+
+/// GLM-4.7-Flash's dense layers: those `mlp_layer_types` calls "dense" (the others
+/// "sparse"); without the list, the `first_k_dense_replace` leading ones (default 1:
+/// transformers' default list, layer 0 dense), as the published config says both ways.
+pub(super) fn mlp_layer_types(
+    f: &Fields<'_>,
+    layers: u64,
+) -> Result<Option<DenseLayers>, ConfigError> {
+    let Some(v) = f.obj.get("mlp_layer_types").filter(|v| !v.is_null()) else {
+        return leading_dense_layers(f, 1);
+    };
+    let expected = "a list of \"dense\" and \"sparse\", one per layer";
+    let kinds = v
+        .as_array()
+        .ok_or_else(|| f.wrong("mlp_layer_types", expected, v))?;
+    let dense = kinds
+        .iter()
+        .map(|k| match k.as_str() {
+            Some("dense") => Ok(true),
+            Some("sparse") => Ok(false),
+            _ => Err(f.wrong("mlp_layer_types", expected, k)),
+        })
+        .collect::<Result<Vec<bool>, _>>()?;
+    if dense.len() as u64 != layers {
+        return Err(refused(
+            f,
+            format!(
+                "mlp_layer_types lists {} layers for num_hidden_layers = {layers}: give one \
+                 entry per layer",
+                dense.len()
+            ),
+        ));
+    }
+    every_layer_where(f, |i| dense[i as usize])
 }
 
 /// Qwen-MoE's dense layers: transformers gives layer i experts unless it is in

@@ -587,8 +587,8 @@ fn refuse_unexpressed(
     }
     if info.norm_across_heads() {
         return Err(
-            "q and k normed over all their heads at once (OLMo 2's and OLMoE's q_norm and \
-             k_norm; Megatron's --qk-layernorm norms each head)",
+            "q and k normed over all their heads at once (OLMo 2's, OLMoE's and MiniMax-M2's \
+             q_norm and k_norm; Megatron's --qk-layernorm norms each head)",
         );
     }
     if layer.iter().any(|k| matches!(k, OpKind::ReduceMean))
