@@ -107,7 +107,12 @@ fn unsupported_model_type() {
     for (model_type, said) in [
         (
             "qwen3_next",
-            "\"qwen3_next\" is not supported (plait does not build Qwen3-Next's Gated DeltaNet",
+            "\"qwen3_next\" is not supported (plait does not build Qwen3-Next's and Qwen3.5's \
+             Gated DeltaNet",
+        ),
+        (
+            "gemma4_text",
+            "(plait does not build Gemma 4's per-layer embeddings",
         ),
         (
             "hunyuan_v1_moe",

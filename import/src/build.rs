@@ -66,6 +66,9 @@ pub fn build_forward(spec: &ModelSpec, dtype: DType) -> Result<Graph, BuildError
             vec![x],
         )?;
     }
+    if spec.variant.embed_norm {
+        x = b.block_norm("model.embed_norm", spec, x)?;
+    }
     // Runs of layers of one structure: DeepSeek-V3's leading dense layers, Llama 4's rotated
     // (q/k-normed) and unrotated ones, Maverick's dense and expert layers.
     b.g.kind_starts = spec.kind_starts();
@@ -231,6 +234,8 @@ impl Builder {
     ) -> Result<ValueId, BuildError> {
         if spec.variant.weightless_norms {
             self.weightless_layer_norm(spec, x)
+        } else if spec.variant.weightless_rms_norms {
+            self.weightless_rms_norm(spec, x)
         } else if spec.variant.layer_norm {
             self.layernorm(prefix, spec, x)
         } else if spec.variant.bias_free_layer_norm {
@@ -307,7 +312,8 @@ impl Builder {
         let o = self.residual_scale(spec, o)?;
         let o = self.dropout(spec, o)?;
         let x = self.op(OpKind::Add, vec![x, o])?;
-        let pre_mlp = if var.sandwich_norms {
+        // VaultGemma keeps Gemma 2's name for the norm before the MLP, without its sandwich.
+        let pre_mlp = if var.sandwich_norms || spec.model_type() == "vaultgemma" {
             names.before_mlp
         } else {
             "post_attention_layernorm"
@@ -496,6 +502,17 @@ impl Builder {
         let shifted = self.op(OpKind::Add, vec![variance, eps])?;
         let inverse = self.op(OpKind::Rsqrt, vec![shifted])?;
         self.op(OpKind::Mul, vec![centred, inverse])
+    }
+
+    /// NanoChat's `F.rms_norm` of `x[B, S, H]` with no weight, x·rsqrt(mean(x²) + eps),
+    /// composed of ops every backend has.
+    fn weightless_rms_norm(&mut self, spec: &ModelSpec, x: ValueId) -> Result<ValueId, BuildError> {
+        let squares = self.op(OpKind::Mul, vec![x, x])?;
+        let mean = self.op(OpKind::ReduceMean, vec![squares])?;
+        let eps = self.scalar(spec.norm_eps);
+        let shifted = self.op(OpKind::Add, vec![mean, eps])?;
+        let inverse = self.op(OpKind::Rsqrt, vec![shifted])?;
+        self.op(OpKind::Mul, vec![x, inverse])
     }
 
     /// q, k and v clamped to ±`clip_qkv` (OLMo's and OLMoE's), where the config sets it.

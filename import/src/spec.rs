@@ -96,6 +96,12 @@ pub struct Variant {
     /// LayerNorms with neither weight nor bias (OLMo 1's `OlmoLayerNorm`), composed of
     /// elementwise ops and means: (x − mean(x))·rsqrt(var(x) + eps).
     pub weightless_norms: bool,
+    /// RMSNorms with no weight (NanoChat's, `F.rms_norm`), composed of elementwise ops and a
+    /// mean: x·rsqrt(mean(x²) + eps).
+    pub weightless_rms_norms: bool,
+    /// The embedding normed before the first layer as the block's norms are (NanoChat's
+    /// `self.norm` on `inputs_embeds`).
+    pub embed_norm: bool,
     /// q, k and v clamped to ±this after their projections (and OLMoE's q/k norms): OLMo's
     /// and OLMoE's `clip_qkv`.
     pub clip_qkv: Option<f64>,
@@ -516,7 +522,7 @@ impl ModelSpec {
                     .map_or(zero, |d| three * h * n(d.ffn));
                 let mlps = n(self.layers - dense) * mlp + n(dense) * dense_mlp;
                 // A LayerNorm has a bias beside its weight; OLMo 1's have neither.
-                let norm = if var.weightless_norms {
+                let norm = if var.weightless_norms || var.weightless_rms_norms {
                     zero
                 } else if var.layer_norm {
                     two * h

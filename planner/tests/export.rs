@@ -394,10 +394,10 @@ fn published_families_export_with_megatrons_count_or_are_refused_by_name() {
 }
 
 /// OLMo 1's LayerNorms have no weight or bias, and its q, k and v may be clamped
-/// (`clip_qkv`); Hunyuan norms q and k after the rotary: none is an argument of Megatron's GPT
-/// model, and each is named.
+/// (`clip_qkv`); Hunyuan norms q and k after the rotary; NanoChat's RMSNorms have no weight:
+/// none is an argument of Megatron's GPT model, and each is named.
 #[test]
-fn olmo_1_and_hunyuan_are_refused_by_name() {
+fn olmo_1_hunyuan_and_nanochat_are_refused_by_name() {
     let olmo = r#"{"model_type":"olmo","hidden_size":2048,"intermediate_size":8192,
         "num_hidden_layers":16,"num_attention_heads":16,"vocab_size":50304,
         "max_position_embeddings":2048,"tie_word_embeddings":true,"clip_qkv":null}"#;
@@ -405,10 +405,14 @@ fn olmo_1_and_hunyuan_are_refused_by_name() {
     let hunyuan = olmo
         .replace("\"olmo\"", "\"hunyuan_v1_dense\"")
         .replace(",\"clip_qkv\":null", "");
+    let nanochat = olmo
+        .replace("\"olmo\"", "\"nanochat\"")
+        .replace(",\"clip_qkv\":null", "");
     for (config, feature) in [
         (olmo.to_string(), "OLMo 1's"),
         (olmo.replace("null", "8.0"), "clip_qkv"),
         (hunyuan, "after the rotary"),
+        (nanochat, "NanoChat's RMSNorms"),
     ] {
         let spec = import::hf::parse_config(&config, std::path::Path::new("config.json")).unwrap();
         let p = plan_of(&spec, "olmo", "dgx-h100", &s);

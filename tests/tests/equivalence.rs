@@ -325,6 +325,16 @@ fn llama_structured_families_equal_one_device() {
         ("hunyuan_v1_dense", &tp2),
         ("hunyuan_v1_dense", &tp2_no_sp),
         ("hunyuan_v1_dense", &pp2),
+        // VaultGemma: Gemma 2's soft-capped, scaled attention (a window of 6 on layer 0) in
+        // a block of two norms.
+        ("vaultgemma", &tp2),
+        ("vaultgemma", &pp2),
+        // NanoChat: weightless RMSNorms composed of means (the embedding's too), q and k
+        // normed per head after the rotary, a squared-ReLU MLP, soft-capped logits.
+        ("nanochat", &tp2),
+        ("nanochat", &tp2_no_sp),
+        ("nanochat", &dp2),
+        ("nanochat", &pp2),
         // FlexOlmo: OLMo 2's post-norm block with OLMoE's softmax-routed experts.
         ("flex_olmo", &dp2),
         ("flex_olmo", &pp2),

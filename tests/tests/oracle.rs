@@ -82,6 +82,10 @@ const LLAMA4_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny
 /// (about a fifth of them clamped at this initialization).
 const OLMO_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-olmo.json");
 
+/// NanoChat's tiny config: weightless RMSNorms composed of means (the embedding's too), q and
+/// k normed per head after the rotary, a squared-ReLU MLP and logits capped at 15.
+const NANOCHAT_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-nanochat.json");
+
 #[test]
 fn first_loss_equals_the_interpreter() {
     for model in [
@@ -94,6 +98,7 @@ fn first_loss_equals_the_interpreter() {
         NOPE_MODELS[2],
         LLAMA4_MODEL,
         OLMO_MODEL,
+        NANOCHAT_MODEL,
     ] {
         let want = interp_first_loss(model, 7);
         let got = train(&programs(model, &Config::new(1, 1, 1)), 1, 7).losses[0];

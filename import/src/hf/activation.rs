@@ -24,7 +24,10 @@ pub(super) fn check_gpt2(f: &Fields<'_>) -> Result<(), ConfigError> {
 /// A Llama-like family's `hidden_act` (Gemma 2 and 3: `hidden_activation`; Nemotron's and
 /// Arcee's squared ReLU) and `mlp_bias`.
 pub(super) fn check_llama(f: &Fields<'_>, model_type: &str) -> Result<(), ConfigError> {
-    let gemma = matches!(model_type, "gemma" | "gemma2" | "gemma3_text");
+    let gemma = matches!(
+        model_type,
+        "gemma" | "gemma2" | "gemma3_text" | "vaultgemma"
+    );
     if gemma {
         let key = if f.obj.contains_key("hidden_activation") {
             "hidden_activation"
@@ -32,7 +35,7 @@ pub(super) fn check_llama(f: &Fields<'_>, model_type: &str) -> Result<(), Config
             "hidden_act"
         };
         named(f, key, GELU, "GeGLU (a GELU gate)")?;
-    } else if matches!(model_type, "nemotron" | "arcee") {
+    } else if matches!(model_type, "nemotron" | "arcee" | "nanochat") {
         named(f, "hidden_act", &["relu2"], "a squared-ReLU MLP")?;
     } else {
         named(f, "hidden_act", &["silu", "swish"], "SwiGLU (a SiLU gate)")?;

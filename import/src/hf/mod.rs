@@ -26,7 +26,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 53] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 55] = [
     "gpt2",
     "llama",
     "mistral",
@@ -80,6 +80,8 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 53] = [
     "minimax_m2",
     "flex_olmo",
     "glm4_moe_lite",
+    "nanochat",
+    "vaultgemma",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -140,6 +142,9 @@ impl LlamaLike {
             "phi3" => dense("phi3", 4096, 1e-5, 10000.0, false),
             "gemma" => dense("gemma", 8192, 1e-6, 10000.0, true),
             "gemma2" => dense("gemma2", 8192, 1e-6, 10000.0, true),
+            // transformers' VaultGemmaConfig (Gemma2Config's defaults): Gemma 2's attention in a
+            // block of two norms, before attention and before the MLP.
+            "vaultgemma" => dense("vaultgemma", 8192, 1e-6, 10000.0, true),
             // Gemma 3's text model (transformers' Gemma3TextConfig): Gemma 2's block with
             // q/k norms in place of the soft-caps.
             "gemma3_text" => dense("gemma3_text", 131072, 1e-6, 1e6, true),
@@ -151,6 +156,10 @@ impl LlamaLike {
             // block with per-head q/k RMSNorms after the rotary, whose base an NTK alpha
             // raises.
             "hunyuan_v1_dense" => dense("hunyuan_v1_dense", 2048, 1e-5, 10000.0, false),
+            // transformers' NanoChatConfig defaults (nanochat-d32's shapes): Llama's block with
+            // weightless RMSNorms (the embedding normed too), q and k normed per head after
+            // the rotary, an ungated squared-ReLU MLP and soft-capped logits.
+            "nanochat" => dense("nanochat", 2048, 1e-6, 10000.0, false),
             // transformers' SeedOssConfig defaults (Seed-OSS-36B): Llama's block with q/k/v
             // biases and dropout after attention and the MLP.
             "seed_oss" => dense("seed_oss", 524288, 1e-6, 1e7, false),
@@ -364,9 +373,11 @@ impl LlamaLike {
         let qwen3 = matches!(t, "qwen3" | "qwen3_moe");
         // Qwen3's attention (per-head q/k norms) with hidden / heads heads by default.
         let qwen3_attention = qwen3 || t == "dots1";
-        let gemma = matches!(t, "gemma" | "gemma2" | "gemma3_text");
+        let gemma = matches!(t, "gemma" | "gemma2" | "gemma3_text" | "vaultgemma");
         // Gemma 2's sandwich norms and query scale; Gemma 3 keeps them.
         let gemma2_block = matches!(t, "gemma2" | "gemma3_text");
+        // Gemma 2's attention (soft-caps, query scale), VaultGemma's without its sandwich.
+        let gemma2_attention = gemma2_block || t == "vaultgemma";
         // DeepSeek's latent attention: V2's and V3's, GLM-4.7-Flash's.
         let deepseek = matches!(t, "deepseek_v2" | "deepseek_v3" | "glm4_moe_lite");
         let glm = matches!(t, "glm" | "glm4" | "glm4_moe");
@@ -443,16 +454,17 @@ impl LlamaLike {
             sandwich_norms: gemma2_block || t == "glm4",
             // Gemma 2's soft-caps are on unless set to null; Gemma 3's off unless set.
             attn_softcap: match t {
-                "gemma2" => f.float_or_off("attn_logit_softcapping", 50.0)?,
+                "gemma2" | "vaultgemma" => f.float_or_off("attn_logit_softcapping", 50.0)?,
                 "gemma3_text" => f.opt_float("attn_logit_softcapping")?,
                 _ => None,
             },
             final_softcap: match t {
-                "gemma2" => f.float_or_off("final_logit_softcapping", 30.0)?,
+                "gemma2" | "vaultgemma" => f.float_or_off("final_logit_softcapping", 30.0)?,
+                "nanochat" => f.float_or_off("final_logit_softcapping", 15.0)?,
                 "gemma3_text" => f.opt_float("final_logit_softcapping")?,
                 _ => None,
             },
-            query_scale: if gemma2_block {
+            query_scale: if gemma2_attention {
                 f.opt_float("query_pre_attn_scalar")?.or(Some(256.0))
             } else {
                 None
@@ -510,7 +522,9 @@ impl LlamaLike {
             mla,
             ungated_mlp: match &block {
                 Some(b) => b.mlp,
-                None => matches!(t, "nemotron" | "arcee").then_some(Ungated::SquaredRelu),
+                None => {
+                    matches!(t, "nemotron" | "arcee" | "nanochat").then_some(Ungated::SquaredRelu)
+                }
             },
             mlp_bias: block.as_ref().is_some_and(|b| b.mlp_bias),
             parallel: match &block {
@@ -527,6 +541,8 @@ impl LlamaLike {
             },
             bias_free_layer_norm: cohere,
             weightless_norms: t == "olmo",
+            weightless_rms_norms: t == "nanochat",
+            embed_norm: t == "nanochat",
             clip_qkv: clip_qkv(f, t)?,
             logit_scale: if cohere { cohere_logit_scale(f)? } else { None },
             attention_sinks: t == "gpt_oss",
@@ -544,6 +560,8 @@ impl LlamaLike {
             },
             qk_l2_norm: match t {
                 "llama4_text" => llama4::qk_l2_norm(f, &nope_list)?,
+                // NanoChat's q_norm and k_norm: Llama 4's norm on every layer.
+                "nanochat" => Some(vec![true; nope_list.len()]),
                 _ => None,
             },
             attn_temperature: match t {
@@ -1112,6 +1130,14 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
             deepseek_v3_approximations(obj)
                 .into_iter()
                 .map(|n| n.replace("DeepSeek-V3", "GLM-4.7-Flash")),
+        );
+    }
+    if obj.get("model_type") == Some(&Value::String("nanochat".into())) {
+        notes.push(
+            "NanoChat's rotary turns each pair of dimensions the other way (its rotate_half is \
+             (x2, −x1)): built in Llama's convention, which equals it with the second half of \
+             each head of q_proj and k_proj negated (the same scores, shapes and FLOPs)"
+                .to_string(),
         );
     }
     if obj.get("model_type") == Some(&Value::String("minimax_m2".into())) {

@@ -2,10 +2,33 @@
 //! refusing one says why rather than only listing what is supported.
 
 /// (model types, what plait would need to build them).
-const KNOWN: [(&[&str], &str); 9] = [
+const KNOWN: [(&[&str], &str); 13] = [
     (
-        &["qwen3_next"],
-        "Qwen3-Next's Gated DeltaNet (linear attention) layers",
+        &[
+            "qwen3_next",
+            "qwen3_5",
+            "qwen3_5_text",
+            "qwen3_5_moe",
+            "qwen3_5_moe_text",
+        ],
+        "Qwen3-Next's and Qwen3.5's Gated DeltaNet (linear attention) layers",
+    ),
+    (
+        &["gemma4", "gemma4_text"],
+        "Gemma 4's per-layer embeddings, full-attention layers of their own head size and \
+         key/value heads, and keys shared as values and across layers",
+    ),
+    (
+        &["deepseek_v32", "glm_moe_dsa"],
+        "DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2's, GLM-5's)",
+    ),
+    (
+        &["apertus"],
+        "Apertus's xIELU activation (its learned slopes in every layer)",
+    ),
+    (
+        &["longcat_flash"],
+        "LongCat-Flash's zero-computation experts and shortcut-connected MoE",
     ),
     (
         &[
@@ -28,7 +51,7 @@ const KNOWN: [(&[&str], &str); 9] = [
         &["minimax"],
         "MiniMax-Text-01's lightning (linear) attention layers",
     ),
-    (&["lfm2"], "LFM2's short convolution layers"),
+    (&["lfm2", "lfm2_moe"], "LFM2's short convolution layers"),
     (&["jetmoe"], "JetMoE's mixture of attention heads"),
     (
         &["gemma3n"],

@@ -37,7 +37,7 @@ fn family(model_type: &str) -> Option<Family> {
     let (default, pattern, switched) = match model_type {
         "mistral" | "ministral" => (Some(4096), Pattern::All, false),
         "mixtral" | "phi3" | "starcoder2" => (None, Pattern::All, false),
-        "gemma2" => (Some(4096), Pattern::AllButEvery(2), false),
+        "gemma2" | "vaultgemma" => (Some(4096), Pattern::AllButEvery(2), false),
         "olmo3" => (Some(4096), Pattern::AllButEvery(4), false),
         "gemma3_text" => (Some(4096), Pattern::AllButEvery(6), false),
         "gpt_oss" => (Some(128), Pattern::AllButEvery(2), false),

@@ -596,7 +596,7 @@ fn refuse_unexpressed(
             .iter()
             .any(|k| matches!(k, OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. }))
     {
-        return Err("LayerNorms without weight or bias (OLMo 1's)");
+        return Err("norms without weights (OLMo 1's LayerNorms, NanoChat's RMSNorms)");
     }
     if gate_width(g, &info.layer_ops, OpKind::Gelu { tanh: true }).is_some() {
         return Err("a gated GELU MLP (GeGLU: Gemma's)");
