@@ -294,3 +294,35 @@ fn glm_is_glm4_attention_in_a_two_norm_block() {
     );
     assert!(notes.iter().any(|n| n.contains("interleaved")), "{notes:?}");
 }
+
+/// Helium (transformers' `HeliumForCausalLM`, kyutai/helium-1-preview's HeliumConfig
+/// defaults): Llama's block with heads of 128 and interleaved rotary pairs, built in the
+/// rotate-half convention and said so; q, k and v biased by attention_bias, o_proj never.
+/// Counted module by module: the card's 2B.
+#[test]
+fn helium_is_llamas_block_with_interleaved_rotary_pairs() {
+    let helium = r#"{"model_type":"helium","vocab_size":48000,"hidden_size":2560,
+        "intermediate_size":7040,"num_hidden_layers":24,"num_attention_heads":20,
+        "num_key_value_heads":20,"max_position_embeddings":4096,"rms_norm_eps":1e-8,
+        "tie_word_embeddings":false}"#;
+    let spec = import::hf::parse_config(helium, std::path::Path::new("config.json")).unwrap();
+    let (h, f, layers, vocab) = (2560u64, 7040u64, 24u64, 48_000u64);
+    let want = layers * (4 * h * h + 3 * h * f + 2 * h) + 2 * vocab * h + h;
+    assert_eq!(want, 2_172_643_840);
+    assert_eq!(spec.param_count(), want);
+    assert_eq!(
+        (spec.head_dim(), spec.rope_theta, spec.norm_eps),
+        (128, 100000.0, 1e-8)
+    );
+    let notes = import::hf::approximations(helium);
+    assert!(
+        notes.iter().any(|n| n.contains("Helium's rotary")),
+        "{notes:?}"
+    );
+    let biased = import::hf::parse_config(
+        &helium.replace("\"vocab_size\"", "\"attention_bias\":true,\"vocab_size\""),
+        std::path::Path::new("config.json"),
+    )
+    .unwrap();
+    assert!(biased.variant.qkv_bias && !biased.variant.o_bias);
+}

@@ -325,6 +325,8 @@ fn llama_structured_families_equal_one_device() {
         ("hunyuan_v1_dense", &tp2),
         ("hunyuan_v1_dense", &tp2_no_sp),
         ("hunyuan_v1_dense", &pp2),
+        // Helium: q, k and v biased, o_proj not.
+        ("helium", &tp2),
         // VaultGemma: Gemma 2's soft-capped, scaled attention (a window of 6 on layer 0) in
         // a block of two norms.
         ("vaultgemma", &tp2),

@@ -26,7 +26,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 55] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 56] = [
     "gpt2",
     "llama",
     "mistral",
@@ -82,6 +82,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 55] = [
     "glm4_moe_lite",
     "nanochat",
     "vaultgemma",
+    "helium",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -160,6 +161,9 @@ impl LlamaLike {
             // weightless RMSNorms (the embedding normed too), q and k normed per head after
             // the rotary, an ungated squared-ReLU MLP and soft-capped logits.
             "nanochat" => dense("nanochat", 2048, 1e-6, 10000.0, false),
+            // transformers' HeliumConfig defaults (Helium-1 2B): Llama's block with heads of
+            // 128, q, k and v biased where attention_bias says, rotary pairs interleaved.
+            "helium" => dense("helium", 4096, 1e-8, 100000.0, false),
             // transformers' SeedOssConfig defaults (Seed-OSS-36B): Llama's block with q/k/v
             // biases and dropout after attention and the MLP.
             "seed_oss" => dense("seed_oss", 524288, 1e-6, 1e7, false),
@@ -399,9 +403,11 @@ impl LlamaLike {
             // Cohere2Config sets head_dim to hidden / heads whatever the file says.
             _ if t == "cohere2" => None,
             Some(d) => Some(d),
-            // transformers' defaults: Qwen3, GLM-4, Seed-OSS and ERNIE 4.5 128, Gemma 256,
+            // transformers' defaults: Qwen3, GLM-4, Seed-OSS, ERNIE 4.5 and Helium 128, Gemma 256,
             // gpt-oss 64.
-            None if qwen3 || matches!(t, "glm" | "glm4" | "seed_oss" | "ernie4_5") => Some(128),
+            None if qwen3 || matches!(t, "glm" | "glm4" | "seed_oss" | "ernie4_5" | "helium") => {
+                Some(128)
+            }
             None if gemma => Some(256),
             None if t == "gpt_oss" => Some(64),
             None if t == "minimax_m2" => Some(minimax::HEAD_DIM),
@@ -437,7 +443,8 @@ impl LlamaLike {
                 // Seed-OSS biases o_proj by its own switch.
                 None if t == "seed_oss" => f.opt_bool("attention_out_bias")?.unwrap_or(false),
                 None if t == "gpt_oss" => f.opt_bool("attention_bias")?.unwrap_or(true),
-                None => !glm && attention_bias(f, t)?,
+                // Helium's o_proj has no bias whatever attention_bias says.
+                None => !glm && t != "helium" && attention_bias(f, t)?,
             },
             qk_norm: qwen3_attention
                 || t == "hunyuan_v1_dense"
@@ -1110,6 +1117,9 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
         Some("ernie4_5" | "ernie4_5_moe")
     ) {
         notes.push(ERNIE_ROTARY.to_string());
+    }
+    if obj.get("model_type") == Some(&Value::String("helium".into())) {
+        notes.push(ERNIE_ROTARY.replace("ERNIE 4.5", "Helium"));
     }
     if obj.get("model_type") == Some(&Value::String("ernie4_5_moe".into())) {
         notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "ERNIE 4.5"));
