@@ -478,12 +478,7 @@ impl Builder {
     fn l2_norm(&mut self, spec: &ModelSpec, x: ValueId, heads: u64) -> Result<ValueId, BuildError> {
         let d = spec.head_dim();
         let per_head = self.heads_view(x, heads, d)?;
-        let squares = self.op(OpKind::Mul, vec![per_head, per_head])?;
-        let mean = self.op(OpKind::ReduceMean, vec![squares])?;
-        let eps = self.scalar(spec.norm_eps);
-        let shifted = self.op(OpKind::Add, vec![mean, eps])?;
-        let inverse = self.op(OpKind::Rsqrt, vec![shifted])?;
-        let normed = self.op(OpKind::Mul, vec![per_head, inverse])?;
+        let normed = self.weightless_rms_norm(spec, per_head)?;
         self.flat_view(normed, heads * d)
     }
 
@@ -496,16 +491,12 @@ impl Builder {
     ) -> Result<ValueId, BuildError> {
         let mean = self.op(OpKind::ReduceMean, vec![x])?;
         let centred = self.op(OpKind::Sub, vec![x, mean])?;
-        let squares = self.op(OpKind::Mul, vec![centred, centred])?;
-        let variance = self.op(OpKind::ReduceMean, vec![squares])?;
-        let eps = self.scalar(spec.norm_eps);
-        let shifted = self.op(OpKind::Add, vec![variance, eps])?;
-        let inverse = self.op(OpKind::Rsqrt, vec![shifted])?;
-        self.op(OpKind::Mul, vec![centred, inverse])
+        self.weightless_rms_norm(spec, centred)
     }
 
-    /// NanoChat's `F.rms_norm` of `x[B, S, H]` with no weight, x·rsqrt(mean(x²) + eps),
-    /// composed of ops every backend has.
+    /// `F.rms_norm` with no weight over the last axis of `x`, x·rsqrt(mean(x²) + eps),
+    /// composed of ops every backend has: NanoChat's norms, Llama 4's per head, and OLMo 1's
+    /// LayerNorm of the centred input.
     fn weightless_rms_norm(&mut self, spec: &ModelSpec, x: ValueId) -> Result<ValueId, BuildError> {
         let squares = self.op(OpKind::Mul, vec![x, x])?;
         let mean = self.op(OpKind::ReduceMean, vec![squares])?;

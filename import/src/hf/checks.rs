@@ -63,7 +63,7 @@ pub(super) fn unbuilt_fields(f: &Fields<'_>, layers: u64) -> Result<(), ConfigEr
         return Err(f.wrong("sliding_window", "a non-negative integer or null", v));
     }
     // EXAONE 4 may spell it as local and global layers ("LLLG"), read by `window`.
-    let spelled = f.model_type == "exaone4"
+    let spelled = matches!(f.model_type, "exaone4" | "exaone_moe")
         && matches!(f.obj.get("sliding_window_pattern"), Some(Value::String(_)));
     if !spelled {
         f.opt_positive("sliding_window_pattern")?;

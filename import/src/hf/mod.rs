@@ -26,7 +26,7 @@ pub use error::ConfigError;
 use crate::spec::{Family, Mla, ModelSpec, Ungated, Variant};
 
 /// The `model_type` values plait imports.
-pub const SUPPORTED_MODEL_TYPES: [&str; 56] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 57] = [
     "gpt2",
     "llama",
     "mistral",
@@ -83,6 +83,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 56] = [
     "nanochat",
     "vaultgemma",
     "helium",
+    "exaone_moe",
 ];
 
 const DENSE_REQUIRED: &str =
@@ -311,6 +312,23 @@ impl LlamaLike {
                 rms_eps: 1e-5,
                 ..LlamaLike::of("deepseek_v3")?
             },
+            // transformers' ExaoneMoeConfig defaults (K-EXAONE): EXAONE 4's attention (per-head
+            // q/k norms, windowed layers beside unrotated global ones) in a pre-norm block,
+            // before DeepSeek-V3's sigmoid-routed experts beside shared ones.
+            "exaone_moe" => LlamaLike {
+                model_type: "exaone_moe",
+                required: "hidden_size, intermediate_size, moe_intermediate_size, \
+                           num_hidden_layers, num_attention_heads, vocab_size, num_experts, \
+                           num_experts_per_tok",
+                positions: 2048,
+                rms_eps: 1e-5,
+                experts: Some((
+                    "num_experts",
+                    "num_experts_per_tok",
+                    "moe_intermediate_size",
+                )),
+                ..LlamaLike::of("deepseek_v3")?
+            },
             // transformers' Glm4MoeLiteConfig defaults (GLM-4.7-Flash): DeepSeek-V3's latent
             // attention before GLM-4.5's experts (its sigmoid router, a shared expert), the
             // layers `mlp_layer_types` calls dense (default the first) a SwiGLU.
@@ -450,7 +468,13 @@ impl LlamaLike {
                 || t == "hunyuan_v1_dense"
                 || matches!(
                     t,
-                    "gemma3_text" | "olmo2" | "olmo3" | "olmoe" | "flex_olmo" | "exaone4"
+                    "gemma3_text"
+                        | "olmo2"
+                        | "olmo3"
+                        | "olmoe"
+                        | "flex_olmo"
+                        | "exaone4"
+                        | "exaone_moe"
                 )
                 || (t == "glm4_moe" && f.opt_bool("use_qk_norm")?.unwrap_or(false))
                 || minimax_qk_norm,
@@ -497,6 +521,11 @@ impl LlamaLike {
                     0 => None,
                     n => Some(n * f.positive("moe_intermediate_size")?),
                 },
+                // num_shared_experts (ExaoneMoeConfig's default 1) MLPs as one.
+                "exaone_moe" => match f.opt_count("num_shared_experts")?.unwrap_or(1) {
+                    0 => None,
+                    n => Some(n * f.positive("moe_intermediate_size")?),
+                },
                 // GraniteMoeSharedConfig's shared_intermediate_size 0 (its default) means none.
                 "granitemoeshared" => f.opt_count("shared_intermediate_size")?.filter(|&n| n > 0),
                 _ => None,
@@ -505,6 +534,9 @@ impl LlamaLike {
             routing: moe::routing(f, t)?,
             routed_scale: match t {
                 "deepseek_v3" => Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5)),
+                "exaone_moe" => {
+                    Some(f.opt_float("routed_scaling_factor")?.unwrap_or(2.5)).filter(|&x| x != 1.0)
+                }
                 "glm4_moe_lite" => f
                     .opt_float("routed_scaling_factor")?
                     .or(Some(1.8))
@@ -519,7 +551,7 @@ impl LlamaLike {
                 "deepseek_v2" => moe::deepseek_dense_layers(f, 0)?,
                 "deepseek_v3" => moe::deepseek_dense_layers(f, 3)?,
                 "glm4_moe" => moe::leading_dense_layers(f, 1)?,
-                "glm4_moe_lite" => moe::mlp_layer_types(f, layers)?,
+                "glm4_moe_lite" | "exaone_moe" => moe::mlp_layer_types(f, layers)?,
                 "dots1" => moe::leading_dense_layers(f, 0)?,
                 "qwen2_moe" | "qwen3_moe" => moe::qwen_dense_layers(f)?,
                 "ernie4_5_moe" if layers <= MAX_LAYERS => moe::ernie_dense_layers(f, layers)?,
@@ -1128,6 +1160,10 @@ fn object_approximations(obj: &Map<String, Value>) -> Vec<String> {
     if obj.get("model_type") == Some(&Value::String("deepseek_v3".into())) {
         notes.extend(deepseek_v3_approximations(obj));
     }
+    if obj.get("model_type") == Some(&Value::String("exaone_moe".into())) {
+        notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "K-EXAONE"));
+        notes.extend(unbuilt_prediction_layers(obj));
+    }
     if obj.get("model_type") == Some(&Value::String("dots1".into())) {
         notes.push(ZERO_CORRECTION_BIAS.replace("DeepSeek-V3", "dots.llm1"));
     }
@@ -1327,7 +1363,7 @@ fn check_consistent(s: &ModelSpec, file: &Path) -> Result<(), ConfigError> {
     if s.family == Family::Mixtral && s.experts_per_token > s.experts {
         let experts_field = match s.variant.model_type.as_deref() {
             Some("deepseek_v2" | "deepseek_v3" | "dots1" | "glm4_moe_lite") => "n_routed_experts",
-            Some("qwen2_moe" | "qwen3_moe" | "olmoe" | "flex_olmo") => "num_experts",
+            Some("qwen2_moe" | "qwen3_moe" | "olmoe" | "flex_olmo" | "exaone_moe") => "num_experts",
             Some("ernie4_5_moe") => "moe_num_experts",
             _ => "num_local_experts",
         };

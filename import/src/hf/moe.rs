@@ -22,7 +22,8 @@ pub(super) fn routing(f: &Fields<'_>, model_type: &str) -> Result<Routing, Confi
         "deepseek_v3" => sigmoid_groups(f, 8, 4)?,
         // GLM-4.5's router is DeepSeek-V3's (transformers' Glm4MoeTopkRouter), one group by
         // default.
-        "glm4_moe" | "glm4_moe_lite" => sigmoid_groups(f, 1, 1)?,
+        // K-EXAONE's too (transformers' ExaoneMoeTopkRouter is DeepseekV3TopkRouter).
+        "glm4_moe" | "glm4_moe_lite" | "exaone_moe" => sigmoid_groups(f, 1, 1)?,
         // dots.llm1's is too, its norm_topk_prob false by default (Dots1Config).
         "dots1" => Routing {
             normalize: f.opt_bool("norm_topk_prob")?.unwrap_or(false),
@@ -204,15 +205,19 @@ pub(super) fn leading_dense_layers(
     )))
 }
 
-/// GLM-4.7-Flash's dense layers: those `mlp_layer_types` calls "dense" (the others
-/// "sparse"); without the list, the `first_k_dense_replace` leading ones (default 1:
-/// transformers' default list, layer 0 dense), as the published config says both ways.
+/// GLM-4.7-Flash's and K-EXAONE's dense layers: those `mlp_layer_types` calls "dense" (the
+/// others "sparse"); without the list, those K-EXAONE's own code marks false in
+/// `is_moe_layer`; without either, the `first_k_dense_replace` leading ones (default 1:
+/// transformers' default list, layer 0 dense), as the published configs say both ways.
 pub(super) fn mlp_layer_types(
     f: &Fields<'_>,
     layers: u64,
 ) -> Result<Option<DenseLayers>, ConfigError> {
     let Some(v) = f.obj.get("mlp_layer_types").filter(|v| !v.is_null()) else {
-        return leading_dense_layers(f, 1);
+        return match f.obj.get("is_moe_layer").filter(|v| !v.is_null()) {
+            Some(listed) => is_moe_layer(f, listed, layers),
+            None => leading_dense_layers(f, 1),
+        };
     };
     let expected = "a list of \"dense\" and \"sparse\", one per layer";
     let kinds = v
@@ -232,6 +237,37 @@ pub(super) fn mlp_layer_types(
             format!(
                 "mlp_layer_types lists {} layers for num_hidden_layers = {layers}: give one \
                  entry per layer",
+                dense.len()
+            ),
+        ));
+    }
+    every_layer_where(f, |i| dense[i as usize])
+}
+
+/// Dense layers where `is_moe_layer` (one boolean a layer) is false.
+fn is_moe_layer(
+    f: &Fields<'_>,
+    listed: &Value,
+    layers: u64,
+) -> Result<Option<DenseLayers>, ConfigError> {
+    let expected = "a list of true (experts) and false (dense), one per layer";
+    let kinds = listed
+        .as_array()
+        .ok_or_else(|| f.wrong("is_moe_layer", expected, listed))?;
+    let dense = kinds
+        .iter()
+        .map(|k| {
+            k.as_bool()
+                .map(|moe| !moe)
+                .ok_or_else(|| f.wrong("is_moe_layer", expected, k))
+        })
+        .collect::<Result<Vec<bool>, _>>()?;
+    if dense.len() as u64 != layers {
+        return Err(refused(
+            f,
+            format!(
+                "is_moe_layer lists {} layers for num_hidden_layers = {layers}: give one entry \
+                 per layer",
                 dense.len()
             ),
         ));

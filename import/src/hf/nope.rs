@@ -18,7 +18,8 @@ pub(super) fn nope_layers(f: &Fields<'_>, layers: u64) -> Result<Option<Vec<bool
         // Llama4TextConfig reads `no_rope_layers` and its interval as SmolLM3Config does.
         "smollm3" | "llama4_text" => smollm3(f, layers)?,
         "cohere2" => cohere2(f, layers)?,
-        "exaone4" => exaone4(f, layers)?,
+        // K-EXAONE's attention is EXAONE 4's.
+        "exaone4" | "exaone_moe" => exaone4(f, layers)?,
         _ => return Ok(None),
     };
     Ok(nope.contains(&true).then_some(nope))

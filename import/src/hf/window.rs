@@ -48,7 +48,7 @@ fn family(model_type: &str) -> Option<Family> {
         "dots1" => (Some(4096), Pattern::FromMaxWindowLayers, false),
         "cohere2" => (Some(4096), Pattern::AllButEvery(4), false),
         "smollm3" => (None, Pattern::NopeLayers, true),
-        "exaone4" => (Some(4096), Pattern::AllButEvery(4), false),
+        "exaone4" | "exaone_moe" => (Some(4096), Pattern::AllButEvery(4), false),
         _ => return None,
     };
     Some(Family {
@@ -111,7 +111,7 @@ pub(super) fn local_rope(
 /// configs, a string of `L` (local: windowed) and `G` (global) read from layer 0 and repeated.
 fn named_period(f: &Fields<'_>, n: u64, layers: u64) -> Result<Vec<bool>, ConfigError> {
     if let Some(v @ Value::String(kinds)) = f.obj.get("sliding_window_pattern")
-        && f.model_type == "exaone4"
+        && matches!(f.model_type, "exaone4" | "exaone_moe")
     {
         let local: Vec<bool> = kinds.chars().map(|c| c == 'L').collect();
         if local.is_empty() || !kinds.chars().all(|c| c == 'L' || c == 'G') {
@@ -159,7 +159,10 @@ fn sliding_layers(f: &Fields<'_>, pattern: Pattern, layers: u64) -> Result<Vec<b
         Pattern::All => vec![true; usize::try_from(layers).unwrap_or(0)],
         // Gemma 3, Cohere2 and EXAONE 4 name their period `sliding_window_pattern`.
         Pattern::AllButEvery(n)
-            if matches!(f.model_type, "gemma3_text" | "cohere2" | "exaone4") =>
+            if matches!(
+                f.model_type,
+                "gemma3_text" | "cohere2" | "exaone4" | "exaone_moe"
+            ) =>
         {
             named_period(f, n, layers)?
         }
